@@ -1,0 +1,129 @@
+// The checkpoint engine: what the coordinator runs for checkpoint, restore,
+// suspend and resume of a job. It drives the driver's process checkpoint API
+// (driver.h), CRIU (criu.h) and the manifest (manifest.h). The supervisor
+// (supervisor.h) owns the job's processes and calls into this from its
+// coordinator thread; the engine never reaps or signals a job by itself,
+// except stopping it at the end of a checkpoint when asked to.
+//
+// Error convention: functions return false (or nullopt) and fill *err with a
+// message that names the process, the phase and the call that failed, and
+// says what to do. Only src/cli prints and exits.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cusnap {
+
+/// Exit codes of the cusnap binary, documented in man/cusnap.1.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,      ///< the operation failed; the job is as it was before it
+  kExitUsage = 2,        ///< bad command line
+  kExitRefused = 3,      ///< refused before anything changed (a precondition failed)
+  kExitNotFound = 4,     ///< no such job or checkpoint
+  kExitBadCheckpoint = 5,///< the checkpoint directory is invalid, corrupted or incomplete
+  kExitJobLost = 6,      ///< a failure after a destructive step left the job not running
+};
+
+/// Progress of a long phase; the CLI renders it on a terminal and stays quiet
+/// in pipes. bytes_total is 0 when unknown.
+struct Progress {
+  std::string phase;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+using ProgressSink = std::function<void(const Progress&)>;
+
+/// What the supervisor knows about a running job.
+struct JobInfo {
+  std::string name;
+  pid_t root_pid = 0;              ///< session leader of the job's tree
+  std::vector<std::string> argv;   ///< the command as launched
+  std::string cwd;
+  std::string runtime_dir;         ///< the job's private runtime directory
+  uid_t owner_uid = 0;
+  /// Pipe inodes ("pipe:[N]") of the job's stdout and stderr as the root
+  /// process sees them, so CRIU can reconnect them on restore.
+  std::string stdout_pipe_id, stderr_pipe_id;
+};
+
+struct CheckpointOptions {
+  std::string dir;                 ///< output directory: must not exist or be empty
+  bool leave_running = false;      ///< restore GPU state in place and resume after the dump
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  ///< driver lock timeout and per-phase bound
+};
+
+/// Timing of each phase in seconds, in the order they ran.
+using PhaseTimes = std::vector<std::pair<std::string, double>>;
+
+struct CheckpointResult {
+  std::string dir;
+  uint64_t bytes = 0;              ///< total size of the checkpoint directory
+  PhaseTimes phases;
+  bool job_stopped = false;        ///< true when the job was stopped after the dump
+};
+
+/// Checkpoints a running job into opts.dir: checks every precondition first
+/// (root, CRIU >= 4.1, driver with the checkpoint API, empty dir, no shared
+/// device memory between processes), then driver lock + checkpoint of every
+/// CUDA process, CRIU dump of the tree (--leave-running keeps it alive),
+/// manifest written atomically. Without leave_running the job's processes are
+/// killed after a successful dump (the supervisor reaps them). Any failure
+/// before the dump completes restores and unlocks GPU state and leaves the job
+/// running. The caller serialises checkpoints of one job.
+bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const ProgressSink& progress,
+                    CheckpointResult* out, std::string* err);
+
+struct RestoreOptions {
+  std::string dir;
+  /// Write ends the restored job's stdout and stderr get (CRIU --inherit-fd).
+  int stdout_fd = -1, stderr_fd = -1;
+  /// Old device (index or UUID) -> new device; empty = same devices.
+  std::map<std::string, std::string> device_map;
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+
+struct RestoreResult {
+  pid_t root_pid = 0;              ///< the restored tree's root, now our child (we are subreaper)
+  JobInfo job;                     ///< the job as recorded in the manifest, root_pid updated
+  PhaseTimes phases;
+};
+
+/// Verifies dir (manifest version, every file's size and SHA-256, same GPU
+/// model present) without changing anything. Fills *err and returns false
+/// when the checkpoint must not be restored.
+bool verify_checkpoint(const std::string& dir, std::string* err);
+
+/// Restores a checkpoint: verify_checkpoint, CRIU restore (the tree becomes
+/// a child of the calling process, which must be a child subreaper), driver
+/// restore + unlock of every CUDA process. On failure after CRIU restored the
+/// tree, the restored processes are killed so no half-restored job runs.
+bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, RestoreResult* out,
+                 std::string* err);
+
+/// Releases the GPU of every CUDA process of the job in place (driver lock +
+/// checkpoint); processes stay. Refuses, changing nothing, as checkpoint does.
+bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
+/// Brings a suspended job's GPU state back (driver restore + unlock).
+bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
+
+/// One process of the job as the engine sees it (for ps/inspect).
+struct ProcessInfo {
+  pid_t pid = 0;
+  std::string exe;
+  std::vector<std::string> cmdline;
+  bool uses_cuda = false;          ///< holds the driver open
+  std::string cuda_state;          ///< "running", "locked", "checkpointed", "" when not CUDA
+};
+/// Every process of the tree rooted at root, root first.
+std::vector<ProcessInfo> list_job_processes(pid_t root);
+
+}  // namespace cusnap
