@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds cusnap and runs every test through CTest: the unit tests (one doctest
+# binary), the end-to-end tests (real CRIU, simulated driver) and the shim
+# suite again under AddressSanitizer and UndefinedBehaviorSanitizer.
+# Installs what it needs first (scripts/install-deps.sh; needs root).
+#   scripts/test.sh            everything
+#   CUSNAP_SKIP_SANITIZE=1     skip the sanitizer build
+#   CUSNAP_JOBS=N              build parallelism (default: nproc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="${CUSNAP_JOBS:-$(nproc)}"
+
+bash scripts/install-deps.sh
+
+echo "== build (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUSNAP_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+
+echo "== tests (build/)"
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs" --timeout 600)
+
+if [ "${CUSNAP_SKIP_SANITIZE:-0}" != 1 ]; then
+  echo "== shim suite under ASan + UBSan (build-asan/)"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCUSNAP_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+  (cd build-asan && ctest --output-on-failure --no-tests=error -L shim -j"$jobs" --timeout 600)
+fi
