@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Prepares .gpu-bundle/ (ignored by git) for a GPU machine that has no CRIU and
+# no build dependencies: the CRIU binary with the shared libraries it needs
+# (glibc excepted: the GPU machine's is newer) and the release build.
+# Then on the GPU machine: PATH=$PWD/.gpu-bundle/bin:$PATH
+#   LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib bash scripts/gpu-test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.gpu-bundle
+rm -rf "$out"; mkdir -p "$out/bin" "$out/lib"
+criu=$(command -v criu) || { echo "gpu-bundle: criu not found; run scripts/install-deps.sh" >&2; exit 1; }
+cp "$criu" "$out/bin/criu"
+ldd "$criu" | awk '/=> \//{print $3}' | while read -r lib; do
+  case "$(basename "$lib")" in libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|ld-linux*) continue;; esac
+  cp -L "$lib" "$out/lib/"
+done
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-gpu -j"$(nproc)" >/dev/null
+mkdir -p "$out/build"
+cp -a build-gpu/bin build-gpu/lib build-gpu/fakecuda "$out/build/" 2>/dev/null || true
+du -sh "$out"
