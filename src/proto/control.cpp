@@ -1,0 +1,27 @@
+#include "proto/control.h"
+
+namespace cusnap::proto {
+namespace {
+constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // a week
+
+bool validate_timeout(int64_t ms, std::string* err) {
+  if (ms <= 0 || ms > kMaxTimeoutMs) {
+    *err = "timeout of " + std::to_string(ms) + " ms is out of range";
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool validate(const CheckpointRequest& r, std::string* err) {
+  if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > 4096 ||
+      r.dir.find('\0') != std::string::npos) {
+    *err = "checkpoint directory must be an absolute path";
+    return false;
+  }
+  return validate_timeout(r.timeout_ms, err);
+}
+
+bool validate(const TimeoutRequest& r, std::string* err) { return validate_timeout(r.timeout_ms, err); }
+
+}  // namespace cusnap::proto

@@ -1,0 +1,95 @@
+// Control messages between the CLI and a job's supervisor, carried by the
+// wire format of wire.h over the job's control socket.
+//
+// Every exchange is one request from the client, then zero or more
+// "progress" messages, then exactly one "result" (or, for "hello", one
+// "hello"). The supervisor refuses a peer that is neither root nor the job's
+// owner with a result (ok=false, exit_code=kExitRefused) and closes.
+//
+//   client -> supervisor           supervisor -> client
+//   hello      {}                  hello    JobStatus
+//   checkpoint CheckpointRequest   progress ProgressEvent ... then result
+//   suspend    TimeoutRequest      result
+//   resume     TimeoutRequest      result
+//   inspect    {}                  result (details: JSON {"job":..., "processes": [...]})
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+namespace cusnap::proto {
+
+inline constexpr const char* kMsgHello = "hello";
+inline constexpr const char* kMsgCheckpoint = "checkpoint";
+inline constexpr const char* kMsgSuspend = "suspend";
+inline constexpr const char* kMsgResume = "resume";
+inline constexpr const char* kMsgInspect = "inspect";
+inline constexpr const char* kMsgProgress = "progress";
+inline constexpr const char* kMsgResult = "result";
+
+/// A request without arguments ("hello", "inspect").
+struct Empty {
+  template <class Packer>
+  void msgpack_pack(Packer& pk) const {
+    pk.pack_map(0);
+  }
+  void msgpack_unpack(const msgpack::object& o) {
+    if (o.type != msgpack::type::MAP) throw msgpack::type_error();
+  }
+};
+
+/// What a supervisor says about its job.
+struct JobStatus {
+  std::string name;
+  int64_t root_pid = 0;
+  int64_t supervisor_pid = 0;
+  std::vector<std::string> argv;
+  std::string cwd;
+  int64_t owner_uid = 0;
+  int64_t started = 0;  ///< Unix time the job started (or was restored)
+  std::string state;    ///< running, checkpointing, suspending, suspended, resuming, stopped, exited
+  std::string runtime_dir;
+  std::string restored_from;  ///< checkpoint directory, empty for a launched job
+  MSGPACK_DEFINE_MAP(name, root_pid, supervisor_pid, argv, cwd, owner_uid, started, state,
+                     runtime_dir, restored_from);
+};
+
+struct CheckpointRequest {
+  std::string dir;  ///< absolute path
+  bool leave_running = false;
+  int64_t timeout_ms = 60000;
+  MSGPACK_DEFINE_MAP(dir, leave_running, timeout_ms);
+};
+
+struct TimeoutRequest {
+  int64_t timeout_ms = 60000;
+  MSGPACK_DEFINE_MAP(timeout_ms);
+};
+
+struct ProgressEvent {
+  std::string phase;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  MSGPACK_DEFINE_MAP(phase, bytes_done, bytes_total);
+};
+
+/// The end of every exchange but hello. details is JSON text whose shape
+/// depends on the request (see each command's --json in its man page).
+struct Result {
+  bool ok = false;
+  int32_t exit_code = 1;
+  std::string message;
+  std::string details;
+  MSGPACK_DEFINE_MAP(ok, exit_code, message, details);
+};
+
+/// Checks the values of a request beyond their types; false + *err when one
+/// is out of range.
+bool validate(const CheckpointRequest& r, std::string* err);
+bool validate(const TimeoutRequest& r, std::string* err);
+
+}  // namespace cusnap::proto

@@ -1,0 +1,274 @@
+#include "proto/wire.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <doctest/doctest.h>
+#include <thread>
+
+#include "proto/control.h"
+
+using namespace cusnap;
+using namespace cusnap::proto;
+
+namespace {
+
+int open_fd_count() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/// Sends a raw frame with any number of descriptors attached.
+void send_raw(int sock, const std::string& data, const std::vector<int>& fds) {
+  iovec iov{const_cast<char*>(data.data()), data.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * (fds.empty() ? 1 : fds.size())));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  REQUIRE(sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(data.size()));
+}
+
+struct Pair {
+  Channel a, b;
+  Pair(std::chrono::milliseconds t = std::chrono::milliseconds(2000)) {
+    UniqueFd x, y;
+    std::string err;
+    REQUIRE(socket_pair(&x, &y, &err));
+    a = Channel(std::move(x), t);
+    b = Channel(std::move(y), t);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("wire: a message round-trips with its type and payload") {
+  Pair p;
+  std::string err;
+  CheckpointRequest req{"/tmp/x", true, 1234};
+  REQUIRE(p.a.send(kMsgCheckpoint, req, &err));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  CHECK(m.type == "checkpoint");
+  CheckpointRequest got;
+  REQUIRE(m.get(&got, &err));
+  CHECK(got.dir == "/tmp/x");
+  CHECK(got.leave_running);
+  CHECK(got.timeout_ms == 1234);
+  CHECK(!m.fd);
+}
+
+TEST_CASE("wire: a large message crosses in pieces within the timeout") {
+  Pair p;
+  std::string big(8u << 20, 'x');
+  std::string err, err2;
+  std::thread t([&] { CHECK(p.a.send("blob", big, &err2)); });
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  t.join();
+  std::string got;
+  REQUIRE(m.get(&got, &err));
+  CHECK(got == big);
+}
+
+TEST_CASE("wire: bodies with trailing bytes, other versions or other shapes are rejected") {
+  Message m;
+  std::string err;
+  std::string good = encode_body("hello", Empty{});
+  REQUIRE(decode_body(good, &m, &err));
+  CHECK(!decode_body(good + "x", &m, &err));
+  CHECK(err.find("trailing") != std::string::npos);
+
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(3);
+  pk.pack(kProtocolVersion + 1);
+  pk.pack(std::string("hello"));
+  pk.pack(Empty{});
+  CHECK(!decode_body(std::string_view(buf.data(), buf.size()), &m, &err));
+  CHECK(err.find("version") != std::string::npos);
+
+  msgpack::sbuffer b2;
+  msgpack::pack(b2, std::string("just a string"));
+  CHECK(!decode_body(std::string_view(b2.data(), b2.size()), &m, &err));
+  CHECK(!decode_body("", &m, &err));
+  CHECK(!decode_body(std::string_view("\xc1", 1), &m, &err));  // never-used byte
+  CHECK(!decode_body(good.substr(0, good.size() - 1), &m, &err));  // truncated
+}
+
+TEST_CASE("wire: a payload of the wrong shape fails conversion, not the process") {
+  Pair p;
+  std::string err;
+  REQUIRE(p.a.send(kMsgCheckpoint, std::string("not a map"), &err));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  CheckpointRequest r;
+  CHECK(!m.get(&r, &err));
+  CHECK(err.find("malformed") != std::string::npos);
+}
+
+TEST_CASE("wire: a length over the limit is rejected before reading the body") {
+  Pair p;
+  std::string hdr(4, '\0');
+  uint32_t n = kMaxMessageBytes + 1;
+  std::memcpy(hdr.data(), &n, 4);  // little-endian host
+  send_raw(p.a.fd(), hdr, {});
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err.find("out of range") != std::string::npos);
+  std::string body(kMaxMessageBytes + 1, 'x');
+  CHECK(!p.a.send_body(body, -1, &err));
+}
+
+TEST_CASE("wire: one descriptor passes, close-on-exec") {
+  Pair p;
+  int pfd[2];
+  REQUIRE(pipe2(pfd, O_CLOEXEC) == 0);
+  UniqueFd r(pfd[0]), w(pfd[1]);
+  std::string err;
+  REQUIRE(p.a.send("pipe", Empty{}, &err, w.get()));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  REQUIRE(m.fd);
+  CHECK(m.fd.get() != w.get());
+  CHECK((fcntl(m.fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
+  REQUIRE(write(m.fd.get(), "k", 1) == 1);
+  char c = 0;
+  REQUIRE(read(r.get(), &c, 1) == 1);
+  CHECK(c == 'k');
+}
+
+TEST_CASE("wire: two descriptors in one message are rejected and both closed") {
+  Pair p;
+  int pfd[2];
+  REQUIRE(pipe2(pfd, O_CLOEXEC) == 0);
+  UniqueFd r(pfd[0]), w(pfd[1]);
+  int before = open_fd_count();
+  send_raw(p.a.fd(), frame(encode_body("x", Empty{})), {r.get(), w.get()});
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err.find("at most one") != std::string::npos);
+  CHECK(open_fd_count() == before);
+}
+
+TEST_CASE("wire: truncated control data is rejected without leaking a descriptor") {
+  Pair p;
+  int pfd[2];
+  REQUIRE(pipe2(pfd, O_CLOEXEC) == 0);
+  UniqueFd r(pfd[0]), w(pfd[1]);
+  std::vector<int> many(40, r.get());  // more than the receiver's control buffer holds
+  int before = open_fd_count();
+  send_raw(p.a.fd(), frame(encode_body("x", Empty{})), many);
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err.find("truncated") != std::string::npos);
+  CHECK(open_fd_count() == before);
+}
+
+TEST_CASE("wire: a descriptor with a malformed body is closed") {
+  Pair p;
+  int pfd[2];
+  REQUIRE(pipe2(pfd, O_CLOEXEC) == 0);
+  UniqueFd r(pfd[0]), w(pfd[1]);
+  int before = open_fd_count();
+  send_raw(p.a.fd(), frame(encode_body("x", Empty{}) + "junk"), {r.get()});
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(!m.fd);
+  CHECK(open_fd_count() == before);
+}
+
+TEST_CASE("wire: receiving times out, also in the middle of a message") {
+  Pair p(std::chrono::milliseconds(100));
+  Message m;
+  std::string err;
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err.find("timed out") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  std::string f = frame(encode_body("x", Empty{}));
+  send_raw(p.a.fd(), f.substr(0, f.size() - 1), {});
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err.find("middle") != std::string::npos);
+}
+
+TEST_CASE("wire: a closed peer is reported, and sending to it does not raise SIGPIPE") {
+  Pair p;
+  Channel gone = std::move(p.a);
+  gone = Channel();
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err == "connection closed");
+  CHECK(!p.b.send("x", Empty{}, &err));  // EPIPE, not a signal
+}
+
+TEST_CASE("wire: peer credentials name this process") {
+  Pair p;
+  ucred c{};
+  std::string err;
+  REQUIRE(peer_credentials(p.b.fd(), &c, &err));
+  CHECK(c.pid == getpid());
+  CHECK(c.uid == getuid());
+  CHECK(peer_uid_allowed(0, 1000));
+  CHECK(peer_uid_allowed(1000, 1000));
+  CHECK(!peer_uid_allowed(1001, 1000));
+}
+
+TEST_CASE("wire: listen with a mode, connect, accept") {
+  char tmpl[] = "/tmp/cusnap-wire-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  std::string path = std::string(tmpl) + "/s.sock";
+  UniqueFd l;
+  std::string err;
+  REQUIRE(listen_unix(path, 0600, &l, &err));
+  struct stat st;
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  UniqueFd c, s;
+  REQUIRE(connect_unix(path, std::chrono::milliseconds(500), &c, &err));
+  REQUIRE(accept_unix(l.get(), &s, &err));
+  CHECK((fcntl(s.get(), F_GETFD) & FD_CLOEXEC) != 0);
+  UniqueFd none;
+  CHECK(!connect_unix(std::string(tmpl) + "/missing.sock", std::chrono::milliseconds(200), &none, &err));
+  unlink(path.c_str());
+  rmdir(tmpl);
+}
+
+TEST_CASE("wire: the control timeout comes from the environment when valid") {
+  setenv("CUSNAP_CONTROL_TIMEOUT", "2.5", 1);
+  CHECK(control_timeout_from_env().count() == 2500);
+  setenv("CUSNAP_CONTROL_TIMEOUT", "nope", 1);
+  CHECK(control_timeout_from_env() == kDefaultTimeout);
+  setenv("CUSNAP_CONTROL_TIMEOUT", "-1", 1);
+  CHECK(control_timeout_from_env() == kDefaultTimeout);
+  unsetenv("CUSNAP_CONTROL_TIMEOUT");
+  CHECK(control_timeout_from_env() == kDefaultTimeout);
+}
+
+TEST_CASE("control: requests are validated beyond their types") {
+  std::string err;
+  CHECK(validate(CheckpointRequest{"/a", false, 1000}, &err));
+  CHECK(!validate(CheckpointRequest{"relative", false, 1000}, &err));
+  CHECK(!validate(CheckpointRequest{"/a", false, 0}, &err));
+  CHECK(!validate(TimeoutRequest{-5}, &err));
+}
