@@ -69,6 +69,10 @@ struct CheckpointResult {
   uint64_t bytes = 0;              ///< total size of the checkpoint directory
   PhaseTimes phases;
   bool job_stopped = false;        ///< true when the job was stopped after the dump
+  /// Set on failure too: kExitRefused when nothing changed because a
+  /// precondition failed, kExitFailure when it failed and rolled back (the job
+  /// runs on unchanged), kExitJobLost when the job could not be brought back.
+  ExitCode code = kExitOk;
 };
 
 /// Checkpoints a running job into opts.dir: checks every precondition first
@@ -95,12 +99,20 @@ struct RestoreResult {
   pid_t root_pid = 0;              ///< the restored tree's root, now our child (we are subreaper)
   JobInfo job;                     ///< the job as recorded in the manifest, root_pid updated
   PhaseTimes phases;
+  /// Set on failure too: kExitNotFound, kExitBadCheckpoint, kExitRefused
+  /// (nothing was started), kExitFailure (the restored tree was killed).
+  ExitCode code = kExitOk;
 };
 
 /// Verifies dir (manifest version, every file's size and SHA-256, same GPU
 /// model present) without changing anything. Fills *err and returns false
 /// when the checkpoint must not be restored.
 bool verify_checkpoint(const std::string& dir, std::string* err);
+/// The same, with the exit code that fits the failure (kExitNotFound,
+/// kExitBadCheckpoint, or kExitRefused when no matching GPU is present) and
+/// the device map to check against.
+bool verify_checkpoint_coded(const std::string& dir, const std::map<std::string, std::string>& device_map,
+                       ExitCode* code, std::string* err);
 
 /// Restores a checkpoint: verify_checkpoint, CRIU restore (the tree becomes
 /// a child of the calling process, which must be a child subreaper), driver
@@ -114,6 +126,12 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
 bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
 /// Brings a suspended job's GPU state back (driver restore + unlock).
 bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
+/// The same, with the exit code that fits a failure (kExitRefused when
+/// nothing changed, kExitFailure otherwise).
+bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
+                 std::string* err);
+bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
+                std::string* err);
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

@@ -1,0 +1,230 @@
+#include "coord/criu.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace cusnap {
+namespace {
+
+bool executable(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+}
+
+std::string search_path(const std::string& name) {
+  std::string path = getenv("PATH") ? getenv("PATH") : "";
+  path += ":/usr/local/sbin:/usr/sbin:/sbin";
+  std::istringstream ss(path);
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    if (dir.empty()) continue;
+    if (executable(dir + "/" + name)) return dir + "/" + name;
+  }
+  return {};
+}
+
+// The child side of a spawn: async-signal-safe calls only (the caller may be
+// multi-threaded). Every descriptor but 0-2 and the kept ones is closed on exec.
+[[noreturn]] void exec_child(char* const* argv, int out_fd, const int* keep, size_t nkeep) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+  int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd >= 0) dup2(null_fd, 0);
+  if (out_fd >= 0) {
+    dup2(out_fd, 1);
+    dup2(out_fd, 2);
+  }
+  syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);
+  for (size_t i = 0; i < nkeep; ++i) fcntl(keep[i], F_SETFD, 0);
+  execv(argv[0], argv);
+  _exit(127);
+}
+
+struct Spawned {
+  pid_t pid = -1;
+};
+
+bool spawn(const std::string& prog, const std::vector<std::string>& args, int out_fd,
+           const std::vector<int>& keep, Spawned* s, std::string* err) {
+  std::vector<std::string> all{prog};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    *err = "fork for " + prog + " failed: " + std::strerror(errno);
+    return false;
+  }
+  if (pid == 0) exec_child(argv.data(), out_fd, keep.data(), keep.size());
+  s->pid = pid;
+  return true;
+}
+
+// Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out
+// (killed), 2 reaped by someone else (status unknown).
+int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function<void()>& tick,
+               int* status) {
+  auto start = std::chrono::steady_clock::now();
+  auto last_tick = start;
+  for (int sleep_us = 1000;; sleep_us = std::min(sleep_us * 2, 50000)) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid) return 0;
+    if (r < 0 && errno == ECHILD) return 2;
+    auto now = std::chrono::steady_clock::now();
+    if (now - start > timeout) {
+      kill(pid, SIGKILL);
+      waitpid(pid, status, 0);
+      return 1;
+    }
+    if (tick && now - last_tick > std::chrono::milliseconds(250)) {
+      tick();
+      last_tick = now;
+    }
+    usleep(sleep_us);
+  }
+}
+
+bool file_has_line(const std::string& path, const std::string& needle) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+bool parse_criu_version(std::string_view text, CriuInfo* out) {
+  size_t p = text.find("Version:");
+  if (p == std::string_view::npos) return false;
+  p += 8;
+  while (p < text.size() && text[p] == ' ') ++p;
+  size_t e = text.find_first_of(" \n\r", p);
+  std::string v(text.substr(p, e == std::string_view::npos ? text.size() - p : e - p));
+  int parts[3] = {0, 0, 0};
+  if (std::sscanf(v.c_str(), "%d.%d.%d", &parts[0], &parts[1], &parts[2]) < 2) return false;
+  out->version = v;
+  out->major = parts[0];
+  out->minor = parts[1];
+  out->patch = parts[2];
+  return true;
+}
+
+bool find_criu(CriuInfo* out, std::string* err) {
+  const char* env = getenv("CUSNAP_CRIU");
+  std::string path = env && *env ? env : search_path("criu");
+  if (path.empty()) {
+    *err = "CRIU was not found on PATH nor in /usr/local/sbin, /usr/sbin, /sbin: install CRIU >= 4.1 "
+           "or set CUSNAP_CRIU to its path";
+    return false;
+  }
+  if (!executable(path)) {
+    *err = "CRIU at " + path + " (from CUSNAP_CRIU) is not an executable file: install CRIU >= 4.1 "
+           "or point CUSNAP_CRIU at it";
+    return false;
+  }
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    *err = std::string("pipe failed: ") + std::strerror(errno);
+    return false;
+  }
+  Spawned s;
+  bool ok = spawn(path, {"--version"}, fds[1], {}, &s, err);
+  close(fds[1]);
+  std::string text;
+  if (ok) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+      if (n > 0) text.append(buf, size_t(n));
+    int status = 0;
+    wait_child(s.pid, std::chrono::seconds(10), nullptr, &status);
+  }
+  close(fds[0]);
+  if (!ok) return false;
+  out->path = path;
+  if (!parse_criu_version(text, out)) {
+    *err = "`" + path + " --version` printed no version: install CRIU >= 4.1 or set CUSNAP_CRIU";
+    return false;
+  }
+  if (out->major < 4 || (out->major == 4 && out->minor < 1)) {
+    *err = "CRIU at " + path + " is version " + out->version +
+           "; cusnap needs CRIU >= 4.1 (older versions fail on 6.x kernels): install a newer "
+           "CRIU or set CUSNAP_CRIU to one";
+    return false;
+  }
+  return true;
+}
+
+std::string log_tail(const std::string& path, int n) {
+  std::ifstream in(path);
+  if (!in) return "  (no log at " + path + ")\n";
+  std::deque<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (int(lines.size()) > n) lines.pop_front();
+  }
+  std::string out;
+  for (const std::string& l : lines) out += "  " + l + "\n";
+  return out;
+}
+
+bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
+  std::string action = run.args.empty() ? "?" : run.args[0];
+  int out_fd = -1;
+  if (!run.output_path.empty()) {
+    out_fd = open(run.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out_fd < 0) {
+      *err = "cannot create " + run.output_path + ": " + std::strerror(errno);
+      return false;
+    }
+  }
+  Spawned s;
+  bool ok = spawn(criu.path, run.args, out_fd, run.inherit_fds, &s, err);
+  if (out_fd >= 0) close(out_fd);
+  if (!ok) return false;
+  int status = 0;
+  int w = wait_child(s.pid, run.timeout, run.on_tick, &status);
+  std::string why;
+  if (w == 1) {
+    why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";
+  } else if (w == 2) {
+    // Another thread reaped CRIU; its log still tells how it ended.
+    if (!run.success_line.empty() && file_has_line(run.log_path, run.success_line)) return true;
+    why = "exit status lost; its log does not say it finished";
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    return true;
+  } else if (WIFEXITED(status)) {
+    why = "exit status " + std::to_string(WEXITSTATUS(status));
+    if (WEXITSTATUS(status) == 127) why += ": could not execute " + criu.path;
+  } else {
+    why = std::string("killed by signal ") + strsignal(WTERMSIG(status));
+  }
+  *err = "criu " + action + " failed (" + why + "); the end of its log " + run.log_path + ":\n" +
+         log_tail(run.log_path, 15);
+  std::string output;
+  if (!run.output_path.empty()) {
+    std::ifstream in(run.output_path);
+    std::getline(in, output, '\0');
+    if (!output.empty()) *err += "its output:\n" + log_tail(run.output_path, 5);
+  }
+  return false;
+}
+
+}  // namespace cusnap

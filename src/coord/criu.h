@@ -1,0 +1,49 @@
+// CRIU as an external program: found in $CUSNAP_CRIU or on PATH (plus the
+// sbin directories, which a non-login PATH may lack), version >= 4.1 required
+// (3.17 fails on 6.x kernels: GPU.md), run as a child with its log in a file;
+// failures quote the end of that log.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cusnap {
+
+struct CriuInfo {
+  std::string path;
+  std::string version;  ///< as CRIU prints it, e.g. "4.1.1"
+  int major = 0, minor = 0, patch = 0;
+};
+
+/// Parses the output of `criu --version` ("Version: 4.1.1" plus maybe a
+/// GitID line). False when no version line is there.
+bool parse_criu_version(std::string_view text, CriuInfo* out);
+
+/// Finds CRIU, runs `criu --version`, requires >= 4.1. The error says what
+/// was found and how to install or point at a newer one.
+bool find_criu(CriuInfo* out, std::string* err);
+
+/// One run of CRIU.
+struct CriuRun {
+  std::vector<std::string> args;     ///< after the program name
+  std::vector<int> inherit_fds;      ///< kept open, at the same numbers, in CRIU
+  std::string output_path;           ///< CRIU's own stdout and stderr go here
+  std::string log_path;              ///< the -o log, for the error message
+  std::string success_line;          ///< log line that proves success if our wait lost the status
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  std::function<void()> on_tick;     ///< called about every 250 ms while CRIU runs
+};
+
+/// Runs CRIU and waits for it. On failure *err says "criu ACTION failed (...)"
+/// followed by the last lines of its log.
+bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err);
+
+/// The last n lines of a text file, each indented, for error messages.
+std::string log_tail(const std::string& path, int n);
+
+}  // namespace cusnap

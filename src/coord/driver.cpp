@@ -1,0 +1,189 @@
+#include "coord/driver.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace cusnap {
+
+std::string format_gpu_uuid(const CUuuid& u) {
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  char s[64];
+  std::snprintf(s, sizeof s,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return s;
+}
+
+bool parse_gpu_uuid(const std::string& s, CUuuid* out) {
+  if (!s.starts_with("GPU-")) return false;
+  std::string hex;
+  for (size_t i = 4; i < s.size(); ++i) {
+    if (s[i] == '-') continue;
+    if (!std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+    hex.push_back(s[i]);
+  }
+  if (hex.size() != 32) return false;
+  for (int i = 0; i < 16; ++i)
+    out->bytes[i] = char(std::strtoul(hex.substr(2 * i, 2).c_str(), nullptr, 16));
+  return true;
+}
+
+std::string process_state_name(CUprocessState s) {
+  switch (s) {
+    case CU_PROCESS_STATE_RUNNING: return "running";
+    case CU_PROCESS_STATE_LOCKED: return "locked";
+    case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
+    case CU_PROCESS_STATE_FAILED: return "failed";
+  }
+  return "state " + std::to_string(int(s));
+}
+
+Driver::~Driver() {
+  // The library stays loaded: the driver does not support being unloaded
+  // while it has initialized, and the handle is refcounted anyway.
+}
+
+bool Driver::load(std::string* err) {
+  if (handle_) return true;
+  const char* env = getenv("CUSNAP_LIBCUDA");
+  path_ = env && *env ? env : "libcuda.so.1";
+  handle_ = dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle_) {
+    const char* e = dlerror();
+    *err = "cannot load the CUDA driver " + path_ + ": " + (e ? e : "unknown error") +
+           ": install the NVIDIA driver (or put the simulated driver's directory in "
+           "LD_LIBRARY_PATH), or set CUSNAP_LIBCUDA to the driver library";
+    return false;
+  }
+  auto sym = [&](const char* name, const char* alt = nullptr) -> void* {
+    void* p = dlsym(handle_, name);
+    if (!p && alt) p = dlsym(handle_, alt);
+    return p;
+  };
+  struct Entry {
+    const char* name;
+    const char* alt;
+    void** slot;
+    bool checkpoint_api;
+  };
+  const Entry entries[] = {
+      {"cuInit", nullptr, reinterpret_cast<void**>(&cuInit_), false},
+      {"cuDriverGetVersion", nullptr, reinterpret_cast<void**>(&cuDriverGetVersion_), false},
+      {"cuDeviceGetCount", nullptr, reinterpret_cast<void**>(&cuDeviceGetCount_), false},
+      {"cuDeviceGet", nullptr, reinterpret_cast<void**>(&cuDeviceGet_), false},
+      {"cuDeviceGetName", nullptr, reinterpret_cast<void**>(&cuDeviceGetName_), false},
+      {"cuDeviceGetUuid_v2", "cuDeviceGetUuid", reinterpret_cast<void**>(&cuDeviceGetUuid_), false},
+      {"cuDeviceTotalMem_v2", "cuDeviceTotalMem", reinterpret_cast<void**>(&cuDeviceTotalMem_),
+       false},
+      {"cuCheckpointProcessLock", nullptr, reinterpret_cast<void**>(&cuCheckpointProcessLock_),
+       true},
+      {"cuCheckpointProcessCheckpoint", nullptr,
+       reinterpret_cast<void**>(&cuCheckpointProcessCheckpoint_), true},
+      {"cuCheckpointProcessRestore", nullptr,
+       reinterpret_cast<void**>(&cuCheckpointProcessRestore_), true},
+      {"cuCheckpointProcessUnlock", nullptr, reinterpret_cast<void**>(&cuCheckpointProcessUnlock_),
+       true},
+      {"cuCheckpointProcessGetState", nullptr,
+       reinterpret_cast<void**>(&cuCheckpointProcessGetState_), true},
+  };
+  for (const Entry& e : entries) {
+    *e.slot = sym(e.name, e.alt);
+    if (*e.slot) continue;
+    if (e.checkpoint_api)
+      *err = "the CUDA driver at " + path_ +
+             " has no process checkpoint API (cuCheckpointProcessLock): driver >= 570 is needed";
+    else
+      *err = "the CUDA driver at " + path_ + " lacks " + e.name + ": it is not a CUDA driver";
+    dlclose(handle_);
+    handle_ = nullptr;
+    return false;
+  }
+  cuGetErrorName_ = reinterpret_cast<decltype(cuGetErrorName_)>(sym("cuGetErrorName"));
+  return true;
+}
+
+std::string Driver::error_name(CUresult r) const {
+  const char* name = nullptr;
+  if (cuGetErrorName_ && cuGetErrorName_(r, &name) == CUDA_SUCCESS && name)
+    return std::string(name) + " (" + std::to_string(int(r)) + ")";
+  return "CUDA error " + std::to_string(int(r));
+}
+
+bool Driver::call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const {
+  last_ = r;
+  if (r == CUDA_SUCCESS) return false;
+  *err = std::string(call) + (pid > 0 ? " of process " + std::to_string(pid) : std::string()) +
+         " failed: " + error_name(r);
+  return true;
+}
+
+bool Driver::version(int* v, std::string* err) {
+  return !call_failed(cuDriverGetVersion_(v), "cuDriverGetVersion", 0, err);
+}
+
+bool Driver::devices(std::vector<GpuDevice>* out, std::string* err) {
+  out->clear();
+  if (!initialized_) {
+    if (call_failed(cuInit_(0), "cuInit", 0, err)) return false;
+    initialized_ = true;
+  }
+  int n = 0;
+  if (call_failed(cuDeviceGetCount_(&n), "cuDeviceGetCount", 0, err)) return false;
+  for (int i = 0; i < n; ++i) {
+    CUdevice dev;
+    GpuDevice g;
+    g.index = i;
+    char name[256] = {};
+    CUuuid uuid{};
+    size_t mem = 0;
+    if (call_failed(cuDeviceGet_(&dev, i), "cuDeviceGet", 0, err) ||
+        call_failed(cuDeviceGetName_(name, sizeof name - 1, dev), "cuDeviceGetName", 0, err) ||
+        call_failed(cuDeviceGetUuid_(&uuid, dev), "cuDeviceGetUuid", 0, err) ||
+        call_failed(cuDeviceTotalMem_(&mem, dev), "cuDeviceTotalMem", 0, err))
+      return false;
+    g.name = name;
+    g.uuid = format_gpu_uuid(uuid);
+    g.total_mem = mem;
+    out->push_back(g);
+  }
+  return true;
+}
+
+bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
+  return !call_failed(cuCheckpointProcessGetState_(pid, state), "cuCheckpointProcessGetState", pid,
+                      err);
+}
+
+bool Driver::lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err) {
+  CUcheckpointLockArgs args{};
+  args.timeoutMs = unsigned(std::max<int64_t>(1, timeout.count()));
+  return !call_failed(cuCheckpointProcessLock_(pid, &args), "cuCheckpointProcessLock", pid, err);
+}
+
+bool Driver::checkpoint(pid_t pid, std::string* err) {
+  CUcheckpointCheckpointArgs args{};
+  return !call_failed(cuCheckpointProcessCheckpoint_(pid, &args), "cuCheckpointProcessCheckpoint",
+                      pid, err);
+}
+
+bool Driver::restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err) {
+  CUcheckpointRestoreArgs args{};
+  if (!pairs.empty()) {
+    args.gpuPairs = const_cast<CUcheckpointGpuPair*>(pairs.data());
+    args.gpuPairsCount = unsigned(pairs.size());
+  }
+  return !call_failed(cuCheckpointProcessRestore_(pid, pairs.empty() ? nullptr : &args),
+                      "cuCheckpointProcessRestore", pid, err);
+}
+
+bool Driver::unlock(pid_t pid, std::string* err) {
+  CUcheckpointUnlockArgs args{};
+  return !call_failed(cuCheckpointProcessUnlock_(pid, &args), "cuCheckpointProcessUnlock", pid,
+                      err);
+}
+
+}  // namespace cusnap

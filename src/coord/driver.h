@@ -1,0 +1,87 @@
+// The CUDA driver as the coordinator uses it: dlopen'ed ("libcuda.so.1", or
+// $CUSNAP_LIBCUDA), never linked, so the real or the simulated driver is
+// chosen at run time. A typed table of the functions used; a missing
+// checkpoint entry point makes load fail (driver < 570).
+//
+// The checkpoint calls act on another process (by pid): states are
+// 0 running, 1 locked, 2 checkpointed; a call in the wrong state returns
+// CUDA_ERROR_ILLEGAL_STATE (401).
+#pragma once
+
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace cusnap {
+
+struct GpuDevice {
+  int index = 0;
+  std::string name;
+  std::string uuid;  ///< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  uint64_t total_mem = 0;
+};
+
+/// "GPU-..." form of a driver UUID, and back.
+std::string format_gpu_uuid(const CUuuid& u);
+bool parse_gpu_uuid(const std::string& s, CUuuid* out);
+
+class Driver {
+ public:
+  Driver() = default;
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+  ~Driver();
+
+  /// Loads the driver and resolves every function; fails with a message
+  /// naming the library when it is missing or lacks the checkpoint API.
+  bool load(std::string* err);
+  const std::string& path() const { return path_; }
+
+  /// cuDriverGetVersion (e.g. 13000).
+  bool version(int* v, std::string* err);
+  /// Every device the driver shows (cuInit first).
+  bool devices(std::vector<GpuDevice>* out, std::string* err);
+
+  /// The process checkpoint API for process pid. Errors name the call, the
+  /// process and the driver's error.
+  bool get_state(pid_t pid, CUprocessState* state, std::string* err);
+  bool lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err);
+  bool checkpoint(pid_t pid, std::string* err);
+  bool restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
+  bool unlock(pid_t pid, std::string* err);
+
+  /// "CUDA_ERROR_X (n)" for a result code.
+  std::string error_name(CUresult r) const;
+  /// Result of the last driver call made through this object.
+  CUresult last_result() const { return last_; }
+
+ private:
+  bool call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const;
+
+  void* handle_ = nullptr;
+  std::string path_;
+  bool initialized_ = false;
+  mutable CUresult last_ = CUDA_SUCCESS;
+
+  CUresult (*cuInit_)(unsigned int) = nullptr;
+  CUresult (*cuDriverGetVersion_)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount_)(int*) = nullptr;
+  CUresult (*cuDeviceGet_)(CUdevice*, int) = nullptr;
+  CUresult (*cuDeviceGetName_)(char*, int, CUdevice) = nullptr;
+  CUresult (*cuDeviceGetUuid_)(CUuuid*, CUdevice) = nullptr;
+  CUresult (*cuDeviceTotalMem_)(size_t*, CUdevice) = nullptr;
+  CUresult (*cuGetErrorName_)(CUresult, const char**) = nullptr;  ///< optional
+  CUresult (*cuCheckpointProcessGetState_)(int, CUprocessState*) = nullptr;
+  CUresult (*cuCheckpointProcessLock_)(int, CUcheckpointLockArgs*) = nullptr;
+  CUresult (*cuCheckpointProcessCheckpoint_)(int, CUcheckpointCheckpointArgs*) = nullptr;
+  CUresult (*cuCheckpointProcessRestore_)(int, CUcheckpointRestoreArgs*) = nullptr;
+  CUresult (*cuCheckpointProcessUnlock_)(int, CUcheckpointUnlockArgs*) = nullptr;
+};
+
+/// "running", "locked", "checkpointed", "failed" or "state N".
+std::string process_state_name(CUprocessState s);
+
+}  // namespace cusnap

@@ -1,0 +1,302 @@
+// checkpoint_job: preconditions, driver lock + checkpoint, CRIU dump,
+// checksums, manifest, then stop the job or let it run on.
+//
+// CRIU options, chosen for jobs that a cusnap supervisor runs:
+// - the job is a session leader whose stdout/stderr are pipes to the
+//   supervisor: dump needs nothing for them; restore reconnects them with
+//   --inherit-fd (the pipe ids are in the manifest).
+// - --file-locks: jobs commonly hold flock()s (lock files); harmless without.
+// - -L EMPTY: no CRIU plugins. CRIU's CUDA plugin would drive the same
+//   driver checkpoint a second time; cusnap does it itself.
+// - --leave-stopped (default mode): after the dump the tree stays stopped, so
+//   it never runs past the dumped state; cusnap kills it once the manifest is
+//   safely written, or continues it if anything fails before that.
+// - --leave-running (--leave-running mode): the tree goes on; its GPU state is
+//   restored right after the dump.
+// - not used: --tcp-established (restoring live TCP connections elsewhere is
+//   rarely what a job wants; CRIU refuses such a job with a clear log line),
+//   --ext-unix-sk (a job connected to outside unix sockets cannot be restored
+//   faithfully), --link-remap (CRIU keeps small deleted files as ghost
+//   files already; link-remap would leave links behind in the job's tree).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+#include "coord/engine_internal.h"
+#include "coord/manifest.h"
+#include "coord/procs.h"
+
+namespace cusnap {
+using namespace engine_detail;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string utc_now() {
+  char buf[32];
+  time_t t = time(nullptr);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+pid_t read_ppid(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return 0;
+  size_t p = stat.rfind(')');
+  if (p == std::string::npos) return 0;
+  char state;
+  int ppid = 0;
+  if (std::sscanf(stat.c_str() + p + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return ppid;
+}
+
+// Checks opts.dir without changing anything: absent (its parent must exist)
+// or an empty directory.
+bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
+  std::error_code ec;
+  if (dir.empty()) {
+    *err = "no checkpoint directory given";
+    return false;
+  }
+  auto st = fs::symlink_status(dir, ec);
+  *exists = fs::exists(st);
+  if (!*exists) {
+    fs::path parent = fs::absolute(dir, ec).parent_path();
+    if (!fs::is_directory(parent, ec)) {
+      *err = "the parent of the checkpoint directory " + dir + " (" + parent.string() +
+             ") does not exist: create it or choose another -o DIR";
+      return false;
+    }
+    return true;
+  }
+  if (!fs::is_directory(st)) {
+    *err = dir + " exists and is not a directory: choose another -o DIR";
+    return false;
+  }
+  if (!fs::is_empty(dir, ec)) {
+    *err = "the checkpoint directory " + dir +
+           " is not empty: choose a new or empty directory (-o DIR), or remove what is in it";
+    return false;
+  }
+  return true;
+}
+
+void remove_output(const std::string& dir, bool existed) {
+  std::error_code ec;
+  if (!existed) {
+    fs::remove_all(dir, ec);
+    return;
+  }
+  for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
+}
+
+}  // namespace
+
+bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const ProgressSink& progress,
+                    CheckpointResult* out, std::string* err) {
+  auto report = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    if (progress) progress(Progress{phase, done, total});
+  };
+  Stopwatch sw;
+  out->code = kExitRefused;
+  out->dir = opts.dir;
+
+  // Preconditions: nothing changes until every one holds.
+  report("check");
+  if (!require_root("checkpoint", err)) return false;
+  CriuInfo criu;
+  if (!find_criu(&criu, err)) return false;
+  bool dir_existed = false;
+  if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
+  Driver driver;
+  JobScan scan;
+  if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
+  std::vector<pid_t> pids;
+  for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
+  std::string what;
+  if (find_terminal_fd(pids, &what)) {
+    *err = "job " + job.name + ": " + what +
+           "; CRIU cannot checkpoint a job holding a terminal of another session: launch it "
+           "with its input and output redirected";
+    return false;
+  }
+  TempDir work("cusnap-dump-");
+  TempDir no_plugins("cusnap-noplugins-");
+  if (!work.ok() || !no_plugins.ok()) {
+    *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
+    return false;
+  }
+  std::string criu_dir = opts.dir + "/criu";
+  std::error_code ec;
+  if (!dir_existed) fs::create_directory(opts.dir, ec);
+  if (!ec) fs::permissions(opts.dir, fs::perms::owner_all, ec);
+  if (!ec) fs::create_directory(criu_dir, ec);
+  if (ec) {
+    *err = "cannot create the checkpoint directory " + criu_dir + ": " + ec.message();
+    remove_output(opts.dir, dir_existed);
+    return false;
+  }
+  std::vector<int> pidfds;
+  for (pid_t pid : pids) pidfds.push_back(open_pidfd(pid));
+  auto close_pidfds = [&] {
+    for (int fd : pidfds)
+      if (fd >= 0) close(fd);
+  };
+  out->phases.emplace_back("check", sw.lap());
+
+  // The driver: lock every CUDA process, then checkpoint each.
+  out->code = kExitFailure;
+  report("driver-checkpoint");
+  bool rolled_back = true;
+  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err)) {
+    *err = "job " + job.name + ": " + *err +
+           (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
+    if (!rolled_back) out->code = kExitJobLost;
+    remove_output(opts.dir, dir_existed);
+    close_pidfds();
+    return false;
+  }
+  out->phases.emplace_back("driver-checkpoint", sw.lap());
+
+  // Bring the job back after a failure from here on: continue it (it may be
+  // stopped by --leave-stopped), then restore and unlock its GPU state.
+  auto roll_back = [&](const std::string& why) {
+    for (int fd : pidfds) signal_pidfd(fd, SIGCONT);
+    std::string rb;
+    bool ok = driver_resume_all(driver, scan.cuda, {}, &rb);
+    *err = "job " + job.name + ": " + why +
+           (ok ? "\nthe job runs on unchanged" : "\nbringing the job's GPU state back failed: " + rb);
+    out->code = ok ? kExitFailure : kExitJobLost;
+    remove_output(opts.dir, dir_existed);
+    close_pidfds();
+    return false;
+  };
+
+  // CRIU dump.
+  report("dump");
+  uint64_t rss = 0;
+  for (pid_t pid : pids) {
+    std::string statm;
+    unsigned long size = 0, resident = 0;
+    if (read_text_file("/proc/" + std::to_string(pid) + "/statm", &statm) &&
+        std::sscanf(statm.c_str(), "%lu %lu", &size, &resident) == 2)
+      rss += uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE));
+  }
+  CriuRun run;
+  run.args = {"dump", "-t", std::to_string(job.root_pid), "-D", criu_dir, "-o", "dump.log", "-v4",
+              "-L", no_plugins.path(), "--file-locks",
+              opts.leave_running ? "--leave-running" : "--leave-stopped"};
+  run.output_path = work.path() + "/criu-output.txt";
+  run.log_path = criu_dir + "/dump.log";
+  run.success_line = "Dumping finished successfully";
+  // A bound that grows with the memory to write (at 100 MB/s at worst).
+  run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
+  run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
+  std::string why;
+  if (!run_criu(criu, run, &why)) return roll_back("CRIU dump phase: " + why);
+  out->phases.emplace_back("dump", sw.lap());
+  if (!opts.leave_running) {
+    // The stopped tree is stable now; take in any process that appeared
+    // after the scan, so the stop and a roll back reach it too.
+    for (pid_t pid : process_tree(job.root_pid))
+      if (std::find(pids.begin(), pids.end(), pid) == pids.end()) {
+        pids.push_back(pid);
+        pidfds.push_back(open_pidfd(pid));
+      }
+  }
+
+  if (opts.leave_running) {
+    report("driver-restore");
+    std::string rb;
+    if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {
+      *err = "job " + job.name + ": the dump succeeded but restoring GPU state in place failed: " +
+             rb + "\nthe checkpoint in " + opts.dir + " was not completed";
+      out->code = kExitJobLost;
+      remove_output(opts.dir, dir_existed);
+      close_pidfds();
+      return false;
+    }
+    out->phases.emplace_back("driver-restore", sw.lap());
+  }
+
+  // Checksums and the manifest, written last: without it nothing restores.
+  Manifest m;
+  // After --leave-running the job already runs on: a failure only discards
+  // the checkpoint. After --leave-stopped it rolls the job back.
+  auto fail_late = [&](const std::string& why) {
+    if (!opts.leave_running) return roll_back(why);
+    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+    out->code = kExitFailure;
+    remove_output(opts.dir, dir_existed);
+    close_pidfds();
+    return false;
+  };
+  if (!hash_directory(opts.dir, &m.files, progress, &why)) return fail_late("checksum phase: " + why);
+  {
+    int dfd = open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      syncfs(dfd);
+      close(dfd);
+    }
+  }
+  out->phases.emplace_back("checksum", sw.lap());
+  m.created = utc_now();
+  m.cusnap_version = cusnap_version();
+  m.job = job;
+  // The processes as dumped: after --leave-stopped the tree as it stood
+  // (pids was refreshed then), else as scanned.
+  std::vector<ProcessInfo> dumped = scan.procs;
+  for (pid_t pid : pids) {
+    ProcessInfo p;
+    bool known = std::any_of(dumped.begin(), dumped.end(),
+                             [&](const ProcessInfo& q) { return q.pid == pid; });
+    if (!known && read_process(pid, &p)) dumped.push_back(p);
+  }
+  for (const ProcessInfo& p : dumped) {
+    ManifestProcess mp;
+    mp.pid = p.pid;
+    mp.ppid = read_ppid(p.pid);
+    mp.exe = p.exe;
+    mp.cmdline = p.cmdline;
+    mp.uses_cuda = std::find(scan.cuda.begin(), scan.cuda.end(), p.pid) != scan.cuda.end();
+    if (mp.uses_cuda) {
+      mp.gpus = process_gpu_uuids(p.pid);
+      if (mp.gpus.empty())
+        for (const GpuDevice& g : scan.gpus) mp.gpus.push_back(g.uuid);
+    }
+    m.processes.push_back(mp);
+  }
+  m.driver_version = scan.driver_version;
+  m.driver_path = scan.cuda.empty() ? "" : driver.path();
+  m.gpus = scan.gpus;
+  m.criu_version = criu.version;
+  m.criu_path = criu.path;
+  m.leave_running = opts.leave_running;
+  m.phases = out->phases;
+  m.phases.emplace_back("manifest", 0.0);
+  if (!write_manifest(opts.dir, m, &why)) return fail_late("manifest phase: " + why);
+  out->phases.emplace_back("manifest", sw.lap());
+
+  if (!opts.leave_running) {
+    // The checkpoint is complete: stop the job (the supervisor reaps it).
+    report("stop");
+    for (int fd : pidfds) signal_pidfd(fd, SIGKILL);
+    out->job_stopped = true;
+    out->phases.emplace_back("stop", sw.lap());
+  }
+  close_pidfds();
+  out->bytes = directory_bytes(opts.dir);
+  out->code = kExitOk;
+  return true;
+}
+
+}  // namespace cusnap

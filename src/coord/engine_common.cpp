@@ -1,0 +1,197 @@
+// Preconditions, the driver phases shared by checkpoint and suspend, and the
+// job listing for ps/inspect.
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "coord/engine_internal.h"
+#include "coord/procs.h"
+
+namespace cusnap {
+namespace engine_detail {
+
+bool require_root(const char* what, std::string* err) {
+  if (geteuid() == 0) return true;
+  *err = std::string(what) +
+         " needs root (CRIU and the driver's process checkpoint API require it): run the job's "
+         "cusnap supervisor as root (sudo cusnap launch ...)";
+  return false;
+}
+
+bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
+              JobScan* out, std::string* err) {
+  std::vector<pid_t> tree = process_tree(job.root_pid);
+  if (tree.empty()) {
+    *err = "job " + job.name + ": its process " + std::to_string(job.root_pid) +
+           " is not running; nothing to " + operation;
+    return false;
+  }
+  for (pid_t pid : tree) {
+    ProcessInfo p;
+    if (read_process(pid, &p)) out->procs.push_back(p);
+  }
+  bool any_cuda = false;
+  for (const ProcessInfo& p : out->procs) any_cuda |= p.uses_cuda;
+  if (any_cuda) {
+    if (!driver->load(err)) return false;
+    if (!driver->version(&out->driver_version, err)) return false;
+    if (!driver->devices(&out->gpus, err)) {
+      *err = "the CUDA driver at " + driver->path() + " shows no usable device: " + *err;
+      return false;
+    }
+  }
+  std::string what;
+  std::vector<pid_t> pids;
+  for (const ProcessInfo& p : out->procs) pids.push_back(p.pid);
+  if (job_shares_device_memory(pids, &what)) {
+    *err = "job " + job.name + " shares device memory between processes (" + what +
+           "); the driver's process checkpoint cannot restore shared device memory, so " +
+           operation + " would lose the job. Such jobs need the cusnap shim (a later feature)";
+    return false;
+  }
+  for (ProcessInfo& p : out->procs) {
+    if (!p.uses_cuda) continue;
+    CUprocessState st;
+    std::string why;
+    if (!driver->get_state(p.pid, &st, &why)) {
+      // A process that maps the driver but never initialized it has no GPU
+      // state to save; the driver says CUDA_ERROR_NOT_INITIALIZED.
+      if (driver->last_result() == CUDA_ERROR_NOT_INITIALIZED) {
+        p.uses_cuda = false;
+        continue;
+      }
+      *err = "job " + job.name + ", process " + std::to_string(p.pid) + " (" + p.exe +
+             "), inspect phase: " + why;
+      return false;
+    }
+    if (st != want) {
+      *err = "job " + job.name + ", process " + std::to_string(p.pid) + ": its GPU state is " +
+             process_state_name(st) + ", not " + process_state_name(want) + "; " +
+             (st == CU_PROCESS_STATE_CHECKPOINTED || st == CU_PROCESS_STATE_LOCKED
+                  ? "the job is suspended: run cusnap resume first"
+                  : std::string("cannot ") + operation + " it now");
+      return false;
+    }
+    p.cuda_state = process_state_name(st);
+    out->cuda.push_back(p.pid);
+  }
+  return true;
+}
+
+bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids, std::chrono::milliseconds timeout,
+                        bool* rolled_back, std::string* err) {
+  *rolled_back = true;
+  std::vector<pid_t> locked;
+  std::string why;
+  const char* phase = "lock";
+  bool ok = true;
+  for (pid_t pid : pids) {
+    if (!d.lock(pid, timeout, &why)) {
+      ok = false;
+      break;
+    }
+    locked.push_back(pid);
+  }
+  size_t checkpointed = 0;
+  if (ok) {
+    phase = "checkpoint";
+    for (pid_t pid : pids) {
+      if (!d.checkpoint(pid, &why)) {
+        ok = false;
+        break;
+      }
+      ++checkpointed;
+    }
+  }
+  if (ok) return true;
+  *err = std::string("driver ") + phase + " phase: " + why;
+  std::string rb;
+  if (!driver_resume_all(d, locked, {}, &rb)) {
+    *rolled_back = false;
+    *err += "; bringing the others back failed too: " + rb;
+  }
+  (void)checkpointed;
+  return false;
+}
+
+bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
+                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err) {
+  bool ok = true;
+  auto add = [&](const std::string& m) {
+    if (!err->empty()) *err += "; ";
+    *err += m;
+    ok = false;
+  };
+  for (auto it = pids.rbegin(); it != pids.rend(); ++it) {
+    std::string why;
+    CUprocessState st;
+    if (!d.get_state(*it, &st, &why)) {
+      add(why);
+      continue;
+    }
+    if (st == CU_PROCESS_STATE_CHECKPOINTED) {
+      if (!d.restore(*it, pairs, &why)) {
+        add("driver restore phase: " + why);
+        continue;
+      }
+      st = CU_PROCESS_STATE_LOCKED;
+    }
+    if (st == CU_PROCESS_STATE_LOCKED && !d.unlock(*it, &why)) add("driver unlock phase: " + why);
+  }
+  return ok;
+}
+
+int open_pidfd(pid_t pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
+
+void signal_pidfd(int pidfd, int sig) {
+  if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0);
+}
+
+TempDir::TempDir(const char* prefix) {
+  const char* base = getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/" + prefix + "XXXXXX";
+  if (mkdtemp(tmpl.data())) path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  if (path_.empty() || keep_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+uint64_t directory_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::end(it); it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+}  // namespace engine_detail
+
+std::vector<ProcessInfo> list_job_processes(pid_t root) {
+  std::vector<ProcessInfo> out;
+  Driver driver;
+  bool have_driver = false, tried = false;
+  for (pid_t pid : process_tree(root)) {
+    ProcessInfo p;
+    if (!read_process(pid, &p)) continue;
+    if (p.uses_cuda) {
+      std::string err;
+      if (!tried) {
+        have_driver = driver.load(&err);
+        tried = true;
+      }
+      CUprocessState st;
+      if (have_driver && driver.get_state(pid, &st, &err)) p.cuda_state = process_state_name(st);
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace cusnap

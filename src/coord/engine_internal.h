@@ -1,0 +1,96 @@
+// Pieces shared by the engine's operations (engine_*.cpp); not for callers.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "coord/criu.h"
+#include "coord/driver.h"
+#include "coord/engine.h"
+
+namespace cusnap::engine_detail {
+
+/// Seconds since a start point, for PhaseTimes.
+class Stopwatch {
+ public:
+  Stopwatch() : t0_(std::chrono::steady_clock::now()) {}
+  double lap() {
+    auto now = std::chrono::steady_clock::now();
+    double s = std::chrono::duration<double>(now - t0_).count();
+    t0_ = now;
+    return s;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+
+/// The job as found, after every precondition passed.
+struct JobScan {
+  std::vector<ProcessInfo> procs;  ///< the tree, root first
+  std::vector<pid_t> cuda;         ///< processes the driver knows, in tree order
+  std::vector<GpuDevice> gpus;     ///< when there are CUDA processes
+  int driver_version = 0;
+};
+
+/// The root check; message says to run as root.
+bool require_root(const char* what, std::string* err);
+
+/// Scans the job and checks what every operation needs: the job is running,
+/// the driver has the checkpoint API (when a process uses CUDA), every CUDA
+/// process is in `want` state, and no device memory is shared between
+/// processes. Changes nothing.
+bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
+              JobScan* out, std::string* err);
+
+/// Locks every process, then checkpoints every process (a consistent cut).
+/// On a failure it brings back, in reverse, those already done and returns
+/// false with an error naming the process and the call; *rolled_back says
+/// whether everything came back (else the job's GPU state is lost).
+bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids, std::chrono::milliseconds timeout,
+                        bool* rolled_back, std::string* err);
+
+/// Restores (with pairs) and unlocks every process in reverse order, each
+/// from whatever state it is in (checkpointed -> restore + unlock, locked ->
+/// unlock, running -> nothing). Goes on past failures; *err lists them all.
+bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
+                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
+
+/// pidfd of a process, -1 when gone; signals through it cannot hit a reused pid.
+int open_pidfd(pid_t pid);
+void signal_pidfd(int pidfd, int sig);
+
+/// A private empty directory under $TMPDIR (or /tmp); removed by the destructor.
+class TempDir {
+ public:
+  explicit TempDir(const char* prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  bool ok() const { return !path_.empty(); }
+  void keep() { keep_ = true; }
+
+ private:
+  std::string path_;
+  bool keep_ = false;
+};
+
+/// Decides which device each GPU the checkpoint used is restored onto: the
+/// one named by device_map (key: old index or UUID; value: new index or
+/// UUID), else the same UUID, else an unclaimed device of the same model.
+/// *pairs stays empty when every device maps to itself, else it pairs every
+/// used device. Fails, naming the GPU and model, when none fits.
+bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
+                       const std::vector<GpuDevice>& present,
+                       const std::map<std::string, std::string>& device_map,
+                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err);
+
+/// Total size of every file under dir.
+uint64_t directory_bytes(const std::string& dir);
+
+}  // namespace cusnap::engine_detail

@@ -1,0 +1,256 @@
+// verify_checkpoint and restore_job: verify the manifest and every file,
+// match the GPUs, CRIU restore the tree as a child of the caller, then
+// driver restore + unlock of every CUDA process.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "coord/engine_internal.h"
+#include "coord/manifest.h"
+#include "coord/procs.h"
+
+namespace cusnap {
+using namespace engine_detail;
+
+namespace engine_detail {
+
+bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
+                       const std::vector<GpuDevice>& present,
+                       const std::map<std::string, std::string>& device_map,
+                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err) {
+  auto find_present = [&](const std::string& key) -> const GpuDevice* {
+    for (const GpuDevice& g : present)
+      if (g.uuid == key || std::to_string(g.index) == key) return &g;
+    return nullptr;
+  };
+  std::set<std::string> claimed;
+  std::vector<std::pair<std::string, std::string>> plan;  // old uuid -> new uuid
+  // Explicit and same-UUID choices first, so the model fallback takes only
+  // devices nobody asked for.
+  std::vector<const GpuDevice*> pending;
+  for (const std::string& uuid : used) {
+    auto it = std::find_if(recorded.begin(), recorded.end(),
+                           [&](const GpuDevice& g) { return g.uuid == uuid; });
+    GpuDevice old;
+    if (it != recorded.end()) old = *it;
+    else old.uuid = uuid, old.index = -1;
+    auto m = device_map.find(old.uuid);
+    if (m == device_map.end() && old.index >= 0) m = device_map.find(std::to_string(old.index));
+    if (m != device_map.end()) {
+      const GpuDevice* to = find_present(m->second);
+      if (!to) {
+        *err = "the device map sends GPU " + old.uuid + " to " + m->second +
+               ", which is not a GPU here (see cusnap inspect for the GPUs the checkpoint used)";
+        return false;
+      }
+      if (!old.name.empty() && to->name != old.name) {
+        *err = "the device map sends GPU " + old.uuid + " (" + old.name + ") to GPU " + to->uuid +
+               " (" + to->name + "): a checkpoint restores only onto the same GPU model";
+        return false;
+      }
+      plan.emplace_back(old.uuid, to->uuid);
+      claimed.insert(to->uuid);
+    } else if (const GpuDevice* same = find_present(old.uuid)) {
+      plan.emplace_back(old.uuid, same->uuid);
+      claimed.insert(same->uuid);
+    } else {
+      pending.push_back(it != recorded.end() ? &*it : nullptr);
+      plan.emplace_back(old.uuid, "");
+    }
+  }
+  for (auto& [from, to] : plan) {
+    if (!to.empty()) continue;
+    auto rec = std::find_if(recorded.begin(), recorded.end(),
+                            [&](const GpuDevice& g) { return g.uuid == from; });
+    std::string model = rec != recorded.end() ? rec->name : "";
+    for (const GpuDevice& g : present)
+      if (!claimed.count(g.uuid) && (model.empty() || g.name == model)) {
+        to = g.uuid;
+        claimed.insert(g.uuid);
+        break;
+      }
+    if (to.empty()) {
+      *err = "the checkpoint ran on GPU " + from + (model.empty() ? "" : " (" + model + ")") +
+             " and no " + (model.empty() ? "free GPU" : model) +
+             " is available here: restore it on a machine with the same GPU model, or map it "
+             "with --device-map OLD=NEW";
+      return false;
+    }
+  }
+  pairs->clear();
+  bool identity = std::all_of(plan.begin(), plan.end(), [](auto& p) { return p.first == p.second; });
+  if (identity) return true;
+  for (const auto& [from, to] : plan) {
+    CUcheckpointGpuPair p{};
+    if (!parse_gpu_uuid(from, &p.oldUuid) || !parse_gpu_uuid(to, &p.newUuid)) {
+      *err = "GPU UUID " + from + " or " + to + " is malformed";
+      return false;
+    }
+    pairs->push_back(p);
+  }
+  return true;
+}
+
+}  // namespace engine_detail
+
+namespace {
+
+std::vector<std::string> used_gpus(const Manifest& m) {
+  std::vector<std::string> used;
+  for (const ManifestProcess& p : m.processes)
+    if (p.uses_cuda)
+      for (const std::string& u : p.gpus)
+        if (std::find(used.begin(), used.end(), u) == used.end()) used.push_back(u);
+  return used;
+}
+
+bool verify_impl(const std::string& dir, const std::map<std::string, std::string>& device_map,
+                 const ProgressSink& progress, Manifest* m, Driver* driver,
+                 std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) {
+    *code = kExitNotFound;
+    *err = "no checkpoint at " + dir + ": the directory does not exist";
+    return false;
+  }
+  *code = kExitBadCheckpoint;
+  if (!read_manifest(dir, m, err)) return false;
+  if (!verify_manifest_files(dir, *m, progress, err)) return false;
+  bool any_cuda = std::any_of(m->processes.begin(), m->processes.end(),
+                              [](const ManifestProcess& p) { return p.uses_cuda; });
+  if (!any_cuda) return true;
+  *code = kExitRefused;
+  std::vector<GpuDevice> present;
+  if (!driver->load(err)) return false;
+  if (!driver->devices(&present, err)) {
+    *err = "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
+    return false;
+  }
+  return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
+}
+
+void kill_tree(pid_t root) {
+  for (pid_t pid : process_tree(root)) {
+    int fd = open_pidfd(pid);
+    signal_pidfd(fd, SIGKILL);
+    if (fd >= 0) close(fd);
+  }
+}
+
+}  // namespace
+
+bool verify_checkpoint_coded(const std::string& dir, const std::map<std::string, std::string>& device_map,
+                       ExitCode* code, std::string* err) {
+  Manifest m;
+  Driver driver;
+  std::vector<CUcheckpointGpuPair> pairs;
+  ExitCode c = kExitOk;
+  bool ok = verify_impl(dir, device_map, nullptr, &m, &driver, &pairs, &c, err);
+  if (code) *code = ok ? kExitOk : c;
+  return ok;
+}
+
+bool verify_checkpoint(const std::string& dir, std::string* err) {
+  return verify_checkpoint_coded(dir, {}, nullptr, err);
+}
+
+bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, RestoreResult* out,
+                 std::string* err) {
+  auto report = [&](const char* phase) {
+    if (progress) progress(Progress{phase, 0, 0});
+  };
+  Stopwatch sw;
+  out->code = kExitRefused;
+  report("check");
+  if (!require_root("restore", err)) return false;
+  CriuInfo criu;
+  if (!find_criu(&criu, err)) return false;
+  int subreaper = 0;
+  if (prctl(PR_GET_CHILD_SUBREAPER, &subreaper) != 0 || !subreaper) {
+    *err = "restore must run in a child subreaper (the cusnap supervisor); this process is not one";
+    return false;
+  }
+  Manifest m;
+  Driver driver;
+  std::vector<CUcheckpointGpuPair> pairs;
+  ExitCode code = kExitOk;
+  if (!verify_impl(opts.dir, opts.device_map, progress, &m, &driver, &pairs, &code, err)) {
+    out->code = code;
+    return false;
+  }
+  out->phases.emplace_back("verify", sw.lap());
+  // CRIU gives every process its old pid back.
+  for (const ManifestProcess& p : m.processes)
+    if (access(("/proc/" + std::to_string(p.pid)).c_str(), F_OK) == 0) {
+      *err = "process id " + std::to_string(p.pid) +
+             " that the checkpoint restores is in use (the original job still running, or not "
+             "yet reaped?): stop it first, e.g. cusnap ps / kill it, then restore";
+      return false;
+    }
+
+  out->code = kExitFailure;
+  report("restore");
+  TempDir work("cusnap-restore-");
+  TempDir no_plugins("cusnap-noplugins-");
+  if (!work.ok() || !no_plugins.ok()) {
+    *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
+    return false;
+  }
+  std::string pidfile = work.path() + "/root.pid";
+  CriuRun run;
+  run.args = {"restore", "-d", "-D", opts.dir + "/criu", "-W", work.path(), "-o", "restore.log",
+              "-v4", "-L", no_plugins.path(), "--file-locks", "--pidfile", pidfile};
+  auto inherit = [&](int fd, const std::string& id) {
+    if (fd < 0 || id.empty()) return;
+    run.args.push_back("--inherit-fd");
+    run.args.push_back("fd[" + std::to_string(fd) + "]:" + id);
+    run.inherit_fds.push_back(fd);
+  };
+  inherit(opts.stdout_fd, m.job.stdout_pipe_id);
+  if (m.job.stderr_pipe_id != m.job.stdout_pipe_id) inherit(opts.stderr_fd, m.job.stderr_pipe_id);
+  run.output_path = work.path() + "/criu-output.txt";
+  run.log_path = work.path() + "/restore.log";
+  run.success_line = "Restore finished successfully";
+  uint64_t bytes = directory_bytes(opts.dir);
+  run.timeout = opts.timeout + std::chrono::milliseconds(bytes / 100000);
+  std::string why;
+  if (!run_criu(criu, run, &why)) {
+    work.keep();
+    *err = "CRIU restore phase: " + why + "(its files are kept in " + work.path() + ")";
+    // CRIU kills what it restored when it fails; make sure.
+    kill_tree(m.job.root_pid);
+    return false;
+  }
+  std::string text;
+  pid_t root = 0;
+  if (read_text_file(pidfile, &text)) root = pid_t(std::atoi(text.c_str()));
+  if (root <= 0) root = m.job.root_pid;
+  out->root_pid = root;
+  out->phases.emplace_back("criu-restore", sw.lap());
+
+  report("driver-restore");
+  std::vector<pid_t> cuda;
+  for (const ManifestProcess& p : m.processes)
+    if (p.uses_cuda) cuda.push_back(p.pid);
+  // driver_resume_all goes in reverse; restore in tree order instead.
+  std::reverse(cuda.begin(), cuda.end());
+  if (!driver_resume_all(driver, cuda, pairs, &why)) {
+    kill_tree(root);
+    *err = "job " + m.job.name + ": " + why + "\nthe restored processes were killed; the checkpoint " +
+           opts.dir + " is unchanged";
+    return false;
+  }
+  out->phases.emplace_back("driver-restore", sw.lap());
+  out->job = m.job;
+  out->job.root_pid = root;
+  out->code = kExitOk;
+  return true;
+}
+
+}  // namespace cusnap

@@ -1,0 +1,69 @@
+// suspend_job / resume_job: the driver's lock + checkpoint in place, and
+// back; the processes stay where they are.
+#include "coord/engine_internal.h"
+#include "coord/procs.h"
+
+namespace cusnap {
+using namespace engine_detail;
+
+bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
+                 std::string* err) {
+  ExitCode c = kExitRefused;
+  Driver driver;
+  JobScan scan;
+  bool ok = require_root("suspend", err) &&
+            scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err);
+  if (ok && scan.cuda.empty()) {
+    *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
+    ok = false;
+  }
+  if (ok) {
+    bool rolled_back = true;
+    c = kExitFailure;
+    ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err);
+    if (!ok) {
+      *err = "job " + job.name + ": " + *err +
+             (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
+      if (!rolled_back) c = kExitJobLost;
+    }
+  }
+  if (code) *code = ok ? kExitOk : c;
+  return ok;
+}
+
+bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
+                std::string* err) {
+  (void)timeout;
+  ExitCode c = kExitRefused;
+  bool ok = require_root("resume", err);
+  Driver driver;
+  std::vector<pid_t> cuda;
+  if (ok) {
+    for (const ProcessInfo& p : list_job_processes(job.root_pid))
+      if (p.uses_cuda && (p.cuda_state == "locked" || p.cuda_state == "checkpointed"))
+        cuda.push_back(p.pid);
+    if (cuda.empty()) {
+      *err = "job " + job.name + " is not suspended: no process has its GPU state released";
+      ok = false;
+    }
+  }
+  if (ok) ok = driver.load(err);
+  if (ok) {
+    c = kExitFailure;
+    // driver_resume_all goes in reverse: the last suspended comes back first.
+    ok = driver_resume_all(driver, cuda, {}, err);
+    if (!ok) *err = "job " + job.name + ": " + *err;
+  }
+  if (code) *code = ok ? kExitOk : c;
+  return ok;
+}
+
+bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err) {
+  return suspend_job_coded(job, timeout, nullptr, err);
+}
+
+bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err) {
+  return resume_job_coded(job, timeout, nullptr, err);
+}
+
+}  // namespace cusnap

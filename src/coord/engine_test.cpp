@@ -1,0 +1,221 @@
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "coord/engine.h"
+#include "coord/engine_internal.h"
+#include "coord/manifest.h"
+
+using namespace cusnap;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kUuidA = "GPU-00000000-0000-0000-0000-00000000000a";
+const char* kUuidB = "GPU-00000000-0000-0000-0000-00000000000b";
+const char* kUuidC = "GPU-00000000-0000-0000-0000-00000000000c";
+
+}  // namespace
+
+TEST_CASE("engine: device plan keeps the same GPU, else the same model, else refuses") {
+  using engine_detail::plan_device_pairs;
+  std::vector<GpuDevice> recorded = {{0, "H200", kUuidA, 1}, {1, "H200", kUuidB, 1}};
+  std::vector<CUcheckpointGpuPair> pairs;
+  std::string err;
+  // Same devices: no pairs.
+  CHECK(plan_device_pairs(recorded, {kUuidA}, recorded, {}, &pairs, &err));
+  CHECK(pairs.empty());
+  // The used GPU is gone but another H200 is there: paired onto it.
+  std::vector<GpuDevice> other = {{0, "H200", kUuidC, 1}};
+  REQUIRE(plan_device_pairs(recorded, {kUuidA}, other, {}, &pairs, &err));
+  REQUIRE(pairs.size() == 1);
+  CHECK(format_gpu_uuid(pairs[0].newUuid) == kUuidC);
+  // Another model only: refused, naming the model.
+  std::vector<GpuDevice> a100 = {{0, "A100", kUuidC, 1}};
+  CHECK_FALSE(plan_device_pairs(recorded, {kUuidA}, a100, {}, &pairs, &err));
+  CHECK(err.find("no H200 is available") != std::string::npos);
+  // An explicit map by index.
+  REQUIRE(plan_device_pairs(recorded, {kUuidA}, recorded, {{"0", "1"}}, &pairs, &err));
+  REQUIRE(pairs.size() == 1);
+  CHECK(format_gpu_uuid(pairs[0].oldUuid) == kUuidA);
+  CHECK(format_gpu_uuid(pairs[0].newUuid) == kUuidB);
+  CHECK_FALSE(plan_device_pairs(recorded, {kUuidA}, a100, {{kUuidA, "0"}}, &pairs, &err));
+  CHECK(err.find("same GPU model") != std::string::npos);
+}
+
+TEST_CASE("engine: GPU UUID text round trip") {
+  CUuuid u;
+  REQUIRE(parse_gpu_uuid(kUuidB, &u));
+  CHECK(format_gpu_uuid(u) == kUuidB);
+  CHECK_FALSE(parse_gpu_uuid("GPU-12", &u));
+}
+
+TEST_CASE("engine: a driver library without the checkpoint API is refused by name") {
+  setenv("CUSNAP_LIBCUDA", "libm.so.6", 1);
+  Driver d;
+  std::string err;
+  CHECK_FALSE(d.load(&err));
+  CHECK(err.find("libm.so.6") != std::string::npos);
+  setenv("CUSNAP_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  Driver d2;
+  CHECK_FALSE(d2.load(&err));
+  CHECK(err.find("cannot load the CUDA driver") != std::string::npos);
+  unsetenv("CUSNAP_LIBCUDA");
+}
+
+namespace {
+
+// A CPU-only job: a shell counting into a pipe, in its own session.
+pid_t start_counter(int out_fd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setsid();
+    int null_fd = open("/dev/null", O_RDWR);
+    dup2(null_fd, 0);
+    dup2(null_fd, 2);
+    dup2(out_fd, 1);
+    for (int fd = 3; fd < 1024; ++fd) close(fd);
+    execl("/bin/sh", "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done",
+          nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+// Reads whole lines from fd until n numbers arrived or timeout; returns them.
+std::vector<long> read_numbers(int fd, size_t n, int timeout_ms) {
+  std::vector<long> out;
+  std::string buf;
+  while (out.size() < n) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    char tmp[256];
+    ssize_t r = read(fd, tmp, sizeof tmp);
+    if (r <= 0) break;
+    buf.append(tmp, size_t(r));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      out.push_back(std::atol(buf.substr(0, nl).c_str()));
+      buf.erase(0, nl + 1);
+    }
+  }
+  return out;
+}
+
+std::string pipe_id(int fd) {
+  struct stat st;
+  fstat(fd, &st);
+  return "pipe:[" + std::to_string(st.st_ino) + "]";
+}
+
+bool have_criu() {
+  CriuInfo c;
+  std::string err;
+  return geteuid() == 0 && find_criu(&c, &err);
+}
+
+}  // namespace
+
+TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and counts on") {
+  if (!have_criu()) {
+    MESSAGE("skipped: needs root and CRIU >= 4.1");
+    return;
+  }
+  REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  pid_t job_pid = start_counter(p[1]);
+  close(p[1]);
+  auto before = read_numbers(p[0], 3, 5000);
+  REQUIRE(before.size() == 3);
+
+  char tmpl[] = "/tmp/cusnap-engine-test-XXXXXX";
+  std::string base = mkdtemp(tmpl);
+  JobInfo job;
+  job.name = "counter";
+  job.root_pid = job_pid;
+  job.argv = {"sh", "-c", "..."};
+  job.cwd = "/";
+  job.stdout_pipe_id = pipe_id(p[0]);
+  CheckpointOptions opts;
+  opts.dir = base + "/ckpt";
+  CheckpointResult res;
+  std::string err;
+  std::vector<std::string> phases;
+  bool ok = checkpoint_job(job, opts, [&](const Progress& pr) { phases.push_back(pr.phase); }, &res,
+                           &err);
+  INFO(err);
+  REQUIRE(ok);
+  CHECK(res.job_stopped);
+  CHECK(res.bytes > 0);
+  CHECK(fs::exists(opts.dir + "/manifest.json"));
+  CHECK(std::find(phases.begin(), phases.end(), "dump") != phases.end());
+  // The supervisor's part: reap the stopped job so its pids are free.
+  int status;
+  REQUIRE(waitpid(job_pid, &status, 0) == job_pid);
+  CHECK(WIFSIGNALED(status));
+  while (waitpid(-1, nullptr, 0) > 0) {
+  }
+  auto drained = read_numbers(p[0], 1000, 300);
+  long last = drained.empty() ? before.back() : drained.back();
+  close(p[0]);
+
+  CHECK(verify_checkpoint(opts.dir, &err));
+  // A second checkpoint into the same directory is refused.
+  CheckpointResult res2;
+  CHECK_FALSE(checkpoint_job(job, opts, nullptr, &res2, &err));
+  CHECK(res2.code == kExitRefused);
+
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    int q[2];
+    REQUIRE(pipe2(q, O_CLOEXEC) == 0);
+    RestoreOptions ro;
+    ro.dir = opts.dir;
+    ro.stdout_fd = q[1];
+    RestoreResult rr;
+    bool rok = restore_job(ro, nullptr, &rr, &err);
+    INFO(err);
+    REQUIRE(rok);
+    close(q[1]);
+    CHECK(rr.root_pid == job_pid);
+    CHECK(rr.job.name == "counter");
+    auto after = read_numbers(q[0], 3, 5000);
+    REQUIRE(after.size() == 3);
+    CHECK(after[0] > 1);
+    CHECK(after[0] <= last + 1);
+    CHECK(after[1] == after[0] + 1);
+    // The supervisor's part: kill the whole tree and reap every process.
+    for (const ProcessInfo& pi : list_job_processes(rr.root_pid)) kill(pi.pid, SIGKILL);
+    while (waitpid(-1, nullptr, 0) > 0) {
+    }
+    close(q[0]);
+  }
+
+  SUBCASE("a corrupted image is refused before anything starts") {
+    std::string img;
+    for (auto& e : fs::directory_iterator(opts.dir + "/criu"))
+      if (e.path().filename().string().starts_with("pages-")) img = e.path();
+    REQUIRE(!img.empty());
+    {
+      int fd = open(img.c_str(), O_WRONLY);
+      REQUIRE(fd >= 0);
+      REQUIRE(pwrite(fd, "\x5a", 1, 100) == 1);
+      close(fd);
+    }
+    ExitCode code;
+    CHECK_FALSE(verify_checkpoint_coded(opts.dir, {}, &code, &err));
+    CHECK(code == kExitBadCheckpoint);
+    CHECK(err.find("SHA-256") != std::string::npos);
+  }
+  fs::remove_all(base);
+}

@@ -1,0 +1,442 @@
+#include "coord/manifest.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "coord/procs.h"
+#include "coord/sha256.h"
+
+#ifndef CUSNAP_VERSION
+#define CUSNAP_VERSION "0.0.0"
+#endif
+
+namespace cusnap {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string cusnap_version() { return CUSNAP_VERSION; }
+
+std::string manifest_to_json(const Manifest& m) {
+  json j;
+  j["format"] = "cusnap-checkpoint";
+  j["version"] = m.version;
+  j["created"] = m.created;
+  j["cusnap_version"] = m.cusnap_version;
+  j["job"] = {{"name", m.job.name},
+              {"argv", m.job.argv},
+              {"cwd", m.job.cwd},
+              {"owner_uid", m.job.owner_uid},
+              {"root_pid", m.job.root_pid},
+              {"stdout_pipe", m.job.stdout_pipe_id},
+              {"stderr_pipe", m.job.stderr_pipe_id}};
+  j["processes"] = json::array();
+  for (const ManifestProcess& p : m.processes)
+    j["processes"].push_back({{"pid", p.pid},
+                              {"ppid", p.ppid},
+                              {"exe", p.exe},
+                              {"cmdline", p.cmdline},
+                              {"uses_cuda", p.uses_cuda},
+                              {"gpus", p.gpus}});
+  j["driver"] = {{"version", m.driver_version}, {"path", m.driver_path}};
+  j["gpus"] = json::array();
+  for (const GpuDevice& g : m.gpus)
+    j["gpus"].push_back(
+        {{"index", g.index}, {"name", g.name}, {"uuid", g.uuid}, {"total_mem", g.total_mem}});
+  j["criu"] = {{"version", m.criu_version}, {"path", m.criu_path}};
+  j["files"] = json::array();
+  for (const ManifestFile& f : m.files)
+    j["files"].push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}});
+  j["phases"] = json::array();
+  for (const auto& [name, secs] : m.phases) j["phases"].push_back({{"name", name}, {"seconds", secs}});
+  j["leave_running"] = m.leave_running;
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+// Strict field access: each getter fails with the field's path when the key
+// is missing or has another type.
+struct Reader {
+  std::string* err;
+  bool ok = true;
+
+  const json* field(const json& obj, const std::string& where, const char* key) {
+    if (!ok) return nullptr;
+    if (!obj.is_object() || !obj.contains(key)) {
+      fail(where + "." + key + " is missing");
+      return nullptr;
+    }
+    return &obj.at(key);
+  }
+  void fail(const std::string& what) {
+    if (ok) *err = "manifest field " + what;
+    ok = false;
+  }
+  void str(const json& obj, const std::string& where, const char* key, std::string* out) {
+    const json* v = field(obj, where, key);
+    if (!v) return;
+    if (!v->is_string()) return fail(where + "." + key + " is not a string");
+    *out = v->get<std::string>();
+  }
+  template <typename T>
+  void num(const json& obj, const std::string& where, const char* key, T* out) {
+    const json* v = field(obj, where, key);
+    if (!v) return;
+    if (!v->is_number_integer()) return fail(where + "." + key + " is not an integer");
+    if (v->is_number_unsigned()) {
+      *out = T(v->get<uint64_t>());
+      if (uint64_t(*out) != v->get<uint64_t>()) fail(where + "." + key + " is out of range");
+    } else {
+      *out = T(v->get<int64_t>());
+      if (int64_t(*out) != v->get<int64_t>()) fail(where + "." + key + " is out of range");
+    }
+  }
+  void boolean(const json& obj, const std::string& where, const char* key, bool* out) {
+    const json* v = field(obj, where, key);
+    if (!v) return;
+    if (!v->is_boolean()) return fail(where + "." + key + " is not true or false");
+    *out = v->get<bool>();
+  }
+  void strings(const json& obj, const std::string& where, const char* key,
+               std::vector<std::string>* out) {
+    const json* v = field(obj, where, key);
+    if (!v) return;
+    if (!v->is_array()) return fail(where + "." + key + " is not an array");
+    out->clear();
+    for (const json& e : *v) {
+      if (!e.is_string()) return fail(where + "." + key + " has an element that is not a string");
+      out->push_back(e.get<std::string>());
+    }
+  }
+  const json* array(const json& obj, const std::string& where, const char* key) {
+    const json* v = field(obj, where, key);
+    if (v && !v->is_array()) {
+      fail(where + "." + key + " is not an array");
+      return nullptr;
+    }
+    return v;
+  }
+};
+
+bool safe_relative_path(const std::string& p) {
+  if (p.empty() || p[0] == '/') return false;
+  for (const auto& part : fs::path(p))
+    if (part == ".." || part == ".") return false;
+  return true;
+}
+
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += size_t(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    *err = "manifest is not valid JSON (truncated or corrupted)";
+    return false;
+  }
+  if (!j.is_object() || !j.contains("format") || j["format"] != "cusnap-checkpoint") {
+    *err = "manifest is not a cusnap checkpoint manifest (no \"format\": \"cusnap-checkpoint\")";
+    return false;
+  }
+  Reader r{err};
+  r.num(j, "", "version", &m->version);
+  if (r.ok && m->version != kManifestVersion) {
+    *err = "manifest version " + std::to_string(m->version) + " is not supported (this cusnap " +
+           cusnap_version() + " reads version " + std::to_string(kManifestVersion) +
+           "): restore it with the cusnap that wrote it";
+    return false;
+  }
+  r.str(j, "", "created", &m->created);
+  r.str(j, "", "cusnap_version", &m->cusnap_version);
+  if (const json* job = r.field(j, "", "job")) {
+    r.str(*job, "job", "name", &m->job.name);
+    r.strings(*job, "job", "argv", &m->job.argv);
+    r.str(*job, "job", "cwd", &m->job.cwd);
+    r.num(*job, "job", "owner_uid", &m->job.owner_uid);
+    r.num(*job, "job", "root_pid", &m->job.root_pid);
+    r.str(*job, "job", "stdout_pipe", &m->job.stdout_pipe_id);
+    r.str(*job, "job", "stderr_pipe", &m->job.stderr_pipe_id);
+  }
+  if (const json* procs = r.array(j, "", "processes")) {
+    m->processes.clear();
+    for (size_t i = 0; r.ok && i < procs->size(); ++i) {
+      std::string w = "processes[" + std::to_string(i) + "]";
+      ManifestProcess p;
+      r.num((*procs)[i], w, "pid", &p.pid);
+      r.num((*procs)[i], w, "ppid", &p.ppid);
+      r.str((*procs)[i], w, "exe", &p.exe);
+      r.strings((*procs)[i], w, "cmdline", &p.cmdline);
+      r.boolean((*procs)[i], w, "uses_cuda", &p.uses_cuda);
+      r.strings((*procs)[i], w, "gpus", &p.gpus);
+      if (r.ok && p.pid <= 0) r.fail(w + ".pid is not a process id");
+      m->processes.push_back(p);
+    }
+    if (r.ok && m->processes.empty()) r.fail("processes is empty");
+    if (r.ok && m->processes[0].pid != m->job.root_pid)
+      r.fail("processes[0].pid is not job.root_pid");
+  }
+  if (const json* d = r.field(j, "", "driver")) {
+    r.num(*d, "driver", "version", &m->driver_version);
+    r.str(*d, "driver", "path", &m->driver_path);
+  }
+  if (const json* gpus = r.array(j, "", "gpus")) {
+    m->gpus.clear();
+    for (size_t i = 0; r.ok && i < gpus->size(); ++i) {
+      std::string w = "gpus[" + std::to_string(i) + "]";
+      GpuDevice g;
+      r.num((*gpus)[i], w, "index", &g.index);
+      r.str((*gpus)[i], w, "name", &g.name);
+      r.str((*gpus)[i], w, "uuid", &g.uuid);
+      r.num((*gpus)[i], w, "total_mem", &g.total_mem);
+      m->gpus.push_back(g);
+    }
+  }
+  if (const json* c = r.field(j, "", "criu")) {
+    r.str(*c, "criu", "version", &m->criu_version);
+    r.str(*c, "criu", "path", &m->criu_path);
+  }
+  if (const json* files = r.array(j, "", "files")) {
+    m->files.clear();
+    std::set<std::string> seen;
+    for (size_t i = 0; r.ok && i < files->size(); ++i) {
+      std::string w = "files[" + std::to_string(i) + "]";
+      ManifestFile f;
+      r.str((*files)[i], w, "path", &f.path);
+      r.num((*files)[i], w, "size", &f.size);
+      r.str((*files)[i], w, "sha256", &f.sha256);
+      if (!r.ok) break;
+      if (!safe_relative_path(f.path) || f.path == kManifestName)
+        r.fail(w + ".path \"" + f.path + "\" is not a relative path inside the checkpoint");
+      else if (!seen.insert(f.path).second)
+        r.fail(w + ".path \"" + f.path + "\" is listed twice");
+      else if (f.sha256.size() != 64 ||
+               f.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+        r.fail(w + ".sha256 is not 64 lowercase hex digits");
+      m->files.push_back(f);
+    }
+  }
+  if (const json* ph = r.array(j, "", "phases")) {
+    m->phases.clear();
+    for (size_t i = 0; r.ok && i < ph->size(); ++i) {
+      std::string w = "phases[" + std::to_string(i) + "]";
+      std::string name;
+      r.str((*ph)[i], w, "name", &name);
+      const json* s = r.field((*ph)[i], w, "seconds");
+      if (s && !s->is_number()) r.fail(w + ".seconds is not a number");
+      if (r.ok) m->phases.emplace_back(name, s->get<double>());
+    }
+  }
+  r.boolean(j, "", "leave_running", &m->leave_running);
+  return r.ok;
+}
+
+bool write_manifest(const std::string& dir, const Manifest& m, std::string* err) {
+  std::string final_path = dir + "/" + kManifestName;
+  std::string tmp = final_path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *err = "cannot create " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  bool ok = write_all(fd, manifest_to_json(m)) && fsync(fd) == 0;
+  int saved = errno;
+  ok = (close(fd) == 0) && ok;
+  if (!ok) {
+    *err = "cannot write " + tmp + ": " + std::strerror(saved);
+    unlink(tmp.c_str());
+    return false;
+  }
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    *err = "cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno);
+    unlink(tmp.c_str());
+    return false;
+  }
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || fsync(dfd) != 0) {
+    *err = "cannot fsync the directory " + dir + ": " + std::strerror(errno);
+    if (dfd >= 0) close(dfd);
+    return false;
+  }
+  close(dfd);
+  return true;
+}
+
+bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    *err = dir + " is not a checkpoint directory (it does not exist or is not a directory)";
+    return false;
+  }
+  std::string path = dir + "/" + kManifestName;
+  std::string text;
+  if (!read_text_file(path, &text)) {
+    *err = dir + " has no " + kManifestName +
+           ": it is not a checkpoint or the checkpoint did not finish";
+    return false;
+  }
+  std::string why;
+  if (!manifest_from_json(text, m, &why)) {
+    *err = path + ": " + why;
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// Hashes files[i] for every i, several at once; fills sha256 and size.
+bool hash_files(const std::string& dir, std::vector<ManifestFile>* files, uint64_t bytes_total,
+                const ProgressSink& progress, const char* phase, std::string* err) {
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::string first_err;
+  auto worker = [&] {
+    constexpr size_t kChunk = 1 << 20;
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[kChunk]);
+    for (size_t i; !failed && (i = next++) < files->size();) {
+      ManifestFile& f = (*files)[i];
+      std::string path = dir + "/" + f.path;
+      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      Sha256 h;
+      uint64_t size = 0;
+      ssize_t n = fd < 0 ? -1 : 0;
+      while (fd >= 0 && (n = read(fd, buf.get(), kChunk)) != 0) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        h.update(buf.get(), size_t(n));
+        size += uint64_t(n);
+        done += uint64_t(n);
+      }
+      if (n < 0) {
+        std::lock_guard<std::mutex> l(mu);
+        if (!failed.exchange(true)) first_err = path + ": cannot read: " + std::strerror(errno);
+      }
+      if (fd >= 0) close(fd);
+      f.size = size;
+      f.sha256 = h.hex_digest();
+    }
+  };
+  unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  n = std::min<unsigned>(n, std::max<size_t>(1, files->size()));
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
+  if (progress) {
+    // Report from this thread; the sink need not be thread-safe.
+    while (next < files->size() + n && !failed) {
+      progress(Progress{phase, done.load(), bytes_total});
+      bool all_done = done.load() >= bytes_total && next >= files->size();
+      if (all_done) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (progress) progress(Progress{phase, done.load(), bytes_total});
+  if (failed) *err = first_err;
+  return !failed;
+}
+
+bool list_files(const std::string& dir, std::vector<std::string>* out, std::string* err) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    std::string rel = fs::relative(it->path(), dir, ec).string();
+    if (it->is_symlink(ec)) {
+      *err = dir + "/" + rel + " is a symbolic link; a checkpoint holds only regular files";
+      return false;
+    }
+    if (it->is_directory(ec)) continue;
+    if (!it->is_regular_file(ec)) {
+      *err = dir + "/" + rel + " is not a regular file";
+      return false;
+    }
+    if (rel != kManifestName) out->push_back(rel);
+  }
+  if (ec) {
+    *err = "cannot list " + dir + ": " + ec.message();
+    return false;
+  }
+  std::sort(out->begin(), out->end());
+  return true;
+}
+
+}  // namespace
+
+bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
+                    const ProgressSink& progress, std::string* err) {
+  std::vector<std::string> names;
+  if (!list_files(dir, &names, err)) return false;
+  out->clear();
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const std::string& n : names) {
+    ManifestFile f;
+    f.path = n;
+    total += fs::file_size(dir + "/" + n, ec);
+    out->push_back(f);
+  }
+  return hash_files(dir, out, total, progress, "checksum", err);
+}
+
+bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
+                           std::string* err) {
+  std::vector<std::string> present;
+  if (!list_files(dir, &present, err)) return false;
+  std::set<std::string> listed;
+  for (const ManifestFile& f : m.files) listed.insert(f.path);
+  for (const std::string& p : present)
+    if (!listed.count(p) && p != kCriuRestoreStats) {
+      *err = dir + "/" + p + " is not listed in the manifest: the checkpoint was altered";
+      return false;
+    }
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const ManifestFile& f : m.files) {
+    std::string path = dir + "/" + f.path;
+    if (!fs::is_regular_file(fs::symlink_status(path, ec))) {
+      *err = path + " is missing: the checkpoint is incomplete";
+      return false;
+    }
+    uint64_t size = fs::file_size(path, ec);
+    if (size != f.size) {
+      *err = path + " has " + std::to_string(size) + " bytes, the manifest says " +
+             std::to_string(f.size) + ": the checkpoint is truncated or corrupted";
+      return false;
+    }
+    total += size;
+  }
+  std::vector<ManifestFile> actual = m.files;
+  if (!hash_files(dir, &actual, total, progress, "verify", err)) return false;
+  for (size_t i = 0; i < actual.size(); ++i)
+    if (actual[i].sha256 != m.files[i].sha256 || actual[i].size != m.files[i].size) {
+      *err = dir + "/" + m.files[i].path +
+             " does not match its SHA-256 in the manifest: the checkpoint is corrupted";
+      return false;
+    }
+  return true;
+}
+
+}  // namespace cusnap

@@ -1,0 +1,87 @@
+// DIR/manifest.json, the record of a checkpoint. Format (version 1):
+//
+//   { "format": "cusnap-checkpoint", "version": 1, "created": "<UTC ISO 8601>",
+//     "cusnap_version": "0.1.0",
+//     "job": { "name", "argv": [..], "cwd", "owner_uid", "root_pid",
+//              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]" },
+//     "processes": [ { "pid", "ppid", "exe", "cmdline": [..], "uses_cuda",
+//                      "gpus": ["GPU-..."] } ],          root first
+//     "driver": { "version": 13000, "path" },
+//     "gpus": [ { "index", "name", "uuid", "total_mem" } ],   devices at checkpoint
+//     "criu": { "version": "4.1.1", "path" },
+//     "files": [ { "path": "criu/pages-1.img", "size", "sha256" } ],
+//     "phases": [ { "name", "seconds" } ],
+//     "leave_running": bool }
+//
+// Written last, atomically, so a directory without it is never restorable.
+// The loader rejects anything it does not fully understand.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coord/driver.h"
+#include "coord/engine.h"
+
+namespace cusnap {
+
+inline constexpr int kManifestVersion = 1;
+inline constexpr const char* kManifestName = "manifest.json";
+/// CRIU writes its restore statistics into the image directory; the only
+/// file that may appear in a checkpoint after it was written.
+inline constexpr const char* kCriuRestoreStats = "criu/stats-restore";
+
+struct ManifestProcess {
+  pid_t pid = 0, ppid = 0;
+  std::string exe;
+  std::vector<std::string> cmdline;
+  bool uses_cuda = false;
+  std::vector<std::string> gpus;
+};
+
+struct ManifestFile {
+  std::string path;  ///< relative to the checkpoint directory
+  uint64_t size = 0;
+  std::string sha256;
+};
+
+struct Manifest {
+  int version = kManifestVersion;
+  std::string created;
+  std::string cusnap_version;
+  JobInfo job;
+  std::vector<ManifestProcess> processes;
+  int driver_version = 0;
+  std::string driver_path;
+  std::vector<GpuDevice> gpus;
+  std::string criu_version, criu_path;
+  std::vector<ManifestFile> files;
+  PhaseTimes phases;
+  bool leave_running = false;
+};
+
+/// JSON text of a manifest.
+std::string manifest_to_json(const Manifest& m);
+/// Parses and validates; errors say which field is wrong.
+bool manifest_from_json(const std::string& text, Manifest* m, std::string* err);
+
+/// Writes dir/manifest.json atomically: temp file, fsync, rename, fsync dir.
+bool write_manifest(const std::string& dir, const Manifest& m, std::string* err);
+/// Reads and validates dir/manifest.json (not the files it lists).
+bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
+
+/// Checks every listed file's size and SHA-256 and that no other file is
+/// there. Hashes several files at once. bytes_done reports progress.
+bool verify_manifest_files(const std::string& dir, const Manifest& m,
+                           const ProgressSink& progress, std::string* err);
+
+/// Lists every regular file under dir (relative paths, sorted) except the
+/// manifest, with size and SHA-256, hashing several at once.
+bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
+                    const ProgressSink& progress, std::string* err);
+
+/// The cusnap version compiled in.
+std::string cusnap_version();
+
+}  // namespace cusnap

@@ -1,0 +1,223 @@
+#include "coord/procs.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace cusnap {
+namespace {
+
+std::vector<std::string> list_dir(const std::string& path) {
+  std::vector<std::string> names;
+  DIR* d = opendir(path.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  return names;
+}
+
+std::string read_link(const std::string& path) {
+  char buf[4096];
+  ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
+  if (n < 0) return {};
+  return std::string(buf, size_t(n));
+}
+
+template <typename T>
+bool parse_num(std::string_view s, T* v) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+bool read_text_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> out;
+  if (root <= 0 || access(("/proc/" + std::to_string(root)).c_str(), F_OK) != 0) return out;
+  std::set<pid_t> seen{root};
+  std::deque<pid_t> queue{root};
+  while (!queue.empty()) {
+    pid_t pid = queue.front();
+    queue.pop_front();
+    out.push_back(pid);
+    std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+    for (const std::string& tid : list_dir(task_dir)) {
+      std::string text;
+      if (!read_text_file(task_dir + "/" + tid + "/children", &text)) continue;
+      std::istringstream ss(text);
+      pid_t child;
+      while (ss >> child)
+        if (seen.insert(child).second) queue.push_back(child);
+    }
+  }
+  return out;
+}
+
+bool maps_use_cuda(std::string_view maps) {
+  size_t pos = 0;
+  while ((pos = maps.find("libcuda.so", pos)) != std::string_view::npos) {
+    // The file name, not a directory that happens to contain the string.
+    size_t slash = maps.rfind('/', pos);
+    size_t nl = maps.rfind('\n', pos);
+    size_t eol = maps.find('\n', pos);
+    size_t next_slash = maps.find('/', pos);
+    bool last_component = next_slash == std::string_view::npos ||
+                          (eol != std::string_view::npos && next_slash > eol);
+    if (slash != std::string_view::npos && (nl == std::string_view::npos || slash > nl) &&
+        slash + 1 == pos && last_component)
+      return true;
+    pos += 10;
+  }
+  return false;
+}
+
+bool read_process(pid_t pid, ProcessInfo* out) {
+  std::string base = "/proc/" + std::to_string(pid);
+  std::string cmdline;
+  if (!read_text_file(base + "/cmdline", &cmdline)) return false;
+  out->pid = pid;
+  out->exe = read_link(base + "/exe");
+  out->cmdline.clear();
+  size_t start = 0;
+  while (start < cmdline.size()) {
+    size_t end = cmdline.find('\0', start);
+    if (end == std::string::npos) end = cmdline.size();
+    out->cmdline.push_back(cmdline.substr(start, end - start));
+    start = end + 1;
+  }
+  std::string maps;
+  out->uses_cuda = read_text_file(base + "/maps", &maps) && maps_use_cuda(maps);
+  if (!out->uses_cuda) {
+    for (const std::string& fd : list_dir(base + "/fd")) {
+      if (read_link(base + "/fd/" + fd).starts_with("/dev/nvidia")) {
+        out->uses_cuda = true;
+        break;
+      }
+    }
+  }
+  return true;
+}
+
+std::vector<DeviceAllocation> parse_device_allocations(std::string_view maps) {
+  std::set<DeviceAllocation> found;
+  static constexpr std::string_view kTag = "/memfd:fakecuda:";
+  size_t pos = 0;
+  while ((pos = maps.find(kTag, pos)) != std::string_view::npos) {
+    pos += kTag.size();
+    size_t end = maps.find_first_of(" \n", pos);
+    std::string_view rest = maps.substr(pos, end == std::string_view::npos ? maps.size() - pos
+                                                                           : end - pos);
+    size_t colon = rest.find(':');
+    DeviceAllocation a;
+    if (colon == std::string_view::npos || !parse_num(rest.substr(0, colon), &a.creator) ||
+        !parse_num(rest.substr(colon + 1), &a.id))
+      continue;
+    found.insert(a);
+  }
+  return {found.begin(), found.end()};
+}
+
+bool find_shared_device_memory(const std::map<pid_t, std::vector<DeviceAllocation>>& mapped,
+                               std::string* what) {
+  std::map<DeviceAllocation, pid_t> first_mapper;
+  for (const auto& [pid, allocs] : mapped) {
+    for (const DeviceAllocation& a : allocs) {
+      std::string name = "device allocation " + std::to_string(a.id) + " of process " +
+                         std::to_string(a.creator);
+      if (a.creator != pid) {
+        *what = "process " + std::to_string(pid) + " maps " + name + " (created by another process)";
+        return true;
+      }
+      auto [it, fresh] = first_mapper.emplace(a, pid);
+      if (!fresh) {
+        *what = "processes " + std::to_string(it->second) + " and " + std::to_string(pid) +
+                " both map " + name;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool job_shares_device_memory(const std::vector<pid_t>& pids, std::string* what) {
+  std::map<pid_t, std::vector<DeviceAllocation>> mapped;
+  for (pid_t pid : pids) {
+    std::string maps;
+    if (read_text_file("/proc/" + std::to_string(pid) + "/maps", &maps))
+      mapped[pid] = parse_device_allocations(maps);
+  }
+  return find_shared_device_memory(mapped, what);
+}
+
+std::vector<std::string> process_gpu_uuids(pid_t pid) {
+  // Device minor numbers the process has open as /dev/nvidiaN (N a number;
+  // nvidiactl and nvidia-uvm are not GPUs).
+  std::set<unsigned> minors;
+  std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const std::string& fd : list_dir(fd_dir)) {
+    std::string target = read_link(fd_dir + "/" + fd);
+    unsigned n;
+    if (target.starts_with("/dev/nvidia") && parse_num(std::string_view(target).substr(11), &n))
+      minors.insert(n);
+  }
+  std::vector<std::string> uuids;
+  if (minors.empty()) return uuids;
+  const std::string gpus = "/proc/driver/nvidia/gpus";
+  for (const std::string& bus : list_dir(gpus)) {
+    std::string info;
+    if (!read_text_file(gpus + "/" + bus + "/information", &info)) continue;
+    std::istringstream ss(info);
+    std::string line, uuid;
+    long minor = -1;
+    while (std::getline(ss, line)) {
+      auto value = [&](std::string_view key) -> std::string {
+        if (!line.starts_with(key)) return {};
+        size_t p = line.find_first_not_of(" \t", key.size());
+        return p == std::string::npos ? std::string() : line.substr(p);
+      };
+      if (std::string v = value("GPU UUID:"); !v.empty()) uuid = v;
+      if (std::string v = value("Device Minor:"); !v.empty()) minor = std::atol(v.c_str());
+    }
+    if (minor >= 0 && minors.count(unsigned(minor)) && !uuid.empty()) uuids.push_back(uuid);
+  }
+  return uuids;
+}
+
+bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what) {
+  for (pid_t pid : pids) {
+    std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    for (const std::string& fd : list_dir(fd_dir)) {
+      std::string target = read_link(fd_dir + "/" + fd);
+      if (target.starts_with("/dev/pts/") || target == "/dev/tty" || target == "/dev/console" ||
+          (target.starts_with("/dev/tty") && target.size() > 8)) {
+        *what = "process " + std::to_string(pid) + " has the terminal " + target +
+                " open as fd " + fd;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace cusnap

@@ -1,0 +1,68 @@
+// Process discovery for the engine: the job's tree, which processes use the
+// CUDA driver, which GPUs they have open, and whether any device memory is
+// shared between processes (which the driver's process checkpoint cannot
+// restore: GPU.md, section "What was measured").
+//
+// Everything here reads /proc and changes nothing. The parsing functions take
+// text so tests can feed them without processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coord/engine.h"
+
+namespace cusnap {
+
+/// Every process of the tree rooted at root (threads' children included,
+/// through /proc/PID/task/*/children), root first, then breadth first.
+/// Empty when root does not exist.
+std::vector<pid_t> process_tree(pid_t root);
+
+/// exe, cmdline and uses_cuda of one process; false when it is gone.
+bool read_process(pid_t pid, ProcessInfo* out);
+
+/// True when maps text (the format of /proc/PID/maps) maps a libcuda.so.
+bool maps_use_cuda(std::string_view maps);
+
+/// One device allocation of the simulated driver mapped by a process; the
+/// simulated driver names each physical allocation's memfd
+/// "fakecuda:<creator-pid>:<allocation-id>".
+struct DeviceAllocation {
+  pid_t creator = 0;
+  uint64_t id = 0;
+  bool operator<(const DeviceAllocation& o) const {
+    return creator != o.creator ? creator < o.creator : id < o.id;
+  }
+  bool operator==(const DeviceAllocation& o) const = default;
+};
+/// The simulated driver's allocations that maps text maps, each once.
+std::vector<DeviceAllocation> parse_device_allocations(std::string_view maps);
+
+/// Given each process's mapped allocations, describes the first sharing found
+/// (an allocation created by another process, or one mapped by two processes)
+/// in *what and returns true; false when every process uses only its own.
+bool find_shared_device_memory(const std::map<pid_t, std::vector<DeviceAllocation>>& mapped,
+                               std::string* what);
+
+/// Reads each process's maps and applies find_shared_device_memory.
+bool job_shares_device_memory(const std::vector<pid_t>& pids, std::string* what);
+
+/// UUIDs ("GPU-...") of the NVIDIA GPUs the process has open (/dev/nvidiaN
+/// matched against /proc/driver/nvidia/gpus/*/information); empty where that
+/// is not available, as with the simulated driver.
+std::vector<std::string> process_gpu_uuids(pid_t pid);
+
+/// Describes the first terminal a process of the tree has open (CRIU cannot
+/// dump a job holding a terminal of a session outside the job) in *what.
+bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what);
+
+/// Reads a whole (small) file; false when it cannot be read.
+bool read_text_file(const std::string& path, std::string* out);
+
+}  // namespace cusnap

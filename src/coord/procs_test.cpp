@@ -1,0 +1,69 @@
+#include "coord/procs.h"
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace cusnap;
+
+TEST_CASE("procs: libcuda detection looks at file names") {
+  CHECK(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n"));
+  CHECK(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /work/build/fakecuda/libcuda.so.1\n"));
+  CHECK_FALSE(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /opt/libcuda.so.d/libfoo.so\n"));
+  CHECK_FALSE(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/libcudart.so.13\n"));
+}
+
+TEST_CASE("procs: simulated driver allocations parsed from maps") {
+  std::string maps =
+      "7f00-7f10 rw-s 00000000 00:01 5 /memfd:fakecuda:1234:7 (deleted)\n"
+      "7f10-7f20 rw-s 00000000 00:01 5 /memfd:fakecuda:1234:7 (deleted)\n"
+      "7f20-7f30 rw-s 00000000 00:01 6 /memfd:fakecuda:99:2 (deleted)\n"
+      "7f30-7f40 rw-s 00000000 00:01 6 /memfd:other (deleted)\n";
+  auto a = parse_device_allocations(maps);
+  REQUIRE(a.size() == 2);
+  CHECK(a[0] == DeviceAllocation{99, 2});
+  CHECK(a[1] == DeviceAllocation{1234, 7});
+}
+
+TEST_CASE("procs: sharing between processes is found") {
+  std::string what;
+  CHECK_FALSE(find_shared_device_memory({{10, {{10, 1}, {10, 2}}}, {11, {{11, 1}}}}, &what));
+  CHECK(find_shared_device_memory({{10, {{10, 1}}}, {11, {{10, 1}}}}, &what));
+  CHECK(what.find("process 11 maps device allocation 1 of process 10") != std::string::npos);
+  CHECK(find_shared_device_memory({{10, {{12, 1}}}, {11, {{12, 1}}}}, &what));
+}
+
+TEST_CASE("procs: the tree of a real process, root first") {
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(pipefd[0]);
+    pid_t grandchild = fork();
+    if (grandchild == 0) {
+      close(pipefd[1]);
+      pause();
+      _exit(0);
+    }
+    (void)!write(pipefd[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  close(pipefd[1]);
+  char c;
+  REQUIRE(read(pipefd[0], &c, 1) == 1);
+  close(pipefd[0]);
+  auto tree = process_tree(child);
+  REQUIRE(tree.size() == 2);
+  CHECK(tree[0] == child);
+  ProcessInfo info;
+  CHECK(read_process(child, &info));
+  CHECK_FALSE(info.uses_cuda);
+  CHECK(!info.exe.empty());
+  kill(tree[1], SIGKILL);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  CHECK(process_tree(child).empty());
+}
