@@ -1,0 +1,265 @@
+// cuMemAlloc/cuMemFree (each allocation its own memfd, mapped read-write),
+// memory info, address ranges, pointer attributes and page-locked host memory
+// (plain host memory here).
+#include "gate.h"
+#include "memory.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+using namespace fc;
+
+namespace {
+
+CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32) {
+  FC_REQUIRE_INIT();
+  if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  Context* c = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  size_t size = round_up(bytes, kGranularity);
+  if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t id = 0;
+  if (CUresult r = new_allocation(AllocKind::kLegacy, size, c->dev, &id)) return r;
+  uintptr_t va = 0;
+  if (CUresult r = reserve_va(size, kGranularity, 0, low32, true, &va)) {
+    maybe_destroy(id);
+    return r;
+  }
+  if (CUresult r = map_range(va, size, 0, id)) {
+    free_va(va, size);
+    maybe_destroy(id);
+    return r;
+  }
+  Mapping& m = d.mappings[va];
+  m.access[c->dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  apply_access(va, m);
+  *dptr = va;
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_free(CUdeviceptr dptr) {
+  FC_REQUIRE_INIT();
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  auto m = d.mappings.find(dptr);
+  if (m == d.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* a = find_alloc(m->second.alloc);
+  if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_INVALID_VALUE;
+  size_t size = m->second.size;
+  unmap_range(dptr, size);
+  free_va(dptr, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_info(size_t* free_bytes, size_t* total) {
+  FC_REQUIRE_INIT();
+  if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  Context* c = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  const Device& dev = d.devices[c->dev];
+  *total = dev.total_mem;
+  *free_bytes = dev.total_mem - dev.used;
+  return CUDA_SUCCESS;
+}
+
+CUresult address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  FC_REQUIRE_INIT();
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  uintptr_t b = 0;
+  Mapping* m = find_mapping(p, &b);
+  if (!m) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = b;
+  if (size) *size = m->size;
+  return CUDA_SUCCESS;
+}
+
+CUresult host_alloc(void** pp, size_t bytes, unsigned flags) {
+  FC_REQUIRE_INIT();
+  if (!pp || bytes == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> l(driver().mu);
+  driver().host_allocs[reinterpret_cast<uintptr_t>(p)] = HostAlloc{bytes, flags, false};
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult host_register(void* p, size_t bytes, unsigned flags) {
+  FC_REQUIRE_INIT();
+  if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  auto& hs = driver().host_allocs;
+  if (hs.count(reinterpret_cast<uintptr_t>(p))) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  hs[reinterpret_cast<uintptr_t>(p)] = HostAlloc{bytes, flags, true};
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  FC_ENTER("cuMemAlloc");
+  return mem_alloc(dptr, bytesize, false);
+}
+
+FC_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
+  FC_ENTER("cuMemAlloc");
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr p = 0;
+  CUresult r = mem_alloc(&p, bytesize, true);
+  if (r == CUDA_SUCCESS) *dptr = static_cast<CUdeviceptr_v1>(p);
+  return r;
+}
+
+FC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  FC_ENTER("cuMemFree");
+  return mem_free(dptr);
+}
+
+FC_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) {
+  FC_ENTER("cuMemFree");
+  return mem_free(dptr);
+}
+
+FC_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  FC_ENTER("cuMemGetInfo");
+  return mem_info(free, total);
+}
+
+FC_EXPORT CUresult cuMemGetInfo(unsigned int* free, unsigned int* total) {
+  FC_ENTER("cuMemGetInfo");
+  if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
+  size_t f = 0, t = 0;
+  CUresult r = mem_info(&f, &t);
+  if (r == CUDA_SUCCESS) {
+    *free = f > 0xffffffffu ? 0xffffffffu : static_cast<unsigned>(f);
+    *total = t > 0xffffffffu ? 0xffffffffu : static_cast<unsigned>(t);
+  }
+  return r;
+}
+
+FC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  FC_ENTER("cuMemGetAddressRange");
+  return address_range(pbase, psize, dptr);
+}
+
+FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psize, CUdeviceptr_v1 dptr) {
+  FC_ENTER("cuMemGetAddressRange");
+  CUdeviceptr b = 0;
+  size_t s = 0;
+  CUresult r = address_range(&b, &s, dptr);
+  if (r == CUDA_SUCCESS) {
+    if (pbase) *pbase = static_cast<CUdeviceptr_v1>(b);
+    if (psize) *psize = static_cast<unsigned>(s);
+  }
+  return r;
+}
+
+FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  FC_ENTER("cuPointerGetAttribute");
+  FC_REQUIRE_INIT();
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  uintptr_t base = 0;
+  Mapping* m = find_mapping(ptr, &base);
+  if (!m) {
+    auto& hs = d.host_allocs;
+    auto h = hs.upper_bound(ptr);
+    if (h == hs.begin() || ptr >= std::prev(h)->first + std::prev(h)->second.size)
+      return CUDA_ERROR_INVALID_VALUE;
+    --h;
+    switch (attribute) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST; return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<void**>(data) = reinterpret_cast<void*>(ptr); return CUDA_SUCCESS;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  Allocation* a = find_alloc(m->alloc);
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = ptr; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a->dev; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = base; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = m->size; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<int*>(data) = a->kind == AllocKind::kLegacy; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *static_cast<unsigned long long*>(data) = a->prop.requestedHandleTypes; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = a->id; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FC_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  FC_ENTER("cuMemAllocHost");
+  return host_alloc(pp, bytesize, 0);
+}
+FC_EXPORT CUresult cuMemAllocHost(void** pp, unsigned int bytesize) {
+  FC_ENTER("cuMemAllocHost");
+  return host_alloc(pp, bytesize, 0);
+}
+FC_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  FC_ENTER("cuMemHostAlloc");
+  return host_alloc(pp, bytesize, Flags);
+}
+
+FC_EXPORT CUresult cuMemFreeHost(void* p) {
+  FC_ENTER("cuMemFreeHost");
+  FC_REQUIRE_INIT();
+  std::lock_guard<std::mutex> l(driver().mu);
+  auto& hs = driver().host_allocs;
+  auto it = hs.find(reinterpret_cast<uintptr_t>(p));
+  if (!p || it == hs.end() || it->second.registered) return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, it->second.size);
+  hs.erase(it);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  FC_ENTER("cuMemHostRegister");
+  return host_register(p, bytesize, Flags);
+}
+FC_EXPORT CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags) {
+  FC_ENTER("cuMemHostRegister");
+  return host_register(p, bytesize, Flags);
+}
+
+FC_EXPORT CUresult cuMemHostUnregister(void* p) {
+  FC_ENTER("cuMemHostUnregister");
+  FC_REQUIRE_INIT();
+  std::lock_guard<std::mutex> l(driver().mu);
+  auto& hs = driver().host_allocs;
+  auto it = hs.find(reinterpret_cast<uintptr_t>(p));
+  if (!p || it == hs.end() || !it->second.registered) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  hs.erase(it);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
+  FC_ENTER("cuMemHostGetDevicePointer");
+  FC_REQUIRE_INIT();
+  if (!pdptr || !p || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  if (check_range(reinterpret_cast<uintptr_t>(p), 1, false) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = reinterpret_cast<uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  FC_ENTER("cuMemHostGetFlags");
+  FC_REQUIRE_INIT();
+  if (!pFlags) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  auto& hs = driver().host_allocs;
+  auto it = hs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == hs.end()) return CUDA_ERROR_INVALID_VALUE;
+  *pFlags = it->second.flags;
+  return CUDA_SUCCESS;
+}

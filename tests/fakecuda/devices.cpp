@@ -1,0 +1,264 @@
+// cuInit, versions, error strings and device queries.
+#include "gate.h"
+#include "state.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+using namespace fc;
+
+namespace {
+
+constexpr size_t kDefaultTotalMem = size_t{143771} << 20;  // H200: 143771 MiB
+constexpr const char* kDefaultName = "NVIDIA H200 (simulated)";
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// Deterministic UUID of device `index` under FAKECUDA_UUID_SEED.
+CUuuid make_uuid(int index, uint64_t seed) {
+  uint64_t x = seed * 1000003ULL + static_cast<uint64_t>(index) + 0xfa4ec0daULL;
+  uint64_t a = splitmix64(x), b = splitmix64(x);
+  CUuuid u;
+  memcpy(u.bytes, &a, 8);
+  memcpy(u.bytes + 8, &b, 8);
+  u.bytes[6] = static_cast<char>((u.bytes[6] & 0x0f) | 0x40);  // RFC 4122 version 4 shape
+  u.bytes[8] = static_cast<char>((u.bytes[8] & 0x3f) | 0x80);
+  return u;
+}
+
+void load_devices(Driver& d) {
+  int count = static_cast<int>(env_u64("FAKECUDA_DEVICES", 1));
+  if (count > kMaxDevices) count = kMaxDevices;
+  const char* name = getenv("FAKECUDA_DEVICE_NAME");
+  size_t total = env_u64("FAKECUDA_TOTAL_MEM", kDefaultTotalMem);
+  uint64_t seed = env_u64("FAKECUDA_UUID_SEED", 0);
+  d.devices.clear();
+  for (int i = 0; i < count; ++i) {
+    Device dev;
+    dev.name = (name && *name) ? name : kDefaultName;
+    dev.uuid = make_uuid(i, seed);
+    dev.total_mem = total;
+    d.devices.push_back(dev);
+    auto* p = new Context;
+    p->dev = i;
+    p->primary = true;
+    p->id = d.next_ctx_id++;
+    d.primary.push_back(p);
+    d.contexts.insert(p);
+  }
+  const char* mc = getenv("FAKECUDA_MULTICAST");
+  d.multicast = mc && strcmp(mc, "1") == 0;
+  d.driver_version = static_cast<int>(env_u64("FAKECUDA_DRIVER_VERSION", 13000));
+}
+
+int attribute_value(CUdevice_attribute a, CUdevice dev, bool multicast) {
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 49152;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: return 65536;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: return 65536;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x18 + dev;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 3;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: return multicast ? 1 : 0;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
+    default: return 0;
+  }
+}
+
+/// Device lookup shared by the queries below; caller holds no lock.
+CUresult check_device(CUdevice dev) {
+  if (!driver().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  return valid_device(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+}  // namespace
+
+FC_EXPORT CUresult cuInit(unsigned int Flags) {
+  FC_ENTER("cuInit");
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    if (!d.initialized) {
+      load_devices(d);
+      if (d.devices.empty()) return CUDA_ERROR_NO_DEVICE;
+    }
+  }
+  CUresult r = start_control_server();
+  if (r != CUDA_SUCCESS) return r;
+  d.initialized = true;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDriverGetVersion(int* driverVersion) {
+  FC_ENTER_UNGATED("cuDriverGetVersion");
+  if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
+  *driverVersion = static_cast<int>(env_u64("FAKECUDA_DRIVER_VERSION", 13000));
+  return CUDA_SUCCESS;
+}
+
+namespace {
+struct ErrorEntry {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorEntry kErrors[] = {
+#define FAKECUDA_ERROR(n, s) {n, #n, s},
+#include "error_table.inc"
+#undef FAKECUDA_ERROR
+};
+const ErrorEntry* find_error(CUresult e) {
+  for (const auto& x : kErrors)
+    if (x.code == e) return &x;
+  return nullptr;
+}
+}  // namespace
+
+FC_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorEntry* e = find_error(error);
+  *pStr = e ? e->name : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FC_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorEntry* e = find_error(error);
+  *pStr = e ? e->text : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FC_EXPORT CUresult cuDeviceGetCount(int* count) {
+  FC_ENTER("cuDeviceGetCount");
+  FC_REQUIRE_INIT();
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  *count = static_cast<int>(driver().devices.size());
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  FC_ENTER("cuDeviceGet");
+  FC_REQUIRE_INIT();
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  FC_ENTER("cuDeviceGetName");
+  if (CUresult r = check_device(dev)) return r;
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  snprintf(name, static_cast<size_t>(len), "%s", driver().devices[dev].name.c_str());
+  return CUDA_SUCCESS;
+}
+
+static CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
+  if (CUresult r = check_device(dev)) return r;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  *uuid = driver().devices[dev].uuid;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  FC_ENTER("cuDeviceGetUuid");
+  return get_uuid(uuid, dev);
+}
+
+FC_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  FC_ENTER("cuDeviceGetUuid");
+  return get_uuid(uuid, dev);
+}
+
+FC_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  FC_ENTER("cuDeviceTotalMem");
+  if (CUresult r = check_device(dev)) return r;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = driver().devices[dev].total_mem;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
+  FC_ENTER("cuDeviceTotalMem");
+  if (CUresult r = check_device(dev)) return r;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  size_t t = driver().devices[dev].total_mem;
+  *bytes = t > 0xffffffffu ? 0xffffffffu : static_cast<unsigned>(t);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  FC_ENTER("cuDeviceGetAttribute");
+  if (CUresult r = check_device(dev)) return r;
+  if (!pi || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  *pi = attribute_value(attrib, dev, driver().multicast);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  FC_ENTER("cuDeviceGetPCIBusId");
+  if (CUresult r = check_device(dev)) return r;
+  if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  snprintf(pciBusId, static_cast<size_t>(len), "0000:%02x:00.0", 0x18 + dev);
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) {
+  FC_ENTER("cuDeviceGetByPCIBusId");
+  FC_REQUIRE_INIT();
+  if (!dev || !pciBusId) return CUDA_ERROR_INVALID_VALUE;
+  unsigned dom = 0, bus = 0, slot = 0, fn = 0;
+  if (sscanf(pciBusId, "%x:%x:%x.%x", &dom, &bus, &slot, &fn) != 4) return CUDA_ERROR_INVALID_VALUE;
+  int idx = static_cast<int>(bus) - 0x18;
+  if (dom != 0 || slot != 0 || !valid_device(idx)) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = idx;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  FC_ENTER("cuDeviceCanAccessPeer");
+  if (CUresult r = check_device(dev)) return r;
+  if (!valid_device(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+  if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+  *canAccessPeer = dev != peerDev ? 1 : 0;
+  return CUDA_SUCCESS;
+}

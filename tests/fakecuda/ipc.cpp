@@ -1,0 +1,121 @@
+// Legacy IPC over the memfd mechanism. The 64-byte handle names the creator's
+// pid and allocation id; the opener asks the creator's control socket for the
+// memfd (SCM_RIGHTS) and maps it at an address it chooses.
+#include "control.h"
+#include "gate.h"
+#include "memory.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+using namespace fc;
+
+namespace {
+
+constexpr uint32_t kIpcMagic = 0x66634950;  // "fcIP"
+
+struct IpcHandle {
+  uint32_t magic;
+  int32_t pid;
+  uint64_t id;
+  uint64_t size;
+};
+static_assert(sizeof(IpcHandle) <= CU_IPC_HANDLE_SIZE);
+
+}  // namespace
+
+FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  FC_ENTER("cuIpcGetMemHandle");
+  FC_REQUIRE_INIT();
+  if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  Mapping* m = find_mapping(dptr, nullptr);
+  if (!m) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* a = find_alloc(m->alloc);
+  if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_INVALID_VALUE;
+  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), a->id, a->size};
+  memset(pHandle, 0, sizeof *pHandle);
+  memcpy(pHandle->reserved, &h, sizeof h);
+  return CUDA_SUCCESS;
+}
+
+static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
+  FC_REQUIRE_INIT();
+  if (!pdptr || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
+  IpcHandle h;
+  memcpy(&h, handle.reserved, sizeof h);
+  if (h.magic != kIpcMagic || h.pid <= 0 || h.size == 0 || h.size % kGranularity) return CUDA_ERROR_INVALID_VALUE;
+  if (h.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+  Driver& d = driver();
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
+    for (auto& [va, o] : d.ipc_opens) {
+      if (o.creator == h.pid && o.creator_id == h.id) {
+        ++o.refs;
+        *pdptr = va;
+        return CUDA_SUCCESS;
+      }
+    }
+  }
+  // Ask the creator for the memfd without holding our own lock.
+  CtlRequest req{};
+  req.magic = kCtlMagic;
+  req.op = CtlOp::kGetIpcFd;
+  req.arg = h.id;
+  CtlReply reply{};
+  int fd = -1;
+  if (ctl_call(h.pid, req, &reply, &fd) != CUDA_SUCCESS || reply.result != CUDA_SUCCESS || fd < 0) {
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard<std::mutex> l(d.mu);
+  uint64_t id = 0;
+  bool reused = false;
+  CUresult r = adopt_allocation(fd, AllocKind::kIpcImport, &id, &reused);
+  close(fd);
+  if (r != CUDA_SUCCESS) return r;
+  Allocation* a = find_alloc(id);
+  if (reused && a->kind != AllocKind::kIpcImport) return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t va = 0;
+  if ((r = reserve_va(a->size, kGranularity, 0, false, true, &va)) != CUDA_SUCCESS ||
+      (r = map_range(va, a->size, 0, id)) != CUDA_SUCCESS) {
+    if (va) free_va(va, a->size);
+    maybe_destroy(id);
+    return r;
+  }
+  Mapping& m = d.mappings[va];
+  for (size_t i = 0; i < d.devices.size(); ++i) m.access[i] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  apply_access(va, m);
+  d.ipc_opens[va] = IpcOpen{1, h.pid, h.id};
+  *pdptr = va;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  FC_ENTER("cuIpcOpenMemHandle");
+  return ipc_open(pdptr, handle, Flags);
+}
+
+FC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  FC_ENTER("cuIpcOpenMemHandle");
+  return ipc_open(pdptr, handle, Flags);
+}
+
+FC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  FC_ENTER("cuIpcCloseMemHandle");
+  FC_REQUIRE_INIT();
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  auto it = d.ipc_opens.find(dptr);
+  if (it == d.ipc_opens.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (--it->second.refs > 0) return CUDA_SUCCESS;
+  d.ipc_opens.erase(it);
+  Mapping* m = find_mapping(dptr, nullptr);
+  if (!m) return CUDA_ERROR_INVALID_VALUE;
+  size_t size = m->size;
+  unmap_range(dptr, size);
+  free_va(dptr, size);
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,54 @@
+// Device memory primitives shared by plain, VMM, IPC and multicast memory.
+// Every physical allocation is a memfd named "fakecuda:<creator-pid>:<id>"
+// mapped MAP_SHARED at its device address, so device pointers are readable by
+// the host and two processes that map one memfd share bytes. Unmapped
+// reserved ranges are PROT_NONE anonymous mappings.
+//
+// Precondition for every function here: Driver::mu is held.
+#pragma once
+
+#include "state.h"
+
+namespace fc {
+
+constexpr size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/// Creates the memfd of allocation `id` owned by `creator`; -1 on failure.
+int make_memfd(pid_t creator, uint64_t id, size_t size);
+
+/// Creates a new allocation of this process with its memfd; charges the device.
+CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id);
+
+/// Adds an allocation backed by an existing descriptor (dup'ed here), found
+/// by its memfd name; reuses the record when this process already has it.
+CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused);
+
+/// Drops the record once neither handles nor mappings refer to it.
+void maybe_destroy(uint64_t id);
+
+/// Reserves [*out, *out+size); hint is honoured when free; low32 keeps the
+/// range below 4 GiB (for the 32-bit legacy entry points).
+CUresult reserve_va(size_t size, size_t align, uintptr_t hint, bool low32, bool internal, uintptr_t* out);
+/// Frees a whole reservation with no mappings inside.
+CUresult free_va(uintptr_t va, size_t size);
+
+/// Maps [offset, offset+size) of allocation `id` at va, inside one reservation,
+/// overlapping no mapping. The new mapping has no access (PROT_NONE).
+CUresult map_range(uintptr_t va, size_t size, size_t offset, uint64_t id);
+/// Unmaps whole mappings exactly covering [va, va+size).
+CUresult unmap_range(uintptr_t va, size_t size);
+/// Re-applies a mapping's host protection from its access flags.
+void apply_access(uintptr_t va, Mapping& m);
+
+/// The mapping containing p, or nullptr (sets *base).
+Mapping* find_mapping(uintptr_t p, uintptr_t* base);
+/// True when p lies inside a reservation (a device address).
+bool is_device_address(uintptr_t p);
+/// Checks that [p, p+n) is mapped device memory (with the access needed) or
+/// host memory the driver knows of.
+CUresult check_range(uintptr_t p, size_t n, bool write);
+
+/// Allocation by handle, or nullptr.
+Allocation* find_alloc(uint64_t id);
+
+}  // namespace fc

@@ -1,0 +1,98 @@
+// Process-wide driver state, context stacks and the fork rule: a forked child
+// starts with a fresh, uninitialised driver (it must call cuInit again); the
+// parent's device mappings stay mapped in the child but are not its records.
+#include "gate.h"
+#include "state.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace fc {
+
+Driver& driver() {
+  static Driver* d = new Driver;  // never destroyed: entry points may run at exit
+  return *d;
+}
+
+std::vector<CUcontext>& ctx_stack() {
+  thread_local std::vector<CUcontext> stack;
+  return stack;
+}
+
+Context* current_ctx() {
+  auto& st = ctx_stack();
+  if (st.empty()) return nullptr;
+  return reinterpret_cast<Context*>(st.back());
+}
+
+bool valid_device(CUdevice dev) {
+  return dev >= 0 && static_cast<size_t>(dev) < driver().devices.size();
+}
+
+bool valid_ctx(CUcontext ctx) {
+  return ctx && driver().contexts.count(reinterpret_cast<Context*>(ctx)) != 0;
+}
+
+bool valid_stream(CUstream s) {
+  if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return true;
+  return driver().streams.count(reinterpret_cast<Stream*>(s)) != 0;
+}
+
+unsigned long long env_u64(const char* name, unsigned long long def) {
+  const char* v = getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  unsigned long long r = strtoull(v, &end, 0);
+  return (end && *end == '\0') ? r : def;
+}
+
+namespace {
+
+// Same order as the checkpoint handlers: Gate::mu, then Driver::mu.
+void before_fork() {
+  gate().mu.lock();
+  driver().mu.lock();
+}
+
+void after_fork_parent() {
+  gate().mu.unlock();
+  driver().mu.unlock();
+}
+
+void after_fork_child() {
+  Driver& d = driver();
+  for (auto& [id, a] : d.allocs) {
+    if (a.fd >= 0) close(a.fd);
+  }
+  d.allocs.clear();
+  d.reservations.clear();
+  d.mappings.clear();
+  d.ipc_opens.clear();
+  d.host_allocs.clear();
+  d.streams.clear();
+  d.events.clear();
+  d.modules.clear();
+  d.functions.clear();
+  d.contexts.clear();
+  d.primary.clear();
+  d.devices.clear();
+  d.initialized = false;
+  ctx_stack().clear();
+  Gate& g = gate();
+  g.state = CU_PROCESS_STATE_RUNNING;
+  g.locking = false;
+  g.inflight = 0;
+  control_server_after_fork();
+  g.mu.unlock();
+  d.mu.unlock();
+  faults_reload();
+}
+
+__attribute__((constructor)) void register_fork_handlers() {
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+}  // namespace
+}  // namespace fc

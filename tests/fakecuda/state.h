@@ -1,0 +1,167 @@
+// The simulated driver's process-wide state.
+//
+// Lock order: Gate::mu (gate.h) is never held while Driver::mu is taken by the
+// same thread for long; Driver::mu protects every table below. No thread holds
+// Driver::mu while talking to another process's control socket.
+#pragma once
+
+#define __CUDA_API_VERSION_INTERNAL
+#include <cuda.h>
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#define FC_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fc {
+
+/// Allocation and mapping granularity (minimum and recommended).
+constexpr size_t kGranularity = size_t{2} << 20;
+constexpr int kMaxDevices = 16;
+
+struct Device {
+  std::string name;
+  CUuuid uuid{};
+  size_t total_mem = 0;
+  size_t used = 0;  ///< bytes of allocations created on this device
+};
+
+/// A context, primary or created. Handles are pointers to these.
+struct Context {
+  CUdevice dev = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  int primary_refs = 0;  ///< retain count, primary contexts only
+  unsigned long long id = 0;
+};
+
+struct Stream {
+  CUcontext ctx = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+};
+struct Event {
+  unsigned flags = 0;
+  bool recorded = false;
+  double time_ms = 0;
+};
+struct Module {
+  int functions = 0;
+};
+struct Function {
+  CUmodule module = nullptr;
+};
+
+enum class AllocKind { kVmm, kLegacy, kIpcImport, kMulticast };
+
+struct McBinding {
+  CUdevice dev;
+  size_t mc_offset;
+  uint64_t mem_handle;  ///< 0 for address bindings
+  CUdeviceptr mem_ptr;
+  size_t mem_offset;
+  size_t size;
+};
+
+/// A physical allocation: one memfd named "fakecuda:<creator-pid>:<creator-id>".
+struct Allocation {
+  uint64_t id = 0;  ///< handle value in this process
+  AllocKind kind = AllocKind::kVmm;
+  int fd = -1;  ///< -1 while checkpointed
+  size_t size = 0;
+  CUdevice dev = 0;
+  pid_t creator = 0;
+  uint64_t creator_id = 0;
+  bool imported = false;  ///< created by another process
+  dev_t st_dev = 0;
+  ino_t st_ino = 0;
+  CUmemAllocationProp prop{};
+  int handle_refs = 0;  ///< create/import/retain minus release
+  int map_refs = 0;     ///< live mappings
+  void* saved = nullptr;  ///< bytes while checkpointed (anonymous mapping)
+  // Multicast objects only.
+  unsigned mc_num_devices = 0;
+  std::vector<CUdevice> mc_devices;
+  std::vector<McBinding> mc_bindings;
+};
+
+/// One virtual address range reserved by cuMemAddressReserve (or internally).
+struct Reservation {
+  size_t size = 0;
+  bool internal = false;  ///< made for cuMemAlloc / IPC open; user may not free it
+};
+
+/// A mapping of (part of) an allocation at a device address.
+struct Mapping {
+  size_t size = 0;
+  uint64_t alloc = 0;
+  size_t offset = 0;
+  unsigned char access[kMaxDevices] = {};  ///< CUmemAccess_flags per device
+  int prot = 0;                            ///< current host protection
+};
+
+/// A legacy IPC mapping opened from another process.
+struct IpcOpen {
+  int refs = 0;
+  pid_t creator = 0;
+  uint64_t creator_id = 0;
+};
+
+struct HostAlloc {
+  size_t size = 0;
+  unsigned flags = 0;
+  bool registered = false;  ///< cuMemHostRegister: not ours to free
+};
+
+struct Driver {
+  std::mutex mu;
+  std::atomic<bool> initialized{false};
+  bool multicast = false;
+  int driver_version = 13000;
+  std::vector<Device> devices;
+  std::vector<Context*> primary;  ///< one per device, never freed
+  std::set<Context*> contexts;    ///< every live context incl. primaries
+  std::set<Stream*> streams;
+  std::set<Event*> events;
+  std::set<Module*> modules;
+  std::set<Function*> functions;
+  std::map<uint64_t, Allocation> allocs;
+  std::map<uintptr_t, Reservation> reservations;
+  std::map<uintptr_t, Mapping> mappings;
+  std::map<uintptr_t, IpcOpen> ipc_opens;  ///< by mapped base address
+  std::map<uintptr_t, HostAlloc> host_allocs;
+  uint64_t next_alloc_id = 1;
+  unsigned long long next_ctx_id = 1;
+};
+
+/// The one driver state of this process.
+Driver& driver();
+
+/// Thread's context stack; top is current.
+std::vector<CUcontext>& ctx_stack();
+
+/// Current context or nullptr.
+Context* current_ctx();
+
+bool valid_device(CUdevice dev);
+bool valid_ctx(CUcontext ctx);
+/// Stream handle check; NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are valid.
+bool valid_stream(CUstream s);
+
+/// Returns an environment variable parsed as an unsigned number, or def.
+unsigned long long env_u64(const char* name, unsigned long long def);
+
+/// Starts the control server thread (control_server.cpp).
+CUresult start_control_server();
+/// Forgets the control server after fork (the thread did not survive it).
+void control_server_after_fork();
+
+}  // namespace fc
