@@ -103,6 +103,9 @@ bool Driver::load(std::string* err) {
     return false;
   }
   cuGetErrorName_ = reinterpret_cast<decltype(cuGetErrorName_)>(sym("cuGetErrorName"));
+  // The checkpoint calls act on other processes, but a driver may still want
+  // this one initialized; a failure here (no device) shows up in devices().
+  initialized_ = cuInit_(0) == CUDA_SUCCESS;
   return true;
 }
 

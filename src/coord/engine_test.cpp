@@ -74,8 +74,11 @@ TEST_CASE("engine: a driver library without the checkpoint API is refused by nam
 
 namespace {
 
-// A CPU-only job: a shell counting into a pipe, in its own session.
-pid_t start_counter(int out_fd) {
+// A job in its own session with stdout on out_fd, stdin and stderr on /dev/null.
+pid_t start_job(const std::vector<std::string>& argv, int out_fd) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
     setsid();
@@ -84,11 +87,43 @@ pid_t start_counter(int out_fd) {
     dup2(null_fd, 2);
     dup2(out_fd, 1);
     for (int fd = 3; fd < 1024; ++fd) close(fd);
-    execl("/bin/sh", "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done",
-          nullptr);
+    execv(args[0], args.data());
     _exit(127);
   }
   return pid;
+}
+
+// A CPU-only job: a shell counting into a pipe.
+pid_t start_counter(int out_fd) {
+  return start_job({"/bin/sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done"},
+                   out_fd);
+}
+
+// Reads lines "count N ok" until n arrived; returns the N's.
+std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
+  std::vector<long> out;
+  std::string buf;
+  while (out.size() < n) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    char tmp[256];
+    ssize_t r = read(fd, tmp, sizeof tmp);
+    if (r <= 0) break;
+    buf.append(tmp, size_t(r));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      if (line.starts_with("count ")) out.push_back(std::atol(line.c_str() + 6));
+    }
+  }
+  return out;
+}
+
+void kill_and_reap(pid_t root) {
+  for (const ProcessInfo& pi : list_job_processes(root)) kill(pi.pid, SIGKILL);
+  while (waitpid(-1, nullptr, 0) > 0) {
+  }
 }
 
 // Reads whole lines from fd until n numbers arrived or timeout; returns them.
@@ -217,5 +252,92 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
     CHECK(code == kExitBadCheckpoint);
     CHECK(err.find("SHA-256") != std::string::npos);
   }
+  fs::remove_all(base);
+}
+
+TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, checkpoint, restore") {
+  std::string job_bin = std::string(CUSNAP_BINARY_DIR) + "/bin/cusnap-pattern-job";
+  if (!have_criu() || access(job_bin.c_str(), X_OK) != 0) {
+    MESSAGE("skipped: needs root, CRIU >= 4.1 and " << job_bin);
+    return;
+  }
+  REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  pid_t job_pid = start_job({job_bin, "--mib", "8", "--interval-ms", "20"}, p[1]);
+  close(p[1]);
+  REQUIRE(read_counts(p[0], 3, 5000).size() == 3);
+  JobInfo job;
+  job.name = "pattern";
+  job.root_pid = job_pid;
+  job.argv = {job_bin};
+  job.stdout_pipe_id = pipe_id(p[0]);
+  std::string err;
+
+  auto procs = list_job_processes(job_pid);
+  REQUIRE(procs.size() == 1);
+  CHECK(procs[0].uses_cuda);
+  CHECK(procs[0].cuda_state == "running");
+
+  ExitCode code;
+  bool sok = suspend_job_coded(job, std::chrono::seconds(10), &code, &err);
+  INFO(err);
+  REQUIRE(sok);
+  CHECK(list_job_processes(job_pid)[0].cuda_state == "checkpointed");
+  // Suspended: a checkpoint is refused, nothing changes.
+  CheckpointOptions opts;
+  char tmpl[] = "/tmp/cusnap-engine-test-XXXXXX";
+  std::string base = mkdtemp(tmpl);
+  opts.dir = base + "/ckpt";
+  CheckpointResult res;
+  CHECK_FALSE(checkpoint_job(job, opts, nullptr, &res, &err));
+  CHECK(res.code == kExitRefused);
+  CHECK(err.find("suspended") != std::string::npos);
+  CHECK_FALSE(fs::exists(opts.dir));
+  REQUIRE(resume_job_coded(job, std::chrono::seconds(10), &code, &err));
+  CHECK(list_job_processes(job_pid)[0].cuda_state == "running");
+  REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+
+  // Checkpoint with leave_running: the job goes on.
+  opts.leave_running = true;
+  bool cok = checkpoint_job(job, opts, nullptr, &res, &err);
+  INFO(err);
+  REQUIRE(cok);
+  CHECK_FALSE(res.job_stopped);
+  REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+  fs::remove_all(opts.dir);
+
+  // Checkpoint and stop, then restore.
+  opts.leave_running = false;
+  cok = checkpoint_job(job, opts, nullptr, &res, &err);
+  INFO(err);
+  REQUIRE(cok);
+  Manifest m;
+  REQUIRE(read_manifest(opts.dir, &m, &err));
+  REQUIRE(m.processes.size() == 1);
+  CHECK(m.processes[0].uses_cuda);
+  CHECK(!m.processes[0].gpus.empty());
+  CHECK(m.driver_version > 0);
+  int status;
+  REQUIRE(waitpid(job_pid, &status, 0) == job_pid);
+  auto drained = read_counts(p[0], 100000, 300);
+  close(p[0]);
+
+  int q[2];
+  REQUIRE(pipe2(q, O_CLOEXEC) == 0);
+  RestoreOptions ro;
+  ro.dir = opts.dir;
+  ro.stdout_fd = q[1];
+  RestoreResult rr;
+  bool rok = restore_job(ro, nullptr, &rr, &err);
+  INFO(err);
+  REQUIRE(rok);
+  close(q[1]);
+  auto after = read_counts(q[0], 3, 5000);
+  REQUIRE(after.size() == 3);
+  if (!drained.empty()) CHECK(after[0] == drained.back() + 1);
+  CHECK(list_job_processes(rr.root_pid)[0].cuda_state == "running");
+  kill_and_reap(rr.root_pid);
+  close(q[0]);
   fs::remove_all(base);
 }
