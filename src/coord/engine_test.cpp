@@ -341,3 +341,85 @@ TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, c
   close(q[0]);
   fs::remove_all(base);
 }
+
+TEST_CASE("engine: two processes with private memory each; shared memory is refused") {
+  std::string bin = std::string(CUSNAP_BINARY_DIR) + "/bin/";
+  if (!have_criu() || access((bin + "cusnap-share-job").c_str(), X_OK) != 0) {
+    MESSAGE("skipped: needs root, CRIU >= 4.1 and the workloads");
+    return;
+  }
+  REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  char tmpl[] = "/tmp/cusnap-engine-test-XXXXXX";
+  std::string base = mkdtemp(tmpl);
+  std::string err;
+
+  SUBCASE("shared") {
+    int p[2];
+    REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    pid_t pid = start_job({bin + "cusnap-share-job", "--interval-ms", "20"}, p[1]);
+    close(p[1]);
+    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    JobInfo job;
+    job.name = "share";
+    job.root_pid = pid;
+    CheckpointOptions opts;
+    opts.dir = base + "/ckpt";
+    CheckpointResult res;
+    CHECK_FALSE(checkpoint_job(job, opts, nullptr, &res, &err));
+    CHECK(res.code == kExitRefused);
+    CHECK(err.find("shares device memory between processes") != std::string::npos);
+    CHECK(err.find("shim") != std::string::npos);
+    CHECK_FALSE(fs::exists(opts.dir));
+    ExitCode code;
+    CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), &code, &err));
+    CHECK(code == kExitRefused);
+    for (const ProcessInfo& pi : list_job_processes(pid)) CHECK(pi.cuda_state == "running");
+    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    kill_and_reap(pid);
+    close(p[0]);
+  }
+  SUBCASE("private") {
+    int p[2];
+    REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    pid_t pid = start_job({bin + "cusnap-pattern-job", "--mib", "4", "--children", "1",
+                           "--interval-ms", "20"},
+                          p[1]);
+    close(p[1]);
+    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    JobInfo job;
+    job.name = "two";
+    job.root_pid = pid;
+    job.stdout_pipe_id = pipe_id(p[0]);
+    CheckpointOptions opts;
+    opts.dir = base + "/ckpt";
+    CheckpointResult res;
+    bool ok = checkpoint_job(job, opts, nullptr, &res, &err);
+    INFO(err);
+    REQUIRE(ok);
+    Manifest m;
+    REQUIRE(read_manifest(opts.dir, &m, &err));
+    REQUIRE(m.processes.size() == 2);
+    CHECK(m.processes[0].uses_cuda);
+    CHECK(m.processes[1].uses_cuda);
+    while (waitpid(-1, nullptr, 0) > 0) {
+    }
+    close(p[0]);
+    int q[2];
+    REQUIRE(pipe2(q, O_CLOEXEC) == 0);
+    RestoreOptions ro;
+    ro.dir = opts.dir;
+    ro.stdout_fd = q[1];
+    RestoreResult rr;
+    bool rok = restore_job(ro, nullptr, &rr, &err);
+    INFO(err);
+    REQUIRE(rok);
+    close(q[1]);
+    REQUIRE(read_counts(q[0], 3, 5000).size() == 3);
+    auto procs = list_job_processes(rr.root_pid);
+    REQUIRE(procs.size() == 2);
+    for (const ProcessInfo& pi : procs) CHECK(pi.cuda_state == "running");
+    kill_and_reap(rr.root_pid);
+    close(q[0]);
+  }
+  fs::remove_all(base);
+}
