@@ -1,0 +1,82 @@
+// cusnap checkpoint JOB [-o DIR] [--leave-running] [--timeout S] [--json]
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+
+#include "job_target.h"
+
+namespace cusnap::cli {
+namespace {
+
+std::string default_dir(const std::string& name) {
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  return name + "-" + stamp;
+}
+
+std::string absolute(const std::string& p) {
+  if (!p.empty() && p[0] == '/') return p;
+  char cwd[PATH_MAX];
+  if (!::getcwd(cwd, sizeof cwd)) return p;
+  return std::string(cwd) + "/" + p;
+}
+
+}  // namespace
+
+int cmd_checkpoint(int argc, char** argv) {
+  CLI::App app{"Checkpoint a running job into a directory. By default the job is stopped after a "
+               "successful checkpoint; with --leave-running it continues."};
+  init_app(app, "checkpoint");
+  std::string job, dir;
+  bool leave_running = false, json = false;
+  double timeout_s = 60;
+  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required();
+  app.add_option("-o,--output", dir, "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)");
+  app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
+  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")->check(CLI::PositiveNumber);
+  app.add_flag("--json", json, "Print the result as JSON");
+  int rc = parse(app, argc, argv);
+  if (rc >= 0) return rc;
+
+  JobEntry entry;
+  if ((rc = resolve_job(job, json, &entry)) >= 0) return rc;
+  proto::CheckpointRequest req;
+  req.dir = absolute(dir.empty() ? default_dir(entry.status.name) : dir);
+  req.leave_running = leave_running;
+  req.timeout_ms = seconds(timeout_s).count();
+
+  ProgressLine progress(!json);
+  proto::Result r;
+  std::string err;
+  auto wait = seconds(timeout_s) + control_timeout();
+  bool ok = job_request(entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
+                        [&](const proto::ProgressEvent& ev) { progress.update(ev.phase, ev.bytes_done, ev.bytes_total); },
+                        &r, &err);
+  progress.finish();
+  if (!ok) return fail_json(json, kExitFailure, err);
+  if (!r.ok) return report_result_failure(json, r);
+
+  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+  if (d.is_discarded()) d = nlohmann::json::object();
+  if (json) {
+    d["ok"] = true;
+    print_json(d);
+    return kExitOk;
+  }
+  std::printf("checkpointed job %s to %s (%s)\n", entry.status.name.c_str(), d.value("dir", req.dir).c_str(),
+              human_bytes(d.value("bytes", uint64_t{0})).c_str());
+  if (d.contains("phases")) print_phases(d["phases"]);
+  if (d.value("job_stopped", false))
+    std::printf("job %s stopped; restore it with: cusnap restore %s\n", entry.status.name.c_str(),
+                d.value("dir", req.dir).c_str());
+  else
+    std::printf("job %s left running\n", entry.status.name.c_str());
+  return kExitOk;
+}
+
+}  // namespace cusnap::cli

@@ -1,0 +1,122 @@
+#include "common.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "proto/wire.h"
+
+namespace cusnap::cli {
+
+void init_app(CLI::App& app, const std::string& name) {
+  app.name("cusnap " + name);
+  app.set_help_flag("-h,--help", "Print this help message and exit");
+}
+
+int parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::CallForHelp& e) {
+    app.exit(e);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", e.what(), app.get_name().c_str());
+    return kExitUsage;
+  }
+}
+
+int fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "cusnap: error: %s\n", msg.c_str());
+  return code;
+}
+
+int fail_json(bool json, int code, const std::string& msg) {
+  if (json) print_json({{"ok", false}, {"exit_code", code}, {"error", msg}});
+  return fail(code, msg);
+}
+
+void print_json(const nlohmann::json& j) {
+  std::string s = j.dump(2) + "\n";
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string human_duration(int64_t s) {
+  if (s < 0) s = 0;
+  char buf[32];
+  if (s >= 86400)
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(s / 86400),
+                  static_cast<long long>(s % 86400 / 3600));
+  else if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  return buf;
+}
+
+std::chrono::milliseconds control_timeout() { return proto::control_timeout_from_env(); }
+
+std::chrono::milliseconds seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
+}
+
+ProgressLine::ProgressLine(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}
+
+ProgressLine::~ProgressLine() { finish(); }
+
+void ProgressLine::update(const std::string& phase, uint64_t done, uint64_t total) {
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  if (phase != phase_) {
+    phase_ = phase;
+    phase_start_ = now;
+  } else if (now - last_draw_ < std::chrono::milliseconds(100) && done != total) {
+    return;  // at most ten redraws a second
+  }
+  last_draw_ = now;
+  last_bytes_ = done;
+  std::string line = "  " + phase;
+  if (done > 0 || total > 0) {
+    line += "  " + human_bytes(done);
+    if (total > 0) {
+      char pct[16];
+      std::snprintf(pct, sizeof pct, " (%d%%)", static_cast<int>(100.0 * done / total));
+      line += " / " + human_bytes(total) + pct;
+    }
+    double secs = std::chrono::duration<double>(now - phase_start_).count();
+    if (secs > 0.2) line += "  " + human_bytes(static_cast<uint64_t>(done / secs)) + "/s";
+  }
+  std::fprintf(stderr, "\r%s\033[K", line.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressLine::finish() {
+  if (enabled_ && drawn_) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+  drawn_ = false;
+}
+
+}  // namespace cusnap::cli

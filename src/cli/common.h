@@ -1,0 +1,73 @@
+// What the subcommands share: the command table entry, error reporting,
+// progress on a terminal, sizes and durations for people, timeouts.
+// Only src/cli prints and exits.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "coord/engine.h"
+#include "proto/control.h"
+
+namespace cusnap::cli {
+
+/// One subcommand: parses its own options and returns the exit code.
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);  ///< argv[0] is the subcommand's name
+};
+
+int cmd_launch(int argc, char** argv);
+int cmd_checkpoint(int argc, char** argv);
+int cmd_restore(int argc, char** argv);
+int cmd_suspend(int argc, char** argv);
+int cmd_resume(int argc, char** argv);
+int cmd_ps(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+
+/// A CLI11 app named "cusnap NAME" with the options every command shares.
+void init_app(CLI::App& app, const std::string& name);
+/// Parses; returns -1 when the command should go on, else the exit code
+/// (0 after --help, kExitUsage after a bad command line).
+int parse(CLI::App& app, int argc, char** argv);
+
+/// "cusnap: error: MSG" on stderr; returns code.
+int fail(int code, const std::string& msg);
+/// Same, and with json also {"ok": false, "exit_code", "error"} on stdout.
+int fail_json(bool json, int code, const std::string& msg);
+/// Prints a JSON value on stdout, one document per line.
+void print_json(const nlohmann::json& j);
+
+/// "1.5 GiB".
+std::string human_bytes(uint64_t n);
+/// "3h02m", "4m05s", "12s".
+std::string human_duration(int64_t seconds);
+
+/// The control timeout: CUSNAP_CONTROL_TIMEOUT, else 10 s.
+std::chrono::milliseconds control_timeout();
+/// Seconds from an option to milliseconds.
+std::chrono::milliseconds seconds(double s);
+
+/// Renders progress on stderr when it is a terminal: phase, bytes, rate.
+/// Does nothing in a pipe or when disabled (--json).
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled);
+  ~ProgressLine();
+  void update(const std::string& phase, uint64_t done, uint64_t total);
+  /// Ends the line so that later output starts on a fresh one.
+  void finish();
+
+ private:
+  bool enabled_;
+  bool drawn_ = false;
+  std::string phase_;
+  uint64_t last_bytes_ = 0;
+  std::chrono::steady_clock::time_point phase_start_, last_draw_;
+};
+
+}  // namespace cusnap::cli

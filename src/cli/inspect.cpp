@@ -1,0 +1,118 @@
+// cusnap inspect DIR|JOB [--json]: a checkpoint directory's manifest and
+// verdict, or a running job's processes and state.
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "coord/manifest.h"
+#include "job_target.h"
+
+namespace cusnap::cli {
+namespace {
+
+bool is_checkpoint_dir(const std::string& spec) {
+  struct stat st;
+  return ::stat((spec + "/" + kManifestName).c_str(), &st) == 0 ||
+         (spec.find('/') != std::string::npos && ::stat(spec.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+          ::stat((spec + "/control.sock").c_str(), &st) != 0);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& a : v) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+int inspect_checkpoint(const std::string& dir, bool json) {
+  Manifest m;
+  std::string err;
+  if (!read_manifest(dir, &m, &err))
+    return fail_json(json, kExitBadCheckpoint, dir + " is not a usable checkpoint: " + err);
+  std::string verr;
+  bool valid = verify_checkpoint(dir, &verr);
+  uint64_t bytes = 0;
+  for (const ManifestFile& f : m.files) bytes += f.size;
+  if (json) {
+    nlohmann::json j = {{"kind", "checkpoint"},
+                        {"dir", dir},
+                        {"valid", valid},
+                        {"error", valid ? "" : verr},
+                        {"bytes", bytes},
+                        {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
+    print_json(j);
+    return valid ? kExitOk : kExitBadCheckpoint;
+  }
+  std::printf("checkpoint %s\n", dir.c_str());
+  std::printf("  job:      %s\n", m.job.name.c_str());
+  std::printf("  command:  %s\n", join(m.job.argv).c_str());
+  std::printf("  cwd:      %s\n", m.job.cwd.c_str());
+  std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", m.created.c_str(), m.cusnap_version.c_str(),
+              m.criu_version.c_str(), m.driver_version);
+  std::printf("  size:     %s in %zu files\n", human_bytes(bytes).c_str(), m.files.size());
+  for (const GpuDevice& g : m.gpus)
+    std::printf("  gpu %d:    %s %s (%s)\n", g.index, g.name.c_str(), g.uuid.c_str(), human_bytes(g.total_mem).c_str());
+  std::printf("  processes:\n    %8s %8s %-5s %s\n", "PID", "PPID", "CUDA", "COMMAND");
+  for (const ManifestProcess& p : m.processes)
+    std::printf("    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",
+                join(p.cmdline.empty() ? std::vector<std::string>{p.exe} : p.cmdline).c_str());
+  std::printf("  phases:\n");
+  for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);
+  if (valid)
+    std::printf("  verdict:  valid, restorable\n");
+  else
+    std::printf("  verdict:  NOT restorable: %s\n", verr.c_str());
+  return valid ? kExitOk : kExitBadCheckpoint;
+}
+
+int inspect_job(const std::string& spec, bool json) {
+  JobEntry entry;
+  int rc = resolve_job(spec, json, &entry);
+  if (rc >= 0) return rc;
+  proto::Result r;
+  std::string err;
+  if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err))
+    return fail_json(json, kExitFailure, err);
+  if (!r.ok) return report_result_failure(json, r);
+  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+  if (d.is_discarded()) return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  if (json) {
+    d["kind"] = "job";
+    print_json(d);
+    return kExitOk;
+  }
+  const auto& job = d["job"];
+  std::printf("job %s\n", job.value("name", std::string()).c_str());
+  std::printf("  state:       %s\n", job.value("state", std::string()).c_str());
+  std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL), job.value("supervisor_pid", 0LL));
+  std::printf("  command:     %s\n", join(job.value("argv", std::vector<std::string>{})).c_str());
+  std::printf("  runtime dir: %s\n", job.value("runtime_dir", std::string()).c_str());
+  if (!job.value("restored_from", std::string()).empty())
+    std::printf("  restored from: %s\n", job.value("restored_from", std::string()).c_str());
+  std::printf("  processes:\n    %8s %-5s %-13s %s\n", "PID", "CUDA", "CUDA STATE", "COMMAND");
+  for (const auto& p : d["processes"]) {
+    std::vector<std::string> cmd = p.value("cmdline", std::vector<std::string>{});
+    if (cmd.empty()) cmd = {p.value("exe", std::string())};
+    std::printf("    %8lld %-5s %-13s %s\n", p.value("pid", 0LL), p.value("uses_cuda", false) ? "yes" : "no",
+                p.value("cuda_state", std::string()).empty() ? "-" : p.value("cuda_state", std::string()).c_str(),
+                join(cmd).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int cmd_inspect(int argc, char** argv) {
+  CLI::App app{"Describe a checkpoint directory (its manifest and whether it can be restored) or a running "
+               "job (its state and processes)."};
+  init_app(app, "inspect");
+  std::string target;
+  bool json = false;
+  app.add_option("TARGET", target, "Checkpoint directory, or job name, supervisor pid or runtime directory")
+      ->required();
+  app.add_flag("--json", json, "Print the description as JSON");
+  int rc = parse(app, argc, argv);
+  if (rc >= 0) return rc;
+  return is_checkpoint_dir(target) ? inspect_checkpoint(target, json) : inspect_job(target, json);
+}
+
+}  // namespace cusnap::cli

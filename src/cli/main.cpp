@@ -1,0 +1,96 @@
+// cusnap: checkpoint and restore GPU (CUDA) jobs. This file only dispatches
+// to one subcommand; each lives in a file of its own and does its work
+// through src/coord.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace cusnap::cli {
+namespace {
+
+const Command kCommands[] = {
+    {"launch", "start a job under cusnap's supervision", cmd_launch},
+    {"checkpoint", "checkpoint a running job into a directory", cmd_checkpoint},
+    {"restore", "restore a job from a checkpoint directory and supervise it", cmd_restore},
+    {"suspend", "release a job's GPUs in place", cmd_suspend},
+    {"resume", "give a suspended job its GPUs back", cmd_resume},
+    {"ps", "list running jobs", cmd_ps},
+    {"inspect", "describe a checkpoint directory or a running job", cmd_inspect},
+};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+/// The closest command name, if it is close enough to be a typo.
+const char* suggest(const std::string& word) {
+  const char* best = nullptr;
+  size_t best_d = 3;
+  for (const Command& c : kCommands) {
+    size_t d = edit_distance(word, c.name);
+    if (std::strncmp(c.name, word.c_str(), word.size()) == 0 && word.size() >= 2) d = 1;
+    if (d < best_d) {
+      best_d = d;
+      best = c.name;
+    }
+  }
+  return best;
+}
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: cusnap COMMAND [OPTIONS] [ARGS]\n\n"
+               "Checkpoint and restore GPU (CUDA) jobs.\n\n"
+               "Commands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-11s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\nRun 'cusnap COMMAND --help' for a command's options; see cusnap(1) for\n"
+               "exit codes and environment variables.\n");
+}
+
+}  // namespace
+}  // namespace cusnap::cli
+
+int main(int argc, char** argv) {
+  using namespace cusnap::cli;
+  if (argc < 2) {
+    usage(stderr);
+    return cusnap::kExitUsage;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    if (cmd == "help" && argc > 2) {
+      for (const Command& c : kCommands)
+        if (argv[2] == std::string(c.name)) {
+          char help[] = "--help";
+          char* args[] = {argv[2], help, nullptr};
+          return c.run(2, args);
+        }
+    }
+    usage(stdout);
+    return cusnap::kExitOk;
+  }
+  if (cmd == "--version" || cmd == "version") {
+    std::printf("cusnap %s\n", CUSNAP_VERSION);
+    return cusnap::kExitOk;
+  }
+  for (const Command& c : kCommands)
+    if (cmd == c.name) return c.run(argc - 1, argv + 1);
+  if (const char* s = suggest(cmd))
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(), s);
+  else
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n", cmd.c_str());
+  return cusnap::kExitUsage;
+}

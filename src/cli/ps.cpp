@@ -1,0 +1,56 @@
+// cusnap ps [--json]: every live job.
+#include <cstdio>
+#include <ctime>
+
+#include "job_target.h"
+
+namespace cusnap::cli {
+
+int cmd_ps(int argc, char** argv) {
+  CLI::App app{"List the running jobs of this user (all jobs for root): name, supervisor and job pids, "
+               "state, uptime and command. Runtime directories of dead supervisors are removed."};
+  init_app(app, "ps");
+  bool json = false;
+  app.add_flag("--json", json, "Print the jobs as a JSON array");
+  int rc = parse(app, argc, argv);
+  if (rc >= 0) return rc;
+
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  nlohmann::json arr = nlohmann::json::array();
+  std::vector<proto::JobStatus> jobs;
+  for (JobEntry& e : list_jobs(true)) {
+    // The supervisor's own word is fresher than job.json; fall back to the file.
+    proto::JobStatus live;
+    std::string err;
+    if (job_hello(e, control_timeout(), &live, &err)) e.status = live;
+    jobs.push_back(e.status);
+    const proto::JobStatus& s = e.status;
+    arr.push_back({{"name", s.name},
+                   {"pid", s.root_pid},
+                   {"supervisor_pid", s.supervisor_pid},
+                   {"state", s.state},
+                   {"started", s.started},
+                   {"uptime_seconds", now - s.started},
+                   {"argv", s.argv},
+                   {"cwd", s.cwd},
+                   {"owner_uid", s.owner_uid},
+                   {"runtime_dir", s.runtime_dir},
+                   {"restored_from", s.restored_from}});
+  }
+  if (json) {
+    print_json(arr);
+    return kExitOk;
+  }
+  std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME", "COMMAND");
+  for (const proto::JobStatus& s : jobs) {
+    std::string cmd;
+    for (const std::string& a : s.argv) cmd += (cmd.empty() ? "" : " ") + a;
+    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", s.name.c_str(), static_cast<long long>(s.root_pid),
+                static_cast<long long>(s.supervisor_pid), s.state.c_str(),
+                human_duration(now - s.started).c_str(), cmd.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace cusnap::cli

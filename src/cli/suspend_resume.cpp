@@ -1,0 +1,49 @@
+// cusnap suspend JOB / cusnap resume JOB: release a job's GPUs in place and
+// give them back.
+#include <cstdio>
+
+#include "job_target.h"
+
+namespace cusnap::cli {
+namespace {
+
+int run(int argc, char** argv, bool suspend) {
+  CLI::App app{suspend ? "Release the GPUs of every CUDA process of a job in place (driver lock and "
+                         "checkpoint); the processes stay, waiting for cusnap resume."
+                       : "Give a suspended job its GPUs back (driver restore and unlock)."};
+  init_app(app, suspend ? "suspend" : "resume");
+  std::string job;
+  bool json = false;
+  double timeout_s = 60;
+  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required();
+  app.add_option("--timeout", timeout_s, "Seconds allowed for the operation (default: 60)")->check(CLI::PositiveNumber);
+  app.add_flag("--json", json, "Print the result as JSON");
+  int rc = parse(app, argc, argv);
+  if (rc >= 0) return rc;
+
+  JobEntry entry;
+  if ((rc = resolve_job(job, json, &entry)) >= 0) return rc;
+  proto::Result r;
+  std::string err;
+  bool ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
+                        suspend ? proto::kMsgSuspend : proto::kMsgResume,
+                        proto::TimeoutRequest{seconds(timeout_s).count()}, nullptr, &r, &err);
+  if (!ok) return fail_json(json, kExitFailure, err);
+  if (!r.ok) return report_result_failure(json, r);
+  if (json) {
+    nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+    if (d.is_discarded()) d = nlohmann::json::object();
+    d["ok"] = true;
+    print_json(d);
+  } else {
+    std::printf("job %s %s\n", entry.status.name.c_str(), suspend ? "suspended" : "resumed");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int cmd_suspend(int argc, char** argv) { return run(argc, argv, true); }
+int cmd_resume(int argc, char** argv) { return run(argc, argv, false); }
+
+}  // namespace cusnap::cli

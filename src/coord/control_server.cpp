@@ -1,0 +1,281 @@
+#include "coord/control_server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "coord/runtime_dir.h"
+#include "proto/wire.h"
+
+namespace cusnap {
+namespace {
+
+constexpr int kMaxConnections = 16;
+
+void wake(int fd) {
+  if (fd < 0) return;
+  uint64_t one = 1;
+  while (::write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+nlohmann::json status_json(const proto::JobStatus& s) {
+  return nlohmann::json::parse(job_status_to_json(s));
+}
+
+proto::Result make_result(bool ok, int code, std::string message, std::string details = "") {
+  proto::Result r;
+  r.ok = ok;
+  r.exit_code = code;
+  r.message = std::move(message);
+  r.details = std::move(details);
+  return r;
+}
+
+std::string phases_json_text(const PhaseTimes& phases) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& [name, secs] : phases) a.push_back({{"name", name}, {"seconds", secs}});
+  return a.dump();
+}
+
+}  // namespace
+
+void JobContext::set_state_locked(const std::string& state) {
+  status.state = state;
+  std::string err;
+  if (rundir) rundir->write_status(status, &err);  // best effort: ps shows the old state
+}
+
+std::string inspect_details_json(const proto::JobStatus& status, const std::vector<ProcessInfo>& procs) {
+  nlohmann::json p = nlohmann::json::array();
+  for (const ProcessInfo& pi : procs)
+    p.push_back({{"pid", pi.pid},
+                 {"exe", pi.exe},
+                 {"cmdline", pi.cmdline},
+                 {"uses_cuda", pi.uses_cuda},
+                 {"cuda_state", pi.cuda_state}});
+  return nlohmann::json{{"job", status_json(status)}, {"processes", p}}.dump();
+}
+
+ControlServer::ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd,
+                             std::chrono::milliseconds timeout)
+    : ctx_(ctx), ops_(std::move(ops)), listen_fd_(std::move(listen_fd)), timeout_(timeout) {}
+
+ControlServer::~ControlServer() { stop(); }
+
+bool ControlServer::start(std::string* err) {
+  stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_fd_) {
+    *err = std::string("eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  thread_ = std::thread([this] { accept_loop(); });
+  return true;
+}
+
+void ControlServer::stop() {
+  if (!thread_.joinable()) return;
+  wake(stop_fd_.get());
+  thread_.join();
+  std::unique_lock lk(conns_mu_);
+  for (int fd : conns_) ::shutdown(fd, SHUT_RDWR);
+  conns_cv_.wait(lk, [this] { return active_ == 0; });
+}
+
+void ControlServer::accept_loop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    if (!(p[0].revents & POLLIN)) continue;
+    UniqueFd conn;
+    std::string err;
+    if (!proto::accept_unix(listen_fd_.get(), &conn, &err)) continue;
+    std::lock_guard lk(conns_mu_);
+    if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
+    ++active_;
+    conns_.insert(conn.get());
+    std::thread([this, c = std::move(conn)]() mutable {
+      int fd = c.get();
+      serve(std::move(c));
+      std::lock_guard lk2(conns_mu_);
+      conns_.erase(fd);
+      --active_;
+      conns_cv_.notify_all();
+    }).detach();
+  }
+}
+
+bool ControlServer::begin_engine(const std::string& op, proto::Result* refusal) {
+  std::lock_guard lk(ctx_->mu);
+  if (!ctx_->engine_op.empty()) {
+    *refusal = make_result(false, kExitRefused,
+                           "a " + ctx_->engine_op + " of job " + ctx_->status.name + " is already running");
+    return false;
+  }
+  if (ctx_->status.state == "stopped" || ctx_->status.state == "exited") {
+    *refusal = make_result(false, kExitRefused,
+                           "job " + ctx_->status.name + " is " + ctx_->status.state + ": nothing to " + op);
+    return false;
+  }
+  ctx_->engine_op = op;
+  return true;
+}
+
+void ControlServer::end_engine() {
+  std::lock_guard lk(ctx_->mu);
+  ctx_->engine_op.clear();
+  ctx_->cv.notify_all();
+  wake(ctx_->wake_fd);
+}
+
+void ControlServer::serve(UniqueFd conn) {
+  std::string err;
+  ucred cred{};
+  if (!proto::peer_credentials(conn.get(), &cred, &err)) return;
+  proto::Channel ch(std::move(conn), timeout_);
+  JobInfo info;
+  proto::JobStatus status;
+  {
+    std::lock_guard lk(ctx_->mu);
+    info = ctx_->info;
+    status = ctx_->status;
+  }
+  if (!proto::peer_uid_allowed(cred.uid, info.owner_uid)) {
+    ch.send(proto::kMsgResult,
+            make_result(false, kExitRefused,
+                        "permission denied: uid " + std::to_string(cred.uid) + " may not control job " +
+                            info.name + " (owner uid " + std::to_string(info.owner_uid) + ")"),
+            &err);
+    return;
+  }
+  proto::Message req;
+  if (!ch.recv(&req, &err)) return;
+
+  if (req.type == proto::kMsgHello) {
+    ch.send(proto::kMsgHello, status, &err);
+    return;
+  }
+  if (req.type == proto::kMsgInspect) {
+    std::vector<ProcessInfo> procs = ops_.list_processes(info.root_pid);
+    ch.send(proto::kMsgResult, make_result(true, kExitOk, "", inspect_details_json(status, procs)), &err);
+    return;
+  }
+  if (req.type == proto::kMsgCheckpoint) {
+    proto::CheckpointRequest r;
+    if (!req.get(&r, &err) || !proto::validate(r, &err)) {
+      ch.send(proto::kMsgResult, make_result(false, kExitUsage, err), &err);
+      return;
+    }
+    proto::Result refusal;
+    if (!begin_engine("checkpoint", &refusal)) {
+      ch.send(proto::kMsgResult, refusal, &err);
+      return;
+    }
+    std::string before;
+    {
+      std::lock_guard lk(ctx_->mu);
+      before = ctx_->status.state;
+      ctx_->set_state_locked("checkpointing");
+    }
+    CheckpointOptions opts;
+    opts.dir = r.dir;
+    opts.leave_running = r.leave_running;
+    opts.timeout = std::chrono::milliseconds(r.timeout_ms);
+    std::mutex send_mu;  // the engine may report progress from several threads
+    bool client_gone = false;
+    ProgressSink sink = [&](const Progress& p) {
+      std::lock_guard lk(send_mu);
+      if (client_gone) return;
+      std::string e;
+      if (!ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total}, &e))
+        client_gone = true;  // the checkpoint goes on; its result stays in job.json's state
+    };
+    CheckpointResult res;
+    std::string cerr;
+    bool ok = ops_.checkpoint(info, opts, sink, &res, &cerr);
+    proto::Result result;
+    {
+      std::lock_guard lk(ctx_->mu);
+      if (ok && res.job_stopped) {
+        ctx_->stopped_dir = res.dir.empty() ? r.dir : res.dir;
+        ctx_->set_state_locked("stopped");
+      } else {
+        ctx_->set_state_locked(before);
+      }
+    }
+    if (ok) {
+      nlohmann::json d = {{"dir", res.dir.empty() ? r.dir : res.dir},
+                          {"bytes", res.bytes},
+                          {"phases", nlohmann::json::parse(phases_json_text(res.phases))},
+                          {"job_stopped", res.job_stopped},
+                          {"job", info.name}};
+      result = make_result(true, kExitOk, "", d.dump());
+    } else {
+      // The engine reports failures as text; a job whose root is gone after a
+      // failed checkpoint is lost, anything else left it as it was.
+      bool alive = ::kill(info.root_pid, 0) == 0 || errno == EPERM;
+      result = make_result(false, alive ? kExitFailure : kExitJobLost, cerr);
+    }
+    {
+      std::lock_guard lk(send_mu);
+      ch.send(proto::kMsgResult, result, &err);
+    }
+    end_engine();
+    return;
+  }
+  if (req.type == proto::kMsgSuspend || req.type == proto::kMsgResume) {
+    const bool suspend = req.type == proto::kMsgSuspend;
+    proto::TimeoutRequest r;
+    if (!req.get(&r, &err) || !proto::validate(r, &err)) {
+      ch.send(proto::kMsgResult, make_result(false, kExitUsage, err), &err);
+      return;
+    }
+    proto::Result refusal;
+    if (!begin_engine(req.type, &refusal)) {
+      ch.send(proto::kMsgResult, refusal, &err);
+      return;
+    }
+    std::string before;
+    {
+      std::lock_guard lk(ctx_->mu);
+      before = ctx_->status.state;
+      bool suspended = before == "suspended";
+      if (suspend == suspended) {
+        std::string msg = "job " + info.name + (suspended ? " is already suspended" : " is not suspended");
+        before.clear();
+        refusal = make_result(false, kExitRefused, msg);
+      } else {
+        ctx_->set_state_locked(suspend ? "suspending" : "resuming");
+      }
+    }
+    if (before.empty()) {
+      ch.send(proto::kMsgResult, refusal, &err);
+      end_engine();
+      return;
+    }
+    std::string serr;
+    auto timeout = std::chrono::milliseconds(r.timeout_ms);
+    bool ok = suspend ? ops_.suspend(info, timeout, &serr) : ops_.resume(info, timeout, &serr);
+    {
+      std::lock_guard lk(ctx_->mu);
+      ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
+    }
+    nlohmann::json d = {{"job", info.name}, {"state", ok ? (suspend ? "suspended" : "running") : before}};
+    ch.send(proto::kMsgResult, make_result(ok, ok ? kExitOk : kExitFailure, serr, d.dump()), &err);
+    end_engine();
+    return;
+  }
+  ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"), &err);
+}
+
+}  // namespace cusnap

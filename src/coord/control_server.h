@@ -1,0 +1,74 @@
+// The coordinator thread: serves a job's control socket (proto/control.h).
+//
+// One thread accepts connections; each connection is served by a short-lived
+// thread of its own, so `ps` keeps answering while a checkpoint runs. Engine
+// calls (checkpoint, suspend, resume) run one at a time: a second one while
+// one is running is refused (kExitRefused) without waiting. Every peer is
+// checked with SO_PEERCRED: only root and the job's owner are served.
+//
+// Lock order: JobContext::mu is a leaf; it is never held across an engine
+// call or a socket operation.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coord/coordinator_ops.h"
+#include "coord/engine.h"
+#include "proto/control.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+class RuntimeDir;
+
+/// What the coordinator thread shares with the supervisor's main loop.
+struct JobContext {
+  std::mutex mu;  ///< guards every field below
+  std::condition_variable cv;  ///< signalled when engine_busy clears
+  JobInfo info;
+  proto::JobStatus status;
+  std::string engine_op;         ///< the engine call running ("checkpoint", ...), empty when idle
+  std::string stopped_dir;       ///< set when a checkpoint stopped the job
+  RuntimeDir* rundir = nullptr;  ///< job.json is rewritten on every state change
+  int wake_fd = -1;              ///< eventfd the main loop polls: written when engine_op clears
+
+  /// Sets status.state and rewrites job.json. Precondition: mu held.
+  void set_state_locked(const std::string& state);
+};
+
+class ControlServer {
+ public:
+  ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd, std::chrono::milliseconds timeout);
+  ~ControlServer();
+  /// Starts the coordinator thread.
+  bool start(std::string* err);
+  /// Stops accepting, ends open connections and joins every thread.
+  void stop();
+
+ private:
+  void accept_loop();
+  void serve(UniqueFd conn);
+  bool begin_engine(const std::string& op, proto::Result* refusal);
+  void end_engine();
+
+  JobContext* ctx_;
+  CoordinatorOps ops_;
+  UniqueFd listen_fd_, stop_fd_;
+  std::chrono::milliseconds timeout_;
+  std::thread thread_;
+  std::mutex conns_mu_;  ///< guards conns_ and active_
+  std::condition_variable conns_cv_;
+  std::set<int> conns_;  ///< sockets being served, shut down by stop()
+  int active_ = 0;       ///< connection threads (detached) still running
+};
+
+/// The JSON details of an inspect result: {"job": {...}, "processes": [...]}.
+std::string inspect_details_json(const proto::JobStatus& status, const std::vector<ProcessInfo>& procs);
+
+}  // namespace cusnap

@@ -1,0 +1,195 @@
+#include "coord/control_server.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <doctest/doctest.h>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "coord/job_client.h"
+#include "proto/wire.h"
+
+using namespace cusnap;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A control server over a fake engine in a temporary directory.
+struct Fixture {
+  std::string dir;
+  JobContext ctx;
+  std::unique_ptr<ControlServer> server;
+  std::promise<void> release;  ///< the fake checkpoint waits for this
+  std::shared_future<void> released{release.get_future().share()};
+  std::atomic<int> checkpoints{0};
+  JobEntry entry;
+
+  explicit Fixture(mode_t sock_mode = 0600) {
+    char t[] = "/tmp/cusnap-cs-XXXXXX";
+    REQUIRE(mkdtemp(t));
+    dir = t;
+    ctx.info.name = "fake";
+    ctx.info.root_pid = getpid();
+    ctx.info.owner_uid = geteuid();
+    ctx.status.name = "fake";
+    ctx.status.state = "running";
+    CoordinatorOps ops;
+    ops.checkpoint = [this](const JobInfo&, const CheckpointOptions& o, const ProgressSink& p,
+                            CheckpointResult* r, std::string*) {
+      ++checkpoints;
+      p(Progress{"dump", 10, 100});
+      released.wait();
+      p(Progress{"dump", 100, 100});
+      r->dir = o.dir;
+      r->bytes = 100;
+      r->phases = {{"dump", 0.5}};
+      r->job_stopped = !o.leave_running;
+      return true;
+    };
+    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, std::string*) { return true; };
+    ops.resume = [](const JobInfo&, std::chrono::milliseconds, std::string*) { return true; };
+    ops.list_processes = [](pid_t root) {
+      ProcessInfo p;
+      p.pid = root;
+      p.exe = "/bin/fake";
+      return std::vector<ProcessInfo>{p};
+    };
+    UniqueFd l;
+    std::string err;
+    REQUIRE(proto::listen_unix(dir + "/control.sock", sock_mode, &l, &err));
+    server = std::make_unique<ControlServer>(&ctx, ops, std::move(l), 2000ms);
+    REQUIRE(server->start(&err));
+    entry.dir = dir;
+    entry.status.name = "fake";
+  }
+  ~Fixture() {
+    server->stop();
+    (void)!system(("rm -rf " + dir).c_str());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("control server: hello and inspect") {
+  Fixture f;
+  std::string err;
+  proto::JobStatus s;
+  REQUIRE(job_hello(f.entry, 1000ms, &s, &err));
+  CHECK(s.name == "fake");
+  CHECK(s.state == "running");
+  proto::Result r;
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err));
+  CHECK(r.ok);
+  auto j = nlohmann::json::parse(r.details);
+  CHECK(j["processes"][0]["exe"] == "/bin/fake");
+  f.release.set_value();
+}
+
+TEST_CASE("control server: a checkpoint streams progress; a second one is refused meanwhile") {
+  Fixture f;
+  std::string err;
+  std::vector<proto::ProgressEvent> seen;
+  auto first = std::async(std::launch::async, [&] {
+    proto::Result r;
+    std::string e;
+    bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                          proto::CheckpointRequest{"/tmp/ckpt", false, 1000},
+                          [&](const proto::ProgressEvent& ev) { seen.push_back(ev); }, &r, &e);
+    return std::make_pair(ok, r);
+  });
+  while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
+
+  proto::Result r2;
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
+                      proto::CheckpointRequest{"/tmp/other", false, 1000}, nullptr, &r2, &err));
+  CHECK(!r2.ok);
+  CHECK(r2.exit_code == kExitRefused);
+  CHECK(r2.message == "a checkpoint of job fake is already running");
+  proto::JobStatus s;
+  REQUIRE(job_hello(f.entry, 1000ms, &s, &err));  // still answers
+  CHECK(s.state == "checkpointing");
+
+  f.release.set_value();
+  auto [ok, r] = first.get();
+  REQUIRE(ok);
+  CHECK(r.ok);
+  CHECK(r.exit_code == kExitOk);
+  CHECK(nlohmann::json::parse(r.details)["dir"] == "/tmp/ckpt");
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1].bytes_done == 100);
+  std::lock_guard lk(f.ctx.mu);
+  CHECK(f.ctx.stopped_dir == "/tmp/ckpt");
+  CHECK(f.ctx.status.state == "stopped");
+  CHECK(f.ctx.engine_op.empty());
+}
+
+TEST_CASE("control server: malformed and unknown requests get a usage result") {
+  Fixture f;
+  f.release.set_value();
+  std::string err;
+  proto::Result r;
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
+                      proto::CheckpointRequest{"relative/dir", false, 1000}, nullptr, &r, &err));
+  CHECK(r.exit_code == kExitUsage);
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint, std::string("junk"), nullptr, &r, &err));
+  CHECK(r.exit_code == kExitUsage);
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, "launch-missiles", proto::Empty{}, nullptr, &r, &err));
+  CHECK(r.exit_code == kExitUsage);
+  CHECK(f.checkpoints == 0);
+}
+
+TEST_CASE("control server: suspend and resume move the state") {
+  Fixture f;
+  f.release.set_value();
+  std::string err;
+  proto::Result r;
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  CHECK(r.exit_code == kExitRefused);  // not suspended
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  CHECK(r.ok);
+  CHECK(f.ctx.status.state == "suspended");
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  CHECK(r.ok);
+  CHECK(f.ctx.status.state == "running");
+}
+
+TEST_CASE("control server: a silent client is dropped after the timeout") {
+  Fixture f;
+  f.release.set_value();
+  UniqueFd c;
+  std::string err;
+  REQUIRE(proto::connect_unix(f.dir + "/control.sock", 1000ms, &c, &err));
+  proto::Channel ch(std::move(c), 4000ms);
+  proto::Message m;
+  CHECK(!ch.recv(&m, &err));  // the server's 2 s timeout closes it first
+  CHECK(err == "connection closed");
+}
+
+TEST_CASE("control server: a peer that is neither root nor the owner is refused") {
+  if (geteuid() != 0) return;  // needs to switch uid
+  Fixture f(0666);
+  f.release.set_value();
+  REQUIRE(chmod(f.dir.c_str(), 0755) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    UniqueFd c;
+    std::string err;
+    if (!proto::connect_unix(f.dir + "/control.sock", 1000ms, &c, &err)) _exit(11);
+    proto::Channel ch(std::move(c), 2000ms);  // the refusal comes before any request
+    proto::Message m;
+    if (!ch.recv(&m, &err)) _exit(13);
+    proto::Result r;
+    if (m.type != proto::kMsgResult || !m.get(&r, &err)) _exit(14);
+    _exit(!r.ok && r.exit_code == kExitRefused && r.message.find("permission denied") == 0 ? 0 : 15);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+}

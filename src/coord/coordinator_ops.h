@@ -1,0 +1,26 @@
+// The engine calls the coordinator thread makes, as a table so tests can put
+// fakes behind it. default_coordinator_ops() names the real engine (engine.h).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "coord/engine.h"
+
+namespace cusnap {
+
+struct CoordinatorOps {
+  std::function<bool(const JobInfo&, const CheckpointOptions&, const ProgressSink&, CheckpointResult*,
+                     std::string*)>
+      checkpoint;
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, std::string*)> suspend;
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, std::string*)> resume;
+  std::function<std::vector<ProcessInfo>(pid_t)> list_processes;
+};
+
+/// The real engine.
+CoordinatorOps default_coordinator_ops();
+
+}  // namespace cusnap

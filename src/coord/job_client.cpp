@@ -1,0 +1,68 @@
+#include "coord/job_client.h"
+
+#include <unistd.h>
+
+namespace cusnap {
+
+bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::Channel* out,
+                 std::string* err) {
+  UniqueFd fd;
+  const std::string path = job.dir + "/control.sock";
+  if (!proto::connect_unix(path, timeout, &fd, err)) {
+    *err = "cannot reach the supervisor of job " + job.status.name + ": " + *err;
+    return false;
+  }
+  ucred cred{};
+  if (!proto::peer_credentials(fd.get(), &cred, err)) return false;
+  // The other way round from the supervisor's check: we talk only to a
+  // supervisor running as root or as ourselves (root talks to anyone's).
+  if (!(::geteuid() == 0 || cred.uid == 0 || cred.uid == ::geteuid())) {
+    *err = "refusing to talk to " + path + ": its supervisor runs as uid " + std::to_string(cred.uid);
+    return false;
+  }
+  *out = proto::Channel(std::move(fd), timeout);
+  return true;
+}
+
+bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::JobStatus* out,
+               std::string* err) {
+  proto::Channel ch;
+  if (!connect_job(job, timeout, &ch, err) || !ch.send(proto::kMsgHello, proto::Empty{}, err)) return false;
+  proto::Message m;
+  if (!ch.recv(&m, err)) return false;
+  if (m.type == proto::kMsgResult) {
+    proto::Result r;
+    if (m.get(&r, err)) *err = r.message;
+    return false;
+  }
+  if (m.type != proto::kMsgHello) {
+    *err = "unexpected '" + m.type + "' message from the supervisor";
+    return false;
+  }
+  return m.get(out, err);
+}
+
+bool await_result(proto::Channel& ch, std::chrono::milliseconds wait, const ProgressHandler& on_progress,
+                  proto::Result* out, std::string* err) {
+  ch.set_timeout(wait);
+  for (;;) {
+    proto::Message m;
+    if (!ch.recv(&m, err)) {
+      *err = "no answer from the supervisor: " + *err;
+      return false;
+    }
+    if (m.type == proto::kMsgProgress) {
+      proto::ProgressEvent ev;
+      if (!m.get(&ev, err)) return false;
+      if (on_progress) on_progress(ev);
+      continue;
+    }
+    if (m.type != proto::kMsgResult) {
+      *err = "unexpected '" + m.type + "' message from the supervisor";
+      return false;
+    }
+    return m.get(out, err);
+  }
+}
+
+}  // namespace cusnap

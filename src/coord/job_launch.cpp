@@ -1,0 +1,122 @@
+// cusnap launch: start the job in a new session and supervise it.
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "coord/runtime_dir.h"
+#include "coord/supervisor.h"
+#include "coord/supervisor_loop.h"
+
+extern char** environ;
+
+namespace cusnap {
+
+std::string find_shim() {
+  if (const char* s = std::getenv("CUSNAP_SHIM"); s && *s) return ::access(s, R_OK) == 0 ? s : "";
+  char exe[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "";
+  std::string dir(exe, static_cast<size_t>(n));
+  dir.resize(dir.rfind('/'));
+  std::string shim = dir + "/../lib/libcusnap_shim.so";
+  char real[PATH_MAX];
+  if (::realpath(shim.c_str(), real) == nullptr || ::access(real, R_OK) != 0) return "";
+  return real;
+}
+
+std::string preload_with(const std::string& shim, const char* existing) {
+  if (!existing || !*existing) return shim;
+  return shim + ":" + existing;
+}
+
+SuperviseOutcome launch_job(const LaunchRequest& req) {
+  SuperviseOutcome fail;
+  if (req.argv.empty()) {
+    fail.exit_code = kExitUsage;
+    fail.error = "no command to launch";
+    return fail;
+  }
+  const std::string name = req.cfg.name.empty() ? default_job_name(req.argv) : req.cfg.name;
+  std::unique_ptr<SupervisorLoop> sup;
+  if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
+
+  // Everything the child needs is built before fork: it only calls
+  // async-signal-safe functions until exec.
+  std::vector<std::string> env;
+  const std::string shim = req.use_shim ? find_shim() : "";
+  for (char** e = environ; *e; ++e)
+    if (shim.empty() || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.emplace_back(*e);
+  if (!shim.empty()) env.push_back("LD_PRELOAD=" + preload_with(shim, std::getenv("LD_PRELOAD")));
+  std::vector<char*> envp, argv;
+  for (std::string& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = req.argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  char cwd[PATH_MAX];
+  if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+
+  auto failed = [&](int code, std::string msg) {
+    sup->rundir().remove();
+    fail.exit_code = code;
+    fail.error = std::move(msg);
+    return fail;
+  };
+  int out[2], errp[2], report[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  UniqueFd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(errp, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  UniqueFd err_r(errp[0]), err_w(errp[1]);
+  if (::pipe2(report, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  UniqueFd report_r(report[0]), report_w(report[1]);
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull) return failed(kExitFailure, std::string("/dev/null: ") + std::strerror(errno));
+
+  pid_t pid = ::fork();
+  if (pid < 0) return failed(kExitFailure, std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    SupervisorLoop::reset_signals_in_child();
+    ::setsid();
+    if (::dup2(devnull.get(), STDIN_FILENO) < 0 || ::dup2(out_w.get(), STDOUT_FILENO) < 0 ||
+        ::dup2(err_w.get(), STDERR_FILENO) < 0) {
+      int e = errno;
+      (void)!::write(report_w.get(), &e, sizeof e);
+      ::_exit(127);
+    }
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int e = errno;
+    (void)!::write(report_w.get(), &e, sizeof e);
+    ::_exit(127);
+  }
+  out_w.reset();
+  err_w.reset();
+  report_w.reset();
+  int child_errno = 0;
+  ssize_t n;
+  do n = ::read(report_r.get(), &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  if (n == sizeof child_errno) {
+    int st;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return failed(127, "cannot run '" + req.argv[0] + "': " + std::strerror(child_errno));
+  }
+
+  JobInfo info;
+  info.name = name;
+  info.root_pid = pid;
+  info.argv = req.argv;
+  info.cwd = cwd;
+  info.runtime_dir = sup->rundir().path();
+  info.owner_uid = ::geteuid();
+  info.stdout_pipe_id = pipe_id(out_r.get());
+  info.stderr_pipe_id = pipe_id(err_r.get());
+  return sup->run(std::move(info), std::move(out_r), std::move(err_r), "", default_coordinator_ops());
+}
+
+}  // namespace cusnap

@@ -1,0 +1,191 @@
+// cusnap restore: restore a checkpoint as our child and supervise it, here or
+// (--detach) in a background process.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "coord/manifest.h"
+#include "coord/runtime_dir.h"
+#include "coord/supervisor.h"
+#include "coord/supervisor_loop.h"
+#include "proto/control.h"
+
+namespace cusnap {
+namespace {
+
+std::string summary_to_json(const RestoreSummary& s) {
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
+  return nlohmann::json{{"name", s.name},         {"dir", s.dir},     {"runtime_dir", s.runtime_dir},
+                        {"root_pid", s.root_pid}, {"phases", phases}}
+      .dump();
+}
+
+bool summary_from_json(const std::string& text, RestoreSummary* s) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    s->name = j.at("name");
+    s->dir = j.at("dir");
+    s->runtime_dir = j.at("runtime_dir");
+    s->root_pid = j.at("root_pid");
+    for (const auto& p : j.at("phases")) s->phases.emplace_back(p.at("name"), p.at("seconds"));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+/// Restores and supervises in this process.
+SuperviseOutcome restore_here(const RestoreRequest& req) {
+  SuperviseOutcome fail;
+  fail.exit_code = kExitBadCheckpoint;
+  Manifest m;
+  std::string err;
+  if (!read_manifest(req.engine.dir, &m, &err)) {
+    fail.error = req.engine.dir + " is not a usable checkpoint: " + err;
+    return fail;
+  }
+  if (!verify_checkpoint(req.engine.dir, &err)) {
+    fail.error = err;
+    return fail;
+  }
+  const std::string name = req.cfg.name.empty() ? m.job.name : req.cfg.name;
+  std::unique_ptr<SupervisorLoop> sup;
+  if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
+  auto failed = [&](int code, std::string msg) {
+    sup->rundir().remove();
+    fail.exit_code = code;
+    fail.error = std::move(msg);
+    return fail;
+  };
+  int out[2], errp[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  UniqueFd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(errp, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  UniqueFd err_r(errp[0]), err_w(errp[1]);
+
+  RestoreOptions opts = req.engine;
+  opts.stdout_fd = out_w.get();
+  opts.stderr_fd = err_w.get();
+  RestoreResult res;
+  if (!restore_job(opts, req.progress ? req.progress : ProgressSink([](const Progress&) {}), &res, &err))
+    return failed(kExitFailure, err);
+  out_w.reset();
+  err_w.reset();
+
+  JobInfo info = res.job;
+  info.name = name;
+  info.root_pid = res.root_pid;
+  info.runtime_dir = sup->rundir().path();
+  info.owner_uid = ::geteuid();
+  info.stdout_pipe_id = pipe_id(out_r.get());
+  info.stderr_pipe_id = pipe_id(err_r.get());
+  if (req.on_restored) {
+    RestoreSummary s{name, req.engine.dir, sup->rundir().path(), res.root_pid, res.phases};
+    req.on_restored(s);
+  }
+  return sup->run(std::move(info), std::move(out_r), std::move(err_r), req.engine.dir,
+                  default_coordinator_ops());
+}
+
+void redirect_stdio_to_devnull() {
+  int fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  for (int i = 0; i < 3; ++i) ::dup2(fd, i);
+  ::close(fd);
+}
+
+/// The background supervisor's side of --detach: reports progress and the
+/// restore's result over ch, then supervises with output only in the log.
+SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
+  redirect_stdio_to_devnull();
+  RestoreRequest r = req;
+  r.detach = false;
+  r.cfg.echo_output = false;
+  std::string err;
+  r.progress = [&](const Progress& p) {
+    if (ch.valid()) ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total}, &err);
+  };
+  r.on_restored = [&](const RestoreSummary& s) {
+    ch.send(proto::kMsgResult, proto::Result{true, kExitOk, "", summary_to_json(s)}, &err);
+    ch = proto::Channel();  // the command returns now
+  };
+  SuperviseOutcome out = restore_here(r);
+  if (ch.valid())
+    ch.send(proto::kMsgResult, proto::Result{false, out.exit_code, out.error, ""}, &err);
+  return out;
+}
+
+SuperviseOutcome restore_detached(const RestoreRequest& req) {
+  SuperviseOutcome out;
+  std::string err;
+  UniqueFd mine, theirs;
+  if (!proto::socket_pair(&mine, &theirs, &err)) {
+    out.exit_code = kExitFailure;
+    out.error = err;
+    return out;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    out.exit_code = kExitFailure;
+    out.error = std::string("fork: ") + std::strerror(errno);
+    return out;
+  }
+  if (pid == 0) {
+    mine.reset();
+    ::setsid();
+    pid_t g = ::fork();
+    if (g != 0) ::_exit(g < 0 ? kExitFailure : 0);
+    return detached_child(req, proto::Channel(std::move(theirs), req.cfg.control_timeout));
+  }
+  theirs.reset();
+  int st;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  // The restore reports progress as it goes; no fixed bound fits every size.
+  proto::Channel ch(std::move(mine), std::chrono::hours(24));
+  for (;;) {
+    proto::Message msg;
+    if (!ch.recv(&msg, &err)) {
+      out.exit_code = kExitFailure;
+      out.error = "the background restore ended without a result: " + err;
+      return out;
+    }
+    if (msg.type == proto::kMsgProgress) {
+      proto::ProgressEvent ev;
+      if (req.progress && msg.get(&ev, &err)) req.progress(Progress{ev.phase, ev.bytes_done, ev.bytes_total});
+      continue;
+    }
+    proto::Result r;
+    if (msg.type != proto::kMsgResult || !msg.get(&r, &err)) {
+      out.exit_code = kExitFailure;
+      out.error = "unexpected message from the background restore";
+      return out;
+    }
+    if (!r.ok) {
+      out.exit_code = r.exit_code;
+      out.error = r.message;
+      return out;
+    }
+    RestoreSummary s;
+    if (summary_from_json(r.details, &s)) {
+      out.name = s.name;
+      if (req.on_restored) req.on_restored(s);
+    }
+    out.detached = true;
+    out.exit_code = kExitOk;
+    return out;
+  }
+}
+
+}  // namespace
+
+SuperviseOutcome restore_and_supervise(const RestoreRequest& req) {
+  return req.detach ? restore_detached(req) : restore_here(req);
+}
+
+}  // namespace cusnap

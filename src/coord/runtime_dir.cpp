@@ -1,0 +1,369 @@
+#include "coord/runtime_dir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace cusnap {
+namespace {
+
+const char* const kKnownFiles[] = {"control.sock", "job.json", "job.json.tmp", "output.log", "lock"};
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool read_file(const std::string& path, std::string* out) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return false;
+  out->clear();
+  char buf[4096];
+  for (;;) {
+    ssize_t r = ::read(fd.get(), buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return false;
+    if (r == 0) return true;
+    out->append(buf, static_cast<size_t>(r));
+    if (out->size() > (1u << 20)) return false;
+  }
+}
+
+/// Takes an exclusive flock, waiting.
+bool lock_exclusive(int fd) {
+  for (;;) {
+    if (::flock(fd, LOCK_EX) == 0) return true;
+    if (errno != EINTR) return false;
+  }
+}
+
+/// Removes what a supervisor leaves in its directory, then the directory.
+/// Files we do not know are left alone (and so is the directory).
+void remove_job_dir(const std::string& dir) {
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!d) return;
+  struct stat st;
+  if (::fstat(d.get(), &st) != 0 || st.st_uid != ::geteuid()) return;
+  for (const char* f : kKnownFiles) ::unlinkat(d.get(), f, 0);
+  ::rmdir(dir.c_str());
+}
+
+}  // namespace
+
+/// Live jobs under base; the caller holds the base's lock when clean_stale.
+std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale);
+
+namespace {
+
+/// The base's own lock, serialising reservations and cleaning.
+UniqueFd lock_base(const std::string& base) {
+  UniqueFd fd(::open((base + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd) lock_exclusive(fd.get());
+  return fd;
+}
+
+}  // namespace
+
+bool valid_job_name(const std::string& name, std::string* err) {
+  bool ok = !name.empty() && name.size() <= 64 && name[0] != '.' && name[0] != '-' &&
+            std::all_of(name.begin(), name.end(), [](char c) {
+              return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                     c == '.' || c == '_' || c == '-';
+            });
+  if (!ok)
+    *err = "invalid job name '" + name +
+           "': use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-'";
+  return ok;
+}
+
+std::string default_job_name(const std::vector<std::string>& argv) {
+  std::string base = argv.empty() ? "job" : argv[0];
+  if (auto slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
+  std::string clean;
+  for (char c : base) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    clean += ok ? c : '_';
+  }
+  while (!clean.empty() && (clean[0] == '.' || clean[0] == '-')) clean.erase(0, 1);
+  if (clean.empty()) clean = "job";
+  if (clean.size() > 40) clean.resize(40);
+  unsigned char rnd[3] = {0, 0, 0};
+  if (::getrandom(rnd, sizeof rnd, 0) != sizeof rnd) {
+    unsigned v = static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(::time(nullptr));
+    std::memcpy(rnd, &v, sizeof rnd);
+  }
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%02x%02x", rnd[0], rnd[1]);
+  return clean + "-" + suffix;
+}
+
+std::string runtime_base() {
+  if (const char* b = std::getenv("CUSNAP_RUNTIME_BASE"); b && *b) return b;
+  if (::geteuid() == 0) return "/run/cusnap";
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/cusnap";
+  return "/tmp/cusnap-" + std::to_string(::geteuid());
+}
+
+bool ensure_private_dir(const std::string& path, bool create, std::string* err) {
+  if (path.empty()) {
+    *err = "empty runtime directory path";
+    return false;
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT || !create) {
+      *err = errno_text("runtime directory " + path);
+      return false;
+    }
+    // Missing parents are made 0700 too (e.g. $XDG_RUNTIME_DIR/cusnap).
+    if (auto slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
+      std::string parent = path.substr(0, slash);
+      struct stat pst;
+      if (::stat(parent.c_str(), &pst) != 0 && errno == ENOENT &&
+          !ensure_private_dir(parent, true, err))
+        return false;
+    }
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+      *err = errno_text("creating runtime directory " + path);
+      return false;
+    }
+    if (::lstat(path.c_str(), &st) != 0) {
+      *err = errno_text("runtime directory " + path);
+      return false;
+    }
+  }
+  if (S_ISLNK(st.st_mode)) {
+    *err = "refusing runtime directory " + path + ": it is a symbolic link";
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *err = "refusing runtime directory " + path + ": it is not a directory";
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    *err = "refusing runtime directory " + path + ": it is owned by uid " + std::to_string(st.st_uid) +
+           ", not by uid " + std::to_string(::geteuid());
+    return false;
+  }
+  if ((st.st_mode & 07777) != 0700) {
+    UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!d || ::fchmod(d.get(), 0700) != 0) {
+      *err = errno_text("making runtime directory " + path + " private");
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string job_status_to_json(const proto::JobStatus& s) {
+  nlohmann::json j = {{"name", s.name},           {"root_pid", s.root_pid},
+                      {"supervisor_pid", s.supervisor_pid}, {"argv", s.argv},
+                      {"cwd", s.cwd},             {"owner_uid", s.owner_uid},
+                      {"started", s.started},     {"state", s.state},
+                      {"runtime_dir", s.runtime_dir}, {"restored_from", s.restored_from}};
+  return j.dump(2) + "\n";
+}
+
+bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::string* err) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    out->name = j.at("name").get<std::string>();
+    out->root_pid = j.at("root_pid").get<int64_t>();
+    out->supervisor_pid = j.at("supervisor_pid").get<int64_t>();
+    out->argv = j.at("argv").get<std::vector<std::string>>();
+    out->cwd = j.value("cwd", "");
+    out->owner_uid = j.at("owner_uid").get<int64_t>();
+    out->started = j.value("started", int64_t{0});
+    out->state = j.value("state", "");
+    out->runtime_dir = j.value("runtime_dir", "");
+    out->restored_from = j.value("restored_from", "");
+    return true;
+  } catch (const std::exception& e) {
+    *err = std::string("job.json is malformed: ") + e.what();
+    return false;
+  }
+}
+
+bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_dir,
+                         std::unique_ptr<RuntimeDir>* out, std::string* err) {
+  if (!valid_job_name(name, err)) return false;
+  const std::string base = runtime_base();
+  if (!ensure_private_dir(base, true, err)) return false;
+  UniqueFd base_lock = lock_base(base);
+  if (!base_lock) {
+    *err = errno_text("locking " + base + "/.lock");
+    return false;
+  }
+  // A name is unique among the live jobs under the base, wherever their
+  // directories are.
+  for (const JobEntry& e : list_jobs_in(base, true)) {
+    if (e.status.name == name) {
+      *err = "a job named '" + name + "' is already running (supervisor pid " +
+             std::to_string(e.status.supervisor_pid) + "); choose another --name";
+      return false;
+    }
+  }
+  const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
+  if (!ensure_private_dir(dir, true, err)) return false;
+  if (runtime_dir_live(dir)) {
+    *err = "a job is already running in runtime directory " + dir;
+    return false;
+  }
+  UniqueFd lock(::open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    *err = errno_text("locking " + dir + "/lock");
+    return false;
+  }
+  // What a dead supervisor left behind (its lock is ours now).
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (d)
+    for (const char* f : kKnownFiles)
+      if (std::strcmp(f, "lock") != 0) ::unlinkat(d.get(), f, 0);
+  out->reset(new RuntimeDir(dir, std::move(lock)));
+  // A directory outside the base is found through a link in the base.
+  if (!explicit_dir.empty()) {
+    std::string link = base + "/" + name;
+    ::unlink(link.c_str());
+    if (::symlink(dir.c_str(), link.c_str()) != 0) {
+      *err = errno_text("linking " + link + " to " + dir);
+      out->reset();
+      return false;
+    }
+    (*out)->link_ = link;
+  }
+  return true;
+}
+
+RuntimeDir::~RuntimeDir() = default;
+
+bool RuntimeDir::write_status(const proto::JobStatus& s, std::string* err) {
+  const std::string tmp = path_ + "/job.json.tmp", dst = job_json_path();
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) {
+    *err = errno_text("writing " + tmp);
+    return false;
+  }
+  const std::string text = job_status_to_json(s);
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t w = ::write(fd.get(), text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      *err = errno_text("writing " + tmp);
+      return false;
+    }
+    off += static_cast<size_t>(w);
+  }
+  if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), dst.c_str()) != 0) {
+    *err = errno_text("writing " + dst);
+    return false;
+  }
+  return true;
+}
+
+void RuntimeDir::remove() {
+  if (removed_) return;
+  removed_ = true;
+  if (!link_.empty()) {
+    // Drop the base's link to an explicit directory if it still points here.
+    char target[4096];
+    ssize_t n = ::readlink(link_.c_str(), target, sizeof target - 1);
+    if (n > 0 && std::string(target, static_cast<size_t>(n)) == path_) ::unlink(link_.c_str());
+  }
+  remove_job_dir(path_);
+  lock_.reset();
+}
+
+bool runtime_dir_live(const std::string& dir) {
+  UniqueFd fd(::open((dir + "/lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return false;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return false;
+  return errno == EWOULDBLOCK;
+}
+
+std::vector<JobEntry> list_jobs(bool clean_stale) {
+  const std::string base = runtime_base();
+  std::string err;
+  if (!ensure_private_dir(base, false, &err)) return {};
+  UniqueFd base_lock;
+  if (clean_stale) {
+    base_lock = lock_base(base);
+    if (!base_lock) clean_stale = false;
+  }
+  return list_jobs_in(base, clean_stale);
+}
+
+std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
+  std::vector<JobEntry> jobs;
+  std::string err;
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(base.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    std::string entry = base + "/" + n, dir = entry;
+    struct stat st;
+    if (::lstat(entry.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    bool is_link = S_ISLNK(st.st_mode);
+    if (is_link) {
+      char target[4096];
+      ssize_t len = ::readlink(entry.c_str(), target, sizeof target - 1);
+      if (len <= 0) continue;
+      dir.assign(target, static_cast<size_t>(len));
+      if (!ensure_private_dir(dir, false, &err)) {
+        if (clean_stale && errno == ENOENT) ::unlink(entry.c_str());
+        continue;
+      }
+    } else if (!S_ISDIR(st.st_mode)) {
+      continue;
+    }
+    JobEntry je;
+    std::string text;
+    bool live = runtime_dir_live(dir) && read_file(dir + "/job.json", &text) &&
+                job_status_from_json(text, &je.status, &err);
+    if (!live) {
+      if (clean_stale && !runtime_dir_live(dir)) {
+        if (is_link) ::unlink(entry.c_str());
+        remove_job_dir(dir);
+      }
+      continue;
+    }
+    je.dir = dir;
+    jobs.push_back(std::move(je));
+  }
+  return jobs;
+}
+
+bool find_job(const std::string& spec, JobEntry* out, std::string* err) {
+  if (spec.find('/') != std::string::npos) {
+    std::string text;
+    if (!ensure_private_dir(spec, false, err)) return false;
+    if (!runtime_dir_live(spec) || !read_file(spec + "/job.json", &text)) {
+      *err = "no running job in " + spec;
+      return false;
+    }
+    out->dir = spec;
+    return job_status_from_json(text, &out->status, err);
+  }
+  bool numeric = !spec.empty() && std::all_of(spec.begin(), spec.end(), ::isdigit);
+  for (JobEntry& e : list_jobs(false)) {
+    if (e.status.name == spec || (numeric && std::to_string(e.status.supervisor_pid) == spec)) {
+      *out = std::move(e);
+      return true;
+    }
+  }
+  *err = "no job named '" + spec + "' is running (see cusnap ps)";
+  return false;
+}
+
+}  // namespace cusnap

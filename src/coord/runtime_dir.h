@@ -1,0 +1,89 @@
+// A job's private runtime directory and the directory of all jobs.
+//
+// Layout: BASE/NAME/ holds control.sock (0600), job.json (written
+// atomically), output.log and lock. BASE is $CUSNAP_RUNTIME_BASE, else
+// /run/cusnap for root and $XDG_RUNTIME_DIR/cusnap (or /tmp/cusnap-UID)
+// for others; `launch --runtime-dir D` puts one job's directory elsewhere.
+// Every directory is 0700 and owned by the user; one that is a symlink or
+// owned by someone else is refused.
+//
+// Liveness: the supervisor holds an exclusive flock on NAME/lock for its
+// whole life, so a directory whose lock is free belongs to a dead supervisor
+// (stale) whatever its job.json says. Reserving and cleaning happen under a
+// flock on BASE/.lock so two launches of one name cannot both win.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/control.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+/// Names: 1 to 64 of [A-Za-z0-9._-], not starting with '.' or '-'.
+bool valid_job_name(const std::string& name, std::string* err);
+/// A name from the command's basename plus a short random suffix.
+std::string default_job_name(const std::vector<std::string>& argv);
+
+/// The directory that holds every job's runtime directory.
+std::string runtime_base();
+
+/// Makes sure path is a directory owned by the effective user, not a symlink,
+/// mode 0700 (creating it, and its missing parents, when create is set;
+/// tightening the mode of one we own).
+bool ensure_private_dir(const std::string& path, bool create, std::string* err);
+
+/// job.json as JSON text and back.
+std::string job_status_to_json(const proto::JobStatus& s);
+bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::string* err);
+
+/// A reserved runtime directory, held for the supervisor's life.
+class RuntimeDir {
+ public:
+  /// Reserves the directory of job name (explicit_dir when not empty):
+  /// creates it, takes its lock, cleans what a dead supervisor left there.
+  /// Refuses (kExitRefused-style error) when a live job holds the name.
+  static bool reserve(const std::string& name, const std::string& explicit_dir,
+                      std::unique_ptr<RuntimeDir>* out, std::string* err);
+  ~RuntimeDir();
+
+  const std::string& path() const { return path_; }
+  std::string socket_path() const { return path_ + "/control.sock"; }
+  std::string log_path() const { return path_ + "/output.log"; }
+  std::string job_json_path() const { return path_ + "/job.json"; }
+  /// The lock descriptor; a forked supervisor keeps it to stay live.
+  int lock_fd() const { return lock_.get(); }
+
+  /// Writes job.json atomically (temp file, fsync, rename).
+  bool write_status(const proto::JobStatus& s, std::string* err);
+  /// Removes everything in the directory and the directory (at exit).
+  void remove();
+
+ private:
+  RuntimeDir(std::string path, UniqueFd lock) : path_(std::move(path)), lock_(std::move(lock)) {}
+  std::string path_;
+  std::string link_;  ///< BASE/NAME when the directory lives elsewhere
+  UniqueFd lock_;
+  bool removed_ = false;
+};
+
+/// A job found under the base.
+struct JobEntry {
+  std::string dir;
+  proto::JobStatus status;
+};
+
+/// Whether the supervisor of the runtime directory dir is alive (holds its lock).
+bool runtime_dir_live(const std::string& dir);
+/// Every live job under the base, by name; directories of dead supervisors
+/// are removed on the way when clean_stale is set.
+std::vector<JobEntry> list_jobs(bool clean_stale);
+/// Finds a live job by name, supervisor pid or runtime directory path.
+/// false + *err ("no job named X") when there is none.
+bool find_job(const std::string& spec, JobEntry* out, std::string* err);
+
+}  // namespace cusnap

@@ -1,0 +1,167 @@
+#include "coord/runtime_dir.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+using namespace cusnap;
+
+namespace {
+
+/// A fresh CUSNAP_RUNTIME_BASE for one test, removed afterwards.
+struct TempBase {
+  std::string path;
+  TempBase() {
+    char t[] = "/tmp/cusnap-rt-XXXXXX";
+    REQUIRE(mkdtemp(t));
+    path = t;
+    setenv("CUSNAP_RUNTIME_BASE", (path + "/base").c_str(), 1);
+  }
+  ~TempBase() {
+    unsetenv("CUSNAP_RUNTIME_BASE");
+    (void)!system(("rm -rf " + path).c_str());
+  }
+};
+
+mode_t mode_of(const std::string& p) {
+  struct stat st;
+  REQUIRE(lstat(p.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+
+}  // namespace
+
+TEST_CASE("runtime dir: job names") {
+  std::string err;
+  CHECK(valid_job_name("train-1.a_b", &err));
+  CHECK(!valid_job_name("", &err));
+  CHECK(!valid_job_name(".hidden", &err));
+  CHECK(!valid_job_name("-x", &err));
+  CHECK(!valid_job_name("a/b", &err));
+  CHECK(!valid_job_name(std::string(65, 'a'), &err));
+  std::string n = default_job_name({"/usr/bin/python3", "x.py"});
+  CHECK(n.rfind("python3-", 0) == 0);
+  CHECK(n.size() == std::string("python3-").size() + 4);
+  CHECK(valid_job_name(n, &err));
+  CHECK(valid_job_name(default_job_name({"./--weird name"}), &err));
+}
+
+TEST_CASE("runtime dir: the base comes from CUSNAP_RUNTIME_BASE") {
+  TempBase b;
+  CHECK(runtime_base() == b.path + "/base");
+}
+
+TEST_CASE("runtime dir: private directories are created 0700 and checked") {
+  TempBase b;
+  std::string err;
+  std::string d = b.path + "/a/b";
+  REQUIRE(ensure_private_dir(d, true, &err));
+  CHECK(mode_of(d) == 0700);
+  CHECK(mode_of(b.path + "/a") == 0700);
+  REQUIRE(chmod(d.c_str(), 0755) == 0);
+  REQUIRE(ensure_private_dir(d, false, &err));
+  CHECK(mode_of(d) == 0700);
+  std::string link = b.path + "/link";
+  REQUIRE(symlink(d.c_str(), link.c_str()) == 0);
+  CHECK(!ensure_private_dir(link, true, &err));
+  CHECK(err.find("symbolic link") != std::string::npos);
+  CHECK(!ensure_private_dir(b.path + "/missing", false, &err));
+  if (geteuid() == 0) {
+    std::string other = b.path + "/other";
+    REQUIRE(mkdir(other.c_str(), 0700) == 0);
+    REQUIRE(chown(other.c_str(), 65534, 65534) == 0);
+    CHECK(!ensure_private_dir(other, true, &err));
+    CHECK(err.find("owned by uid 65534") != std::string::npos);
+  }
+}
+
+TEST_CASE("runtime dir: a name is reserved once, found, and released") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  REQUIRE(RuntimeDir::reserve("job1", "", &rd, &err));
+  CHECK(rd->path() == b.path + "/base/job1");
+  CHECK(mode_of(rd->path()) == 0700);
+  CHECK(mode_of(b.path + "/base") == 0700);
+  proto::JobStatus s;
+  s.name = "job1";
+  s.supervisor_pid = getpid();
+  s.root_pid = 42;
+  s.argv = {"sleep", "1"};
+  s.owner_uid = geteuid();
+  s.state = "running";
+  REQUIRE(rd->write_status(s, &err));
+  CHECK(mode_of(rd->job_json_path()) == 0600);
+
+  std::unique_ptr<RuntimeDir> dup;
+  CHECK(!RuntimeDir::reserve("job1", "", &dup, &err));
+  CHECK(err.find("already running") != std::string::npos);
+
+  JobEntry e;
+  REQUIRE(find_job("job1", &e, &err));
+  CHECK(e.status.root_pid == 42);
+  CHECK(e.status.argv == std::vector<std::string>{"sleep", "1"});
+  REQUIRE(find_job(std::to_string(getpid()), &e, &err));
+  REQUIRE(find_job(rd->path(), &e, &err));
+  CHECK(!find_job("nope", &e, &err));
+  CHECK(list_jobs(true).size() == 1);
+
+  rd->remove();
+  CHECK(access((b.path + "/base/job1").c_str(), F_OK) != 0);
+  CHECK(list_jobs(true).empty());
+}
+
+TEST_CASE("runtime dir: the directory of a dead supervisor is stale and cleaned") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  REQUIRE(RuntimeDir::reserve("gone", "", &rd, &err));
+  proto::JobStatus s;
+  s.name = "gone";
+  REQUIRE(rd->write_status(s, &err));
+  std::string dir = rd->path();
+  rd.reset();  // lock released without cleaning up: as if the supervisor died
+  CHECK(!runtime_dir_live(dir));
+  CHECK(list_jobs(false).empty());
+  CHECK(access(dir.c_str(), F_OK) == 0);
+  CHECK(list_jobs(true).empty());
+  CHECK(access(dir.c_str(), F_OK) != 0);
+  // And the name can be taken again.
+  REQUIRE(RuntimeDir::reserve("gone", "", &rd, &err));
+  rd->remove();
+}
+
+TEST_CASE("runtime dir: an explicit directory is found through a link in the base") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  std::string dir = b.path + "/elsewhere";
+  REQUIRE(RuntimeDir::reserve("ext", dir, &rd, &err));
+  proto::JobStatus s;
+  s.name = "ext";
+  s.supervisor_pid = getpid();
+  REQUIRE(rd->write_status(s, &err));
+  JobEntry e;
+  REQUIRE(find_job("ext", &e, &err));
+  CHECK(e.dir == dir);
+  rd->remove();
+  struct stat st;
+  CHECK(lstat((b.path + "/base/ext").c_str(), &st) != 0);
+}
+
+TEST_CASE("runtime dir: job.json round-trips") {
+  proto::JobStatus s, t;
+  s.name = "n";
+  s.argv = {"a", "b c"};
+  s.root_pid = 7;
+  s.state = "suspended";
+  std::string err;
+  REQUIRE(job_status_from_json(job_status_to_json(s), &t, &err));
+  CHECK(t.argv == s.argv);
+  CHECK(t.state == "suspended");
+  CHECK(!job_status_from_json("{", &t, &err));
+  CHECK(!job_status_from_json("{\"name\": 3}", &t, &err));
+}

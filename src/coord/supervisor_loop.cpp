@@ -1,0 +1,236 @@
+#include "coord/supervisor_loop.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <ctime>
+
+namespace cusnap {
+namespace {
+
+int g_signal_pipe = -1;  // write end of the self-pipe; set once by prepare()
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
+
+void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signal_pipe >= 0 && ::write(g_signal_pipe, &b, 1) < 0) {
+  }  // a full pipe already holds a wake-up
+  errno = saved;
+}
+
+void on_sigpipe(int) {}  // writes report EPIPE instead
+
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      pollfd pf{fd, POLLOUT, 0};
+      ::poll(&pf, 1, 1000);
+      continue;
+    }
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string pipe_id(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) return "";
+  return "pipe:[" + std::to_string(st.st_ino) + "]";
+}
+
+void SupervisorLoop::reset_signals_in_child() {
+  struct sigaction sa{};
+  sa.sa_handler = SIG_DFL;
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &sa, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& name,
+                             std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail) {
+  std::unique_ptr<SupervisorLoop> s(new SupervisorLoop());
+  s->cfg_ = cfg;
+  fail->name = name;
+  auto failed = [&](int code, std::string msg) {
+    fail->exit_code = code;
+    fail->error = std::move(msg);
+    if (s->rundir_) s->rundir_->remove();
+    return false;
+  };
+  std::string err;
+  if (!RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err))
+    return failed(err.find("already running") != std::string::npos ? kExitRefused : kExitFailure, err);
+  if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err))
+    return failed(kExitFailure, err);
+  s->log_fd_.reset(::open(s->rundir_->log_path().c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!s->log_fd_) return failed(kExitFailure, "creating " + s->rundir_->log_path() + ": " + std::strerror(errno));
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    return failed(kExitFailure, std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno));
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  s->sig_r_.reset(p[0]);
+  s->sig_w_.reset(p[1]);
+  s->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!s->wake_fd_) return failed(kExitFailure, std::string("eventfd: ") + std::strerror(errno));
+  g_signal_pipe = s->sig_w_.get();
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  sa.sa_handler = on_sigpipe;
+  ::sigaction(SIGPIPE, &sa, nullptr);
+  *out = std::move(s);
+  return true;
+}
+
+SupervisorLoop::~SupervisorLoop() {
+  if (g_signal_pipe == sig_w_.get()) g_signal_pipe = -1;
+}
+
+void SupervisorLoop::reap(pid_t root, bool* root_done, int* root_status) {
+  // Held across the waits so that no engine call (and so no CRIU child of
+  // the engine) starts while we reap whatever exited.
+  std::lock_guard lk(ctx_.mu);
+  const bool busy = !ctx_.engine_op.empty();
+  for (;;) {
+    int st = 0;
+    pid_t p = busy ? (*root_done ? 0 : ::waitpid(root, &st, WNOHANG)) : ::waitpid(-1, &st, WNOHANG);
+    if (p < 0 && errno == EINTR) continue;
+    if (p <= 0) return;
+    if (p == root && !*root_done) {
+      *root_done = true;
+      *root_status = st;
+      if (ctx_.status.state != "stopped") ctx_.set_state_locked("exited");
+    }
+    if (busy) return;
+  }
+}
+
+SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_r,
+                                     const std::string& restored_from, CoordinatorOps ops) {
+  using Clock = std::chrono::steady_clock;
+  SuperviseOutcome outcome;
+  outcome.name = info.name;
+  const pid_t root = info.root_pid;
+  for (int fd : {out_r.get(), err_r.get()})
+    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  {
+    std::lock_guard lk(ctx_.mu);
+    ctx_.info = info;
+    ctx_.rundir = rundir_.get();
+    ctx_.wake_fd = wake_fd_.get();
+    proto::JobStatus& s = ctx_.status;
+    s.name = info.name;
+    s.root_pid = root;
+    s.supervisor_pid = ::getpid();
+    s.argv = info.argv;
+    s.cwd = info.cwd;
+    s.owner_uid = info.owner_uid;
+    s.started = static_cast<int64_t>(::time(nullptr));
+    s.runtime_dir = rundir_->path();
+    s.restored_from = restored_from;
+    ctx_.set_state_locked("running");
+  }
+  ControlServer server(&ctx_, std::move(ops), std::move(listen_fd_), cfg_.control_timeout);
+  std::string err;
+  if (!server.start(&err)) {
+    // The job runs on without a control socket rather than being abandoned.
+    outcome.error = "control socket not served: " + err;
+  }
+
+  bool root_done = false, echo_out = cfg_.echo_output, echo_err = cfg_.echo_output;
+  int root_status = 0;
+  Clock::time_point drain_deadline{};
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    reap(root, &root_done, &root_status);
+    bool idle;
+    {
+      std::lock_guard lk(ctx_.mu);
+      idle = ctx_.engine_op.empty();
+    }
+    if (root_done && drain_deadline == Clock::time_point{}) drain_deadline = Clock::now() + cfg_.drain_grace;
+    if (root_done && idle && ((!out_r && !err_r) || Clock::now() >= drain_deadline)) break;
+
+    pollfd p[4] = {{sig_r_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}, {out_r.get(), POLLIN, 0},
+                   {err_r.get(), POLLIN, 0}};
+    int timeout_ms = 1000;
+    if (root_done) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_deadline - Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+      if (timeout_ms == 0) timeout_ms = 200;  // waiting for the engine call to end
+    }
+    if (::poll(p, 4, timeout_ms) < 0 && errno != EINTR) break;
+    if (p[0].revents & POLLIN) {
+      unsigned char sigs[64];
+      ssize_t n;
+      while ((n = ::read(sig_r_.get(), sigs, sizeof sigs)) > 0) {
+        for (ssize_t i = 0; i < n; ++i) {
+          int sig = sigs[i];
+          if (std::find(std::begin(kForwarded), std::end(kForwarded), sig) == std::end(kForwarded)) continue;
+          // The job is a session (and process group) leader; after its root
+          // is gone, the rest of the group still gets the signal.
+          if (::kill(-root, sig) != 0 && !root_done) ::kill(root, sig);
+        }
+      }
+    }
+    if (p[1].revents & POLLIN) {
+      uint64_t v;
+      while (::read(wake_fd_.get(), &v, sizeof v) > 0) {
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      UniqueFd& src = i == 0 ? out_r : err_r;
+      bool& echo = i == 0 ? echo_out : echo_err;
+      if (!src || !(p[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      for (int rounds = 0; rounds < 16; ++rounds) {
+        ssize_t n = ::read(src.get(), buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;  // EAGAIN: drained for now
+        if (n == 0) {
+          src.reset();
+          break;
+        }
+        write_all(log_fd_.get(), buf.data(), static_cast<size_t>(n));
+        if (echo && !write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf.data(), static_cast<size_t>(n)))
+          echo = false;  // our reader went away; the log keeps everything
+      }
+    }
+  }
+  server.stop();
+  reap(root, &root_done, &root_status);
+  {
+    std::lock_guard lk(ctx_.mu);
+    if (!ctx_.stopped_dir.empty()) outcome.stopped_dir = ctx_.stopped_dir;
+  }
+  if (!outcome.stopped_dir.empty())
+    outcome.exit_code = kExitOk;
+  else if (WIFEXITED(root_status))
+    outcome.exit_code = WEXITSTATUS(root_status);
+  else if (WIFSIGNALED(root_status))
+    outcome.exit_code = 128 + WTERMSIG(root_status);
+  else
+    outcome.exit_code = kExitFailure;
+  rundir_->remove();
+  return outcome;
+}
+
+}  // namespace cusnap

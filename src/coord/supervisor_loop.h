@@ -1,0 +1,50 @@
+// The part of supervision that launch and restore share: a prepared runtime
+// directory, control socket, log and signal handling, then the main loop.
+// Internal to src/coord (supervisor.h is the interface).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "coord/control_server.h"
+#include "coord/runtime_dir.h"
+#include "coord/supervisor.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+class SupervisorLoop {
+ public:
+  /// Reserves the runtime directory for name, binds control.sock (0600),
+  /// creates output.log, becomes child subreaper and catches SIGCHLD, SIGINT,
+  /// SIGTERM, SIGHUP and SIGPIPE (handlers, not blocked signals, so that
+  /// children start with a clean mask). On failure fills *fail.
+  static bool prepare(const SupervisorConfig& cfg, const std::string& name,
+                      std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail);
+  ~SupervisorLoop();
+
+  RuntimeDir& rundir() { return *rundir_; }
+
+  /// Supervises the job whose root is info.root_pid (our child) and whose
+  /// stdout/stderr arrive on out_r/err_r, until it ends. Removes the runtime
+  /// directory at the end.
+  SuperviseOutcome run(JobInfo info, UniqueFd out_r, UniqueFd err_r, const std::string& restored_from,
+                       CoordinatorOps ops);
+
+  /// Resets the dispositions prepare() changed; for a child before exec.
+  static void reset_signals_in_child();
+
+ private:
+  SupervisorLoop() = default;
+  void reap(pid_t root, bool* root_done, int* root_status);
+
+  SupervisorConfig cfg_;
+  std::unique_ptr<RuntimeDir> rundir_;
+  UniqueFd listen_fd_, log_fd_, sig_r_, sig_w_, wake_fd_;
+  JobContext ctx_;
+};
+
+/// "pipe:[N]" for the pipe fd belongs to, as CRIU names it; empty on error.
+std::string pipe_id(int fd);
+
+}  // namespace cusnap
