@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# cusnap ps lists live jobs (text and JSON); names are unique among live
+# jobs; a dead supervisor's directory is cleaned by ps.
+source "$(dirname "$0")/lib_launch.sh"
+
+launch_bg psjob sleep 60
+out=$("$CUSNAP" ps)
+echo "$out" | grep -q '^NAME' || fail "no header: $out"
+echo "$out" | grep -E "^psjob +[0-9]+ +$LAUNCH_PID +running .*sleep 60" >/dev/null || fail "job not listed: $out"
+pass "ps lists the job"
+json=$("$CUSNAP" ps --json)
+python3 - "$json" "$LAUNCH_PID" <<'PY' || fail "ps --json: $json"
+import json, sys
+jobs = json.loads(sys.argv[1])
+assert len(jobs) == 1, jobs
+j = jobs[0]
+assert j["name"] == "psjob" and j["supervisor_pid"] == int(sys.argv[2]), j
+assert j["argv"] == ["sleep", "60"] and j["state"] == "running", j
+assert j["pid"] > 0 and j["uptime_seconds"] >= 0
+PY
+pass "ps --json describes the job"
+
+rc=$(run_status "$CUSNAP" launch --name psjob -- true 2>"$SCRATCH/dup.err")
+expect_eq "a duplicate name is refused" 3 "$rc"
+grep -q "already running" "$SCRATCH/dup.err" || fail "unclear refusal: $(cat "$SCRATCH/dup.err")"
+
+# inspect JOB names its processes.
+"$CUSNAP" inspect psjob --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["kind"] == "job" and d["job"]["name"] == "psjob", d
+assert d["processes"] and d["processes"][0]["cmdline"][0] == "sleep", d
+' || fail "inspect --json"
+pass "inspect JOB lists the processes"
+expect_eq "inspect of an unknown job" 4 "$(run_status "$CUSNAP" inspect no-such-job 2>/dev/null)"
+expect_eq "checkpoint of an unknown job" 4 "$(run_status "$CUSNAP" checkpoint no-such-job 2>/dev/null)"
+
+# A supervisor that dies leaves a stale directory: ps removes it and the name is free again.
+root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$CUSNAP_RUNTIME_BASE/psjob/job.json")
+kill -KILL "$LAUNCH_PID"
+wait "$LAUNCH_PID" 2>/dev/null || true
+kill -KILL "$root" 2>/dev/null || true
+[ -d "$CUSNAP_RUNTIME_BASE/psjob" ] || fail "expected a stale directory"
+out=$("$CUSNAP" ps)
+echo "$out" | grep -q psjob && fail "ps lists a dead job: $out"
+[ ! -e "$CUSNAP_RUNTIME_BASE/psjob" ] || fail "stale directory not cleaned"
+pass "a dead supervisor's directory is cleaned"
+expect_eq "the name is free again" 0 "$(run_status "$CUSNAP" launch --name psjob -- true)"
