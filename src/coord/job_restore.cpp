@@ -49,10 +49,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.error = req.engine.dir + " is not a usable checkpoint: " + err;
     return fail;
   }
-  if (!verify_checkpoint(req.engine.dir, &err)) {
-    fail.error = err;
-    return fail;
-  }
+  // The name first: a refusal should not wait for the checksums.
   const std::string name = req.cfg.name.empty() ? m.job.name : req.cfg.name;
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
@@ -62,6 +59,9 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.error = std::move(msg);
     return fail;
   };
+  // restore_job verifies too, but reports every failure alike; checking here
+  // gives a corrupted checkpoint its own exit code (kExitBadCheckpoint).
+  if (!verify_checkpoint(req.engine.dir, &err)) return failed(kExitBadCheckpoint, err);
   int out[2], errp[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd out_r(out[0]), out_w(out[1]);
@@ -84,12 +84,11 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   info.owner_uid = ::geteuid();
   info.stdout_pipe_id = pipe_id(out_r.get());
   info.stderr_pipe_id = pipe_id(err_r.get());
-  if (req.on_restored) {
-    RestoreSummary s{name, req.engine.dir, sup->rundir().path(), res.root_pid, res.phases};
-    req.on_restored(s);
-  }
+  RestoreSummary summary{name, req.engine.dir, sup->rundir().path(), res.root_pid, res.phases};
   return sup->run(std::move(info), std::move(out_r), std::move(err_r), req.engine.dir,
-                  default_coordinator_ops());
+                  default_coordinator_ops(), [&] {
+                    if (req.on_restored) req.on_restored(summary);
+                  });
 }
 
 void redirect_stdio_to_devnull() {

@@ -125,7 +125,8 @@ void SupervisorLoop::reap(pid_t root, bool* root_done, int* root_status) {
 }
 
 SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_r,
-                                     const std::string& restored_from, CoordinatorOps ops) {
+                                     const std::string& restored_from, CoordinatorOps ops,
+                                     const std::function<void()>& on_started) {
   using Clock = std::chrono::steady_clock;
   SuperviseOutcome outcome;
   outcome.name = info.name;
@@ -155,6 +156,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     // The job runs on without a control socket rather than being abandoned.
     outcome.error = "control socket not served: " + err;
   }
+  if (on_started) on_started();
 
   bool root_done = false, echo_out = cfg_.echo_output, echo_err = cfg_.echo_output;
   int root_status = 0;
