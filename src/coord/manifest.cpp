@@ -345,12 +345,11 @@ bool hash_files(const std::string& dir, std::vector<ManifestFile>* files, uint64
   std::vector<std::thread> threads;
   for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
   if (progress) {
-    // Report from this thread; the sink need not be thread-safe.
-    while (next < files->size() + n && !failed) {
-      progress(Progress{phase, done.load(), bytes_total});
-      bool all_done = done.load() >= bytes_total && next >= files->size();
-      if (all_done) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Report from this thread (the sink need not be thread-safe) about every
+    // 200 ms until every worker has taken its last file.
+    for (int tick = 0; next < files->size() + n && !failed; ++tick) {
+      if (tick % 20 == 0) progress(Progress{phase, done.load(), bytes_total});
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   for (auto& t : threads) t.join();

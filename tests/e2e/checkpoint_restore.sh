@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A single-process job that keeps verifying a pattern in device memory is
+# checkpointed (and so stopped), restored from the checkpoint, and continues
+# counting where it stopped with its pattern intact; the same checkpoint then
+# restores a second time, after the first restored job is gone.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+launch pj "$T/launch.out" "$PATTERN_JOB" --mib 16 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 5
+PID=$(wait_job pj)
+
+"$CUSNAP" checkpoint pj -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
+[ -f "$T/ckpt/manifest.json" ] || fail "no manifest after the checkpoint"
+wait_exit "$SUP"
+[ "$EXIT_RC" = 0 ] || fail "the supervisor of the checkpointed job exited $EXIT_RC, expected 0"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+pass "checkpointed at count $LAST and stopped"
+
+"$CUSNAP" inspect "$T/ckpt" --json >"$T/inspect.json" || fail "inspect failed"
+python3 - "$T/inspect.json" "$PID" <<'PY' || fail "inspect --json does not describe the checkpoint"
+import json, sys
+d = json.load(open(sys.argv[1]))
+text = json.dumps(d)
+assert sys.argv[2] in text and "pj" in text, text
+PY
+
+for round in 1 2; do
+  restore_bg "$T/ckpt" "$T/restore$round.out"
+  SUP=$LAST_SUPERVISOR
+  wait_count "$T/restore$round.out" $((LAST + 3))
+  FIRST=$(first_count "$T/restore$round.out")
+  [ "$FIRST" = $((LAST + 1)) ] || fail "restore $round began at count $FIRST, expected $((LAST + 1))"
+  [ "$(job_field pj pid)" = "$PID" ] || fail "the restored job does not run as pid $PID"
+  grep -q "pattern mismatch" "$T/restore$round.out" && fail "restore $round: pattern damaged"
+  pass "restore $round continued at count $FIRST with the pattern intact"
+  # Stop it through its supervisor (which forwards SIGTERM) and wait until
+  # the pid is free again.
+  kill -TERM "$SUP"
+  wait_exit "$SUP"
+  wait_gone "$PID"
+done
+echo "PASS"

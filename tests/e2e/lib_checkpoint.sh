@@ -1,0 +1,163 @@
+# Helpers for the checkpoint end-to-end tests (sourced, not a test).
+#
+# Environment: CUSNAP_BINARY_DIR (the build: bin/cusnap, bin/cusnap-pattern-job,
+# lib/), CUSNAP_FAKECUDA_DIR (the simulated driver, put on LD_LIBRARY_PATH for
+# cusnap and the jobs). Each test gets a private temporary directory $T and
+# runtime base; every supervisor and job started here is killed on exit.
+set -euo pipefail
+
+: "${CUSNAP_BINARY_DIR:?CUSNAP_BINARY_DIR must name the build directory}"
+: "${CUSNAP_FAKECUDA_DIR:?CUSNAP_FAKECUDA_DIR must name the simulated driver directory}"
+BIN=$CUSNAP_BINARY_DIR/bin
+CUSNAP=$BIN/cusnap
+PATTERN_JOB=$BIN/cusnap-pattern-job
+SHARE_JOB=$BIN/cusnap-share-job
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "checkpoint and restore need root (CRIU, the driver's checkpoint API)"
+if [ -z "${CUSNAP_CRIU:-}" ] && ! PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu >/dev/null; then
+  skip "CRIU is not installed"
+fi
+for f in "$CUSNAP" "$PATTERN_JOB" "$SHARE_JOB"; do
+  [ -x "$f" ] || { echo "FAIL: $f is not built"; exit 1; }
+done
+
+export LD_LIBRARY_PATH="$CUSNAP_FAKECUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T=$(mktemp -d /tmp/cusnap-e2e.XXXXXX)
+chmod 755 "$T"
+export CUSNAP_RUNTIME_BASE=$T/run
+SUPERVISORS=()
+
+cleanup_checkpoint_test() {
+  local rc=$?
+  set +e
+  # Every job still known to a supervisor of this test, then the supervisors.
+  for pid in $(job_pids_all); do kill -9 "$pid" 2>/dev/null; done
+  for pid in "${SUPERVISORS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.3
+  for pid in "${SUPERVISORS[@]}"; do kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  if [ $rc != 0 ] && [ $rc != 77 ]; then
+    for f in "$T"/*.out; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -8 "$f"; }; done
+  fi
+  if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+  exit $rc
+}
+trap cleanup_checkpoint_test EXIT
+
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+
+# job_pids_all: pids of every job that `cusnap ps` shows.
+job_pids_all() {
+  "$CUSNAP" ps --json 2>/dev/null | python3 -c '
+import json, sys
+try:
+    for j in json.load(sys.stdin): print(j["pid"])
+except Exception: pass' || true
+}
+
+# job_field NAME FIELD: a field of the job from `cusnap ps --json` (empty if none).
+job_field() {
+  "$CUSNAP" ps --json 2>/dev/null | python3 -c '
+import json, sys
+for j in json.load(sys.stdin):
+    if j["name"] == sys.argv[1]: print(j.get(sys.argv[2], ""))' "$1" "$2"
+}
+
+# launch NAME OUTFILE CMD...: cusnap launch in the background; its output in OUTFILE.
+launch() {
+  local name=$1 out=$2
+  shift 2
+  "$CUSNAP" launch --name "$name" -- "$@" >"$out" 2>&1 &
+  SUPERVISORS+=($!)
+  LAST_SUPERVISOR=$!
+}
+
+# restore_bg DIR OUTFILE [ARGS...]: cusnap restore in the background.
+restore_bg() {
+  local dir=$1 out=$2
+  shift 2
+  "$CUSNAP" restore "$dir" "$@" >"$out" 2>&1 &
+  SUPERVISORS+=($!)
+  LAST_SUPERVISOR=$!
+}
+
+# last_count FILE [PREFIX]: the last N of "PREFIXcount N ok" in FILE (0 if none).
+last_count() {
+  local n
+  n=$(grep -E "^${2:-}count [0-9]+ ok$" "$1" 2>/dev/null | tail -1 | awk '{print $(NF-1)}')
+  echo "${n:-0}"
+}
+# first_count FILE [PREFIX]
+first_count() {
+  local n
+  n=$(grep -E "^${2:-}count [0-9]+ ok$" "$1" 2>/dev/null | head -1 | awk '{print $(NF-1)}')
+  echo "${n:-0}"
+}
+
+# wait_count FILE N [PREFIX] [SECONDS]: waits until FILE counted to at least N.
+wait_count() {
+  local file=$1 n=$2 prefix=${3:-} secs=${4:-20}
+  for _ in $(seq 1 $((secs * 20))); do
+    [ "$(last_count "$file" "$prefix")" -ge "$n" ] && return 0
+    sleep 0.05
+  done
+  fail "$file did not reach '${prefix}count $n ok' in $secs s (last: $(last_count "$file" "$prefix"))"
+}
+
+# wait_job NAME [SECONDS]: waits until cusnap ps shows the job running; echoes its pid.
+wait_job() {
+  local pid
+  for _ in $(seq 1 $((${2:-20} * 10))); do
+    pid=$(job_field "$1" pid)
+    [ -n "$pid" ] && { echo "$pid"; return 0; }
+    sleep 0.1
+  done
+  fail "job $1 did not appear in cusnap ps"
+}
+
+# wait_gone PID [SECONDS]: waits until the process is gone and reaped (CRIU
+# restores pids and cannot while the old one is still a zombie).
+wait_gone() {
+  for _ in $(seq 1 $((${2:-20} * 20))); do
+    [ -e "/proc/$1" ] || return 0
+    sleep 0.05
+  done
+  fail "process $1 is still there"
+}
+
+# wait_exit PID: waits for a supervisor started here (not in a subshell: only
+# this shell can wait for it) and sets EXIT_RC to its exit status.
+wait_exit() {
+  EXIT_RC=0
+  wait "$1" || EXIT_RC=$?
+}
+
+# expect_running NAME PID OUTFILE [PREFIX]: the job still runs as PID, its
+# GPU state is running, and it keeps counting (so its pattern is intact).
+expect_running() {
+  local name=$1 pid=$2 out=$3 prefix=${4:-}
+  [ "$(job_field "$name" pid)" = "$pid" ] || fail "job $name no longer runs as pid $pid"
+  kill -0 "$pid" 2>/dev/null || fail "job $name (pid $pid) is gone"
+  local n
+  n=$(last_count "$out" "$prefix")
+  wait_count "$out" $((n + 2)) "$prefix"
+  if "$CUSNAP" inspect "$name" --json >"$T/inspect.json" 2>/dev/null; then
+    if grep -q '"checkpointed"\|"locked"' "$T/inspect.json"; then
+      fail "job $name has GPU state locked or checkpointed: $(cat "$T/inspect.json")"
+    fi
+  fi
+  grep -q "pattern mismatch" "$out" && fail "job $name found a wrong byte"
+  return 0
+}
+
+# expect_refused CODE TEXT CMD...: runs CMD, which must fail with exit CODE
+# and print TEXT (a grep -E pattern).
+expect_refused() {
+  local code=$1 text=$2 rc=0
+  shift 2
+  "$@" >"$T/cmd.out" 2>&1 || rc=$?
+  [ "$rc" = "$code" ] || fail "'$*' exited $rc, expected $code: $(cat "$T/cmd.out")"
+  grep -Eq "$text" "$T/cmd.out" || fail "'$*' did not say /$text/: $(cat "$T/cmd.out")"
+  echo "   refused as expected: $(grep -E "$text" "$T/cmd.out" | head -1)"
+}
