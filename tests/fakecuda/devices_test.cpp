@@ -1,1 +1,229 @@
-// placeholder
+// Simulated driver: initialisation, error strings, devices, contexts, streams,
+// events and modules.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "fakecuda_test_util.h"
+
+using namespace fctest;
+
+TEST_CASE("fakecuda: calls before cuInit fail NOT_INITIALIZED; version and errors need no init") {
+  CHECK(run_child([] {
+          int n = 0;
+          FC_REQ(cuDeviceGetCount(&n) == CUDA_ERROR_NOT_INITIALIZED);
+          CUdeviceptr p;
+          FC_REQ(cuMemAlloc(&p, 16) == CUDA_ERROR_NOT_INITIALIZED);
+          CUprocessState s;
+          FC_REQ(cuCheckpointProcessGetState(getppid(), &s) == CUDA_ERROR_NOT_INITIALIZED);
+          int v = 0;
+          FC_REQ(cuDriverGetVersion(&v) == CUDA_SUCCESS && v == 13000);
+          FC_REQ(cuDriverGetVersion(nullptr) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuInit(1) == CUDA_ERROR_INVALID_VALUE);
+          setenv("FAKECUDA_DRIVER_VERSION", "12080", 1);
+          FC_REQ(cuDriverGetVersion(&v) == CUDA_SUCCESS && v == 12080);
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: error names and strings") {
+  const char* s = nullptr;
+  CHECK(cuGetErrorName(CUDA_ERROR_ILLEGAL_STATE, &s) == CUDA_SUCCESS);
+  CHECK(std::string(s) == "CUDA_ERROR_ILLEGAL_STATE");
+  CHECK(cuGetErrorName(CUDA_ERROR_NOT_SUPPORTED, &s) == CUDA_SUCCESS);
+  CHECK(std::string(s) == "CUDA_ERROR_NOT_SUPPORTED");
+  CHECK(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s) == CUDA_SUCCESS);
+  CHECK(std::strlen(s) > 0);
+  CHECK(cuGetErrorName(static_cast<CUresult>(123456), &s) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(s == nullptr);
+  CHECK(cuGetErrorName(CUDA_SUCCESS, nullptr) == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("fakecuda: devices from the environment") {
+  auto uuid_of = [](const char* seed, int dev, CUuuid* out) {
+    return run_child([=] {
+      setenv("FAKECUDA_DEVICES", "3", 1);
+      if (seed) setenv("FAKECUDA_UUID_SEED", seed, 1);
+      else unsetenv("FAKECUDA_UUID_SEED");
+      FC_REQ(cuInit(0) == CUDA_SUCCESS);
+      CUuuid u;
+      FC_REQ(cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS);
+      // Report the first byte pair through the exit status (hash check below).
+      (void)out;
+      return (static_cast<unsigned char>(u.bytes[0]) ^ static_cast<unsigned char>(u.bytes[15])) % 200 + 1;
+    });
+  };
+  // Deterministic: the same seed and index give the same UUID in two processes.
+  CHECK(uuid_of("5", 1, nullptr) == uuid_of("5", 1, nullptr));
+  CHECK(run_child([] {
+          setenv("FAKECUDA_DEVICES", "3", 1);
+          setenv("FAKECUDA_DEVICE_NAME", "Test GPU", 1);
+          setenv("FAKECUDA_TOTAL_MEM", "1073741824", 1);
+          unsetenv("FAKECUDA_MULTICAST");
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          int n = 0;
+          FC_REQ(cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 3);
+          FC_REQ(cuDeviceGetCount(nullptr) == CUDA_ERROR_INVALID_VALUE);
+          CUdevice d;
+          FC_REQ(cuDeviceGet(&d, 2) == CUDA_SUCCESS && d == 2);
+          FC_REQ(cuDeviceGet(&d, 3) == CUDA_ERROR_INVALID_DEVICE);
+          FC_REQ(cuDeviceGet(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
+          char name[64];
+          FC_REQ(cuDeviceGetName(name, sizeof name, 1) == CUDA_SUCCESS && std::string(name) == "Test GPU");
+          FC_REQ(cuDeviceGetName(name, sizeof name, 7) == CUDA_ERROR_INVALID_DEVICE);
+          size_t total = 0;
+          FC_REQ(cuDeviceTotalMem(&total, 0) == CUDA_SUCCESS && total == (size_t{1} << 30));
+          CUuuid a, b, a2;
+          FC_REQ(cuDeviceGetUuid(&a, 0) == CUDA_SUCCESS);
+          FC_REQ(cuDeviceGetUuid_v2(&b, 1) == CUDA_SUCCESS);
+          FC_REQ(cuDeviceGetUuid_v2(&a2, 0) == CUDA_SUCCESS);
+          FC_REQ(memcmp(&a, &b, sizeof a) != 0);
+          FC_REQ(memcmp(&a, &a2, sizeof a) == 0);
+          FC_REQ(cuDeviceGetUuid(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
+          int v = -1;
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0) == CUDA_SUCCESS && v == 9);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0) == CUDA_SUCCESS && v == 0);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) == CUDA_SUCCESS && v == 0);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuDeviceGetAttribute(nullptr, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 9) == CUDA_ERROR_INVALID_DEVICE);
+          char bus[32];
+          FC_REQ(cuDeviceGetPCIBusId(bus, sizeof bus, 2) == CUDA_SUCCESS);
+          FC_REQ(cuDeviceGetByPCIBusId(&d, bus) == CUDA_SUCCESS && d == 2);
+          return 0;
+        }) == 0);
+  CHECK(run_child([] {
+          setenv("FAKECUDA_MULTICAST", "1", 1);
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          int v = 0;
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
+          return 0;
+        }) == 0);
+  CHECK(run_child([] {
+          setenv("FAKECUDA_DEVICES", "0", 1);
+          FC_REQ(cuInit(0) == CUDA_ERROR_NO_DEVICE);
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: UUID seed changes UUIDs") {
+  auto first_bytes = [](const char* seed) {
+    return run_child([=] {
+      setenv("FAKECUDA_UUID_SEED", seed, 1);
+      FC_REQ(cuInit(0) == CUDA_SUCCESS);
+      CUuuid u;
+      FC_REQ(cuDeviceGetUuid(&u, 0) == CUDA_SUCCESS);
+      return static_cast<unsigned char>(u.bytes[0]) % 250 + 2;
+    });
+  };
+  int a = first_bytes("1"), b = first_bytes("1"), c = first_bytes("2"), d = first_bytes("3");
+  CHECK(a == b);
+  CHECK((a != c || a != d));
+}
+
+TEST_CASE("fakecuda: primary and created contexts") {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  CHECK(run_child([] {
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          CUcontext cur = reinterpret_cast<CUcontext>(1);
+          FC_REQ(cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == nullptr);
+          CUdevice dev;
+          FC_REQ(cuCtxGetDevice(&dev) == CUDA_ERROR_INVALID_CONTEXT);
+          unsigned flags = 1;
+          int active = 1;
+          FC_REQ(cuDevicePrimaryCtxGetState(0, &flags, &active) == CUDA_SUCCESS && active == 0);
+          FC_REQ(cuDevicePrimaryCtxSetFlags(0, CU_CTX_SCHED_BLOCKING_SYNC) == CUDA_SUCCESS);
+          CUcontext p1, p2;
+          FC_REQ(cuDevicePrimaryCtxRetain(&p1, 0) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRetain(&p2, 0) == CUDA_SUCCESS && p1 == p2);
+          FC_REQ(cuDevicePrimaryCtxGetState(0, &flags, &active) == CUDA_SUCCESS && active == 1 &&
+                 flags == CU_CTX_SCHED_BLOCKING_SYNC);
+          FC_REQ(cuDevicePrimaryCtxRetain(&p1, 5) == CUDA_ERROR_INVALID_DEVICE);
+          FC_REQ(cuDevicePrimaryCtxRetain(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuCtxSetCurrent(p1) == CUDA_SUCCESS);
+          FC_REQ(cuCtxGetDevice(&dev) == CUDA_SUCCESS && dev == 0);
+          FC_REQ(cuCtxSynchronize() == CUDA_SUCCESS);
+          FC_REQ(cuCtxDestroy(p1) == CUDA_ERROR_INVALID_CONTEXT);  // primary: release, not destroy
+          CUcontext c;
+          FC_REQ(cuCtxCreate(&c, nullptr, 0, 0) == CUDA_SUCCESS);
+          FC_REQ(cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c);
+          CUcontext popped;
+          FC_REQ(cuCtxPopCurrent(&popped) == CUDA_SUCCESS && popped == c);
+          FC_REQ(cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == p1);
+          FC_REQ(cuCtxPushCurrent(c) == CUDA_SUCCESS);
+          unsigned long long id1 = 0, id2 = 0;
+          FC_REQ(cuCtxGetId(c, &id1) == CUDA_SUCCESS && cuCtxGetId(p1, &id2) == CUDA_SUCCESS && id1 != id2);
+          FC_REQ(cuCtxDestroy(c) == CUDA_SUCCESS);
+          FC_REQ(cuCtxDestroy(c) == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuCtxPushCurrent(c) == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == p1);
+          CUctxCreateParams params{};
+          FC_REQ(cuCtxCreate_v4(&c, &params, 0, 0) == CUDA_SUCCESS);
+          FC_REQ(cuCtxDestroy(c) == CUDA_SUCCESS);
+          FC_REQ(cuCtxCreate(&c, nullptr, 0, 3) == CUDA_ERROR_INVALID_DEVICE);
+          FC_REQ(cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRelease(0) == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: streams, events and a no-op kernel") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUstream s;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(cuStreamQuery(s) == CUDA_SUCCESS);
+  CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CHECK(cuStreamSynchronize(nullptr) == CUDA_SUCCESS);
+  CHECK(cuStreamSynchronize(CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+  CUevent a, b;
+  REQUIRE(cuEventCreate(&a, 0) == CUDA_SUCCESS);
+  REQUIRE(cuEventCreate(&b, 0) == CUDA_SUCCESS);
+  float ms = -1;
+  CHECK(cuEventElapsedTime(&ms, a, b) == CUDA_ERROR_NOT_READY);
+  CHECK(cuEventRecord(a, s) == CUDA_SUCCESS);
+  CHECK(cuEventRecord(b, s) == CUDA_SUCCESS);
+  CHECK(cuEventSynchronize(b) == CUDA_SUCCESS);
+  CHECK(cuEventElapsedTime(&ms, a, b) == CUDA_SUCCESS);
+  CHECK(ms >= 0);
+  CUmodule m;
+  const char image[] = "any image";
+  REQUIRE(cuModuleLoadData(&m, image) == CUDA_SUCCESS);
+  CUfunction f;
+  REQUIRE(cuModuleGetFunction(&f, m, "kernel") == CUDA_SUCCESS);
+  CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr) == CUDA_SUCCESS);
+  CHECK(cuModuleUnload(m) == CUDA_SUCCESS);
+  CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuEventDestroy(a) == CUDA_SUCCESS);
+  CHECK(cuEventDestroy(b) == CUDA_SUCCESS);
+  CHECK(cuEventDestroy(b) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+  CHECK(cuStreamDestroy(s) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuStreamQuery(s) == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("fakecuda: fault injection by environment") {
+  CHECK(run_child([] {
+          setenv("FAKECUDA_FAIL", "cuMemAlloc:2:2,cuStreamCreate:1:999", 1);
+          setenv("FAKECUDA_DELAY", "cuMemGetInfo:200", 1);
+          FC_REQ(init_primary() == CUDA_SUCCESS);
+          CUdeviceptr p;
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_SUCCESS);
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_ERROR_OUT_OF_MEMORY);
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_SUCCESS);
+          CUstream s;
+          FC_REQ(cuStreamCreate(&s, 0) == static_cast<CUresult>(999));
+          FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
+          auto t0 = std::chrono::steady_clock::now();
+          size_t fr, tot;
+          FC_REQ(cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS);
+          FC_REQ(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(190));
+          return 0;
+        }) == 0);
+}

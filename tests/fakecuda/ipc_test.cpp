@@ -1,1 +1,89 @@
-// placeholder
+// Simulated driver: two processes really sharing device memory, through
+// POSIX-fd export/import and through legacy IPC handles.
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "fakecuda_test_util.h"
+
+using namespace fctest;
+
+namespace {
+constexpr size_t kGran = 2 << 20;
+}
+
+TEST_CASE("fakecuda: two processes share a POSIX-fd VMM allocation") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  Child exporter = spawn([](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    VmmBuffer buf;
+    FC_REQ(vmm_create(2 * kGran, &buf) == CUDA_SUCCESS);
+    FC_REQ(cuMemsetD32(buf.ptr, 0x11223344, 2 * kGran / 4) == CUDA_SUCCESS);
+    int fd = -1;
+    FC_REQ(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+    FC_REQ(send_fd(sock, fd));
+    uint64_t v = 0;
+    FC_REQ(recv_u64(sock, &v));  // the importer wrote
+    FC_REQ(reinterpret_cast<uint32_t*>(buf.ptr)[7] == 0xcafef00du);
+    FC_REQ(reinterpret_cast<uint32_t*>(buf.ptr)[8] == 0x11223344u);
+    FC_REQ(vmm_destroy(buf) == CUDA_SUCCESS);
+    return 0;
+  });
+  int fd = recv_fd(exporter.sock);
+  REQUIRE(fd >= 0);
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+  close(fd);
+  CUmemAllocationProp prop{};
+  CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  REQUIRE(vmm_map_handle(h, 2 * kGran, &va) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<uint32_t*>(va)[100] == 0x11223344u);
+  reinterpret_cast<uint32_t*>(va)[7] = 0xcafef00du;
+  REQUIRE(send_u64(exporter.sock, 1));
+  CHECK(exporter.join() == 0);
+  CHECK(reinterpret_cast<uint32_t*>(va)[7] == 0xcafef00du);  // bytes outlive the creator's release
+  CHECK(cuMemUnmap(va, 2 * kGran) == CUDA_SUCCESS);
+  CHECK(cuMemRelease(h) == CUDA_SUCCESS);
+  CHECK(cuMemAddressFree(va, 2 * kGran) == CUDA_SUCCESS);
+}
+
+TEST_CASE("fakecuda: legacy IPC handles open the creator's cuMemAlloc memory") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  Child creator = spawn([](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUdeviceptr p;
+    FC_REQ(cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS);
+    FC_REQ(cuMemsetD8(p, 0x5a, 1 << 20) == CUDA_SUCCESS);
+    CUipcMemHandle h;
+    FC_REQ(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);
+    FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT);  // own
+    FC_REQ(send(sock, &h, sizeof h, 0) == sizeof h);
+    uint64_t v;
+    FC_REQ(recv_u64(sock, &v));
+    FC_REQ(reinterpret_cast<unsigned char*>(p)[3] == 0xa5);
+    FC_REQ(cuMemFree(p) == CUDA_SUCCESS);
+    return 0;
+  });
+  CUipcMemHandle h;
+  REQUIRE(recv(creator.sock, &h, sizeof h, MSG_WAITALL) == sizeof h);
+  CUdeviceptr p = 0, p2 = 0;
+  REQUIRE(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<unsigned char*>(p)[12345] == 0x5a);
+  CHECK(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(p2 == p);
+  unsigned char v = 0xa5;
+  CHECK(cuMemcpyHtoD(p + 3, &v, 1) == CUDA_SUCCESS);
+  REQUIRE(send_u64(creator.sock, 1));
+  CHECK(creator.join() == 0);
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_ERROR_INVALID_VALUE);
+  CUipcMemHandle junk{};
+  CHECK(cuIpcOpenMemHandle(&p, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuIpcOpenMemHandle(nullptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);  // creator gone
+}

@@ -1,1 +1,168 @@
-// placeholder
+// Simulated driver: cuMemAlloc memory, host memory, memcpy and memset.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fakecuda_test_util.h"
+
+using namespace fctest;
+
+// Per-thread default stream names (cuda.h declares them only under
+// CUDA_API_PER_THREAD_DEFAULT_STREAM).
+extern "C" CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
+extern "C" CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+extern "C" CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+
+namespace {
+
+/// The /proc/self/maps line of the mapping containing p.
+std::string maps_line(uintptr_t p) {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && p >= lo && p < hi) return line;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("fakecuda: cuMemAlloc memory is host-readable and named by creator and id") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  size_t free0 = 0, total = 0;
+  REQUIRE(cuMemGetInfo(&free0, &total) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 3 << 20) == CUDA_SUCCESS);
+  CHECK(p % (2 << 20) == 0);
+  size_t free1 = 0;
+  REQUIRE(cuMemGetInfo(&free1, &total) == CUDA_SUCCESS);
+  CHECK(free0 - free1 == (4u << 20));  // rounded up to the 2 MiB granularity
+  std::string line = maps_line(p);
+  CHECK(line.find("/memfd:fakecuda:" + std::to_string(getpid()) + ":") != std::string::npos);
+  std::vector<unsigned char> h(3 << 20);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<unsigned char>(i * 7);
+  REQUIRE(cuMemcpyHtoD(p, h.data(), h.size()) == CUDA_SUCCESS);
+  CHECK(memcmp(reinterpret_cast<void*>(p), h.data(), h.size()) == 0);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CHECK(cuMemGetAddressRange(&base, &size, p + 100) == CUDA_SUCCESS);
+  CHECK(base == p);
+  CHECK(size == (4u << 20));
+  int ordinal = -1;
+  CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS);
+  CHECK(ordinal == 0);
+  CHECK(cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(maps_line(p).find("memfd") == std::string::npos);
+  CHECK(cuMemAlloc(&p, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemAlloc(nullptr, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemAlloc(&p, size_t{1} << 60) == CUDA_ERROR_OUT_OF_MEMORY);
+  size_t free2 = 0;
+  REQUIRE(cuMemGetInfo(&free2, &total) == CUDA_SUCCESS);
+  CHECK(free2 == free0);
+}
+
+TEST_CASE("fakecuda: memory calls need a context") {
+  CHECK(run_child([] {
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          CUdeviceptr p;
+          FC_REQ(cuMemAlloc(&p, 16) == CUDA_ERROR_INVALID_CONTEXT);
+          size_t f, t;
+          FC_REQ(cuMemGetInfo(&f, &t) == CUDA_ERROR_INVALID_CONTEXT);
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: memcpy families") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  const size_t n = 1 << 20;
+  CUdeviceptr a, b;
+  REQUIRE(cuMemAlloc(&a, n) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&b, n) == CUDA_SUCCESS);
+  std::vector<unsigned char> h(n), back(n);
+  for (size_t i = 0; i < n; ++i) h[i] = static_cast<unsigned char>(i ^ (i >> 8));
+  CUstream s;
+  REQUIRE(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
+
+  REQUIRE(cuMemcpyHtoDAsync(a, h.data(), n, s) == CUDA_SUCCESS);
+  REQUIRE(cuMemcpyDtoD(b, a, n) == CUDA_SUCCESS);
+  REQUIRE(cuMemcpyDtoH(back.data(), b, n) == CUDA_SUCCESS);
+  CHECK(back == h);
+  std::fill(back.begin(), back.end(), 0);
+  REQUIRE(cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), b, n) == CUDA_SUCCESS);
+  CHECK(back == h);
+  REQUIRE(cuMemcpyAsync(a + 1, reinterpret_cast<CUdeviceptr>(h.data()), 10, s) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<unsigned char*>(a)[1] == h[0]);
+  REQUIRE(cuMemcpyDtoDAsync(a, b, n, s) == CUDA_SUCCESS);
+  REQUIRE(cuMemcpyDtoHAsync(back.data(), a, n, s) == CUDA_SUCCESS);
+  CHECK(back == h);
+  // Per-thread default stream names behave the same.
+  REQUIRE(cuMemcpyHtoD_v2_ptds(a, h.data() + 1, 16) == CUDA_SUCCESS);
+  CHECK(memcmp(reinterpret_cast<void*>(a), h.data() + 1, 16) == 0);
+  REQUIRE(cuMemcpyDtoHAsync_v2_ptsz(back.data(), a, 16, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+  CHECK(memcmp(back.data(), h.data() + 1, 16) == 0);
+
+  // Out of bounds or unknown device addresses fail without touching memory.
+  CHECK(cuMemcpyHtoD(a + (2 << 20) - 8, h.data(), 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoH(back.data(), 0, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoD(a, 0x1000, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyHtoDAsync(a, h.data(), 16, reinterpret_cast<CUstream>(0x1234)) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuMemcpyHtoD(a, h.data(), 0) == CUDA_SUCCESS);
+
+  CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+  CHECK(cuMemFree(a) == CUDA_SUCCESS);
+  CHECK(cuMemFree(b) == CUDA_SUCCESS);
+}
+
+TEST_CASE("fakecuda: memset D8, D16, D32, 2D and async") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUdeviceptr p;
+  REQUIRE(cuMemAlloc(&p, 4096) == CUDA_SUCCESS);
+  auto* b = reinterpret_cast<unsigned char*>(p);
+  CHECK(cuMemsetD8(p, 0xab, 4096) == CUDA_SUCCESS);
+  CHECK(b[0] == 0xab);
+  CHECK(b[4095] == 0xab);
+  CHECK(cuMemsetD16(p, 0x1234, 10) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<uint16_t*>(p)[9] == 0x1234);
+  CHECK(b[20] == 0xab);
+  CHECK(cuMemsetD32Async(p, 0xdeadbeef, 4, nullptr) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<uint32_t*>(p)[3] == 0xdeadbeefu);
+  CHECK(cuMemsetD16(p + 1, 1, 1) == CUDA_ERROR_INVALID_VALUE);  // misaligned
+  CHECK(cuMemsetD32(p + 2, 1, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8_v2_ptds(p, 0, 4096) == CUDA_SUCCESS);
+  CHECK(cuMemsetD2D8(p, 64, 0x7f, 8, 4) == CUDA_SUCCESS);
+  CHECK(b[64 * 3 + 7] == 0x7f);
+  CHECK(b[64 * 3 + 8] == 0);
+  CHECK(cuMemsetD8(0x10, 1, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8(p, 1, (2 << 20) + 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemFree(p) == CUDA_SUCCESS);
+}
+
+TEST_CASE("fakecuda: page-locked host memory") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  void* h = nullptr;
+  REQUIRE(cuMemAllocHost(&h, 8192) == CUDA_SUCCESS);
+  memset(h, 3, 8192);
+  void* h2 = nullptr;
+  REQUIRE(cuMemHostAlloc(&h2, 100, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS);
+  unsigned flags = 0;
+  CHECK(cuMemHostGetFlags(&flags, h2) == CUDA_SUCCESS);
+  CHECK(flags == CU_MEMHOSTALLOC_PORTABLE);
+  CUdeviceptr dp = 0;
+  CHECK(cuMemHostGetDevicePointer(&dp, h, 0) == CUDA_SUCCESS);
+  CHECK(dp == reinterpret_cast<CUdeviceptr>(h));
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 8192) == CUDA_SUCCESS);
+  CHECK(cuMemcpyHtoD(d, h, 8192) == CUDA_SUCCESS);
+  CHECK(cuMemcpyDtoD(d, dp, 8192) == CUDA_SUCCESS);  // a mapped host pointer is a valid device address
+  CHECK(reinterpret_cast<unsigned char*>(d)[8191] == 3);
+  CHECK(cuMemFreeHost(h) == CUDA_SUCCESS);
+  CHECK(cuMemFreeHost(h) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemFreeHost(h2) == CUDA_SUCCESS);
+  CHECK(cuMemFree(d) == CUDA_SUCCESS);
+}
