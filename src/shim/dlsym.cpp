@@ -9,16 +9,56 @@
 // cusnap_dl_next_wants() claims the name, and then the search is emulated here
 // from the caller's address with an ELF lookup over the objects after it.
 //
-// These run before the shim's constructors when a sanitizer runtime preloaded
-// ahead of the shim resolves its interceptors: they allocate nothing and touch
-// only constant-initialized state until a driver name is asked for.
+// These run before the shim's constructors, and before AddressSanitizer has
+// mapped its shadow memory, when a sanitizer runtime preloaded ahead of the
+// shim resolves its interceptors: they allocate nothing, touch only
+// constant-initialized state until a driver name is asked for, and this file,
+// elf_lookup.cpp and entries.cpp are built without ASan instrumentation
+// (src/shim/CMakeLists.txt).
 #include <dlfcn.h>
+
+#include <atomic>
 
 #include "shim/elf_lookup.h"
 #include "shim/entries.h"
 #include "shim/real_driver.h"
 
 namespace cusnap::shim {
+namespace {
+
+char g_anchor;  // an address inside the shim: lookups of the C library start past it
+std::atomic<DlsymFn> g_dlsym{nullptr};
+std::atomic<DlvsymFn> g_dlvsym{nullptr};
+const char* const kDlVersions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", nullptr};
+
+template <class Fn>
+Fn find_libc(const char* name) {
+    if (void* p = elf_find_next(&g_anchor, name, nullptr)) return reinterpret_cast<Fn>(p);
+    for (const char* const* v = kDlVersions; *v; ++v)
+        if (void* p = elf_find_next(&g_anchor, name, *v)) return reinterpret_cast<Fn>(p);
+    return nullptr;
+}
+
+}  // namespace
+
+DlsymFn real_dlsym() noexcept {
+    DlsymFn f = g_dlsym.load(std::memory_order_acquire);
+    if (!f) {
+        f = find_libc<DlsymFn>("dlsym");
+        g_dlsym.store(f, std::memory_order_release);
+    }
+    return f;
+}
+
+DlvsymFn real_dlvsym() noexcept {
+    DlvsymFn f = g_dlvsym.load(std::memory_order_acquire);
+    if (!f) {
+        f = find_libc<DlvsymFn>("dlvsym");
+        g_dlvsym.store(f, std::memory_order_release);
+    }
+    return f;
+}
+
 namespace {
 
 /// The answer for driver entry i when the loader found `found`.

@@ -4,7 +4,8 @@
 #include <link.h>
 
 #include <cstdint>
-#include <cstring>
+
+#include "shim/cstr.h"
 
 namespace cusnap::shim {
 
@@ -114,12 +115,12 @@ bool matches(const Tables& t, uint32_t ix, const char* name, const char* version
     const unsigned bind = CUSNAP_ST_BIND(s.st_info);
     if (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE) return false;
     if (CUSNAP_ST_VIS(s.st_other) == STV_HIDDEN || CUSNAP_ST_VIS(s.st_other) == STV_INTERNAL) return false;
-    if (std::strcmp(t.strtab + s.st_name, name) != 0) return false;
+    if (!cstr_eq(t.strtab + s.st_name, name)) return false;
     if (!t.versym) return true;
     const ElfW(Half) vs = t.versym[ix];
     if (!version) return (vs & 0x8000) == 0;  // the default version only
     const char* vn = version_name(t, vs & 0x7fff);
-    return vn && std::strcmp(vn, version) == 0;
+    return vn && cstr_eq(vn, version);
 }
 
 void* resolve(const Tables& t, uint32_t ix) {

@@ -1,8 +1,9 @@
 #include "shim/entries.h"
 
 #include <algorithm>
-#include <cstring>
-#include <string_view>
+#include <iterator>
+
+#include "shim/cstr.h"
 
 namespace cusnap::shim {
 
@@ -39,7 +40,7 @@ constexpr Row kExtraRows[] = {
 #undef CUSNAP_CU_PROC
 };
 
-constexpr bool less(const char* a, const char* b) { return std::string_view(a) < std::string_view(b); }
+constexpr bool less(const char* a, const char* b) { return cstr_less(a, b); }
 
 // Binary search below relies on the generator's order; checked at compile time.
 static_assert(std::is_sorted(std::begin(kNames), std::begin(kNames) + kGeneratedCount, less),
@@ -56,12 +57,12 @@ bool find_entry(const char* name, size_t* index) noexcept {
     if (!name || name[0] != 'c' || name[1] != 'u') return false;
     auto end = std::begin(kNames) + kGeneratedCount;
     auto it = std::lower_bound(std::begin(kNames), end, name, less);
-    if (it != end && std::strcmp(*it, name) == 0) {
+    if (it != end && cstr_eq(*it, name)) {
         *index = static_cast<size_t>(it - std::begin(kNames));
         return true;
     }
     for (size_t i = kGeneratedCount; i < kEntryCount; ++i)
-        if (std::strcmp(kNames[i], name) == 0) {
+        if (cstr_eq(kNames[i], name)) {
             *index = i;
             return true;
         }
@@ -82,9 +83,9 @@ ProcLookup lookup_proc(const char* name, int cuda_version, bool per_thread, Proc
     };
     auto first = std::lower_bound(std::begin(kRows), std::end(kRows), name,
                                   [](const Row& r, const char* n) { return less(r.name, n); });
-    for (auto it = first; it != std::end(kRows) && std::strcmp(it->name, name) == 0; ++it) consider(*it);
+    for (auto it = first; it != std::end(kRows) && cstr_eq(it->name, name); ++it) consider(*it);
     for (const Row& r : kExtraRows)
-        if (r.entry != Entry::kEnd_ && std::strcmp(r.name, name) == 0) {
+        if (r.entry != Entry::kEnd_ && cstr_eq(r.name, name)) {
             consider(r);
             authoritative = std::max(authoritative, r.version);
         }

@@ -37,21 +37,9 @@ struct AddrEntry {
 AddrEntry g_by_addr[2 * kEntryCount];
 size_t g_by_addr_len = 0;
 
-std::atomic<DlsymFn> g_dlsym{nullptr};
-std::atomic<DlvsymFn> g_dlvsym{nullptr};
 std::atomic<unsigned char> g_reported[kEntryCount];
 
 char g_anchor;  // an address inside the shim: ELF lookups start past it
-
-const char* kDlVersions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", nullptr};
-
-template <class Fn>
-Fn find_libc(const char* name) {
-    if (void* p = elf_find_next(&g_anchor, name, nullptr)) return reinterpret_cast<Fn>(p);
-    for (const char** v = kDlVersions; *v; ++v)
-        if (void* p = elf_find_next(&g_anchor, name, *v)) return reinterpret_cast<Fn>(p);
-    return nullptr;
-}
 
 bool debug_enabled() noexcept {
     static std::atomic<int> on{-1};
@@ -82,24 +70,6 @@ void debug_log(const char* what, const char* name) noexcept {
     buf[n++] = '\n';
     ssize_t r = write(STDERR_FILENO, buf, n);
     (void)r;
-}
-
-DlsymFn real_dlsym() noexcept {
-    DlsymFn f = g_dlsym.load(std::memory_order_acquire);
-    if (!f) {
-        f = find_libc<DlsymFn>("dlsym");
-        g_dlsym.store(f, std::memory_order_release);
-    }
-    return f;
-}
-
-DlvsymFn real_dlvsym() noexcept {
-    DlvsymFn f = g_dlvsym.load(std::memory_order_acquire);
-    if (!f) {
-        f = find_libc<DlvsymFn>("dlvsym");
-        g_dlvsym.store(f, std::memory_order_release);
-    }
-    return f;
 }
 
 namespace detail {
