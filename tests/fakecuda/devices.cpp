@@ -38,7 +38,6 @@ void load_devices(Driver& d) {
   const char* name = getenv("FAKECUDA_DEVICE_NAME");
   size_t total = env_u64("FAKECUDA_TOTAL_MEM", kDefaultTotalMem);
   uint64_t seed = env_u64("FAKECUDA_UUID_SEED", 0);
-  d.devices.clear();
   for (int i = 0; i < count; ++i) {
     Device dev;
     dev.name = (name && *name) ? name : kDefaultName;
@@ -54,7 +53,6 @@ void load_devices(Driver& d) {
   }
   const char* mc = getenv("FAKECUDA_MULTICAST");
   d.multicast = mc && strcmp(mc, "1") == 0;
-  d.driver_version = static_cast<int>(env_u64("FAKECUDA_DRIVER_VERSION", 13000));
 }
 
 int attribute_value(CUdevice_attribute a, CUdevice dev, bool multicast) {
@@ -115,10 +113,8 @@ FC_EXPORT CUresult cuInit(unsigned int Flags) {
   Driver& d = driver();
   {
     std::lock_guard<std::mutex> l(d.mu);
-    if (!d.initialized) {
-      load_devices(d);
-      if (d.devices.empty()) return CUDA_ERROR_NO_DEVICE;
-    }
+    if (d.devices.empty()) load_devices(d);  // once per process (and per forked child)
+    if (d.devices.empty()) return CUDA_ERROR_NO_DEVICE;
   }
   CUresult r = start_control_server();
   if (r != CUDA_SUCCESS) return r;

@@ -1,5 +1,6 @@
 // Simulated driver: cuGetProcAddress resolution, and the export list.
 #include <dlfcn.h>
+#include <unistd.h>
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -90,4 +91,52 @@ TEST_CASE("fakecuda: unimplemented entry points fail NOT_SUPPORTED") {
   CUarray arr = nullptr;
   CUDA_ARRAY_DESCRIPTOR desc{};
   CHECK(cuArrayCreate(&arr, &desc) == CUDA_ERROR_NOT_SUPPORTED);
+}
+
+TEST_CASE("fakecuda: the library exports every entry point cuda.h declares") {
+  static const char* const names[] = {
+#define CUSNAP_CU_ENTRY(symbol, params, args) #symbol,
+#include "cudaapi/entry_points.inc"
+#undef CUSNAP_CU_ENTRY
+  };
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(lib != nullptr);
+  for (const char* n : names) CHECK_MESSAGE(dlsym(lib, n) != nullptr, n);
+  CHECK(dlsym(lib, "cuMulticastBindMem_v2") != nullptr);
+  CHECK(dlsym(lib, "cuMulticastBindAddr_v2") != nullptr);
+  // Internals stay hidden.
+  CHECK(dlsym(lib, "_ZN2fc6driverEv") == nullptr);
+  dlclose(lib);
+}
+
+TEST_CASE("fakecuda: the 32-bit legacy cuMemAlloc returns addresses below 4 GiB") {
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  using Alloc32 = CUresult (*)(unsigned int*, unsigned int);
+  using Free32 = CUresult (*)(unsigned int);
+  void* fa = nullptr;
+  void* ff = nullptr;
+  REQUIRE(cuGetProcAddress("cuMemAlloc", &fa, 3000, 0, nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuGetProcAddress("cuMemFree", &ff, 3000, 0, nullptr) == CUDA_SUCCESS);
+  unsigned int p = 0;
+  REQUIRE(reinterpret_cast<Alloc32>(fa)(&p, 4096) == CUDA_SUCCESS);
+  CHECK(p != 0);
+  reinterpret_cast<unsigned char*>(static_cast<uintptr_t>(p))[10] = 1;
+  CHECK(reinterpret_cast<Free32>(ff)(p) == CUDA_SUCCESS);
+}
+
+TEST_CASE("fakecuda: FAKECUDA_LOG=1 traces calls to stderr") {
+  CHECK(run_child([] {
+          setenv("FAKECUDA_LOG", "1", 1);
+          int pipefd[2];
+          FC_REQ(pipe(pipefd) == 0);
+          dup2(pipefd[1], 2);
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          int n;
+          FC_REQ(cuDeviceGetCount(&n) == CUDA_SUCCESS);
+          close(pipefd[1]);
+          close(2);
+          char buf[512] = {};
+          ssize_t got = read(pipefd[0], buf, sizeof buf - 1);
+          return got > 0 && strstr(buf, "cuDeviceGetCount") ? 0 : 1;
+        }) == 0);
 }

@@ -125,7 +125,6 @@ struct Driver {
   std::mutex mu;
   std::atomic<bool> initialized{false};
   bool multicast = false;
-  int driver_version = 13000;
   std::vector<Device> devices;
   std::vector<Context*> primary;  ///< one per device, never freed
   std::set<Context*> contexts;    ///< every live context incl. primaries
