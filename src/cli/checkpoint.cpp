@@ -35,10 +35,13 @@ int cmd_checkpoint(int argc, char** argv) {
   std::string job, dir;
   bool leave_running = false, json = false;
   double timeout_s = 60;
-  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required();
-  app.add_option("-o,--output", dir, "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)");
+  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required()->type_name("");
+  app.add_option("-o,--output", dir, "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
+      ->type_name("DIR");
   app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
-  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")->check(CLI::PositiveNumber);
+  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
+      ->check(positive())
+      ->type_name("SECONDS");
   app.add_flag("--json", json, "Print the result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

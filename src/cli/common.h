@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -34,6 +35,19 @@ void init_app(CLI::App& app, const std::string& name);
 /// Parses; returns -1 when the command should go on, else the exit code
 /// (0 after --help, kExitUsage after a bad command line).
 int parse(CLI::App& app, int argc, char** argv);
+
+/// A positive number, without a note in --help (the option says "Seconds").
+inline CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !(v > 0) || v > 604800)
+          return "'" + text + "' is not a number of seconds between 0 and 604800";
+        return "";
+      },
+      "", "positive");
+}
 
 /// "cusnap: error: MSG" on stderr; returns code.
 int fail(int code, const std::string& msg);

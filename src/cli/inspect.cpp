@@ -108,7 +108,8 @@ int cmd_inspect(int argc, char** argv) {
   std::string target;
   bool json = false;
   app.add_option("TARGET", target, "Checkpoint directory, or job name, supervisor pid or runtime directory")
-      ->required();
+      ->required()
+      ->type_name("");
   app.add_flag("--json", json, "Print the description as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

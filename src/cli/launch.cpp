@@ -13,11 +13,12 @@ int cmd_launch(int argc, char** argv) {
   LaunchRequest req;
   double control_s = std::chrono::duration<double>(control_timeout()).count();
   bool no_shim = false;
-  app.add_option("-n,--name", req.cfg.name, "Job name (default: the command's name and a random suffix)");
-  app.add_option("--runtime-dir", req.cfg.runtime_dir, "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)");
+  app.add_option("-n,--name", req.cfg.name, "Job name (default: the command's name and a random suffix)")->type_name("NAME");
+  app.add_option("--runtime-dir", req.cfg.runtime_dir, "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")->type_name("DIR");
   app.add_flag("--no-shim", no_shim, "Do not preload libcusnap_shim.so into the job");
   app.add_option("--control-timeout", control_s, "Seconds allowed for each exchange on the control socket")
-      ->check(CLI::PositiveNumber);
+      ->check(positive())
+      ->type_name("SECONDS");
   app.footer("CMD... follows the options, after '--': cusnap launch [OPTIONS] -- CMD [ARGS...]");
   app.prefix_command();  // everything from CMD on belongs to the job
   int rc = parse(app, argc, argv);

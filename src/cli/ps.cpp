@@ -7,7 +7,7 @@
 namespace cusnap::cli {
 
 int cmd_ps(int argc, char** argv) {
-  CLI::App app{"List the running jobs of this user (all jobs for root): name, supervisor and job pids, "
+  CLI::App app{"List the running jobs under this user's runtime base: name, job and supervisor pids, "
                "state, uptime and command. Runtime directories of dead supervisors are removed."};
   init_app(app, "ps");
   bool json = false;

@@ -39,14 +39,18 @@ int cmd_restore(int argc, char** argv) {
   double timeout_s = 60;
   double control_s = std::chrono::duration<double>(control_timeout()).count();
   RestoreRequest req;
-  app.add_option("DIR", dir, "Checkpoint directory")->required();
-  app.add_option("-n,--name", req.cfg.name, "Job name (default: the name recorded in the checkpoint)");
+  app.add_option("DIR", dir, "Checkpoint directory")->required()->type_name("");
+  app.add_option("-n,--name", req.cfg.name, "Job name (default: the name recorded in the checkpoint)")->type_name("NAME");
   app.add_flag("--detach", req.detach, "Supervise the restored job in the background; output goes only to its log");
-  app.add_option("--device-map", device_map, "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated");
-  app.add_option("--runtime-dir", req.cfg.runtime_dir, "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)");
-  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")->check(CLI::PositiveNumber);
+  app.add_option("--device-map", device_map, "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated")
+      ->type_name("OLD=NEW,...");
+  app.add_option("--runtime-dir", req.cfg.runtime_dir, "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")->type_name("DIR");
+  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
+      ->check(positive())
+      ->type_name("SECONDS");
   app.add_option("--control-timeout", control_s, "Seconds allowed for each exchange on the control socket")
-      ->check(CLI::PositiveNumber);
+      ->check(positive())
+      ->type_name("SECONDS");
   app.add_flag("--json", json, "Print the restore's result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
