@@ -192,17 +192,24 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       rss += uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE));
   }
   CriuRun run;
-  run.args = {"dump", "-t", std::to_string(job.root_pid), "-D", criu_dir, "-o", "dump.log", "-v4",
-              "-L", no_plugins.path(), "--file-locks",
+  // The log goes to the work directory (-W) so that it survives a failed
+  // dump, whose partial images are removed; after success it joins them.
+  run.args = {"dump", "-t", std::to_string(job.root_pid), "-D", criu_dir, "-W", work.path(),
+              "-o", "dump.log", "-v4", "-L", no_plugins.path(), "--file-locks",
               opts.leave_running ? "--leave-running" : "--leave-stopped"};
   run.output_path = work.path() + "/criu-output.txt";
-  run.log_path = criu_dir + "/dump.log";
+  run.log_path = work.path() + "/dump.log";
   run.success_line = "Dumping finished successfully";
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
   std::string why;
-  if (!run_criu(criu, run, &why)) return roll_back("CRIU dump phase: " + why);
+  if (!run_criu(criu, run, &why)) {
+    work.keep();
+    return roll_back("CRIU dump phase: " + why + "(CRIU's log and output are kept in " +
+                     work.path() + ")");
+  }
+  fs::copy_file(run.log_path, criu_dir + "/dump.log", fs::copy_options::overwrite_existing, ec);
   out->phases.emplace_back("dump", sw.lap());
   if (!opts.leave_running) {
     // The stopped tree is stable now; take in any process that appeared

@@ -26,6 +26,8 @@ export LD_LIBRARY_PATH="$CUSNAP_FAKECUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 T=$(mktemp -d /tmp/cusnap-e2e.XXXXXX)
 chmod 755 "$T"
 export CUSNAP_RUNTIME_BASE=$T/run
+# Temporary files of cusnap itself (kept CRIU logs of a failed dump) land here too.
+export TMPDIR=$T
 SUPERVISORS=()
 
 cleanup_checkpoint_test() {

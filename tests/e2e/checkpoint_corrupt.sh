@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A corrupted, truncated, altered or unfinished checkpoint is refused by
+# restore with a clear error (exit 5) before anything starts; an intact copy
+# of the same checkpoint restores after the original job and its runtime
+# directory are gone.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+launch cj "$T/launch.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 3
+PID=$(wait_job cj)
+"$CUSNAP" checkpoint cj -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+PAGES=$(cd "$T/ckpt" && ls criu/pages-*.img | head -1)
+[ -n "$PAGES" ] || fail "no CRIU page image in the checkpoint"
+
+# variant NAME TEXT: copies the checkpoint to $T/NAME for the caller to damage.
+variant() { rm -rf "$T/$1"; cp -a "$T/ckpt" "$T/$1"; }
+expect_bad() {
+  expect_refused 5 "$2" "$CUSNAP" restore "$T/$1"
+  [ -z "$(job_pids_all)" ] || fail "$1: a job was started from a bad checkpoint"
+  [ -e "/proc/$PID" ] && fail "$1: process $PID exists after a refused restore"
+  pass "$1 refused"
+}
+
+variant flipped
+printf '\x5a' | dd of="$T/flipped/$PAGES" bs=1 seek=4096 conv=notrunc status=none
+expect_bad flipped "SHA-256"
+
+variant truncated
+truncate -s -4096 "$T/truncated/$PAGES"
+expect_bad truncated "truncated|bytes"
+
+variant nomanifest
+rm "$T/nomanifest/manifest.json"
+expect_bad nomanifest "manifest|did not finish"
+
+variant cutmanifest
+head -c 200 "$T/ckpt/manifest.json" >"$T/cutmanifest/manifest.json"
+expect_bad cutmanifest "not valid JSON|truncated"
+
+variant extra
+echo x >"$T/extra/criu/core-99999.img"
+expect_bad extra "not listed"
+
+variant missing
+rm "$T/missing/criu/$(cd "$T/ckpt/criu" && ls core-*.img | head -1)"
+expect_bad missing "missing|incomplete"
+
+# The original runtime directory is gone; an intact copy restores.
+[ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the stopped job's runtime directory is still there"
+variant intact
+restore_bg "$T/intact" "$T/restore.out"
+wait_count "$T/restore.out" $((LAST + 3))
+[ "$(first_count "$T/restore.out")" = $((LAST + 1)) ] || fail "the intact copy did not continue at $((LAST + 1))"
+pass "an intact copy restores and continues at $((LAST + 1))"
+echo "PASS"

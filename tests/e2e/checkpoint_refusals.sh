@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Every refusal of checkpoint happens before anything changes: the command
+# exits 3 (refused) with a message that says why, writes no checkpoint, and
+# the job runs on as the same process with its GPU state running and its
+# pattern intact. The engine runs in the job's supervisor, so the settings
+# under test (CUSNAP_CRIU, CUSNAP_LIBCUDA) are given to `cusnap launch`.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+# refusal NAME TEXT [ENV=VALUE...] -- checkpoint arguments after -o DIR
+# Launches a pattern job with the environment, expects the checkpoint refused.
+check_refusal() {
+  local name=$1 text=$2
+  shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  [ "${1:-}" = -- ] && shift
+  env "${envs[@]}" "$CUSNAP" launch --name "$name" -- "$PATTERN_JOB" --mib 4 --interval-ms 20 \
+    >"$T/$name.out" 2>&1 &
+  SUPERVISORS+=($!)
+  wait_count "$T/$name.out" 3
+  local pid
+  pid=$(wait_job "$name")
+  expect_refused 3 "$text" "$CUSNAP" checkpoint "$name" -o "${DIR:-$T/$name.ckpt}" "$@"
+  [ ! -e "${DIR:-$T/$name.ckpt}/manifest.json" ] || fail "$name: a refused checkpoint wrote a manifest"
+  expect_running "$name" "$pid" "$T/$name.out"
+  pass "$name: refused, job unchanged"
+}
+
+# CRIU missing, or older than 4.1.
+check_refusal nocriu "CRIU" CUSNAP_CRIU=/nonexistent/criu
+mkdir -p "$T/oldcriu"
+printf '#!/bin/sh\necho "Version: 3.17"\n' >"$T/oldcriu/criu"
+chmod +x "$T/oldcriu/criu"
+check_refusal oldcriu "3\.17.*4\.1|4\.1.*3\.17" CUSNAP_CRIU="$T/oldcriu/criu"
+
+# A driver without the process checkpoint API.
+NOCKPT=$CUSNAP_BINARY_DIR/lib/libcusnap_no_checkpoint_driver.so
+[ -f "$NOCKPT" ] || fail "$NOCKPT is not built"
+check_refusal olddriver "no process checkpoint API" CUSNAP_LIBCUDA="$NOCKPT"
+
+# The output directory is not empty.
+mkdir -p "$T/full"
+echo keep >"$T/full/something"
+DIR=$T/full check_refusal fulldir "not empty"
+[ "$(ls "$T/full")" = something ] || fail "the refused checkpoint changed $T/full"
+
+# A second checkpoint while one is running (the first is slowed down in the
+# driver; it then completes with --leave-running).
+FAKECUDA_DELAY=cuCheckpointProcessLock:2000 "$CUSNAP" launch --name busy -- \
+  "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/busy.out" 2>&1 &
+SUPERVISORS+=($!)
+wait_count "$T/busy.out" 3
+BUSY_PID=$(wait_job busy)
+"$CUSNAP" checkpoint busy -o "$T/busy1" --leave-running >"$T/busy1.out" 2>&1 &
+FIRST=$!
+sleep 0.7
+expect_refused 3 "already|in progress|busy|running" "$CUSNAP" checkpoint busy -o "$T/busy2"
+wait "$FIRST" || fail "the first checkpoint failed: $(cat "$T/busy1.out")"
+[ -f "$T/busy1/manifest.json" ] || fail "the first checkpoint wrote no manifest"
+[ ! -e "$T/busy2/manifest.json" ] || fail "the refused second checkpoint wrote a manifest"
+expect_running busy "$BUSY_PID" "$T/busy.out"
+pass "busy: a second checkpoint refused while the first ran"
+
+# Two processes sharing device memory: refused, naming the shim; suspend too.
+"$CUSNAP" launch --name share -- "$SHARE_JOB" --interval-ms 20 >"$T/share.out" 2>&1 &
+SUPERVISORS+=($!)
+wait_count "$T/share.out" 3
+wait_count "$T/share.out" 3 "importer "
+SHARE_PID=$(wait_job share)
+expect_refused 3 "shares device memory between processes.*shim" \
+  "$CUSNAP" checkpoint share -o "$T/share.ckpt"
+expect_refused 3 "shares device memory" "$CUSNAP" suspend share
+[ ! -e "$T/share.ckpt/manifest.json" ] || fail "share: a refused checkpoint wrote a manifest"
+expect_running share "$SHARE_PID" "$T/share.out"
+expect_running share "$SHARE_PID" "$T/share.out" "importer "
+pass "share: refused, both processes unchanged"
+
+# Not root: a job supervised by an unprivileged user.
+if command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+  NOBODY_UID=$(id -u nobody)
+  NOBODY_GID=$(id -g nobody)
+  mkdir -p "$T/nobody"
+  chown "$NOBODY_UID:$NOBODY_GID" "$T/nobody"
+  as_nobody() {
+    setpriv --reuid="$NOBODY_UID" --regid="$NOBODY_GID" --clear-groups \
+      env CUSNAP_RUNTIME_BASE="$T/nobody/run" HOME="$T/nobody" "$@"
+  }
+  if as_nobody "$PATTERN_JOB" --mib 1 --max-count 1 --interval-ms 0 >"$T/nobody-probe.out" 2>&1; then
+    as_nobody "$CUSNAP" launch --name unpriv -- "$PATTERN_JOB" --mib 4 --interval-ms 20 \
+      >"$T/unpriv.out" 2>&1 &
+    SUPERVISORS+=($!)
+    wait_count "$T/unpriv.out" 3
+    UNPRIV_PID=
+    for _ in $(seq 1 50); do
+      UNPRIV_PID=$(as_nobody "$CUSNAP" ps --json | python3 -c '
+import json, sys
+for j in json.load(sys.stdin): print(j["pid"])' || true)
+      [ -n "$UNPRIV_PID" ] && break
+      sleep 0.1
+    done
+    [ -n "$UNPRIV_PID" ] || fail "the unprivileged job did not appear"
+    expect_refused 3 "root" as_nobody "$CUSNAP" checkpoint unpriv -o "$T/nobody/ckpt"
+    [ ! -e "$T/nobody/ckpt/manifest.json" ] || fail "unpriv: a refused checkpoint wrote a manifest"
+    N=$(last_count "$T/unpriv.out")
+    wait_count "$T/unpriv.out" $((N + 2))
+    kill -0 "$UNPRIV_PID" || fail "unpriv: the job is gone"
+    pass "unpriv: refused for not being root, job unchanged"
+    kill -9 "$UNPRIV_PID" 2>/dev/null || true
+  else
+    echo "note: the unprivileged case was not run: user nobody cannot run the job here:"
+    cat "$T/nobody-probe.out"
+  fi
+else
+  echo "note: the unprivileged case was not run: no setpriv or no user nobody"
+fi
+echo "PASS"
