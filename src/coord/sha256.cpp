@@ -41,6 +41,7 @@ void blocks_portable(uint32_t* h, const uint8_t* p, size_t n) {
       w[i] = w[i - 16] + s0 + w[i - 7] + s1;
     }
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+#pragma GCC unroll 64
     for (int i = 0; i < 64; ++i) {
       uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
       uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
@@ -82,6 +83,8 @@ __attribute__((target("sha,sse4.1"))) void blocks_shani(uint32_t* h, const uint8
     __m128i msg[4];
     for (int i = 0; i < 4; ++i)
       msg[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), kMask);
+    // Fully unrolled so that msg[] lives in registers.
+#pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       __m128i& cur = msg[r & 3];
       __m128i m = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kK[4 * r])));

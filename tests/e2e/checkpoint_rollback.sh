@@ -25,6 +25,7 @@ rollback() {
   pass "$name: rolled back, job unchanged"
 }
 
+if fake_only "driver fault injection (FAKECUDA_FAIL)"; then
 # The driver checkpoint of the (only) process fails: it is unlocked again.
 ENVS=(FAKECUDA_FAIL=cuCheckpointProcessCheckpoint:1:2)
 rollback drvfail "checkpoint phase.*cuCheckpointProcessCheckpoint of process [0-9]+" \
@@ -39,6 +40,8 @@ CHILD=1 rollback lockfail "lock phase.*cuCheckpointProcessLock of process [0-9]+
 ENVS=(FAKECUDA_FAIL=cuCheckpointProcessCheckpoint:2:2)
 CHILD=1 rollback ckptfail2 "checkpoint phase.*of process [0-9]+" \
   --mib 4 --children 1 --interval-ms 20
+
+fi
 
 # CRIU dump fails after every process was checkpointed by the driver.
 mkdir -p "$T/badcriu"

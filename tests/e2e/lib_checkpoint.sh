@@ -2,12 +2,18 @@
 #
 # Environment: CUSNAP_BINARY_DIR (the build: bin/cusnap, bin/cusnap-pattern-job,
 # lib/), CUSNAP_FAKECUDA_DIR (the simulated driver, put on LD_LIBRARY_PATH for
-# cusnap and the jobs). Each test gets a private temporary directory $T and
-# runtime base; every supervisor and job started here is killed on exit.
+# cusnap and the jobs), or CUSNAP_REAL_DRIVER=1 to run against the system's
+# driver (scripts/gpu-test.sh); parts that need the simulated driver's fault
+# injection or its allocation names are then skipped through fake_only.
+# Each test gets a private temporary directory $T and runtime base; every
+# supervisor and job started here is killed on exit.
 set -euo pipefail
 
 : "${CUSNAP_BINARY_DIR:?CUSNAP_BINARY_DIR must name the build directory}"
-: "${CUSNAP_FAKECUDA_DIR:?CUSNAP_FAKECUDA_DIR must name the simulated driver directory}"
+REAL_DRIVER=${CUSNAP_REAL_DRIVER:-0}
+if [ "$REAL_DRIVER" != 1 ]; then
+  : "${CUSNAP_FAKECUDA_DIR:?CUSNAP_FAKECUDA_DIR must name the simulated driver directory}"
+fi
 BIN=$CUSNAP_BINARY_DIR/bin
 CUSNAP=$BIN/cusnap
 PATTERN_JOB=$BIN/cusnap-pattern-job
@@ -22,7 +28,17 @@ for f in "$CUSNAP" "$PATTERN_JOB" "$SHARE_JOB"; do
   [ -x "$f" ] || { echo "FAIL: $f is not built"; exit 1; }
 done
 
-export LD_LIBRARY_PATH="$CUSNAP_FAKECUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "$REAL_DRIVER" != 1 ]; then
+  export LD_LIBRARY_PATH="$CUSNAP_FAKECUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# fake_only WHAT: true on the simulated driver; on the real one says WHAT is
+# not run there and returns false.
+fake_only() {
+  [ "$REAL_DRIVER" != 1 ] && return 0
+  echo "note: not run on the real driver: $*"
+  return 1
+}
 T=$(mktemp -d /tmp/cusnap-e2e.XXXXXX)
 chmod 755 "$T"
 export CUSNAP_RUNTIME_BASE=$T/run
