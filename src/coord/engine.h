@@ -78,11 +78,16 @@ struct CheckpointResult {
 /// Checkpoints a running job into opts.dir: checks every precondition first
 /// (root, CRIU >= 4.1, driver with the checkpoint API, empty dir, no shared
 /// device memory between processes), then driver lock + checkpoint of every
-/// CUDA process, CRIU dump of the tree (--leave-running keeps it alive),
-/// manifest written atomically. Without leave_running the job's processes are
-/// killed after a successful dump (the supervisor reaps them). Any failure
-/// before the dump completes restores and unlocks GPU state and leaves the job
-/// running. The caller serialises checkpoints of one job.
+/// CUDA process, CRIU dump of the tree, checksums, manifest written last and
+/// atomically (a directory without it never restores). Without leave_running
+/// the tree stays stopped after the dump and is killed (SIGKILL, the
+/// supervisor reaps) once the manifest is written; with it, GPU state is
+/// restored and unlocked right after the dump, so the job runs on while the
+/// checksums are computed. Any failure before the job is killed restores and
+/// unlocks GPU state and leaves the job running (out->code kExitFailure), or
+/// refuses before changing anything (kExitRefused). Progress phases: check,
+/// driver-checkpoint, dump (bytes written), driver-restore, checksum (bytes
+/// hashed), stop. The caller serialises checkpoints of one job.
 bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const ProgressSink& progress,
                     CheckpointResult* out, std::string* err);
 

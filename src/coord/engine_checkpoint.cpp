@@ -137,8 +137,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   }
   std::string criu_dir = opts.dir + "/criu";
   std::error_code ec;
+  // A checkpoint holds the job's whole memory: a directory made here is
+  // private to its owner (one given empty keeps the mode it has).
   if (!dir_existed) fs::create_directory(opts.dir, ec);
-  if (!ec) fs::permissions(opts.dir, fs::perms::owner_all, ec);
+  if (!ec && !dir_existed) fs::permissions(opts.dir, fs::perms::owner_all, ec);
   if (!ec) fs::create_directory(criu_dir, ec);
   if (ec) {
     *err = "cannot create the checkpoint directory " + criu_dir + ": " + ec.message();
