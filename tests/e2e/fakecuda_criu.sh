@@ -48,8 +48,10 @@ grep -q 'memfd:fakecuda' "/proc/$PID/maps" && fail "device memfds still mapped a
 before=$(ticks)
 
 mkdir "$T/img"
-"$CRIU" dump -t "$PID" -D "$T/img" -o dump.log || fail "criu dump"
-wait "$CHILD" 2>/dev/null || true  # reap: restore fails while the pid is a zombie
+exec 3>&2 2>/dev/null  # bash reports the dumped (killed) child on stderr
+"$CRIU" dump -t "$PID" -D "$T/img" -o dump.log || { exec 2>&3; fail "criu dump"; }
+wait "$CHILD" || true  # reap: restore fails while the pid is a zombie
+exec 2>&3 3>&-
 kill -0 "$PID" 2>/dev/null && fail "process still alive after dump"
 
 "$CRIU" restore -d -D "$T/img" -o restore.log || fail "criu restore"

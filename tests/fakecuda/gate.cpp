@@ -77,6 +77,9 @@ void parse_locked(Faults& f) {
 
 }  // namespace
 
+void faults_before_fork() { faults().mu.lock(); }
+void faults_after_fork() { faults().mu.unlock(); }
+
 void faults_reload() {
   Faults& f = faults();
   std::lock_guard<std::mutex> l(f.mu);

@@ -27,6 +27,9 @@ Gate& gate();
 CUresult fault_for(const char* base);
 /// Forgets parsed FAKECUDA_FAIL / FAKECUDA_DELAY settings (tests change them).
 void faults_reload();
+/// Fork handlers: hold the fault table's lock across fork.
+void faults_before_fork();
+void faults_after_fork();
 
 /// RAII: waits at the gate, counts the thread in flight. Re-entrant per thread.
 class GateGuard {

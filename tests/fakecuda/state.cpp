@@ -54,11 +54,13 @@ namespace {
 void before_fork() {
   gate().mu.lock();
   driver().mu.lock();
+  faults_before_fork();
 }
 
 void after_fork_parent() {
-  gate().mu.unlock();
+  faults_after_fork();
   driver().mu.unlock();
+  gate().mu.unlock();
 }
 
 void after_fork_child() {
@@ -85,8 +87,9 @@ void after_fork_child() {
   g.locking = false;
   g.inflight = 0;
   control_server_after_fork();
-  g.mu.unlock();
+  faults_after_fork();
   d.mu.unlock();
+  g.mu.unlock();
   faults_reload();
 }
 
