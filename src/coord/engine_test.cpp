@@ -120,10 +120,37 @@ std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
   return out;
 }
 
-void kill_and_reap(pid_t root) {
-  for (const ProcessInfo& pi : list_job_processes(root)) kill(pi.pid, SIGKILL);
-  while (waitpid(-1, nullptr, 0) > 0) {
+// Reaps the given processes (our children, or orphans of them that this
+// subreaper adopts) until they are gone; other children are left alone.
+void reap(const std::vector<pid_t>& pids) {
+  for (int i = 0; i < 1000; ++i) {
+    bool any = false;
+    for (pid_t pid : pids) {
+      waitpid(pid, nullptr, WNOHANG);
+      any |= access(("/proc/" + std::to_string(pid)).c_str(), F_OK) == 0;
+    }
+    if (!any) return;
+    usleep(10000);
   }
+}
+
+// The pids a checkpoint recorded.
+std::vector<pid_t> manifest_pids(const std::string& dir) {
+  Manifest m;
+  std::string err;
+  std::vector<pid_t> pids;
+  if (read_manifest(dir, &m, &err))
+    for (const auto& p : m.processes) pids.push_back(p.pid);
+  return pids;
+}
+
+void kill_and_reap(pid_t root) {
+  std::vector<pid_t> pids;
+  for (const ProcessInfo& pi : list_job_processes(root)) {
+    kill(pi.pid, SIGKILL);
+    pids.push_back(pi.pid);
+  }
+  reap(pids);
 }
 
 // Reads whole lines from fd until n numbers arrived or timeout; returns them.
@@ -198,8 +225,7 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
   int status;
   REQUIRE(waitpid(job_pid, &status, 0) == job_pid);
   CHECK(WIFSIGNALED(status));
-  while (waitpid(-1, nullptr, 0) > 0) {
-  }
+  reap(manifest_pids(opts.dir));
   auto drained = read_numbers(p[0], 1000, 300);
   long last = drained.empty() ? before.back() : drained.back();
   close(p[0]);
@@ -230,9 +256,7 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
     CHECK(after[0] <= last + 1);
     CHECK(after[1] == after[0] + 1);
     // The supervisor's part: kill the whole tree and reap every process.
-    for (const ProcessInfo& pi : list_job_processes(rr.root_pid)) kill(pi.pid, SIGKILL);
-    while (waitpid(-1, nullptr, 0) > 0) {
-    }
+    kill_and_reap(rr.root_pid);
     close(q[0]);
   }
 
@@ -401,8 +425,7 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     REQUIRE(m.processes.size() == 2);
     CHECK(m.processes[0].uses_cuda);
     CHECK(m.processes[1].uses_cuda);
-    while (waitpid(-1, nullptr, 0) > 0) {
-    }
+    reap(manifest_pids(opts.dir));
     close(p[0]);
     int q[2];
     REQUIRE(pipe2(q, O_CLOEXEC) == 0);
