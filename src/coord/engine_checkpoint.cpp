@@ -278,7 +278,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     mp.cmdline = p.cmdline;
     mp.uses_cuda = std::find(scan.cuda.begin(), scan.cuda.end(), p.pid) != scan.cuda.end();
     if (mp.uses_cuda) {
-      mp.gpus = process_gpu_uuids(p.pid);
+      mp.gpus = scan.gpu_uuids[p.pid];
       if (mp.gpus.empty())
         for (const GpuDevice& g : scan.gpus) mp.gpus.push_back(g.uuid);
     }

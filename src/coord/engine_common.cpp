@@ -77,6 +77,7 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
     }
     p.cuda_state = process_state_name(st);
     out->cuda.push_back(p.pid);
+    out->gpu_uuids[p.pid] = process_gpu_uuids(p.pid);
   }
   return true;
 }

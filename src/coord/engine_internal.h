@@ -33,6 +33,9 @@ class Stopwatch {
 struct JobScan {
   std::vector<ProcessInfo> procs;  ///< the tree, root first
   std::vector<pid_t> cuda;         ///< processes the driver knows, in tree order
+  /// GPUs each CUDA process has open, read before the driver checkpoint
+  /// closes the device files (empty where /proc does not tell).
+  std::map<pid_t, std::vector<std::string>> gpu_uuids;
   std::vector<GpuDevice> gpus;     ///< when there are CUDA processes
   int driver_version = 0;
 };
