@@ -128,12 +128,19 @@ bool ControlServer::begin_engine(const std::string& op, proto::Result* refusal) 
     return false;
   }
   ctx_->engine_op = op;
+  ++ctx_->replies_pending;
   return true;
 }
 
-void ControlServer::end_engine() {
+void ControlServer::end_engine(proto::Channel& ch, const proto::Result& result) {
+  {
+    std::lock_guard lk(ctx_->mu);
+    ctx_->engine_op.clear();
+  }
+  std::string err;
+  ch.send(proto::kMsgResult, result, &err);
   std::lock_guard lk(ctx_->mu);
-  ctx_->engine_op.clear();
+  --ctx_->replies_pending;
   ctx_->cv.notify_all();
   wake(ctx_->wake_fd);
 }
@@ -226,11 +233,8 @@ void ControlServer::serve(UniqueFd conn) {
       bool alive = ::kill(info.root_pid, 0) == 0 || errno == EPERM;
       result = make_result(false, alive ? kExitFailure : kExitJobLost, cerr);
     }
-    {
-      std::lock_guard lk(send_mu);
-      ch.send(proto::kMsgResult, result, &err);
-    }
-    end_engine();
+    std::lock_guard lk(send_mu);
+    end_engine(ch, result);
     return;
   }
   if (req.type == proto::kMsgSuspend || req.type == proto::kMsgResume) {
@@ -259,8 +263,7 @@ void ControlServer::serve(UniqueFd conn) {
       }
     }
     if (before.empty()) {
-      ch.send(proto::kMsgResult, refusal, &err);
-      end_engine();
+      end_engine(ch, refusal);
       return;
     }
     std::string serr;
@@ -271,8 +274,7 @@ void ControlServer::serve(UniqueFd conn) {
       ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
     }
     nlohmann::json d = {{"job", info.name}, {"state", ok ? (suspend ? "suspended" : "running") : before}};
-    ch.send(proto::kMsgResult, make_result(ok, ok ? kExitOk : kExitFailure, serr, d.dump()), &err);
-    end_engine();
+    end_engine(ch, make_result(ok, ok ? kExitOk : kExitFailure, serr, d.dump()));
     return;
   }
   ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"), &err);

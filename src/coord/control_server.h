@@ -22,6 +22,7 @@
 #include "coord/engine.h"
 #include "proto/control.h"
 #include "proto/unique_fd.h"
+#include "proto/wire.h"
 
 namespace cusnap {
 
@@ -34,6 +35,9 @@ struct JobContext {
   JobInfo info;
   proto::JobStatus status;
   std::string engine_op;         ///< the engine call running ("checkpoint", ...), empty when idle
+  /// Engine calls whose result is not yet sent: the supervisor does not end
+  /// before its client heard how the checkpoint that stopped the job went.
+  int replies_pending = 0;
   std::string stopped_dir;       ///< set when a checkpoint stopped the job
   RuntimeDir* rundir = nullptr;  ///< job.json is rewritten on every state change
   int wake_fd = -1;              ///< eventfd the main loop polls: written when engine_op clears
@@ -55,7 +59,9 @@ class ControlServer {
   void accept_loop();
   void serve(UniqueFd conn);
   bool begin_engine(const std::string& op, proto::Result* refusal);
-  void end_engine();
+  /// Marks the engine idle (so the client's next request is not refused),
+  /// then sends the result.
+  void end_engine(proto::Channel& ch, const proto::Result& result);
 
   JobContext* ctx_;
   CoordinatorOps ops_;

@@ -124,7 +124,7 @@ TEST_CASE("control server: a checkpoint streams progress; a second one is refuse
   std::lock_guard lk(f.ctx.mu);
   CHECK(f.ctx.stopped_dir == "/tmp/ckpt");
   CHECK(f.ctx.status.state == "stopped");
-  CHECK(f.ctx.engine_op.empty());
+  CHECK(f.ctx.engine_op.empty());  // cleared before the result was sent
 }
 
 TEST_CASE("control server: malformed and unknown requests get a usage result") {

@@ -167,7 +167,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     bool idle;
     {
       std::lock_guard lk(ctx_.mu);
-      idle = ctx_.engine_op.empty();
+      idle = ctx_.engine_op.empty() && ctx_.replies_pending == 0;
     }
     if (root_done && drain_deadline == Clock::time_point{}) drain_deadline = Clock::now() + cfg_.drain_grace;
     if (root_done && idle && ((!out_r && !err_r) || Clock::now() >= drain_deadline)) break;
