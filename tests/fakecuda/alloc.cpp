@@ -148,7 +148,8 @@ FC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CU
   return address_range(pbase, psize, dptr);
 }
 
-FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psize, CUdeviceptr_v1 dptr) {
+FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psize,
+                                        CUdeviceptr_v1 dptr) {
   FC_ENTER("cuMemGetAddressRange");
   CUdeviceptr b = 0;
   size_t s = 0;
@@ -160,7 +161,8 @@ FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psi
   return r;
 }
 
-FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                         CUdeviceptr ptr) {
   FC_ENTER("cuPointerGetAttribute");
   FC_REQUIRE_INIT();
   if (!data) return CUDA_ERROR_INVALID_VALUE;
@@ -175,25 +177,51 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
       return CUDA_ERROR_INVALID_VALUE;
     --h;
     switch (attribute) {
-      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST; return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST;
+        return CUDA_SUCCESS;
       case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<void**>(data) = reinterpret_cast<void*>(ptr); return CUDA_SUCCESS;
-      default: return CUDA_ERROR_INVALID_VALUE;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
   }
   Allocation* a = find_alloc(m->alloc);
   switch (attribute) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]); return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = ptr; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a->dev; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = base; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = m->size; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<int*>(data) = a->kind == AllocKind::kLegacy; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *static_cast<unsigned long long*>(data) = a->prop.requestedHandleTypes; return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = a->id; return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = ptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = a->dev;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = m->size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<int*>(data) = a->kind == AllocKind::kLegacy;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *static_cast<unsigned long long*>(data) = a->prop.requestedHandleTypes;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = a->id;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -247,7 +275,8 @@ FC_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, uns
   FC_REQUIRE_INIT();
   if (!pdptr || !p || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
-  if (check_range(reinterpret_cast<uintptr_t>(p), 1, false) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  if (check_range(reinterpret_cast<uintptr_t>(p), 1, false) != CUDA_SUCCESS)
+    return CUDA_ERROR_INVALID_VALUE;
   *pdptr = reinterpret_cast<uintptr_t>(p);
   return CUDA_SUCCESS;
 }

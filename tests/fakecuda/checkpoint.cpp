@@ -71,7 +71,7 @@ CUresult restore_memory() {
       close(fd);
       return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    struct stat st{};
+    struct stat st {};
     fstat(fd, &st);
     munmap(a.saved, a.size);
     a.saved = nullptr;
@@ -91,7 +91,9 @@ CUresult restore_memory() {
   return CUDA_SUCCESS;
 }
 
-bool same_uuid(const CUuuid& a, const CUuuid& b) { return memcmp(a.bytes, b.bytes, sizeof a.bytes) == 0; }
+bool same_uuid(const CUuuid& a, const CUuuid& b) {
+  return memcmp(a.bytes, b.bytes, sizeof a.bytes) == 0;
+}
 
 /// Maps this process's devices onto the caller's by UUID (pairs remap).
 /// Precondition: Driver::mu held.
@@ -228,16 +230,27 @@ CtlReply ctl_handle(const CtlRequest& req, int* fd_send) {
       rep.value = gate().state;
       break;
     }
-    case CtlOp::kLock: r = do_lock(req.timeout_ms); break;
-    case CtlOp::kCheckpoint: r = do_checkpoint(); break;
-    case CtlOp::kRestore: r = do_restore(req); break;
-    case CtlOp::kUnlock: r = do_unlock(); break;
-    case CtlOp::kRestoreThreadId: rep.value = control_thread_id(); break;
+    case CtlOp::kLock:
+      r = do_lock(req.timeout_ms);
+      break;
+    case CtlOp::kCheckpoint:
+      r = do_checkpoint();
+      break;
+    case CtlOp::kRestore:
+      r = do_restore(req);
+      break;
+    case CtlOp::kUnlock:
+      r = do_unlock();
+      break;
+    case CtlOp::kRestoreThreadId:
+      rep.value = control_thread_id();
+      break;
     case CtlOp::kGetIpcFd:
       *fd_send = ipc_fd(req.arg);
       if (*fd_send < 0) r = CUDA_ERROR_INVALID_VALUE;
       break;
-    default: r = CUDA_ERROR_INVALID_VALUE;
+    default:
+      r = CUDA_ERROR_INVALID_VALUE;
   }
   rep.result = r;
   return rep;
@@ -272,7 +285,8 @@ FC_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
 FC_EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
   FC_ENTER_UNGATED("cuCheckpointProcessLock");
   FC_REQUIRE_INIT();
-  if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1))) return CUDA_ERROR_INVALID_VALUE;
+  if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1)))
+    return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
   req.op = CtlOp::kLock;
   req.timeout_ms = args ? args->timeoutMs : 0;
@@ -294,7 +308,8 @@ FC_EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
   CtlRequest req{};
   req.op = CtlOp::kRestore;
   if (args) {
-    if (!all_zero(args->reserved, sizeof args->reserved) || args->reserved1) return CUDA_ERROR_INVALID_VALUE;
+    if (!all_zero(args->reserved, sizeof args->reserved) || args->reserved1)
+      return CUDA_ERROR_INVALID_VALUE;
     if (args->gpuPairsCount > static_cast<unsigned>(kMaxPairs)) return CUDA_ERROR_INVALID_VALUE;
     if (args->gpuPairsCount > 0 && !args->gpuPairs) return CUDA_ERROR_INVALID_VALUE;
     req.pair_count = args->gpuPairsCount;

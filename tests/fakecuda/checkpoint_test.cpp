@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -99,7 +99,8 @@ TEST_CASE("fakecuda: checkpoint state machine on another process") {
   int tid = 0;
   CHECK(cuCheckpointProcessGetRestoreThreadId(t.pid, &tid) == CUDA_SUCCESS);
   struct stat st;
-  CHECK(stat(("/proc/" + std::to_string(t.pid) + "/task/" + std::to_string(tid)).c_str(), &st) == 0);
+  CHECK(stat(("/proc/" + std::to_string(t.pid) + "/task/" + std::to_string(tid)).c_str(), &st) ==
+        0);
 
   CUcheckpointLockArgs la{};
   la.timeoutMs = 2000;
@@ -247,7 +248,8 @@ int exporter_main(int sock) {
   FC_REQ(cuMemsetD8(buf.ptr, 0x77, kGran) == CUDA_SUCCESS);
   for (;;) {
     int fd = -1;
-    FC_REQ(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+    FC_REQ(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                        0) == CUDA_SUCCESS);
     FC_REQ(send_fd(sock, fd));
     close(fd);
     uint64_t cmd = kExit;
@@ -284,7 +286,8 @@ int importer_main(int sock) {
       fd = recv_fd(sock);
       FC_REQ(fd >= 0);
       FC_REQ(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+             CUDA_SUCCESS);
       close(fd);
       FC_REQ(cuMemMap(va, kGran, 0, h, 0) == CUDA_SUCCESS);
       CUmemAccessDesc acc{};
@@ -324,7 +327,8 @@ void full_cycle_ok(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("fakecuda: a POSIX-fd importer checkpoints but cannot restore (801), then unlock gives 401") {
+TEST_CASE(
+    "fakecuda: a POSIX-fd importer checkpoints but cannot restore (801), then unlock gives 401") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   Pair p = spawn_pair();
   pid_t imp = p.importer.pid;
@@ -340,7 +344,8 @@ TEST_CASE("fakecuda: a POSIX-fd importer checkpoints but cannot restore (801), t
   CHECK(p.exporter.join() == 0);
 }
 
-TEST_CASE("fakecuda: an importer that released its import restores and re-imports at the same address") {
+TEST_CASE(
+    "fakecuda: an importer that released its import restores and re-imports at the same address") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   Pair p = spawn_pair();
   pid_t imp = p.importer.pid;
@@ -364,7 +369,8 @@ TEST_CASE("fakecuda: an importer that released its import restores and re-import
   CHECK(p.exporter.join() == 0);
 }
 
-TEST_CASE("fakecuda: a legacy IPC importer checkpoints but cannot restore (1), then unlock gives 401") {
+TEST_CASE(
+    "fakecuda: a legacy IPC importer checkpoints but cannot restore (1), then unlock gives 401") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   Child creator = spawn([](int sock) {
     FC_REQ(init_primary() == CUDA_SUCCESS);

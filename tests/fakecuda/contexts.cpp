@@ -174,8 +174,8 @@ FC_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
   if (numParams < 0 || (numParams > 0 && !paramsArray)) return CUDA_ERROR_INVALID_VALUE;
   return ctx_create(pctx, flags, dev);
 }
-FC_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags,
-                                  CUdevice dev) {
+FC_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                  unsigned int flags, CUdevice dev) {
   FC_ENTER("cuCtxCreate");
   if (ctxCreateParams && (ctxCreateParams->execAffinityParams || ctxCreateParams->cigParams))
     return CUDA_ERROR_NOT_SUPPORTED;

@@ -104,7 +104,9 @@ void server_loop(int lfd) {
 
 }  // namespace
 
-int control_thread_id() { return g_server_tid.load(); }
+int control_thread_id() {
+  return g_server_tid.load();
+}
 
 CUresult start_control_server() {
   std::lock_guard<std::mutex> l(g_server_mu);
@@ -165,8 +167,10 @@ CUresult ctl_call(int pid, const CtlRequest& req, CtlReply* reply, int* fd_out) 
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int got;
       memcpy(&got, CMSG_DATA(c), sizeof got);
-      if (fd_out && *fd_out < 0) *fd_out = got;
-      else close(got);
+      if (fd_out && *fd_out < 0)
+        *fd_out = got;
+      else
+        close(got);
     }
   }
   // Read until EOF: the server has closed its end before we return.

@@ -46,14 +46,18 @@ TEST_CASE("fakecuda: devices from the environment") {
   auto uuid_of = [](const char* seed, int dev, CUuuid* out) {
     return run_child([=] {
       setenv("FAKECUDA_DEVICES", "3", 1);
-      if (seed) setenv("FAKECUDA_UUID_SEED", seed, 1);
-      else unsetenv("FAKECUDA_UUID_SEED");
+      if (seed)
+        setenv("FAKECUDA_UUID_SEED", seed, 1);
+      else
+        unsetenv("FAKECUDA_UUID_SEED");
       FC_REQ(cuInit(0) == CUDA_SUCCESS);
       CUuuid u;
       FC_REQ(cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS);
       // Report the first byte pair through the exit status (hash check below).
       (void)out;
-      return (static_cast<unsigned char>(u.bytes[0]) ^ static_cast<unsigned char>(u.bytes[15])) % 200 + 1;
+      return (static_cast<unsigned char>(u.bytes[0]) ^ static_cast<unsigned char>(u.bytes[15])) %
+                 200 +
+             1;
     });
   };
   // Deterministic: the same seed and index give the same UUID in two processes.
@@ -72,7 +76,8 @@ TEST_CASE("fakecuda: devices from the environment") {
           FC_REQ(cuDeviceGet(&d, 3) == CUDA_ERROR_INVALID_DEVICE);
           FC_REQ(cuDeviceGet(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
           char name[64];
-          FC_REQ(cuDeviceGetName(name, sizeof name, 1) == CUDA_SUCCESS && std::string(name) == "Test GPU");
+          FC_REQ(cuDeviceGetName(name, sizeof name, 1) == CUDA_SUCCESS &&
+                 std::string(name) == "Test GPU");
           FC_REQ(cuDeviceGetName(name, sizeof name, 7) == CUDA_ERROR_INVALID_DEVICE);
           size_t total = 0;
           FC_REQ(cuDeviceTotalMem(&total, 0) == CUDA_SUCCESS && total == (size_t{1} << 30));
@@ -84,14 +89,27 @@ TEST_CASE("fakecuda: devices from the environment") {
           FC_REQ(memcmp(&a, &a2, sizeof a) == 0);
           FC_REQ(cuDeviceGetUuid(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
           int v = -1;
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0) == CUDA_SUCCESS && v == 9);
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0) == CUDA_SUCCESS && v == 0);
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) == CUDA_SUCCESS && v == 0);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0) ==
+                     CUDA_SUCCESS &&
+                 v == 9);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0) ==
+                     CUDA_SUCCESS &&
+                 v == 0);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                      0) == CUDA_SUCCESS &&
+                 v == 1);
+          FC_REQ(cuDeviceGetAttribute(
+                     &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0) ==
+                     CUDA_SUCCESS &&
+                 v == 1);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) ==
+                     CUDA_SUCCESS &&
+                 v == 0);
           FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0) == CUDA_ERROR_INVALID_VALUE);
-          FC_REQ(cuDeviceGetAttribute(nullptr, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0) == CUDA_ERROR_INVALID_VALUE);
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 9) == CUDA_ERROR_INVALID_DEVICE);
+          FC_REQ(cuDeviceGetAttribute(nullptr, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0) ==
+                 CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 9) ==
+                 CUDA_ERROR_INVALID_DEVICE);
           char bus[32];
           FC_REQ(cuDeviceGetPCIBusId(bus, sizeof bus, 2) == CUDA_SUCCESS);
           FC_REQ(cuDeviceGetByPCIBusId(&d, bus) == CUDA_SUCCESS && d == 2);
@@ -101,7 +119,9 @@ TEST_CASE("fakecuda: devices from the environment") {
           setenv("FAKECUDA_MULTICAST", "1", 1);
           FC_REQ(cuInit(0) == CUDA_SUCCESS);
           int v = 0;
-          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
+          FC_REQ(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0) ==
+                     CUDA_SUCCESS &&
+                 v == 1);
           return 0;
         }) == 0);
   CHECK(run_child([] {
@@ -157,7 +177,8 @@ TEST_CASE("fakecuda: primary and created contexts") {
           FC_REQ(cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == p1);
           FC_REQ(cuCtxPushCurrent(c) == CUDA_SUCCESS);
           unsigned long long id1 = 0, id2 = 0;
-          FC_REQ(cuCtxGetId(c, &id1) == CUDA_SUCCESS && cuCtxGetId(p1, &id2) == CUDA_SUCCESS && id1 != id2);
+          FC_REQ(cuCtxGetId(c, &id1) == CUDA_SUCCESS && cuCtxGetId(p1, &id2) == CUDA_SUCCESS &&
+                 id1 != id2);
           FC_REQ(cuCtxDestroy(c) == CUDA_SUCCESS);
           FC_REQ(cuCtxDestroy(c) == CUDA_ERROR_INVALID_CONTEXT);
           FC_REQ(cuCtxPushCurrent(c) == CUDA_ERROR_INVALID_CONTEXT);

@@ -52,9 +52,13 @@ int Child::join() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-bool send_u64(int sock, uint64_t v) { return send(sock, &v, sizeof v, MSG_NOSIGNAL) == sizeof v; }
+bool send_u64(int sock, uint64_t v) {
+  return send(sock, &v, sizeof v, MSG_NOSIGNAL) == sizeof v;
+}
 
-bool recv_u64(int sock, uint64_t* v) { return recv(sock, v, sizeof *v, MSG_WAITALL) == sizeof *v; }
+bool recv_u64(int sock, uint64_t* v) {
+  return recv(sock, v, sizeof *v, MSG_WAITALL) == sizeof *v;
+}
 
 bool send_fd(int sock, int fd) {
   char byte = 'F';

@@ -11,21 +11,22 @@
 #include <functional>
 
 /// CUDA 13.1 device-explicit multicast binds (not in the 13.0 headers).
-extern "C" CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                          CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
-                                          unsigned long long flags);
-extern "C" CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                           CUdeviceptr memptr, size_t size, unsigned long long flags);
+extern "C" CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                          size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                          size_t memOffset, size_t size, unsigned long long flags);
+extern "C" CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                           size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                           unsigned long long flags);
 
 namespace fctest {
 
 /// Inside a forked child: prints the failed condition and returns 1 from fn.
-#define FC_REQ(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
+#define FC_REQ(cond)                                                                      \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       fprintf(stderr, "child %d: %s:%d: %s\n", (int)getpid(), __FILE__, __LINE__, #cond); \
-      return 1;                                                               \
-    }                                                                         \
+      return 1;                                                                           \
+    }                                                                                     \
   } while (0)
 
 /// cuInit, device 0's primary context retained and made current.

@@ -49,7 +49,8 @@ std::vector<std::vector<std::string>> split_spec(const char* spec) {
     size_t fp = 0;
     while (fp <= item.size()) {
       size_t colon = item.find(':', fp);
-      fields.push_back(item.substr(fp, colon == std::string::npos ? std::string::npos : colon - fp));
+      fields.push_back(
+          item.substr(fp, colon == std::string::npos ? std::string::npos : colon - fp));
       if (colon == std::string::npos) break;
       fp = colon + 1;
     }
@@ -67,7 +68,8 @@ void parse_locked(Faults& f) {
   f.log = log && strcmp(log, "0") != 0 && *log;
   for (auto& it : split_spec(getenv("FAKECUDA_FAIL"))) {
     if (it.size() != 3) continue;
-    f.fail[it[0]][strtol(it[1].c_str(), nullptr, 10)] = static_cast<int>(strtol(it[2].c_str(), nullptr, 10));
+    f.fail[it[0]][strtol(it[1].c_str(), nullptr, 10)] =
+        static_cast<int>(strtol(it[2].c_str(), nullptr, 10));
   }
   for (auto& it : split_spec(getenv("FAKECUDA_DELAY"))) {
     if (it.size() != 2) continue;
@@ -77,8 +79,12 @@ void parse_locked(Faults& f) {
 
 }  // namespace
 
-void faults_before_fork() { faults().mu.lock(); }
-void faults_after_fork() { faults().mu.unlock(); }
+void faults_before_fork() {
+  faults().mu.lock();
+}
+void faults_after_fork() {
+  faults().mu.unlock();
+}
 
 void faults_reload() {
   Faults& f = faults();
@@ -110,7 +116,9 @@ CUresult fault_for(const char* base) {
       if (di != f.delay_ms.end()) delay = di->second;
     }
   }
-  if (log) fprintf(stderr, "fakecuda[%d]: %s%s\n", static_cast<int>(getpid()), base, err ? " (injected failure)" : "");
+  if (log)
+    fprintf(stderr, "fakecuda[%d]: %s%s\n", static_cast<int>(getpid()), base,
+            err ? " (injected failure)" : "");
   if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
   return static_cast<CUresult>(err);
 }

@@ -46,21 +46,21 @@ class GateGuard {
 
 }  // namespace fc
 
-#define FC_ENTER(base)                              \
-  ::fc::GateGuard fc_gate_guard_(true);             \
-  do {                                              \
-    CUresult fc_injected_ = ::fc::fault_for(base);  \
+#define FC_ENTER(base)                                     \
+  ::fc::GateGuard fc_gate_guard_(true);                    \
+  do {                                                     \
+    CUresult fc_injected_ = ::fc::fault_for(base);         \
     if (fc_injected_ != CUDA_SUCCESS) return fc_injected_; \
   } while (0)
 
-#define FC_ENTER_UNGATED(base)                      \
-  do {                                              \
-    CUresult fc_injected_ = ::fc::fault_for(base);  \
+#define FC_ENTER_UNGATED(base)                             \
+  do {                                                     \
+    CUresult fc_injected_ = ::fc::fault_for(base);         \
     if (fc_injected_ != CUDA_SUCCESS) return fc_injected_; \
   } while (0)
 
 /// Returns CUDA_ERROR_NOT_INITIALIZED before cuInit.
-#define FC_REQUIRE_INIT()                                          \
-  do {                                                             \
+#define FC_REQUIRE_INIT()                                               \
+  do {                                                                  \
     if (!::fc::driver().initialized) return CUDA_ERROR_NOT_INITIALIZED; \
   } while (0)

@@ -42,10 +42,12 @@ FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) 
 
 static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
   FC_REQUIRE_INIT();
-  if (!pdptr || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
+  if (!pdptr || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
+    return CUDA_ERROR_INVALID_VALUE;
   IpcHandle h;
   memcpy(&h, handle.reserved, sizeof h);
-  if (h.magic != kIpcMagic || h.pid <= 0 || h.size == 0 || h.size % kGranularity) return CUDA_ERROR_INVALID_VALUE;
+  if (h.magic != kIpcMagic || h.pid <= 0 || h.size == 0 || h.size % kGranularity)
+    return CUDA_ERROR_INVALID_VALUE;
   if (h.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
   Driver& d = driver();
   {
@@ -93,12 +95,14 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+FC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                         unsigned int Flags) {
   FC_ENTER("cuIpcOpenMemHandle");
   return ipc_open(pdptr, handle, Flags);
 }
 
-FC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+FC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                      unsigned int Flags) {
   FC_ENTER("cuIpcOpenMemHandle");
   return ipc_open(pdptr, handle, Flags);
 }

@@ -22,7 +22,8 @@ TEST_CASE("fakecuda: two processes share a POSIX-fd VMM allocation") {
     FC_REQ(vmm_create(2 * kGran, &buf) == CUDA_SUCCESS);
     FC_REQ(cuMemsetD32(buf.ptr, 0x11223344, 2 * kGran / 4) == CUDA_SUCCESS);
     int fd = -1;
-    FC_REQ(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+    FC_REQ(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                        0) == CUDA_SUCCESS);
     FC_REQ(send_fd(sock, fd));
     uint64_t v = 0;
     FC_REQ(recv_u64(sock, &v));  // the importer wrote
@@ -60,7 +61,8 @@ TEST_CASE("fakecuda: legacy IPC handles open the creator's cuMemAlloc memory") {
     FC_REQ(cuMemsetD8(p, 0x5a, 1 << 20) == CUDA_SUCCESS);
     CUipcMemHandle h;
     FC_REQ(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);
-    FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT);  // own
+    FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+           CUDA_ERROR_INVALID_CONTEXT);  // own
     FC_REQ(send(sock, &h, sizeof h, 0) == sizeof h);
     uint64_t v;
     FC_REQ(recv_u64(sock, &v));
@@ -83,7 +85,10 @@ TEST_CASE("fakecuda: legacy IPC handles open the creator's cuMemAlloc memory") {
   CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
   CHECK(cuIpcCloseMemHandle(p) == CUDA_ERROR_INVALID_VALUE);
   CUipcMemHandle junk{};
-  CHECK(cuIpcOpenMemHandle(&p, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuIpcOpenMemHandle(nullptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_VALUE);  // creator gone
+  CHECK(cuIpcOpenMemHandle(&p, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuIpcOpenMemHandle(nullptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+        CUDA_ERROR_INVALID_VALUE);  // creator gone
 }

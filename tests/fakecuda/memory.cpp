@@ -30,7 +30,8 @@ Reservation* find_reservation(uintptr_t p, uintptr_t* base) {
 
 int make_memfd(pid_t creator, uint64_t id, size_t size) {
   char name[64];
-  snprintf(name, sizeof name, "fakecuda:%d:%llu", static_cast<int>(creator), static_cast<unsigned long long>(id));
+  snprintf(name, sizeof name, "fakecuda:%d:%llu", static_cast<int>(creator),
+           static_cast<unsigned long long>(id));
   int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return -1;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -53,7 +54,7 @@ CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id)
   uint64_t nid = d.next_alloc_id++;
   int fd = make_memfd(getpid(), nid, size);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  struct stat st{};
+  struct stat st {};
   fstat(fd, &st);
   Allocation& a = d.allocs[nid];
   a.id = nid;
@@ -81,8 +82,9 @@ CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused) {
   target[n] = '\0';
   int creator = 0;
   unsigned long long cid = 0;
-  if (sscanf(target, "/memfd:fakecuda:%d:%llu", &creator, &cid) != 2) return CUDA_ERROR_INVALID_VALUE;
-  struct stat st{};
+  if (sscanf(target, "/memfd:fakecuda:%d:%llu", &creator, &cid) != 2)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
   for (auto& [aid, a] : d.allocs) {
@@ -122,18 +124,21 @@ void maybe_destroy(uint64_t id) {
   if (a.handle_refs > 0 || a.map_refs > 0) return;
   if (a.fd >= 0) close(a.fd);
   if (a.saved) munmap(a.saved, a.size);
-  if (!a.imported && (a.kind == AllocKind::kVmm || a.kind == AllocKind::kLegacy) && static_cast<size_t>(a.dev) < d.devices.size())
+  if (!a.imported && (a.kind == AllocKind::kVmm || a.kind == AllocKind::kLegacy) &&
+      static_cast<size_t>(a.dev) < d.devices.size())
     d.devices[a.dev].used -= a.size;
   d.allocs.erase(it);
 }
 
-CUresult reserve_va(size_t size, size_t align, uintptr_t hint, bool low32, bool internal, uintptr_t* out) {
+CUresult reserve_va(size_t size, size_t align, uintptr_t hint, bool low32, bool internal,
+                    uintptr_t* out) {
   if (size == 0 || size % kGranularity) return CUDA_ERROR_INVALID_VALUE;
   if (align < kGranularity) align = kGranularity;
   if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
   void* p = MAP_FAILED;
   if (hint && hint % align == 0) {
-    p = mmap(reinterpret_cast<void*>(hint), size, PROT_NONE, kAnonFlags | MAP_FIXED_NOREPLACE, -1, 0);
+    p = mmap(reinterpret_cast<void*>(hint), size, PROT_NONE, kAnonFlags | MAP_FIXED_NOREPLACE, -1,
+             0);
     if (p != MAP_FAILED && reinterpret_cast<uintptr_t>(p) != hint) {
       munmap(p, size);  // old kernels treat the flag as a hint
       p = MAP_FAILED;
@@ -209,7 +214,8 @@ CUresult unmap_range(uintptr_t va, size_t size) {
   if (p != va + size) return CUDA_ERROR_INVALID_VALUE;
   it = d.mappings.find(va);
   while (it != d.mappings.end() && it->first < va + size) {
-    mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE, kAnonFlags | MAP_FIXED, -1, 0);
+    mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE, kAnonFlags | MAP_FIXED, -1,
+         0);
     uint64_t id = it->second.alloc;
     it = d.mappings.erase(it);
     if (Allocation* a = find_alloc(id)) {
@@ -223,8 +229,10 @@ CUresult unmap_range(uintptr_t va, size_t size) {
 void apply_access(uintptr_t va, Mapping& m) {
   int prot = PROT_NONE;
   for (int i = 0; i < kMaxDevices; ++i) {
-    if (m.access[i] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
-    else if (m.access[i] == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+    if (m.access[i] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      prot = PROT_READ | PROT_WRITE;
+    else if (m.access[i] == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
+      prot = PROT_READ;
   }
   m.prot = prot;
   Allocation* a = find_alloc(m.alloc);
@@ -241,7 +249,9 @@ Mapping* find_mapping(uintptr_t p, uintptr_t* base) {
   return &it->second;
 }
 
-bool is_device_address(uintptr_t p) { return find_reservation(p, nullptr) != nullptr; }
+bool is_device_address(uintptr_t p) {
+  return find_reservation(p, nullptr) != nullptr;
+}
 
 CUresult check_range(uintptr_t p, size_t n, bool write) {
   if (p == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -256,7 +266,8 @@ CUresult check_range(uintptr_t p, size_t n, bool write) {
     uintptr_t base = 0;
     Mapping* m = find_mapping(p, &base);
     if (!m) return CUDA_ERROR_INVALID_VALUE;
-    if (!(m->prot & PROT_READ) || (write && !(m->prot & PROT_WRITE))) return CUDA_ERROR_INVALID_VALUE;
+    if (!(m->prot & PROT_READ) || (write && !(m->prot & PROT_WRITE)))
+      return CUDA_ERROR_INVALID_VALUE;
     size_t avail = base + m->size - p;
     size_t take = n < avail ? n : avail;
     p += take;

@@ -11,7 +11,9 @@
 
 namespace fc {
 
-constexpr size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+constexpr size_t round_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 /// Creates the memfd of allocation `id` owned by `creator`; -1 on failure.
 int make_memfd(pid_t creator, uint64_t id, size_t size);
@@ -28,7 +30,8 @@ void maybe_destroy(uint64_t id);
 
 /// Reserves [*out, *out+size); hint is honoured when free; low32 keeps the
 /// range below 4 GiB (for the 32-bit legacy entry points).
-CUresult reserve_va(size_t size, size_t align, uintptr_t hint, bool low32, bool internal, uintptr_t* out);
+CUresult reserve_va(size_t size, size_t align, uintptr_t hint, bool low32, bool internal,
+                    uintptr_t* out);
 /// Frees a whole reservation with no mappings inside.
 CUresult free_va(uintptr_t va, size_t size);
 

@@ -13,8 +13,10 @@ using namespace fctest;
 
 // Per-thread default stream names (cuda.h declares them only under
 // CUDA_API_PER_THREAD_DEFAULT_STREAM).
-extern "C" CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
-extern "C" CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+extern "C" CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
+                                         size_t ByteCount);
+extern "C" CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice,
+                                              size_t ByteCount, CUstream hStream);
 extern "C" CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 
 namespace {
@@ -111,7 +113,8 @@ TEST_CASE("fakecuda: memcpy families") {
   CHECK(cuMemcpyHtoD(a + (2 << 20) - 8, h.data(), 16) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemcpyDtoH(back.data(), 0, 16) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemcpyDtoD(a, 0x1000, 16) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuMemcpyHtoDAsync(a, h.data(), 16, reinterpret_cast<CUstream>(0x1234)) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuMemcpyHtoDAsync(a, h.data(), 16, reinterpret_cast<CUstream>(0x1234)) ==
+        CUDA_ERROR_INVALID_HANDLE);
   CHECK(cuMemcpyHtoD(a, h.data(), 0) == CUDA_SUCCESS);
 
   CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
@@ -159,7 +162,8 @@ TEST_CASE("fakecuda: page-locked host memory") {
   CUdeviceptr d;
   REQUIRE(cuMemAlloc(&d, 8192) == CUDA_SUCCESS);
   CHECK(cuMemcpyHtoD(d, h, 8192) == CUDA_SUCCESS);
-  CHECK(cuMemcpyDtoD(d, dp, 8192) == CUDA_SUCCESS);  // a mapped host pointer is a valid device address
+  CHECK(cuMemcpyDtoD(d, dp, 8192) ==
+        CUDA_SUCCESS);  // a mapped host pointer is a valid device address
   CHECK(reinterpret_cast<unsigned char*>(d)[8191] == 3);
   CHECK(cuMemFreeHost(h) == CUDA_SUCCESS);
   CHECK(cuMemFreeHost(h) == CUDA_ERROR_INVALID_VALUE);

@@ -9,18 +9,19 @@
 using namespace fc;
 
 /// CUDA 13.1 device-explicit bind forms (declared here while headers are 13.0).
-FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                         CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
-                                         unsigned long long flags);
-FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                          CUdeviceptr memptr, size_t size, unsigned long long flags);
+FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                         size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                         size_t memOffset, size_t size, unsigned long long flags);
+FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                          size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                          unsigned long long flags);
 
 namespace {
 
-#define FC_REQUIRE_MULTICAST()                                  \
-  do {                                                          \
-    FC_REQUIRE_INIT();                                          \
-    if (!driver().multicast) return CUDA_ERROR_NOT_SUPPORTED;   \
+#define FC_REQUIRE_MULTICAST()                                \
+  do {                                                        \
+    FC_REQUIRE_INIT();                                        \
+    if (!driver().multicast) return CUDA_ERROR_NOT_SUPPORTED; \
   } while (0)
 
 /// Precondition: Driver::mu held.
@@ -42,9 +43,11 @@ bool overlaps(const Allocation& mc, CUdevice dev, size_t off, size_t size) {
 }
 
 /// Checks a bind's common arguments. Precondition: Driver::mu held.
-CUresult check_bind(Allocation* mc, CUdevice dev, size_t mc_offset, size_t size, unsigned long long flags) {
+CUresult check_bind(Allocation* mc, CUdevice dev, size_t mc_offset, size_t size,
+                    unsigned long long flags) {
   if (!mc) return CUDA_ERROR_INVALID_HANDLE;
-  if (flags != 0 || size == 0 || size % kGranularity || mc_offset % kGranularity) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != 0 || size == 0 || size % kGranularity || mc_offset % kGranularity)
+    return CUDA_ERROR_INVALID_VALUE;
   if (mc_offset > mc->size || size > mc->size - mc_offset) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if (!has_device(*mc, dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -52,14 +55,15 @@ CUresult check_bind(Allocation* mc, CUdevice dev, size_t mc_offset, size_t size,
   return CUDA_SUCCESS;
 }
 
-CUresult bind_mem(uint64_t mc_handle, CUdevice dev, size_t mc_offset, uint64_t mem, size_t mem_offset, size_t size,
-                  unsigned long long flags) {
+CUresult bind_mem(uint64_t mc_handle, CUdevice dev, size_t mc_offset, uint64_t mem,
+                  size_t mem_offset, size_t size, unsigned long long flags) {
   std::lock_guard<std::mutex> l(driver().mu);
   Allocation* mc = find_mc(mc_handle);
   if (CUresult r = check_bind(mc, dev, mc_offset, size, flags)) return r;
   Allocation* a = find_alloc(mem);
   if (!a || a->kind != AllocKind::kVmm || a->handle_refs <= 0) return CUDA_ERROR_INVALID_HANDLE;
-  if (mem_offset % kGranularity || mem_offset > a->size || size > a->size - mem_offset) return CUDA_ERROR_INVALID_VALUE;
+  if (mem_offset % kGranularity || mem_offset > a->size || size > a->size - mem_offset)
+    return CUDA_ERROR_INVALID_VALUE;
   mc->mc_bindings.push_back(McBinding{dev, mc_offset, mem, 0, mem_offset, size});
   return CUDA_SUCCESS;
 }
@@ -102,15 +106,16 @@ FC_EXPORT CUresult cuMulticastGetGranularity(size_t* granularity, const CUmultic
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle* mcHandle, const CUmulticastObjectProp* prop) {
+FC_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle* mcHandle,
+                                     const CUmulticastObjectProp* prop) {
   FC_ENTER("cuMulticastCreate");
   FC_REQUIRE_MULTICAST();
   if (!mcHandle || !prop || prop->flags != 0 || prop->size == 0 || prop->size % kGranularity)
     return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
   if (prop->numDevices == 0 || prop->numDevices > d.devices.size()) return CUDA_ERROR_INVALID_VALUE;
-  if (prop->handleTypes & ~static_cast<unsigned long long>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
-                                                         CU_MEM_HANDLE_TYPE_FABRIC))
+  if (prop->handleTypes & ~static_cast<unsigned long long>(
+                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
     return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(d.mu);
   uint64_t id = 0;
@@ -130,14 +135,15 @@ FC_EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, C
   Allocation* mc = find_mc(mcHandle);
   if (!mc) return CUDA_ERROR_INVALID_HANDLE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  if (has_device(*mc, dev) || mc->mc_devices.size() >= mc->mc_num_devices) return CUDA_ERROR_INVALID_VALUE;
+  if (has_device(*mc, dev) || mc->mc_devices.size() >= mc->mc_num_devices)
+    return CUDA_ERROR_INVALID_VALUE;
   mc->mc_devices.push_back(dev);
   return CUDA_SUCCESS;
 }
 
 FC_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
-                                      CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
-                                      unsigned long long flags) {
+                                      CUmemGenericAllocationHandle memHandle, size_t memOffset,
+                                      size_t size, unsigned long long flags) {
   FC_ENTER("cuMulticastBindMem");
   FC_REQUIRE_MULTICAST();
   CUdevice dev = 0;
@@ -145,16 +151,16 @@ FC_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, siz
   return bind_mem(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags);
 }
 
-FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                         CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
-                                         unsigned long long flags) {
+FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                         size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                         size_t memOffset, size_t size, unsigned long long flags) {
   FC_ENTER("cuMulticastBindMem");
   FC_REQUIRE_MULTICAST();
   return bind_mem(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags);
 }
 
-FC_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr,
-                                       size_t size, unsigned long long flags) {
+FC_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                                       CUdeviceptr memptr, size_t size, unsigned long long flags) {
   FC_ENTER("cuMulticastBindAddr");
   FC_REQUIRE_MULTICAST();
   CUdevice dev = 0;
@@ -162,15 +168,16 @@ FC_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, si
   return bind_addr(mcHandle, dev, mcOffset, memptr, size, flags);
 }
 
-FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                          CUdeviceptr memptr, size_t size, unsigned long long flags) {
+FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                          size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                          unsigned long long flags) {
   FC_ENTER("cuMulticastBindAddr");
   FC_REQUIRE_MULTICAST();
   return bind_addr(mcHandle, dev, mcOffset, memptr, size, flags);
 }
 
-FC_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                     size_t size) {
+FC_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                     size_t mcOffset, size_t size) {
   FC_ENTER("cuMulticastUnbind");
   FC_REQUIRE_MULTICAST();
   std::lock_guard<std::mutex> l(driver().mu);

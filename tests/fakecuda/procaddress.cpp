@@ -7,10 +7,11 @@
 #include <cstring>
 
 // Extra exports not in the 13.0 headers (multicast.cpp defines them).
-FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle, CUdevice, size_t, CUmemGenericAllocationHandle,
-                                         size_t, size_t, unsigned long long);
-FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle, CUdevice, size_t, CUdeviceptr, size_t,
-                                          unsigned long long);
+FC_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                         CUmemGenericAllocationHandle, size_t, size_t,
+                                         unsigned long long);
+FC_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                          CUdeviceptr, size_t, unsigned long long);
 
 namespace {
 
@@ -24,17 +25,21 @@ struct ProcRow {
 };
 
 const ProcRow kRows[] = {
-#define CUSNAP_CU_PROC(name, version, flavour, symbol) {name, version, flavour, reinterpret_cast<void*>(&symbol)},
+#define CUSNAP_CU_PROC(name, version, flavour, symbol) \
+  {name, version, flavour, reinterpret_cast<void*>(&symbol)},
 #include "cudaapi/proc_table.inc"
 #undef CUSNAP_CU_PROC
-    {"cuMulticastBindMem", 13010, CUSNAP_PROC_DEFAULT, reinterpret_cast<void*>(&cuMulticastBindMem_v2)},
-    {"cuMulticastBindAddr", 13010, CUSNAP_PROC_DEFAULT, reinterpret_cast<void*>(&cuMulticastBindAddr_v2)},
+    {"cuMulticastBindMem", 13010, CUSNAP_PROC_DEFAULT,
+     reinterpret_cast<void*>(&cuMulticastBindMem_v2)},
+    {"cuMulticastBindAddr", 13010, CUSNAP_PROC_DEFAULT,
+     reinterpret_cast<void*>(&cuMulticastBindAddr_v2)},
 };
 
 CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags,
                  CUdriverProcAddressQueryResult* status) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-  if (flags & ~static_cast<cuuint64_t>(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
+  if (flags & ~static_cast<cuuint64_t>(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                                       CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
     return CUDA_ERROR_INVALID_VALUE;
   bool per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   const ProcRow* best = nullptr;
@@ -54,25 +59,29 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags,
   *pfn = pick ? pick->fn : nullptr;
   if (status) {
     *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
-                   : (named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+                   : (named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                            : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   }
   return pick ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 }  // namespace
 
-FC_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+FC_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
+                                    cuuint64_t flags) {
   FC_ENTER_UNGATED("cuGetProcAddress");
   return resolve(symbol, pfn, cudaVersion, flags, nullptr);
 }
 
-FC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+FC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                       cuuint64_t flags,
                                        CUdriverProcAddressQueryResult* symbolStatus) {
   FC_ENTER_UNGATED("cuGetProcAddress");
   return resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
-FC_EXPORT CUresult cuGetProcAddress_v2_ptsz(const char* symbol, void** funcPtr, int driverVersion, cuuint64_t flags,
+FC_EXPORT CUresult cuGetProcAddress_v2_ptsz(const char* symbol, void** funcPtr, int driverVersion,
+                                            cuuint64_t flags,
                                             CUdriverProcAddressQueryResult* symbolStatus) {
   FC_ENTER_UNGATED("cuGetProcAddress");
   return resolve(symbol, funcPtr, driverVersion, flags, symbolStatus);

@@ -1,7 +1,7 @@
 // Simulated driver: cuGetProcAddress resolution, and the export list.
 #include <dlfcn.h>
-#include <unistd.h>
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -10,7 +10,8 @@
 
 using namespace fctest;
 
-extern "C" CUresult cuGetProcAddress_v2_ptsz(const char* symbol, void** funcPtr, int driverVersion, cuuint64_t flags,
+extern "C" CUresult cuGetProcAddress_v2_ptsz(const char* symbol, void** funcPtr, int driverVersion,
+                                             cuuint64_t flags,
                                              CUdriverProcAddressQueryResult* symbolStatus);
 
 TEST_CASE("fakecuda: cuGetProcAddress finds versions, flavours and reports status") {
@@ -26,14 +27,15 @@ TEST_CASE("fakecuda: cuGetProcAddress finds versions, flavours and reports statu
   CHECK(fn == nullptr);
   CHECK(cuGetProcAddress("cuMemCreate", &fn, 10000, 0, &st) == CUDA_ERROR_NOT_FOUND);
   CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
-  REQUIRE(cuGetProcAddress("cuMemcpyHtoDAsync", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuGetProcAddress("cuMemcpyHtoDAsync", &fn, 13000,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
   CHECK(fn == dlsym(RTLD_DEFAULT, "cuMemcpyHtoDAsync_v2_ptsz"));
-  REQUIRE(cuGetProcAddress("cuMemcpyHtoDAsync", &fn, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) == CUDA_SUCCESS);
+  REQUIRE(cuGetProcAddress("cuMemcpyHtoDAsync", &fn, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                           &st) == CUDA_SUCCESS);
   CHECK(fn == dlsym(RTLD_DEFAULT, "cuMemcpyHtoDAsync_v2"));
   // No per-thread flavour: the default one.
-  REQUIRE(cuGetProcAddress("cuMemCreate", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuGetProcAddress("cuMemCreate", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                           &st) == CUDA_SUCCESS);
   CHECK(fn == dlsym(RTLD_DEFAULT, "cuMemCreate"));
   CHECK(cuGetProcAddress(nullptr, &fn, 13000, 0, &st) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuGetProcAddress("cuMemCreate", nullptr, 13000, 0, &st) == CUDA_ERROR_INVALID_VALUE);
@@ -43,8 +45,9 @@ TEST_CASE("fakecuda: cuGetProcAddress finds versions, flavours and reports statu
   REQUIRE(reinterpret_cast<void*>(v1) != nullptr);
   CHECK(v1("cuInit", &fn, 12000, 0) == CUDA_SUCCESS);
   CHECK(fn == dlsym(RTLD_DEFAULT, "cuInit"));
-  CHECK(cuGetProcAddress_v2_ptsz("cuStreamQuery", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) ==
-        CUDA_SUCCESS);
+  CHECK(cuGetProcAddress_v2_ptsz("cuStreamQuery", &fn, 13000,
+                                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                                 &st) == CUDA_SUCCESS);
   CHECK(fn == dlsym(RTLD_DEFAULT, "cuStreamQuery_ptsz"));
 }
 
@@ -79,8 +82,9 @@ TEST_CASE("fakecuda: every proc-table row resolves to the exported symbol of tha
     // The row the resolver picks for exactly this version and flavour.
     void* fn = nullptr;
     CUdriverProcAddressQueryResult st{};
-    cuuint64_t flags = r.flavour == CUSNAP_PROC_DEFAULT ? CU_GET_PROC_ADDRESS_LEGACY_STREAM
-                                                        : CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    cuuint64_t flags = r.flavour == CUSNAP_PROC_DEFAULT
+                           ? CU_GET_PROC_ADDRESS_LEGACY_STREAM
+                           : CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     CHECK(cuGetProcAddress(r.name, &fn, r.version, flags, &st) == CUDA_SUCCESS);
     ++checked;
   }

@@ -1,8 +1,8 @@
 // Process-wide driver state, context stacks and the fork rule: a forked child
 // starts with a fresh, uninitialised driver (it must call cuInit again); the
 // parent's device mappings stay mapped in the child but are not its records.
-#include "gate.h"
 #include "state.h"
+#include "gate.h"
 
 #include <pthread.h>
 #include <unistd.h>

@@ -84,8 +84,8 @@ struct Allocation {
   dev_t st_dev = 0;
   ino_t st_ino = 0;
   CUmemAllocationProp prop{};
-  int handle_refs = 0;  ///< create/import/retain minus release
-  int map_refs = 0;     ///< live mappings
+  int handle_refs = 0;    ///< create/import/retain minus release
+  int map_refs = 0;       ///< live mappings
   void* saved = nullptr;  ///< bytes while checkpointed (anonymous mapping)
   // Multicast objects only.
   unsigned mc_num_devices = 0;

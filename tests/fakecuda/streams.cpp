@@ -109,7 +109,8 @@ FC_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   FC_ENTER("cuStreamCreate");
   return stream_create(phStream, Flags, 0);
 }
-FC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
+FC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                              int priority) {
   FC_ENTER("cuStreamCreateWithPriority");
   return stream_create(phStream, flags, priority);
 }
@@ -179,13 +180,15 @@ FC_EXPORT CUresult cuEventQuery(CUevent hEvent) {
   FC_ENTER("cuEventQuery");
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
-  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS
+                                                                 : CUDA_ERROR_INVALID_HANDLE;
 }
 FC_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
   FC_ENTER("cuEventSynchronize");
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
-  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS
+                                                                 : CUDA_ERROR_INVALID_HANDLE;
 }
 FC_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   FC_ENTER("cuEventElapsedTime");
@@ -200,7 +203,8 @@ FC_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   FC_ENTER("cuModuleLoadData");
   return module_load(module, image);
 }
-FC_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int, CUjit_option*, void**) {
+FC_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int,
+                                      CUjit_option*, void**) {
   FC_ENTER("cuModuleLoadDataEx");
   return module_load(module, image);
 }
@@ -241,9 +245,9 @@ FC_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
   return CUDA_SUCCESS;
 }
 
-#define FC_LAUNCH_PARAMS                                                                                \
-  CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
-      unsigned int, CUstream hStream, void**, void**
+#define FC_LAUNCH_PARAMS                                                              \
+  CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
+      unsigned int, unsigned int, CUstream hStream, void **, void **
 FC_EXPORT CUresult cuLaunchKernel(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
   return launch(f, hStream);

@@ -6,7 +6,9 @@
 
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
-#define CUSNAP_CU_ENTRY(symbol, params, args) \
-  extern "C" __attribute__((weak, visibility("default"))) CUresult symbol params { return CUDA_ERROR_NOT_SUPPORTED; }
+#define CUSNAP_CU_ENTRY(symbol, params, args)                                      \
+  extern "C" __attribute__((weak, visibility("default"))) CUresult symbol params { \
+    return CUDA_ERROR_NOT_SUPPORTED;                                               \
+  }
 #include "cudaapi/entry_points.inc"
 #undef CUSNAP_CU_ENTRY

@@ -13,17 +13,18 @@ using namespace fc;
 namespace {
 
 bool valid_prop(const CUmemAllocationProp* prop) {
-  return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-         valid_device(prop->location.id);
+  return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
 }
 
-constexpr unsigned kKnownHandleTypes =
-    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
-    CU_MEM_HANDLE_TYPE_FABRIC;
+constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                       CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
+                                       CU_MEM_HANDLE_TYPE_FABRIC;
 
 }  // namespace
 
-FC_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+FC_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
+                                                 const CUmemAllocationProp* prop,
                                                  CUmemAllocationGranularity_flags option) {
   FC_ENTER("cuMemGetAllocationGranularity");
   FC_REQUIRE_INIT();
@@ -34,8 +35,8 @@ FC_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUme
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
-                               unsigned long long flags) {
+FC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                               const CUmemAllocationProp* prop, unsigned long long flags) {
   FC_ENTER("cuMemCreate");
   FC_REQUIRE_INIT();
   if (!handle || !prop || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -43,7 +44,8 @@ FC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size
     return CUDA_ERROR_INVALID_DEVICE;
   if (!valid_prop(prop) || size == 0 || size % kGranularity) return CUDA_ERROR_INVALID_VALUE;
   if (prop->requestedHandleTypes & ~kKnownHandleTypes) return CUDA_ERROR_INVALID_VALUE;
-  if (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_NOT_SUPPORTED;
   Driver& d = driver();
   std::lock_guard<std::mutex> l(d.mu);
   uint64_t id = 0;
@@ -60,15 +62,16 @@ FC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
   Allocation* a = find_alloc(handle);
-  if (!a || a->handle_refs <= 0 || a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport)
+  if (!a || a->handle_refs <= 0 || a->kind == AllocKind::kLegacy ||
+      a->kind == AllocKind::kIpcImport)
     return CUDA_ERROR_INVALID_VALUE;
   --a->handle_refs;
   maybe_destroy(handle);
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                                       unsigned long long flags) {
+FC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                       CUdeviceptr addr, unsigned long long flags) {
   FC_ENTER("cuMemAddressReserve");
   FC_REQUIRE_INIT();
   if (!ptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -90,8 +93,8 @@ FC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return free_va(ptr, size);
 }
 
-FC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                            unsigned long long flags) {
+FC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                            CUmemGenericAllocationHandle handle, unsigned long long flags) {
   FC_ENTER("cuMemMap");
   FC_REQUIRE_INIT();
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -111,19 +114,22 @@ FC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   Mapping* m = find_mapping(ptr, nullptr);
   if (m) {
     Allocation* a = find_alloc(m->alloc);
-    if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport)) return CUDA_ERROR_INVALID_VALUE;
+    if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport))
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return unmap_range(ptr, size);
 }
 
-FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                  size_t count) {
   FC_ENTER("cuMemSetAccess");
   FC_REQUIRE_INIT();
   if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
-    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
       return CUDA_ERROR_INVALID_VALUE;
   }
@@ -139,16 +145,19 @@ FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
   }
   if (p != ptr + size) return CUDA_ERROR_INVALID_VALUE;
   for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it) {
-    for (size_t i = 0; i < count; ++i) it->second.access[desc[i].location.id] = static_cast<unsigned char>(desc[i].flags);
+    for (size_t i = 0; i < count; ++i)
+      it->second.access[desc[i].location.id] = static_cast<unsigned char>(desc[i].flags);
     apply_access(it->first, it->second);
   }
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+FC_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                                  CUdeviceptr ptr) {
   FC_ENTER("cuMemGetAccess");
   FC_REQUIRE_INIT();
-  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(location->id)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> l(driver().mu);
   Mapping* m = find_mapping(ptr, nullptr);
@@ -165,7 +174,8 @@ FC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* han
   Mapping* m = find_mapping(reinterpret_cast<uintptr_t>(addr), nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
-  if (!a || a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport) return CUDA_ERROR_INVALID_VALUE;
+  if (!a || a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport)
+    return CUDA_ERROR_INVALID_VALUE;
   ++a->handle_refs;
   *handle = a->id;
   return CUDA_SUCCESS;
@@ -178,13 +188,16 @@ FC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* p
   if (!prop) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
   Allocation* a = find_alloc(handle);
-  if (!a || a->handle_refs <= 0 || a->kind == AllocKind::kMulticast) return CUDA_ERROR_INVALID_VALUE;
+  if (!a || a->handle_refs <= 0 || a->kind == AllocKind::kMulticast)
+    return CUDA_ERROR_INVALID_VALUE;
   *prop = a->prop;
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
-                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
+FC_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                                CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType,
+                                                unsigned long long flags) {
   FC_ENTER("cuMemExportToShareableHandle");
   FC_REQUIRE_INIT();
   if (!shareableHandle || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -192,7 +205,8 @@ FC_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGene
   Allocation* a = find_alloc(handle);
   if (!a || a->handle_refs <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
-  if (!(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) return CUDA_ERROR_INVALID_VALUE;
+  if (!(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_INVALID_VALUE;
   if (a->fd < 0) return CUDA_ERROR_INVALID_HANDLE;
   int fd = dup(a->fd);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -200,7 +214,8 @@ FC_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGene
   return CUDA_SUCCESS;
 }
 
-FC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+FC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                  void* osHandle,
                                                   CUmemAllocationHandleType shHandleType) {
   FC_ENTER("cuMemImportFromShareableHandle");
   FC_REQUIRE_INIT();

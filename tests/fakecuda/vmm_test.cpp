@@ -39,9 +39,11 @@ TEST_CASE("fakecuda: VMM create, reserve, map, access and their rules") {
   REQUIRE(init_primary() == CUDA_SUCCESS);
   CUmemAllocationProp prop = device_prop();
   size_t g = 0;
-  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+          CUDA_SUCCESS);
   CHECK(g == kGran);
-  CHECK(cuMemGetAllocationGranularity(nullptr, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemGetAllocationGranularity(nullptr, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+        CUDA_ERROR_INVALID_VALUE);
 
   CUmemGenericAllocationHandle h = 0;
   CHECK(cuMemCreate(&h, kGran + 4096, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
@@ -55,14 +57,15 @@ TEST_CASE("fakecuda: VMM create, reserve, map, access and their rules") {
   CHECK(cuMemAddressReserve(&va, kGran + 1, 0, 0, 0) == CUDA_ERROR_INVALID_VALUE);
   REQUIRE(cuMemAddressReserve(&va, 4 * kGran, 0, 0, 0) == CUDA_SUCCESS);
   CHECK(va % kGran == 0);
-  CHECK(cuMemMap(va + 4096, kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);       // unaligned address
-  CHECK(cuMemMap(va, kGran, 4096, h, 0) == CUDA_ERROR_INVALID_VALUE);           // unaligned offset
-  CHECK(cuMemMap(va, 3 * kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);          // beyond the allocation
-  CHECK(cuMemMap(va + 3 * kGran, 2 * kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);  // beyond the reservation
+  CHECK(cuMemMap(va + 4096, kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);  // unaligned address
+  CHECK(cuMemMap(va, kGran, 4096, h, 0) == CUDA_ERROR_INVALID_VALUE);      // unaligned offset
+  CHECK(cuMemMap(va, 3 * kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);     // beyond the allocation
+  CHECK(cuMemMap(va + 3 * kGran, 2 * kGran, 0, h, 0) ==
+        CUDA_ERROR_INVALID_VALUE);  // beyond the reservation
   CHECK(cuMemMap(va, kGran, 0, 0xdead, 0) == CUDA_ERROR_INVALID_HANDLE);
   REQUIRE(cuMemMap(va, 2 * kGran, 0, h, 0) == CUDA_SUCCESS);
   CHECK(cuMemMap(va + kGran, kGran, 0, h, 0) == CUDA_ERROR_INVALID_VALUE);  // overlaps
-  REQUIRE(cuMemMap(va + 2 * kGran, kGran, kGran, h, 0) == CUDA_SUCCESS);  // second half again
+  REQUIRE(cuMemMap(va + 2 * kGran, kGran, kGran, h, 0) == CUDA_SUCCESS);    // second half again
 
   // No access yet: the driver refuses copies.
   unsigned char byte = 1;
@@ -72,7 +75,7 @@ TEST_CASE("fakecuda: VMM create, reserve, map, access and their rules") {
   CHECK(cuMemGetAccess(&flags, &loc, va) == CUDA_SUCCESS);
   CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
   CUmemAccessDesc acc = rw();
-  CHECK(cuMemSetAccess(va, kGran, &acc, 1) == CUDA_ERROR_INVALID_VALUE);  // part of a mapping
+  CHECK(cuMemSetAccess(va, kGran, &acc, 1) == CUDA_ERROR_INVALID_VALUE);      // part of a mapping
   CHECK(cuMemSetAccess(va, 4 * kGran, &acc, 1) == CUDA_ERROR_INVALID_VALUE);  // unmapped tail
   REQUIRE(cuMemSetAccess(va, 3 * kGran, &acc, 1) == CUDA_SUCCESS);
   CHECK(cuMemGetAccess(&flags, &loc, va + kGran) == CUDA_SUCCESS);
@@ -127,11 +130,12 @@ TEST_CASE("fakecuda: POSIX fd export and import within one process") {
   VmmBuffer buf;
   REQUIRE(vmm_create(kGran, &buf) == CUDA_SUCCESS);
   int fd = -1;
-  CHECK(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1) ==
-        CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuMemExportToShareableHandle(nullptr, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-        CUDA_ERROR_INVALID_VALUE);
-  REQUIRE(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  CHECK(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemExportToShareableHandle(nullptr, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     0) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemExportToShareableHandle(&fd, buf.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                       0) == CUDA_SUCCESS);
   CHECK(fd >= 0);
   char link[128] = {};
   CHECK(readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1) > 0);
@@ -153,7 +157,8 @@ TEST_CASE("fakecuda: POSIX fd export and import within one process") {
   // Not a simulated-driver descriptor.
   int other = open("/dev/null", O_RDONLY);
   CHECK(cuMemImportFromShareableHandle(&imp, reinterpret_cast<void*>(static_cast<intptr_t>(other)),
-                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_ERROR_INVALID_VALUE);
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+        CUDA_ERROR_INVALID_VALUE);
   close(other);
 
   // Not requested at creation: no export.
@@ -162,7 +167,8 @@ TEST_CASE("fakecuda: POSIX fd export and import within one process") {
   plain.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   CUmemGenericAllocationHandle h;
   REQUIRE(cuMemCreate(&h, kGran, &plain, 0) == CUDA_SUCCESS);
-  CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+        CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemRelease(h) == CUDA_SUCCESS);
 }
 
@@ -176,7 +182,8 @@ TEST_CASE("fakecuda: multicast is NOT_SUPPORTED unless FAKECUDA_MULTICAST=1") {
           CUmemGenericAllocationHandle mc;
           FC_REQ(cuMulticastCreate(&mc, &mp) == CUDA_ERROR_NOT_SUPPORTED);
           size_t g;
-          FC_REQ(cuMulticastGetGranularity(&g, &mp, CU_MULTICAST_GRANULARITY_MINIMUM) == CUDA_ERROR_NOT_SUPPORTED);
+          FC_REQ(cuMulticastGetGranularity(&g, &mp, CU_MULTICAST_GRANULARITY_MINIMUM) ==
+                 CUDA_ERROR_NOT_SUPPORTED);
           FC_REQ(cuMulticastAddDevice(1, 0) == CUDA_ERROR_NOT_SUPPORTED);
           return 0;
         }) == 0);
@@ -192,7 +199,9 @@ TEST_CASE("fakecuda: multicast objects, devices and bindings") {
           mp.size = 2 * kGran;
           mp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
           size_t g = 0;
-          FC_REQ(cuMulticastGetGranularity(&g, &mp, CU_MULTICAST_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS && g == kGran);
+          FC_REQ(cuMulticastGetGranularity(&g, &mp, CU_MULTICAST_GRANULARITY_RECOMMENDED) ==
+                     CUDA_SUCCESS &&
+                 g == kGran);
           CUmemGenericAllocationHandle mc;
           CUmulticastObjectProp bad = mp;
           bad.numDevices = 3;
@@ -204,14 +213,17 @@ TEST_CASE("fakecuda: multicast objects, devices and bindings") {
           FC_REQ(cuMulticastAddDevice(mc, 1) == CUDA_SUCCESS);
           VmmBuffer mem;
           FC_REQ(vmm_create(2 * kGran, &mem) == CUDA_SUCCESS);
-          FC_REQ(cuMulticastBindMem(mc, 0, mem.handle, 0, kGran, 0) == CUDA_SUCCESS);  // context device 0
-          FC_REQ(cuMulticastBindMem(mc, 0, mem.handle, 0, kGran, 0) == CUDA_ERROR_INVALID_VALUE);  // overlap
+          FC_REQ(cuMulticastBindMem(mc, 0, mem.handle, 0, kGran, 0) ==
+                 CUDA_SUCCESS);  // context device 0
+          FC_REQ(cuMulticastBindMem(mc, 0, mem.handle, 0, kGran, 0) ==
+                 CUDA_ERROR_INVALID_VALUE);  // overlap
           FC_REQ(cuMulticastBindMem_v2(mc, 1, 0, mem.handle, kGran, kGran, 0) == CUDA_SUCCESS);
           FC_REQ(cuMulticastBindAddr_v2(mc, 1, kGran, mem.ptr, kGran, 0) == CUDA_SUCCESS);
           FC_REQ(cuMulticastBindAddr(mc, kGran, mem.ptr + kGran, kGran, 0) == CUDA_SUCCESS);
           FC_REQ(cuMulticastBindMem(mc, 4096, mem.handle, 0, kGran, 0) == CUDA_ERROR_INVALID_VALUE);
           FC_REQ(cuMulticastBindMem(mc, 0, mem.handle, 0, kGran, 1) == CUDA_ERROR_INVALID_VALUE);
-          FC_REQ(cuMulticastBindMem(0xbad, 0, mem.handle, 0, kGran, 0) == CUDA_ERROR_INVALID_HANDLE);
+          FC_REQ(cuMulticastBindMem(0xbad, 0, mem.handle, 0, kGran, 0) ==
+                 CUDA_ERROR_INVALID_HANDLE);
           FC_REQ(cuMulticastUnbind(mc, 1, 0, kGran) == CUDA_SUCCESS);
           FC_REQ(cuMulticastUnbind(mc, 1, 0, kGran) == CUDA_ERROR_INVALID_VALUE);
           // The multicast handle maps like memory.

@@ -13,17 +13,19 @@
 
 namespace {
 
-#define CHECK(call)                                                     \
-  do {                                                                  \
-    CUresult r_ = (call);                                               \
-    if (r_ != CUDA_SUCCESS) {                                           \
-      printf("error %s = %d\n", #call, static_cast<int>(r_));           \
-      fflush(stdout);                                                   \
-      exit(2);                                                          \
-    }                                                                   \
+#define CHECK(call)                                           \
+  do {                                                        \
+    CUresult r_ = (call);                                     \
+    if (r_ != CUDA_SUCCESS) {                                 \
+      printf("error %s = %d\n", #call, static_cast<int>(r_)); \
+      fflush(stdout);                                         \
+      exit(2);                                                \
+    }                                                         \
   } while (0)
 
-unsigned char pattern(size_t i, unsigned salt) { return static_cast<unsigned char>((i * 131 + salt) & 0xff); }
+unsigned char pattern(size_t i, unsigned salt) {
+  return static_cast<unsigned char>((i * 131 + salt) & 0xff);
+}
 
 bool verify(const unsigned char* p, size_t n, unsigned salt) {
   for (size_t i = 0; i < n; i += 4093)
