@@ -40,6 +40,7 @@ void parent() {
     loader_atfork_parent();
 }
 void child() {
+    gate_slots_atfork_child();
     gate().atfork_child();
     loader_atfork_child();
 }

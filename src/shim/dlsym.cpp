@@ -31,11 +31,15 @@ std::atomic<DlsymFn> g_dlsym{nullptr};
 std::atomic<DlvsymFn> g_dlvsym{nullptr};
 const char* const kDlVersions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", nullptr};
 
+// Past the shim first (it is preloaded: the C library follows it), then from
+// the start (the shim was dlopen'ed after the C library); never the shim's own.
 template <class Fn>
 Fn find_libc(const char* name) {
-    if (void* p = elf_find_next(&g_anchor, name, nullptr)) return reinterpret_cast<Fn>(p);
-    for (const char* const* v = kDlVersions; *v; ++v)
-        if (void* p = elf_find_next(&g_anchor, name, *v)) return reinterpret_cast<Fn>(p);
+    for (const void* after : {static_cast<const void*>(&g_anchor), static_cast<const void*>(nullptr)}) {
+        if (void* p = elf_find_next(after, name, nullptr)) return reinterpret_cast<Fn>(p);
+        for (const char* const* v = kDlVersions; *v; ++v)
+            if (void* p = elf_find_next(after, name, *v)) return reinterpret_cast<Fn>(p);
+    }
     return nullptr;
 }
 

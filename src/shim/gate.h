@@ -1,25 +1,37 @@
 // The gate every wrapped driver call passes through.
 //
-// State lives in one atomic word (Gate::word_):
+// Fast path: each application thread owns a slot (a per-thread call-depth
+// counter on its own cache line). enter() bumps the depth with a plain store,
+// then makes one atomic load of the shared gate word; leave() drops the depth
+// with a release store. No read-modify-write, no fence instruction: on x86 both
+// are plain moves. The one shared atomic the fast path reads is word_:
 //   bit 0  CLOSED   set by close(), cleared by open()
-//   bit 1  QUEUED   threads are waiting in the slow path; new arrivals queue behind them
-//   bits 2+         number of calls in flight (entered, not yet left)
+//   bit 1  QUEUED   threads wait in the slow path; new arrivals queue behind them
+//   bits 2+         calls in flight of threads without a slot (more than
+//                   kMaxThreads threads), counted with fetch_add/fetch_sub
 //
-// Fast path (gate open, nobody queued): enter() is one fetch_add(acquire) on the
-// word, leave() one fetch_sub(release). The acquire on entry pairs with the
-// release in open(), so a thread admitted after a reopen sees everything the
-// coordinator wrote while the gate was closed; the release on exit pairs with
-// the acquire loads in close(), so once close() has seen the count drain to zero
-// every driver call made before it has finished, with its effects visible.
-// Both operations are lock-free and async-signal-safe.
+// Memory ordering (store-buffering pattern, asymmetric fence): a thread stores
+// its depth, then loads word_; close() sets CLOSED with a read-modify-write and
+// then issues membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which executes a
+// full fence on every CPU running a thread of this process. So either the
+// closer sees the thread's depth (and waits for it), or the thread sees CLOSED
+// (and backs out to wait). Where membarrier is unavailable the fast path
+// issues a seq_cst fence itself (slower, still correct). The release store in
+// leave() pairs with the closer's acquire loads of the depths: once close()
+// returns, every driver call made before it has finished and its effects are
+// visible. The acquire load of word_ in enter() pairs with the release in
+// open(), so an admitted thread sees what the coordinator wrote while closed.
+// enter()/leave() are async-signal-safe on the fast path.
 //
-// Slow path: an arrival that finds CLOSED or QUEUED backs its increment out and
-// takes a ticket under mu_; tickets are admitted strictly in order once the gate
-// is open, so waiting threads continue in the order they arrived.
+// A thread already inside the gate (depth > 0: the driver calling back into
+// the API on the same thread, or a signal handler) passes through without
+// waiting, so a close can always drain.
+//
+// Slow path: an arrival that finds CLOSED or QUEUED backs its depth out and
+// takes a ticket under mu_; tickets are admitted strictly in order once the
+// gate is open, so waiting threads continue in the order they arrived.
 //
 // Lock order: mu_ is a leaf lock; nothing else is taken while it is held.
-// Precondition: a thread never enters the gate while it is already inside it
-// (the driver does not call back into its own API on an application thread).
 #pragma once
 
 #include <pthread.h>
@@ -29,23 +41,53 @@
 
 namespace cusnap::shim {
 
+namespace detail {
+/// How enter() orders its depth store before its load of the gate word:
+/// 0 undecided, 1 membarrier registered (compiler barrier suffices), 2 fence.
+extern std::atomic<int> g_fence_mode;
+}  // namespace detail
+
 class Gate {
 public:
     static constexpr uint64_t kClosed = 1;
     static constexpr uint64_t kQueued = 2;
-    static constexpr uint64_t kOne = 4;  ///< one call in flight
+    static constexpr uint64_t kOne = 4;  ///< one slot-less call in flight
+    static constexpr unsigned kMaxThreads = 1024;
 
     constexpr Gate() = default;
     Gate(const Gate&) = delete;
     Gate& operator=(const Gate&) = delete;
 
     /// Enters the gate; waits while it is closed. Never fails.
-    void enter() noexcept {
-        uint64_t old = word_.fetch_add(kOne, std::memory_order_acquire);
-        if (__builtin_expect((old & (kClosed | kQueued)) != 0, 0)) enter_slow();
+    __attribute__((always_inline)) void enter() noexcept {
+        const int t = thread_slot();
+        if (__builtin_expect(t >= 0, 1)) {
+            Slot& s = slots_[t];
+            const uint32_t depth = s.depth.load(std::memory_order_relaxed);
+            s.depth.store(depth + 1, std::memory_order_relaxed);
+            if (depth != 0) return;  // nested: already counted
+            store_load_fence();
+            if (__builtin_expect((word_.load(std::memory_order_acquire) & (kClosed | kQueued)) == 0, 1)) return;
+            s.depth.store(0, std::memory_order_release);
+            enter_slow(t);
+            return;
+        }
+        uint64_t old = word_.fetch_add(kOne, std::memory_order_acq_rel);
+        if (__builtin_expect((old & (kClosed | kQueued)) != 0, 0)) {
+            word_.fetch_sub(kOne, std::memory_order_relaxed);
+            enter_slow(-1);
+        }
     }
     /// Leaves the gate entered by enter().
-    void leave() noexcept { word_.fetch_sub(kOne, std::memory_order_release); }
+    __attribute__((always_inline)) void leave() noexcept {
+        const int t = thread_slot();
+        if (__builtin_expect(t >= 0, 1)) {
+            Slot& s = slots_[t];
+            s.depth.store(s.depth.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+            return;
+        }
+        word_.fetch_sub(kOne, std::memory_order_release);
+    }
 
     /// Closes the gate and waits up to timeout_ms for calls in flight to finish.
     /// Returns 0 when closed and drained. On timeout reopens the gate (the
@@ -57,7 +99,8 @@ public:
     int open() noexcept;
 
     bool is_closed() const noexcept { return (word_.load(std::memory_order_acquire) & kClosed) != 0; }
-    uint64_t in_flight() const noexcept { return word_.load(std::memory_order_acquire) / kOne; }
+    /// Calls in flight now (threads inside the driver).
+    uint64_t in_flight() const noexcept;
     /// Threads waiting at the gate now.
     uint64_t waiting() const noexcept;
 
@@ -67,26 +110,63 @@ public:
     void atfork_parent() noexcept;
     void atfork_child() noexcept;
 
+    /// Position (0, 1, ...) in which this thread was last admitted through the
+    /// slow path of any gate, counted per gate; for tests of the admission order.
+    static uint64_t last_admission() noexcept { return t_admission_; }
+
+    /// This thread's slot index, or -1 when every slot is taken.
+    __attribute__((always_inline)) static int thread_slot() noexcept {
+        int t = t_slot_;
+        return __builtin_expect(t >= 0, 1) ? t : claim_slot();
+    }
+
+    /// Thread-exit handler of the slot registry (a pthread key destructor):
+    /// frees the index; later calls on this thread use the shared counter.
+    static void release_thread_slot(void* index_plus_one) noexcept;
+
 private:
-    void enter_slow() noexcept;
+    struct alignas(64) Slot {
+        std::atomic<uint32_t> depth{0};
+    };
+
+    __attribute__((always_inline)) static void store_load_fence() noexcept {
+        if (__builtin_expect(detail::g_fence_mode.load(std::memory_order_relaxed) == 1, 1))
+            std::atomic_signal_fence(std::memory_order_seq_cst);
+        else
+            std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+    static int claim_slot() noexcept;
+    void enter_slow(int slot) noexcept;
+    bool drained() const noexcept;
+
+    // Constant-initialized: no thread_local wrapper on access.
+    static inline constinit thread_local int t_slot_ __attribute__((tls_model("initial-exec"))) = -2;
+    static inline constinit thread_local uint64_t t_admission_ __attribute__((tls_model("initial-exec"))) = 0;
 
     std::atomic<uint64_t> word_{0};
     pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;
     uint64_t next_ticket_ = 0;  ///< guarded by mu_
     uint64_t serving_ = 0;      ///< guarded by mu_
+    Slot slots_[kMaxThreads];
 };
 
+namespace detail {
+extern Gate g_process_gate;
+}
 /// The process's gate. Constant-initialized: usable before any constructor runs.
-Gate& gate() noexcept;
+inline Gate& gate() noexcept { return detail::g_process_gate; }
 
 /// Enters the process gate for the lifetime of the object.
 class GateGuard {
 public:
-    GateGuard() noexcept { gate().enter(); }
-    ~GateGuard() { gate().leave(); }
+    __attribute__((always_inline)) GateGuard() noexcept { gate().enter(); }
+    __attribute__((always_inline)) ~GateGuard() { gate().leave(); }
     GateGuard(const GateGuard&) = delete;
     GateGuard& operator=(const GateGuard&) = delete;
 };
+
+/// Releases the calling thread's slot registry state in a forked child.
+void gate_slots_atfork_child() noexcept;
 
 }  // namespace cusnap::shim

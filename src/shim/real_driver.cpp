@@ -17,13 +17,15 @@ namespace cusnap::shim {
 
 namespace detail {
 void* g_real[kEntryCount];
-}
+constinit std::atomic<int> g_state{0};
+}  // namespace detail
+
+using detail::g_state;
 
 namespace {
 
 enum : int { kUnloaded = 0, kLoaded = 1, kFailed = 2 };
 
-std::atomic<int> g_state{kUnloaded};
 pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
 thread_local bool t_loading = false;  // this thread is inside ensure_loaded()
 void* g_handle = nullptr;
@@ -73,8 +75,6 @@ void debug_log(const char* what, const char* name) noexcept {
 }
 
 namespace detail {
-
-bool loaded() noexcept { return g_state.load(std::memory_order_acquire) == kLoaded; }
 
 bool ensure_loaded() noexcept {
     int s = g_state.load(std::memory_order_acquire);

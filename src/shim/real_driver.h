@@ -8,6 +8,7 @@
 // Lock order: g_load_mu is taken inside the gate, never under Gate::mu_.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 
 #include "shim/entries.h"
@@ -16,8 +17,10 @@ namespace cusnap::shim {
 
 namespace detail {
 extern void* g_real[kEntryCount];
+/// 1 once the driver is loaded and g_real is final (release store).
+extern std::atomic<int> g_state;
 bool ensure_loaded() noexcept;
-bool loaded() noexcept;
+inline bool loaded() noexcept { return g_state.load(std::memory_order_acquire) == 1; }
 }  // namespace detail
 
 /// Real address of entry i, loading the driver on first use; nullptr when the

@@ -84,9 +84,12 @@ cudaError_t map_runtime_answer(cudaError_t rc, const char* symbol, void** funcPt
     return cudaErrorNotSupported;
 }
 
+/// The runtime's own function: past the shim (preloaded), else from the start.
 template <class Fn>
 Fn next_runtime(const char* name) {
-    return reinterpret_cast<Fn>(elf_find_next(&g_anchor, name, nullptr));
+    void* p = elf_find_next(&g_anchor, name, nullptr);
+    if (!p) p = elf_find_next(nullptr, name, nullptr);
+    return reinterpret_cast<Fn>(p);
 }
 
 using EntryPointFn = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <memory>
 #include <cerrno>
 #include <chrono>
 #include <mutex>
@@ -27,11 +28,19 @@ bool wait_for(Pred p, std::chrono::milliseconds limit = 2000ms) {
 
 TEST_SUITE("shim.gate") {
     TEST_CASE("open gate: enter and leave count calls in flight") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         CHECK_FALSE(g.is_closed());
         g.enter();
-        g.enter();
-        CHECK(g.in_flight() == 2);
+        CHECK(g.in_flight() == 1);
+        g.enter();  // nested on the same thread: still one thread inside
+        CHECK(g.in_flight() == 1);
+        std::thread other([&] {
+            g.enter();
+            CHECK(g.in_flight() == 2);
+            g.leave();
+        });
+        other.join();
         g.leave();
         g.leave();
         CHECK(g.in_flight() == 0);
@@ -39,7 +48,8 @@ TEST_SUITE("shim.gate") {
     }
 
     TEST_CASE("close waits for a call inside the driver to finish") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         std::atomic<bool> release{false}, closed{false};
         std::thread inside([&] {
             g.enter();
@@ -64,7 +74,8 @@ TEST_SUITE("shim.gate") {
     }
 
     TEST_CASE("close times out, reopens and leaves the process running") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         g.enter();
         CHECK(g.close(30) == ETIMEDOUT);
         CHECK_FALSE(g.is_closed());
@@ -74,15 +85,18 @@ TEST_SUITE("shim.gate") {
     }
 
     TEST_CASE("threads wait while closed and continue in arrival order") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         REQUIRE(g.close(1000) == 0);
         std::mutex mu;
         std::vector<int> order;
         std::vector<std::thread> ts;
         constexpr int kThreads = 6;
+        std::vector<uint64_t> admitted(kThreads, 99);
         for (int i = 0; i < kThreads; ++i) {
             ts.emplace_back([&, i] {
                 g.enter();
+                admitted[i] = Gate::last_admission();
                 {
                     std::lock_guard<std::mutex> l(mu);
                     order.push_back(i);
@@ -97,7 +111,8 @@ TEST_SUITE("shim.gate") {
         CHECK(g.open() == 0);
         for (auto& t : ts) t.join();
         REQUIRE(order.size() == kThreads);
-        for (int i = 0; i < kThreads; ++i) CHECK(order[i] == i);
+        // Admitted strictly in arrival order (what they do after is theirs).
+        for (int i = 0; i < kThreads; ++i) CHECK(admitted[i] == static_cast<uint64_t>(i));
         CHECK(g.waiting() == 0);
         g.enter();  // fast path again
         CHECK(g.in_flight() == 1);
@@ -105,7 +120,8 @@ TEST_SUITE("shim.gate") {
     }
 
     TEST_CASE("a waiter closed out again keeps its place") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         REQUIRE(g.close(1000) == 0);
         std::atomic<int> entered{0};
         std::thread t([&] {
@@ -122,7 +138,8 @@ TEST_SUITE("shim.gate") {
     }
 
     TEST_CASE("fork child: an open, empty gate") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         REQUIRE(g.close(1000) == 0);
         g.atfork_prepare();
         g.atfork_child();
@@ -133,8 +150,39 @@ TEST_SUITE("shim.gate") {
         g.leave();
     }
 
+    TEST_CASE("a nested call inside the gate does not wait") {
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
+        g.enter();
+        std::thread closer([&] { CHECK(g.close(5000) == 0); });
+        REQUIRE(wait_for([&] { return g.is_closed(); }));
+        g.enter();  // the driver calling back into the API on this thread
+        g.leave();
+        g.leave();
+        closer.join();
+        CHECK(g.open() == 0);
+    }
+
+    TEST_CASE("slot-less threads take the shared counter") {
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
+        // A thread past its exit handler has no slot; it is still counted.
+        std::thread t([&] {
+            Gate::release_thread_slot(reinterpret_cast<void*>(uintptr_t{0}));
+            CHECK(Gate::thread_slot() == -1);
+            g.enter();
+            CHECK(g.in_flight() == 1);
+            CHECK(g.close(20) == ETIMEDOUT);
+            g.leave();
+            CHECK(g.close(1000) == 0);
+            CHECK(g.open() == 0);
+        });
+        t.join();
+    }
+
     TEST_CASE("many threads through an open gate") {
-        Gate g;
+        auto gp = std::make_unique<Gate>();
+        Gate& g = *gp;
         std::vector<std::thread> ts;
         std::atomic<long> calls{0};
         for (int i = 0; i < 4; ++i)

@@ -88,8 +88,20 @@ void* expected(const char* name, int version, bool per_thread) {
 
 }  // namespace
 
+// With no real driver (CUSNAP_REAL_LIBCUDA names a missing file) every wrapper
+// fails closed and name lookups find nothing.
+int no_driver() {
+    for (size_t i = 0; i < kGeneratedCount; ++i)
+        CHECK(kZeroCalls[i](kDirect[i]) == CUDA_ERROR_NOT_SUPPORTED, "%s without a driver", entry_name(i));
+    CHECK(dlsym(RTLD_DEFAULT, "cuInit") == nullptr, "RTLD_DEFAULT cuInit without a driver");
+    CHECK(dlsym(RTLD_NEXT, "cuInit") == nullptr || dlsym(RTLD_NEXT, "cuInit") != kDirect[0], "RTLD_NEXT");
+    std::printf("shim_paths_test (nodriver): %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
     const bool standin = argc > 1 && std::strcmp(argv[1], "standin") == 0;
+    if (argc > 1 && std::strcmp(argv[1], "nodriver") == 0) return no_driver();
 
     auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
     if (!info) {
