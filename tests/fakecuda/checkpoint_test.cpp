@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "fakecuda_test_util.h"
 
@@ -406,4 +409,59 @@ TEST_CASE(
   opener.join();
   send_u64(creator.sock, 0);
   CHECK(creator.join() == 0);
+}
+
+TEST_CASE("fakecuda: repeated checkpoint cycles while threads copy through the driver") {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  Child t = spawn([](int sock) {
+    CUcontext ctx;
+    FC_REQ(init_primary(&ctx) == CUDA_SUCCESS);
+    constexpr int kThreads = 4;
+    constexpr size_t kChunk = 64 << 10;
+    CUdeviceptr dev;
+    FC_REQ(cuMemAlloc(&dev, kThreads * kChunk) == CUDA_SUCCESS);
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0}, rounds{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        cuCtxSetCurrent(ctx);
+        std::vector<unsigned char> out(kChunk), in(kChunk);
+        CUdeviceptr mine = dev + i * kChunk;
+        for (unsigned round = 0; !stop; ++round) {
+          memset(out.data(), static_cast<int>((round + i) & 0xff), kChunk);
+          if (cuMemcpyHtoD(mine, out.data(), kChunk) != CUDA_SUCCESS ||
+              cuMemcpyDtoH(in.data(), mine, kChunk) != CUDA_SUCCESS || in != out)
+            ++errors;
+          ++rounds;
+        }
+      });
+    }
+    FC_REQ(send_u64(sock, 1));
+    uint64_t v;
+    recv_u64(sock, &v);
+    stop = true;
+    for (auto& th : threads) th.join();
+    FC_REQ(send_u64(sock, static_cast<uint64_t>(errors.load())));
+    FC_REQ(send_u64(sock, static_cast<uint64_t>(rounds.load())));
+    return 0;
+  });
+  uint64_t ready = 0;
+  REQUIRE(recv_u64(t.sock, &ready));
+  for (int cycle = 0; cycle < 10; ++cycle) {
+    CUcheckpointLockArgs la{};
+    la.timeoutMs = 5000;
+    REQUIRE(cuCheckpointProcessLock(t.pid, &la) == CUDA_SUCCESS);
+    REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
+    REQUIRE(cuCheckpointProcessRestore(t.pid, nullptr) == CUDA_SUCCESS);
+    REQUIRE(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
+    usleep(10 * 1000);
+  }
+  REQUIRE(send_u64(t.sock, 0));
+  uint64_t errors = 99, rounds = 0;
+  CHECK(recv_u64(t.sock, &errors));
+  CHECK(recv_u64(t.sock, &rounds));
+  CHECK(errors == 0);
+  CHECK(rounds > 0);
+  CHECK(t.join() == 0);
 }
