@@ -29,7 +29,9 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   if (!read_manifest(dir, &m, &err))
     return fail_json(json, kExitBadCheckpoint, dir + " is not a usable checkpoint: " + err);
   std::string verr;
-  bool valid = verify_checkpoint(dir, &verr);
+  ExitCode code = kExitOk;
+  bool valid = verify_checkpoint_coded(dir, {}, &code, &verr);
+  if (!valid && code == kExitOk) code = kExitBadCheckpoint;
   uint64_t bytes = 0;
   for (const ManifestFile& f : m.files) bytes += f.size;
   if (json) {
@@ -40,7 +42,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
                         {"bytes", bytes},
                         {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
     print_json(j);
-    return valid ? kExitOk : kExitBadCheckpoint;
+    return valid ? kExitOk : code;
   }
   std::printf("checkpoint %s\n", dir.c_str());
   std::printf("  job:      %s\n", m.job.name.c_str());
@@ -61,7 +63,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
     std::printf("  verdict:  valid, restorable\n");
   else
     std::printf("  verdict:  NOT restorable: %s\n", verr.c_str());
-  return valid ? kExitOk : kExitBadCheckpoint;
+  return valid ? kExitOk : code;
 }
 
 int inspect_job(const std::string& spec, bool json) {

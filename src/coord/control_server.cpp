@@ -228,10 +228,7 @@ void ControlServer::serve(UniqueFd conn) {
                           {"job", info.name}};
       result = make_result(true, kExitOk, "", d.dump());
     } else {
-      // The engine reports failures as text; a job whose root is gone after a
-      // failed checkpoint is lost, anything else left it as it was.
-      bool alive = ::kill(info.root_pid, 0) == 0 || errno == EPERM;
-      result = make_result(false, alive ? kExitFailure : kExitJobLost, cerr);
+      result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);
     }
     std::lock_guard lk(send_mu);
     end_engine(ch, result);
@@ -268,13 +265,15 @@ void ControlServer::serve(UniqueFd conn) {
     }
     std::string serr;
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
-    bool ok = suspend ? ops_.suspend(info, timeout, &serr) : ops_.resume(info, timeout, &serr);
+    ExitCode code = kExitFailure;
+    bool ok = suspend ? ops_.suspend(info, timeout, &code, &serr) : ops_.resume(info, timeout, &code, &serr);
+    if (!ok && code == kExitOk) code = kExitFailure;
     {
       std::lock_guard lk(ctx_->mu);
       ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
     }
     nlohmann::json d = {{"job", info.name}, {"state", ok ? (suspend ? "suspended" : "running") : before}};
-    end_engine(ch, make_result(ok, ok ? kExitOk : kExitFailure, serr, d.dump()));
+    end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, d.dump()));
     return;
   }
   ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"), &err);

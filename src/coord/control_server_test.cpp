@@ -50,8 +50,8 @@ struct Fixture {
       r->job_stopped = !o.leave_running;
       return true;
     };
-    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, std::string*) { return true; };
-    ops.resume = [](const JobInfo&, std::chrono::milliseconds, std::string*) { return true; };
+    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) { return true; };
+    ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) { return true; };
     ops.list_processes = [](pid_t root) {
       ProcessInfo p;
       p.pid = root;

@@ -15,8 +15,9 @@ struct CoordinatorOps {
   std::function<bool(const JobInfo&, const CheckpointOptions&, const ProgressSink&, CheckpointResult*,
                      std::string*)>
       checkpoint;
-  std::function<bool(const JobInfo&, std::chrono::milliseconds, std::string*)> suspend;
-  std::function<bool(const JobInfo&, std::chrono::milliseconds, std::string*)> resume;
+  /// On failure *code says kExitRefused (nothing changed) or kExitFailure.
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> suspend;
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> resume;
   std::function<std::vector<ProcessInfo>(pid_t)> list_processes;
 };
 

@@ -49,7 +49,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.error = req.engine.dir + " is not a usable checkpoint: " + err;
     return fail;
   }
-  // The name first: a refusal should not wait for the checksums.
+  // The name first: a refusal should not wait for restore_job's checksums.
   const std::string name = req.cfg.name.empty() ? m.job.name : req.cfg.name;
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
@@ -59,9 +59,6 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.error = std::move(msg);
     return fail;
   };
-  // restore_job verifies too, but reports every failure alike; checking here
-  // gives a corrupted checkpoint its own exit code (kExitBadCheckpoint).
-  if (!verify_checkpoint(req.engine.dir, &err)) return failed(kExitBadCheckpoint, err);
   int out[2], errp[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd out_r(out[0]), out_w(out[1]);
@@ -73,7 +70,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   opts.stderr_fd = err_w.get();
   RestoreResult res;
   if (!restore_job(opts, req.progress ? req.progress : ProgressSink([](const Progress&) {}), &res, &err))
-    return failed(kExitFailure, err);
+    return failed(res.code == kExitOk ? kExitFailure : res.code, err);
   out_w.reset();
   err_w.reset();
 
