@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/close_range.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,6 +89,11 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
       (void)!::write(report_w.get(), &e, sizeof e);
       ::_exit(127);
     }
+    // Only 0, 1 and 2: a descriptor inherited from whatever started cusnap
+    // would be outside the job's tree, which CRIU cannot dump.
+    // Marked close-on-exec rather than closed, so report_w outlives a failed exec.
+    if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+      for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     ::execvpe(argv[0], argv.data(), envp.data());
     int e = errno;
     (void)!::write(report_w.get(), &e, sizeof e);

@@ -31,3 +31,9 @@ pass "runtime directory removed at exit"
 "$CUSNAP" launch --name big -- sh -c 'seq 1 200000' >"$SCRATCH/big.out"
 expect_eq "last line of a large output" 200000 "$(tail -n1 "$SCRATCH/big.out")"
 expect_eq "line count of a large output" 200000 "$(wc -l <"$SCRATCH/big.out")"
+
+# The job gets descriptors 0, 1 and 2 only, whatever cusnap inherited.
+exec 7</dev/null
+fds=$("$CUSNAP" launch -- sh -c 'ls /proc/$$/fd | sort -n | tr "\n" " "')
+exec 7<&-
+expect_eq "the job's descriptors" "0 1 2 " "$fds"
