@@ -1,0 +1,105 @@
+#!/bin/bash
+# gpu-test-shim.sh: the shim's checks on a real GPU (run by hand on the GPU machine).
+#
+#  1. builds libcusnap_shim.so from src/shim with g++ (or uses $CUSNAP_SHIM),
+#  2. builds tests/shim/gpu/shim_gpu_program.cu with nvcc, twice (static and
+#     shared CUDA runtime), runs each with and without LD_PRELOAD of the shim
+#     and compares stdout (must be identical; the shim run must also see the
+#     gate hold a real cudaMemcpy),
+#  3. runs tests/shim/gpu/shim_torch_check.py (matmul, synchronize, CUDA graph)
+#     the same two ways and compares,
+#  4. lists the driver names the runtime asked for that the shim failed closed
+#     on (CUSNAP_SHIM_DEBUG=1), for information,
+#  5. runs bench/shim_overhead against the real driver.
+# Exit 0: all identical; 1: a difference or failure; 77: no GPU here.
+# Never uses multicast: NVLS and multicast are switched off for everything it starts.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${CUSNAP_GPU_WORK:-$(mktemp -d /tmp/cusnap-gpu-shim.XXXXXX)}
+mkdir -p "$work"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+fail=0
+say() { printf '== %s\n' "$*"; }
+bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-test-shim: no GPU here (nvidia-smi lists none); skipping"
+  exit 77
+fi
+nvidia-smi -L | head -8
+
+# 1. The shim.
+shim=${CUSNAP_SHIM:-}
+if [[ -z "$shim" ]]; then
+  shim=$work/lib/libcusnap_shim.so
+  mkdir -p "$work/lib"
+  say "building the shim"
+  g++ -std=c++20 -O2 -g -fPIC -shared -fvisibility=hidden -fvisibility-inlines-hidden -fno-exceptions -fno-rtti \
+    -Wno-deprecated-declarations -Wno-missing-attributes \
+    -I"$root/src" -isystem "$cuda/include" -DCUSNAP_SHIM_BUILD='"gpu-test"' \
+    "$root"/src/shim/{build_info,dlsym,elf_lookup,entries,gate,real_driver,resolver,wrappers}.cpp \
+    "$root/src/shim/dlsym_entry.S" \
+    -Wl,--version-script="$root/src/shim/libcusnap_shim.map" -Wl,-z,defs -Wl,-z,now \
+    -ldl -lpthread -o "$shim" || { echo "gpu-test-shim: cannot build the shim"; exit 1; }
+fi
+readelf -d "$shim" | grep -q 'NEEDED.*libcuda' && bad "the shim has NEEDED libcuda"
+echo "shim: $shim"
+
+run_both() {  # NAME CMD...: runs CMD without and with the shim, compares stdout
+  local name=$1; shift
+  say "$name: without the shim"
+  "$@" >"$work/$name.plain.out" 2>"$work/$name.plain.err"; local rc1=$?
+  cat "$work/$name.plain.err"
+  say "$name: with the shim"
+  CUSNAP_SHIM_DEBUG=1 LD_PRELOAD="$shim" "$@" >"$work/$name.shim.out" 2>"$work/$name.shim.err"; local rc2=$?
+  grep -v '^cusnap-shim:' "$work/$name.shim.err"
+  cat "$work/$name.shim.out"
+  if [[ $rc1 -ne 0 || $rc2 -ne 0 ]]; then bad "$name exited $rc1 without and $rc2 with the shim"; fi
+  if cmp -s "$work/$name.plain.out" "$work/$name.shim.out"; then
+    echo "$name: identical output with and without the shim"
+  else
+    bad "$name: output differs"; diff "$work/$name.plain.out" "$work/$name.shim.out"
+  fi
+  local closed
+  closed=$(grep -o 'failing closed: .*' "$work/$name.shim.err" | sort -u)
+  if [[ -n "$closed" ]]; then echo "$name: names the shim failed closed on:"; echo "$closed" | sed 's/^/  /'; fi
+}
+
+# 2. An nvcc-built program, runtime + driver API.
+arch=${CUSNAP_GPU_ARCH:-native}
+for rt in static shared; do
+  say "building shim_gpu_program ($rt runtime, -arch=$arch)"
+  if ! "$cuda/bin/nvcc" -std=c++17 -O2 -arch="$arch" -cudart "$rt" -I"$root/src" \
+      -o "$work/shim_gpu_program_$rt" "$root/tests/shim/gpu/shim_gpu_program.cu" -lcuda -ldl; then
+    bad "nvcc build ($rt)"; continue
+  fi
+  run_both "program_$rt" "$work/shim_gpu_program_$rt"
+  grep -q 'gate: a cudaMemcpy waited while closed and completed after opening' "$work/program_$rt.shim.err" \
+    || bad "program_$rt: the gate did not hold and release a runtime call"
+  grep -q 'cudaGetDriverEntryPointByVersion -> libcusnap_shim.so; cuGetProcAddress -> libcusnap_shim.so; dlsym cuMemAlloc_v2 -> libcusnap_shim.so' \
+    "$work/program_$rt.shim.err" || bad "program_$rt: a resolver did not return the shim's wrapper"
+done
+
+# 3. PyTorch.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  run_both torch python3 "$root/tests/shim/gpu/shim_torch_check.py"
+  grep -q 'shim loaded: True' "$work/torch.shim.err" || bad "torch: the shim was not loaded"
+else
+  bad "python3 with a CUDA-enabled torch is not available"
+fi
+
+# 4. Benchmark: driver pointers against the shim's, in one process.
+say "building bench/shim_overhead"
+if g++ -std=c++20 -O2 -isystem "$cuda/include" -o "$work/shim_overhead" "$root/bench/shim_overhead.cpp" -ldl; then
+  "$work/shim_overhead" --shim "$shim" --driver libcuda.so.1 --calls 2000000 --launches 200000 --rounds 11 \
+    || bad "shim_overhead failed"
+else
+  bad "cannot build shim_overhead"
+fi
+
+say "outputs in $work"
+if [[ $fail -ne 0 ]]; then echo "gpu-test-shim: FAILED"; exit 1; fi
+echo "gpu-test-shim: all checks passed"
