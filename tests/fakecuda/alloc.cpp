@@ -116,6 +116,40 @@ FC_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
   return r;
 }
 
+// Stream-ordered forms: streams are synchronous, so these are the plain ones.
+FC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  FC_ENTER("cuMemAllocAsync");
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return mem_alloc(dptr, bytesize, false);
+}
+FC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  FC_ENTER("cuMemAllocAsync");
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return mem_alloc(dptr, bytesize, false);
+}
+FC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  FC_ENTER("cuMemFreeAsync");
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return mem_free(dptr);
+}
+FC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  FC_ENTER("cuMemFreeAsync");
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return mem_free(dptr);
+}
+
 FC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FC_ENTER("cuMemFree");
   return mem_free(dptr);

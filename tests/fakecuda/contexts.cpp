@@ -39,6 +39,8 @@ CUresult ctx_destroy(CUcontext ctx) {
   auto* c = reinterpret_cast<Context*>(ctx);
   if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
   d.contexts.erase(c);
+  for (auto it = d.peer_access.begin(); it != d.peer_access.end();)
+    it = (it->first == c || it->second == c) ? d.peer_access.erase(it) : std::next(it);
   drop_from_stack(ctx);
   delete c;
   return CUDA_SUCCESS;
@@ -282,4 +284,32 @@ FC_EXPORT CUresult cuCtxSynchronize(void) {
 FC_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   FC_ENTER("cuCtxSynchronize");
   return ctx_sync(ctx);
+}
+
+FC_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  FC_ENTER("cuCtxEnablePeerAccess");
+  FC_REQUIRE_INIT();
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  Context* c = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(c)) || !valid_ctx(peerContext))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  auto* peer = reinterpret_cast<Context*>(peerContext);
+  if (peer->dev == c->dev) return CUDA_ERROR_INVALID_DEVICE;
+  if (!d.peer_access.insert({c, peer}).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+  FC_ENTER("cuCtxDisablePeerAccess");
+  FC_REQUIRE_INIT();
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  Context* c = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(c)) || !valid_ctx(peerContext))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (!d.peer_access.erase({c, reinterpret_cast<Context*>(peerContext)}))
+    return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  return CUDA_SUCCESS;
 }

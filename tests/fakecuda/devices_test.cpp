@@ -248,3 +248,23 @@ TEST_CASE("fakecuda: fault injection by environment") {
           return 0;
         }) == 0);
 }
+
+TEST_CASE("fakecuda: peer access between contexts of two devices") {
+  CHECK(run_child([] {
+          setenv("FAKECUDA_DEVICES", "2", 1);
+          CUcontext c0, c1;
+          FC_REQ(init_primary(&c0) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+          int can = 0;
+          FC_REQ(cuDeviceCanAccessPeer(&can, 0, 1) == CUDA_SUCCESS && can == 1);
+          FC_REQ(cuCtxEnablePeerAccess(c1, 0) == CUDA_SUCCESS);
+          FC_REQ(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+          FC_REQ(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_INVALID_DEVICE);
+          FC_REQ(cuCtxDisablePeerAccess(c1) == CUDA_SUCCESS);
+          FC_REQ(cuCtxDisablePeerAccess(c1) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+          CUdeviceptr p;
+          FC_REQ(cuMemAllocAsync(&p, 4096, nullptr) == CUDA_SUCCESS);
+          FC_REQ(cuMemFreeAsync(p, nullptr) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+}

@@ -73,6 +73,7 @@ void after_fork_child() {
   d.mappings.clear();
   d.ipc_opens.clear();
   d.host_allocs.clear();
+  d.peer_access.clear();
   d.streams.clear();
   d.events.clear();
   d.modules.clear();

@@ -137,6 +137,7 @@ struct Driver {
   std::map<uintptr_t, Mapping> mappings;
   std::map<uintptr_t, IpcOpen> ipc_opens;  ///< by mapped base address
   std::map<uintptr_t, HostAlloc> host_allocs;
+  std::set<std::pair<Context*, Context*>> peer_access;  ///< (context, peer) enabled
   uint64_t next_alloc_id = 1;
   unsigned long long next_ctx_id = 1;
 };

@@ -256,3 +256,15 @@ FC_EXPORT CUresult cuLaunchKernel_ptsz(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
   return launch(f, hStream);
 }
+
+FC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+  FC_ENTER("cuLaunchKernelEx");
+  if (!config) return CUDA_ERROR_INVALID_VALUE;
+  return launch(f, config->hStream);
+}
+FC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void**,
+                                         void**) {
+  FC_ENTER("cuLaunchKernelEx");
+  if (!config) return CUDA_ERROR_INVALID_VALUE;
+  return launch(f, config->hStream);
+}
