@@ -1,6 +1,7 @@
 #include "shim/gate.h"
 
 #include <linux/membarrier.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,11 +47,33 @@ uint64_t now_ms() noexcept {
     return static_cast<uint64_t>(ts.tv_sec) * 1000u + static_cast<uint64_t>(ts.tv_nsec) / 1000000u;
 }
 
+// Serializes every CPU running a thread of this process without membarrier:
+// revoking access to a page this process has touched makes the kernel
+// shoot down its TLB entries on each such CPU, an interrupt that drains the
+// CPU's store buffer.
+bool flush_by_mprotect() {
+    static void* const page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return false;
+    if (mprotect(page, 4096, PROT_READ | PROT_WRITE) != 0) return false;
+    static_cast<volatile char*>(page)[0] = 1;
+    return mprotect(page, 4096, PROT_NONE) == 0;
+}
+
 // Makes every thread's earlier depth store visible before the closer reads
 // the depths, or makes the closed bit visible to its next load (see gate.h).
+// A process restored by CRIU may have lost its membarrier registration:
+// register again; failing that, use the global barrier or the mprotect
+// flush, and make every later entry fence for itself.
 void closer_fence() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (g_fence_mode.load(std::memory_order_acquire) == 1) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+    if (g_fence_mode.load(std::memory_order_acquire) != 1) return;
+    if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return;
+    if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0 &&
+        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+        return;
+    g_fence_mode.store(2, std::memory_order_seq_cst);
+    if (membarrier(MEMBARRIER_CMD_GLOBAL) == 0) return;
+    flush_by_mprotect();
 }
 
 }  // namespace
@@ -150,6 +173,9 @@ uint64_t Gate::waiting() const noexcept {
     pthread_mutex_unlock(&self->mu_);
     return n;
 }
+
+/// Test hook: the fallback barrier, for the unit tests.
+bool gate_flush_by_mprotect_for_test() noexcept { return flush_by_mprotect(); }
 
 void Gate::atfork_prepare() noexcept { pthread_mutex_lock(&mu_); }
 void Gate::atfork_parent() noexcept { pthread_mutex_unlock(&mu_); }

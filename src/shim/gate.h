@@ -166,6 +166,9 @@ public:
     GateGuard& operator=(const GateGuard&) = delete;
 };
 
+/// The barrier close() falls back to without membarrier; true when it ran.
+bool gate_flush_by_mprotect_for_test() noexcept;
+
 /// Releases the calling thread's slot registry state in a forked child.
 void gate_slots_atfork_child() noexcept;
 

@@ -180,6 +180,10 @@ TEST_SUITE("shim.gate") {
         t.join();
     }
 
+    TEST_CASE("the fallback process-wide barrier runs") {
+        CHECK(cusnap::shim::gate_flush_by_mprotect_for_test());
+    }
+
     TEST_CASE("many threads through an open gate") {
         auto gp = std::make_unique<Gate>();
         Gate& g = *gp;
