@@ -29,14 +29,18 @@ std::string absolute(const std::string& p) {
 }  // namespace
 
 int cmd_checkpoint(int argc, char** argv) {
-  CLI::App app{"Checkpoint a running job into a directory. By default the job is stopped after a "
-               "successful checkpoint; with --leave-running it continues."};
+  CLI::App app{
+      "Checkpoint a running job into a directory. By default the job is stopped after a "
+      "successful checkpoint; with --leave-running it continues."};
   init_app(app, "checkpoint");
   std::string job, dir;
   bool leave_running = false, json = false;
   double timeout_s = 60;
-  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required()->type_name("");
-  app.add_option("-o,--output", dir, "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
+  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")
+      ->required()
+      ->type_name("");
+  app.add_option("-o,--output", dir,
+                 "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
       ->type_name("DIR");
   app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
   app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
@@ -57,9 +61,12 @@ int cmd_checkpoint(int argc, char** argv) {
   proto::Result r;
   std::string err;
   auto wait = seconds(timeout_s) + control_timeout();
-  bool ok = job_request(entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
-                        [&](const proto::ProgressEvent& ev) { progress.update(ev.phase, ev.bytes_done, ev.bytes_total); },
-                        &r, &err);
+  bool ok = job_request(
+      entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
+      [&](const proto::ProgressEvent& ev) {
+        progress.update(ev.phase, ev.bytes_done, ev.bytes_total);
+      },
+      &r, &err);
   progress.finish();
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
@@ -71,8 +78,8 @@ int cmd_checkpoint(int argc, char** argv) {
     print_json(d);
     return kExitOk;
   }
-  std::printf("checkpointed job %s to %s (%s)\n", entry.status.name.c_str(), d.value("dir", req.dir).c_str(),
-              human_bytes(d.value("bytes", uint64_t{0})).c_str());
+  std::printf("checkpointed job %s to %s (%s)\n", entry.status.name.c_str(),
+              d.value("dir", req.dir).c_str(), human_bytes(d.value("bytes", uint64_t{0})).c_str());
   if (d.contains("phases")) print_phases(d["phases"]);
   if (d.value("job_stopped", false))
     std::printf("job %s stopped; restore it with: cusnap restore %s\n", entry.status.name.c_str(),

@@ -21,7 +21,8 @@ int parse(CLI::App& app, int argc, char** argv) {
     app.exit(e);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", e.what(), app.get_name().c_str());
+    std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", e.what(),
+                 app.get_name().c_str());
     return kExitUsage;
   }
 }
@@ -68,13 +69,16 @@ std::string human_duration(int64_t s) {
     std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
                   static_cast<long long>(s % 3600 / 60));
   else if (s >= 60)
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
   else
     std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
   return buf;
 }
 
-std::chrono::milliseconds control_timeout() { return proto::control_timeout_from_env(); }
+std::chrono::milliseconds control_timeout() {
+  return proto::control_timeout_from_env();
+}
 
 std::chrono::milliseconds seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
@@ -82,7 +86,9 @@ std::chrono::milliseconds seconds(double s) {
 
 ProgressLine::ProgressLine(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}
 
-ProgressLine::~ProgressLine() { finish(); }
+ProgressLine::~ProgressLine() {
+  finish();
+}
 
 void ProgressLine::update(const std::string& phase, uint64_t done, uint64_t total) {
   if (!enabled_) return;

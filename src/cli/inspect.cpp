@@ -13,8 +13,8 @@ namespace {
 bool is_checkpoint_dir(const std::string& spec) {
   struct stat st;
   return ::stat((spec + "/" + kManifestName).c_str(), &st) == 0 ||
-         (spec.find('/') != std::string::npos && ::stat(spec.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-          ::stat((spec + "/control.sock").c_str(), &st) != 0);
+         (spec.find('/') != std::string::npos && ::stat(spec.c_str(), &st) == 0 &&
+          S_ISDIR(st.st_mode) && ::stat((spec + "/control.sock").c_str(), &st) != 0);
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -35,12 +35,10 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   uint64_t bytes = 0;
   for (const ManifestFile& f : m.files) bytes += f.size;
   if (json) {
-    nlohmann::json j = {{"kind", "checkpoint"},
-                        {"dir", dir},
-                        {"valid", valid},
-                        {"error", valid ? "" : verr},
-                        {"bytes", bytes},
-                        {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
+    nlohmann::json j = {
+        {"kind", "checkpoint"}, {"dir", dir},
+        {"valid", valid},       {"error", valid ? "" : verr},
+        {"bytes", bytes},       {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
     print_json(j);
     return valid ? kExitOk : code;
   }
@@ -48,11 +46,12 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   std::printf("  job:      %s\n", m.job.name.c_str());
   std::printf("  command:  %s\n", join(m.job.argv).c_str());
   std::printf("  cwd:      %s\n", m.job.cwd.c_str());
-  std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", m.created.c_str(), m.cusnap_version.c_str(),
-              m.criu_version.c_str(), m.driver_version);
+  std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", m.created.c_str(),
+              m.cusnap_version.c_str(), m.criu_version.c_str(), m.driver_version);
   std::printf("  size:     %s in %zu files\n", human_bytes(bytes).c_str(), m.files.size());
   for (const GpuDevice& g : m.gpus)
-    std::printf("  gpu %d:    %s %s (%s)\n", g.index, g.name.c_str(), g.uuid.c_str(), human_bytes(g.total_mem).c_str());
+    std::printf("  gpu %d:    %s %s (%s)\n", g.index, g.name.c_str(), g.uuid.c_str(),
+                human_bytes(g.total_mem).c_str());
   std::printf("  processes:\n    %8s %8s %-5s %s\n", "PID", "PPID", "CUDA", "COMMAND");
   for (const ManifestProcess& p : m.processes)
     std::printf("    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",
@@ -72,11 +71,13 @@ int inspect_job(const std::string& spec, bool json) {
   if (rc >= 0) return rc;
   proto::Result r;
   std::string err;
-  if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err))
+  if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
+                   nullptr, &r, &err))
     return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-  if (d.is_discarded()) return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  if (d.is_discarded())
+    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
   if (json) {
     d["kind"] = "job";
     print_json(d);
@@ -85,7 +86,8 @@ int inspect_job(const std::string& spec, bool json) {
   const auto& job = d["job"];
   std::printf("job %s\n", job.value("name", std::string()).c_str());
   std::printf("  state:       %s\n", job.value("state", std::string()).c_str());
-  std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL), job.value("supervisor_pid", 0LL));
+  std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL),
+              job.value("supervisor_pid", 0LL));
   std::printf("  command:     %s\n", join(job.value("argv", std::vector<std::string>{})).c_str());
   std::printf("  runtime dir: %s\n", job.value("runtime_dir", std::string()).c_str());
   if (!job.value("restored_from", std::string()).empty())
@@ -94,8 +96,11 @@ int inspect_job(const std::string& spec, bool json) {
   for (const auto& p : d["processes"]) {
     std::vector<std::string> cmd = p.value("cmdline", std::vector<std::string>{});
     if (cmd.empty()) cmd = {p.value("exe", std::string())};
-    std::printf("    %8lld %-5s %-13s %s\n", p.value("pid", 0LL), p.value("uses_cuda", false) ? "yes" : "no",
-                p.value("cuda_state", std::string()).empty() ? "-" : p.value("cuda_state", std::string()).c_str(),
+    std::printf("    %8lld %-5s %-13s %s\n", p.value("pid", 0LL),
+                p.value("uses_cuda", false) ? "yes" : "no",
+                p.value("cuda_state", std::string()).empty()
+                    ? "-"
+                    : p.value("cuda_state", std::string()).c_str(),
                 join(cmd).c_str());
   }
   return kExitOk;
@@ -104,12 +109,14 @@ int inspect_job(const std::string& spec, bool json) {
 }  // namespace
 
 int cmd_inspect(int argc, char** argv) {
-  CLI::App app{"Describe a checkpoint directory (its manifest and whether it can be restored) or a running "
-               "job (its state and processes)."};
+  CLI::App app{
+      "Describe a checkpoint directory (its manifest and whether it can be restored) or a running "
+      "job (its state and processes)."};
   init_app(app, "inspect");
   std::string target;
   bool json = false;
-  app.add_option("TARGET", target, "Checkpoint directory, or job name, supervisor pid or runtime directory")
+  app.add_option("TARGET", target,
+                 "Checkpoint directory, or job name, supervisor pid or runtime directory")
       ->required()
       ->type_name("");
   app.add_flag("--json", json, "Print the description as JSON");

@@ -17,7 +17,8 @@ int report_result_failure(bool json, const proto::Result& r) {
 
 void print_phases(const nlohmann::json& phases) {
   for (const auto& p : phases) {
-    std::printf("  %-24s %8.2f s\n", p.value("name", std::string("?")).c_str(), p.value("seconds", 0.0));
+    std::printf("  %-24s %8.2f s\n", p.value("name", std::string("?")).c_str(),
+                p.value("seconds", 0.0));
   }
 }
 

@@ -89,8 +89,10 @@ int main(int argc, char** argv) {
   for (const Command& c : kCommands)
     if (cmd == c.name) return c.run(argc - 1, argv + 1);
   if (const char* s = suggest(cmd))
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(), s);
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
+                 s);
   else
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n", cmd.c_str());
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n",
+                 cmd.c_str());
   return cusnap::kExitUsage;
 }

@@ -7,8 +7,9 @@
 namespace cusnap::cli {
 
 int cmd_ps(int argc, char** argv) {
-  CLI::App app{"List the running jobs under this user's runtime base: name, job and supervisor pids, "
-               "state, uptime and command. Runtime directories of dead supervisors are removed."};
+  CLI::App app{
+      "List the running jobs under this user's runtime base: name, job and supervisor pids, "
+      "state, uptime and command. Runtime directories of dead supervisors are removed."};
   init_app(app, "ps");
   bool json = false;
   app.add_flag("--json", json, "Print the jobs as a JSON array");
@@ -41,14 +42,15 @@ int cmd_ps(int argc, char** argv) {
     print_json(arr);
     return kExitOk;
   }
-  std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME", "COMMAND");
+  std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME",
+              "COMMAND");
   for (const proto::JobStatus& s : jobs) {
     std::string cmd;
     for (const std::string& a : s.argv) cmd += (cmd.empty() ? "" : " ") + a;
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
-    std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", s.name.c_str(), static_cast<long long>(s.root_pid),
-                static_cast<long long>(s.supervisor_pid), s.state.c_str(),
-                human_duration(now - s.started).c_str(), cmd.c_str());
+    std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", s.name.c_str(),
+                static_cast<long long>(s.root_pid), static_cast<long long>(s.supervisor_pid),
+                s.state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());
   }
   return kExitOk;
 }

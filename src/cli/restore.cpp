@@ -10,11 +10,13 @@
 namespace cusnap::cli {
 namespace {
 
-bool parse_device_map(const std::string& text, std::map<std::string, std::string>* out, std::string* err) {
+bool parse_device_map(const std::string& text, std::map<std::string, std::string>* out,
+                      std::string* err) {
   size_t pos = 0;
   while (pos <= text.size() && !text.empty()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
       *err = "--device-map: '" + item + "' is not OLD=NEW";
@@ -30,9 +32,10 @@ bool parse_device_map(const std::string& text, std::map<std::string, std::string
 }  // namespace
 
 int cmd_restore(int argc, char** argv) {
-  CLI::App app{"Restore a job from a checkpoint directory. This process becomes the job's supervisor, as "
-               "cusnap launch is, and exits with the job's status; with --detach the supervisor continues "
-               "in the background and this prints the job's name."};
+  CLI::App app{
+      "Restore a job from a checkpoint directory. This process becomes the job's supervisor, as "
+      "cusnap launch is, and exits with the job's status; with --detach the supervisor continues "
+      "in the background and this prints the job's name."};
   init_app(app, "restore");
   std::string dir, device_map;
   bool json = false;
@@ -40,15 +43,22 @@ int cmd_restore(int argc, char** argv) {
   double control_s = std::chrono::duration<double>(control_timeout()).count();
   RestoreRequest req;
   app.add_option("DIR", dir, "Checkpoint directory")->required()->type_name("");
-  app.add_option("-n,--name", req.cfg.name, "Job name (default: the name recorded in the checkpoint)")->type_name("NAME");
-  app.add_flag("--detach", req.detach, "Supervise the restored job in the background; output goes only to its log");
-  app.add_option("--device-map", device_map, "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated")
+  app.add_option("-n,--name", req.cfg.name,
+                 "Job name (default: the name recorded in the checkpoint)")
+      ->type_name("NAME");
+  app.add_flag("--detach", req.detach,
+               "Supervise the restored job in the background; output goes only to its log");
+  app.add_option("--device-map", device_map,
+                 "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated")
       ->type_name("OLD=NEW,...");
-  app.add_option("--runtime-dir", req.cfg.runtime_dir, "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")->type_name("DIR");
+  app.add_option("--runtime-dir", req.cfg.runtime_dir,
+                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")
+      ->type_name("DIR");
   app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
       ->check(positive())
       ->type_name("SECONDS");
-  app.add_option("--control-timeout", control_s, "Seconds allowed for each exchange on the control socket")
+  app.add_option("--control-timeout", control_s,
+                 "Seconds allowed for each exchange on the control socket")
       ->check(positive())
       ->type_name("SECONDS");
   app.add_flag("--json", json, "Print the restore's result as JSON");
@@ -56,7 +66,8 @@ int cmd_restore(int argc, char** argv) {
   if (rc >= 0) return rc;
 
   std::string err;
-  if (!parse_device_map(device_map, &req.engine.device_map, &err)) return fail_json(json, kExitUsage, err);
+  if (!parse_device_map(device_map, &req.engine.device_map, &err))
+    return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
   if (::realpath(dir.c_str(), abs) == nullptr)
     return fail_json(json, kExitNotFound, "no checkpoint directory " + dir);
@@ -70,19 +81,26 @@ int cmd_restore(int argc, char** argv) {
     if (json) {
       nlohmann::json phases = nlohmann::json::array();
       for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
-      print_json({{"ok", true}, {"name", s.name}, {"dir", s.dir}, {"pid", s.root_pid},
-                  {"runtime_dir", s.runtime_dir}, {"phases", phases}, {"detached", req.detach}});
+      print_json({{"ok", true},
+                  {"name", s.name},
+                  {"dir", s.dir},
+                  {"pid", s.root_pid},
+                  {"runtime_dir", s.runtime_dir},
+                  {"phases", phases},
+                  {"detached", req.detach}});
     } else if (req.detach) {
       std::printf("%s\n", s.name.c_str());
       std::fflush(stdout);
     } else {
-      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n", s.name.c_str(), s.root_pid, s.dir.c_str());
+      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n", s.name.c_str(), s.root_pid,
+                   s.dir.c_str());
     }
   };
   SuperviseOutcome out = restore_and_supervise(req);
   progress.finish();
   if (!out.error.empty()) return fail_json(json && !out.detached, out.exit_code, out.error);
   if (out.detached) return kExitOk;
+  if (!out.warning.empty()) std::fprintf(stderr, "cusnap: warning: %s\n", out.warning.c_str());
   if (!out.stopped_dir.empty())
     std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", out.name.c_str(),
                  out.stopped_dir.c_str());

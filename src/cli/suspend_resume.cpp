@@ -8,14 +8,17 @@ namespace cusnap::cli {
 namespace {
 
 int run(int argc, char** argv, bool suspend) {
-  CLI::App app{suspend ? "Release the GPUs of every CUDA process of a job in place (driver lock and "
-                         "checkpoint); the processes stay, waiting for cusnap resume."
-                       : "Give a suspended job its GPUs back (driver restore and unlock)."};
+  CLI::App app{suspend
+                   ? "Release the GPUs of every CUDA process of a job in place (driver lock and "
+                     "checkpoint); the processes stay, waiting for cusnap resume."
+                   : "Give a suspended job its GPUs back (driver restore and unlock)."};
   init_app(app, suspend ? "suspend" : "resume");
   std::string job;
   bool json = false;
   double timeout_s = 60;
-  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")->required()->type_name("");
+  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")
+      ->required()
+      ->type_name("");
   app.add_option("--timeout", timeout_s, "Seconds allowed for the operation (default: 60)")
       ->check(positive())
       ->type_name("SECONDS");
@@ -45,7 +48,11 @@ int run(int argc, char** argv, bool suspend) {
 
 }  // namespace
 
-int cmd_suspend(int argc, char** argv) { return run(argc, argv, true); }
-int cmd_resume(int argc, char** argv) { return run(argc, argv, false); }
+int cmd_suspend(int argc, char** argv) {
+  return run(argc, argv, true);
+}
+int cmd_resume(int argc, char** argv) {
+  return run(argc, argv, false);
+}
 
 }  // namespace cusnap::cli

@@ -52,7 +52,8 @@ void JobContext::set_state_locked(const std::string& state) {
   if (rundir) rundir->write_status(status, &err);  // best effort: ps shows the old state
 }
 
-std::string inspect_details_json(const proto::JobStatus& status, const std::vector<ProcessInfo>& procs) {
+std::string inspect_details_json(const proto::JobStatus& status,
+                                 const std::vector<ProcessInfo>& procs) {
   nlohmann::json p = nlohmann::json::array();
   for (const ProcessInfo& pi : procs)
     p.push_back({{"pid", pi.pid},
@@ -67,7 +68,9 @@ ControlServer::ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd liste
                              std::chrono::milliseconds timeout)
     : ctx_(ctx), ops_(std::move(ops)), listen_fd_(std::move(listen_fd)), timeout_(timeout) {}
 
-ControlServer::~ControlServer() { stop(); }
+ControlServer::~ControlServer() {
+  stop();
+}
 
 bool ControlServer::start(std::string* err) {
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -118,13 +121,15 @@ void ControlServer::accept_loop() {
 bool ControlServer::begin_engine(const std::string& op, proto::Result* refusal) {
   std::lock_guard lk(ctx_->mu);
   if (!ctx_->engine_op.empty()) {
-    *refusal = make_result(false, kExitRefused,
-                           "a " + ctx_->engine_op + " of job " + ctx_->status.name + " is already running");
+    *refusal = make_result(
+        false, kExitRefused,
+        "a " + ctx_->engine_op + " of job " + ctx_->status.name + " is already running");
     return false;
   }
   if (ctx_->status.state == "stopped" || ctx_->status.state == "exited") {
-    *refusal = make_result(false, kExitRefused,
-                           "job " + ctx_->status.name + " is " + ctx_->status.state + ": nothing to " + op);
+    *refusal = make_result(
+        false, kExitRefused,
+        "job " + ctx_->status.name + " is " + ctx_->status.state + ": nothing to " + op);
     return false;
   }
   ctx_->engine_op = op;
@@ -158,11 +163,12 @@ void ControlServer::serve(UniqueFd conn) {
     status = ctx_->status;
   }
   if (!proto::peer_uid_allowed(cred.uid, info.owner_uid)) {
-    ch.send(proto::kMsgResult,
-            make_result(false, kExitRefused,
-                        "permission denied: uid " + std::to_string(cred.uid) + " may not control job " +
-                            info.name + " (owner uid " + std::to_string(info.owner_uid) + ")"),
-            &err);
+    ch.send(
+        proto::kMsgResult,
+        make_result(false, kExitRefused,
+                    "permission denied: uid " + std::to_string(cred.uid) + " may not control job " +
+                        info.name + " (owner uid " + std::to_string(info.owner_uid) + ")"),
+        &err);
     return;
   }
   proto::Message req;
@@ -174,7 +180,8 @@ void ControlServer::serve(UniqueFd conn) {
   }
   if (req.type == proto::kMsgInspect) {
     std::vector<ProcessInfo> procs = ops_.list_processes(info.root_pid);
-    ch.send(proto::kMsgResult, make_result(true, kExitOk, "", inspect_details_json(status, procs)), &err);
+    ch.send(proto::kMsgResult, make_result(true, kExitOk, "", inspect_details_json(status, procs)),
+            &err);
     return;
   }
   if (req.type == proto::kMsgCheckpoint) {
@@ -204,7 +211,8 @@ void ControlServer::serve(UniqueFd conn) {
       std::lock_guard lk(send_mu);
       if (client_gone) return;
       std::string e;
-      if (!ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total}, &e))
+      if (!ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total},
+                   &e))
         client_gone = true;  // the checkpoint goes on; its result stays in job.json's state
     };
     CheckpointResult res;
@@ -252,7 +260,8 @@ void ControlServer::serve(UniqueFd conn) {
       before = ctx_->status.state;
       bool suspended = before == "suspended";
       if (suspend == suspended) {
-        std::string msg = "job " + info.name + (suspended ? " is already suspended" : " is not suspended");
+        std::string msg =
+            "job " + info.name + (suspended ? " is already suspended" : " is not suspended");
         before.clear();
         refusal = make_result(false, kExitRefused, msg);
       } else {
@@ -266,17 +275,20 @@ void ControlServer::serve(UniqueFd conn) {
     std::string serr;
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
     ExitCode code = kExitFailure;
-    bool ok = suspend ? ops_.suspend(info, timeout, &code, &serr) : ops_.resume(info, timeout, &code, &serr);
+    bool ok = suspend ? ops_.suspend(info, timeout, &code, &serr)
+                      : ops_.resume(info, timeout, &code, &serr);
     if (!ok && code == kExitOk) code = kExitFailure;
     {
       std::lock_guard lk(ctx_->mu);
       ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
     }
-    nlohmann::json d = {{"job", info.name}, {"state", ok ? (suspend ? "suspended" : "running") : before}};
+    nlohmann::json d = {{"job", info.name},
+                        {"state", ok ? (suspend ? "suspended" : "running") : before}};
     end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, d.dump()));
     return;
   }
-  ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"), &err);
+  ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"),
+          &err);
 }
 
 }  // namespace cusnap

@@ -30,11 +30,11 @@ class RuntimeDir;
 
 /// What the coordinator thread shares with the supervisor's main loop.
 struct JobContext {
-  std::mutex mu;  ///< guards every field below
+  std::mutex mu;               ///< guards every field below
   std::condition_variable cv;  ///< signalled when engine_busy clears
   JobInfo info;
   proto::JobStatus status;
-  std::string engine_op;         ///< the engine call running ("checkpoint", ...), empty when idle
+  std::string engine_op;  ///< the engine call running ("checkpoint", ...), empty when idle
   /// Engine calls whose result is not yet sent: the supervisor does not end
   /// before its client heard how the checkpoint that stopped the job went.
   int replies_pending = 0;
@@ -48,7 +48,8 @@ struct JobContext {
 
 class ControlServer {
  public:
-  ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd, std::chrono::milliseconds timeout);
+  ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd,
+                std::chrono::milliseconds timeout);
   ~ControlServer();
   /// Starts the coordinator thread.
   bool start(std::string* err);
@@ -75,6 +76,7 @@ class ControlServer {
 };
 
 /// The JSON details of an inspect result: {"job": {...}, "processes": [...]}.
-std::string inspect_details_json(const proto::JobStatus& status, const std::vector<ProcessInfo>& procs);
+std::string inspect_details_json(const proto::JobStatus& status,
+                                 const std::vector<ProcessInfo>& procs);
 
 }  // namespace cusnap

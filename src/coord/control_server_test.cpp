@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <doctest/doctest.h>
+#include <atomic>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -50,8 +50,12 @@ struct Fixture {
       r->job_stopped = !o.leave_running;
       return true;
     };
-    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) { return true; };
-    ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) { return true; };
+    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
+      return true;
+    };
+    ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
+      return true;
+    };
     ops.list_processes = [](pid_t root) {
       ProcessInfo p;
       p.pid = root;
@@ -82,7 +86,8 @@ TEST_CASE("control server: hello and inspect") {
   CHECK(s.name == "fake");
   CHECK(s.state == "running");
   proto::Result r;
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err));
+  REQUIRE(
+      job_request(f.entry, 1000ms, 1000ms, proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err));
   CHECK(r.ok);
   auto j = nlohmann::json::parse(r.details);
   CHECK(j["processes"][0]["exe"] == "/bin/fake");
@@ -96,9 +101,10 @@ TEST_CASE("control server: a checkpoint streams progress; a second one is refuse
   auto first = std::async(std::launch::async, [&] {
     proto::Result r;
     std::string e;
-    bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
-                          proto::CheckpointRequest{"/tmp/ckpt", false, 1000},
-                          [&](const proto::ProgressEvent& ev) { seen.push_back(ev); }, &r, &e);
+    bool ok = job_request(
+        f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+        proto::CheckpointRequest{"/tmp/ckpt", false, 1000},
+        [&](const proto::ProgressEvent& ev) { seen.push_back(ev); }, &r, &e);
     return std::make_pair(ok, r);
   });
   while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
@@ -135,9 +141,11 @@ TEST_CASE("control server: malformed and unknown requests get a usage result") {
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
                       proto::CheckpointRequest{"relative/dir", false, 1000}, nullptr, &r, &err));
   CHECK(r.exit_code == kExitUsage);
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint, std::string("junk"), nullptr, &r, &err));
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint, std::string("junk"), nullptr,
+                      &r, &err));
   CHECK(r.exit_code == kExitUsage);
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, "launch-missiles", proto::Empty{}, nullptr, &r, &err));
+  REQUIRE(
+      job_request(f.entry, 1000ms, 1000ms, "launch-missiles", proto::Empty{}, nullptr, &r, &err));
   CHECK(r.exit_code == kExitUsage);
   CHECK(f.checkpoints == 0);
 }
@@ -147,12 +155,15 @@ TEST_CASE("control server: suspend and resume move the state") {
   f.release.set_value();
   std::string err;
   proto::Result r;
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000},
+                      nullptr, &r, &err));
   CHECK(r.exit_code == kExitRefused);  // not suspended
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000},
+                      nullptr, &r, &err));
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "suspended");
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000}, nullptr, &r, &err));
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000},
+                      nullptr, &r, &err));
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "running");
 }
@@ -186,7 +197,8 @@ TEST_CASE("control server: a peer that is neither root nor the owner is refused"
     if (!ch.recv(&m, &err)) _exit(13);
     proto::Result r;
     if (m.type != proto::kMsgResult || !m.get(&r, &err)) _exit(14);
-    _exit(!r.ok && r.exit_code == kExitRefused && r.message.find("permission denied") == 0 ? 0 : 15);
+    _exit(!r.ok && r.exit_code == kExitRefused && r.message.find("permission denied") == 0 ? 0
+                                                                                           : 15);
   }
   int st = 0;
   REQUIRE(waitpid(pid, &st, 0) == pid);

@@ -12,8 +12,8 @@
 namespace cusnap {
 
 struct CoordinatorOps {
-  std::function<bool(const JobInfo&, const CheckpointOptions&, const ProgressSink&, CheckpointResult*,
-                     std::string*)>
+  std::function<bool(const JobInfo&, const CheckpointOptions&, const ProgressSink&,
+                     CheckpointResult*, std::string*)>
       checkpoint;
   /// On failure *code says kExitRefused (nothing changed) or kExitFailure.
   std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> suspend;

@@ -17,7 +17,8 @@ bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::
   // The other way round from the supervisor's check: we talk only to a
   // supervisor running as root or as ourselves (root talks to anyone's).
   if (!(::geteuid() == 0 || cred.uid == 0 || cred.uid == ::geteuid())) {
-    *err = "refusing to talk to " + path + ": its supervisor runs as uid " + std::to_string(cred.uid);
+    *err =
+        "refusing to talk to " + path + ": its supervisor runs as uid " + std::to_string(cred.uid);
     return false;
   }
   *out = proto::Channel(std::move(fd), timeout);
@@ -27,7 +28,8 @@ bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::
 bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::JobStatus* out,
                std::string* err) {
   proto::Channel ch;
-  if (!connect_job(job, timeout, &ch, err) || !ch.send(proto::kMsgHello, proto::Empty{}, err)) return false;
+  if (!connect_job(job, timeout, &ch, err) || !ch.send(proto::kMsgHello, proto::Empty{}, err))
+    return false;
   proto::Message m;
   if (!ch.recv(&m, err)) return false;
   if (m.type == proto::kMsgResult) {
@@ -42,8 +44,8 @@ bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::Jo
   return m.get(out, err);
 }
 
-bool await_result(proto::Channel& ch, std::chrono::milliseconds wait, const ProgressHandler& on_progress,
-                  proto::Result* out, std::string* err) {
+bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
+                  const ProgressHandler& on_progress, proto::Result* out, std::string* err) {
   ch.set_timeout(wait);
   for (;;) {
     proto::Message m;

@@ -25,17 +25,17 @@ bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::Jo
                std::string* err);
 
 /// Reads progress events until the result arrives.
-bool await_result(proto::Channel& ch, std::chrono::milliseconds wait, const ProgressHandler& on_progress,
-                  proto::Result* out, std::string* err);
+bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
+                  const ProgressHandler& on_progress, proto::Result* out, std::string* err);
 
 /// Sends a request whose answer is progress events and then a result.
 /// Waiting for each message is bounded by wait (the operation's own timeout
 /// plus the control timeout). A refusal by the supervisor is a Result with
 /// ok=false, not an error; false + *err only when the exchange failed.
 template <class T>
-bool job_request(const JobEntry& job, std::chrono::milliseconds timeout, std::chrono::milliseconds wait,
-                 std::string_view type, const T& payload, const ProgressHandler& on_progress,
-                 proto::Result* out, std::string* err) {
+bool job_request(const JobEntry& job, std::chrono::milliseconds timeout,
+                 std::chrono::milliseconds wait, std::string_view type, const T& payload,
+                 const ProgressHandler& on_progress, proto::Result* out, std::string* err) {
   proto::Channel ch;
   if (!connect_job(job, timeout, &ch, err)) return false;
   if (!ch.send(type, payload, err)) return false;

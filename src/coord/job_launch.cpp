@@ -69,11 +69,14 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
     return fail;
   };
   int out[2], errp[2], report[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(out, O_CLOEXEC) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd out_r(out[0]), out_w(out[1]);
-  if (::pipe2(errp, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(errp, O_CLOEXEC) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd err_r(errp[0]), err_w(errp[1]);
-  if (::pipe2(report, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(report, O_CLOEXEC) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd report_r(report[0]), report_w(report[1]);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) return failed(kExitFailure, std::string("/dev/null: ") + std::strerror(errno));
@@ -122,7 +125,8 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   info.owner_uid = ::geteuid();
   info.stdout_pipe_id = pipe_id(out_r.get());
   info.stderr_pipe_id = pipe_id(err_r.get());
-  return sup->run(std::move(info), std::move(out_r), std::move(err_r), "", default_coordinator_ops());
+  return sup->run(std::move(info), std::move(out_r), std::move(err_r), "",
+                  default_coordinator_ops());
 }
 
 }  // namespace cusnap

@@ -20,8 +20,11 @@ namespace {
 std::string summary_to_json(const RestoreSummary& s) {
   nlohmann::json phases = nlohmann::json::array();
   for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
-  return nlohmann::json{{"name", s.name},         {"dir", s.dir},     {"runtime_dir", s.runtime_dir},
-                        {"root_pid", s.root_pid}, {"phases", phases}}
+  return nlohmann::json{{"name", s.name},
+                        {"dir", s.dir},
+                        {"runtime_dir", s.runtime_dir},
+                        {"root_pid", s.root_pid},
+                        {"phases", phases}}
       .dump();
 }
 
@@ -60,16 +63,19 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     return fail;
   };
   int out[2], errp[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(out, O_CLOEXEC) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd out_r(out[0]), out_w(out[1]);
-  if (::pipe2(errp, O_CLOEXEC) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(errp, O_CLOEXEC) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd err_r(errp[0]), err_w(errp[1]);
 
   RestoreOptions opts = req.engine;
   opts.stdout_fd = out_w.get();
   opts.stderr_fd = err_w.get();
   RestoreResult res;
-  if (!restore_job(opts, req.progress ? req.progress : ProgressSink([](const Progress&) {}), &res, &err))
+  if (!restore_job(opts, req.progress ? req.progress : ProgressSink([](const Progress&) {}), &res,
+                   &err))
     return failed(res.code == kExitOk ? kExitFailure : res.code, err);
   out_w.reset();
   err_w.reset();
@@ -104,7 +110,9 @@ SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
   r.cfg.echo_output = false;
   std::string err;
   r.progress = [&](const Progress& p) {
-    if (ch.valid()) ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total}, &err);
+    if (ch.valid())
+      ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total},
+              &err);
   };
   r.on_restored = [&](const RestoreSummary& s) {
     ch.send(proto::kMsgResult, proto::Result{true, kExitOk, "", summary_to_json(s)}, &err);
@@ -153,7 +161,8 @@ SuperviseOutcome restore_detached(const RestoreRequest& req) {
     }
     if (msg.type == proto::kMsgProgress) {
       proto::ProgressEvent ev;
-      if (req.progress && msg.get(&ev, &err)) req.progress(Progress{ev.phase, ev.bytes_done, ev.bytes_total});
+      if (req.progress && msg.get(&ev, &err))
+        req.progress(Progress{ev.phase, ev.bytes_done, ev.bytes_total});
       continue;
     }
     proto::Result r;

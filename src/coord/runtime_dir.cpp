@@ -16,9 +16,12 @@
 namespace cusnap {
 namespace {
 
-const char* const kKnownFiles[] = {"control.sock", "job.json", "job.json.tmp", "output.log", "lock"};
+const char* const kKnownFiles[] = {"control.sock", "job.json", "job.json.tmp", "output.log",
+                                   "lock"};
 
-std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string errno_text(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
 
 bool read_file(const std::string& path, std::string* out) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
@@ -148,8 +151,8 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err) 
     return false;
   }
   if (st.st_uid != ::geteuid()) {
-    *err = "refusing runtime directory " + path + ": it is owned by uid " + std::to_string(st.st_uid) +
-           ", not by uid " + std::to_string(::geteuid());
+    *err = "refusing runtime directory " + path + ": it is owned by uid " +
+           std::to_string(st.st_uid) + ", not by uid " + std::to_string(::geteuid());
     return false;
   }
   if ((st.st_mode & 07777) != 0700) {
@@ -163,11 +166,16 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err) 
 }
 
 std::string job_status_to_json(const proto::JobStatus& s) {
-  nlohmann::json j = {{"name", s.name},           {"root_pid", s.root_pid},
-                      {"supervisor_pid", s.supervisor_pid}, {"argv", s.argv},
-                      {"cwd", s.cwd},             {"owner_uid", s.owner_uid},
-                      {"started", s.started},     {"state", s.state},
-                      {"runtime_dir", s.runtime_dir}, {"restored_from", s.restored_from}};
+  nlohmann::json j = {{"name", s.name},
+                      {"root_pid", s.root_pid},
+                      {"supervisor_pid", s.supervisor_pid},
+                      {"argv", s.argv},
+                      {"cwd", s.cwd},
+                      {"owner_uid", s.owner_uid},
+                      {"started", s.started},
+                      {"state", s.state},
+                      {"runtime_dir", s.runtime_dir},
+                      {"restored_from", s.restored_from}};
   return j.dump(2) + "\n";
 }
 

@@ -39,11 +39,13 @@ struct SupervisorConfig {
 
 /// How supervision ended.
 struct SuperviseOutcome {
-  int exit_code = 0;        ///< what cusnap exits with: the job's status, 128+signal, or an ExitCode
-  std::string error;        ///< non-empty: cusnap itself failed (the job may not have run)
-  std::string name;         ///< the job's name
-  std::string stopped_dir;  ///< non-empty: a checkpoint into this directory stopped the job (exit 0)
-  bool detached = false;    ///< restore --detach, in the command's process: the job runs on
+  int exit_code = 0;    ///< what cusnap exits with: the job's status, 128+signal, or an ExitCode
+  std::string error;    ///< non-empty: cusnap itself failed (the job may not have run)
+  std::string warning;  ///< non-empty: the job ran, but something of cusnap's did not work
+  std::string name;     ///< the job's name
+  std::string
+      stopped_dir;        ///< non-empty: a checkpoint into this directory stopped the job (exit 0)
+  bool detached = false;  ///< restore --detach, in the command's process: the job runs on
 };
 
 struct LaunchRequest {

@@ -54,7 +54,7 @@ std::string pipe_id(int fd) {
 }
 
 void SupervisorLoop::reset_signals_in_child() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = SIG_DFL;
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &sa, nullptr);
   sigset_t none;
@@ -75,22 +75,26 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   };
   std::string err;
   if (!RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err))
-    return failed(err.find("already running") != std::string::npos ? kExitRefused : kExitFailure, err);
+    return failed(err.find("already running") != std::string::npos ? kExitRefused : kExitFailure,
+                  err);
   if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err))
     return failed(kExitFailure, err);
   s->log_fd_.reset(::open(s->rundir_->log_path().c_str(),
                           O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!s->log_fd_) return failed(kExitFailure, "creating " + s->rundir_->log_path() + ": " + std::strerror(errno));
+  if (!s->log_fd_)
+    return failed(kExitFailure, "creating " + s->rundir_->log_path() + ": " + std::strerror(errno));
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
-    return failed(kExitFailure, std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno));
+    return failed(kExitFailure,
+                  std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno));
   int p[2];
-  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   s->sig_r_.reset(p[0]);
   s->sig_w_.reset(p[1]);
   s->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s->wake_fd_) return failed(kExitFailure, std::string("eventfd: ") + std::strerror(errno));
   g_signal_pipe = s->sig_w_.get();
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
@@ -154,7 +158,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   std::string err;
   if (!server.start(&err)) {
     // The job runs on without a control socket rather than being abandoned.
-    outcome.error = "control socket not served: " + err;
+    outcome.warning = "the control socket was not served: " + err;
   }
   if (on_started) on_started();
 
@@ -169,14 +173,18 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       std::lock_guard lk(ctx_.mu);
       idle = ctx_.engine_op.empty() && ctx_.replies_pending == 0;
     }
-    if (root_done && drain_deadline == Clock::time_point{}) drain_deadline = Clock::now() + cfg_.drain_grace;
+    if (root_done && drain_deadline == Clock::time_point{})
+      drain_deadline = Clock::now() + cfg_.drain_grace;
     if (root_done && idle && ((!out_r && !err_r) || Clock::now() >= drain_deadline)) break;
 
-    pollfd p[4] = {{sig_r_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}, {out_r.get(), POLLIN, 0},
+    pollfd p[4] = {{sig_r_.get(), POLLIN, 0},
+                   {wake_fd_.get(), POLLIN, 0},
+                   {out_r.get(), POLLIN, 0},
                    {err_r.get(), POLLIN, 0}};
     int timeout_ms = 1000;
     if (root_done) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_deadline - Clock::now());
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(drain_deadline - Clock::now());
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
       if (timeout_ms == 0) timeout_ms = 200;  // waiting for the engine call to end
     }
@@ -187,7 +195,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       while ((n = ::read(sig_r_.get(), sigs, sizeof sigs)) > 0) {
         for (ssize_t i = 0; i < n; ++i) {
           int sig = sigs[i];
-          if (std::find(std::begin(kForwarded), std::end(kForwarded), sig) == std::end(kForwarded)) continue;
+          if (std::find(std::begin(kForwarded), std::end(kForwarded), sig) == std::end(kForwarded))
+            continue;
           // The job is a session (and process group) leader; after its root
           // is gone, the rest of the group still gets the signal.
           if (::kill(-root, sig) != 0 && !root_done) ::kill(root, sig);
@@ -212,7 +221,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
           break;
         }
         write_all(log_fd_.get(), buf.data(), static_cast<size_t>(n));
-        if (echo && !write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf.data(), static_cast<size_t>(n)))
+        if (echo &&
+            !write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf.data(), static_cast<size_t>(n)))
           echo = false;  // our reader went away; the log keeps everything
       }
     }

@@ -30,8 +30,9 @@ class SupervisorLoop {
   /// stdout/stderr arrive on out_r/err_r, until it ends. Removes the runtime
   /// directory at the end. on_started runs once job.json is written and the
   /// control socket is served (so ps and the other commands find the job).
-  SuperviseOutcome run(JobInfo info, UniqueFd out_r, UniqueFd err_r, const std::string& restored_from,
-                       CoordinatorOps ops, const std::function<void()>& on_started = {});
+  SuperviseOutcome run(JobInfo info, UniqueFd out_r, UniqueFd err_r,
+                       const std::string& restored_from, CoordinatorOps ops,
+                       const std::function<void()>& on_started = {});
 
   /// Resets the dispositions prepare() changed; for a child before exec.
   static void reset_signals_in_child();

@@ -22,6 +22,8 @@ bool validate(const CheckpointRequest& r, std::string* err) {
   return validate_timeout(r.timeout_ms, err);
 }
 
-bool validate(const TimeoutRequest& r, std::string* err) { return validate_timeout(r.timeout_ms, err); }
+bool validate(const TimeoutRequest& r, std::string* err) {
+  return validate_timeout(r.timeout_ms, err);
+}
 
 }  // namespace cusnap::proto

@@ -51,7 +51,7 @@ struct JobStatus {
   std::string cwd;
   int64_t owner_uid = 0;
   int64_t started = 0;  ///< Unix time the job started (or was restored)
-  std::string state;    ///< running, checkpointing, suspending, suspended, resuming, stopped, exited
+  std::string state;  ///< running, checkpointing, suspending, suspended, resuming, stopped, exited
   std::string runtime_dir;
   std::string restored_from;  ///< checkpoint directory, empty for a launched job
   MSGPACK_DEFINE_MAP(name, root_pid, supervisor_pid, argv, cwd, owner_uid, started, state,

@@ -15,7 +15,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
 
 /// Waits until fd is ready for events or the deadline passes.
 bool wait_ready(int fd, short events, Clock::time_point deadline, std::string* err) {
@@ -166,7 +168,8 @@ std::string frame(std::string_view body) {
   return f;
 }
 
-Channel::Channel(UniqueFd fd, std::chrono::milliseconds timeout) : fd_(std::move(fd)), timeout_(timeout) {}
+Channel::Channel(UniqueFd fd, std::chrono::milliseconds timeout)
+    : fd_(std::move(fd)), timeout_(timeout) {}
 
 bool Channel::send_body(std::string_view body, int pass_fd, std::string* err) {
   if (!fd_) {
@@ -228,7 +231,8 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
     if (*err == "timed out") *err = "timed out waiting for a message";
     return false;
   }
-  uint32_t n = uint32_t(hdr[0]) | uint32_t(hdr[1]) << 8 | uint32_t(hdr[2]) << 16 | uint32_t(hdr[3]) << 24;
+  uint32_t n =
+      uint32_t(hdr[0]) | uint32_t(hdr[1]) << 8 | uint32_t(hdr[2]) << 16 | uint32_t(hdr[3]) << 24;
   if (n == 0 || n > kMaxMessageBytes) {
     *err = "message length " + std::to_string(n) + " is out of range (1 to " +
            std::to_string(kMaxMessageBytes) + " bytes)";
@@ -282,7 +286,9 @@ bool connect_unix(const std::string& path, std::chrono::milliseconds timeout, Un
         *err = "connecting to " + path + ": timed out";
         return false;
       }
-      struct timespec ts{0, 10 * 1000 * 1000};
+      struct timespec ts {
+        0, 10 * 1000 * 1000
+      };
       nanosleep(&ts, nullptr);
       continue;
     }

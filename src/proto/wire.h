@@ -123,6 +123,7 @@ inline bool peer_uid_allowed(uid_t peer_uid, uid_t owner_uid) {
 
 /// The control timeout: CUSNAP_CONTROL_TIMEOUT (seconds, may be fractional)
 /// when set and valid, else fallback.
-std::chrono::milliseconds control_timeout_from_env(std::chrono::milliseconds fallback = kDefaultTimeout);
+std::chrono::milliseconds control_timeout_from_env(
+    std::chrono::milliseconds fallback = kDefaultTimeout);
 
 }  // namespace cusnap::proto

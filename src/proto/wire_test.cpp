@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <doctest/doctest.h>
+#include <cstring>
 #include <thread>
 
 #include "proto/control.h"
@@ -107,7 +107,7 @@ TEST_CASE("wire: bodies with trailing bytes, other versions or other shapes are 
   msgpack::pack(b2, std::string("just a string"));
   CHECK(!decode_body(std::string_view(b2.data(), b2.size()), &m, &err));
   CHECK(!decode_body("", &m, &err));
-  CHECK(!decode_body(std::string_view("\xc1", 1), &m, &err));  // never-used byte
+  CHECK(!decode_body(std::string_view("\xc1", 1), &m, &err));      // never-used byte
   CHECK(!decode_body(good.substr(0, good.size() - 1), &m, &err));  // truncated
 }
 
@@ -249,7 +249,8 @@ TEST_CASE("wire: listen with a mode, connect, accept") {
   REQUIRE(accept_unix(l.get(), &s, &err));
   CHECK((fcntl(s.get(), F_GETFD) & FD_CLOEXEC) != 0);
   UniqueFd none;
-  CHECK(!connect_unix(std::string(tmpl) + "/missing.sock", std::chrono::milliseconds(200), &none, &err));
+  CHECK(!connect_unix(std::string(tmpl) + "/missing.sock", std::chrono::milliseconds(200), &none,
+                      &err));
   unlink(path.c_str());
   rmdir(tmpl);
 }
