@@ -129,12 +129,14 @@ bool find_criu(CriuInfo* out, std::string* err) {
   const char* env = getenv("CUSNAP_CRIU");
   std::string path = env && *env ? env : search_path("criu");
   if (path.empty()) {
-    *err = "CRIU was not found on PATH nor in /usr/local/sbin, /usr/sbin, /sbin: install CRIU >= 4.1 "
-           "or set CUSNAP_CRIU to its path";
+    *err =
+        "CRIU was not found on PATH nor in /usr/local/sbin, /usr/sbin, /sbin: install CRIU >= 4.1 "
+        "or set CUSNAP_CRIU to its path";
     return false;
   }
   if (!executable(path)) {
-    *err = "CRIU at " + path + " (from CUSNAP_CRIU) is not an executable file: install CRIU >= 4.1 "
+    *err = "CRIU at " + path +
+           " (from CUSNAP_CRIU) is not an executable file: install CRIU >= 4.1 "
            "or point CUSNAP_CRIU at it";
     return false;
   }

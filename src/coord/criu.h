@@ -30,13 +30,13 @@ bool find_criu(CriuInfo* out, std::string* err);
 
 /// One run of CRIU.
 struct CriuRun {
-  std::vector<std::string> args;     ///< after the program name
-  std::vector<int> inherit_fds;      ///< kept open, at the same numbers, in CRIU
-  std::string output_path;           ///< CRIU's own stdout and stderr go here
-  std::string log_path;              ///< the -o log, for the error message
-  std::string success_line;          ///< log line that proves success if our wait lost the status
+  std::vector<std::string> args;  ///< after the program name
+  std::vector<int> inherit_fds;   ///< kept open, at the same numbers, in CRIU
+  std::string output_path;        ///< CRIU's own stdout and stderr go here
+  std::string log_path;           ///< the -o log, for the error message
+  std::string success_line;       ///< log line that proves success if our wait lost the status
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  std::function<void()> on_tick;     ///< called about every 250 ms while CRIU runs
+  std::function<void()> on_tick;  ///< called about every 250 ms while CRIU runs
 };
 
 /// Runs CRIU and waits for it. On failure *err says "criu ACTION failed (...)"

@@ -34,10 +34,14 @@ bool parse_gpu_uuid(const std::string& s, CUuuid* out) {
 
 std::string process_state_name(CUprocessState s) {
   switch (s) {
-    case CU_PROCESS_STATE_RUNNING: return "running";
-    case CU_PROCESS_STATE_LOCKED: return "locked";
-    case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
-    case CU_PROCESS_STATE_FAILED: return "failed";
+    case CU_PROCESS_STATE_RUNNING:
+      return "running";
+    case CU_PROCESS_STATE_LOCKED:
+      return "locked";
+    case CU_PROCESS_STATE_CHECKPOINTED:
+      return "checkpointed";
+    case CU_PROCESS_STATE_FAILED:
+      return "failed";
   }
   return "state " + std::to_string(int(s));
 }

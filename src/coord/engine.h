@@ -25,12 +25,12 @@ namespace cusnap {
 /// Exit codes of the cusnap binary, documented in man/cusnap.1.
 enum ExitCode : int {
   kExitOk = 0,
-  kExitFailure = 1,      ///< the operation failed; the job is as it was before it
-  kExitUsage = 2,        ///< bad command line
-  kExitRefused = 3,      ///< refused before anything changed (a precondition failed)
-  kExitNotFound = 4,     ///< no such job or checkpoint
-  kExitBadCheckpoint = 5,///< the checkpoint directory is invalid, corrupted or incomplete
-  kExitJobLost = 6,      ///< a failure after a destructive step left the job not running
+  kExitFailure = 1,        ///< the operation failed; the job is as it was before it
+  kExitUsage = 2,          ///< bad command line
+  kExitRefused = 3,        ///< refused before anything changed (a precondition failed)
+  kExitNotFound = 4,       ///< no such job or checkpoint
+  kExitBadCheckpoint = 5,  ///< the checkpoint directory is invalid, corrupted or incomplete
+  kExitJobLost = 6,        ///< a failure after a destructive step left the job not running
 };
 
 /// Progress of a long phase; the CLI renders it on a terminal and stays quiet
@@ -45,10 +45,10 @@ using ProgressSink = std::function<void(const Progress&)>;
 /// What the supervisor knows about a running job.
 struct JobInfo {
   std::string name;
-  pid_t root_pid = 0;              ///< session leader of the job's tree
-  std::vector<std::string> argv;   ///< the command as launched
+  pid_t root_pid = 0;             ///< session leader of the job's tree
+  std::vector<std::string> argv;  ///< the command as launched
   std::string cwd;
-  std::string runtime_dir;         ///< the job's private runtime directory
+  std::string runtime_dir;  ///< the job's private runtime directory
   uid_t owner_uid = 0;
   /// Pipe inodes ("pipe:[N]") of the job's stdout and stderr as the root
   /// process sees them, so CRIU can reconnect them on restore.
@@ -56,9 +56,10 @@ struct JobInfo {
 };
 
 struct CheckpointOptions {
-  std::string dir;                 ///< output directory: must not exist or be empty
-  bool leave_running = false;      ///< restore GPU state in place and resume after the dump
-  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  ///< driver lock timeout and per-phase bound
+  std::string dir;             ///< output directory: must not exist or be empty
+  bool leave_running = false;  ///< restore GPU state in place and resume after the dump
+  std::chrono::milliseconds timeout{
+      std::chrono::seconds(60)};  ///< driver lock timeout and per-phase bound
 };
 
 /// Timing of each phase in seconds, in the order they ran.
@@ -66,9 +67,9 @@ using PhaseTimes = std::vector<std::pair<std::string, double>>;
 
 struct CheckpointResult {
   std::string dir;
-  uint64_t bytes = 0;              ///< total size of the checkpoint directory
+  uint64_t bytes = 0;  ///< total size of the checkpoint directory
   PhaseTimes phases;
-  bool job_stopped = false;        ///< true when the job was stopped after the dump
+  bool job_stopped = false;  ///< true when the job was stopped after the dump
   /// Set on failure too: kExitRefused when nothing changed because a
   /// precondition failed, kExitFailure when it failed and rolled back (the job
   /// runs on unchanged), kExitJobLost when the job could not be brought back.
@@ -101,8 +102,8 @@ struct RestoreOptions {
 };
 
 struct RestoreResult {
-  pid_t root_pid = 0;              ///< the restored tree's root, now our child (we are subreaper)
-  JobInfo job;                     ///< the job as recorded in the manifest, root_pid updated
+  pid_t root_pid = 0;  ///< the restored tree's root, now our child (we are subreaper)
+  JobInfo job;         ///< the job as recorded in the manifest, root_pid updated
   PhaseTimes phases;
   /// Set on failure too: kExitNotFound, kExitBadCheckpoint, kExitRefused
   /// (nothing was started), kExitFailure (the restored tree was killed).
@@ -116,8 +117,9 @@ bool verify_checkpoint(const std::string& dir, std::string* err);
 /// The same, with the exit code that fits the failure (kExitNotFound,
 /// kExitBadCheckpoint, or kExitRefused when no matching GPU is present) and
 /// the device map to check against.
-bool verify_checkpoint_coded(const std::string& dir, const std::map<std::string, std::string>& device_map,
-                       ExitCode* code, std::string* err);
+bool verify_checkpoint_coded(const std::string& dir,
+                             const std::map<std::string, std::string>& device_map, ExitCode* code,
+                             std::string* err);
 
 /// Restores a checkpoint: verify_checkpoint, CRIU restore (the tree becomes
 /// a child of the calling process, which must be a child subreaper), driver
@@ -134,17 +136,17 @@ bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::stri
 /// The same, with the exit code that fits a failure (kExitRefused when
 /// nothing changed, kExitFailure otherwise).
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                 std::string* err);
+                       std::string* err);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                std::string* err);
+                      std::string* err);
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {
   pid_t pid = 0;
   std::string exe;
   std::vector<std::string> cmdline;
-  bool uses_cuda = false;          ///< holds the driver open
-  std::string cuda_state;          ///< "running", "locked", "checkpointed", "" when not CUDA
+  bool uses_cuda = false;  ///< holds the driver open
+  std::string cuda_state;  ///< "running", "locked", "checkpointed", "" when not CUDA
 };
 /// Every process of the tree rooted at root, root first.
 std::vector<ProcessInfo> list_job_processes(pid_t root);

@@ -175,8 +175,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     for (int fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
     bool ok = driver_resume_all(driver, scan.cuda, {}, &rb);
-    *err = "job " + job.name + ": " + why +
-           (ok ? "\nthe job runs on unchanged" : "\nbringing the job's GPU state back failed: " + rb);
+    *err =
+        "job " + job.name + ": " + why +
+        (ok ? "\nthe job runs on unchanged" : "\nbringing the job's GPU state back failed: " + rb);
     out->code = ok ? kExitFailure : kExitJobLost;
     remove_output(opts.dir, dir_existed);
     close_pidfds();
@@ -196,8 +197,19 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   CriuRun run;
   // The log goes to the work directory (-W) so that it survives a failed
   // dump, whose partial images are removed; after success it joins them.
-  run.args = {"dump", "-t", std::to_string(job.root_pid), "-D", criu_dir, "-W", work.path(),
-              "-o", "dump.log", "-v4", "-L", no_plugins.path(), "--file-locks",
+  run.args = {"dump",
+              "-t",
+              std::to_string(job.root_pid),
+              "-D",
+              criu_dir,
+              "-W",
+              work.path(),
+              "-o",
+              "dump.log",
+              "-v4",
+              "-L",
+              no_plugins.path(),
+              "--file-locks",
               opts.leave_running ? "--leave-running" : "--leave-stopped"};
   run.output_path = work.path() + "/criu-output.txt";
   run.log_path = work.path() + "/dump.log";
@@ -227,8 +239,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     report("driver-restore");
     std::string rb;
     if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {
-      *err = "job " + job.name + ": the dump succeeded but restoring GPU state in place failed: " +
-             rb + "\nthe checkpoint in " + opts.dir + " was not completed";
+      *err = "job " + job.name +
+             ": the dump succeeded but restoring GPU state in place failed: " + rb +
+             "\nthe checkpoint in " + opts.dir + " was not completed";
       out->code = kExitJobLost;
       remove_output(opts.dir, dir_existed);
       close_pidfds();
@@ -249,7 +262,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     close_pidfds();
     return false;
   };
-  if (!hash_directory(opts.dir, &m.files, progress, &why)) return fail_late("checksum phase: " + why);
+  if (!hash_directory(opts.dir, &m.files, progress, &why))
+    return fail_late("checksum phase: " + why);
   {
     int dfd = open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {

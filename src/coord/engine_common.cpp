@@ -82,8 +82,8 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
   return true;
 }
 
-bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids, std::chrono::milliseconds timeout,
-                        bool* rolled_back, std::string* err) {
+bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
+                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err) {
   *rolled_back = true;
   std::vector<pid_t> locked;
   std::string why;
@@ -145,7 +145,9 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
   return ok;
 }
 
-int open_pidfd(pid_t pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
+int open_pidfd(pid_t pid) {
+  return int(syscall(SYS_pidfd_open, pid, 0));
+}
 
 void signal_pidfd(int pidfd, int sig) {
   if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0);

@@ -36,7 +36,7 @@ struct JobScan {
   /// GPUs each CUDA process has open, read before the driver checkpoint
   /// closes the device files (empty where /proc does not tell).
   std::map<pid_t, std::vector<std::string>> gpu_uuids;
-  std::vector<GpuDevice> gpus;     ///< when there are CUDA processes
+  std::vector<GpuDevice> gpus;  ///< when there are CUDA processes
   int driver_version = 0;
 };
 
@@ -54,8 +54,8 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
 /// On a failure it brings back, in reverse, those already done and returns
 /// false with an error naming the process and the call; *rolled_back says
 /// whether everything came back (else the job's GPU state is lost).
-bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids, std::chrono::milliseconds timeout,
-                        bool* rolled_back, std::string* err);
+bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
+                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err);
 
 /// Restores (with pairs) and unlocks every process in reverse order, each
 /// from whatever state it is in (checkpointed -> restore + unlock, locked ->

@@ -38,8 +38,10 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     auto it = std::find_if(recorded.begin(), recorded.end(),
                            [&](const GpuDevice& g) { return g.uuid == uuid; });
     GpuDevice old;
-    if (it != recorded.end()) old = *it;
-    else old.uuid = uuid, old.index = -1;
+    if (it != recorded.end())
+      old = *it;
+    else
+      old.uuid = uuid, old.index = -1;
     auto m = device_map.find(old.uuid);
     if (m == device_map.end() && old.index >= 0) m = device_map.find(std::to_string(old.index));
     if (m != device_map.end()) {
@@ -84,7 +86,8 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     }
   }
   pairs->clear();
-  bool identity = std::all_of(plan.begin(), plan.end(), [](auto& p) { return p.first == p.second; });
+  bool identity =
+      std::all_of(plan.begin(), plan.end(), [](auto& p) { return p.first == p.second; });
   if (identity) return true;
   for (const auto& [from, to] : plan) {
     CUcheckpointGpuPair p{};
@@ -129,7 +132,8 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   std::vector<GpuDevice> present;
   if (!driver->load(err)) return false;
   if (!driver->devices(&present, err)) {
-    *err = "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
+    *err =
+        "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
     return false;
   }
   return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
@@ -145,8 +149,9 @@ void kill_tree(pid_t root) {
 
 }  // namespace
 
-bool verify_checkpoint_coded(const std::string& dir, const std::map<std::string, std::string>& device_map,
-                       ExitCode* code, std::string* err) {
+bool verify_checkpoint_coded(const std::string& dir,
+                             const std::map<std::string, std::string>& device_map, ExitCode* code,
+                             std::string* err) {
   Manifest m;
   Driver driver;
   std::vector<CUcheckpointGpuPair> pairs;
@@ -204,8 +209,8 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   }
   std::string pidfile = work.path() + "/root.pid";
   CriuRun run;
-  run.args = {"restore", "-d", "-D", opts.dir + "/criu", "-W", work.path(), "-o", "restore.log",
-              "-v4", "-L", no_plugins.path(), "--file-locks", "--pidfile", pidfile};
+  run.args = {"restore",     "-d",  "-D", opts.dir + "/criu", "-W",           work.path(), "-o",
+              "restore.log", "-v4", "-L", no_plugins.path(),  "--file-locks", "--pidfile", pidfile};
   auto inherit = [&](int fd, const std::string& id) {
     if (fd < 0 || id.empty()) return;
     run.args.push_back("--inherit-fd");
@@ -242,8 +247,8 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   std::reverse(cuda.begin(), cuda.end());
   if (!driver_resume_all(driver, cuda, pairs, &why)) {
     kill_tree(root);
-    *err = "job " + m.job.name + ": " + why + "\nthe restored processes were killed; the checkpoint " +
-           opts.dir + " is unchanged";
+    *err = "job " + m.job.name + ": " + why +
+           "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
     return false;
   }
   out->phases.emplace_back("driver-restore", sw.lap());

@@ -7,7 +7,7 @@ namespace cusnap {
 using namespace engine_detail;
 
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                 std::string* err) {
+                       std::string* err) {
   ExitCode c = kExitRefused;
   Driver driver;
   JobScan scan;
@@ -32,7 +32,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
 }
 
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                std::string* err) {
+                      std::string* err) {
   (void)timeout;
   ExitCode c = kExitRefused;
   bool ok = require_root("resume", err);

@@ -197,7 +197,7 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
   pid_t job_pid = start_counter(p[1]);
   close(p[1]);
-  auto before = read_numbers(p[0], 3, 5000);
+  auto before = read_numbers(p[0], 3, 20000);
   REQUIRE(before.size() == 3);
 
   char tmpl[] = "/tmp/cusnap-engine-test-XXXXXX";
@@ -213,8 +213,8 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
   CheckpointResult res;
   std::string err;
   std::vector<std::string> phases;
-  bool ok = checkpoint_job(job, opts, [&](const Progress& pr) { phases.push_back(pr.phase); }, &res,
-                           &err);
+  bool ok = checkpoint_job(
+      job, opts, [&](const Progress& pr) { phases.push_back(pr.phase); }, &res, &err);
   INFO(err);
   REQUIRE(ok);
   CHECK(res.job_stopped);
@@ -250,7 +250,7 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
     close(q[1]);
     CHECK(rr.root_pid == job_pid);
     CHECK(rr.job.name == "counter");
-    auto after = read_numbers(q[0], 3, 5000);
+    auto after = read_numbers(q[0], 3, 20000);
     REQUIRE(after.size() == 3);
     CHECK(after[0] > 1);
     CHECK(after[0] <= last + 1);
@@ -279,7 +279,8 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
   fs::remove_all(base);
 }
 
-TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, checkpoint, restore") {
+TEST_CASE(
+    "engine: a CUDA pattern job on the simulated driver: suspend/resume, checkpoint, restore") {
   std::string job_bin = std::string(CUSNAP_BINARY_DIR) + "/bin/cusnap-pattern-job";
   if (!have_criu() || access(job_bin.c_str(), X_OK) != 0) {
     MESSAGE("skipped: needs root, CRIU >= 4.1 and " << job_bin);
@@ -290,7 +291,7 @@ TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, c
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
   pid_t job_pid = start_job({job_bin, "--mib", "8", "--interval-ms", "20"}, p[1]);
   close(p[1]);
-  REQUIRE(read_counts(p[0], 3, 5000).size() == 3);
+  REQUIRE(read_counts(p[0], 3, 20000).size() == 3);
   JobInfo job;
   job.name = "pattern";
   job.root_pid = job_pid;
@@ -320,7 +321,7 @@ TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, c
   CHECK_FALSE(fs::exists(opts.dir));
   REQUIRE(resume_job_coded(job, std::chrono::seconds(10), &code, &err));
   CHECK(list_job_processes(job_pid)[0].cuda_state == "running");
-  REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+  REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
 
   // Checkpoint with leave_running: the job goes on.
   opts.leave_running = true;
@@ -328,7 +329,7 @@ TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, c
   INFO(err);
   REQUIRE(cok);
   CHECK_FALSE(res.job_stopped);
-  REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+  REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
   fs::remove_all(opts.dir);
 
   // Checkpoint and stop, then restore.
@@ -357,7 +358,7 @@ TEST_CASE("engine: a CUDA pattern job on the simulated driver: suspend/resume, c
   INFO(err);
   REQUIRE(rok);
   close(q[1]);
-  auto after = read_counts(q[0], 3, 5000);
+  auto after = read_counts(q[0], 3, 20000);
   REQUIRE(after.size() == 3);
   if (!drained.empty()) CHECK(after[0] == drained.back() + 1);
   CHECK(list_job_processes(rr.root_pid)[0].cuda_state == "running");
@@ -382,7 +383,7 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     REQUIRE(pipe2(p, O_CLOEXEC) == 0);
     pid_t pid = start_job({bin + "cusnap-share-job", "--interval-ms", "20"}, p[1]);
     close(p[1]);
-    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
     JobInfo job;
     job.name = "share";
     job.root_pid = pid;
@@ -398,18 +399,17 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), &code, &err));
     CHECK(code == kExitRefused);
     for (const ProcessInfo& pi : list_job_processes(pid)) CHECK(pi.cuda_state == "running");
-    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
     kill_and_reap(pid);
     close(p[0]);
   }
   SUBCASE("private") {
     int p[2];
     REQUIRE(pipe2(p, O_CLOEXEC) == 0);
-    pid_t pid = start_job({bin + "cusnap-pattern-job", "--mib", "4", "--children", "1",
-                           "--interval-ms", "20"},
-                          p[1]);
+    pid_t pid = start_job(
+        {bin + "cusnap-pattern-job", "--mib", "4", "--children", "1", "--interval-ms", "20"}, p[1]);
     close(p[1]);
-    REQUIRE(read_counts(p[0], 2, 5000).size() == 2);
+    REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
     JobInfo job;
     job.name = "two";
     job.root_pid = pid;
@@ -437,7 +437,7 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     INFO(err);
     REQUIRE(rok);
     close(q[1]);
-    REQUIRE(read_counts(q[0], 3, 5000).size() == 3);
+    REQUIRE(read_counts(q[0], 3, 20000).size() == 3);
     auto procs = list_job_processes(rr.root_pid);
     REQUIRE(procs.size() == 2);
     for (const ProcessInfo& pi : procs) CHECK(pi.cuda_state == "running");

@@ -26,7 +26,9 @@ namespace cusnap {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string cusnap_version() { return CUSNAP_VERSION; }
+std::string cusnap_version() {
+  return CUSNAP_VERSION;
+}
 
 std::string manifest_to_json(const Manifest& m) {
   json j;
@@ -59,7 +61,8 @@ std::string manifest_to_json(const Manifest& m) {
   for (const ManifestFile& f : m.files)
     j["files"].push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}});
   j["phases"] = json::array();
-  for (const auto& [name, secs] : m.phases) j["phases"].push_back({{"name", name}, {"seconds", secs}});
+  for (const auto& [name, secs] : m.phases)
+    j["phases"].push_back({{"name", name}, {"seconds", secs}});
   j["leave_running"] = m.leave_running;
   return j.dump(2) + "\n";
 }

@@ -73,8 +73,8 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 
 /// Checks every listed file's size and SHA-256 and that no other file is
 /// there. Hashes several files at once. bytes_done reports progress.
-bool verify_manifest_files(const std::string& dir, const Manifest& m,
-                           const ProgressSink& progress, std::string* err);
+bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
+                           std::string* err);
 
 /// Lists every regular file under dir (relative paths, sorted) except the
 /// manifest, with size and SHA-256, hashing several at once.

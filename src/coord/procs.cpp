@@ -82,8 +82,8 @@ bool maps_use_cuda(std::string_view maps) {
     size_t nl = maps.rfind('\n', pos);
     size_t eol = maps.find('\n', pos);
     size_t next_slash = maps.find('/', pos);
-    bool last_component = next_slash == std::string_view::npos ||
-                          (eol != std::string_view::npos && next_slash > eol);
+    bool last_component =
+        next_slash == std::string_view::npos || (eol != std::string_view::npos && next_slash > eol);
     if (slash != std::string_view::npos && (nl == std::string_view::npos || slash > nl) &&
         slash + 1 == pos && last_component)
       return true;
@@ -126,8 +126,8 @@ std::vector<DeviceAllocation> parse_device_allocations(std::string_view maps) {
   while ((pos = maps.find(kTag, pos)) != std::string_view::npos) {
     pos += kTag.size();
     size_t end = maps.find_first_of(" \n", pos);
-    std::string_view rest = maps.substr(pos, end == std::string_view::npos ? maps.size() - pos
-                                                                           : end - pos);
+    std::string_view rest =
+        maps.substr(pos, end == std::string_view::npos ? maps.size() - pos : end - pos);
     size_t colon = rest.find(':');
     DeviceAllocation a;
     if (colon == std::string_view::npos || !parse_num(rest.substr(0, colon), &a.creator) ||
@@ -143,10 +143,11 @@ bool find_shared_device_memory(const std::map<pid_t, std::vector<DeviceAllocatio
   std::map<DeviceAllocation, pid_t> first_mapper;
   for (const auto& [pid, allocs] : mapped) {
     for (const DeviceAllocation& a : allocs) {
-      std::string name = "device allocation " + std::to_string(a.id) + " of process " +
-                         std::to_string(a.creator);
+      std::string name =
+          "device allocation " + std::to_string(a.id) + " of process " + std::to_string(a.creator);
       if (a.creator != pid) {
-        *what = "process " + std::to_string(pid) + " maps " + name + " (created by another process)";
+        *what =
+            "process " + std::to_string(pid) + " maps " + name + " (created by another process)";
         return true;
       }
       auto [it, fresh] = first_mapper.emplace(a, pid);
@@ -211,8 +212,8 @@ bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what) {
       std::string target = read_link(fd_dir + "/" + fd);
       if (target.starts_with("/dev/pts/") || target == "/dev/tty" || target == "/dev/console" ||
           (target.starts_with("/dev/tty") && target.size() > 8)) {
-        *what = "process " + std::to_string(pid) + " has the terminal " + target +
-                " open as fd " + fd;
+        *what =
+            "process " + std::to_string(pid) + " has the terminal " + target + " open as fd " + fd;
         return true;
       }
     }

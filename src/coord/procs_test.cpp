@@ -8,7 +8,8 @@
 using namespace cusnap;
 
 TEST_CASE("procs: libcuda detection looks at file names") {
-  CHECK(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n"));
+  CHECK(maps_use_cuda(
+      "7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n"));
   CHECK(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /work/build/fakecuda/libcuda.so.1\n"));
   CHECK_FALSE(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /opt/libcuda.so.d/libfoo.so\n"));
   CHECK_FALSE(maps_use_cuda("7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/libcudart.so.13\n"));

@@ -27,7 +27,9 @@ constexpr uint32_t kK[64] = {
 
 std::atomic<bool> g_force_portable{false};
 
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+inline uint32_t rotr(uint32_t x, int n) {
+  return (x >> n) | (x << (32 - n));
+}
 
 void blocks_portable(uint32_t* h, const uint8_t* p, size_t n) {
   for (; n > 0; --n, p += 64) {
@@ -43,7 +45,8 @@ void blocks_portable(uint32_t* h, const uint8_t* p, size_t n) {
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
 #pragma GCC unroll 64
     for (int i = 0; i < 64; ++i) {
-      uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
+      uint32_t t1 =
+          hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
       uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
       hh = g;
       g = f;
@@ -73,8 +76,8 @@ __attribute__((target("sha,sse4.1"))) void blocks_shani(uint32_t* h, const uint8
   const __m128i kMask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
   __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0]));
   __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4]));
-  tmp = _mm_shuffle_epi32(tmp, 0xB1);           // CDAB
-  state1 = _mm_shuffle_epi32(state1, 0x1B);     // EFGH
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);                // CDAB
+  state1 = _mm_shuffle_epi32(state1, 0x1B);          // EFGH
   __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
   state1 = _mm_blend_epi16(state1, tmp, 0xF0);       // CDGH
 
@@ -82,8 +85,9 @@ __attribute__((target("sha,sse4.1"))) void blocks_shani(uint32_t* h, const uint8
     const __m128i abef_save = state0, cdgh_save = state1;
     __m128i msg[4];
     for (int i = 0; i < 4; ++i)
-      msg[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), kMask);
-    // Fully unrolled so that msg[] lives in registers.
+      msg[i] =
+          _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), kMask);
+      // Fully unrolled so that msg[] lives in registers.
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       __m128i& cur = msg[r & 3];
@@ -128,7 +132,9 @@ Sha256::Sha256() {
   std::memcpy(h_, kInit, sizeof h_);
 }
 
-void Sha256::force_portable(bool on) { g_force_portable = on; }
+void Sha256::force_portable(bool on) {
+  g_force_portable = on;
+}
 
 bool Sha256::hardware_accelerated() {
 #if defined(__x86_64__)

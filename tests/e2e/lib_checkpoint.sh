@@ -115,7 +115,7 @@ first_count() {
 
 # wait_count FILE N [PREFIX] [SECONDS]: waits until FILE counted to at least N.
 wait_count() {
-  local file=$1 n=$2 prefix=${3:-} secs=${4:-20}
+  local file=$1 n=$2 prefix=${3:-} secs=${4:-60}
   for _ in $(seq 1 $((secs * 20))); do
     [ "$(last_count "$file" "$prefix")" -ge "$n" ] && return 0
     sleep 0.05
@@ -126,7 +126,7 @@ wait_count() {
 # wait_job NAME [SECONDS]: waits until cusnap ps shows the job running; echoes its pid.
 wait_job() {
   local pid
-  for _ in $(seq 1 $((${2:-20} * 10))); do
+  for _ in $(seq 1 $((${2:-60} * 10))); do
     pid=$(job_field "$1" pid)
     [ -n "$pid" ] && { echo "$pid"; return 0; }
     sleep 0.1
@@ -137,7 +137,7 @@ wait_job() {
 # wait_gone PID [SECONDS]: waits until the process is gone and reaped (CRIU
 # restores pids and cannot while the old one is still a zombie).
 wait_gone() {
-  for _ in $(seq 1 $((${2:-20} * 20))); do
+  for _ in $(seq 1 $((${2:-60} * 20))); do
     [ -e "/proc/$1" ] || return 0
     sleep 0.05
   done

@@ -56,12 +56,18 @@ Options parse(int argc, char** argv) {
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
     long v = std::strtol(argv[++i], nullptr, 10);
     if (v < 0) usage(("negative value for " + a).c_str());
-    if (a == "--mib") o.mib = size_t(v);
-    else if (a == "--interval-ms") o.interval_ms = v;
-    else if (a == "--children") o.children = int(v);
-    else if (a == "--verify-mib") o.verify_mib = size_t(v);
-    else if (a == "--max-count") o.max_count = v;
-    else usage(("unknown option " + a).c_str());
+    if (a == "--mib")
+      o.mib = size_t(v);
+    else if (a == "--interval-ms")
+      o.interval_ms = v;
+    else if (a == "--children")
+      o.children = int(v);
+    else if (a == "--verify-mib")
+      o.verify_mib = size_t(v);
+    else if (a == "--max-count")
+      o.max_count = v;
+    else
+      usage(("unknown option " + a).c_str());
   }
   if (o.mib == 0) usage("--mib must be at least 1");
   return o;
@@ -148,14 +154,17 @@ class Pattern {
 };
 
 void run(const Options& o, int index, const std::vector<pid_t>& children) {
-  std::string who = index == 0 ? "cusnap-pattern-job" : "cusnap-pattern-job child " + std::to_string(index);
+  std::string who =
+      index == 0 ? "cusnap-pattern-job" : "cusnap-pattern-job child " + std::to_string(index);
   std::string prefix = index == 0 ? "" : "child " + std::to_string(index) + " ";
   workload::init_device(who.c_str());
   Pattern p(o.mib << 20, 0x5eed0000ull + uint64_t(index), who.c_str());
   std::printf("%sready pid %d mib %zu\n", prefix.c_str(), int(getpid()), o.mib);
   for (long count = 1; o.max_count == 0 || count <= o.max_count; ++count) {
-    if (o.verify_mib == 0) p.verify_all(count);
-    else p.verify_slice(o.verify_mib << 20, count);
+    if (o.verify_mib == 0)
+      p.verify_all(count);
+    else
+      p.verify_slice(o.verify_mib << 20, count);
     p.rewrite(count);
     std::printf("%scount %ld ok\n", prefix.c_str(), count);
     for (pid_t c : children) {

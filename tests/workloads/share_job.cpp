@@ -57,7 +57,9 @@ int recv_fd(int sock) {
   return fd;
 }
 
-inline uint8_t pattern(size_t i) { return uint8_t(i * 131 + 17); }
+inline uint8_t pattern(size_t i) {
+  return uint8_t(i * 131 + 17);
+}
 
 }  // namespace
 
@@ -66,8 +68,10 @@ int main(int argc, char** argv) {
   long interval_ms = 100;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--mib") mib = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--interval-ms") interval_ms = std::strtol(argv[i + 1], nullptr, 10);
+    if (a == "--mib")
+      mib = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--interval-ms")
+      interval_ms = std::strtol(argv[i + 1], nullptr, 10);
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   int sv[2];
@@ -111,7 +115,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < size; ++i) buf[i] = pattern(i);
     WL_CHECK(cuMemcpyHtoD(ptr, buf.data(), size), who);
     int fd = -1;
-    WL_CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), who);
+    WL_CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+             who);
     send_fd(sv[0], fd);
     close(fd);
   }
