@@ -18,39 +18,50 @@
 namespace cusnap::shim {
 namespace {
 
-int control_close(uint64_t timeout_ms) { return gate().close(timeout_ms); }
-int control_open() { return gate().open(); }
+int control_close(uint64_t timeout_ms) {
+  return gate().close(timeout_ms);
+}
+int control_open() {
+  return gate().open();
+}
 void control_state(int* closed, uint64_t* in_flight, uint64_t* waiting) {
-    if (closed) *closed = gate().is_closed() ? 1 : 0;
-    if (in_flight) *in_flight = gate().in_flight();
-    if (waiting) *waiting = gate().waiting();
+  if (closed) *closed = gate().is_closed() ? 1 : 0;
+  if (in_flight) *in_flight = gate().in_flight();
+  if (waiting) *waiting = gate().waiting();
 }
 
-constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_close, control_open, control_state};
+constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_close, control_open,
+                                          control_state};
 
 // Fork: the gate's and the loader's locks are held across fork() so the child
 // never inherits one mid-update; the child starts with an open gate. The
 // loaded driver stays (the mapping is inherited).
 void prepare() {
-    loader_atfork_prepare();
-    gate().atfork_prepare();
+  loader_atfork_prepare();
+  gate().atfork_prepare();
 }
 void parent() {
-    gate().atfork_parent();
-    loader_atfork_parent();
+  gate().atfork_parent();
+  loader_atfork_parent();
 }
 void child() {
-    gate_slots_atfork_child();
-    gate().atfork_child();
-    loader_atfork_child();
+  gate_slots_atfork_child();
+  gate().atfork_child();
+  loader_atfork_child();
 }
 
-__attribute__((constructor)) void shim_init() { pthread_atfork(prepare, parent, child); }
+__attribute__((constructor)) void shim_init() {
+  pthread_atfork(prepare, parent, child);
+}
 
 }  // namespace
 }  // namespace cusnap::shim
 
 extern "C" __attribute__((visibility("default"))) const cusnap_shim_info cusnap_shim_build_info = {
-    CUSNAP_SHIM_ABI, CUSNAP_VERSION, CUSNAP_SHIM_BUILD, CUDA_VERSION,
-    static_cast<uint32_t>(cusnap::shim::kEntryCount), &cusnap::shim::kControl,
+    CUSNAP_SHIM_ABI,
+    CUSNAP_VERSION,
+    CUSNAP_SHIM_BUILD,
+    CUDA_VERSION,
+    static_cast<uint32_t>(cusnap::shim::kEntryCount),
+    &cusnap::shim::kControl,
 };

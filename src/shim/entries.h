@@ -32,7 +32,7 @@ enum class Entry : uint16_t {
 #include "shim/extra_entries.inc"
 #undef CUSNAP_CU_ENTRY
 #undef CUSNAP_CU_PROC
-    kEnd_
+  kEnd_
 };
 
 /// Entries of the generated list; the extras follow them.
@@ -46,7 +46,9 @@ inline constexpr size_t kGeneratedCount = 0
 inline constexpr size_t kEntryCount = static_cast<size_t>(Entry::kEnd_);
 
 /// Dense index 0..kEntryCount-1 of an entry.
-constexpr size_t index_of(Entry e) { return static_cast<size_t>(e); }
+constexpr size_t index_of(Entry e) {
+  return static_cast<size_t>(e);
+}
 
 /// Exported symbol name of entry i.
 const char* entry_name(size_t i) noexcept;
@@ -59,22 +61,23 @@ void* wrapper_of(size_t i) noexcept;
 enum class ProcLookup { kFound, kNotFound, kVersionTooLow };
 
 struct ProcAnswer {
-    size_t index = 0;         ///< entry that answers the request (kFound)
-    int authoritative = 0;    ///< the table is complete for requests up to this CUDA version
+  size_t index = 0;       ///< entry that answers the request (kFound)
+  int authoritative = 0;  ///< the table is complete for requests up to this CUDA version
 };
 
 /// What a caller asking cuGetProcAddress for `name` at `cuda_version` gets;
 /// per_thread selects the per-thread-default-stream (_ptds/_ptsz) rows where
 /// the name has them.
-ProcLookup lookup_proc(const char* name, int cuda_version, bool per_thread, ProcAnswer* out) noexcept;
+ProcLookup lookup_proc(const char* name, int cuda_version, bool per_thread,
+                       ProcAnswer* out) noexcept;
 
 /// Number of rows of the cuGetProcAddress table and row i, for tests.
 size_t proc_row_count() noexcept;
 struct ProcRow {
-    const char* name;
-    int version;
-    int flavour;  ///< 0 default, 1 ptds, 2 ptsz
-    size_t index;
+  const char* name;
+  int version;
+  int flavour;  ///< 0 default, 1 ptds, 2 ptsz
+  size_t index;
 };
 ProcRow proc_row(size_t i) noexcept;
 

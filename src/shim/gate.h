@@ -48,122 +48,126 @@ extern std::atomic<int> g_fence_mode;
 }  // namespace detail
 
 class Gate {
-public:
-    static constexpr uint64_t kClosed = 1;
-    static constexpr uint64_t kQueued = 2;
-    static constexpr uint64_t kOne = 4;  ///< one slot-less call in flight
-    static constexpr unsigned kMaxThreads = 1024;
+ public:
+  static constexpr uint64_t kClosed = 1;
+  static constexpr uint64_t kQueued = 2;
+  static constexpr uint64_t kOne = 4;  ///< one slot-less call in flight
+  static constexpr unsigned kMaxThreads = 1024;
 
-    constexpr Gate() = default;
-    Gate(const Gate&) = delete;
-    Gate& operator=(const Gate&) = delete;
+  constexpr Gate() = default;
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
 
-    /// Enters the gate; waits while it is closed. Never fails.
-    __attribute__((always_inline)) void enter() noexcept {
-        const int t = thread_slot();
-        if (__builtin_expect(t >= 0, 1)) {
-            Slot& s = slots_[t];
-            const uint32_t depth = s.depth.load(std::memory_order_relaxed);
-            s.depth.store(depth + 1, std::memory_order_relaxed);
-            if (depth != 0) return;  // nested: already counted
-            store_load_fence();
-            if (__builtin_expect((word_.load(std::memory_order_acquire) & (kClosed | kQueued)) == 0, 1)) return;
-            s.depth.store(0, std::memory_order_release);
-            enter_slow(t);
-            return;
-        }
-        uint64_t old = word_.fetch_add(kOne, std::memory_order_acq_rel);
-        if (__builtin_expect((old & (kClosed | kQueued)) != 0, 0)) {
-            word_.fetch_sub(kOne, std::memory_order_relaxed);
-            enter_slow(-1);
-        }
+  /// Enters the gate; waits while it is closed. Never fails.
+  __attribute__((always_inline)) void enter() noexcept {
+    const int t = thread_slot();
+    if (__builtin_expect(t >= 0, 1)) {
+      Slot& s = slots_[t];
+      const uint32_t depth = s.depth.load(std::memory_order_relaxed);
+      s.depth.store(depth + 1, std::memory_order_relaxed);
+      if (depth != 0) return;  // nested: already counted
+      store_load_fence();
+      if (__builtin_expect((word_.load(std::memory_order_acquire) & (kClosed | kQueued)) == 0, 1))
+        return;
+      s.depth.store(0, std::memory_order_release);
+      enter_slow(t);
+      return;
     }
-    /// Leaves the gate entered by enter().
-    __attribute__((always_inline)) void leave() noexcept {
-        const int t = thread_slot();
-        if (__builtin_expect(t >= 0, 1)) {
-            Slot& s = slots_[t];
-            s.depth.store(s.depth.load(std::memory_order_relaxed) - 1, std::memory_order_release);
-            return;
-        }
-        word_.fetch_sub(kOne, std::memory_order_release);
+    uint64_t old = word_.fetch_add(kOne, std::memory_order_acq_rel);
+    if (__builtin_expect((old & (kClosed | kQueued)) != 0, 0)) {
+      word_.fetch_sub(kOne, std::memory_order_relaxed);
+      enter_slow(-1);
     }
-
-    /// Closes the gate and waits up to timeout_ms for calls in flight to finish.
-    /// Returns 0 when closed and drained. On timeout reopens the gate (the
-    /// process keeps running as before) and returns ETIMEDOUT. Returns EALREADY
-    /// when the gate was already closed.
-    int close(uint64_t timeout_ms) noexcept;
-    /// Opens the gate; queued threads continue in arrival order. Returns
-    /// EALREADY when the gate was already open.
-    int open() noexcept;
-
-    bool is_closed() const noexcept { return (word_.load(std::memory_order_acquire) & kClosed) != 0; }
-    /// Calls in flight now (threads inside the driver).
-    uint64_t in_flight() const noexcept;
-    /// Threads waiting at the gate now.
-    uint64_t waiting() const noexcept;
-
-    /// pthread_atfork handlers: the child has one thread, so it starts with an
-    /// open, empty gate and fresh locks.
-    void atfork_prepare() noexcept;
-    void atfork_parent() noexcept;
-    void atfork_child() noexcept;
-
-    /// Position (0, 1, ...) in which this thread was last admitted through the
-    /// slow path of any gate, counted per gate; for tests of the admission order.
-    static uint64_t last_admission() noexcept { return t_admission_; }
-
-    /// This thread's slot index, or -1 when every slot is taken.
-    __attribute__((always_inline)) static int thread_slot() noexcept {
-        int t = t_slot_;
-        return __builtin_expect(t >= 0, 1) ? t : claim_slot();
+  }
+  /// Leaves the gate entered by enter().
+  __attribute__((always_inline)) void leave() noexcept {
+    const int t = thread_slot();
+    if (__builtin_expect(t >= 0, 1)) {
+      Slot& s = slots_[t];
+      s.depth.store(s.depth.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+      return;
     }
+    word_.fetch_sub(kOne, std::memory_order_release);
+  }
 
-    /// Thread-exit handler of the slot registry (a pthread key destructor):
-    /// frees the index; later calls on this thread use the shared counter.
-    static void release_thread_slot(void* index_plus_one) noexcept;
+  /// Closes the gate and waits up to timeout_ms for calls in flight to finish.
+  /// Returns 0 when closed and drained. On timeout reopens the gate (the
+  /// process keeps running as before) and returns ETIMEDOUT. Returns EALREADY
+  /// when the gate was already closed.
+  int close(uint64_t timeout_ms) noexcept;
+  /// Opens the gate; queued threads continue in arrival order. Returns
+  /// EALREADY when the gate was already open.
+  int open() noexcept;
 
-private:
-    struct alignas(64) Slot {
-        std::atomic<uint32_t> depth{0};
-    };
+  bool is_closed() const noexcept { return (word_.load(std::memory_order_acquire) & kClosed) != 0; }
+  /// Calls in flight now (threads inside the driver).
+  uint64_t in_flight() const noexcept;
+  /// Threads waiting at the gate now.
+  uint64_t waiting() const noexcept;
 
-    __attribute__((always_inline)) static void store_load_fence() noexcept {
-        if (__builtin_expect(detail::g_fence_mode.load(std::memory_order_relaxed) == 1, 1))
-            std::atomic_signal_fence(std::memory_order_seq_cst);
-        else
-            std::atomic_thread_fence(std::memory_order_seq_cst);
-    }
-    static int claim_slot() noexcept;
-    void enter_slow(int slot) noexcept;
-    bool drained() const noexcept;
+  /// pthread_atfork handlers: the child has one thread, so it starts with an
+  /// open, empty gate and fresh locks.
+  void atfork_prepare() noexcept;
+  void atfork_parent() noexcept;
+  void atfork_child() noexcept;
 
-    // Constant-initialized: no thread_local wrapper on access.
-    static inline constinit thread_local int t_slot_ __attribute__((tls_model("initial-exec"))) = -2;
-    static inline constinit thread_local uint64_t t_admission_ __attribute__((tls_model("initial-exec"))) = 0;
+  /// Position (0, 1, ...) in which this thread was last admitted through the
+  /// slow path of any gate, counted per gate; for tests of the admission order.
+  static uint64_t last_admission() noexcept { return t_admission_; }
 
-    std::atomic<uint64_t> word_{0};
-    pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;
-    uint64_t next_ticket_ = 0;  ///< guarded by mu_
-    uint64_t serving_ = 0;      ///< guarded by mu_
-    Slot slots_[kMaxThreads];
+  /// This thread's slot index, or -1 when every slot is taken.
+  __attribute__((always_inline)) static int thread_slot() noexcept {
+    int t = t_slot_;
+    return __builtin_expect(t >= 0, 1) ? t : claim_slot();
+  }
+
+  /// Thread-exit handler of the slot registry (a pthread key destructor):
+  /// frees the index; later calls on this thread use the shared counter.
+  static void release_thread_slot(void* index_plus_one) noexcept;
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> depth{0};
+  };
+
+  __attribute__((always_inline)) static void store_load_fence() noexcept {
+    if (__builtin_expect(detail::g_fence_mode.load(std::memory_order_relaxed) == 1, 1))
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    else
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  static int claim_slot() noexcept;
+  void enter_slow(int slot) noexcept;
+  bool drained() const noexcept;
+
+  // Constant-initialized: no thread_local wrapper on access.
+  static inline constinit thread_local int t_slot_ __attribute__((tls_model("initial-exec"))) = -2;
+  static inline constinit thread_local uint64_t t_admission_
+      __attribute__((tls_model("initial-exec"))) = 0;
+
+  std::atomic<uint64_t> word_{0};
+  pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;
+  uint64_t next_ticket_ = 0;  ///< guarded by mu_
+  uint64_t serving_ = 0;      ///< guarded by mu_
+  Slot slots_[kMaxThreads];
 };
 
 namespace detail {
 extern Gate g_process_gate;
 }
 /// The process's gate. Constant-initialized: usable before any constructor runs.
-inline Gate& gate() noexcept { return detail::g_process_gate; }
+inline Gate& gate() noexcept {
+  return detail::g_process_gate;
+}
 
 /// Enters the process gate for the lifetime of the object.
 class GateGuard {
-public:
-    __attribute__((always_inline)) GateGuard() noexcept { gate().enter(); }
-    __attribute__((always_inline)) ~GateGuard() { gate().leave(); }
-    GateGuard(const GateGuard&) = delete;
-    GateGuard& operator=(const GateGuard&) = delete;
+ public:
+  __attribute__((always_inline)) GateGuard() noexcept { gate().enter(); }
+  __attribute__((always_inline)) ~GateGuard() { gate().leave(); }
+  GateGuard(const GateGuard&) = delete;
+  GateGuard& operator=(const GateGuard&) = delete;
 };
 
 /// The barrier close() falls back to without membarrier; true when it ran.

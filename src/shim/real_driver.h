@@ -20,14 +20,16 @@ extern void* g_real[kEntryCount];
 /// 1 once the driver is loaded and g_real is final (release store).
 extern std::atomic<int> g_state;
 bool ensure_loaded() noexcept;
-inline bool loaded() noexcept { return g_state.load(std::memory_order_acquire) == 1; }
+inline bool loaded() noexcept {
+  return g_state.load(std::memory_order_acquire) == 1;
+}
 }  // namespace detail
 
 /// Real address of entry i, loading the driver on first use; nullptr when the
 /// driver is missing or does not export it (the caller fails closed).
 inline void* real_entry(size_t i) noexcept {
-    if (__builtin_expect(!detail::loaded(), 0) && !detail::ensure_loaded()) return nullptr;
-    return detail::g_real[i];
+  if (__builtin_expect(!detail::loaded(), 0) && !detail::ensure_loaded()) return nullptr;
+  return detail::g_real[i];
 }
 
 /// Which entry `fn` is: a real driver address or one of the shim's wrappers.

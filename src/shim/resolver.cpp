@@ -18,51 +18,52 @@ namespace cusnap::shim {
 namespace {
 
 bool per_thread_stream(bool ptsz_variant, cuuint64_t flags) {
-    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) return true;
-    if (flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) return false;
-    // CU_GET_PROC_ADDRESS_DEFAULT: legacy, except through the _ptsz entry point
-    // (what code built with per-thread default streams calls), as cuda.h says.
-    return ptsz_variant;
+  if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) return true;
+  if (flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) return false;
+  // CU_GET_PROC_ADDRESS_DEFAULT: legacy, except through the _ptsz entry point
+  // (what code built with per-thread default streams calls), as cuda.h says.
+  return ptsz_variant;
 }
 
 /// The wrapper to hand out for `symbol`, given the real driver's answer `real`.
 void* choose_wrapper(const char* symbol, int cuda_version, bool per_thread, void* real) {
-    ProcAnswer a;
-    // The table decides for versions it is complete for, provided the driver
-    // exports the entry it names (the driver said the symbol exists).
-    if (lookup_proc(symbol, cuda_version, per_thread, &a) == ProcLookup::kFound &&
-        cuda_version <= a.authoritative && real_entry(a.index) != nullptr)
-        return wrapper_of(a.index);
-    // Otherwise the driver's answer decides, when it is an entry point we know.
-    size_t i;
-    if (entry_of_address(real, &i) && real_entry(i) != nullptr) return wrapper_of(i);
-    return nullptr;
+  ProcAnswer a;
+  // The table decides for versions it is complete for, provided the driver
+  // exports the entry it names (the driver said the symbol exists).
+  if (lookup_proc(symbol, cuda_version, per_thread, &a) == ProcLookup::kFound &&
+      cuda_version <= a.authoritative && real_entry(a.index) != nullptr)
+    return wrapper_of(a.index);
+  // Otherwise the driver's answer decides, when it is an entry point we know.
+  size_t i;
+  if (entry_of_address(real, &i) && real_entry(i) != nullptr) return wrapper_of(i);
+  return nullptr;
 }
 
 }  // namespace
 
-CUresult get_proc_address(GetProcAddressV2 real_v2, GetProcAddressV1 real_v1, bool ptsz, const char* symbol,
-                          void** pfn, int cuda_version, cuuint64_t flags,
+CUresult get_proc_address(GetProcAddressV2 real_v2, GetProcAddressV1 real_v1, bool ptsz,
+                          const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                           CUdriverProcAddressQueryResult* status) noexcept {
-    void* got = nullptr;
-    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
-    CUresult rc = real_v2 ? real_v2(symbol, pfn ? &got : nullptr, cuda_version, flags, status ? &st : nullptr)
-                          : real_v1(symbol, pfn ? &got : nullptr, cuda_version, flags);
-    if (status) *status = st;
-    if (!pfn) return rc;
-    if (rc != CUDA_SUCCESS || got == nullptr) {
-        *pfn = nullptr;
-        return rc;
-    }
-    void* w = choose_wrapper(symbol, cuda_version, per_thread_stream(ptsz, flags), got);
-    if (!w) {
-        debug_log("cuGetProcAddress: no wrapper for what the driver returned; failing closed", symbol);
-        *pfn = nullptr;
-        if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    *pfn = w;
-    return CUDA_SUCCESS;
+  void* got = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  CUresult rc =
+      real_v2 ? real_v2(symbol, pfn ? &got : nullptr, cuda_version, flags, status ? &st : nullptr)
+              : real_v1(symbol, pfn ? &got : nullptr, cuda_version, flags);
+  if (status) *status = st;
+  if (!pfn) return rc;
+  if (rc != CUDA_SUCCESS || got == nullptr) {
+    *pfn = nullptr;
+    return rc;
+  }
+  void* w = choose_wrapper(symbol, cuda_version, per_thread_stream(ptsz, flags), got);
+  if (!w) {
+    debug_log("cuGetProcAddress: no wrapper for what the driver returned; failing closed", symbol);
+    *pfn = nullptr;
+    if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  *pfn = w;
+  return CUDA_SUCCESS;
 }
 
 namespace {
@@ -72,48 +73,52 @@ char g_anchor;
 /// Maps what the runtime's resolver returned to a wrapper; fails closed.
 cudaError_t map_runtime_answer(cudaError_t rc, const char* symbol, void** funcPtr,
                                cudaDriverEntryPointQueryResult* status) {
-    if (rc != cudaSuccess || !funcPtr || !*funcPtr) return rc;
-    size_t i;
-    if (entry_of_address(*funcPtr, &i) && real_entry(i) != nullptr) {
-        *funcPtr = wrapper_of(i);
-        return rc;
-    }
-    debug_log("cudaGetDriverEntryPoint: no wrapper for what the runtime returned; failing closed", symbol);
-    *funcPtr = nullptr;
-    if (status) *status = cudaDriverEntryPointSymbolNotFound;
-    return cudaErrorNotSupported;
+  if (rc != cudaSuccess || !funcPtr || !*funcPtr) return rc;
+  size_t i;
+  if (entry_of_address(*funcPtr, &i) && real_entry(i) != nullptr) {
+    *funcPtr = wrapper_of(i);
+    return rc;
+  }
+  debug_log("cudaGetDriverEntryPoint: no wrapper for what the runtime returned; failing closed",
+            symbol);
+  *funcPtr = nullptr;
+  if (status) *status = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorNotSupported;
 }
 
 /// The runtime's own function: past the shim (preloaded), else from the start.
 template <class Fn>
 Fn next_runtime(const char* name) {
-    void* p = elf_find_next(&g_anchor, name, nullptr);
-    if (!p) p = elf_find_next(nullptr, name, nullptr);
-    return reinterpret_cast<Fn>(p);
+  void* p = elf_find_next(&g_anchor, name, nullptr);
+  if (!p) p = elf_find_next(nullptr, name, nullptr);
+  return reinterpret_cast<Fn>(p);
 }
 
-using EntryPointFn = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+using EntryPointFn = cudaError_t (*)(const char*, void**, unsigned long long,
+                                     cudaDriverEntryPointQueryResult*);
 using ByVersionFn = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
                                     cudaDriverEntryPointQueryResult*);
 
-cudaError_t entry_point(const char* which, const char* symbol, void** funcPtr, unsigned long long flags,
-                        cudaDriverEntryPointQueryResult* status) {
-    auto real = next_runtime<EntryPointFn>(which);
-    if (!real) {
-        if (funcPtr) *funcPtr = nullptr;
-        return cudaErrorNotSupported;
-    }
-    return map_runtime_answer(real(symbol, funcPtr, flags, status), symbol, funcPtr, status);
+cudaError_t entry_point(const char* which, const char* symbol, void** funcPtr,
+                        unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  auto real = next_runtime<EntryPointFn>(which);
+  if (!real) {
+    if (funcPtr) *funcPtr = nullptr;
+    return cudaErrorNotSupported;
+  }
+  return map_runtime_answer(real(symbol, funcPtr, flags, status), symbol, funcPtr, status);
 }
 
-cudaError_t by_version(const char* which, const char* symbol, void** funcPtr, unsigned int cudaVersion,
-                       unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-    auto real = next_runtime<ByVersionFn>(which);
-    if (!real) {
-        if (funcPtr) *funcPtr = nullptr;
-        return cudaErrorNotSupported;
-    }
-    return map_runtime_answer(real(symbol, funcPtr, cudaVersion, flags, status), symbol, funcPtr, status);
+cudaError_t by_version(const char* which, const char* symbol, void** funcPtr,
+                       unsigned int cudaVersion, unsigned long long flags,
+                       cudaDriverEntryPointQueryResult* status) {
+  auto real = next_runtime<ByVersionFn>(which);
+  if (!real) {
+    if (funcPtr) *funcPtr = nullptr;
+    return cudaErrorNotSupported;
+  }
+  return map_runtime_answer(real(symbol, funcPtr, cudaVersion, flags, status), symbol, funcPtr,
+                            status);
 }
 
 }  // namespace
@@ -124,25 +129,29 @@ cudaError_t by_version(const char* which, const char* symbol, void** funcPtr, un
 // default streams calls).
 #define CUSNAP_EXPORT extern "C" __attribute__((visibility("default")))
 
-CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
+CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr,
+                                                  unsigned long long flags,
                                                   cudaDriverEntryPointQueryResult* driverStatus) {
-    return cusnap::shim::entry_point("cudaGetDriverEntryPoint", symbol, funcPtr, flags, driverStatus);
+  return cusnap::shim::entry_point("cudaGetDriverEntryPoint", symbol, funcPtr, flags, driverStatus);
 }
-CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr, unsigned long long flags,
-                                                       cudaDriverEntryPointQueryResult* driverStatus) {
-    return cusnap::shim::entry_point("cudaGetDriverEntryPoint_ptsz", symbol, funcPtr, flags, driverStatus);
+CUSNAP_EXPORT cudaError_t
+cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr, unsigned long long flags,
+                             cudaDriverEntryPointQueryResult* driverStatus) {
+  return cusnap::shim::entry_point("cudaGetDriverEntryPoint_ptsz", symbol, funcPtr, flags,
+                                   driverStatus);
 }
-CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
-                                                           unsigned int cudaVersion, unsigned long long flags,
-                                                           cudaDriverEntryPointQueryResult* driverStatus) {
-    return cusnap::shim::by_version("cudaGetDriverEntryPointByVersion", symbol, funcPtr, cudaVersion, flags,
-                                    driverStatus);
+CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return cusnap::shim::by_version("cudaGetDriverEntryPointByVersion", symbol, funcPtr, cudaVersion,
+                                  flags, driverStatus);
 }
-CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** funcPtr,
-                                                                unsigned int cudaVersion, unsigned long long flags,
-                                                                cudaDriverEntryPointQueryResult* driverStatus) {
-    return cusnap::shim::by_version("cudaGetDriverEntryPointByVersion_ptsz", symbol, funcPtr, cudaVersion,
-                                    flags, driverStatus);
+CUSNAP_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return cusnap::shim::by_version("cudaGetDriverEntryPointByVersion_ptsz", symbol, funcPtr,
+                                  cudaVersion, flags, driverStatus);
 }
 static_assert(std::is_same_v<decltype(&cudaGetDriverEntryPoint), cusnap::shim::EntryPointFn>);
-static_assert(std::is_same_v<decltype(&cudaGetDriverEntryPointByVersion), cusnap::shim::ByVersionFn>);
+static_assert(
+    std::is_same_v<decltype(&cudaGetDriverEntryPointByVersion), cusnap::shim::ByVersionFn>);

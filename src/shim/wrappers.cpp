@@ -15,18 +15,19 @@
 #include "shim/real_driver.h"
 
 #define CUSNAP_CU_PROC(...)
-#define CUSNAP_CU_ENTRY(name, params, args)                                                          \
-    extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cusnap_w_##name params {      \
-        using Fn = decltype(&::name);                                                                \
-        constexpr size_t kIndex = ::cusnap::shim::index_of(::cusnap::shim::Entry::name);             \
-        ::cusnap::shim::GateGuard guard;                                                             \
-        auto real = reinterpret_cast<Fn>(::cusnap::shim::real_entry(kIndex));                        \
-        if (__builtin_expect(real == nullptr, 0)) return ::cusnap::shim::fail_closed(kIndex);        \
-        return ::cusnap::shim::Hook<::cusnap::shim::Entry::name>::bind(real) args;                   \
-    }                                                                                                \
-    static_assert(std::is_same_v<decltype(&::name), decltype(&cusnap_w_##name)>,                    \
-                  "wrapper of " #name " differs from cuda.h");                                       \
-    extern "C" __attribute__((visibility("default"), alias("cusnap_w_" #name))) CUresult CUDAAPI name params;
+#define CUSNAP_CU_ENTRY(name, params, args)                                                  \
+  extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cusnap_w_##name params { \
+    using Fn = decltype(&::name);                                                            \
+    constexpr size_t kIndex = ::cusnap::shim::index_of(::cusnap::shim::Entry::name);         \
+    ::cusnap::shim::GateGuard guard;                                                         \
+    auto real = reinterpret_cast<Fn>(::cusnap::shim::real_entry(kIndex));                    \
+    if (__builtin_expect(real == nullptr, 0)) return ::cusnap::shim::fail_closed(kIndex);    \
+    return ::cusnap::shim::Hook<::cusnap::shim::Entry::name>::bind(real) args;               \
+  }                                                                                          \
+  static_assert(std::is_same_v<decltype(&::name), decltype(&cusnap_w_##name)>,               \
+                "wrapper of " #name " differs from cuda.h");                                 \
+  extern "C" __attribute__((visibility("default"), alias("cusnap_w_" #name)))                \
+  CUresult CUDAAPI name params;
 #include "cudaapi/entry_points.inc"
 #include "shim/extra_entries.inc"
 #undef CUSNAP_CU_ENTRY
@@ -43,7 +44,9 @@ void* const kWrappers[] = {
 static_assert(std::size(kWrappers) == kEntryCount);
 }  // namespace
 
-void* wrapper_of(size_t i) noexcept { return i < kEntryCount ? kWrappers[i] : nullptr; }
+void* wrapper_of(size_t i) noexcept {
+  return i < kEntryCount ? kWrappers[i] : nullptr;
+}
 
 }  // namespace cusnap::shim
 #undef CUSNAP_CU_PROC

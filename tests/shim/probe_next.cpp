@@ -3,5 +3,9 @@
 // search from this library's position and still hand out its wrappers.
 #include <dlfcn.h>
 
-extern "C" __attribute__((visibility("default"))) void* probe_next(const char* name) { return dlsym(RTLD_NEXT, name); }
-extern "C" __attribute__((visibility("default"))) void* probe_next_malloc() { return dlsym(RTLD_NEXT, "malloc"); }
+extern "C" __attribute__((visibility("default"))) void* probe_next(const char* name) {
+  return dlsym(RTLD_NEXT, name);
+}
+extern "C" __attribute__((visibility("default"))) void* probe_next_malloc() {
+  return dlsym(RTLD_NEXT, "malloc");
+}

@@ -34,17 +34,17 @@ namespace {
 int g_failures = 0;
 int g_checks = 0;
 
-#define CHECK(cond, ...)                                              \
-    do {                                                              \
-        ++g_checks;                                                   \
-        if (!(cond)) {                                                \
-            if (++g_failures <= 40) {                                 \
-                std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                std::fprintf(stderr, __VA_ARGS__);                    \
-                std::fputc('\n', stderr);                             \
-            }                                                         \
-        }                                                             \
-    } while (0)
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    ++g_checks;                                                              \
+    if (!(cond)) {                                                           \
+      if (++g_failures <= 40) {                                              \
+        std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+        std::fprintf(stderr, __VA_ARGS__);                                   \
+        std::fputc('\n', stderr);                                            \
+      }                                                                      \
+    }                                                                        \
+  } while (0)
 
 void* const kDirect[] = {
 #define CUSNAP_CU_PROC(...)
@@ -55,12 +55,12 @@ void* const kDirect[] = {
 
 template <class... A>
 CUresult call_zero(CUresult (*f)(A...)) {
-    return f(A{}...);
+  return f(A{}...);
 }
 using ZeroCall = CUresult (*)(void*);
 const ZeroCall kZeroCalls[] = {
 #define CUSNAP_CU_ENTRY(name, params, args) \
-    [](void* w) { return call_zero(reinterpret_cast<decltype(&::name)>(w)); },
+  [](void* w) { return call_zero(reinterpret_cast<decltype(&::name)>(w)); },
 #include "cudaapi/entry_points.inc"
 #include "shim/extra_entries.inc"
 #undef CUSNAP_CU_ENTRY
@@ -69,21 +69,22 @@ const ZeroCall kZeroCalls[] = {
 
 using GpaV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 using GpaV2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-using RtEntry = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+using RtEntry = cudaError_t (*)(const char*, void**, unsigned long long,
+                                cudaDriverEntryPointQueryResult*);
 using RtByVersion = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
                                     cudaDriverEntryPointQueryResult*);
 
 void* W[kEntryCount];
 
 size_t idx(const char* name) {
-    size_t i = 0;
-    if (!find_entry(name, &i)) std::fprintf(stderr, "no entry %s\n", name);
-    return i;
+  size_t i = 0;
+  if (!find_entry(name, &i)) std::fprintf(stderr, "no entry %s\n", name);
+  return i;
 }
 
 void* expected(const char* name, int version, bool per_thread) {
-    ProcAnswer a;
-    return lookup_proc(name, version, per_thread, &a) == ProcLookup::kFound ? W[a.index] : nullptr;
+  ProcAnswer a;
+  return lookup_proc(name, version, per_thread, &a) == ProcLookup::kFound ? W[a.index] : nullptr;
 }
 
 }  // namespace
@@ -91,213 +92,232 @@ void* expected(const char* name, int version, bool per_thread) {
 // With no real driver (CUSNAP_REAL_LIBCUDA names a missing file) every wrapper
 // fails closed and name lookups find nothing.
 int no_driver() {
-    for (size_t i = 0; i < kGeneratedCount; ++i)
-        CHECK(kZeroCalls[i](kDirect[i]) == CUDA_ERROR_NOT_SUPPORTED, "%s without a driver", entry_name(i));
-    CHECK(dlsym(RTLD_DEFAULT, "cuInit") == nullptr, "RTLD_DEFAULT cuInit without a driver");
-    CHECK(dlsym(RTLD_NEXT, "cuInit") == nullptr || dlsym(RTLD_NEXT, "cuInit") != kDirect[0], "RTLD_NEXT");
-    std::printf("shim_paths_test (nodriver): %d checks, %d failures\n", g_checks, g_failures);
-    return g_failures == 0 ? 0 : 1;
+  for (size_t i = 0; i < kGeneratedCount; ++i)
+    CHECK(kZeroCalls[i](kDirect[i]) == CUDA_ERROR_NOT_SUPPORTED, "%s without a driver",
+          entry_name(i));
+  CHECK(dlsym(RTLD_DEFAULT, "cuInit") == nullptr, "RTLD_DEFAULT cuInit without a driver");
+  CHECK(dlsym(RTLD_NEXT, "cuInit") == nullptr || dlsym(RTLD_NEXT, "cuInit") != kDirect[0],
+        "RTLD_NEXT");
+  std::printf("shim_paths_test (nodriver): %d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
-    const bool standin = argc > 1 && std::strcmp(argv[1], "standin") == 0;
-    if (argc > 1 && std::strcmp(argv[1], "nodriver") == 0) return no_driver();
+  const bool standin = argc > 1 && std::strcmp(argv[1], "standin") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "nodriver") == 0) return no_driver();
 
-    auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
-    if (!info) {
-        std::fprintf(stderr, "FAIL: the shim is not preloaded (no cusnap_shim_build_info)\n");
-        return 1;
+  auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
+  if (!info) {
+    std::fprintf(stderr, "FAIL: the shim is not preloaded (no cusnap_shim_build_info)\n");
+    return 1;
+  }
+  CHECK(info->abi == CUSNAP_SHIM_ABI, "abi %u", info->abi);
+  CHECK(info->entry_points == kEntryCount, "%u entry points", info->entry_points);
+  Dl_info di{};
+  dladdr(info, &di);
+  void* shim = dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  CHECK(shim && cuda, "dlopen shim=%p cuda=%p", shim, cuda);
+  if (!shim || !cuda) return 1;
+
+  // The wrappers, as the shim exports them; each must live in the shim.
+  for (size_t i = 0; i < kEntryCount; ++i) {
+    W[i] = dlsym(shim, entry_name(i));
+    Dl_info wi{};
+    CHECK(W[i] && dladdr(W[i], &wi) && wi.dli_fbase == di.dli_fbase, "wrapper of %s",
+          entry_name(i));
+  }
+
+  // Every symbol, by every name-based path.
+  for (size_t i = 0; i < kEntryCount; ++i) {
+    const char* n = entry_name(i);
+    if (i < kGeneratedCount) CHECK(kDirect[i] == W[i], "direct link %s", n);
+    CHECK(dlsym(cuda, n) == W[i], "dlsym(libcuda) %s", n);
+    CHECK(dlsym(RTLD_DEFAULT, n) == W[i], "dlsym(RTLD_DEFAULT) %s", n);
+    CHECK(dlsym(RTLD_NEXT, n) == W[i], "dlsym(RTLD_NEXT) from the program %s", n);
+    CHECK(probe_next(n) == W[i], "dlsym(RTLD_NEXT) from a later library %s", n);
+    // The driver's symbols carry no version: dlvsym finds them or not, and
+    // whatever it finds is the wrapper.
+    void* v = dlvsym(cuda, n, "libcuda.so.1");
+    CHECK(v == nullptr || v == W[i], "dlvsym(libcuda) %s", n);
+    if (standin) {
+      auto last = reinterpret_cast<const char* (*)()>(dlsym(cuda, "standin_last_called"));
+      kZeroCalls[i](W[i]);
+      CHECK(last && std::strcmp(last(), n) == 0, "wrapper of %s reached %s", n,
+            last ? last() : "?");
     }
-    CHECK(info->abi == CUSNAP_SHIM_ABI, "abi %u", info->abi);
-    CHECK(info->entry_points == kEntryCount, "%u entry points", info->entry_points);
-    Dl_info di{};
-    dladdr(info, &di);
-    void* shim = dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CHECK(shim && cuda, "dlopen shim=%p cuda=%p", shim, cuda);
-    if (!shim || !cuda) return 1;
+  }
+  CHECK(probe_next_malloc() != nullptr, "RTLD_NEXT malloc from a later library");
+  CHECK(dlsym(RTLD_NEXT, "malloc") != nullptr, "RTLD_NEXT malloc from the program");
+  CHECK(dlsym(RTLD_DEFAULT, "cuNoSuchEntryPoint") == nullptr, "unknown name");
+  CHECK(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34") != nullptr ||
+            dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5") != nullptr,
+        "dlvsym of a versioned C library symbol passes through");
+  CHECK(dlvsym(RTLD_NEXT, "malloc", "GLIBC_2.2.5") != nullptr,
+        "dlvsym(RTLD_NEXT) of a C library symbol");
 
-    // The wrappers, as the shim exports them; each must live in the shim.
-    for (size_t i = 0; i < kEntryCount; ++i) {
-        W[i] = dlsym(shim, entry_name(i));
-        Dl_info wi{};
-        CHECK(W[i] && dladdr(W[i], &wi) && wi.dli_fbase == di.dli_fbase, "wrapper of %s", entry_name(i));
+  // The resolver, for every row of its table.
+  auto gpa1 = reinterpret_cast<GpaV1>(W[idx("cuGetProcAddress")]);
+  auto gpa2 = reinterpret_cast<GpaV2>(W[idx("cuGetProcAddress_v2")]);
+  auto gpa2z = reinterpret_cast<GpaV2>(W[idx("cuGetProcAddress_v2_ptsz")]);
+  void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL);
+  CHECK(rt != nullptr, "runtime %s", dlerror());
+  auto rt_entry = reinterpret_cast<RtEntry>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPoint"));
+  auto rt_entry_z = reinterpret_cast<RtEntry>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPoint_ptsz"));
+  auto rt_ver =
+      reinterpret_cast<RtByVersion>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion"));
+  auto rt_ver_z =
+      reinterpret_cast<RtByVersion>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion_ptsz"));
+  Dl_info ri{};
+  CHECK(rt_ver && dladdr(reinterpret_cast<void*>(rt_ver), &ri) && ri.dli_fbase == di.dli_fbase,
+        "cudaGetDriverEntryPointByVersion is the shim's");
+  size_t rows = proc_row_count();
+  for (size_t r = 0; r < rows; ++r) {
+    ProcRow row = proc_row(r);
+    const bool pt = row.flavour != 0;
+    void* want = expected(row.name, row.version, pt);
+    CHECK(want != nullptr, "row %s %d", row.name, row.version);
+    struct Way {
+      const char* what;
+      int api;  // 1 v1, 2 v2, 3 v2_ptsz
+      cuuint64_t flags;
+    };
+    const Way ways[] = {
+        {"v1", 1, pt ? 2ull : 0ull},      {"v1 legacy", 1, pt ? 2ull : 1ull},
+        {"v2", 2, pt ? 2ull : 0ull},      {"v2 explicit", 2, pt ? 2ull : 1ull},
+        {"v2_ptsz", 3, pt ? 0ull : 1ull}, {"v2_ptsz explicit", 3, pt ? 2ull : 1ull},
+    };
+    for (const Way& w : ways) {
+      void* p = nullptr;
+      CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+      CUresult rc = w.api == 1
+                        ? gpa1(row.name, &p, row.version, w.flags)
+                        : (w.api == 2 ? gpa2 : gpa2z)(row.name, &p, row.version, w.flags, &st);
+      CHECK(rc == CUDA_SUCCESS && p == want && (w.api == 1 || st == CU_GET_PROC_ADDRESS_SUCCESS),
+            "cuGetProcAddress %s %s@%d flags %llu: rc %d", w.what, row.name, row.version,
+            static_cast<unsigned long long>(w.flags), rc);
     }
-
-    // Every symbol, by every name-based path.
-    for (size_t i = 0; i < kEntryCount; ++i) {
-        const char* n = entry_name(i);
-        if (i < kGeneratedCount) CHECK(kDirect[i] == W[i], "direct link %s", n);
-        CHECK(dlsym(cuda, n) == W[i], "dlsym(libcuda) %s", n);
-        CHECK(dlsym(RTLD_DEFAULT, n) == W[i], "dlsym(RTLD_DEFAULT) %s", n);
-        CHECK(dlsym(RTLD_NEXT, n) == W[i], "dlsym(RTLD_NEXT) from the program %s", n);
-        CHECK(probe_next(n) == W[i], "dlsym(RTLD_NEXT) from a later library %s", n);
-        // The driver's symbols carry no version: dlvsym finds them or not, and
-        // whatever it finds is the wrapper.
-        void* v = dlvsym(cuda, n, "libcuda.so.1");
-        CHECK(v == nullptr || v == W[i], "dlvsym(libcuda) %s", n);
-        if (standin) {
-            auto last = reinterpret_cast<const char* (*)()>(dlsym(cuda, "standin_last_called"));
-            kZeroCalls[i](W[i]);
-            CHECK(last && std::strcmp(last(), n) == 0, "wrapper of %s reached %s", n, last ? last() : "?");
-        }
+    if (rt_ver && rt_ver_z) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult st{};
+      cudaError_t e = rt_ver(row.name, &p, row.version,
+                             pt ? cudaEnablePerThreadDefaultStream : cudaEnableLegacyStream, &st);
+      CHECK(e == cudaSuccess && p == want, "cudaGetDriverEntryPointByVersion %s@%d: %d", row.name,
+            row.version, e);
+      p = nullptr;
+      e = rt_ver_z(row.name, &p, row.version, pt ? cudaEnableDefault : cudaEnableLegacyStream, &st);
+      CHECK(e == cudaSuccess && p == want, "cudaGetDriverEntryPointByVersion_ptsz %s@%d: %d",
+            row.name, row.version, e);
     }
-    CHECK(probe_next_malloc() != nullptr, "RTLD_NEXT malloc from a later library");
-    CHECK(dlsym(RTLD_NEXT, "malloc") != nullptr, "RTLD_NEXT malloc from the program");
-    CHECK(dlsym(RTLD_DEFAULT, "cuNoSuchEntryPoint") == nullptr, "unknown name");
-    CHECK(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34") != nullptr || dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5") != nullptr,
-          "dlvsym of a versioned C library symbol passes through");
-    CHECK(dlvsym(RTLD_NEXT, "malloc", "GLIBC_2.2.5") != nullptr, "dlvsym(RTLD_NEXT) of a C library symbol");
-
-    // The resolver, for every row of its table.
-    auto gpa1 = reinterpret_cast<GpaV1>(W[idx("cuGetProcAddress")]);
-    auto gpa2 = reinterpret_cast<GpaV2>(W[idx("cuGetProcAddress_v2")]);
-    auto gpa2z = reinterpret_cast<GpaV2>(W[idx("cuGetProcAddress_v2_ptsz")]);
-    void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL);
-    CHECK(rt != nullptr, "runtime %s", dlerror());
-    auto rt_entry = reinterpret_cast<RtEntry>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPoint"));
-    auto rt_entry_z = reinterpret_cast<RtEntry>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPoint_ptsz"));
-    auto rt_ver = reinterpret_cast<RtByVersion>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion"));
-    auto rt_ver_z = reinterpret_cast<RtByVersion>(dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion_ptsz"));
-    Dl_info ri{};
-    CHECK(rt_ver && dladdr(reinterpret_cast<void*>(rt_ver), &ri) && ri.dli_fbase == di.dli_fbase,
-          "cudaGetDriverEntryPointByVersion is the shim's");
-    size_t rows = proc_row_count();
-    for (size_t r = 0; r < rows; ++r) {
-        ProcRow row = proc_row(r);
-        const bool pt = row.flavour != 0;
-        void* want = expected(row.name, row.version, pt);
-        CHECK(want != nullptr, "row %s %d", row.name, row.version);
-        struct Way {
-            const char* what;
-            int api;  // 1 v1, 2 v2, 3 v2_ptsz
-            cuuint64_t flags;
-        };
-        const Way ways[] = {
-            {"v1", 1, pt ? 2ull : 0ull}, {"v1 legacy", 1, pt ? 2ull : 1ull}, {"v2", 2, pt ? 2ull : 0ull},
-            {"v2 explicit", 2, pt ? 2ull : 1ull}, {"v2_ptsz", 3, pt ? 0ull : 1ull}, {"v2_ptsz explicit", 3, pt ? 2ull : 1ull},
-        };
-        for (const Way& w : ways) {
-            void* p = nullptr;
-            CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-            CUresult rc = w.api == 1 ? gpa1(row.name, &p, row.version, w.flags)
-                                     : (w.api == 2 ? gpa2 : gpa2z)(row.name, &p, row.version, w.flags, &st);
-            CHECK(rc == CUDA_SUCCESS && p == want && (w.api == 1 || st == CU_GET_PROC_ADDRESS_SUCCESS),
-                  "cuGetProcAddress %s %s@%d flags %llu: rc %d", w.what, row.name, row.version,
-                  static_cast<unsigned long long>(w.flags), rc);
-        }
-        if (rt_ver && rt_ver_z) {
-            void* p = nullptr;
-            cudaDriverEntryPointQueryResult st{};
-            cudaError_t e = rt_ver(row.name, &p, row.version, pt ? cudaEnablePerThreadDefaultStream : cudaEnableLegacyStream, &st);
-            CHECK(e == cudaSuccess && p == want, "cudaGetDriverEntryPointByVersion %s@%d: %d", row.name, row.version, e);
-            p = nullptr;
-            e = rt_ver_z(row.name, &p, row.version, pt ? cudaEnableDefault : cudaEnableLegacyStream, &st);
-            CHECK(e == cudaSuccess && p == want, "cudaGetDriverEntryPointByVersion_ptsz %s@%d: %d", row.name, row.version, e);
-        }
-        if (rt_entry && rt_entry_z && row.version <= CUDA_VERSION) {
-            void* want_now = expected(row.name, CUDA_VERSION, pt);
-            void* p = nullptr;
-            cudaDriverEntryPointQueryResult st{};
-            cudaError_t e = rt_entry(row.name, &p, pt ? cudaEnablePerThreadDefaultStream : cudaEnableDefault, &st);
-            CHECK(e == cudaSuccess && p == want_now, "cudaGetDriverEntryPoint %s: %d", row.name, e);
-            p = nullptr;
-            e = rt_entry_z(row.name, &p, pt ? cudaEnableDefault : cudaEnableLegacyStream, &st);
-            CHECK(e == cudaSuccess && p == want_now, "cudaGetDriverEntryPoint_ptsz %s: %d", row.name, e);
-        }
+    if (rt_entry && rt_entry_z && row.version <= CUDA_VERSION) {
+      void* want_now = expected(row.name, CUDA_VERSION, pt);
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult st{};
+      cudaError_t e =
+          rt_entry(row.name, &p, pt ? cudaEnablePerThreadDefaultStream : cudaEnableDefault, &st);
+      CHECK(e == cudaSuccess && p == want_now, "cudaGetDriverEntryPoint %s: %d", row.name, e);
+      p = nullptr;
+      e = rt_entry_z(row.name, &p, pt ? cudaEnableDefault : cudaEnableLegacyStream, &st);
+      CHECK(e == cudaSuccess && p == want_now, "cudaGetDriverEntryPoint_ptsz %s: %d", row.name, e);
     }
+  }
 
-    // The per-thread-stream flag rule on one name, spelled out.
-    {
-        void* p = nullptr;
-        CUdriverProcAddressQueryResult st{};
-        gpa2("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
-        CHECK(p == W[idx("cuMemcpyAsync")], "v2 default flags: legacy");
-        gpa2z("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
-        CHECK(p == W[idx("cuMemcpyAsync_ptsz")], "v2_ptsz default flags: per-thread");
-        gpa2z("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st);
-        CHECK(p == W[idx("cuMemcpyAsync")], "v2_ptsz legacy flag: legacy");
-        gpa2("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
-        CHECK(p == W[idx("cuMemcpyAsync_ptsz")], "v2 per-thread flag: per-thread");
-        gpa2("cuMemAlloc", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
-        CHECK(p == W[idx("cuMemAlloc_v2")], "per-thread flag on a name without per-thread forms");
+  // The per-thread-stream flag rule on one name, spelled out.
+  {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult st{};
+    gpa2("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    CHECK(p == W[idx("cuMemcpyAsync")], "v2 default flags: legacy");
+    gpa2z("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    CHECK(p == W[idx("cuMemcpyAsync_ptsz")], "v2_ptsz default flags: per-thread");
+    gpa2z("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st);
+    CHECK(p == W[idx("cuMemcpyAsync")], "v2_ptsz legacy flag: legacy");
+    gpa2("cuMemcpyAsync", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+    CHECK(p == W[idx("cuMemcpyAsync_ptsz")], "v2 per-thread flag: per-thread");
+    gpa2("cuMemAlloc", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+    CHECK(p == W[idx("cuMemAlloc_v2")], "per-thread flag on a name without per-thread forms");
+  }
+
+  // Multicast bind ABI by requested version, through every resolver.
+  for (const char* base : {"cuMulticastBindMem", "cuMulticastBindAddr"}) {
+    const std::string v1 = base, v2 = std::string(base) + "_v2";
+    for (int ver : {12010, 13000, 13010, 13020}) {
+      void* want = W[idx((ver >= 13010 ? v2 : v1).c_str())];
+      void* p = nullptr;
+      CUdriverProcAddressQueryResult st{};
+      CHECK(gpa2(base, &p, ver, 0, &st) == CUDA_SUCCESS && p == want,
+            "%s@%d via cuGetProcAddress_v2", base, ver);
+      CHECK(gpa1(base, &p, ver, 0) == CUDA_SUCCESS && p == want, "%s@%d via cuGetProcAddress", base,
+            ver);
+      if (rt_ver) {
+        cudaDriverEntryPointQueryResult rst{};
+        CHECK(rt_ver(base, &p, ver, cudaEnableDefault, &rst) == cudaSuccess && p == want,
+              "%s@%d via cudaGetDriverEntryPointByVersion", base, ver);
+      }
     }
+  }
 
-    // Multicast bind ABI by requested version, through every resolver.
-    for (const char* base : {"cuMulticastBindMem", "cuMulticastBindAddr"}) {
-        const std::string v1 = base, v2 = std::string(base) + "_v2";
-        for (int ver : {12010, 13000, 13010, 13020}) {
-            void* want = W[idx((ver >= 13010 ? v2 : v1).c_str())];
-            void* p = nullptr;
-            CUdriverProcAddressQueryResult st{};
-            CHECK(gpa2(base, &p, ver, 0, &st) == CUDA_SUCCESS && p == want, "%s@%d via cuGetProcAddress_v2", base, ver);
-            CHECK(gpa1(base, &p, ver, 0) == CUDA_SUCCESS && p == want, "%s@%d via cuGetProcAddress", base, ver);
-            if (rt_ver) {
-                cudaDriverEntryPointQueryResult rst{};
-                CHECK(rt_ver(base, &p, ver, cudaEnableDefault, &rst) == cudaSuccess && p == want,
-                      "%s@%d via cudaGetDriverEntryPointByVersion", base, ver);
-            }
-        }
+  // Unknown and unresolvable names: no pointer, an error.
+  {
+    void* p = &p;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    CHECK(gpa2("cuNoSuchEntryPoint", &p, 13000, 0, &st) != CUDA_SUCCESS && p == nullptr &&
+              st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+          "unknown name");
+    p = &p;
+    CHECK(gpa2("cuMemAlloc", &p, 1000, 0, &st) != CUDA_SUCCESS && p == nullptr, "version too low");
+    if (standin) {
+      p = &p;
+      CHECK(gpa2("cusnapStandinUnknown", &p, 13000, 0, &st) == CUDA_ERROR_NOT_SUPPORTED &&
+                p == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+            "a driver function outside the table fails closed");
+      p = &p;
+      CHECK(gpa1("cusnapStandinUnknown", &p, 13000, 0) == CUDA_ERROR_NOT_SUPPORTED && p == nullptr,
+            "fails closed through v1");
     }
+  }
 
-    // Unknown and unresolvable names: no pointer, an error.
-    {
-        void* p = &p;
-        CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
-        CHECK(gpa2("cuNoSuchEntryPoint", &p, 13000, 0, &st) != CUDA_SUCCESS && p == nullptr &&
-                  st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, "unknown name");
-        p = &p;
-        CHECK(gpa2("cuMemAlloc", &p, 1000, 0, &st) != CUDA_SUCCESS && p == nullptr, "version too low");
-        if (standin) {
-            p = &p;
-            CHECK(gpa2("cusnapStandinUnknown", &p, 13000, 0, &st) == CUDA_ERROR_NOT_SUPPORTED && p == nullptr &&
-                      st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, "a driver function outside the table fails closed");
-            p = &p;
-            CHECK(gpa1("cusnapStandinUnknown", &p, 13000, 0) == CUDA_ERROR_NOT_SUPPORTED && p == nullptr,
-                  "fails closed through v1");
-        }
+  // The gate: closed, a call waits; opened, it continues. Fork while closed.
+  {
+    const auto* ctl = info->control;
+    auto get_current = reinterpret_cast<CUresult (*)(CUcontext*)>(W[idx("cuCtxGetCurrent")]);
+    CHECK(ctl && ctl->size == sizeof(cusnap_shim_control), "control table");
+    CHECK(ctl->gate_close(1000) == 0, "close");
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+      CUcontext c = nullptr;
+      get_current(&c);
+      done = true;
+    });
+    uint64_t waiting = 0;
+    for (int k = 0; k < 200 && waiting == 0; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ctl->gate_state(nullptr, nullptr, &waiting);
     }
-
-    // The gate: closed, a call waits; opened, it continues. Fork while closed.
-    {
-        const auto* ctl = info->control;
-        auto get_current = reinterpret_cast<CUresult (*)(CUcontext*)>(W[idx("cuCtxGetCurrent")]);
-        CHECK(ctl && ctl->size == sizeof(cusnap_shim_control), "control table");
-        CHECK(ctl->gate_close(1000) == 0, "close");
-        std::atomic<bool> done{false};
-        std::thread t([&] {
-            CUcontext c = nullptr;
-            get_current(&c);
-            done = true;
-        });
-        uint64_t waiting = 0;
-        for (int k = 0; k < 200 && waiting == 0; ++k) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-            ctl->gate_state(nullptr, nullptr, &waiting);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        CHECK(waiting == 1 && !done, "a call waits at the closed gate (waiting %llu)",
-              static_cast<unsigned long long>(waiting));
-        pid_t pid = fork();
-        if (pid == 0) {
-            alarm(5);
-            CUcontext c = nullptr;
-            get_current(&c);  // the child's gate is open
-            _exit(0);
-        }
-        int status = -1;
-        waitpid(pid, &status, 0);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child of a closed gate calls the driver (%d)", status);
-        CHECK(ctl->gate_open() == 0, "open");
-        t.join();
-        CHECK(done, "the waiting call continued");
-        int closed = 1;
-        uint64_t in_flight = 1;
-        ctl->gate_state(&closed, &in_flight, &waiting);
-        CHECK(closed == 0 && in_flight == 0 && waiting == 0, "gate idle after");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(waiting == 1 && !done, "a call waits at the closed gate (waiting %llu)",
+          static_cast<unsigned long long>(waiting));
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(5);
+      CUcontext c = nullptr;
+      get_current(&c);  // the child's gate is open
+      _exit(0);
     }
+    int status = -1;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "child of a closed gate calls the driver (%d)", status);
+    CHECK(ctl->gate_open() == 0, "open");
+    t.join();
+    CHECK(done, "the waiting call continued");
+    int closed = 1;
+    uint64_t in_flight = 1;
+    ctl->gate_state(&closed, &in_flight, &waiting);
+    CHECK(closed == 0 && in_flight == 0 && waiting == 0, "gate idle after");
+  }
 
-    std::printf("shim_paths_test (%s): %d checks, %d failures, %zu entry points, %zu resolver rows\n",
-                standin ? "standin" : "fake", g_checks, g_failures, kEntryCount, rows);
-    return g_failures == 0 ? 0 : 1;
+  std::printf("shim_paths_test (%s): %d checks, %d failures, %zu entry points, %zu resolver rows\n",
+              standin ? "standin" : "fake", g_checks, g_failures, kEntryCount, rows);
+  return g_failures == 0 ? 0 : 1;
 }
