@@ -171,6 +171,34 @@ bool job_shares_device_memory(const std::vector<pid_t>& pids, std::string* what)
   return find_shared_device_memory(mapped, what);
 }
 
+std::vector<std::string> parse_nccl_segments(std::string_view maps) {
+  std::set<std::string> found;
+  size_t pos = 0;
+  while ((pos = maps.find("/dev/shm/nccl-", pos)) != std::string_view::npos) {
+    size_t end = maps.find_first_of(" \n", pos);
+    found.emplace(maps.substr(pos, end == std::string_view::npos ? maps.size() - pos : end - pos));
+    pos += 14;
+  }
+  return {found.begin(), found.end()};
+}
+
+bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what) {
+  std::vector<pid_t> ranks;
+  std::string segment;
+  for (pid_t pid : cuda_pids) {
+    std::string maps;
+    if (!read_text_file("/proc/" + std::to_string(pid) + "/maps", &maps)) continue;
+    auto segs = parse_nccl_segments(maps);
+    if (segs.empty()) continue;
+    ranks.push_back(pid);
+    segment = segs.front();
+  }
+  if (ranks.size() < 2) return false;
+  *what = "processes " + std::to_string(ranks[0]) + " and " + std::to_string(ranks[1]) +
+          " are NCCL ranks of one job (they map NCCL segments such as " + segment + ")";
+  return true;
+}
+
 std::vector<std::string> process_gpu_uuids(pid_t pid) {
   // Device minor numbers the process has open as /dev/nvidiaN (N a number;
   // nvidiactl and nvidia-uvm are not GPUs).

@@ -53,6 +53,17 @@ bool find_shared_device_memory(const std::map<pid_t, std::vector<DeviceAllocatio
 /// Reads each process's maps and applies find_shared_device_memory.
 bool job_shares_device_memory(const std::vector<pid_t>& pids, std::string* what);
 
+/// Files under /dev/shm named nccl-* that maps text maps: NCCL's intra-node
+/// transport, which on the real driver means device memory shared with the
+/// other ranks.
+std::vector<std::string> parse_nccl_segments(std::string_view maps);
+
+/// With the real driver the allocation names above are not visible; what
+/// shows is NCCL: two CUDA processes that map NCCL segments are ranks of one
+/// communicator, sharing device memory (GPU.md: the driver checkpoint of
+/// such a job hangs). Describes it in *what.
+bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what);
+
 /// UUIDs ("GPU-...") of the NVIDIA GPUs the process has open (/dev/nvidiaN
 /// matched against /proc/driver/nvidia/gpus/*/information); empty where that
 /// is not available, as with the simulated driver.

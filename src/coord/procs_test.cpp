@@ -71,3 +71,14 @@ TEST_CASE("procs: the tree of a real process, root first") {
   waitpid(child, nullptr, 0);
   CHECK(process_tree(child).empty());
 }
+
+TEST_CASE("procs: NCCL segments in maps") {
+  std::string maps =
+      "7f00-7f10 rw-s 00000000 00:1a 5 /dev/shm/nccl-AbCd12\n"
+      "7f10-7f20 rw-s 00000000 00:1a 6 /dev/shm/nccl-AbCd12\n"
+      "7f20-7f30 rw-s 00000000 00:1a 7 /dev/shm/torch_123_456\n";
+  auto segs = parse_nccl_segments(maps);
+  REQUIRE(segs.size() == 1);
+  CHECK(segs[0] == "/dev/shm/nccl-AbCd12");
+  CHECK(parse_nccl_segments("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnccl.so.2\n").empty());
+}
