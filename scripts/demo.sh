@@ -43,6 +43,7 @@ echo "== cusnap launch --name demo -- cusnap-pattern-job --mib 256"
 sup_pid=$!
 wait_for "$work/before.out" 'count 20 ok' 30
 "$bin/cusnap" ps
+job_pid=$("$bin/cusnap" ps --json | python3 -c 'import json,sys; print([j for j in json.load(sys.stdin) if j["name"]=="demo"][0]["pid"])')
 
 echo "== cusnap checkpoint demo -o $work/ckpt"
 "$bin/cusnap" checkpoint demo -o "$work/ckpt"
@@ -50,7 +51,8 @@ wait "$sup_pid" || true; sup_pid=
 last=$(grep -oE 'count [0-9]+ ok' "$work/before.out" | tail -n1 | awk '{print $2}')
 echo "   the job was stopped after count $last; its GPU memory is in $work/ckpt:"
 du -sh "$work/ckpt"
-echo "   no process of it is left: $(pgrep -fc cusnap-pattern-job || true) running"
+if kill -0 "$job_pid" 2>/dev/null; then echo "demo: job process $job_pid still runs after the checkpoint" >&2; exit 1; fi
+echo "   its process $job_pid is gone"
 
 echo "== cusnap restore $work/ckpt"
 "$bin/cusnap" restore "$work/ckpt" >"$work/after.out" 2>&1 &
