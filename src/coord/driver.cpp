@@ -2,9 +2,13 @@
 
 #include <dlfcn.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 namespace cusnap {
 
@@ -166,31 +170,81 @@ bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
 }
 
 bool Driver::lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err) {
-  CUcheckpointLockArgs args{};
-  args.timeoutMs = unsigned(std::max<int64_t>(1, timeout.count()));
-  return !call_failed(cuCheckpointProcessLock_(pid, &args), "cuCheckpointProcessLock", pid, err);
+  auto fn = cuCheckpointProcessLock_;
+  unsigned ms = unsigned(std::max<int64_t>(1, timeout.count()));
+  return bounded_call(
+      [fn, pid, ms] {
+        CUcheckpointLockArgs args{};
+        args.timeoutMs = ms;
+        return fn(pid, &args);
+      },
+      "cuCheckpointProcessLock", pid, err);
 }
 
 bool Driver::checkpoint(pid_t pid, std::string* err) {
-  CUcheckpointCheckpointArgs args{};
-  return !call_failed(cuCheckpointProcessCheckpoint_(pid, &args), "cuCheckpointProcessCheckpoint",
-                      pid, err);
+  auto fn = cuCheckpointProcessCheckpoint_;
+  return bounded_call(
+      [fn, pid] {
+        CUcheckpointCheckpointArgs args{};
+        return fn(pid, &args);
+      },
+      "cuCheckpointProcessCheckpoint", pid, err);
 }
 
 bool Driver::restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err) {
-  CUcheckpointRestoreArgs args{};
-  if (!pairs.empty()) {
-    args.gpuPairs = const_cast<CUcheckpointGpuPair*>(pairs.data());
-    args.gpuPairsCount = unsigned(pairs.size());
-  }
-  return !call_failed(cuCheckpointProcessRestore_(pid, pairs.empty() ? nullptr : &args),
-                      "cuCheckpointProcessRestore", pid, err);
+  auto fn = cuCheckpointProcessRestore_;
+  return bounded_call(
+      [fn, pid, pairs] {
+        CUcheckpointRestoreArgs args{};
+        if (pairs.empty()) return fn(pid, nullptr);
+        args.gpuPairs = const_cast<CUcheckpointGpuPair*>(pairs.data());
+        args.gpuPairsCount = unsigned(pairs.size());
+        return fn(pid, &args);
+      },
+      "cuCheckpointProcessRestore", pid, err);
 }
 
 bool Driver::unlock(pid_t pid, std::string* err) {
-  CUcheckpointUnlockArgs args{};
-  return !call_failed(cuCheckpointProcessUnlock_(pid, &args), "cuCheckpointProcessUnlock", pid,
-                      err);
+  auto fn = cuCheckpointProcessUnlock_;
+  return bounded_call(
+      [fn, pid] {
+        CUcheckpointUnlockArgs args{};
+        return fn(pid, &args);
+      },
+      "cuCheckpointProcessUnlock", pid, err);
+}
+
+bool Driver::bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid,
+                          std::string* err) {
+  if (deadline_.count() <= 0) return !call_failed(fn(), call, pid, err);
+  // The call runs on a helper thread so that a driver call that never
+  // returns (GPU.md: a checkpoint with a collective in flight) cannot hold
+  // the coordinator forever. A stuck call cannot be cancelled: its thread is
+  // left behind, owning only what the lambda copied.
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    CUresult r = CUDA_SUCCESS;
+  };
+  auto sh = std::make_shared<Shared>();
+  std::thread([sh, fn = std::move(fn)] {
+    CUresult r = fn();
+    std::lock_guard<std::mutex> l(sh->mu);
+    sh->r = r;
+    sh->done = true;
+    sh->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> l(sh->mu);
+  if (!sh->cv.wait_for(l, deadline_, [&] { return sh->done; })) {
+    last_ = CUDA_ERROR_TIMEOUT;
+    *err = std::string(call) + " of process " + std::to_string(pid) + " did not return within " +
+           std::to_string(deadline_.count() / 1000) +
+           " s: the driver may be stuck (a job with device work waiting on another process "
+           "cannot be checkpointed by the driver alone); the process's GPU state is unknown";
+    return false;
+  }
+  return !call_failed(sh->r, call, pid, err);
 }
 
 }  // namespace cusnap

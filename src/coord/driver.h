@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ class Driver {
   bool restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
   bool unlock(pid_t pid, std::string* err);
 
+  /// Bounds every lock/checkpoint/restore/unlock call: past it the call is
+  /// reported as stuck (0 = wait as long as the driver takes).
+  void set_call_deadline(std::chrono::milliseconds d) { deadline_ = d; }
+
   /// "CUDA_ERROR_X (n)" for a result code.
   std::string error_name(CUresult r) const;
   /// Result of the last driver call made through this object.
@@ -60,11 +65,13 @@ class Driver {
 
  private:
   bool call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const;
+  bool bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid, std::string* err);
 
   void* handle_ = nullptr;
   std::string path_;
   bool initialized_ = false;
   mutable CUresult last_ = CUDA_SUCCESS;
+  std::chrono::milliseconds deadline_{0};
 
   CUresult (*cuInit_)(unsigned int) = nullptr;
   CUresult (*cuDriverGetVersion_)(int*) = nullptr;

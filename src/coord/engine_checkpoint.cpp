@@ -120,6 +120,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
+  driver.set_call_deadline(driver_deadline(opts.timeout, scan.gpus));
   std::vector<pid_t> pids;
   for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
   std::string what;

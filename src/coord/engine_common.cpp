@@ -152,6 +152,13 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
   return ok;
 }
 
+std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
+                                          const std::vector<GpuDevice>& gpus) {
+  uint64_t bytes = 0;
+  for (const GpuDevice& g : gpus) bytes += g.total_mem;
+  return base + std::chrono::milliseconds(bytes / 500000);
+}
+
 int open_pidfd(pid_t pid) {
   return int(syscall(SYS_pidfd_open, pid, 0));
 }

@@ -93,6 +93,12 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
                        const std::map<std::string, std::string>& device_map,
                        std::vector<CUcheckpointGpuPair>* pairs, std::string* err);
 
+/// How long one driver checkpoint call may take before it counts as stuck:
+/// the phase timeout plus the devices' memory at 0.5 GB/s (measured: about
+/// 1.5 GB/s), so a large job is never cut short while a hang still ends.
+std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
+                                          const std::vector<GpuDevice>& gpus);
+
 /// Total size of every file under dir.
 uint64_t directory_bytes(const std::string& dir);
 

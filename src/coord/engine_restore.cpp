@@ -190,6 +190,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     return false;
   }
   out->phases.emplace_back("verify", sw.lap());
+  driver.set_call_deadline(driver_deadline(opts.timeout, m.gpus));
   // CRIU gives every process its old pid back.
   for (const ManifestProcess& p : m.processes)
     if (access(("/proc/" + std::to_string(p.pid)).c_str(), F_OK) == 0) {

@@ -18,6 +18,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
     ok = false;
   }
   if (ok) {
+    driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
     bool rolled_back = true;
     c = kExitFailure;
     ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err);
@@ -33,7 +34,6 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
 
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err) {
-  (void)timeout;
   ExitCode c = kExitRefused;
   bool ok = require_root("resume", err);
   Driver driver;
@@ -48,6 +48,12 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
     }
   }
   if (ok) ok = driver.load(err);
+  if (ok) {
+    std::vector<GpuDevice> gpus;
+    std::string ignored;
+    driver.devices(&gpus, &ignored);
+    driver.set_call_deadline(driver_deadline(timeout, gpus));
+  }
   if (ok) {
     c = kExitFailure;
     // driver_resume_all goes in reverse: the last suspended comes back first.

@@ -446,3 +446,24 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
   }
   fs::remove_all(base);
 }
+
+TEST_CASE("engine: a driver call that never returns is given up after the deadline") {
+  std::string lib = std::string(CUSNAP_BINARY_DIR) + "/lib/libcusnap_stuck_driver.so";
+  if (access(lib.c_str(), R_OK) != 0) {
+    MESSAGE("skipped: " << lib << " is not built");
+    return;
+  }
+  setenv("CUSNAP_LIBCUDA", lib.c_str(), 1);
+  Driver d;
+  std::string err;
+  REQUIRE(d.load(&err));
+  unsetenv("CUSNAP_LIBCUDA");
+  d.set_call_deadline(std::chrono::milliseconds(200));
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(d.checkpoint(12345, &err));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(err.find("cuCheckpointProcessCheckpoint of process 12345 did not return") !=
+        std::string::npos);
+  CUprocessState st;
+  CHECK(d.get_state(12345, &st, &err));
+}
