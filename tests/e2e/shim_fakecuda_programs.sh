@@ -42,4 +42,16 @@ for _ in $(seq 100); do
 done
 [ "$(grep -c '^tick .* ok$' "$T/holder.out" || true)" -ge $((before + 3)) ] || fail "holder did not resume"
 if grep -q CORRUPT "$T/holder.out"; then fail "device bytes corrupted"; fi
+kill -9 "$HOLDER" 2>/dev/null; wait "$HOLDER" 2>/dev/null || true; HOLDER=
+
+# 3. Through cusnap launch, which preloads the shim from <bin>/../lib.
+CUSNAP=$CUSNAP_BINARY_DIR/bin/cusnap
+if [ -x "$CUSNAP" ] && [ -z "$ASAN" ]; then
+  "$CUSNAP" launch -- sh -c 'grep -c libcusnap_shim /proc/self/maps' >"$T/launch_maps.out" 2>&1 || fail "cusnap launch"
+  [ "$(tail -1 "$T/launch_maps.out")" -ge 1 ] || fail "cusnap launch did not preload the shim"
+  "$CUSNAP" launch -- "$B/fakecuda_holder" 8 5 2>/dev/null | sed 's/^ready [0-9]*/ready PID/' >"$T/launch.out" ||
+    fail "holder under cusnap launch"
+  cmp -s "$T/plain.out" "$T/launch.out" || { diff "$T/plain.out" "$T/launch.out"; fail "output differs under cusnap launch"; }
+  echo "cusnap launch: shim preloaded, identical output"
+fi
 echo "PASS: identical output under the shim; checkpoint cycle after $before ticks"
