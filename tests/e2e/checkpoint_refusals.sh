@@ -105,6 +105,7 @@ for j in json.load(sys.stdin): print(j["pid"])' || true)
       sleep 0.1
     done
     [ -n "$UNPRIV_PID" ] || fail "the unprivileged job did not appear"
+    echo "$UNPRIV_PID" >>"$T/job-pids"
     expect_refused 3 "root" as_nobody "$CUSNAP" checkpoint unpriv -o "$T/nobody/ckpt"
     [ ! -e "$T/nobody/ckpt/manifest.json" ] || fail "unpriv: a refused checkpoint wrote a manifest"
     N=$(last_count "$T/unpriv.out")

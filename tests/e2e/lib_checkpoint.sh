@@ -50,7 +50,7 @@ cleanup_checkpoint_test() {
   local rc=$?
   set +e
   # Every job still known to a supervisor of this test, then the supervisors.
-  for pid in $(job_pids_all); do kill -9 "$pid" 2>/dev/null; done
+  for pid in $(job_pids_all) $(cat "$T/job-pids" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
   for pid in "${SUPERVISORS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   sleep 0.3
   for pid in "${SUPERVISORS[@]}"; do kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
@@ -61,6 +61,8 @@ cleanup_checkpoint_test() {
   exit $rc
 }
 trap cleanup_checkpoint_test EXIT
+# A test killed by its timeout still cleans up.
+trap "exit 143" TERM INT
 
 fail() { echo "FAIL: $*"; exit 1; }
 pass() { echo "ok: $*"; }
@@ -123,12 +125,14 @@ wait_count() {
   fail "$file did not reach '${prefix}count $n ok' in $secs s (last: $(last_count "$file" "$prefix"))"
 }
 
-# wait_job NAME [SECONDS]: waits until cusnap ps shows the job running; echoes its pid.
+# wait_job NAME [SECONDS]: waits until cusnap ps shows the job running; echoes
+# its pid and notes it in $T/job-pids, whose jobs are killed on exit even when
+# their supervisor is gone.
 wait_job() {
   local pid
   for _ in $(seq 1 $((${2:-60} * 10))); do
     pid=$(job_field "$1" pid)
-    [ -n "$pid" ] && { echo "$pid"; return 0; }
+    [ -n "$pid" ] && { echo "$pid" >>"$T/job-pids"; echo "$pid"; return 0; }
     sleep 0.1
   done
   fail "job $1 did not appear in cusnap ps"
