@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <new>
 #include <thread>
 
@@ -88,8 +90,9 @@ void serve_one(int conn) {
   if (fd_send >= 0) close(fd_send);
 }
 
-void server_loop(int lfd) {
+void server_loop(int lfd, std::promise<void>* started) {
   g_server_tid = static_cast<int>(syscall(SYS_gettid));
+  started->set_value();
   for (;;) {
     int conn = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
@@ -120,7 +123,12 @@ CUresult start_control_server() {
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
   g_listen_fd = fd;
-  std::thread(server_loop, fd).detach();
+  // Return only once the thread runs its loop: a fork during thread start-up
+  // could copy allocator locks held by the starting thread into the child.
+  auto started = std::make_shared<std::promise<void>>();  // owned by the thread too
+  std::future<void> running = started->get_future();
+  std::thread([fd, started] { server_loop(fd, started.get()); }).detach();
+  running.wait();
   return CUDA_SUCCESS;
 }
 
