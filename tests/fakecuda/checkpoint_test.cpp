@@ -23,7 +23,7 @@ using namespace fctest;
 namespace {
 
 constexpr size_t kGran = 2 << 20;
-enum Cmd : uint64_t { kExit = 0, kVerify, kDriverCall, kUuid, kRelease, kReimport };
+enum Cmd : uint64_t { kExit = 0, kVerify, kDriverCall, kUuid, kRelease, kReimport, kAnnouncedCall };
 
 CUprocessState state_of(pid_t pid) {
   CUprocessState s = CU_PROCESS_STATE_FAILED;
@@ -64,6 +64,10 @@ int target_main(int sock) {
                 reinterpret_cast<uint32_t*>(plain)[1000] == 0x600dda7a &&
                 reinterpret_cast<unsigned char*>(buf.ptr)[kGran - 1] == 0x3c;
       FC_REQ(send_u64(sock, ok ? 0 : 1));
+    } else if (cmd == kAnnouncedCall) {  // says it is about to call, then calls
+      FC_REQ(send_u64(sock, 7));
+      size_t f, t;
+      FC_REQ(send_u64(sock, cuMemGetInfo(&f, &t)));
     } else if (cmd == kDriverCall) {
       size_t f, t;
       FC_REQ(send_u64(sock, cuMemGetInfo(&f, &t)));
@@ -172,11 +176,15 @@ TEST_CASE("fakecuda: lock times out while a call stays inside the driver") {
   });
   uint64_t ready;
   REQUIRE(recv_u64(t.sock, &ready));
-  REQUIRE(send_u64(t.sock, kDriverCall));
+  REQUIRE(send_u64(t.sock, kAnnouncedCall));
+  uint64_t starting = 0;
+  REQUIRE(recv_u64(t.sock, &starting));
   usleep(200 * 1000);  // the call is now sleeping inside the driver
   CUcheckpointLockArgs la{};
   la.timeoutMs = 300;
-  CHECK(cuCheckpointProcessLock(t.pid, &la) == CUDA_ERROR_TIMEOUT);
+  CUresult locked = cuCheckpointProcessLock(t.pid, &la);
+  CHECK(locked == CUDA_ERROR_TIMEOUT);
+  if (locked == CUDA_SUCCESS) cuCheckpointProcessUnlock(t.pid, nullptr);  // never hang the test
   CHECK(state_of(t.pid) == CU_PROCESS_STATE_RUNNING);
   uint64_t r = 99;
   CHECK(recv_u64(t.sock, &r));
