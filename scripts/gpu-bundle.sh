@@ -2,14 +2,21 @@
 # Prepares .gpu-bundle/ (ignored by git) for a GPU machine that has no CRIU and
 # no build dependencies: the CRIU binary with the shared libraries it needs
 # (glibc excepted: the GPU machine's is newer) and the release build.
-# Then on the GPU machine: PATH=$PWD/.gpu-bundle/bin:$PATH
-#   LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib bash scripts/gpu-test.sh
+# Then on the GPU machine: PATH=$PWD/.gpu-bundle/bin:$PATH bash scripts/gpu-test.sh
+# (bin/criu is a wrapper that finds the bundled libraries itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu-bundle
-rm -rf "$out"; mkdir -p "$out/bin" "$out/lib"
+rm -rf "$out"; mkdir -p "$out/bin" "$out/lib" "$out/libexec"
 criu=$(command -v criu) || { echo "gpu-bundle: criu not found; run scripts/install-deps.sh" >&2; exit 1; }
-cp "$criu" "$out/bin/criu"
+cp "$criu" "$out/libexec/criu"
+# A wrapper gives CRIU its libraries without putting them on everyone's path.
+cat >"$out/bin/criu" <<'WRAP'
+#!/bin/sh
+here=$(cd "$(dirname "$0")/.." && pwd)
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/libexec/criu" "$@"
+WRAP
+chmod +x "$out/bin/criu"
 ldd "$criu" | awk '/=> \//{print $3}' | while read -r lib; do
   case "$(basename "$lib")" in libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|ld-linux*) continue;; esac
   cp -L "$lib" "$out/lib/"
