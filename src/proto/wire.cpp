@@ -124,7 +124,13 @@ bool decode_body(std::string_view body, Message* out, std::string* err) {
   }
   try {
     std::size_t off = 0;
-    msgpack::object_handle oh = msgpack::unpack(body.data(), body.size(), off);
+    // The parser allocates an array's or a map's elements when it reads
+    // their count: bound every count by what the body can hold (each element
+    // takes at least one byte), so a few bytes cannot ask for gigabytes.
+    const std::size_t n = body.size();
+    const msgpack::unpack_limit limit(n, n / 2, n, n, n, kMaxNesting);
+    msgpack::object_handle oh =
+        msgpack::unpack(body.data(), body.size(), off, nullptr, nullptr, limit);
     if (off != body.size()) {
       *err = "message has " + std::to_string(body.size() - off) + " trailing bytes";
       return false;

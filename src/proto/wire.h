@@ -4,7 +4,9 @@
 // array [version, type, payload], where version is kProtocolVersion, type a
 // string naming the message and payload any MessagePack value (usually a map
 // made with MSGPACK_DEFINE_MAP). Bodies are at most kMaxMessageBytes; a body
-// with trailing bytes, another version or another shape is rejected. At most
+// with trailing bytes, another version or another shape is rejected, and so is
+// one nested deeper than kMaxNesting or whose array or map counts exceed what
+// its bytes can hold (decoding never allocates much more than the body). At most
 // one descriptor travels with a message, through SCM_RIGHTS attached to its
 // first byte; it is received close-on-exec, and a message that carries more,
 // other control data, or truncated control data is rejected with every
@@ -31,6 +33,7 @@ namespace cusnap::proto {
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxMessageBytes = 32u << 20;  ///< body limit: 32 MiB
 inline constexpr std::chrono::milliseconds kDefaultTimeout{10000};
+inline constexpr size_t kMaxNesting = 32;  ///< arrays and maps in a body nest at most this deep
 
 /// A received message. payload owns its memory; fd is the descriptor that came
 /// with it, if any.
