@@ -1,4 +1,4 @@
-// cusnap launch [--name N] [--runtime-dir D] [--no-shim] -- CMD...
+// cusnap launch [--name N] [--runtime-dir D] [--no-shim] [--strict] -- CMD...
 #include <cstdio>
 
 #include "common.h"
@@ -22,6 +22,9 @@ int cmd_launch(int argc, char** argv) {
                  "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")
       ->type_name("DIR");
   app.add_flag("--no-shim", no_shim, "Do not preload libcusnap_shim.so into the job");
+  app.add_flag("--strict", req.strict,
+               "Refuse (EPERM) the job's system calls whose state CRIU cannot save: io_uring, "
+               "userfaultfd, perf_event_open, bpf, memfd_secret");
   app.add_option("--control-timeout", control_s,
                  "Seconds allowed for each exchange on the control socket")
       ->check(positive())

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "coord/runtime_dir.h"
+#include "coord/seccomp_filter.h"
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
 
@@ -61,6 +62,16 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   argv.push_back(nullptr);
   char cwd[PATH_MAX];
   if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+  StrictFilter filter;
+  if (req.strict) {
+    std::string why;
+    if (!filter.build(&why)) {
+      sup->rundir().remove();
+      fail.exit_code = kExitFailure;
+      fail.error = "--strict: cannot build the seccomp filter: " + why;
+      return fail;
+    }
+  }
 
   auto failed = [&](int code, std::string msg) {
     sup->rundir().remove();
@@ -81,39 +92,47 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) return failed(kExitFailure, std::string("/dev/null: ") + std::strerror(errno));
 
+  // The child reports a failure before exec as {stage, errno}.
+  enum : int { kStageSetup = 0, kStageSeccomp = 1, kStageExec = 2 };
   pid_t pid = ::fork();
   if (pid < 0) return failed(kExitFailure, std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
+    auto report_failure = [&](int stage, int e) {
+      int msg[2] = {stage, e};
+      (void)!::write(report_w.get(), msg, sizeof msg);
+      ::_exit(127);
+    };
     SupervisorLoop::reset_signals_in_child();
     ::setsid();
     if (::dup2(devnull.get(), STDIN_FILENO) < 0 || ::dup2(out_w.get(), STDOUT_FILENO) < 0 ||
-        ::dup2(err_w.get(), STDERR_FILENO) < 0) {
-      int e = errno;
-      (void)!::write(report_w.get(), &e, sizeof e);
-      ::_exit(127);
-    }
+        ::dup2(err_w.get(), STDERR_FILENO) < 0)
+      report_failure(kStageSetup, errno);
+    if (req.strict)
+      if (int e = filter.install(); e != 0) report_failure(kStageSeccomp, e);
     // Only 0, 1 and 2: a descriptor inherited from whatever started cusnap
     // would be outside the job's tree, which CRIU cannot dump.
     // Marked close-on-exec rather than closed, so report_w outlives a failed exec.
     if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
       for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     ::execvpe(argv[0], argv.data(), envp.data());
-    int e = errno;
-    (void)!::write(report_w.get(), &e, sizeof e);
-    ::_exit(127);
+    report_failure(kStageExec, errno);
   }
   out_w.reset();
   err_w.reset();
   report_w.reset();
-  int child_errno = 0;
+  int child_failure[2] = {0, 0};
   ssize_t n;
-  do n = ::read(report_r.get(), &child_errno, sizeof child_errno);
+  do n = ::read(report_r.get(), child_failure, sizeof child_failure);
   while (n < 0 && errno == EINTR);
-  if (n == sizeof child_errno) {
+  if (n == sizeof child_failure) {
     int st;
     while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
-    return failed(127, "cannot run '" + req.argv[0] + "': " + std::strerror(child_errno));
+    const char* why = std::strerror(child_failure[1]);
+    if (child_failure[0] == kStageSeccomp)
+      return failed(kExitFailure,
+                    std::string("--strict: cannot install the seccomp filter: ") + why);
+    return failed(127, "cannot run '" + req.argv[0] + "': " + why);
   }
 
   JobInfo info;

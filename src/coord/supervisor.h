@@ -52,6 +52,8 @@ struct LaunchRequest {
   SupervisorConfig cfg;
   std::vector<std::string> argv;
   bool use_shim = true;
+  /// Install the seccomp filter of seccomp_filter.h in the job before exec.
+  bool strict = false;
 };
 
 /// cusnap launch: starts the job and supervises it until it ends.

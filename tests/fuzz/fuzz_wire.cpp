@@ -73,7 +73,8 @@ bool send_chunk(int fd, const uint8_t* p, size_t n, int ndesc, int passed) {
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int) * ndesc);
-    for (int i = 0; i < ndesc; ++i) std::memcpy(CMSG_DATA(c) + i * sizeof(int), &passed, sizeof(int));
+    for (int i = 0; i < ndesc; ++i)
+      std::memcpy(CMSG_DATA(c) + i * sizeof(int), &passed, sizeof(int));
   }
   return sendmsg(fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
 }
