@@ -52,8 +52,12 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   std::vector<std::string> env;
   const std::string shim = req.use_shim ? find_shim() : "";
   for (char** e = environ; *e; ++e)
-    if (shim.empty() || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.emplace_back(*e);
+    if ((shim.empty() || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) &&
+        std::strncmp(*e, "CUSNAP_RUNTIME_DIR=", 19) != 0)
+      env.emplace_back(*e);
   if (!shim.empty()) env.push_back("LD_PRELOAD=" + preload_with(shim, std::getenv("LD_PRELOAD")));
+  // The shim tracks shared memory only when it knows where the job's sockets live.
+  env.push_back("CUSNAP_RUNTIME_DIR=" + sup->rundir().path());
   std::vector<char*> envp, argv;
   for (std::string& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);

@@ -7,6 +7,7 @@
 #include "shim/entries.h"
 #include "shim/gate.h"
 #include "shim/real_driver.h"
+#include "shim/track.h"
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"
@@ -37,17 +38,20 @@ constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_c
 // never inherits one mid-update; the child starts with an open gate. The
 // loaded driver stays (the mapping is inherited).
 void prepare() {
+  track::atfork_prepare();
   loader_atfork_prepare();
   gate().atfork_prepare();
 }
 void parent() {
   gate().atfork_parent();
   loader_atfork_parent();
+  track::atfork_parent();
 }
 void child() {
   gate_slots_atfork_child();
   gate().atfork_child();
   loader_atfork_child();
+  track::atfork_child();
 }
 
 __attribute__((constructor)) void shim_init() {

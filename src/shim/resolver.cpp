@@ -12,6 +12,7 @@
 #include "shim/elf_lookup.h"
 #include "shim/hooks.h"
 #include "shim/real_driver.h"
+#include "shim/track.h"
 
 namespace cusnap::shim {
 
@@ -44,6 +45,7 @@ void* choose_wrapper(const char* symbol, int cuda_version, bool per_thread, void
 CUresult get_proc_address(GetProcAddressV2 real_v2, GetProcAddressV1 real_v1, bool ptsz,
                           const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                           CUdriverProcAddressQueryResult* status) noexcept {
+  track::note_activity();  // a forked child's first CUDA activity may be a resolution
   void* got = nullptr;
   CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
   CUresult rc =

@@ -12,6 +12,7 @@
 #include "shim/entries.h"
 #include "shim/gate.h"
 #include "shim/hooks.h"
+#include "shim/track_hooks.h"
 #include "shim/real_driver.h"
 
 #define CUSNAP_CU_PROC(...)

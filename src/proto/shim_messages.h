@@ -1,0 +1,182 @@
+// Messages between shims (peer sockets) and between the coordinator and a shim
+// (control socket), and the two fixed-layout blobs the shim hands to
+// applications: export tickets and legacy IPC handles. Carried by wire.h.
+//
+// Sockets, in the job's runtime directory ($CUSNAP_RUNTIME_DIR), mode 0600,
+// one pair per CUDA process; a connection from a uid that is neither root nor
+// the shim's own uid is closed unanswered:
+//   shim-peer.<pid>.sock   importer -> creator   fetch      FetchRequest
+//                          creator  -> importer  fetched    FetchReply (+ the real descriptor when ok)
+//   shim-ctl.<pid>.sock    client   -> shim      inspect    Empty
+//                          shim     -> client    records    ShimRecords
+//                          client   -> shim      gate-close GateRequest / gate-open Empty
+//                          shim     -> client    done       Done
+//   any other request type on the control socket is answered `done` ok=false
+//   ("unknown request"), so clients can probe for newer requests.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+namespace cusnap::proto {
+
+inline constexpr const char* kMsgFetch = "fetch";
+inline constexpr const char* kMsgFetched = "fetched";
+inline constexpr const char* kMsgShimInspect = "inspect";
+inline constexpr const char* kMsgShimRecords = "records";
+inline constexpr const char* kMsgGateClose = "gate-close";
+inline constexpr const char* kMsgGateOpen = "gate-open";
+inline constexpr const char* kMsgDone = "done";
+
+/// Version of ShimRecords; bump on any incompatible change.
+inline constexpr uint32_t kShimRecordsFormat = 1;
+
+/// Socket names inside the runtime directory.
+std::string shim_peer_socket(const std::string& runtime_dir, int64_t pid);
+std::string shim_control_socket(const std::string& runtime_dir, int64_t pid);
+
+/// Importer -> creator: the real descriptor of one of the creator's allocations.
+struct FetchRequest {
+  uint64_t creator_start = 0;  ///< the creator's start time the ticket names
+  uint64_t allocation = 0;     ///< the creator's allocation id
+  MSGPACK_DEFINE_MAP(creator_start, allocation);
+};
+
+/// Creator -> importer. ok: the descriptor travels with this message.
+struct FetchReply {
+  bool ok = false;
+  uint64_t size = 0;
+  std::string error;
+  MSGPACK_DEFINE_MAP(ok, size, error);
+};
+
+struct GateRequest {
+  uint64_t timeout_ms = 10000;
+  MSGPACK_DEFINE_MAP(timeout_ms);
+};
+
+struct Done {
+  bool ok = false;
+  int32_t code = 0;  ///< errno-style detail (0, ETIMEDOUT, EALREADY, ...)
+  std::string error;
+  MSGPACK_DEFINE_MAP(ok, code, error);
+};
+
+/// One location's access flags (CUmemLocation type/id, CUmemAccess_flags).
+struct AccessRecord {
+  int32_t type = 0;
+  int32_t id = 0;
+  uint32_t flags = 0;
+  MSGPACK_DEFINE_MAP(type, id, flags);
+  bool operator==(const AccessRecord&) const = default;
+};
+
+/// A tracked allocation. origin: "created" (this process made it), "imported"
+/// (through a ticket or a legacy IPC handle), "foreign" (a descriptor that was
+/// not a ticket). The creator triple names the allocation across processes.
+struct AllocationRecord {
+  uint64_t id = 0;  ///< this process's id for it (mappings refer to it)
+  std::string origin;
+  int64_t creator_pid = 0;
+  uint64_t creator_start = 0;
+  uint64_t creator_id = 0;
+  uint64_t size = 0;
+  int32_t device = 0;
+  uint32_t handles = 0;  ///< logical handles alive
+  bool exported = false;  ///< the creator's export cache holds its descriptor
+  bool legacy = false;    ///< serves cuMemAlloc memory (legacy IPC capable)
+  MSGPACK_DEFINE_MAP(id, origin, creator_pid, creator_start, creator_id, size, device, handles,
+                     exported, legacy);
+};
+
+struct MappingRecord {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+  uint64_t allocation = 0;  ///< AllocationRecord::id; 0 for a multicast object
+  uint64_t multicast = 0;   ///< MulticastRecord::handle mapped here, if any
+  std::vector<AccessRecord> access;  ///< union of granted access, one per location
+  MSGPACK_DEFINE_MAP(address, size, offset, allocation, multicast, access);
+};
+
+/// A legacy IPC mapping this process opened.
+struct IpcRecord {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t allocation = 0;  ///< AllocationRecord::id
+  uint32_t opens = 0;
+  MSGPACK_DEFINE_MAP(address, size, allocation, opens);
+};
+
+struct McBindingRecord {
+  int32_t device = -1;   ///< device bound (v1 ABI: the member's own device; -1 unknown)
+  uint32_t abi = 1;      ///< 1: cuMulticastBind*, 2: cuMulticastBind*_v2 (CUDA 13.1)
+  uint64_t mc_offset = 0;
+  uint64_t allocation = 0;  ///< AllocationRecord::id; 0 for an address binding
+  uint64_t address = 0;     ///< for an address binding
+  uint64_t mem_offset = 0;
+  uint64_t size = 0;
+  MSGPACK_DEFINE_MAP(device, abi, mc_offset, allocation, address, mem_offset, size);
+};
+
+struct MulticastRecord {
+  uint64_t handle = 0;  ///< the driver's multicast handle in this process
+  uint64_t size = 0;
+  uint32_t num_devices = 0;
+  uint64_t flags = 0;
+  std::vector<int32_t> devices;
+  std::vector<McBindingRecord> bindings;
+  MSGPACK_DEFINE_MAP(handle, size, num_devices, flags, devices, bindings);
+};
+
+/// Everything one shim knows, as inspection returns it and the manifest stores it.
+struct ShimRecords {
+  uint32_t format = kShimRecordsFormat;
+  int64_t pid = 0;
+  uint64_t start_time = 0;
+  std::vector<AllocationRecord> allocations;
+  std::vector<MappingRecord> mappings;
+  std::vector<IpcRecord> ipc;
+  std::vector<MulticastRecord> multicast;
+  uint64_t foreign_imports_alive = 0;
+  uint64_t foreign_imports_total = 0;
+  MSGPACK_DEFINE_MAP(format, pid, start_time, allocations, mappings, ipc, multicast,
+                     foreign_imports_alive, foreign_imports_total);
+};
+
+/// An export ticket: the whole content of the memfd an export returns.
+struct Ticket {
+  char magic[8];  ///< kTicketMagic
+  uint32_t version;
+  uint32_t size;  ///< sizeof(Ticket)
+  int64_t creator_pid;
+  uint64_t creator_start;
+  uint64_t allocation;
+  uint64_t bytes;
+  char socket[108];  ///< the creator's peer socket, NUL-terminated
+};
+inline constexpr char kTicketMagic[8] = {'C', 'U', 'S', 'N', 'A', 'P', 'T', 'K'};
+inline constexpr uint32_t kTicketVersion = 1;
+/// The name the ticket memfd carries (in /proc/PID/fd: "/memfd:cusnap-ticket").
+inline constexpr const char* kTicketMemfdName = "cusnap-ticket";
+
+/// Checks a ticket read from a memfd (n bytes); false + *err when malformed.
+bool ticket_valid(const void* data, size_t n, Ticket* out, std::string* err);
+
+/// The 64 bytes of a CUipcMemHandle the shim gives out for tracked memory.
+struct IpcHandleBlob {
+  char magic[8];  ///< kIpcMagic
+  int64_t creator_pid;
+  uint64_t creator_start;
+  uint64_t allocation;
+  uint64_t offset;  ///< of the requested pointer inside the allocation
+  uint64_t size;    ///< of the cuMemAlloc block
+  uint64_t reserved[2];
+};
+static_assert(sizeof(IpcHandleBlob) == 64);
+inline constexpr char kIpcMagic[8] = {'C', 'U', 'S', 'N', 'I', 'P', 'C', '1'};
+
+}  // namespace cusnap::proto

@@ -1,0 +1,86 @@
+// Tracking of shared device memory (DESIGN.md §3; docs/shim.md "Tracking").
+//
+// Active when the process runs under cusnap ($CUSNAP_RUNTIME_DIR names the job's
+// runtime directory) unless $CUSNAP_SHIM_TRACK=0; otherwise every function
+// here forwards to the real driver unchanged. Each takes the real function
+// (never null: the wrapper failed closed before) and the application's
+// arguments, and returns a CUresult; nothing throws out of here.
+//
+// State and locks (track.cpp): State::mu (the main lock) guards the tables and
+// is held only for table work, never across a driver call, and never by the
+// listener threads' descriptor path; State::cache_mu guards the export cache
+// (allocation id -> the real descriptor), the only thing the peer listener
+// reads. Lock order: mu before cache_mu. Both are taken inside the gate.
+#pragma once
+
+#include "shim/entries.h"
+
+namespace cusnap::shim::track {
+
+/// The first CUDA activity of a process (cuInit, any tracked call, a
+/// cuGetProcAddress resolution): starts tracking when enabled (sockets,
+/// listener threads), and in a forked child drops the inherited records.
+void note_activity() noexcept;
+/// Whether tracking is active in this process (after note_activity).
+bool active() noexcept;
+
+using PfnInit = CUresult(CUDAAPI*)(unsigned int);
+CUresult init(PfnInit real, unsigned int flags) noexcept;
+
+CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle* handle,
+                    size_t size, const CUmemAllocationProp* prop,
+                    unsigned long long flags) noexcept;
+CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandle handle) noexcept;
+CUresult mem_export(decltype(&::cuMemExportToShareableHandle) real, void* shareable,
+                    CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                    unsigned long long flags) noexcept;
+CUresult mem_import(decltype(&::cuMemImportFromShareableHandle) real,
+                    CUmemGenericAllocationHandle* handle, void* os_handle,
+                    CUmemAllocationHandleType type) noexcept;
+CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
+                    CUmemGenericAllocationHandle* handle, void* addr) noexcept;
+CUresult mem_map(decltype(&::cuMemMap) real, CUdeviceptr ptr, size_t size, size_t offset,
+                 CUmemGenericAllocationHandle handle, unsigned long long flags) noexcept;
+CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) noexcept;
+CUresult mem_set_access(decltype(&::cuMemSetAccess) real, CUdeviceptr ptr, size_t size,
+                        const CUmemAccessDesc* desc, size_t count) noexcept;
+CUresult mem_get_props(decltype(&::cuMemGetAllocationPropertiesFromHandle) real,
+                       CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) noexcept;
+
+CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept;
+CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
+CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h, CUdeviceptr dptr) noexcept;
+CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
+                  unsigned int flags) noexcept;
+CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noexcept;
+
+CUresult mc_create(decltype(&::cuMulticastCreate) real, CUmemGenericAllocationHandle* mc,
+                   const CUmulticastObjectProp* prop) noexcept;
+CUresult mc_add_device(decltype(&::cuMulticastAddDevice) real, CUmemGenericAllocationHandle mc,
+                       CUdevice dev) noexcept;
+/// Both bind ABIs: dev < 0 with real_v1 (CUDA < 13.1), dev >= 0 with real_v2.
+using PfnBindMemV1 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, size_t,
+                                        CUmemGenericAllocationHandle, size_t, size_t,
+                                        unsigned long long);
+using PfnBindMemV2 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                        CUmemGenericAllocationHandle, size_t, size_t,
+                                        unsigned long long);
+using PfnBindAddrV1 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, size_t, CUdeviceptr,
+                                         size_t, unsigned long long);
+using PfnBindAddrV2 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                         CUdeviceptr, size_t, unsigned long long);
+CUresult mc_bind_mem(PfnBindMemV1 v1, PfnBindMemV2 v2, CUmemGenericAllocationHandle mc,
+                     CUdevice dev, size_t mc_offset, CUmemGenericAllocationHandle mem,
+                     size_t mem_offset, size_t size, unsigned long long flags) noexcept;
+CUresult mc_bind_addr(PfnBindAddrV1 v1, PfnBindAddrV2 v2, CUmemGenericAllocationHandle mc,
+                      CUdevice dev, size_t mc_offset, CUdeviceptr ptr, size_t size,
+                      unsigned long long flags) noexcept;
+CUresult mc_unbind(decltype(&::cuMulticastUnbind) real, CUmemGenericAllocationHandle mc,
+                   CUdevice dev, size_t mc_offset, size_t size) noexcept;
+
+/// pthread_atfork handlers (build_info.cpp registers them).
+void atfork_prepare() noexcept;
+void atfork_parent() noexcept;
+void atfork_child() noexcept;
+
+}  // namespace cusnap::shim::track

@@ -1,0 +1,73 @@
+// Hooks of the entry points that tracking records or translates (track.h).
+// Included by hooks.h; each binds the real function into a call of track::.
+#pragma once
+
+#include "shim/hooks.h"
+#include "shim/track.h"
+
+namespace cusnap::shim {
+
+#define CUSNAP_TRACK_HOOK(entry, fn)                                         \
+  template <>                                                                \
+  struct Hook<Entry::entry> {                                                \
+    static auto bind(decltype(&::entry) real) noexcept {                     \
+      return [real](auto... a) noexcept { return track::fn(real, a...); }; \
+    }                                                                        \
+  };
+
+CUSNAP_TRACK_HOOK(cuInit, init)
+CUSNAP_TRACK_HOOK(cuMemCreate, mem_create)
+CUSNAP_TRACK_HOOK(cuMemRelease, mem_release)
+CUSNAP_TRACK_HOOK(cuMemExportToShareableHandle, mem_export)
+CUSNAP_TRACK_HOOK(cuMemImportFromShareableHandle, mem_import)
+CUSNAP_TRACK_HOOK(cuMemRetainAllocationHandle, mem_retain)
+CUSNAP_TRACK_HOOK(cuMemMap, mem_map)
+CUSNAP_TRACK_HOOK(cuMemUnmap, mem_unmap)
+CUSNAP_TRACK_HOOK(cuMemSetAccess, mem_set_access)
+CUSNAP_TRACK_HOOK(cuMemGetAllocationPropertiesFromHandle, mem_get_props)
+CUSNAP_TRACK_HOOK(cuMemAlloc_v2, mem_alloc)
+CUSNAP_TRACK_HOOK(cuMemFree_v2, mem_free)
+CUSNAP_TRACK_HOOK(cuIpcGetMemHandle, ipc_get)
+CUSNAP_TRACK_HOOK(cuIpcOpenMemHandle, ipc_open)
+CUSNAP_TRACK_HOOK(cuIpcOpenMemHandle_v2, ipc_open)
+CUSNAP_TRACK_HOOK(cuIpcCloseMemHandle, ipc_close)
+CUSNAP_TRACK_HOOK(cuMulticastCreate, mc_create)
+CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
+CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
+#undef CUSNAP_TRACK_HOOK
+
+template <>
+struct Hook<Entry::cuMulticastBindMem> {
+  static auto bind(track::PfnBindMemV1 real) noexcept {
+    return [real](auto mc, auto mco, auto mem, auto memo, auto size, auto flags) noexcept {
+      return track::mc_bind_mem(real, nullptr, mc, -1, mco, mem, memo, size, flags);
+    };
+  }
+};
+template <>
+struct Hook<Entry::cuMulticastBindMem_v2> {
+  static auto bind(track::PfnBindMemV2 real) noexcept {
+    return [real](auto mc, auto dev, auto mco, auto mem, auto memo, auto size,
+                  auto flags) noexcept {
+      return track::mc_bind_mem(nullptr, real, mc, dev, mco, mem, memo, size, flags);
+    };
+  }
+};
+template <>
+struct Hook<Entry::cuMulticastBindAddr> {
+  static auto bind(track::PfnBindAddrV1 real) noexcept {
+    return [real](auto mc, auto mco, auto ptr, auto size, auto flags) noexcept {
+      return track::mc_bind_addr(real, nullptr, mc, -1, mco, ptr, size, flags);
+    };
+  }
+};
+template <>
+struct Hook<Entry::cuMulticastBindAddr_v2> {
+  static auto bind(track::PfnBindAddrV2 real) noexcept {
+    return [real](auto mc, auto dev, auto mco, auto ptr, auto size, auto flags) noexcept {
+      return track::mc_bind_addr(nullptr, real, mc, dev, mco, ptr, size, flags);
+    };
+  }
+};
+
+}  // namespace cusnap::shim

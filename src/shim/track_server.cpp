@@ -1,0 +1,201 @@
+// The shim's two listeners and the importer's side of the peer exchange.
+//
+// Peer listener: answers "fetch" from the export cache alone (State::cache_mu);
+// it never calls the driver and never takes the main lock, so a creator busy
+// in a long driver call still serves its importers. Control listener: answers
+// "inspect" (takes the main lock briefly) and drives the gate. Both run with
+// every signal blocked, check the peer's uid (root or the shim's own), and
+// bound every exchange by the control timeout ($CUSNAP_CONTROL_TIMEOUT).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "proto/wire.h"
+#include "shim/cusnap_shim.h"
+#include "shim/track_state.h"
+
+namespace cusnap::shim::track {
+
+namespace {
+
+std::chrono::milliseconds timeout() {
+  static const auto t = proto::control_timeout_from_env();
+  return t;
+}
+
+bool allowed(int fd, uid_t owner) {
+  struct ucred cred {};
+  std::string err;
+  return proto::peer_credentials(fd, &cred, &err) && proto::peer_uid_allowed(cred.uid, owner);
+}
+
+void serve_peer(State& s, UniqueFd conn) {
+  if (!allowed(conn.get(), s.uid)) return;
+  proto::Channel ch(std::move(conn), timeout());
+  proto::Message msg;
+  std::string err;
+  if (!ch.recv(&msg, &err)) return;
+  proto::FetchReply reply;
+  proto::FetchRequest req;
+  if (msg.type != proto::kMsgFetch || !msg.get(&req, &err)) {
+    reply.error = msg.type != proto::kMsgFetch ? "unknown request '" + msg.type + "'" : err;
+    ch.send(proto::kMsgFetched, reply, &err);
+    return;
+  }
+  int fd = -1;
+  if (req.creator_start != s.start_time) {
+    reply.error = "ticket names another process";
+  } else {
+    std::lock_guard<std::mutex> c(s.cache_mu);
+    auto it = s.cache.find(req.allocation);
+    if (it == s.cache.end())
+      reply.error = "allocation " + std::to_string(req.allocation) + " is not exported";
+    else
+      fd = ::fcntl(it->second, F_DUPFD_CLOEXEC, 0);
+  }
+  UniqueFd owned(fd);
+  reply.ok = fd >= 0;
+  if (!reply.ok && reply.error.empty()) reply.error = std::strerror(errno);
+  ch.send(proto::kMsgFetched, reply, &err, fd);
+}
+
+void serve_control(State& s, UniqueFd conn) {
+  if (!allowed(conn.get(), s.uid)) return;
+  proto::Channel ch(std::move(conn), timeout());
+  for (;;) {
+    proto::Message msg;
+    std::string err;
+    if (!ch.recv(&msg, &err)) return;
+    bool sent;
+    if (msg.type == proto::kMsgShimInspect) {
+      sent = ch.send(proto::kMsgShimRecords, snapshot(s), &err);
+    } else if (msg.type == proto::kMsgGateClose) {
+      proto::GateRequest g;
+      proto::Done d;
+      if (!msg.get(&g, &err)) {
+        d.error = err;
+      } else {
+        d.code = cusnap_shim_build_info.control->gate_close(g.timeout_ms);
+        d.ok = d.code == 0;
+      }
+      sent = ch.send(proto::kMsgDone, d, &err);
+    } else if (msg.type == proto::kMsgGateOpen) {
+      proto::Done d;
+      d.code = cusnap_shim_build_info.control->gate_open();
+      d.ok = d.code == 0 || d.code == EALREADY;
+      sent = ch.send(proto::kMsgDone, d, &err);
+    } else {
+      proto::Done d;
+      d.error = "unknown request '" + msg.type + "'";
+      sent = ch.send(proto::kMsgDone, d, &err);
+    }
+    if (!sent) return;
+  }
+}
+
+struct ListenerArg {
+  State* s;
+  int fd;
+  bool peer;
+};
+
+void* listener_main(void* p) {
+  ListenerArg arg = *static_cast<ListenerArg*>(p);
+  delete static_cast<ListenerArg*>(p);
+  for (;;) {
+    struct pollfd pfd {arg.fd, POLLIN, 0};
+    int n = ::poll(&pfd, 1, -1);
+    if (n < 0 && errno != EINTR) return nullptr;
+    if (n <= 0) continue;
+    if (pfd.revents & (POLLNVAL)) return nullptr;
+    UniqueFd conn;
+    std::string err;
+    if (!proto::accept_unix(arg.fd, &conn, &err)) continue;
+    try {
+      if (arg.peer)
+        serve_peer(*arg.s, std::move(conn));
+      else
+        serve_control(*arg.s, std::move(conn));
+    } catch (...) {
+    }
+  }
+}
+
+bool spawn(State& s, int fd, bool peer) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_t t;
+  auto* arg = new ListenerArg{&s, fd, peer};
+  int rc = pthread_create(&t, nullptr, listener_main, arg);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) {
+    delete arg;
+    return false;
+  }
+  pthread_detach(t);
+  return true;
+}
+
+}  // namespace
+
+bool start_servers(State& s) noexcept {
+  try {
+    s.peer_path = proto::shim_peer_socket(s.runtime_dir, s.pid);
+    s.ctl_path = proto::shim_control_socket(s.runtime_dir, s.pid);
+    UniqueFd peer, ctl;
+    std::string err;
+    // A socket of an earlier process with this pid (e.g. before a restore) is stale.
+    ::unlink(s.peer_path.c_str());
+    ::unlink(s.ctl_path.c_str());
+    if (!proto::listen_unix(s.peer_path, 0600, &peer, &err) ||
+        !proto::listen_unix(s.ctl_path, 0600, &ctl, &err)) {
+      ::unlink(s.peer_path.c_str());
+      return false;
+    }
+    s.peer_listen = peer.release();
+    s.ctl_listen = ctl.release();
+    return spawn(s, s.peer_listen, true) && spawn(s, s.ctl_listen, false);
+  } catch (...) {
+    return false;
+  }
+}
+
+int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept {
+  try {
+    UniqueFd fd;
+    if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return -1;
+    struct ucred cred {};
+    if (!proto::peer_credentials(fd.get(), &cred, err)) return -1;
+    if (!proto::peer_uid_allowed(cred.uid, state().uid) || cred.pid != t.creator_pid) {
+      *err = "the peer socket is not the creator's";
+      return -1;
+    }
+    proto::Channel ch(std::move(fd), timeout());
+    proto::FetchRequest req{t.creator_start, t.allocation};
+    if (!ch.send(proto::kMsgFetch, req, err)) return -1;
+    proto::Message msg;
+    if (!ch.recv(&msg, err)) return -1;
+    proto::FetchReply reply;
+    if (msg.type != proto::kMsgFetched || !msg.get(&reply, err)) {
+      if (err->empty()) *err = "unexpected reply '" + msg.type + "'";
+      return -1;
+    }
+    if (!reply.ok || !msg.fd) {
+      *err = reply.error.empty() ? "no descriptor in the reply" : reply.error;
+      return -1;
+    }
+    return msg.fd.release();
+  } catch (...) {
+    *err = "out of memory";
+    return -1;
+  }
+}
+
+}  // namespace cusnap::shim::track

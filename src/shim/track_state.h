@@ -1,0 +1,112 @@
+// Internal state of the tracker (track.h states the locking contract).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "proto/shim_messages.h"
+#include "shim/entries.h"
+
+namespace cusnap::shim::track {
+
+/// Logical handles: tag in the top 16 bits (a non-canonical address, above any
+/// handle value the driver gives out), then a 48-bit serial that never repeats
+/// within a process, so a stale handle is one absent from the table.
+inline constexpr uint64_t kHandleTag = 0xC5A9ull << 48;
+inline constexpr bool is_logical(uint64_t h) { return (h >> 48) == (kHandleTag >> 48); }
+
+/// Names an allocation across processes.
+struct AllocKey {
+  int64_t pid = 0;
+  uint64_t start = 0;
+  uint64_t id = 0;
+  bool operator==(const AllocKey&) const = default;
+};
+struct AllocKeyHash {
+  size_t operator()(const AllocKey& k) const noexcept {
+    return std::hash<uint64_t>()(k.id * 0x9E3779B97F4A7C15ull ^ uint64_t(k.pid) << 20 ^ k.start);
+  }
+};
+
+struct Alloc {
+  enum class Origin { kCreated, kImported, kForeign } origin = Origin::kCreated;
+  AllocKey key;          ///< creator's name for it (foreign: pid 0)
+  uint64_t size = 0;
+  int32_t device = 0;
+  CUmemGenericAllocationHandle driver = 0;  ///< the one driver handle in this process
+  bool driver_held = true;  ///< false once the last logical handle released it
+  uint32_t handles = 0;     ///< logical handles alive
+  uint32_t pins = 0;        ///< internal owners: a cuMemAlloc block, IPC opens
+  uint32_t mappings = 0;
+  bool exported = false;
+  bool legacy = false;      ///< backs a cuMemAlloc block or an IPC open
+};
+
+struct Mapping {
+  uint64_t size = 0;
+  uint64_t offset = 0;
+  uint64_t alloc = 0;      ///< local allocation id, 0 for a multicast object
+  uint64_t multicast = 0;  ///< driver multicast handle mapped here, if any
+  std::vector<proto::AccessRecord> access;
+};
+
+struct IpcOpen {
+  CUcontext ctx = nullptr;
+  uint64_t alloc = 0;
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint32_t opens = 0;
+};
+
+struct State {
+  std::mutex mu;  ///< main lock: everything below except the export cache
+  uint64_t next_alloc = 1;
+  uint64_t next_handle = 1;
+  std::unordered_map<uint64_t, Alloc> allocs;                  ///< local id -> allocation
+  std::unordered_map<AllocKey, uint64_t, AllocKeyHash> by_key;  ///< creator name -> local id
+  std::unordered_map<uint64_t, uint64_t> handles;              ///< logical handle -> local id
+  std::map<uint64_t, Mapping> ranges;                          ///< sorted range index: address -> mapping
+  std::unordered_map<uint64_t, uint64_t> legacy_blocks;        ///< cuMemAlloc address -> local id
+  std::vector<IpcOpen> ipc;
+  std::unordered_map<uint64_t, proto::MulticastRecord> multicast;
+  uint64_t foreign_alive = 0;
+  uint64_t foreign_total = 0;
+
+  std::mutex cache_mu;  ///< export cache only; the peer listener takes nothing else
+  std::unordered_map<uint64_t, int> cache;  ///< local id (created here) -> real descriptor
+
+  // Fixed once tracking starts in this process.
+  std::string runtime_dir;
+  std::string peer_path, ctl_path;
+  int64_t pid = 0;
+  uint64_t start_time = 0;
+  uid_t uid = 0;
+  int peer_listen = -1, ctl_listen = -1;
+};
+
+State& state() noexcept;
+
+/// Start time of this process (clock ticks after boot, /proc/self/stat field 22).
+uint64_t process_start_time(pid_t pid) noexcept;
+
+/// Listener threads (track_server.cpp). Binds both sockets and starts serving;
+/// false when they cannot be set up (tracking then stays off in this process).
+bool start_servers(State& s) noexcept;
+/// Asks the creator named by t for the real descriptor; -1 and *err on failure.
+int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept;
+/// The records, for inspection. Takes s.mu.
+proto::ShimRecords snapshot(State& s);
+/// Shrinks a hash table whose load fell far below its bucket count.
+template <class M>
+void maybe_shrink(M& m) {
+  if (m.bucket_count() > 64 && m.size() * 8 < m.bucket_count()) m.rehash(m.size() * 2);
+}
+
+}  // namespace cusnap::shim::track
