@@ -1,8 +1,10 @@
 // verify_checkpoint and restore_job: verify the manifest and every file,
 // match the GPUs, CRIU restore the tree as a child of the caller, then
 // driver restore + unlock of every CUDA process.
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -139,11 +141,37 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
 }
 
+/// Kills the restored tree and reaps it: the caller is its subreaper, and a
+/// zombie left behind would hold a pid that the next restore of this
+/// checkpoint needs (where pid 1 does not reap, for ever).
 void kill_tree(pid_t root) {
+  std::vector<std::pair<pid_t, int>> procs;
   for (pid_t pid : process_tree(root)) {
     int fd = open_pidfd(pid);
     signal_pidfd(fd, SIGKILL);
-    if (fd >= 0) close(fd);
+    procs.emplace_back(pid, fd);
+  }
+  for (auto& [pid, fd] : procs) {
+    if (fd < 0) continue;
+    // The pidfd turns readable when the process has exited; then it is a
+    // zombie, ours once its parent (if not us) is gone too.
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, 5000);
+    close(fd);
+  }
+  for (int round = 0; round < 50; ++round) {
+    bool left = false;
+    for (auto& [pid, fd] : procs) {
+      if (pid <= 0) continue;
+      pid_t r = waitpid(pid, nullptr, WNOHANG);
+      if (r == pid ||
+          (r < 0 && errno == ECHILD && access(("/proc/" + std::to_string(pid)).c_str(), F_OK) != 0))
+        pid = 0;
+      else
+        left = true;
+    }
+    if (!left) return;
+    usleep(20000);
   }
 }
 
