@@ -239,7 +239,16 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (opts.leave_running) {
     report("driver-restore");
     std::string rb;
-    if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {
+    bool resumed = driver_resume_all(driver, scan.cuda, {}, &rb);
+    if (!resumed) {
+      // Each process is still whole, checkpointed or locked: a second pass
+      // takes each on from where the first left it, so one transient driver
+      // failure does not leave the job without its GPU.
+      std::string again;
+      resumed = driver_resume_all(driver, scan.cuda, {}, &again);
+      if (!resumed) rb += "; once more: " + again;
+    }
+    if (!resumed) {
       *err = "job " + job.name +
              ": the dump succeeded but restoring GPU state in place failed: " + rb +
              "\nthe checkpoint in " + opts.dir + " was not completed";
