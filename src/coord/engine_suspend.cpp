@@ -38,16 +38,29 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
   bool ok = require_root("resume", err);
   Driver driver;
   std::vector<pid_t> cuda;
+  if (ok) ok = driver.load(err);
   if (ok) {
-    for (const ProcessInfo& p : list_job_processes(job.root_pid))
-      if (p.uses_cuda && (p.cuda_state == "locked" || p.cuda_state == "checkpointed"))
-        cuda.push_back(p.pid);
-    if (cuda.empty()) {
+    // A state that cannot be read is an error naming the call, not "not
+    // suspended": the job may well be suspended.
+    for (pid_t pid : process_tree(job.root_pid)) {
+      ProcessInfo p;
+      if (!read_process(pid, &p) || !p.uses_cuda) continue;
+      CUprocessState st;
+      std::string why;
+      if (!driver.get_state(pid, &st, &why)) {
+        if (driver.last_result() == CUDA_ERROR_NOT_INITIALIZED) continue;
+        *err = "job " + job.name + ", process " + std::to_string(pid) + " (" + p.exe +
+               "), inspect phase: " + why;
+        ok = false;
+        break;
+      }
+      if (st == CU_PROCESS_STATE_LOCKED || st == CU_PROCESS_STATE_CHECKPOINTED) cuda.push_back(pid);
+    }
+    if (ok && cuda.empty()) {
       *err = "job " + job.name + " is not suspended: no process has its GPU state released";
       ok = false;
     }
   }
-  if (ok) ok = driver.load(err);
   if (ok) {
     std::vector<GpuDevice> gpus;
     std::string ignored;
