@@ -33,6 +33,11 @@ nvidia-smi -L | head -8
 
 # 1. The shim.
 shim=${CUSNAP_SHIM:-}
+# A prebuilt shim (scripts/gpu-bundle.sh) first: the tracking sources need
+# msgpack-cxx headers, which the GPU machine lacks.
+for c in "$root/.gpu-bundle/build/lib/libcusnap_shim.so" "$root/build-gpu/lib/libcusnap_shim.so"; do
+  [[ -z "$shim" && -r "$c" ]] && shim=$c
+done
 if [[ -z "$shim" ]]; then
   shim=$work/lib/libcusnap_shim.so
   mkdir -p "$work/lib"
@@ -41,6 +46,7 @@ if [[ -z "$shim" ]]; then
     -Wno-deprecated-declarations -Wno-missing-attributes \
     -I"$root/src" -isystem "$cuda/include" -DCUSNAP_SHIM_BUILD='"gpu-test"' \
     "$root"/src/shim/{build_info,dlsym,elf_lookup,entries,gate,real_driver,resolver,wrappers}.cpp \
+    -fexceptions "$root"/src/shim/track{,_server}.cpp "$root"/src/proto/{wire,control,shim_messages}.cpp \
     "$root/src/shim/dlsym_entry.S" \
     -Wl,--version-script="$root/src/shim/libcusnap_shim.map" -Wl,-z,defs -Wl,-z,now \
     -ldl -lpthread -o "$shim" || { echo "gpu-test-shim: cannot build the shim"; exit 1; }
