@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Crashes and races around a checkpoint:
+#  - the disk fills during the dump (an 8 MiB tmpfs): the checkpoint fails,
+#    nothing restorable is left, the job runs on intact;
+#  - CRIU fails the restore: nothing is left running, the checkpoint is
+#    unchanged and restores afterwards;
+#  - the job exits during a checkpoint: the checkpoint fails cleanly and the
+#    supervisor ends with the job's status;
+#  - a checkpoint asked for while the job is being launched: it is refused
+#    or it completes and restores; the job is never lost;
+#  - the supervising cusnap is killed (SIGKILL) while the driver has the job
+#    locked: what happens is checked as documented in docs/reliability.md.
+source "$(dirname "$0")/lib_checkpoint.sh"
+source "$(dirname "$0")/lib_reliability.sh"
+REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
+SMALL=$T/small
+cleanup_mount() { mountpoint -q "$SMALL" 2>/dev/null && umount -l "$SMALL" || true; }
+trap 'cleanup_mount; cleanup_checkpoint_test' EXIT
+
+# --- the disk fills during the dump
+mkdir -p "$SMALL"
+if mount -t tmpfs -o size=8m tmpfs "$SMALL" 2>/dev/null; then
+  launch full "$T/full.out" "$PATTERN_JOB" --mib 32 --interval-ms 20
+  wait_count "$T/full.out" 3
+  PID=$(wait_job full)
+  expect_refused 1 "CRIU dump phase|No space|space" "$CUSNAP" checkpoint full -o "$SMALL/ck"
+  [ ! -e "$SMALL/ck/manifest.json" ] || fail "a full disk left a manifest"
+  [ -z "$(ls -A "$SMALL")" ] || fail "a full disk left files behind: $(ls -R "$SMALL" | head)"
+  expect_running full "$PID" "$T/full.out"
+  pass "disk full during the dump: no checkpoint left, the job runs on"
+  kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+  cleanup_mount
+else
+  echo "note: cannot mount a tmpfs here; the disk-full case was not run"
+fi
+
+# --- a checkpoint to restore from
+launch base "$T/base.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
+wait_count "$T/base.out" 3
+PID=$(wait_job base)
+"$CUSNAP" checkpoint base -o "$T/ck" >"$T/ck.out" 2>&1 || fail "checkpoint: $(cat "$T/ck.out")"
+wait_exit "$LAST_SUPERVISOR"
+wait_gone "$PID"
+LAST=$(last_count "$T/base.out")
+
+# --- CRIU fails the restore
+mkdir -p "$T/badcriu"
+cat >"$T/badcriu/criu" <<SH
+#!/bin/sh
+if [ "\$1" = restore ]; then echo "Error (fake): restore refused for the test" >&2; exit 1; fi
+exec "$REAL_CRIU" "\$@"
+SH
+chmod +x "$T/badcriu/criu"
+SUM0=$(cd "$T/ck" && find . -type f ! -name stats-restore -exec sha256sum {} + | sort | sha256sum)
+expect_refused 1 "CRIU restore phase|criu restore" env CUSNAP_CRIU="$T/badcriu/criu" "$CUSNAP" restore "$T/ck"
+sleep 0.3
+[ ! -e "/proc/$PID" ] || fail "a failed CRIU restore left process $PID"
+[ -z "$(job_pids_all)" ] || fail "a failed CRIU restore left a job"
+SUM1=$(cd "$T/ck" && find . -type f ! -name stats-restore -exec sha256sum {} + | sort | sha256sum)
+[ "$SUM0" = "$SUM1" ] || fail "the failed restore changed the checkpoint"
+restore_bg "$T/ck" "$T/r1.out"
+wait_count "$T/r1.out" $((LAST + 3))
+[ "$(first_count "$T/r1.out")" = $((LAST + 1)) ] || fail "the restore after a CRIU failure did not continue"
+pass "CRIU restore failure: nothing left running, the checkpoint restores afterwards"
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+
+# --- the job exits during a checkpoint (the lock is slowed down)
+launch_env quit "$T/quit.out" FAKECUDA_DELAY=cuCheckpointProcessLock:1500 -- --mib 4 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/quit.out" 3
+PID=$(wait_job quit)
+"$CUSNAP" checkpoint quit -o "$T/quit.ck" >"$T/quit-ck.out" 2>&1 &
+CK=$!
+sleep 0.5
+kill -KILL "$PID"
+RC=0; wait "$CK" || RC=$?
+[ "$RC" != 0 ] && [ "$RC" != 6 ] || fail "checkpoint of a job that died under it: exit $RC: $(cat "$T/quit-ck.out")"
+[ ! -e "$T/quit.ck/manifest.json" ] || fail "a checkpoint of a dead job wrote a manifest"
+wait_exit "$SUP"
+[ "$EXIT_RC" = 137 ] || fail "the supervisor exited $EXIT_RC, expected 137 (the job's SIGKILL)"
+[ ! -e "$CUSNAP_RUNTIME_BASE/quit" ] || fail "the runtime directory of the ended job is still there"
+pass "job killed during a checkpoint: exit $RC ($(grep -m1 'cusnap:' "$T/quit-ck.out" | cut -c1-100)), supervisor exits 137"
+
+# --- a checkpoint asked for while the job is being launched
+"$CUSNAP" launch --name early -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/early.out" 2>&1 &
+SUPERVISORS+=($!)
+SUP=$!
+RC=none
+for _ in $(seq 1 200); do
+  rc=0; "$CUSNAP" checkpoint early -o "$T/early.ck" --leave-running >"$T/early-ck.out" 2>&1 || rc=$?
+  if [ "$rc" != 4 ]; then RC=$rc; break; fi  # 4: not there yet
+  sleep 0.01
+done
+case $RC in
+  0) [ -f "$T/early.ck/manifest.json" ] || fail "early checkpoint without a manifest" ;;
+  1 | 3) [ ! -e "$T/early.ck/manifest.json" ] || fail "a refused early checkpoint left a manifest" ;;
+  *) fail "checkpoint during launch: exit $RC: $(cat "$T/early-ck.out")" ;;
+esac
+wait_count "$T/early.out" 3
+PID=$(wait_job early)
+expect_running early "$PID" "$T/early.out"
+pass "checkpoint during launch: exit $RC, the job runs on"
+if [ "$RC" = 0 ]; then
+  kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID"
+  restore_bg "$T/early.ck" "$T/early-r.out"
+  wait_count "$T/early-r.out" 3
+  grep -q "pattern mismatch" "$T/early-r.out" && fail "the early checkpoint restored damaged"
+  pass "the checkpoint taken during launch restores"
+  kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+else
+  kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID"
+fi
+
+# --- the supervising cusnap is killed while the driver holds the job locked
+launch_env orphan "$T/orphan.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/orphan.out" 3
+PID=$(wait_job orphan)
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
+CK=$!
+sleep 1
+kill -KILL "$SUP"
+RC=0; wait "$CK" || RC=$?
+wait "$SUP" 2>/dev/null || true
+[ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor was killed"
+[ ! -e "$T/orphan.ck/manifest.json" ] || fail "a manifest exists after the supervisor was killed"
+[ -z "$(job_field orphan pid)" ] || fail "cusnap ps still lists the job of a dead supervisor"
+kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
+STATE=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
+echo "   after the supervisor's death: job $PID alive, driver state: $STATE, client exit $RC"
+# Recovery by hand: unlock; the job then runs until its next write to the
+# pipe whose reader died with the supervisor.
+"$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" unlock "$PID" >/dev/null 2>&1 || true
+for _ in $(seq 1 100); do [ -e "/proc/$PID" ] || break; sleep 0.05; done
+if [ -e "/proc/$PID" ]; then
+  kill -KILL "$PID"; echo "   after unlock the job still ran (killed by the test)"
+else
+  echo "   after unlock the job ended (SIGPIPE: its output pipe has no reader)"
+fi
+pass "supervisor killed mid-checkpoint: no checkpoint, the job is left locked by the driver"
+echo "PASS"
