@@ -328,10 +328,15 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
       ssize_t len = ::readlink(entry.c_str(), target, sizeof target - 1);
       if (len <= 0) continue;
       dir.assign(target, static_cast<size_t>(len));
-      if (!ensure_private_dir(dir, false, &err)) {
+      // Checked, never changed: a link's target is only ever a directory
+      // that `launch --runtime-dir` made private, and nothing here may act on
+      // a directory some other link names.
+      struct stat tst;
+      if (::lstat(dir.c_str(), &tst) != 0) {
         if (clean_stale && errno == ENOENT) ::unlink(entry.c_str());
         continue;
       }
+      if (!S_ISDIR(tst.st_mode) || tst.st_uid != ::geteuid() || (tst.st_mode & 077) != 0) continue;
     } else if (!S_ISDIR(st.st_mode)) {
       continue;
     }
@@ -341,8 +346,12 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
                 job_status_from_json(text, &je.status, &err);
     if (!live) {
       if (clean_stale && !runtime_dir_live(dir)) {
-        if (is_link) ::unlink(entry.c_str());
-        remove_job_dir(dir);
+        // Through a link only the link goes: its target is cleaned by the
+        // next launch that reserves it.
+        if (is_link)
+          ::unlink(entry.c_str());
+        else
+          remove_job_dir(dir);
       }
       continue;
     }
