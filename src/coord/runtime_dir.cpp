@@ -54,6 +54,20 @@ void remove_job_dir(const std::string& dir) {
   struct stat st;
   if (::fstat(d.get(), &st) != 0 || st.st_uid != ::geteuid()) return;
   for (const char* f : kKnownFiles) ::unlinkat(d.get(), f, 0);
+  // The shims' peer and control sockets (src/proto/shim_messages.h), which a
+  // killed process leaves behind.
+  if (DIR* ds = ::fdopendir(::dup(d.get()))) {
+    while (const dirent* e = ::readdir(ds)) {
+      const std::string_view n = e->d_name;
+      const bool shim_sock =
+          (n.starts_with("shim-peer.") || n.starts_with("shim-ctl.")) && n.ends_with(".sock");
+      struct stat fst;
+      if (shim_sock && ::fstatat(d.get(), e->d_name, &fst, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISSOCK(fst.st_mode))
+        ::unlinkat(d.get(), e->d_name, 0);
+    }
+    ::closedir(ds);
+  }
   ::rmdir(dir.c_str());
 }
 

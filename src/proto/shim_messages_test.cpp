@@ -1,0 +1,78 @@
+#include "proto/shim_messages.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "proto/wire.h"
+
+using namespace cusnap::proto;
+
+TEST_SUITE("proto.shim_messages") {
+  TEST_CASE("tickets: exact size, magic, version, creator, socket path") {
+    Ticket t{};
+    memcpy(t.magic, kTicketMagic, sizeof(t.magic));
+    t.version = kTicketVersion;
+    t.size = sizeof(t);
+    t.creator_pid = 42;
+    t.creator_start = 7;
+    t.allocation = 3;
+    snprintf(t.socket, sizeof(t.socket), "/run/x/shim-peer.42.sock");
+    Ticket out;
+    std::string err;
+    CHECK(ticket_valid(&t, sizeof(t), &out, &err));
+    CHECK(out.allocation == 3);
+    CHECK_FALSE(ticket_valid(&t, sizeof(t) - 1, &out, &err));
+    unsigned char big[sizeof(Ticket) + 1] = {};
+    memcpy(big, &t, sizeof(t));
+    CHECK_FALSE(ticket_valid(big, sizeof(big), &out, &err));
+    Ticket b = t;
+    b.magic[0] = 'X';
+    CHECK_FALSE(ticket_valid(&b, sizeof(b), &out, &err));
+    b = t;
+    b.version = 2;
+    CHECK_FALSE(ticket_valid(&b, sizeof(b), &out, &err));
+    b = t;
+    b.allocation = 0;
+    CHECK_FALSE(ticket_valid(&b, sizeof(b), &out, &err));
+    b = t;
+    memset(b.socket, 'a', sizeof(b.socket));  // no NUL
+    CHECK_FALSE(ticket_valid(&b, sizeof(b), &out, &err));
+    b = t;
+    snprintf(b.socket, sizeof(b.socket), "relative.sock");
+    CHECK_FALSE(ticket_valid(&b, sizeof(b), &out, &err));
+  }
+
+  TEST_CASE("records round-trip through the wire format") {
+    ShimRecords r;
+    r.pid = 9;
+    r.start_time = 100;
+    r.allocations.push_back({1, "created", 9, 100, 1, 2 << 20, 0, 1, true, false});
+    r.mappings.push_back({0x7000, 2 << 20, 0, 1, 0, {{1, 0, 3}}});
+    r.ipc.push_back({0x9000, 2 << 20, 1, 2});
+    MulticastRecord m;
+    m.handle = 5;
+    m.devices = {0, 1, 2};
+    m.bindings.push_back({1, 2, 0, 1, 0, 0, 2 << 20});
+    r.multicast.push_back(m);
+    r.foreign_imports_alive = 1;
+    Message msg;
+    std::string err;
+    REQUIRE(decode_body(encode_body(kMsgShimRecords, r), &msg, &err));
+    ShimRecords back;
+    REQUIRE(msg.get(&back, &err));
+    CHECK(back.format == kShimRecordsFormat);
+    CHECK(back.allocations.size() == 1);
+    CHECK(back.allocations[0].origin == "created");
+    CHECK(back.mappings[0].access[0] == AccessRecord{1, 0, 3});
+    CHECK(back.multicast[0].devices == std::vector<int32_t>{0, 1, 2});
+    CHECK(back.multicast[0].bindings[0].abi == 2);
+    CHECK(back.foreign_imports_alive == 1);
+  }
+
+  TEST_CASE("socket names") {
+    CHECK(shim_peer_socket("/r", 5) == "/r/shim-peer.5.sock");
+    CHECK(shim_control_socket("/r", 5) == "/r/shim-ctl.5.sock");
+  }
+}
