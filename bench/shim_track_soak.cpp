@@ -66,13 +66,13 @@ int recv_fd(int sock) {
   return fd;
 }
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    CUresult r_ = (x);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);    \
-      return 1;                                                                \
-    }                                                                          \
+#define CK(x)                                                               \
+  do {                                                                      \
+    CUresult r_ = (x);                                                      \
+    if (r_ != CUDA_SUCCESS) {                                               \
+      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_); \
+      return 1;                                                             \
+    }                                                                       \
   } while (0)
 
 int init() {
@@ -128,10 +128,14 @@ int main(int argc, char** argv) {
   double max_slowdown = 3.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--cycles") cycles = atol(argv[i + 1]);
-    else if (a == "--intervals") intervals = atol(argv[i + 1]);
-    else if (a == "--max-rss-growth-kib") max_growth_kib = atol(argv[i + 1]);
-    else if (a == "--max-slowdown") max_slowdown = atof(argv[i + 1]);
+    if (a == "--cycles")
+      cycles = atol(argv[i + 1]);
+    else if (a == "--intervals")
+      intervals = atol(argv[i + 1]);
+    else if (a == "--max-rss-growth-kib")
+      max_growth_kib = atol(argv[i + 1]);
+    else if (a == "--max-slowdown")
+      max_slowdown = atof(argv[i + 1]);
     else {
       fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -159,8 +163,10 @@ int main(int argc, char** argv) {
   d.location = p.location;
   d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const long every = cycles / intervals > 0 ? cycles / intervals : 1;
-  printf("shim_track_soak: %ld cycles (create, map, set access, export, import in a second "
-         "process through the peer socket, map, unmap, release on both sides)\n", cycles);
+  printf(
+      "shim_track_soak: %ld cycles (create, map, set access, export, import in a second "
+      "process through the peer socket, map, unmap, release on both sides)\n",
+      cycles);
   printf("%10s %12s %14s %14s\n", "cycles", "ns/cycle", "creator KiB", "importer KiB");
   std::vector<double> ns;
   std::vector<long> rss_c, rss_i;
@@ -203,8 +209,10 @@ int main(int argc, char** argv) {
   // Flat: from the second interval on (the first warms the tables and the heap).
   long growth = std::max(rss_c.back() - rss_c[1], rss_i.back() - rss_i[1]);
   double slowdown = ns.back() / ns[1];
-  printf("RSS growth after the first interval: %ld KiB (limit %ld); last/second interval time: "
-         "%.2f (limit %.1f)\n", growth, max_growth_kib, slowdown, max_slowdown);
+  printf(
+      "RSS growth after the first interval: %ld KiB (limit %ld); last/second interval time: "
+      "%.2f (limit %.1f)\n",
+      growth, max_growth_kib, slowdown, max_slowdown);
   if (growth > max_growth_kib || slowdown > max_slowdown) {
     printf("NOT FLAT\n");
     return 1;

@@ -6,7 +6,8 @@
 // one pair per CUDA process; a connection from a uid that is neither root nor
 // the shim's own uid is closed unanswered:
 //   shim-peer.<pid>.sock   importer -> creator   fetch      FetchRequest
-//                          creator  -> importer  fetched    FetchReply (+ the real descriptor when ok)
+//                          creator  -> importer  fetched    FetchReply (+ the real descriptor when
+//                          ok)
 //   shim-ctl.<pid>.sock    client   -> shim      inspect    Empty
 //                          shim     -> client    records    ShimRecords
 //                          client   -> shim      gate-close GateRequest / gate-open Empty
@@ -85,7 +86,7 @@ struct AllocationRecord {
   uint64_t creator_id = 0;
   uint64_t size = 0;
   int32_t device = 0;
-  uint32_t handles = 0;  ///< logical handles alive
+  uint32_t handles = 0;   ///< logical handles alive
   bool exported = false;  ///< the creator's export cache holds its descriptor
   bool legacy = false;    ///< serves cuMemAlloc memory (legacy IPC capable)
   MSGPACK_DEFINE_MAP(id, origin, creator_pid, creator_start, creator_id, size, device, handles,
@@ -96,8 +97,8 @@ struct MappingRecord {
   uint64_t address = 0;
   uint64_t size = 0;
   uint64_t offset = 0;
-  uint64_t allocation = 0;  ///< AllocationRecord::id; 0 for a multicast object
-  uint64_t multicast = 0;   ///< MulticastRecord::handle mapped here, if any
+  uint64_t allocation = 0;           ///< AllocationRecord::id; 0 for a multicast object
+  uint64_t multicast = 0;            ///< MulticastRecord::handle mapped here, if any
   std::vector<AccessRecord> access;  ///< union of granted access, one per location
   MSGPACK_DEFINE_MAP(address, size, offset, allocation, multicast, access);
 };
@@ -112,8 +113,8 @@ struct IpcRecord {
 };
 
 struct McBindingRecord {
-  int32_t device = -1;   ///< device bound (v1 ABI: the member's own device; -1 unknown)
-  uint32_t abi = 1;      ///< 1: cuMulticastBind*, 2: cuMulticastBind*_v2 (CUDA 13.1)
+  int32_t device = -1;  ///< device bound (v1 ABI: the member's own device; -1 unknown)
+  uint32_t abi = 1;     ///< 1: cuMulticastBind*, 2: cuMulticastBind*_v2 (CUDA 13.1)
   uint64_t mc_offset = 0;
   uint64_t allocation = 0;  ///< AllocationRecord::id; 0 for an address binding
   uint64_t address = 0;     ///< for an address binding

@@ -134,8 +134,7 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
   }
 }
 
-void finish(const std::vector<CUmemGenericAllocationHandle>& release,
-            const std::vector<int>& fds) {
+void finish(const std::vector<CUmemGenericAllocationHandle>& release, const std::vector<int>& fds) {
   auto rel = REAL(cuMemRelease);
   for (auto h : release)
     if (rel) rel(h);
@@ -169,7 +168,7 @@ std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p) {
 }
 
 /// Fills the export cache for an allocation created here (calls the driver,
-/// without holding any lock). 
+/// without holding any lock).
 CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle driver) {
   {
     Lock c(s.cache_mu);
@@ -243,7 +242,10 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
     auto it = s.by_key.find(key);
     if (it != s.by_key.end() && s.allocs[it->second].driver_held) {
       Alloc& a = s.allocs[it->second];
-      if (as_pin) a.pins++; else a.handles++;
+      if (as_pin)
+        a.pins++;
+      else
+        a.handles++;
       *id_out = it->second;
       return CUDA_SUCCESS;
     }
@@ -292,7 +294,10 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
       s.by_key.emplace(key, id);
     }
     Alloc& a = s.allocs[id];
-    if (as_pin) a.pins++; else a.handles++;
+    if (as_pin)
+      a.pins++;
+    else
+      a.handles++;
     *id_out = id;
   }
   finish(extra, {});
@@ -305,8 +310,8 @@ void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& 
       a.flags |= d.flags;
       return;
     }
-  set->push_back({static_cast<int32_t>(d.location.type), d.location.id,
-                  static_cast<uint32_t>(d.flags)});
+  set->push_back(
+      {static_cast<int32_t>(d.location.type), d.location.id, static_cast<uint32_t>(d.flags)});
 }
 
 }  // namespace
@@ -372,8 +377,7 @@ CUresult init(PfnInit real, unsigned int flags) noexcept {
 CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle* handle,
                     size_t size, const CUmemAllocationProp* prop,
                     unsigned long long flags) noexcept {
-  if (!prop || prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
-      !active())
+  if (!prop || prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !active())
     return real(handle, size, prop, flags);
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
   CUmemGenericAllocationHandle d = 0;

@@ -65,8 +65,8 @@ using PfnBindMemV1 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, size_t,
 using PfnBindMemV2 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, CUdevice, size_t,
                                         CUmemGenericAllocationHandle, size_t, size_t,
                                         unsigned long long);
-using PfnBindAddrV1 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, size_t, CUdeviceptr,
-                                         size_t, unsigned long long);
+using PfnBindAddrV1 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, size_t, CUdeviceptr, size_t,
+                                         unsigned long long);
 using PfnBindAddrV2 = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle, CUdevice, size_t,
                                          CUdeviceptr, size_t, unsigned long long);
 CUresult mc_bind_mem(PfnBindMemV1 v1, PfnBindMemV2 v2, CUmemGenericAllocationHandle mc,

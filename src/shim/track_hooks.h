@@ -7,12 +7,12 @@
 
 namespace cusnap::shim {
 
-#define CUSNAP_TRACK_HOOK(entry, fn)                                         \
-  template <>                                                                \
-  struct Hook<Entry::entry> {                                                \
-    static auto bind(decltype(&::entry) real) noexcept {                     \
+#define CUSNAP_TRACK_HOOK(entry, fn)                                       \
+  template <>                                                              \
+  struct Hook<Entry::entry> {                                              \
+    static auto bind(decltype(&::entry) real) noexcept {                   \
       return [real](auto... a) noexcept { return track::fn(real, a...); }; \
-    }                                                                        \
+    }                                                                      \
   };
 
 CUSNAP_TRACK_HOOK(cuInit, init)
@@ -47,10 +47,10 @@ struct Hook<Entry::cuMulticastBindMem> {
 template <>
 struct Hook<Entry::cuMulticastBindMem_v2> {
   static auto bind(track::PfnBindMemV2 real) noexcept {
-    return [real](auto mc, auto dev, auto mco, auto mem, auto memo, auto size,
-                  auto flags) noexcept {
-      return track::mc_bind_mem(nullptr, real, mc, dev, mco, mem, memo, size, flags);
-    };
+    return
+        [real](auto mc, auto dev, auto mco, auto mem, auto memo, auto size, auto flags) noexcept {
+          return track::mc_bind_mem(nullptr, real, mc, dev, mco, mem, memo, size, flags);
+        };
   }
 };
 template <>

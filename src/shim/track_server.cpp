@@ -109,7 +109,9 @@ void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
   for (;;) {
-    struct pollfd pfd {arg.fd, POLLIN, 0};
+    struct pollfd pfd {
+      arg.fd, POLLIN, 0
+    };
     int n = ::poll(&pfd, 1, -1);
     if (n < 0 && errno != EINTR) return nullptr;
     if (n <= 0) continue;

@@ -20,7 +20,9 @@ namespace cusnap::shim::track {
 /// handle value the driver gives out), then a 48-bit serial that never repeats
 /// within a process, so a stale handle is one absent from the table.
 inline constexpr uint64_t kHandleTag = 0xC5A9ull << 48;
-inline constexpr bool is_logical(uint64_t h) { return (h >> 48) == (kHandleTag >> 48); }
+inline constexpr bool is_logical(uint64_t h) {
+  return (h >> 48) == (kHandleTag >> 48);
+}
 
 /// Names an allocation across processes.
 struct AllocKey {
@@ -37,16 +39,16 @@ struct AllocKeyHash {
 
 struct Alloc {
   enum class Origin { kCreated, kImported, kForeign } origin = Origin::kCreated;
-  AllocKey key;          ///< creator's name for it (foreign: pid 0)
+  AllocKey key;  ///< creator's name for it (foreign: pid 0)
   uint64_t size = 0;
   int32_t device = 0;
   CUmemGenericAllocationHandle driver = 0;  ///< the one driver handle in this process
-  bool driver_held = true;  ///< false once the last logical handle released it
-  uint32_t handles = 0;     ///< logical handles alive
-  uint32_t pins = 0;        ///< internal owners: a cuMemAlloc block, IPC opens
+  bool driver_held = true;                  ///< false once the last logical handle released it
+  uint32_t handles = 0;                     ///< logical handles alive
+  uint32_t pins = 0;                        ///< internal owners: a cuMemAlloc block, IPC opens
   uint32_t mappings = 0;
   bool exported = false;
-  bool legacy = false;      ///< backs a cuMemAlloc block or an IPC open
+  bool legacy = false;  ///< backs a cuMemAlloc block or an IPC open
 };
 
 struct Mapping {
@@ -69,11 +71,11 @@ struct State {
   std::mutex mu;  ///< main lock: everything below except the export cache
   uint64_t next_alloc = 1;
   uint64_t next_handle = 1;
-  std::unordered_map<uint64_t, Alloc> allocs;                  ///< local id -> allocation
+  std::unordered_map<uint64_t, Alloc> allocs;                   ///< local id -> allocation
   std::unordered_map<AllocKey, uint64_t, AllocKeyHash> by_key;  ///< creator name -> local id
-  std::unordered_map<uint64_t, uint64_t> handles;              ///< logical handle -> local id
-  std::map<uint64_t, Mapping> ranges;                          ///< sorted range index: address -> mapping
-  std::unordered_map<uint64_t, uint64_t> legacy_blocks;        ///< cuMemAlloc address -> local id
+  std::unordered_map<uint64_t, uint64_t> handles;               ///< logical handle -> local id
+  std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
+  std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   std::vector<IpcOpen> ipc;
   std::unordered_map<uint64_t, proto::MulticastRecord> multicast;
   uint64_t foreign_alive = 0;

@@ -35,12 +35,12 @@ namespace {
 std::string g_dir;
 constexpr size_t kMiB2 = 2u << 20;
 
-#define REQ(cond)                                                                       \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define REQ(cond)                                                                            \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       fprintf(stderr, "[%d] %s:%d: failed: %s\n", (int)getpid(), __FILE__, __LINE__, #cond); \
-      return 1;                                                                         \
-    }                                                                                   \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)
 #define REQ_OK(expr) REQ((expr) == CUDA_SUCCESS)
 
@@ -86,9 +86,13 @@ CUresult import_fd(int fd, CUmemGenericAllocationHandle* h) {
                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 }
 
-bool is_logical(uint64_t h) { return (h >> 48) == 0xC5A9; }
+bool is_logical(uint64_t h) {
+  return (h >> 48) == 0xC5A9;
+}
 
-void fill(CUdeviceptr p, size_t n, uint8_t v) { memset(reinterpret_cast<void*>(p), v, n); }
+void fill(CUdeviceptr p, size_t n, uint8_t v) {
+  memset(reinterpret_cast<void*>(p), v, n);
+}
 bool all(CUdeviceptr p, size_t n, uint8_t v) {
   auto* b = reinterpret_cast<const uint8_t*>(p);
   for (size_t i = 0; i < n; i += 4096)
@@ -552,8 +556,7 @@ int forkchild() {
     // First activity: a resolution, not cuInit.
     void* fn = nullptr;
     CUdriverProcAddressQueryResult st;
-    FC_REQ(cuGetProcAddress_v2("cuMemCreate", &fn, 12000, 0, &st) == CUDA_SUCCESS ||
-           fn == nullptr);
+    FC_REQ(cuGetProcAddress_v2("cuMemCreate", &fn, 12000, 0, &st) == CUDA_SUCCESS || fn == nullptr);
     proto::ShimRecords r;
     FC_REQ(inspect(getpid(), &r));
     FC_REQ(r.allocations.empty() && r.mappings.empty());
@@ -605,8 +608,9 @@ int busy_creator() {
   auto t0 = std::chrono::steady_clock::now();
   CUmemGenericAllocationHandle h;
   REQ_OK(import_fd(t, &h));
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   fprintf(stderr, "import while the creator is busy: %lld ms\n", (long long)ms);
   REQ(ms < 2000);
   CUdeviceptr p;
@@ -650,12 +654,12 @@ int hostile() {
   const std::string ctl = proto::shim_control_socket(g_dir, getpid());
   auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
   std::vector<std::string> junk = {
-      u32(0xFFFFFFFF),                         // over the 32 MiB limit
-      u32(33u << 20) + "x",                    // just over, with a byte
-      u32(10) + "abc",                         // truncated, then closed
-      u32(3) + "\xc1\xc1\xc1",                 // not msgpack
-      u32(2) + "\x91\x01",                     // wrong shape
-      proto::frame(proto::encode_body("fetch", 42)),                     // payload of the wrong type
+      u32(0xFFFFFFFF),                                // over the 32 MiB limit
+      u32(33u << 20) + "x",                           // just over, with a byte
+      u32(10) + "abc",                                // truncated, then closed
+      u32(3) + "\xc1\xc1\xc1",                        // not msgpack
+      u32(2) + "\x91\x01",                            // wrong shape
+      proto::frame(proto::encode_body("fetch", 42)),  // payload of the wrong type
       proto::frame(proto::encode_body("fetch", proto::Empty{})) + "zz",  // trailing frame bytes
       proto::frame(proto::encode_body("no-such-request", proto::Empty{})),
       proto::frame(std::string("\x93\x63\xa5\x66\x65\x74\x63\x68\x80", 9)),  // version 99
@@ -725,6 +729,47 @@ int hostile() {
     FC_REQ(send_fd(sock, tt));
     return 0;
   });
+  // A "creator" that accepts and dies without answering: the import ends
+  // within the exchange timeout.
+  {
+    const std::string fake = g_dir + "/fake-peer.sock";
+    int pfd[2];
+    REQ(pipe(pfd) == 0);
+    pid_t fk = fork();
+    if (fk == 0) {
+      UniqueFd l, conn;
+      std::string err;
+      if (!proto::listen_unix(fake, 0600, &l, &err)) _exit(1);
+      (void)!write(pfd[1], "r", 1);
+      pollfd pl{l.get(), POLLIN, 0};
+      poll(&pl, 1, 5000);
+      proto::accept_unix(l.get(), &conn, &err);
+      char b[4];
+      (void)!read(conn.get(), b, sizeof(b));  // half a request, then gone
+      _exit(0);
+    }
+    char r;
+    REQ(read(pfd[0], &r, 1) == 1);
+    int tk = memfd_create("cusnap-ticket", MFD_CLOEXEC);
+    proto::Ticket t{};
+    memcpy(t.magic, proto::kTicketMagic, 8);
+    t.version = proto::kTicketVersion;
+    t.size = sizeof(t);
+    t.creator_pid = fk;
+    t.creator_start = 1;
+    t.allocation = 1;
+    t.bytes = kMiB2;
+    snprintf(t.socket, sizeof(t.socket), "%s", fake.c_str());
+    REQ(pwrite(tk, &t, sizeof(t), 0) == sizeof(t));
+    auto t0 = std::chrono::steady_clock::now();
+    CUmemGenericAllocationHandle hk;
+    REQ(import_fd(tk, &hk) == CUDA_ERROR_INVALID_HANDLE);
+    REQ(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+    waitpid(fk, nullptr, 0);
+    close(tk);
+    close(pfd[0]);
+    close(pfd[1]);
+  }
   int td = recv_fd(dead.sock);
   REQ(td >= 0);
   REQ(dead.join() == 0);
@@ -764,10 +809,10 @@ int main(int argc, char** argv) {
   setenv("CUSNAP_RUNTIME_DIR", tmpl, 1);
   signal(SIGPIPE, SIG_IGN);
   const std::map<std::string, int (*)()> scenarios = {
-      {"share2", share2},       {"share4", share4},       {"alias", alias},
-      {"access", access_unions},       {"foreign", foreign},     {"ipc", ipc},
-      {"multicast", multicast}, {"fork", forkchild},      {"busy_creator", busy_creator},
-      {"hostile", hostile},     {"passthrough", passthrough},
+      {"share2", share2},        {"share4", share4},           {"alias", alias},
+      {"access", access_unions}, {"foreign", foreign},         {"ipc", ipc},
+      {"multicast", multicast},  {"fork", forkchild},          {"busy_creator", busy_creator},
+      {"hostile", hostile},      {"passthrough", passthrough},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

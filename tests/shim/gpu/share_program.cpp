@@ -12,23 +12,23 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    CUresult r_ = (x);                                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                                  \
-      const char* s_ = nullptr;                                                                \
-      cuGetErrorName(r_, &s_);                                                                 \
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    CUresult r_ = (x);                                                                            \
+    if (r_ != CUDA_SUCCESS) {                                                                     \
+      const char* s_ = nullptr;                                                                   \
+      cuGetErrorName(r_, &s_);                                                                    \
       fprintf(stderr, "[%d] %s:%d: %s = %d %s\n", (int)getpid(), __FILE__, __LINE__, #x, (int)r_, \
-              s_ ? s_ : "");                                                                   \
-      return 1;                                                                                \
-    }                                                                                          \
+              s_ ? s_ : "");                                                                      \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
-#define REQ(c)                                                                       \
-  do {                                                                               \
-    if (!(c)) {                                                                      \
+#define REQ(c)                                                                            \
+  do {                                                                                    \
+    if (!(c)) {                                                                           \
       fprintf(stderr, "[%d] %s:%d: failed: %s\n", (int)getpid(), __FILE__, __LINE__, #c); \
-      return 1;                                                                      \
-    }                                                                                \
+      return 1;                                                                           \
+    }                                                                                     \
   } while (0)
 
 namespace {
