@@ -597,8 +597,12 @@ CUresult mem_map(decltype(&::cuMemMap) real, CUdeviceptr ptr, size_t size, size_
     m.offset = offset;
     m.alloc = id;
     m.multicast = mc;
+    if (id) {
+      auto a = s.allocs.find(id);
+      if (a == s.allocs.end()) return CUDA_SUCCESS;  // released meanwhile: nothing to record
+      a->second.mappings++;
+    }
     s.ranges.emplace(ptr, std::move(m));
-    if (id) s.allocs[id].mappings++;
     return CUDA_SUCCESS;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

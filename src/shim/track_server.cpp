@@ -11,8 +11,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -105,9 +107,16 @@ struct ListenerArg {
   bool peer;
 };
 
+/// Listeners that have started running. start_servers waits for both, so a
+/// fork that follows never copies a thread still in its start-up (where the
+/// C library or a sanitizer runtime may hold a lock the child would inherit).
+std::atomic<int> g_running{0};
+
 void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
+  (void)timeout();  // initialise the static before any fork can copy it half-done
+  g_running.fetch_add(1, std::memory_order_release);
   for (;;) {
     struct pollfd pfd {
       arg.fd, POLLIN, 0
@@ -163,7 +172,15 @@ bool start_servers(State& s) noexcept {
     }
     s.peer_listen = peer.release();
     s.ctl_listen = ctl.release();
-    return spawn(s, s.peer_listen, true) && spawn(s, s.ctl_listen, false);
+    g_running.store(0, std::memory_order_relaxed);
+    if (!spawn(s, s.peer_listen, true) || !spawn(s, s.ctl_listen, false)) return false;
+    for (int i = 0; i < 2000 && g_running.load(std::memory_order_acquire) < 2; ++i) {
+      struct timespec ts {
+        0, 500000
+      };
+      ::nanosleep(&ts, nullptr);
+    }
+    return true;
   } catch (...) {
     return false;
   }
