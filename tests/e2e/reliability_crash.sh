@@ -15,7 +15,7 @@ source "$(dirname "$0")/lib_reliability.sh"
 REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
 SMALL=$T/small
 cleanup_mount() { mountpoint -q "$SMALL" 2>/dev/null && umount -l "$SMALL" || true; }
-trap 'cleanup_mount; cleanup_checkpoint_test' EXIT
+trap 'st=$?; set +e; cleanup_mount; (exit $st); cleanup_checkpoint_test' EXIT
 
 # --- the disk fills during the dump
 mkdir -p "$SMALL"
