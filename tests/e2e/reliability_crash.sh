@@ -65,6 +65,7 @@ pass "CRIU restore failure: nothing left running, the checkpoint restores afterw
 kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
 
 # --- the job exits during a checkpoint (the lock is slowed down)
+if fake_only "the job killed during a checkpoint (needs FAKECUDA_DELAY)"; then
 launch_env quit "$T/quit.out" FAKECUDA_DELAY=cuCheckpointProcessLock:1500 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/quit.out" 3
@@ -80,6 +81,8 @@ wait_exit "$SUP"
 [ "$EXIT_RC" = 137 ] || fail "the supervisor exited $EXIT_RC, expected 137 (the job's SIGKILL)"
 [ ! -e "$CUSNAP_RUNTIME_BASE/quit" ] || fail "the runtime directory of the ended job is still there"
 pass "job killed during a checkpoint: exit $RC ($(grep -m1 'cusnap:' "$T/quit-ck.out" | cut -c1-100)), supervisor exits 137"
+
+fi
 
 # --- a checkpoint asked for while the job is being launched
 "$CUSNAP" launch --name early -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/early.out" 2>&1 &
@@ -112,6 +115,7 @@ else
 fi
 
 # --- the supervising cusnap is killed while the driver holds the job locked
+if fake_only "the supervisor killed mid-checkpoint (needs FAKECUDA_DELAY, fakecuda_ckpt)"; then
 launch_env orphan "$T/orphan.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/orphan.out" 3
@@ -138,4 +142,5 @@ else
   echo "   after unlock the job ended (SIGPIPE: its output pipe has no reader)"
 fi
 pass "supervisor killed mid-checkpoint: no checkpoint, the job is left locked by the driver"
+fi
 echo "PASS"
