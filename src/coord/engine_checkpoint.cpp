@@ -32,6 +32,7 @@
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/procs.h"
+#include "coord/sha256_chunked.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -117,6 +118,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!find_criu(&criu, err)) return false;
   bool dir_existed = false;
   if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
+  unsigned hash_threads = 0;
+  if (!hash_thread_count(&hash_threads, err)) return false;
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;

@@ -16,6 +16,7 @@
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/procs.h"
+#include "coord/sha256_chunked.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -119,6 +120,11 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
                  const ProgressSink& progress, Manifest* m, Driver* driver,
                  std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err) {
   std::error_code ec;
+  unsigned hash_threads = 0;
+  if (!hash_thread_count(&hash_threads, err)) {
+    *code = kExitRefused;
+    return false;
+  }
   if (!std::filesystem::exists(dir, ec)) {
     *code = kExitNotFound;
     *err = "no checkpoint at " + dir + ": the directory does not exist";

@@ -4,19 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
 #include "coord/procs.h"
-#include "coord/sha256.h"
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"
@@ -59,7 +54,11 @@ std::string manifest_to_json(const Manifest& m) {
   j["criu"] = {{"version", m.criu_version}, {"path", m.criu_path}};
   j["files"] = json::array();
   for (const ManifestFile& f : m.files)
-    j["files"].push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}});
+    j["files"].push_back({{"path", f.path},
+                          {"size", f.size},
+                          {"chunk_size", f.chunk_size},
+                          {"sha256", f.sha256},
+                          {"chunks", f.chunks}});
   j["phases"] = json::array();
   for (const auto& [name, secs] : m.phases)
     j["phases"].push_back({{"name", name}, {"seconds", secs}});
@@ -140,6 +139,10 @@ bool safe_relative_path(const std::string& p) {
   return true;
 }
 
+bool is_hex_digest(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 bool write_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
@@ -166,9 +169,12 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   Reader r{err};
   r.num(j, "", "version", &m->version);
   if (r.ok && m->version != kManifestVersion) {
-    *err = "manifest version " + std::to_string(m->version) + " is not supported (this cusnap " +
-           cusnap_version() + " reads version " + std::to_string(kManifestVersion) +
-           "): restore it with the cusnap that wrote it";
+    std::string writer;
+    if (j.contains("cusnap_version") && j["cusnap_version"].is_string())
+      writer = " (written by cusnap " + j["cusnap_version"].get<std::string>() + ")";
+    *err = "manifest version " + std::to_string(m->version) + writer +
+           " is not supported: this cusnap " + cusnap_version() + " reads version " +
+           std::to_string(kManifestVersion) + " only; restore it with the cusnap that wrote it";
     return false;
   }
   r.str(j, "", "created", &m->created);
@@ -228,15 +234,25 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
       ManifestFile f;
       r.str((*files)[i], w, "path", &f.path);
       r.num((*files)[i], w, "size", &f.size);
+      r.num((*files)[i], w, "chunk_size", &f.chunk_size);
       r.str((*files)[i], w, "sha256", &f.sha256);
+      r.strings((*files)[i], w, "chunks", &f.chunks);
       if (!r.ok) break;
       if (!safe_relative_path(f.path) || f.path == kManifestName)
         r.fail(w + ".path \"" + f.path + "\" is not a relative path inside the checkpoint");
       else if (!seen.insert(f.path).second)
         r.fail(w + ".path \"" + f.path + "\" is listed twice");
-      else if (f.sha256.size() != 64 ||
-               f.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+      else if (!is_hex_digest(f.sha256))
         r.fail(w + ".sha256 is not 64 lowercase hex digits");
+      else if (!valid_chunk_size(f.chunk_size))
+        r.fail(w + ".chunk_size " + std::to_string(f.chunk_size) + " is not a power of two from " +
+               std::to_string(kMinHashChunkSize) + " to " + std::to_string(kMaxHashChunkSize));
+      else if (f.chunks.size() != chunk_count(f.size, f.chunk_size))
+        r.fail(w + ".chunks has " + std::to_string(f.chunks.size()) + " digests; size " +
+               std::to_string(f.size) + " in chunks of " + std::to_string(f.chunk_size) +
+               " needs " + std::to_string(chunk_count(f.size, f.chunk_size)));
+      else if (!std::all_of(f.chunks.begin(), f.chunks.end(), is_hex_digest))
+        r.fail(w + ".chunks has an element that is not 64 lowercase hex digits");
       m->files.push_back(f);
     }
   }
@@ -304,140 +320,6 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
     *err = path + ": " + why;
     return false;
   }
-  return true;
-}
-
-namespace {
-
-// Hashes files[i] for every i, several at once; fills sha256 and size.
-bool hash_files(const std::string& dir, std::vector<ManifestFile>* files, uint64_t bytes_total,
-                const ProgressSink& progress, const char* phase, std::string* err) {
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::string first_err;
-  auto worker = [&] {
-    constexpr size_t kChunk = 1 << 20;
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[kChunk]);
-    for (size_t i; !failed && (i = next++) < files->size();) {
-      ManifestFile& f = (*files)[i];
-      std::string path = dir + "/" + f.path;
-      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      Sha256 h;
-      uint64_t size = 0;
-      ssize_t n = fd < 0 ? -1 : 0;
-      while (fd >= 0 && (n = read(fd, buf.get(), kChunk)) != 0) {
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) break;
-        h.update(buf.get(), size_t(n));
-        size += uint64_t(n);
-        done += uint64_t(n);
-      }
-      if (n < 0) {
-        std::lock_guard<std::mutex> l(mu);
-        if (!failed.exchange(true)) first_err = path + ": cannot read: " + std::strerror(errno);
-      }
-      if (fd >= 0) close(fd);
-      f.size = size;
-      f.sha256 = h.hex_digest();
-    }
-  };
-  unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
-  n = std::min<unsigned>(n, std::max<size_t>(1, files->size()));
-  std::vector<std::thread> threads;
-  for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
-  if (progress) {
-    // Report from this thread (the sink need not be thread-safe) about every
-    // 200 ms until every worker has taken its last file.
-    for (int tick = 0; next < files->size() + n && !failed; ++tick) {
-      if (tick % 20 == 0) progress(Progress{phase, done.load(), bytes_total});
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  for (auto& t : threads) t.join();
-  if (progress) progress(Progress{phase, done.load(), bytes_total});
-  if (failed) *err = first_err;
-  return !failed;
-}
-
-bool list_files(const std::string& dir, std::vector<std::string>* out, std::string* err) {
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    std::string rel = fs::relative(it->path(), dir, ec).string();
-    if (it->is_symlink(ec)) {
-      *err = dir + "/" + rel + " is a symbolic link; a checkpoint holds only regular files";
-      return false;
-    }
-    if (it->is_directory(ec)) continue;
-    if (!it->is_regular_file(ec)) {
-      *err = dir + "/" + rel + " is not a regular file";
-      return false;
-    }
-    if (rel != kManifestName) out->push_back(rel);
-  }
-  if (ec) {
-    *err = "cannot list " + dir + ": " + ec.message();
-    return false;
-  }
-  std::sort(out->begin(), out->end());
-  return true;
-}
-
-}  // namespace
-
-bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
-                    const ProgressSink& progress, std::string* err) {
-  std::vector<std::string> names;
-  if (!list_files(dir, &names, err)) return false;
-  out->clear();
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const std::string& n : names) {
-    ManifestFile f;
-    f.path = n;
-    total += fs::file_size(dir + "/" + n, ec);
-    out->push_back(f);
-  }
-  return hash_files(dir, out, total, progress, "checksum", err);
-}
-
-bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
-                           std::string* err) {
-  std::vector<std::string> present;
-  if (!list_files(dir, &present, err)) return false;
-  std::set<std::string> listed;
-  for (const ManifestFile& f : m.files) listed.insert(f.path);
-  for (const std::string& p : present)
-    if (!listed.count(p) && p != kCriuRestoreStats) {
-      *err = dir + "/" + p + " is not listed in the manifest: the checkpoint was altered";
-      return false;
-    }
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const ManifestFile& f : m.files) {
-    std::string path = dir + "/" + f.path;
-    if (!fs::is_regular_file(fs::symlink_status(path, ec))) {
-      *err = path + " is missing: the checkpoint is incomplete";
-      return false;
-    }
-    uint64_t size = fs::file_size(path, ec);
-    if (size != f.size) {
-      *err = path + " has " + std::to_string(size) + " bytes, the manifest says " +
-             std::to_string(f.size) + ": the checkpoint is truncated or corrupted";
-      return false;
-    }
-    total += size;
-  }
-  std::vector<ManifestFile> actual = m.files;
-  if (!hash_files(dir, &actual, total, progress, "verify", err)) return false;
-  for (size_t i = 0; i < actual.size(); ++i)
-    if (actual[i].sha256 != m.files[i].sha256 || actual[i].size != m.files[i].size) {
-      *err = dir + "/" + m.files[i].path +
-             " does not match its SHA-256 in the manifest: the checkpoint is corrupted";
-      return false;
-    }
   return true;
 }
 

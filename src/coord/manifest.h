@@ -1,6 +1,6 @@
-// DIR/manifest.json, the record of a checkpoint. Format (version 1):
+// DIR/manifest.json, the record of a checkpoint. Format (version 2):
 //
-//   { "format": "cusnap-checkpoint", "version": 1, "created": "<UTC ISO 8601>",
+//   { "format": "cusnap-checkpoint", "version": 2, "created": "<UTC ISO 8601>",
 //     "cusnap_version": "0.1.0",
 //     "job": { "name", "argv": [..], "cwd", "owner_uid", "root_pid",
 //              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]" },
@@ -9,9 +9,16 @@
 //     "driver": { "version": 13000, "path" },
 //     "gpus": [ { "index", "name", "uuid", "total_mem" } ],   devices at checkpoint
 //     "criu": { "version": "4.1.1", "path" },
-//     "files": [ { "path": "criu/pages-1.img", "size", "sha256" } ],
+//     "files": [ { "path": "criu/pages-1.img", "size", "chunk_size",
+//                  "sha256", "chunks": ["<sha256 of each chunk>", ..] } ],
 //     "phases": [ { "name", "seconds" } ],
 //     "leave_running": bool }
+//
+// files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a
+// power of two from 4 KiB to 1 GiB (cusnap writes 64 MiB), chunks holds
+// ceil(size / chunk_size) digests, and sha256 is the SHA-256 of their
+// concatenation. Version 1 (one SHA-256 per file, no chunks) is refused with
+// a message naming the cusnap that wrote it: restore with that one.
 //
 // Written last, atomically, so a directory without it is never restorable.
 // The loader rejects anything it does not fully understand.
@@ -23,10 +30,11 @@
 
 #include "coord/driver.h"
 #include "coord/engine.h"
+#include "coord/sha256_chunked.h"
 
 namespace cusnap {
 
-inline constexpr int kManifestVersion = 1;
+inline constexpr int kManifestVersion = 2;
 inline constexpr const char* kManifestName = "manifest.json";
 /// CRIU writes its restore statistics into the image directory; the only
 /// file that may appear in a checkpoint after it was written.
@@ -43,7 +51,9 @@ struct ManifestProcess {
 struct ManifestFile {
   std::string path;  ///< relative to the checkpoint directory
   uint64_t size = 0;
-  std::string sha256;
+  uint64_t chunk_size = 0;
+  std::string sha256;               ///< chunked SHA-256 (sha256_chunked.h), hex
+  std::vector<std::string> chunks;  ///< SHA-256 of each chunk, hex
 };
 
 struct Manifest {
@@ -71,15 +81,21 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
 /// Reads and validates dir/manifest.json (not the files it lists).
 bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 
-/// Checks every listed file's size and SHA-256 and that no other file is
-/// there. Hashes several files at once. bytes_done reports progress.
+/// Checks that every listed file is there with its size, chunk digests and
+/// SHA-256, and that no other file is (but kCriuRestoreStats). Hashes on
+/// hash_thread_count() threads; progress gets phase "verify" with bytes
+/// hashed of the listed total. A mismatch names the file and the byte range
+/// of its first bad chunk. (manifest_files.cpp)
 bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
                            std::string* err);
 
 /// Lists every regular file under dir (relative paths, sorted) except the
-/// manifest, with size and SHA-256, hashing several at once.
+/// manifest, with size and chunked SHA-256 in chunks of chunk_size, hashed on
+/// hash_thread_count() threads; progress gets phase "checksum". A file that
+/// changes size meanwhile is an error. (manifest_files.cpp)
 bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
-                    const ProgressSink& progress, std::string* err);
+                    const ProgressSink& progress, std::string* err,
+                    uint64_t chunk_size = kHashChunkSize);
 
 /// The cusnap version compiled in.
 std::string cusnap_version();

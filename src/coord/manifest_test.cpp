@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -34,7 +35,10 @@ Manifest sample() {
   m.driver_version = 13000;
   m.gpus.push_back({0, "Fake H200", "GPU-00000000-0000-0000-0000-000000000001", 1ull << 34});
   m.criu_version = "4.1.1";
-  m.files.push_back({"criu/pages-1.img", 3, sha256_hex("abc")});
+  Sha256Digest abc;
+  REQUIRE(from_hex(sha256_hex("abc"), &abc));
+  m.files.push_back(
+      {"criu/pages-1.img", 3, kHashChunkSize, to_hex(chunked_root({abc})), {sha256_hex("abc")}});
   m.phases = {{"dump", 1.5}};
   return m;
 }
@@ -67,6 +71,8 @@ TEST_CASE("manifest: round trip keeps every field") {
   CHECK(back.processes[0].gpus == m.processes[0].gpus);
   CHECK(back.gpus[0].total_mem == (1ull << 34));
   CHECK(back.files[0].sha256 == m.files[0].sha256);
+  CHECK(back.files[0].chunk_size == kHashChunkSize);
+  CHECK(back.files[0].chunks == m.files[0].chunks);
   CHECK(back.phases == m.phases);
 }
 
@@ -83,8 +89,29 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
     REQUIRE(p != std::string::npos);
     return t.replace(p, from.size(), to);
   };
-  CHECK_FALSE(manifest_from_json(with("\"version\": 1\n}", "\"version\": 7\n}"), &out, &err));
-  CHECK(err.find("version 7 is not supported") != std::string::npos);
+  CHECK_FALSE(manifest_from_json(with("\"version\": 2\n}", "\"version\": 7\n}"), &out, &err));
+  CHECK(err.find("version 7 (written by cusnap 0.1.0) is not supported") != std::string::npos);
+  // Version 1 (one SHA-256 per file) is refused, naming the cusnap to use.
+  CHECK_FALSE(manifest_from_json(with("\"version\": 2\n}", "\"version\": 1\n}"), &out, &err));
+  CHECK(err.find("version 1 (written by cusnap 0.1.0) is not supported") != std::string::npos);
+  CHECK(err.find("reads version 2 only") != std::string::npos);
+  CHECK(err.find("restore it with the cusnap that wrote it") != std::string::npos);
+  CHECK_FALSE(
+      manifest_from_json(with("\"chunk_size\": 67108864", "\"chunk_size\": 1000000"), &out, &err));
+  CHECK(err.find("files[0].chunk_size 1000000 is not a power of two") != std::string::npos);
+  CHECK_FALSE(
+      manifest_from_json(with("\"chunk_size\": 67108864", "\"chunk_size\": 2048"), &out, &err));
+  CHECK(err.find("files[0].chunk_size 2048") != std::string::npos);
+  CHECK_FALSE(manifest_from_json(with("\"size\": 3", "\"size\": 67108865"), &out, &err));
+  CHECK(err.find("files[0].chunks has 1 digests; size 67108865 in chunks of 67108864 needs 2") !=
+        std::string::npos);
+  CHECK_FALSE(manifest_from_json(with("\"size\": 3", "\"size\": 0"), &out, &err));
+  CHECK(err.find("needs 0") != std::string::npos);
+  CHECK_FALSE(manifest_from_json(with(sha256_hex("abc"), "ABC"), &out, &err));
+  CHECK(err.find("files[0].chunks has an element that is not 64 lowercase hex") !=
+        std::string::npos);
+  CHECK_FALSE(manifest_from_json(with("\"chunks\": [", "\"chunkz\": ["), &out, &err));
+  CHECK(err.find("files[0].chunks is missing") != std::string::npos);
   CHECK_FALSE(manifest_from_json(with("\"root_pid\": 100", "\"root_pid\": \"x\""), &out, &err));
   CHECK(err.find("job.root_pid is not an integer") != std::string::npos);
   CHECK_FALSE(manifest_from_json(with("criu/pages-1.img", "../etc/passwd"), &out, &err));
@@ -103,7 +130,10 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
   REQUIRE(hash_directory(d.path, &files, nullptr, &err));
   REQUIRE(files.size() == 1);
   CHECK(files[0].path == "criu/pages-1.img");
-  CHECK(files[0].sha256 == sha256_hex("abc"));
+  CHECK(files[0].size == 3);
+  CHECK(files[0].chunk_size == kHashChunkSize);
+  CHECK(files[0].chunks == std::vector<std::string>{sha256_hex("abc")});
+  CHECK(files[0].sha256 == m.files[0].sha256);
   m.files = files;
   REQUIRE(write_manifest(d.path, m, &err));
   CHECK_FALSE(fs::exists(d.path + "/manifest.json.tmp"));
@@ -114,7 +144,14 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
   SUBCASE("a changed byte is caught") {
     write_file(d.path + "/criu/pages-1.img", "abd");
     CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
-    CHECK(err.find("does not match its SHA-256") != std::string::npos);
+    CHECK(err == d.path +
+                     "/criu/pages-1.img: bytes 0 to 2 (chunk 1 of 1) do not match their SHA-256 "
+                     "in the manifest: the checkpoint is corrupted");
+  }
+  SUBCASE("a file digest that disagrees with its chunk digests") {
+    back.files[0].sha256 = sha256_hex("abc");
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("the manifest was altered") != std::string::npos);
   }
   SUBCASE("a truncated file is caught by its size") {
     write_file(d.path + "/criu/pages-1.img", "ab");
@@ -139,5 +176,60 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
     fs::remove(d.path + "/manifest.json");
     CHECK_FALSE(read_manifest(d.path, &back, &err));
     CHECK(err.find("did not finish") != std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: chunked verification names the corrupted region") {
+  TempDir d;
+  std::string data(4 * 4096 + 10, '\0'), err;
+  for (size_t i = 0; i < data.size(); ++i) data[i] = char(i % 251);
+  write_file(d.path + "/criu/pages-1.img", data);
+  write_file(d.path + "/criu/empty.img", "");
+  Manifest m = sample();
+  std::vector<Progress> seen;
+  ProgressSink sink = [&](const Progress& p) { seen.push_back(p); };
+  REQUIRE(hash_directory(d.path, &m.files, sink, &err, 4096));
+  REQUIRE(m.files.size() == 2);
+  CHECK(m.files[0].path == "criu/empty.img");
+  CHECK(m.files[0].chunks.empty());
+  CHECK(m.files[0].sha256 == sha256_hex(""));
+  CHECK(m.files[1].chunks.size() == 5);
+  REQUIRE_FALSE(seen.empty());
+  CHECK(seen.back().phase == "checksum");
+  CHECK(seen.back().bytes_done == data.size());
+  CHECK(seen.back().bytes_total == data.size());
+  // Through JSON, as a restore reads it.
+  Manifest back;
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+  seen.clear();
+  REQUIRE(verify_manifest_files(d.path, back, sink, &err));
+  CHECK(seen.back().phase == "verify");
+  CHECK(seen.back().bytes_done == data.size());
+
+  SUBCASE("one byte in the third chunk") {
+    data[2 * 4096 + 17] ^= 0x40;
+    write_file(d.path + "/criu/pages-1.img", data);
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err == d.path +
+                     "/criu/pages-1.img: bytes 8192 to 12287 (chunk 3 of 5) do not match their "
+                     "SHA-256 in the manifest: the checkpoint is corrupted");
+  }
+  SUBCASE("the short last chunk, and a second one") {
+    data[4 * 4096 + 9] ^= 0x01;
+    data[4096] ^= 0x01;
+    write_file(d.path + "/criu/pages-1.img", data);
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("bytes 4096 to 8191 (chunk 2 of 5) and 1 more chunks do not match") !=
+          std::string::npos);
+  }
+  SUBCASE("the empty file gained a byte") {
+    write_file(d.path + "/criu/empty.img", "x");
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("has 1 bytes, the manifest says 0") != std::string::npos);
+  }
+  SUBCASE("the same with another number of threads") {
+    setenv("CUSNAP_HASH_THREADS", "1", 1);
+    CHECK(verify_manifest_files(d.path, back, nullptr, &err));
+    unsetenv("CUSNAP_HASH_THREADS");
   }
 }

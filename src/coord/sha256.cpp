@@ -173,17 +173,46 @@ void Sha256::update(const void* data, size_t len) {
   buf_len_ = len;
 }
 
-std::string Sha256::hex_digest() {
+Sha256Digest Sha256::digest() {
   uint64_t bits = total_ * 8;
   uint8_t pad[72] = {0x80};
   size_t pad_len = (buf_len_ < 56) ? 56 - buf_len_ : 120 - buf_len_;
   for (int i = 0; i < 8; ++i) pad[pad_len + i] = uint8_t(bits >> (56 - 8 * i));
   update(pad, pad_len + 8);
+  Sha256Digest out;
+  for (int i = 0; i < 8; ++i)
+    for (int b = 0; b < 4; ++b) out[4 * i + b] = uint8_t(h_[i] >> (24 - 8 * b));
+  return out;
+}
+
+std::string Sha256::hex_digest() {
+  return to_hex(digest());
+}
+
+std::string to_hex(const Sha256Digest& d) {
   static const char* kHex = "0123456789abcdef";
   std::string out;
-  for (uint32_t w : h_)
-    for (int s = 28; s >= 0; s -= 4) out.push_back(kHex[(w >> s) & 0xf]);
+  out.reserve(64);
+  for (uint8_t b : d) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 0xf]);
+  }
   return out;
+}
+
+bool from_hex(std::string_view hex, Sha256Digest* d) {
+  if (hex.size() != 64) return false;
+  auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < 32; ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    (*d)[i] = uint8_t(hi << 4 | lo);
+  }
+  return true;
 }
 
 std::string sha256_hex(std::string_view data) {

@@ -4,6 +4,7 @@
 // standard vectors.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -11,10 +12,16 @@
 
 namespace cusnap {
 
+/// A SHA-256 digest in binary.
+using Sha256Digest = std::array<uint8_t, 32>;
+
 class Sha256 {
  public:
   Sha256();
   void update(const void* data, size_t len);
+  /// Finishes and returns the digest. The object must not be updated
+  /// afterwards.
+  Sha256Digest digest();
   /// Finishes and returns the digest as 64 lowercase hex digits. The object
   /// must not be updated afterwards.
   std::string hex_digest();
@@ -35,6 +42,11 @@ class Sha256 {
 
 /// Digest of a byte string, as hex.
 std::string sha256_hex(std::string_view data);
+
+/// 64 lowercase hex digits of a digest.
+std::string to_hex(const Sha256Digest& d);
+/// Parses 64 lowercase hex digits; false for anything else.
+bool from_hex(std::string_view hex, Sha256Digest* d);
 
 /// Digest of a whole file, as hex; *size gets its length. Returns false and
 /// fills *err when it cannot be read.

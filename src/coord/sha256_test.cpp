@@ -51,3 +51,18 @@ TEST_CASE("sha256: both paths agree on every length up to 300") {
     REQUIRE(a == b);
   }
 }
+
+TEST_CASE("sha256: binary digest and hex conversions") {
+  Sha256 h;
+  h.update("abc", 3);
+  cusnap::Sha256Digest d = h.digest();
+  CHECK(d[0] == 0xba);
+  CHECK(d[31] == 0xad);
+  CHECK(cusnap::to_hex(d) == sha256_hex("abc"));
+  cusnap::Sha256Digest back{};
+  REQUIRE(cusnap::from_hex(sha256_hex("abc"), &back));
+  CHECK(back == d);
+  CHECK_FALSE(cusnap::from_hex(std::string(63, 'a'), &back));
+  CHECK_FALSE(cusnap::from_hex(std::string(64, 'A'), &back));
+  CHECK_FALSE(cusnap::from_hex(std::string(63, 'a') + "g", &back));
+}

@@ -59,7 +59,7 @@ open(os.path.join(out, "chan-huge-length"), "wb").write(b"\x00\x02" + struct.pac
 open(os.path.join(out, "chan-truncated"), "wb").write(b"\x00\x02" + frame(msgs["hello"])[:-2])
 
 manifest = {
-    "format": "cusnap-checkpoint", "version": 1, "created": "2026-01-01T00:00:00Z",
+    "format": "cusnap-checkpoint", "version": 2, "created": "2026-01-01T00:00:00Z",
     "cusnap_version": "0.1.0",
     "job": {"name": "job", "argv": ["cusnap-pattern-job", "--mib", "4"], "cwd": "/", "owner_uid": 0,
             "root_pid": 100, "stdout_pipe": "pipe:[1]", "stderr_pipe": "pipe:[2]"},
@@ -71,16 +71,24 @@ manifest = {
     "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-00000000-0000-0000-0000-000000000000",
               "total_mem": 150754820096}],
     "criu": {"version": "4.1.1", "path": "/usr/local/sbin/criu"},
-    "files": [{"path": "criu/pages-1.img", "size": 4096, "sha256": "0" * 64},
-              {"path": "criu/core-100.img", "size": 12, "sha256": "a" * 64}],
+    "files": [{"path": "criu/pages-1.img", "size": 67108865, "chunk_size": 67108864,
+               "sha256": "0" * 64, "chunks": ["1" * 64, "2" * 64]},
+              {"path": "criu/core-100.img", "size": 12, "chunk_size": 67108864, "sha256": "a" * 64,
+               "chunks": ["b" * 64]},
+              {"path": "criu/empty.img", "size": 0, "chunk_size": 4096, "sha256": "c" * 64,
+               "chunks": []}],
     "phases": [{"name": "check", "seconds": 0.01}, {"name": "dump", "seconds": 1.5}],
     "leave_running": False,
 }
 out = os.path.join(here, "corpus", "manifest")
 os.makedirs(out, exist_ok=True)
 open(os.path.join(out, "valid.json"), "w").write(json.dumps(manifest, indent=2) + "\n")
-m = json.loads(json.dumps(manifest)); m["version"] = 2
-open(os.path.join(out, "version2.json"), "w").write(json.dumps(m))
+# The previous format: one SHA-256 per file, no chunks.
+m = json.loads(json.dumps(manifest)); m["version"] = 1
+for f in m["files"]: del f["chunk_size"], f["chunks"]
+open(os.path.join(out, "version1.json"), "w").write(json.dumps(m))
+m = json.loads(json.dumps(manifest)); m["files"][0]["chunks"].pop()
+open(os.path.join(out, "chunkcount.json"), "w").write(json.dumps(m))
 m = json.loads(json.dumps(manifest)); m["files"][0]["path"] = "../etc/passwd"
 open(os.path.join(out, "escape.json"), "w").write(json.dumps(m))
 m = json.loads(json.dumps(manifest)); m["processes"] = []

@@ -1,0 +1,162 @@
+// The files of a checkpoint against its manifest: listing, chunked SHA-256
+// at checkpoint (hash_directory) and before restore (verify_manifest_files).
+// Apart from manifest.cpp so that the parser builds without the hashing.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "coord/manifest.h"
+#include "coord/sha256_chunked.h"
+
+namespace cusnap {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool list_files(const std::string& dir, std::vector<std::string>* out, std::string* err) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    std::string rel = fs::relative(it->path(), dir, ec).string();
+    if (it->is_symlink(ec)) {
+      *err = dir + "/" + rel + " is a symbolic link; a checkpoint holds only regular files";
+      return false;
+    }
+    if (it->is_directory(ec)) continue;
+    if (!it->is_regular_file(ec)) {
+      *err = dir + "/" + rel + " is not a regular file";
+      return false;
+    }
+    if (rel != kManifestName) out->push_back(rel);
+  }
+  if (ec) {
+    *err = "cannot list " + dir + ": " + ec.message();
+    return false;
+  }
+  std::sort(out->begin(), out->end());
+  return true;
+}
+
+// Size of the regular file at path (not followed); false when there is none.
+bool regular_size(const std::string& path, uint64_t* size) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  *size = uint64_t(st.st_size);
+  return true;
+}
+
+// After hashing: every target still has the size that was hashed.
+bool sizes_unchanged(const std::vector<HashTarget>& targets, std::string* err) {
+  for (const HashTarget& t : targets) {
+    uint64_t now = 0;
+    if (!regular_size(t.path, &now) || now != t.size) {
+      *err = t.path + " changed while it was being hashed (" + std::to_string(t.size) +
+             " bytes before, " + std::to_string(now) + " after)";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool hash_targets(const std::vector<HashTarget>& targets, const ProgressSink& progress,
+                  const char* phase, std::vector<ChunkedDigest>* out, std::string* err) {
+  uint64_t total = 0;
+  for (const HashTarget& t : targets) total += t.size;
+  HashOptions opts;
+  if (progress) opts.progress = [&](uint64_t done) { progress(Progress{phase, done, total}); };
+  return sha256_chunked_files(targets, opts, out, err) && sizes_unchanged(targets, err);
+}
+
+}  // namespace
+
+bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
+                    const ProgressSink& progress, std::string* err, uint64_t chunk_size) {
+  std::vector<std::string> names;
+  if (!list_files(dir, &names, err)) return false;
+  std::vector<HashTarget> targets;
+  for (const std::string& n : names) {
+    HashTarget t{dir + "/" + n, 0, chunk_size};
+    if (!regular_size(t.path, &t.size)) {
+      *err = t.path + " disappeared or changed type while the checkpoint was being listed";
+      return false;
+    }
+    targets.push_back(t);
+  }
+  std::vector<ChunkedDigest> digests;
+  if (!hash_targets(targets, progress, "checksum", &digests, err)) return false;
+  out->clear();
+  for (size_t i = 0; i < names.size(); ++i) {
+    ManifestFile f;
+    f.path = names[i];
+    f.size = targets[i].size;
+    f.chunk_size = chunk_size;
+    f.sha256 = to_hex(digests[i].root);
+    for (const Sha256Digest& d : digests[i].chunks) f.chunks.push_back(to_hex(d));
+    out->push_back(std::move(f));
+  }
+  return true;
+}
+
+bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
+                           std::string* err) {
+  std::vector<std::string> present;
+  if (!list_files(dir, &present, err)) return false;
+  std::set<std::string> listed;
+  for (const ManifestFile& f : m.files) listed.insert(f.path);
+  for (const std::string& p : present)
+    if (!listed.count(p) && p != kCriuRestoreStats) {
+      *err = dir + "/" + p + " is not listed in the manifest: the checkpoint was altered";
+      return false;
+    }
+  std::vector<HashTarget> targets;
+  for (const ManifestFile& f : m.files) {
+    HashTarget t{dir + "/" + f.path, 0, f.chunk_size};
+    if (!regular_size(t.path, &t.size)) {
+      *err = t.path + " is missing: the checkpoint is incomplete";
+      return false;
+    }
+    if (t.size != f.size) {
+      *err = t.path + " has " + std::to_string(t.size) + " bytes, the manifest says " +
+             std::to_string(f.size) + ": the checkpoint is truncated or corrupted";
+      return false;
+    }
+    targets.push_back(t);
+  }
+  std::vector<ChunkedDigest> actual;
+  if (!hash_targets(targets, progress, "verify", &actual, err)) return false;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const ManifestFile& f = m.files[i];
+    if (f.chunks.size() != actual[i].chunks.size()) {
+      *err = targets[i].path + ": the manifest lists " + std::to_string(f.chunks.size()) +
+             " chunk digests for " + std::to_string(actual[i].chunks.size()) +
+             " chunks: the manifest was altered";
+      return false;
+    }
+    size_t bad = 0, first = 0;
+    for (size_t c = 0; c < actual[i].chunks.size(); ++c)
+      if (to_hex(actual[i].chunks[c]) != f.chunks[c] && bad++ == 0) first = c;
+    if (bad > 0) {
+      uint64_t from = first * f.chunk_size;
+      uint64_t to = std::min(from + f.chunk_size, f.size) - 1;
+      *err = targets[i].path + ": bytes " + std::to_string(from) + " to " + std::to_string(to) +
+             " (chunk " + std::to_string(first + 1) + " of " +
+             std::to_string(actual[i].chunks.size()) + ")" +
+             (bad > 1 ? " and " + std::to_string(bad - 1) + " more chunks" : std::string()) +
+             " do not match their SHA-256 in the manifest: the checkpoint is corrupted";
+      return false;
+    }
+    if (to_hex(actual[i].root) != f.sha256) {
+      *err = targets[i].path +
+             " does not match its SHA-256 in the manifest, whose chunk digests it matches: the "
+             "manifest was altered";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace cusnap
