@@ -49,6 +49,11 @@ CUresult mem_get_props(decltype(&::cuMemGetAllocationPropertiesFromHandle) real,
 
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept;
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
+/// Peer access: a cuMemAlloc block served by a VMM mapping gets access for
+/// every device whose context enabled peer access to the block's device.
+CUresult ctx_enable_peer(decltype(&::cuCtxEnablePeerAccess) real, CUcontext peer,
+                         unsigned int flags) noexcept;
+CUresult ctx_disable_peer(decltype(&::cuCtxDisablePeerAccess) real, CUcontext peer) noexcept;
 CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h, CUdeviceptr dptr) noexcept;
 CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
                   unsigned int flags) noexcept;

@@ -57,6 +57,18 @@ struct Mapping {
   uint64_t alloc = 0;      ///< local allocation id, 0 for a multicast object
   uint64_t multicast = 0;  ///< driver multicast handle mapped here, if any
   std::vector<proto::AccessRecord> access;
+  /// Devices whose access here (a cuMemAlloc block) came from peer access
+  /// only; revoked again when the last such grant is disabled.
+  std::vector<int32_t> peer_only;
+};
+
+/// A cuCtxEnablePeerAccess in force: `ctx` (on device `from`) may access
+/// memory allocated in `peer` (on device `to`).
+struct PeerGrant {
+  CUcontext ctx = nullptr;
+  CUcontext peer = nullptr;
+  int32_t from = 0;
+  int32_t to = 0;
 };
 
 struct IpcOpen {
@@ -77,6 +89,7 @@ struct State {
   std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   std::vector<IpcOpen> ipc;
+  std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
   std::unordered_map<uint64_t, proto::MulticastRecord> multicast;
   uint64_t foreign_alive = 0;
   uint64_t foreign_total = 0;

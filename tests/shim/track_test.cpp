@@ -489,6 +489,107 @@ int ipc() {
   return 0;
 }
 
+/// Flags the records give device `dev` on the mapping at `addr` (0: none).
+uint32_t recorded_access(const proto::ShimRecords& r, uint64_t addr, int32_t dev) {
+  for (auto& m : r.mappings)
+    if (m.address == addr)
+      for (auto& a : m.access)
+        if (a.type == CU_MEM_LOCATION_TYPE_DEVICE && a.id == dev) return a.flags;
+  return 0;
+}
+
+unsigned long long driver_access(CUdeviceptr p, int dev) {
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  unsigned long long f = ~0ull;
+  if (cuMemGetAccess(&f, &loc, p) != CUDA_SUCCESS) return ~0ull;
+  return f;
+}
+
+/// Peer access reaches cuMemAlloc blocks served by VMM mappings: device 1's
+/// context enables access to device 0's context; device 0's blocks (existing
+/// and new) get read-write for device 1, in the driver and in the records;
+/// disabling revokes what peer access alone granted, never what the
+/// application set itself. The enable also goes through the pointer
+/// cuGetProcAddress hands out (the runtime's cudaDeviceEnablePeerAccess path).
+int peer() {
+  REQ_OK(cuInit(0));
+  CUdevice dev0, dev1;
+  REQ_OK(cuDeviceGet(&dev0, 0));
+  REQ_OK(cuDeviceGet(&dev1, 1));
+  CUcontext c0, c1;
+  REQ_OK(cuDevicePrimaryCtxRetain(&c0, dev0));
+  REQ_OK(cuDevicePrimaryCtxRetain(&c1, dev1));
+  const unsigned long long RW = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const size_t n = 1 << 20;
+
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr before;  // a block of device 0 made before peer access
+  REQ_OK(cuMemAlloc(&before, n));
+  fill(before, n, 0x31);
+  REQ(driver_access(before, 0) == RW && driver_access(before, 1) == 0);
+
+  REQ_OK(cuCtxSetCurrent(c1));
+  CUdeviceptr own1;  // device 1's own block: device 0 never enables access
+  REQ_OK(cuMemAlloc(&own1, n));
+  REQ(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_INVALID_DEVICE);
+  REQ_OK(cuCtxEnablePeerAccess(c0, 0));
+  REQ(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  REQ(driver_access(before, 1) == RW);
+  REQ(driver_access(own1, 0) == 0);
+  REQ(all(before, n, 0x31));  // read from device 1's context
+  fill(before, n, 0x32);      // and written
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == RW && recorded_access(r, before, 0) == RW);
+  REQ(recorded_access(r, own1, 0) == 0);
+
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr after, kept;  // blocks of device 0 made while peer access is on
+  REQ_OK(cuMemAlloc(&after, n));
+  REQ_OK(cuMemAlloc(&kept, n));
+  REQ(driver_access(after, 1) == RW && driver_access(kept, 1) == RW);
+  CUmemAccessDesc mine{};  // the application grants `kept` itself as well
+  mine.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  mine.location.id = 1;
+  mine.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQ_OK(cuMemSetAccess(kept, 2 << 20, &mine, 1));
+  REQ(all(before, n, 0x32));
+
+  REQ_OK(cuCtxSetCurrent(c1));
+  REQ_OK(cuCtxDisablePeerAccess(c0));
+  REQ(cuCtxDisablePeerAccess(c0) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  REQ(driver_access(before, 1) == 0 && driver_access(after, 1) == 0);
+  REQ(driver_access(before, 0) == RW && driver_access(after, 0) == RW);
+  REQ(driver_access(kept, 1) == RW);
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == 0 && recorded_access(r, after, 1) == 0);
+  REQ(recorded_access(r, kept, 1) == RW && recorded_access(r, before, 0) == RW);
+
+  // Enabled again through the resolver's pointer, as the runtime calls it.
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st;
+  REQ_OK(cuGetProcAddress_v2("cuCtxEnablePeerAccess", &fn, 12000, 0, &st));
+  REQ(fn != nullptr);
+  auto enable = reinterpret_cast<CUresult (*)(CUcontext, unsigned)>(fn);
+  REQ_OK(enable(c0, 0));
+  REQ(driver_access(before, 1) == RW && driver_access(after, 1) == RW);
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == RW && recorded_access(r, after, 1) == RW);
+  REQ_OK(cuCtxDisablePeerAccess(c0));
+  REQ(driver_access(before, 1) == 0 && driver_access(kept, 1) == RW);
+
+  REQ_OK(cuMemFree(own1));
+  REQ_OK(cuCtxSetCurrent(c0));
+  REQ_OK(cuMemFree(before));
+  REQ_OK(cuMemFree(after));
+  REQ_OK(cuMemFree(kept));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
 /// A multicast group of three members (FAKECUDA_MULTICAST=1, three devices):
 /// logical member handles translated, both bind ABIs recorded.
 int multicast() {
@@ -812,7 +913,7 @@ int main(int argc, char** argv) {
       {"share2", share2},        {"share4", share4},           {"alias", alias},
       {"access", access_unions}, {"foreign", foreign},         {"ipc", ipc},
       {"multicast", multicast},  {"fork", forkchild},          {"busy_creator", busy_creator},
-      {"hostile", hostile},      {"passthrough", passthrough},
+      {"hostile", hostile},      {"passthrough", passthrough}, {"peer", peer},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();
