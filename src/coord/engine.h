@@ -49,6 +49,11 @@ struct JobInfo {
   std::vector<std::string> argv;  ///< the command as launched
   std::string cwd;
   std::string runtime_dir;  ///< the job's private runtime directory
+  /// The runtime directory the job's shims were started with
+  /// (CUSNAP_RUNTIME_DIR in their environment): their listening sockets are
+  /// bound there, so CRIU needs that path to exist on restore. Equal to
+  /// runtime_dir for a launched job; kept across restores.
+  std::string shim_dir;
   uid_t owner_uid = 0;
   /// Pipe inodes ("pipe:[N]") of the job's stdout and stderr as the root
   /// process sees them, so CRIU can reconnect them on restore.

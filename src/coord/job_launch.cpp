@@ -145,6 +145,7 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   info.argv = req.argv;
   info.cwd = cwd;
   info.runtime_dir = sup->rundir().path();
+  info.shim_dir = info.runtime_dir;
   info.owner_uid = ::geteuid();
   info.stdout_pipe_id = pipe_id(out_r.get());
   info.stderr_pipe_id = pipe_id(err_r.get());

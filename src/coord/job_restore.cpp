@@ -2,10 +2,12 @@
 // (--detach) in a background process.
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "coord/manifest.h"
@@ -42,6 +44,65 @@ bool summary_from_json(const std::string& text, RestoreSummary* s) {
   }
 }
 
+/// The path a restored job's shims know as their runtime directory. Their
+/// listening sockets are bound there, and CRIU binds them again on restore, so
+/// the path must exist: when the job is restored under another name or runtime
+/// base, or the original directory is gone, it is made a symbolic link to the
+/// new runtime directory for as long as the job is supervised here. Directories
+/// created on the way are removed again with the link.
+class ShimDirLink {
+ public:
+  ShimDirLink() = default;
+  ShimDirLink(const ShimDirLink&) = delete;
+  ShimDirLink& operator=(const ShimDirLink&) = delete;
+  ~ShimDirLink() {
+    if (!link_.empty()) ::unlink(link_.c_str());
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) ::rmdir(it->c_str());
+  }
+
+  bool make(const std::string& shim_dir, const std::string& rundir, std::string* err) {
+    if (shim_dir.empty() || shim_dir == rundir) return true;
+    if (shim_dir[0] != '/' || shim_dir.find("/../") != std::string::npos ||
+        shim_dir.ends_with("/..")) {
+      *err = "the checkpoint names the shims' runtime directory '" + shim_dir +
+             "', which is not a plain absolute path: the manifest was altered";
+      return false;
+    }
+    struct stat st;
+    if (::lstat(shim_dir.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return true;  // CRIU binds the sockets inside it
+      if (S_ISLNK(st.st_mode)) {
+        char target[4096];
+        ssize_t n = ::readlink(shim_dir.c_str(), target, sizeof target - 1);
+        if (n >= 0 && std::string(target, size_t(n)) == rundir) return true;
+      }
+      *err = "the job's shims had their sockets in " + shim_dir +
+             ", which exists and is not a directory; remove it or restore elsewhere";
+      return false;
+    }
+    for (size_t pos = 1; (pos = shim_dir.find('/', pos)) != std::string::npos; ++pos) {
+      std::string parent = shim_dir.substr(0, pos);
+      if (::mkdir(parent.c_str(), 0700) == 0) {
+        made_.push_back(parent);
+      } else if (errno != EEXIST) {
+        *err = "cannot create " + parent + " for the shims' sockets: " + std::strerror(errno);
+        return false;
+      }
+    }
+    if (::symlink(rundir.c_str(), shim_dir.c_str()) != 0) {
+      *err = "cannot link " + shim_dir + " to " + rundir + " for the shims' sockets: " +
+             std::strerror(errno);
+      return false;
+    }
+    link_ = shim_dir;
+    return true;
+  }
+
+ private:
+  std::string link_;
+  std::vector<std::string> made_;
+};
+
 /// Restores and supervises in this process.
 SuperviseOutcome restore_here(const RestoreRequest& req) {
   SuperviseOutcome fail;
@@ -70,6 +131,10 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
   UniqueFd err_r(errp[0]), err_w(errp[1]);
 
+  ShimDirLink shim_link;
+  if (!shim_link.make(m.job.shim_dir, sup->rundir().path(), &err))
+    return failed(kExitRefused, err);
+
   RestoreOptions opts = req.engine;
   opts.stdout_fd = out_w.get();
   opts.stderr_fd = err_w.get();
@@ -84,6 +149,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   info.name = name;
   info.root_pid = res.root_pid;
   info.runtime_dir = sup->rundir().path();
+  info.shim_dir = m.job.shim_dir.empty() ? info.runtime_dir : m.job.shim_dir;
   info.owner_uid = ::geteuid();
   info.stdout_pipe_id = pipe_id(out_r.get());
   info.stderr_pipe_id = pipe_id(err_r.get());

@@ -37,7 +37,8 @@ std::string manifest_to_json(const Manifest& m) {
               {"owner_uid", m.job.owner_uid},
               {"root_pid", m.job.root_pid},
               {"stdout_pipe", m.job.stdout_pipe_id},
-              {"stderr_pipe", m.job.stderr_pipe_id}};
+              {"stderr_pipe", m.job.stderr_pipe_id},
+              {"shim_dir", m.job.shim_dir}};
   j["processes"] = json::array();
   for (const ManifestProcess& p : m.processes)
     j["processes"].push_back({{"pid", p.pid},
@@ -187,6 +188,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     r.num(*job, "job", "root_pid", &m->job.root_pid);
     r.str(*job, "job", "stdout_pipe", &m->job.stdout_pipe_id);
     r.str(*job, "job", "stderr_pipe", &m->job.stderr_pipe_id);
+    r.str(*job, "job", "shim_dir", &m->job.shim_dir);
   }
   if (const json* procs = r.array(j, "", "processes")) {
     m->processes.clear();

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A job whose shims have sockets in its runtime directory is checkpointed;
+# the original runtime base is then removed and the checkpoint is restored
+# under another name and another runtime base. CRIU must find the directory
+# the shims' sockets were bound in: the restoring supervisor links it to the
+# new runtime directory while it supervises the job, and removes the link at
+# the end. The restored job is checkpointed again and restored under a third
+# name, which needs the same original path again.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+BASE1=$CUSNAP_RUNTIME_BASE
+launch orig "$T/launch.out" "$PATTERN_JOB" --mib 8 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 5
+PID=$(wait_job orig)
+ls "$BASE1/orig"/shim-peer.*.sock >/dev/null 2>&1 || fail "the job's shim has no peer socket in $BASE1/orig"
+
+"$CUSNAP" checkpoint orig -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+rm -rf "$BASE1"
+pass "checkpointed at count $LAST; runtime base $BASE1 removed"
+
+export CUSNAP_RUNTIME_BASE=$T/base2
+restore_bg "$T/ckpt" "$T/restore1.out" --name moved
+SUP=$LAST_SUPERVISOR
+wait_count "$T/restore1.out" $((LAST + 3))
+[ "$(first_count "$T/restore1.out")" = $((LAST + 1)) ] || fail "restore under a new name began at $(first_count "$T/restore1.out")"
+[ -L "$BASE1/orig" ] || fail "$BASE1/orig is not a link to the new runtime directory while the job runs"
+[ "$(readlink "$BASE1/orig")" = "$CUSNAP_RUNTIME_BASE/moved" ] || fail "$BASE1/orig points to $(readlink "$BASE1/orig")"
+pass "restored as 'moved' under a new runtime base, continuing at count $((LAST + 1))"
+
+"$CUSNAP" checkpoint moved -o "$T/ckpt2" >"$T/ckpt2.out" 2>&1 || fail "second checkpoint failed: $(cat "$T/ckpt2.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+[ -e "$BASE1" ] && fail "$BASE1 (made for the shims' sockets) is left behind after the job ended"
+LAST=$(last_count "$T/restore1.out")
+pass "checkpointed again at count $LAST; the link and the directories made for it are gone"
+
+restore_bg "$T/ckpt2" "$T/restore2.out" --name third
+SUP=$LAST_SUPERVISOR
+wait_count "$T/restore2.out" $((LAST + 3))
+[ "$(first_count "$T/restore2.out")" = $((LAST + 1)) ] || fail "second restore began at $(first_count "$T/restore2.out")"
+names=$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(" ".join(sorted(j["name"] for j in json.load(sys.stdin))))')
+[ "$names" = "third" ] || fail "cusnap ps lists '$names', expected only 'third'"
+kill -TERM "$SUP"
+wait_exit "$SUP"
+wait_gone "$PID"
+pass "restored again as 'third' from the second checkpoint"
+echo "PASS"
