@@ -56,7 +56,8 @@ class ShimDirLink {
   ShimDirLink(const ShimDirLink&) = delete;
   ShimDirLink& operator=(const ShimDirLink&) = delete;
   ~ShimDirLink() {
-    if (!link_.empty()) ::unlink(link_.c_str());
+    // As RuntimeDir::remove does for its own link: only while it still points here.
+    if (!link_.empty() && points_to(link_, target_)) ::unlink(link_.c_str());
     for (auto it = made_.rbegin(); it != made_.rend(); ++it) ::rmdir(it->c_str());
   }
 
@@ -71,11 +72,7 @@ class ShimDirLink {
     struct stat st;
     if (::lstat(shim_dir.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) return true;  // CRIU binds the sockets inside it
-      if (S_ISLNK(st.st_mode)) {
-        char target[4096];
-        ssize_t n = ::readlink(shim_dir.c_str(), target, sizeof target - 1);
-        if (n >= 0 && std::string(target, size_t(n)) == rundir) return true;
-      }
+      if (S_ISLNK(st.st_mode) && points_to(shim_dir, rundir)) return true;
       *err = "the job's shims had their sockets in " + shim_dir +
              ", which exists and is not a directory; remove it or restore elsewhere";
       return false;
@@ -95,11 +92,18 @@ class ShimDirLink {
       return false;
     }
     link_ = shim_dir;
+    target_ = rundir;
     return true;
   }
 
  private:
-  std::string link_;
+  static bool points_to(const std::string& link, const std::string& target) {
+    char buf[4096];
+    ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+    return n >= 0 && std::string(buf, size_t(n)) == target;
+  }
+
+  std::string link_, target_;
   std::vector<std::string> made_;
 };
 
