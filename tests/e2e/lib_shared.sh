@@ -1,0 +1,130 @@
+# Helpers for the shared_*.sh end-to-end tests: jobs whose processes share
+# device memory (POSIX-fd VMM allocations, legacy IPC) and a job with a forked
+# CUDA child. Sourced after nothing else; it sources lib_checkpoint.sh.
+#
+# A test sets PREFIXES to the line prefixes of the job's processes (e.g.
+# ("" "importer ")); every process prints "PREFIXready pid P",
+# "PREFIXcount N ok" and, when it shares memory, "PREFIXseen S" (the smallest
+# counter value of its peers that it found in the shared bytes).
+source "$(dirname "${BASH_SOURCE[0]}")/lib_checkpoint.sh"
+
+SHARE_RING=$BIN/cusnap-share-ring
+IPC_PAIR=$BIN/cusnap-ipc-pair
+FORK_CHILD=$BIN/cusnap-fork-child
+for f in "$SHARE_RING" "$IPC_PAIR" "$FORK_CHILD"; do
+  [ -x "$f" ] || fail "$f is not built"
+done
+PREFIXES=("")
+declare -A LAST SEEN
+
+# last_seen FILE [PREFIX]: the last S of "PREFIXseen S" in FILE (0 if none).
+last_seen() {
+  local n
+  n=$(grep -E "^${2:-}seen [0-9]+$" "$1" 2>/dev/null | tail -1 | awk '{print $NF}')
+  echo "${n:-0}"
+}
+
+# ready_pids FILE: the pids of the processes that printed "ready pid P".
+ready_pids() { sed -n 's/^.*ready pid \([0-9]*\).*$/\1/p' "$1"; }
+
+# no_errors FILE: no process found a wrong byte, had a driver call fail or
+# saw another process end.
+no_errors() {
+  if grep -E "pattern mismatch|failed:|ended|open gave" "$1"; then
+    fail "a process of the job failed (in $1)"
+  fi
+  return 0
+}
+
+# start_job NAME OUT CMD...: cusnap launch; waits until every prefix counted
+# to 5. Sets SUP (the supervisor) and PID (the job's root).
+start_job() {
+  local name=$1 out=$2 p
+  shift 2
+  launch "$name" "$out" "$@"
+  SUP=$LAST_SUPERVISOR
+  for p in "${PREFIXES[@]}"; do wait_count "$out" 5 "$p" 30; done
+  PID=$(wait_job "$name")
+  [ "$(ready_pids "$out" | wc -l)" = "${#PREFIXES[@]}" ] ||
+    fail "expected ${#PREFIXES[@]} processes ready, got: $(ready_pids "$out" | tr '\n' ' ')"
+  ready_pids "$out" >>"$T/job-pids"
+}
+
+# note_last OUT: LAST[prefix] and SEEN[prefix] from OUT (a stopped job's output).
+note_last() {
+  local p
+  for p in "${PREFIXES[@]}"; do
+    LAST[$p]=$(last_count "$1" "$p")
+    SEEN[$p]=$(last_seen "$1" "$p")
+  done
+}
+
+# checkpoint_stop NAME DIR OUT: checkpoints the job (which stops it); the
+# supervisor exits 0 and every process of the job is gone. Notes the last
+# counts of OUT.
+checkpoint_stop() {
+  local name=$1 dir=$2 out=$3 pids p
+  pids=$(ready_pids "$out")
+  "$CUSNAP" checkpoint "$name" -o "$dir" >"$T/ckpt.out" 2>&1 ||
+    fail "checkpoint of $name failed (exit $?): $(cat "$T/ckpt.out")"
+  [ -f "$dir/manifest.json" ] || fail "no manifest in $dir"
+  wait_exit "$SUP"
+  [ "$EXIT_RC" = 0 ] || fail "the supervisor of the checkpointed job exited $EXIT_RC, expected 0"
+  for p in $pids; do wait_gone "$p" 20; done
+  no_errors "$out"
+  note_last "$out"
+}
+
+# expect_continued OUT EXACT: the restored job's processes (the same pids as
+# in the launch output LAUNCH_OUT) all run; each prefix counts on from after
+# its last count before the checkpoint (at exactly LAST+1 when EXACT is 1)
+# and sees its peers' counters grow past what it saw before (the shared bytes
+# are shared again); no byte is wrong.
+expect_continued() {
+  local out=$1 exact=$2 p first seen i
+  for p in "${PREFIXES[@]}"; do
+    wait_count "$out" $((LAST[$p] + 3)) "$p" 30
+    first=$(first_count "$out" "$p")
+    if [ "$exact" = 1 ]; then
+      [ "$first" = $((LAST[$p] + 1)) ] || fail "'$p' continued at $first, expected $((LAST[$p] + 1))"
+    else
+      [ "$first" -gt "${LAST[$p]}" ] || fail "'$p' began at $first, not after ${LAST[$p]}"
+    fi
+    if grep -qE "^${p}seen " "$LAUNCH_OUT"; then
+      for i in $(seq 1 400); do
+        seen=$(last_seen "$out" "$p")
+        [ "$seen" -gt "${SEEN[$p]}" ] && break
+        sleep 0.05
+      done
+      [ "$seen" -gt "${SEEN[$p]}" ] ||
+        fail "'$p' saw its peers' counter stay at $seen (before the checkpoint: ${SEEN[$p]})"
+    fi
+    echo "   '$p': last ${LAST[$p]} before, first $first after, now $(last_count "$out" "$p"); seen ${SEEN[$p]:-} -> ${seen:-}"
+  done
+  for p in $(ready_pids "$LAUNCH_OUT"); do
+    kill -0 "$p" 2>/dev/null || fail "process $p of the job was not restored or died"
+  done
+  kill -0 "$SUP" 2>/dev/null || fail "the supervisor of the restored job ended"
+  no_errors "$out"
+}
+
+# stop_job OUT: stops the job through its supervisor; waits until every
+# process is gone (their pids must be free for another restore).
+stop_job() {
+  local p
+  kill -TERM "$SUP"
+  wait_exit "$SUP"
+  for p in $(ready_pids "$1"); do wait_gone "$p" 20; done
+}
+
+# checkpoint_restore_cycle NAME: launch output in $T/launch.out (LAUNCH_OUT)
+# is checkpointed to $T/ckpt, the job stops, restores; it counts on.
+checkpoint_restore_cycle() {
+  local name=$1 exact=${2:-1}
+  checkpoint_stop "$name" "$T/ckpt" "$LAUNCH_OUT"
+  pass "checkpointed; the job stopped"
+  restore_bg "$T/ckpt" "$T/restore.out"
+  SUP=$LAST_SUPERVISOR
+  expect_continued "$T/restore.out" "$exact"
+  pass "restored: every process counts on and shares its memory again"
+}

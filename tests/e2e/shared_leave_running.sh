@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# checkpoint --leave-running of two processes sharing a POSIX-fd allocation:
+# both go on counting as the same processes and keep seeing each other's
+# writes; the checkpoint restores later, after the job is stopped.
+source "$(dirname "$0")/lib_shared.sh"
+
+PREFIXES=("" "importer ")
+LAUNCH_OUT=$T/launch.out
+start_job lr "$LAUNCH_OUT" "$SHARE_JOB" --mib 4 --interval-ms 20
+note_last "$LAUNCH_OUT"
+declare -A B_LAST B_SEEN  # before the checkpoint: the restored job starts after these
+for p in "${PREFIXES[@]}"; do B_LAST[$p]=${LAST[$p]}; B_SEEN[$p]=${SEEN[$p]}; done
+"$CUSNAP" checkpoint lr -o "$T/ckpt" --leave-running >"$T/ckpt.out" 2>&1 ||
+  fail "checkpoint --leave-running failed (exit $?): $(cat "$T/ckpt.out")"
+[ -f "$T/ckpt/manifest.json" ] || fail "no manifest"
+for p in "${PREFIXES[@]}"; do expect_running lr "$PID" "$LAUNCH_OUT" "$p"; done
+# Counted on without a gap, and the shared bytes are still shared.
+note_last "$LAUNCH_OUT"
+for p in "${PREFIXES[@]}"; do
+  wait_count "$LAUNCH_OUT" $((LAST[$p] + 5)) "$p" 20
+  [ "$(last_seen "$LAUNCH_OUT" "$p")" -gt "${SEEN[$p]}" ] ||
+    fail "'$p' no longer sees the other's writes after the checkpoint"
+  seq "$(first_count "$LAUNCH_OUT" "$p")" "$(last_count "$LAUNCH_OUT" "$p")" >"$T/want"
+  grep -E "^${p}count [0-9]+ ok$" "$LAUNCH_OUT" | awk '{print $(NF-1)}' >"$T/got"
+  cmp -s "$T/want" "$T/got" || fail "'$p' skipped or repeated a count across the checkpoint"
+done
+for p in $(ready_pids "$LAUNCH_OUT"); do kill -0 "$p" || fail "process $p ended"; done
+no_errors "$LAUNCH_OUT"
+pass "the job ran on through the checkpoint"
+
+stop_job "$LAUNCH_OUT"
+restore_bg "$T/ckpt" "$T/restore.out"
+SUP=$LAST_SUPERVISOR
+for p in "${PREFIXES[@]}"; do LAST[$p]=${B_LAST[$p]}; SEEN[$p]=${B_SEEN[$p]}; done
+expect_continued "$T/restore.out" 0
+pass "the checkpoint restored later"
+echo "PASS"

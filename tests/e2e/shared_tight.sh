@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# A ring of two processes in a tight loop (cusnap-share-ring --tight:
+# cuMemsetD32, cuMemcpyDtoD and cuMemcpyDtoH on the shared memory without a
+# pause) is checkpointed mid-flight and stopped, then restored: both keep
+# counting past where they stopped, with every byte read correct, and see each
+# other's writes again.
+source "$(dirname "$0")/lib_shared.sh"
+
+PREFIXES=("ring 0 " "ring 1 ")
+LAUNCH_OUT=$T/launch.out
+start_job tight "$LAUNCH_OUT" "$SHARE_RING" --procs 2 --mib 2 --tight
+# Lines come every 1000 iterations or 100 ms: not every count is printed.
+checkpoint_restore_cycle tight 0
+echo "PASS"
