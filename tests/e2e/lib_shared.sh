@@ -15,13 +15,26 @@ for f in "$SHARE_RING" "$IPC_PAIR" "$FORK_CHILD"; do
   [ -x "$f" ] || fail "$f is not built"
 done
 PREFIXES=("")
-declare -A LAST SEEN
+# LAST[i], SEEN[i]: of the process with prefix PREFIXES[i].
+LAST=()
+SEEN=()
 
 # last_seen FILE [PREFIX]: the last S of "PREFIXseen S" in FILE (0 if none).
 last_seen() {
   local n
   n=$(grep -E "^${2:-}seen [0-9]+$" "$1" 2>/dev/null | tail -1 | awk '{print $NF}')
   echo "${n:-0}"
+}
+
+# wait_seen FILE PREFIX S: waits until PREFIX's "seen" goes past S (its
+# peers' writes reach the bytes it reads).
+wait_seen() {
+  local i
+  for i in $(seq 1 400); do
+    [ "$(last_seen "$1" "$2")" -gt "$3" ] && return 0
+    sleep 0.05
+  done
+  fail "'$2' saw its peers' counter stay at $(last_seen "$1" "$2") (before: $3)"
 }
 
 # ready_pids FILE: the pids of the processes that printed "ready pid P".
@@ -52,10 +65,10 @@ start_job() {
 
 # note_last OUT: LAST[prefix] and SEEN[prefix] from OUT (a stopped job's output).
 note_last() {
-  local p
-  for p in "${PREFIXES[@]}"; do
-    LAST[$p]=$(last_count "$1" "$p")
-    SEEN[$p]=$(last_seen "$1" "$p")
+  local i
+  for i in "${!PREFIXES[@]}"; do
+    LAST[i]=$(last_count "$1" "${PREFIXES[i]}")
+    SEEN[i]=$(last_seen "$1" "${PREFIXES[i]}")
   done
 }
 
@@ -81,25 +94,18 @@ checkpoint_stop() {
 # and sees its peers' counters grow past what it saw before (the shared bytes
 # are shared again); no byte is wrong.
 expect_continued() {
-  local out=$1 exact=$2 p first seen i
-  for p in "${PREFIXES[@]}"; do
-    wait_count "$out" $((LAST[$p] + 3)) "$p" 30
+  local out=$1 exact=$2 p first k
+  for k in "${!PREFIXES[@]}"; do
+    p=${PREFIXES[k]}
+    wait_count "$out" $((LAST[k] + 3)) "$p" 30
     first=$(first_count "$out" "$p")
     if [ "$exact" = 1 ]; then
-      [ "$first" = $((LAST[$p] + 1)) ] || fail "'$p' continued at $first, expected $((LAST[$p] + 1))"
+      [ "$first" = $((LAST[k] + 1)) ] || fail "'$p' continued at $first, expected $((LAST[k] + 1))"
     else
-      [ "$first" -gt "${LAST[$p]}" ] || fail "'$p' began at $first, not after ${LAST[$p]}"
+      [ "$first" -gt "${LAST[k]}" ] || fail "'$p' began at $first, not after ${LAST[k]}"
     fi
-    if grep -qE "^${p}seen " "$LAUNCH_OUT"; then
-      for i in $(seq 1 400); do
-        seen=$(last_seen "$out" "$p")
-        [ "$seen" -gt "${SEEN[$p]}" ] && break
-        sleep 0.05
-      done
-      [ "$seen" -gt "${SEEN[$p]}" ] ||
-        fail "'$p' saw its peers' counter stay at $seen (before the checkpoint: ${SEEN[$p]})"
-    fi
-    echo "   '$p': last ${LAST[$p]} before, first $first after, now $(last_count "$out" "$p"); seen ${SEEN[$p]:-} -> ${seen:-}"
+    grep -qE "^${p}seen " "$LAUNCH_OUT" && wait_seen "$out" "$p" "${SEEN[k]}"
+    echo "   '$p': count ${LAST[k]} before, $first after, now $(last_count "$out" "$p"); seen ${SEEN[k]} -> $(last_seen "$out" "$p")"
   done
   for p in $(ready_pids "$LAUNCH_OUT"); do
     kill -0 "$p" 2>/dev/null || fail "process $p of the job was not restored or died"
@@ -117,14 +123,16 @@ stop_job() {
   for p in $(ready_pids "$1"); do wait_gone "$p" 20; done
 }
 
-# checkpoint_restore_cycle NAME: launch output in $T/launch.out (LAUNCH_OUT)
-# is checkpointed to $T/ckpt, the job stops, restores; it counts on.
+# checkpoint_restore_cycle NAME [EXACT]: the job NAME, launched with its
+# output in LAUNCH_OUT, is checkpointed to $T/ckpt-NAME (and stops), then
+# restored with its output in $T/restore-NAME.out; every process counts on
+# (expect_continued; EXACT defaults to 1).
 checkpoint_restore_cycle() {
   local name=$1 exact=${2:-1}
-  checkpoint_stop "$name" "$T/ckpt" "$LAUNCH_OUT"
-  pass "checkpointed; the job stopped"
-  restore_bg "$T/ckpt" "$T/restore.out"
+  checkpoint_stop "$name" "$T/ckpt-$name" "$LAUNCH_OUT"
+  pass "$name: checkpointed; the job stopped"
+  restore_bg "$T/ckpt-$name" "$T/restore-$name.out"
   SUP=$LAST_SUPERVISOR
-  expect_continued "$T/restore.out" "$exact"
-  pass "restored: every process counts on and shares its memory again"
+  expect_continued "$T/restore-$name.out" "$exact"
+  pass "$name: restored; every process counts on and sees its peers' writes"
 }

@@ -8,18 +8,19 @@ PREFIXES=("" "importer ")
 LAUNCH_OUT=$T/launch.out
 start_job lr "$LAUNCH_OUT" "$SHARE_JOB" --mib 4 --interval-ms 20
 note_last "$LAUNCH_OUT"
-declare -A B_LAST B_SEEN  # before the checkpoint: the restored job starts after these
-for p in "${PREFIXES[@]}"; do B_LAST[$p]=${LAST[$p]}; B_SEEN[$p]=${SEEN[$p]}; done
+# Before the checkpoint: the restored job starts after these.
+B_LAST=("${LAST[@]}")
+B_SEEN=("${SEEN[@]}")
 "$CUSNAP" checkpoint lr -o "$T/ckpt" --leave-running >"$T/ckpt.out" 2>&1 ||
   fail "checkpoint --leave-running failed (exit $?): $(cat "$T/ckpt.out")"
 [ -f "$T/ckpt/manifest.json" ] || fail "no manifest"
 for p in "${PREFIXES[@]}"; do expect_running lr "$PID" "$LAUNCH_OUT" "$p"; done
 # Counted on without a gap, and the shared bytes are still shared.
 note_last "$LAUNCH_OUT"
-for p in "${PREFIXES[@]}"; do
-  wait_count "$LAUNCH_OUT" $((LAST[$p] + 5)) "$p" 20
-  [ "$(last_seen "$LAUNCH_OUT" "$p")" -gt "${SEEN[$p]}" ] ||
-    fail "'$p' no longer sees the other's writes after the checkpoint"
+for k in "${!PREFIXES[@]}"; do
+  p=${PREFIXES[k]}
+  wait_count "$LAUNCH_OUT" $((LAST[k] + 5)) "$p" 20
+  wait_seen "$LAUNCH_OUT" "$p" "${SEEN[k]}"
   seq "$(first_count "$LAUNCH_OUT" "$p")" "$(last_count "$LAUNCH_OUT" "$p")" >"$T/want"
   grep -E "^${p}count [0-9]+ ok$" "$LAUNCH_OUT" | awk '{print $(NF-1)}' >"$T/got"
   cmp -s "$T/want" "$T/got" || fail "'$p' skipped or repeated a count across the checkpoint"
@@ -31,7 +32,8 @@ pass "the job ran on through the checkpoint"
 stop_job "$LAUNCH_OUT"
 restore_bg "$T/ckpt" "$T/restore.out"
 SUP=$LAST_SUPERVISOR
-for p in "${PREFIXES[@]}"; do LAST[$p]=${B_LAST[$p]}; SEEN[$p]=${B_SEEN[$p]}; done
+LAST=("${B_LAST[@]}")
+SEEN=("${B_SEEN[@]}")
 expect_continued "$T/restore.out" 0
 pass "the checkpoint restored later"
 echo "PASS"

@@ -13,7 +13,7 @@ checkpoint_restore_cycle pair
 stop_job "$LAUNCH_OUT"
 pass "the first restored job stopped"
 
-restore_bg "$T/ckpt" "$T/restore2.out"
+restore_bg "$T/ckpt-pair" "$T/restore2.out"
 SUP=$LAST_SUPERVISOR
 expect_continued "$T/restore2.out" 1
 pass "the same checkpoint restored a second time"

@@ -10,27 +10,19 @@ LAUNCH_OUT=$T/launch.out
 start_job susp "$LAUNCH_OUT" "$SHARE_JOB" --mib 4 --interval-ms 20
 "$CUSNAP" suspend susp >"$T/suspend.out" 2>&1 || fail "suspend failed (exit $?): $(cat "$T/suspend.out")"
 sleep 0.3
-declare -A N1
-for p in "${PREFIXES[@]}"; do N1[$p]=$(last_count "$LAUNCH_OUT" "$p"); done
+note_last "$LAUNCH_OUT"
 sleep 1.5
-for p in "${PREFIXES[@]}"; do
-  n2=$(last_count "$LAUNCH_OUT" "$p")
-  [ "$n2" = "${N1[$p]}" ] || fail "'$p' went on counting while suspended (${N1[$p]} -> $n2)"
+for k in "${!PREFIXES[@]}"; do
+  n2=$(last_count "$LAUNCH_OUT" "${PREFIXES[k]}")
+  [ "$n2" = "${LAST[k]}" ] || fail "'${PREFIXES[k]}' went on counting while suspended (${LAST[k]} -> $n2)"
 done
 for p in $(ready_pids "$LAUNCH_OUT"); do kill -0 "$p" || fail "process $p is gone while suspended"; done
-pass "suspended: counts held at ${N1[""]} / ${N1["importer "]}"
+pass "suspended: counts held at ${LAST[*]}"
 
 "$CUSNAP" resume susp >"$T/resume.out" 2>&1 || fail "resume failed (exit $?): $(cat "$T/resume.out")"
 note_last "$LAUNCH_OUT"
 for p in "${PREFIXES[@]}"; do expect_running susp "$PID" "$LAUNCH_OUT" "$p"; done
-for p in "${PREFIXES[@]}"; do
-  for _ in $(seq 1 200); do
-    [ "$(last_seen "$LAUNCH_OUT" "$p")" -gt "${SEEN[$p]}" ] && break
-    sleep 0.05
-  done
-  [ "$(last_seen "$LAUNCH_OUT" "$p")" -gt "${SEEN[$p]}" ] ||
-    fail "'$p' does not see the other's writes after resume"
-done
+for k in "${!PREFIXES[@]}"; do wait_seen "$LAUNCH_OUT" "${PREFIXES[k]}" "${SEEN[k]}"; done
 no_errors "$LAUNCH_OUT"
 pass "resumed: both count on and share their memory"
 echo "PASS"
