@@ -11,8 +11,10 @@
 // reads it back, prints "parent count N ok" / "child count N ok" (after
 // "parent ready pid P" / "child ready pid P"), sleeps T ms (default 100).
 // --exec-child: the child re-executes this program before touching the
-// driver (for drivers that do not allow CUDA in a child forked from a CUDA
-// process).
+// driver. Without it the child re-executes only when its cuInit fails
+// CUDA_ERROR_NOT_INITIALIZED, as the real driver's does in a child forked from
+// a process that initialised it (the simulated driver allows it: there the
+// child also keeps the parent's device memory mapped).
 //
 // Exit status: 2 a driver call failed, 3 a byte was wrong, 4 the other
 // process ended, 64 bad usage.
@@ -68,7 +70,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (child > 0) loop(parent, false, interval_ms, child);
-  if (args.flag("--exec-child")) {
+  bool exec_child = args.flag("--exec-child");
+  if (!exec_child && cuInit(0) == CUDA_ERROR_NOT_INITIALIZED) {
+    std::fprintf(stderr,
+                 "cusnap-fork-child child: the driver refuses cuInit after fork; re-executing\n");
+    exec_child = true;
+  }
+  if (exec_child) {
     std::string m = std::to_string(mib), t = std::to_string(interval_ms);
     execl("/proc/self/exe", argv[0], "--child-role", "--mib", m.c_str(), "--interval-ms",
           t.c_str(), static_cast<char*>(nullptr));
