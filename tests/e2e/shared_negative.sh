@@ -12,6 +12,9 @@ source "$(dirname "$0")/lib_shared.sh"
 
 PREFIXES=("" "importer ")
 LAUNCH_OUT=$T/launch.out
+# Untracked sharing is seen through the simulated driver's allocation names;
+# the real driver shows none (README: not yet detected there).
+if fake_only "the refusal of untracked sharing"; then
 start_job untracked "$LAUNCH_OUT" env CUSNAP_SHIM_TRACK=0 "$SHARE_JOB" --mib 4 --interval-ms 20
 expect_refused 3 "shares device memory" "$CUSNAP" checkpoint untracked -o "$T/ckpt"
 [ ! -e "$T/ckpt/manifest.json" ] || fail "a refused checkpoint wrote a manifest"
@@ -20,6 +23,7 @@ for p in $(ready_pids "$LAUNCH_OUT"); do kill -0 "$p" || fail "process $p ended"
 no_errors "$LAUNCH_OUT"
 pass "untracked sharing: refused, both processes run on"
 stop_job "$LAUNCH_OUT"
+fi
 
 if fake_only "the simulated driver's checkpoint of an unreleased importer"; then
   CKPT=$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt
