@@ -159,11 +159,30 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   };
   out->phases.emplace_back("check", sw.lap());
 
+  // Shared memory: quiesce, save, release (a no-op for a job that shares none).
+  SharedMemory shared;
+  {
+    ExitCode code = kExitRefused;
+    if (!shared_prepare(job, scan, opts.timeout, "checkpoint", opts.dir, progress, &shared, &code,
+                        err)) {
+      out->code = code;
+      remove_output(opts.dir, dir_existed);
+      close_pidfds();
+      return false;
+    }
+    if (shared.active()) out->phases.emplace_back("shared-save", sw.lap());
+  }
+
   // The driver: lock every CUDA process, then checkpoint each.
   out->code = kExitFailure;
   report("driver-checkpoint");
   bool rolled_back = true;
   if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err)) {
+    std::string rb;
+    if (rolled_back && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
+      rolled_back = false;
+      *err += "; bringing its shared memory back failed: " + rb;
+    }
     *err = "job " + job.name + ": " + *err +
            (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
     if (!rolled_back) out->code = kExitJobLost;
@@ -174,11 +193,16 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   out->phases.emplace_back("driver-checkpoint", sw.lap());
 
   // Bring the job back after a failure from here on: continue it (it may be
-  // stopped by --leave-stopped), then restore and unlock its GPU state.
+  // stopped by --leave-stopped), then restore and unlock its GPU state and
+  // rebuild its shared memory.
   auto roll_back = [&](const std::string& why) {
     for (int fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
     bool ok = driver_resume_all(driver, scan.cuda, {}, &rb);
+    if (ok && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
+      ok = false;
+      rb = "shared memory: " + rb;
+    }
     *err =
         "job " + job.name + ": " + why +
         (ok ? "\nthe job runs on unchanged" : "\nbringing the job's GPU state back failed: " + rb);
@@ -261,6 +285,20 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       return false;
     }
     out->phases.emplace_back("driver-restore", sw.lap());
+    if (shared.active()) {
+      report("rebuild");
+      if (!shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, progress, &rb)) {
+        *err = "job " + job.name +
+               ": the dump succeeded but rebuilding its shared memory in place failed: " + rb +
+               "\nthe job's processes wait at the cusnap gate; the checkpoint in " + opts.dir +
+               " was not completed";
+        out->code = kExitJobLost;
+        remove_output(opts.dir, dir_existed);
+        close_pidfds();
+        return false;
+      }
+      out->phases.emplace_back("shared-rebuild", sw.lap());
+    }
   }
 
   // Checksums and the manifest, written last: without it nothing restores.
@@ -317,6 +355,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   m.criu_version = criu.version;
   m.criu_path = criu.path;
   m.leave_running = opts.leave_running;
+  if (shared.active()) m.shim_processes = shared.processes();
   m.phases = out->phases;
   m.phases.emplace_back("manifest", 0.0);
   if (!write_manifest(opts.dir, m, &why)) return fail_late("manifest phase: " + why);

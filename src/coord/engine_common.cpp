@@ -44,14 +44,6 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
     }
   }
   std::string what;
-  std::vector<pid_t> pids;
-  for (const ProcessInfo& p : out->procs) pids.push_back(p.pid);
-  if (job_shares_device_memory(pids, &what)) {
-    *err = "job " + job.name + " shares device memory between processes (" + what +
-           "); the driver's process checkpoint cannot restore shared device memory, so " +
-           operation + " would lose the job. Such jobs need the cusnap shim (a later feature)";
-    return false;
-  }
   for (ProcessInfo& p : out->procs) {
     if (!p.uses_cuda) continue;
     CUprocessState st;
@@ -83,7 +75,7 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
     *err = "job " + job.name + " shares device memory between processes (" + what +
            "); the driver's process checkpoint cannot checkpoint NCCL ranks (it hangs with a "
            "collective in flight), so " +
-           operation + " is refused. Such jobs need the cusnap shim (a later feature)";
+           operation + " is refused: cusnap does not yet find a consistent cut across NCCL ranks";
     return false;
   }
   return true;

@@ -11,6 +11,7 @@
 #include "coord/criu.h"
 #include "coord/driver.h"
 #include "coord/engine.h"
+#include "coord/shared_memory.h"
 
 namespace cusnap::engine_detail {
 
@@ -45,10 +46,31 @@ bool require_root(const char* what, std::string* err);
 
 /// Scans the job and checks what every operation needs: the job is running,
 /// the driver has the checkpoint API (when a process uses CUDA), every CUDA
-/// process is in `want` state, and no device memory is shared between
-/// processes. Changes nothing.
+/// process is in `want` state. Shared device memory is shared_prepare's
+/// business. Changes nothing.
 bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
               JobScan* out, std::string* err);
+
+/// The shared-memory phases before the driver checkpoint, for checkpoint and
+/// suspend (engine_shared.cpp): inspects the shims of scan.cuda; when memory
+/// is shared through them, closes the gates and drains, saves the shared
+/// bytes and records into state_dir and releases the shared memory. When it
+/// is not, refuses a job whose processes still share device memory. On
+/// failure *code is kExitRefused (nothing changed), kExitFailure (rolled
+/// back: memory rebuilt, gates open) or kExitJobLost.
+bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::milliseconds timeout,
+                    const char* operation, const std::string& state_dir,
+                    const ProgressSink& progress, SharedMemory* sm, ExitCode* code,
+                    std::string* err);
+/// After the driver restored the job's GPU state in place (a roll back,
+/// --leave-running, resume): rebuilds shared memory from state_dir, verifies
+/// it and opens the gates; tries twice. A no-op when !sm->active().
+bool shared_rebuild_in_place(const JobInfo& job, SharedMemory* sm, const std::string& state_dir,
+                             std::chrono::milliseconds timeout, const ProgressSink& progress,
+                             std::string* err);
+/// Where the job's shims bind their sockets.
+std::string shim_dir_of(const JobInfo& job);
+SharedTimeouts shared_timeouts(std::chrono::milliseconds phase);
 
 /// Locks every process, then checkpoints every process (a consistent cut).
 /// On a failure it brings back, in reverse, those already done and returns

@@ -287,6 +287,21 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     return false;
   }
   out->phases.emplace_back("driver-restore", sw.lap());
+
+  // Shared memory: creators load their bytes, importers import them again,
+  // everything maps where it was; the gates open once the records match.
+  if (!m.shim_processes.empty()) {
+    if (progress) progress(Progress{"rebuild", 0, 0});
+    SharedMemory shared;
+    if (!shared.load_records(opts.dir, m.shim_processes, &why) ||
+        !shared_rebuild_in_place(m.job, &shared, opts.dir, opts.timeout, progress, &why)) {
+      kill_tree(root);
+      *err = "job " + m.job.name + ", shared memory: " + why +
+             "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
+      return false;
+    }
+    out->phases.emplace_back("shared-rebuild", sw.lap());
+  }
   out->job = m.job;
   out->job.root_pid = root;
   out->code = kExitOk;

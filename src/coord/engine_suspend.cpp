@@ -1,10 +1,24 @@
 // suspend_job / resume_job: the driver's lock + checkpoint in place, and
-// back; the processes stay where they are.
+// back; the processes stay where they are. Shared device memory is saved
+// into the job's runtime directory (suspended/) and released before the
+// driver checkpoint, and rebuilt after the driver restore.
+#include <cstdlib>
+#include <filesystem>
+
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
 
 namespace cusnap {
 using namespace engine_detail;
+
+namespace {
+
+/// Where a suspended job's shared memory waits: private to the supervisor.
+std::string suspend_state_dir(const JobInfo& job) {
+  return job.runtime_dir + "/suspended";
+}
+
+}  // namespace
 
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                        std::string* err) {
@@ -17,15 +31,31 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
     *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
     ok = false;
   }
+  // Shared memory is saved in the runtime directory while suspended.
+  const std::string state = suspend_state_dir(job);
+  SharedMemory shared;
+  if (ok) {
+    std::error_code ec;
+    std::filesystem::remove_all(state, ec);
+    ok = shared_prepare(job, scan, timeout, "suspend", state, {}, &shared, &c, err);
+    if (!ok) std::filesystem::remove_all(state, ec);
+  }
   if (ok) {
     driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
     bool rolled_back = true;
     c = kExitFailure;
     ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err);
     if (!ok) {
+      std::string rb;
+      if (rolled_back && !shared_rebuild_in_place(job, &shared, state, timeout, {}, &rb)) {
+        rolled_back = false;
+        *err += "; bringing its shared memory back failed: " + rb;
+      }
       *err = "job " + job.name + ": " + *err +
              (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
       if (!rolled_back) c = kExitJobLost;
+      std::error_code ec;
+      if (rolled_back) std::filesystem::remove_all(state, ec);
     }
   }
   if (code) *code = ok ? kExitOk : c;
@@ -72,6 +102,30 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
     // driver_resume_all goes in reverse: the last suspended comes back first.
     ok = driver_resume_all(driver, cuda, {}, err);
     if (!ok) *err = "job " + job.name + ": " + *err;
+  }
+  // Shared memory saved by suspend comes back once the driver state did.
+  if (ok) {
+    const std::string state = suspend_state_dir(job);
+    std::vector<pid_t> shim_pids;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(state + "/shim", ec)) {
+      std::string name = e.path().filename().string();
+      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
+        shim_pids.push_back(pid_t(std::atoi(name.c_str())));
+    }
+    if (!shim_pids.empty()) {
+      SharedMemory shared;
+      std::string why;
+      if (!shared.load_records(state, shim_pids, &why) ||
+          !shared_rebuild_in_place(job, &shared, state, timeout, {}, &why)) {
+        *err = "job " + job.name + ", shared memory: " + why +
+               "\nits GPU state is back but its processes wait at the cusnap gate; the saved "
+               "bytes stay in " + state;
+        ok = false;
+      } else {
+        std::filesystem::remove_all(state, ec);
+      }
+    }
   }
   if (code) *code = ok ? kExitOk : c;
   return ok;

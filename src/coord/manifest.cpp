@@ -64,6 +64,7 @@ std::string manifest_to_json(const Manifest& m) {
   for (const auto& [name, secs] : m.phases)
     j["phases"].push_back({{"name", name}, {"seconds", secs}});
   j["leave_running"] = m.leave_running;
+  j["shim_processes"] = m.shim_processes;
   return j.dump(2) + "\n";
 }
 
@@ -169,13 +170,13 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   }
   Reader r{err};
   r.num(j, "", "version", &m->version);
-  if (r.ok && m->version != kManifestVersion) {
+  if (r.ok && m->version != kManifestVersion && m->version != 2) {
     std::string writer;
     if (j.contains("cusnap_version") && j["cusnap_version"].is_string())
       writer = " (written by cusnap " + j["cusnap_version"].get<std::string>() + ")";
     *err = "manifest version " + std::to_string(m->version) + writer +
-           " is not supported: this cusnap " + cusnap_version() + " reads version " +
-           std::to_string(kManifestVersion) + " only; restore it with the cusnap that wrote it";
+           " is not supported: this cusnap " + cusnap_version() + " reads versions 2 to " +
+           std::to_string(kManifestVersion) + "; restore it with the cusnap that wrote it";
     return false;
   }
   r.str(j, "", "created", &m->created);
@@ -270,6 +271,20 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     }
   }
   r.boolean(j, "", "leave_running", &m->leave_running);
+  // Version 3: the processes whose shims hold released shared memory.
+  if (m->version >= 3) {
+    if (const json* sp = r.array(j, "", "shim_processes")) {
+      for (size_t i = 0; r.ok && i < sp->size(); ++i) {
+        if (!(*sp)[i].is_number_integer() || (*sp)[i].get<int64_t>() <= 0 ||
+            (*sp)[i].get<int64_t>() > 4194304)
+          r.fail("shim_processes[" + std::to_string(i) + "] is not a process id");
+        else
+          m->shim_processes.push_back(static_cast<pid_t>((*sp)[i].get<int64_t>()));
+      }
+    } else if (r.ok) {
+      r.fail("shim_processes is missing");
+    }
+  }
   return r.ok;
 }
 

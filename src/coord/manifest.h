@@ -1,4 +1,4 @@
-// DIR/manifest.json, the record of a checkpoint. Format (version 2):
+// DIR/manifest.json, the record of a checkpoint. Format (version 3):
 //
 //   { "format": "cusnap-checkpoint", "version": 2, "created": "<UTC ISO 8601>",
 //     "cusnap_version": "0.1.0",
@@ -12,8 +12,12 @@
 //     "files": [ { "path": "criu/pages-1.img", "size", "chunk_size",
 //                  "sha256", "chunks": ["<sha256 of each chunk>", ..] } ],
 //     "phases": [ { "name", "seconds" } ],
-//     "leave_running": bool }
+//     "leave_running": bool,
+//     "shim_processes": [pid, ..] }   processes whose shims released shared
+//                                     memory: their records are shim/<pid>.records,
+//                                     the bytes shared/<pid>-<allocation>.bin
 //
+// Version 2 (no shim_processes: nothing shared) is still read.//
 // files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a
 // power of two from 4 KiB to 1 GiB (cusnap writes 64 MiB), chunks holds
 // ceil(size / chunk_size) digests, and sha256 is the SHA-256 of their
@@ -34,7 +38,7 @@
 
 namespace cusnap {
 
-inline constexpr int kManifestVersion = 2;
+inline constexpr int kManifestVersion = 3;
 inline constexpr const char* kManifestName = "manifest.json";
 /// CRIU writes its restore statistics into the image directory; the only
 /// file that may appear in a checkpoint after it was written.
@@ -69,6 +73,7 @@ struct Manifest {
   std::vector<ManifestFile> files;
   PhaseTimes phases;
   bool leave_running = false;
+  std::vector<pid_t> shim_processes;
 };
 
 /// JSON text of a manifest.

@@ -89,13 +89,38 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
     REQUIRE(p != std::string::npos);
     return t.replace(p, from.size(), to);
   };
-  CHECK_FALSE(manifest_from_json(with("\"version\": 2\n}", "\"version\": 7\n}"), &out, &err));
+  CHECK_FALSE(manifest_from_json(with("\"version\": 3\n}", "\"version\": 7\n}"), &out, &err));
   CHECK(err.find("version 7 (written by cusnap 0.1.0) is not supported") != std::string::npos);
   // Version 1 (one SHA-256 per file) is refused, naming the cusnap to use.
-  CHECK_FALSE(manifest_from_json(with("\"version\": 2\n}", "\"version\": 1\n}"), &out, &err));
+  CHECK_FALSE(manifest_from_json(with("\"version\": 3\n}", "\"version\": 1\n}"), &out, &err));
   CHECK(err.find("version 1 (written by cusnap 0.1.0) is not supported") != std::string::npos);
-  CHECK(err.find("reads version 2 only") != std::string::npos);
+  CHECK(err.find("reads versions 2 to 3") != std::string::npos);
   CHECK(err.find("restore it with the cusnap that wrote it") != std::string::npos);
+  // Version 2 has no shim_processes and is still read; version 3 needs them.
+  {
+    std::string v2 = with("\"version\": 3\n}", "\"version\": 2\n}");
+    size_t p = v2.find("  \"shim_processes\"");
+    REQUIRE(p != std::string::npos);
+    v2.erase(p, v2.find('\n', p) + 1 - p);
+    Manifest old;
+    CHECK(manifest_from_json(v2, &old, &err));
+    CHECK(old.shim_processes.empty());
+    std::string v3 = v2;
+    v3.replace(v3.find("\"version\": 2"), 12, "\"version\": 3");
+    CHECK_FALSE(manifest_from_json(v3, &old, &err));
+    CHECK(err.find("shim_processes is missing") != std::string::npos);
+  }
+  {
+    Manifest withshim = sample();
+    withshim.shim_processes = {41, 42};
+    Manifest back;
+    REQUIRE(manifest_from_json(manifest_to_json(withshim), &back, &err));
+    CHECK(back.shim_processes == std::vector<pid_t>{41, 42});
+    std::string t = manifest_to_json(withshim);
+    t.replace(t.find("41", t.find("\"shim_processes\"")), 2, "-4");
+    CHECK_FALSE(manifest_from_json(t, &back, &err));
+    CHECK(err.find("shim_processes[0] is not a process id") != std::string::npos);
+  }
   CHECK_FALSE(
       manifest_from_json(with("\"chunk_size\": 67108864", "\"chunk_size\": 1000000"), &out, &err));
   CHECK(err.find("files[0].chunk_size 1000000 is not a power of two") != std::string::npos);

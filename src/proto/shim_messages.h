@@ -12,6 +12,13 @@
 //                          shim     -> client    records    ShimRecords
 //                          client   -> shim      gate-close GateRequest / gate-open Empty
 //                          shim     -> client    done       Done
+//   The checkpoint of shared memory (gate closed; docs/shim.md "Checkpoint"):
+//                          client   -> shim      drain      Empty  (device work finished)
+//                          client   -> shim      save       AllocationRequest + the file to write
+//                          client   -> shim      release    ReleaseRequest
+//                          client   -> shim      load       AllocationRequest + the file to read
+//                          client   -> shim      reimport   Empty
+//                          shim     -> client    done       Done (bytes: bytes copied)
 //   any other request type on the control socket is answered `done` ok=false
 //   ("unknown request"), so clients can probe for newer requests.
 #pragma once
@@ -31,6 +38,11 @@ inline constexpr const char* kMsgShimRecords = "records";
 inline constexpr const char* kMsgGateClose = "gate-close";
 inline constexpr const char* kMsgGateOpen = "gate-open";
 inline constexpr const char* kMsgDone = "done";
+inline constexpr const char* kMsgShimDrain = "drain";
+inline constexpr const char* kMsgShimSave = "save";
+inline constexpr const char* kMsgShimRelease = "release";
+inline constexpr const char* kMsgShimLoad = "load";
+inline constexpr const char* kMsgShimReimport = "reimport";
 
 /// Version of ShimRecords; bump on any incompatible change.
 inline constexpr uint32_t kShimRecordsFormat = 1;
@@ -63,7 +75,24 @@ struct Done {
   bool ok = false;
   int32_t code = 0;  ///< errno-style detail (0, ETIMEDOUT, EALREADY, ...)
   std::string error;
-  MSGPACK_DEFINE_MAP(ok, code, error);
+  uint64_t bytes = 0;  ///< save/load: bytes copied
+  MSGPACK_DEFINE_MAP(ok, code, error, bytes);
+};
+
+/// save: write the bytes of one allocation created here (AllocationRecord::id)
+/// into the descriptor that travels with the request, from offset 0. load:
+/// recreate a released allocation, fill it from the descriptor, map it again
+/// at every recorded address with the recorded access.
+struct AllocationRequest {
+  uint64_t allocation = 0;
+  MSGPACK_DEFINE_MAP(allocation);
+};
+
+/// release: "imported" unmaps and releases every imported allocation (the
+/// address reservations stay); "created" every created one that was saved.
+struct ReleaseRequest {
+  std::string origin;
+  MSGPACK_DEFINE_MAP(origin);
 };
 
 /// One location's access flags (CUmemLocation type/id, CUmemAccess_flags).

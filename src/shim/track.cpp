@@ -291,6 +291,7 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
       a.size = t.bytes;
       a.device = device;
       a.driver = d;
+      a.prop = prop;
       s.allocs.emplace(id, a);
       s.by_key.emplace(key, id);
     }
@@ -394,6 +395,7 @@ CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle*
     a.size = size;
     a.device = prop->location.id;
     a.driver = d;
+    a.prop = *prop;
     s.allocs.emplace(id, a);
     s.by_key.emplace(a.key, id);
     *handle = new_handle(s, id);
@@ -974,6 +976,7 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
     a.size = size;
     a.device = dev;
     a.driver = d;
+    a.prop = prop;
     a.legacy = true;
     a.pins = 1;
     a.mappings = 1;

@@ -67,6 +67,12 @@ void serve_peer(State& s, UniqueFd conn) {
   ch.send(proto::kMsgFetched, reply, &err, fd);
 }
 
+bool gate_closed() {
+  int closed = 0;
+  if (auto f = cusnap_shim_build_info.control->gate_state) f(&closed, nullptr, nullptr);
+  return closed != 0;
+}
+
 void serve_control(State& s, UniqueFd conn) {
   if (!allowed(conn.get(), s.uid)) return;
   proto::Channel ch(std::move(conn), timeout());
@@ -91,6 +97,35 @@ void serve_control(State& s, UniqueFd conn) {
       proto::Done d;
       d.code = cusnap_shim_build_info.control->gate_open();
       d.ok = d.code == 0 || d.code == EALREADY;
+      sent = ch.send(proto::kMsgDone, d, &err);
+    } else if (msg.type == proto::kMsgShimDrain) {
+      sent = ch.send(proto::kMsgDone, drain(s), &err);
+    } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
+      proto::AllocationRequest req;
+      proto::Done d;
+      if (!msg.get(&req, &err))
+        d.error = err;
+      else if (!msg.fd)
+        d.error = "no file descriptor came with the request";
+      else if (!cusnap_shim_build_info.control->gate_state || !gate_closed())
+        d.error = "the gate is open: close it first";
+      else
+        d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, msg.fd.get())
+                                            : load_allocation(s, req.allocation, msg.fd.get());
+      sent = ch.send(proto::kMsgDone, d, &err);
+    } else if (msg.type == proto::kMsgShimRelease) {
+      proto::ReleaseRequest req;
+      proto::Done d;
+      if (!msg.get(&req, &err))
+        d.error = err;
+      else if (!gate_closed())
+        d.error = "the gate is open: close it first";
+      else
+        d = release_shared(s, req.origin);
+      sent = ch.send(proto::kMsgDone, d, &err);
+    } else if (msg.type == proto::kMsgShimReimport) {
+      proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
+      if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
       sent = ch.send(proto::kMsgDone, d, &err);
     } else {
       proto::Done d;

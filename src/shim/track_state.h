@@ -49,6 +49,11 @@ struct Alloc {
   uint32_t mappings = 0;
   bool exported = false;
   bool legacy = false;  ///< backs a cuMemAlloc block or an IPC open
+  CUmemAllocationProp prop{};  ///< as created (imported: as the driver reports it)
+  // Checkpoint of shared memory (track_ckpt.cpp).
+  bool saved = false;     ///< its bytes were saved (created here): it may be released
+  bool released = false;  ///< unmapped and released; the reservations stay
+  bool held_before = true;  ///< driver_held when it was released
 };
 
 struct Mapping {
@@ -118,6 +123,13 @@ bool start_servers(State& s) noexcept;
 int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept;
 /// The records, for inspection. Takes s.mu.
 proto::ShimRecords snapshot(State& s);
+/// The checkpoint of shared memory, on the control listener's thread with the
+/// gate closed (track_ckpt.cpp). Each returns the reply to send.
+proto::Done drain(State& s) noexcept;
+proto::Done save_allocation(State& s, uint64_t id, int fd) noexcept;
+proto::Done release_shared(State& s, const std::string& origin) noexcept;
+proto::Done load_allocation(State& s, uint64_t id, int fd) noexcept;
+proto::Done reimport_shared(State& s) noexcept;
 /// Shrinks a hash table whose load fell far below its bucket count.
 template <class M>
 void maybe_shrink(M& m) {

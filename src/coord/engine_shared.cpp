@@ -1,0 +1,107 @@
+// The engine's shared-memory phases (engine_internal.h): what checkpoint and
+// suspend do before the driver checkpoint, and the rebuild after the driver
+// brought a job back in place.
+#include <filesystem>
+
+#include "coord/engine_internal.h"
+#include "coord/procs.h"
+#include "proto/wire.h"
+
+namespace cusnap::engine_detail {
+
+std::string shim_dir_of(const JobInfo& job) {
+  return job.shim_dir.empty() ? job.runtime_dir : job.shim_dir;
+}
+
+SharedTimeouts shared_timeouts(std::chrono::milliseconds phase) {
+  SharedTimeouts t;
+  t.control = proto::control_timeout_from_env();
+  t.phase = phase;
+  return t;
+}
+
+bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::milliseconds timeout,
+                    const char* operation, const std::string& state_dir,
+                    const ProgressSink& progress, SharedMemory* sm, ExitCode* code,
+                    std::string* err) {
+  auto report = [&](const char* phase) {
+    if (progress) progress(Progress{phase, 0, 0});
+  };
+  *code = kExitRefused;
+  std::string why;
+  if (!sm->inspect(shim_dir_of(job), scan.cuda, shared_timeouts(timeout), &why)) {
+    sm->disconnect();
+    *err = "job " + job.name + ", inspect phase: " + why;
+    return false;
+  }
+  std::vector<pid_t> pids;
+  for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
+  std::string what;
+  if (!sm->active()) {
+    sm->disconnect();
+    if (job_shares_device_memory(pids, &what)) {
+      *err = "job " + job.name + " shares device memory between processes (" + what +
+             ") without the cusnap shim's tracking in them (started outside cusnap launch, or "
+             "with CUSNAP_SHIM_TRACK=0); the driver's process checkpoint cannot restore shared "
+             "device memory, so " + operation +
+             " would lose the job. Launch the job with cusnap launch and tracking on";
+      return false;
+    }
+    return true;
+  }
+
+  // From here the job changes: every failure rolls back.
+  *code = kExitFailure;
+  report("quiesce");
+  if (!sm->quiesce(&why)) {
+    sm->disconnect();
+    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+    return false;
+  }
+  auto back = [&](const std::string& failure, bool rebuild) {
+    std::string rb;
+    bool ok = rebuild ? shared_rebuild_in_place(job, sm, state_dir, timeout, progress, &rb)
+                      : sm->open_gates(&rb);
+    sm->disconnect();
+    *err = "job " + job.name + ": " + failure +
+           (ok ? "\nthe job runs on unchanged" : "\nbringing its shared memory back failed: " + rb);
+    if (!ok) *code = kExitJobLost;
+    return false;
+  };
+  if (!sm->save(state_dir, progress, &why)) return back(why, false);
+  report("release");
+  if (!sm->release(&why)) return back(why, true);
+  // Whatever still shares memory now does it outside the shims.
+  if (job_shares_device_memory(pids, &what))
+    return back("after the release, processes still share device memory (" + what +
+                    "): a process of the job shares it without the cusnap shim's tracking, so " +
+                    operation + " is refused",
+                true);
+  // CRIU must find no connection to outside the job.
+  sm->disconnect();
+  return true;
+}
+
+bool shared_rebuild_in_place(const JobInfo& job, SharedMemory* sm, const std::string& state_dir,
+                             std::chrono::milliseconds timeout, const ProgressSink& progress,
+                             std::string* err) {
+  if (!sm->active()) return true;
+  std::string first;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string why;
+    sm->disconnect();
+    if (sm->reconnect(shim_dir_of(job), shared_timeouts(timeout), &why) &&
+        sm->rebuild(state_dir, progress, &why)) {
+      bool ok = sm->open_gates(&why);
+      sm->disconnect();
+      if (!ok) *err = "opening the gates: " + why;
+      return ok;
+    }
+    if (attempt == 0) first = why;
+    else *err = first + "; once more: " + why;
+  }
+  sm->disconnect();
+  return false;
+}
+
+}  // namespace cusnap::engine_detail

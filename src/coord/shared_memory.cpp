@@ -1,0 +1,380 @@
+// SharedMemory (shared_memory.h).
+#include "coord/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "proto/control.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string records_path(const std::string& dir, pid_t pid) {
+  return dir + "/shim/" + std::to_string(pid) + ".records";
+}
+std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id) {
+  return dir + "/shared/" + std::to_string(pid) + "-" + std::to_string(id) + ".bin";
+}
+
+std::string pack(const proto::ShimRecords& r) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, r);
+  return std::string(buf.data(), buf.size());
+}
+
+bool write_file(const std::string& path, const std::string& data, std::string* err) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) {
+    *err = "cannot create " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd.get(), data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      *err = "cannot write " + path + ": " + std::strerror(errno);
+      return false;
+    }
+    off += static_cast<size_t>(w);
+  }
+  if (::fsync(fd.get()) != 0) {
+    *err = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool read_file(const std::string& path, size_t limit, std::string* out, std::string* err) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    *err = "cannot read " + path + ": " + (fd ? "not a regular file" : std::strerror(errno));
+    return false;
+  }
+  if (static_cast<uint64_t>(st.st_size) > limit) {
+    *err = path + " is larger than " + std::to_string(limit) + " bytes";
+    return false;
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t off = 0;
+  while (off < out->size()) {
+    ssize_t r = ::read(fd.get(), out->data() + off, out->size() - off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      *err = "cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "file shrank");
+      return false;
+    }
+    off += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+}  // namespace
+
+bool is_shared_creation(const proto::AllocationRecord& a) {
+  return a.origin == "created" && a.exported;
+}
+
+std::vector<pid_t> SharedMemory::processes() const {
+  std::vector<pid_t> out;
+  for (auto& p : procs_) out.push_back(p->pid);
+  return out;
+}
+
+uint64_t SharedMemory::shared_bytes() const {
+  uint64_t n = 0;
+  for (auto& p : procs_)
+    for (auto& a : p->records.allocations)
+      if (is_shared_creation(a)) n += a.size;
+  return n;
+}
+
+std::chrono::milliseconds SharedMemory::bulk_timeout(uint64_t bytes) const {
+  // The phase bound plus the bytes at 0.5 GB/s, so a large copy is never cut
+  // short while a stuck one still ends.
+  return t_.phase + std::chrono::milliseconds(bytes / 500000);
+}
+
+bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>& cuda,
+                           SharedTimeouts t, std::string* err) {
+  t_ = t;
+  shim_dir_ = shim_dir;
+  procs_.clear();
+  active_ = false;
+  for (pid_t pid : cuda) {
+    std::string path = proto::shim_control_socket(shim_dir, pid);
+    struct stat st {};
+    if (shim_dir.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))
+      continue;  // no tracking shim in this process
+    auto p = std::make_unique<Proc>();
+    p->pid = pid;
+    if (!p->client.connect(path, pid, t.control, err)) return false;
+    if (!p->client.inspect(&p->records, err)) return false;
+    procs_.push_back(std::move(p));
+  }
+  // Creations by (pid, start, id), and the checks that refuse.
+  std::set<std::tuple<int64_t, uint64_t, uint64_t>> created;
+  for (auto& p : procs_)
+    for (auto& a : p->records.allocations)
+      if (is_shared_creation(a)) created.emplace(p->records.pid, p->records.start_time, a.id);
+  for (auto& p : procs_) {
+    const auto& r = p->records;
+    const std::string who = "process " + std::to_string(p->pid);
+    if (r.foreign_imports_alive > 0) {
+      *err = who + " holds " + std::to_string(r.foreign_imports_alive) +
+             " imported allocation(s) or IPC mapping(s) that did not come from a cusnap shim "
+             "(a descriptor or IPC handle from outside the job, or from a process running "
+             "without the shim); their memory cannot be saved or rebuilt, so the checkpoint is "
+             "refused while they are alive";
+      return false;
+    }
+    if (!r.multicast.empty()) {
+      *err = who + " uses " + std::to_string(r.multicast.size()) +
+             " multicast object(s); cusnap cannot yet tear down and rebuild multicast groups, "
+             "so the checkpoint is refused";
+      return false;
+    }
+    for (auto& a : r.allocations) {
+      if (is_shared_creation(a)) active_ = true;
+      if (a.origin != "imported") continue;
+      active_ = true;
+      if (!created.count({a.creator_pid, a.creator_start, a.creator_id})) {
+        *err = who + " imported allocation " + std::to_string(a.creator_id) + " of process " +
+               std::to_string(a.creator_pid) +
+               ", which is not a process of this job with a cusnap shim (or no longer exports "
+               "it); the shared memory cannot be rebuilt, so the checkpoint is refused";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool SharedMemory::quiesce(std::string* err) {
+  const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
+  for (auto& p : procs_) {
+    if (!p->client.gate_close(wait_ms, err)) {
+      std::string rb;
+      open_gates(&rb);
+      return false;
+    }
+    p->gate_closed = true;
+  }
+  for (auto& p : procs_) {
+    if (!p->client.drain(t_.phase, err)) {
+      *err = "quiesce phase: " + *err;
+      std::string rb;
+      open_gates(&rb);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, std::string* err) {
+  std::error_code ec;
+  for (const char* sub : {"/shim", "/shared"}) {
+    fs::create_directories(dir + sub, ec);
+    if (!ec) fs::permissions(dir + sub, fs::perms::owner_all, ec);
+    if (ec) {
+      *err = "save phase: cannot create " + dir + sub + ": " + ec.message();
+      return false;
+    }
+  }
+  auto undo = [&] {
+    fs::remove_all(dir + "/shim", ec);
+    fs::remove_all(dir + "/shared", ec);
+  };
+  const uint64_t total = shared_bytes();
+  uint64_t done = 0;
+  if (progress) progress(Progress{"save", 0, total});
+  for (auto& p : procs_) {
+    try {
+      if (!write_file(records_path(dir, p->pid), pack(p->records), err)) {
+        *err = "save phase: " + *err;
+        undo();
+        return false;
+      }
+    } catch (const std::exception& e) {
+      *err = std::string("save phase: ") + e.what();
+      undo();
+      return false;
+    }
+    for (auto& a : p->records.allocations) {
+      if (!is_shared_creation(a)) continue;
+      std::string path = bytes_path(dir, p->pid, a.id);
+      UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      uint64_t bytes = 0;
+      if (!fd) {
+        *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
+        undo();
+        return false;
+      }
+      if (!p->client.save(a.id, fd.get(), bulk_timeout(a.size), &bytes, err)) {
+        *err = "save phase: " + *err;
+        undo();
+        return false;
+      }
+      if (bytes != a.size) {
+        *err = "save phase: process " + std::to_string(p->pid) + " saved " +
+               std::to_string(bytes) + " bytes of allocation " + std::to_string(a.id) + ", not " +
+               std::to_string(a.size);
+        undo();
+        return false;
+      }
+      done += bytes;
+      if (progress) progress(Progress{"save", done, total});
+    }
+  }
+  return true;
+}
+
+bool SharedMemory::release(std::string* err) {
+  for (const char* origin : {"imported", "created"})
+    for (auto& p : procs_)
+      if (!p->client.release(origin, t_.phase, err)) {
+        *err = std::string("release phase (") + origin + " memory): " + *err;
+        return false;
+      }
+  return true;
+}
+
+void SharedMemory::disconnect() {
+  for (auto& p : procs_) p->client.disconnect();
+}
+
+bool SharedMemory::load_records(const std::string& dir, const std::vector<pid_t>& pids,
+                                std::string* err) {
+  procs_.clear();
+  for (pid_t pid : pids) {
+    auto p = std::make_unique<Proc>();
+    p->pid = pid;
+    std::string data, path = records_path(dir, pid);
+    if (!read_file(path, proto::kMaxMessageBytes, &data, err)) return false;
+    try {
+      msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
+      oh.get().convert(p->records);
+    } catch (const std::exception& e) {
+      *err = path + " is not a shim record: " + e.what();
+      return false;
+    }
+    if (p->records.format != proto::kShimRecordsFormat || p->records.pid != pid) {
+      *err = path + " holds records of format " + std::to_string(p->records.format) +
+             " for process " + std::to_string(p->records.pid) + ", expected format " +
+             std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid);
+      return false;
+    }
+    // The restored shims' gates are closed as they were dumped.
+    p->gate_closed = true;
+    procs_.push_back(std::move(p));
+  }
+  active_ = !procs_.empty();
+  return true;
+}
+
+bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std::string* err) {
+  t_ = t;
+  shim_dir_ = shim_dir;
+  for (auto& p : procs_) {
+    if (p->client.connected()) continue;
+    if (!p->client.connect(proto::shim_control_socket(shim_dir, p->pid), p->pid, t.control, err))
+      return false;
+  }
+  return true;
+}
+
+bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
+                           std::string* err) {
+  const uint64_t total = shared_bytes();
+  uint64_t done = 0;
+  if (progress) progress(Progress{"rebuild", 0, total});
+  for (auto& p : procs_)
+    for (auto& a : p->records.allocations) {
+      if (!is_shared_creation(a)) continue;
+      std::string path = bytes_path(dir, p->pid, a.id);
+      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      if (!fd) {
+        *err = "rebuild phase: cannot open " + path + ": " + std::strerror(errno);
+        return false;
+      }
+      if (!p->client.load(a.id, fd.get(), bulk_timeout(a.size), err)) {
+        *err = "rebuild phase (creators): " + *err;
+        return false;
+      }
+      done += a.size;
+      if (progress) progress(Progress{"rebuild", done, total});
+    }
+  for (auto& p : procs_) {
+    bool imports = std::any_of(p->records.allocations.begin(), p->records.allocations.end(),
+                               [](const auto& a) { return a.origin == "imported"; });
+    if (imports && !p->client.reimport(t_.phase, err)) {
+      *err = "rebuild phase (importers): " + *err;
+      return false;
+    }
+  }
+  // Verify: every shim's records equal those captured.
+  for (auto& p : procs_) {
+    proto::ShimRecords now;
+    if (!p->client.inspect(&now, err)) {
+      *err = "verify phase: " + *err;
+      return false;
+    }
+    if (pack(now) != pack(p->records)) {
+      std::string what = "its records differ";
+      if (now.allocations.size() != p->records.allocations.size())
+        what = std::to_string(now.allocations.size()) + " allocations, captured " +
+               std::to_string(p->records.allocations.size());
+      else if (now.mappings.size() != p->records.mappings.size())
+        what = std::to_string(now.mappings.size()) + " mappings, captured " +
+               std::to_string(p->records.mappings.size());
+      else
+        for (size_t i = 0; i < now.mappings.size(); ++i)
+          if (now.mappings[i].address != p->records.mappings[i].address) {
+            what = "a mapping at " + hex(now.mappings[i].address) + ", captured at " +
+                   hex(p->records.mappings[i].address);
+            break;
+          }
+      *err = "verify phase: process " + std::to_string(p->pid) +
+             ": after the rebuild the shim reports " + what;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool SharedMemory::open_gates(std::string* err) {
+  bool ok = true;
+  for (auto& p : procs_) {
+    if (!p->gate_closed) continue;
+    std::string why;
+    if (!p->client.connected())
+      p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control, &why);
+    if (p->client.connected() && p->client.gate_open(&why)) {
+      p->gate_closed = false;
+      continue;
+    }
+    ok = false;
+    if (why.empty()) why = "process " + std::to_string(p->pid) + ": not connected";
+    *err += (err->empty() ? "" : "; ") + why;
+  }
+  return ok;
+}
+
+}  // namespace cusnap

@@ -1,0 +1,92 @@
+// The coordinator's phases for device memory shared between the job's
+// processes (DESIGN.md §4; docs/design.md "Shared memory"): through each
+// process's shim it closes the gates and drains device work, saves the bytes
+// of every shared allocation once (on its creator), releases shared memory
+// (importers first, then creators), and after the driver's restore creates
+// it again (creators load their bytes, importers import them), maps it at the
+// recorded addresses, checks that every shim's records equal the captured
+// ones, and only then opens the gates.
+//
+// Files in the state directory (the checkpoint directory, or the job's
+// runtime directory while suspended): shim/<pid>.records (ShimRecords,
+// MessagePack) and shared/<pid>-<allocation>.bin (the bytes).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coord/engine.h"
+#include "coord/shim_client.h"
+#include "proto/shim_messages.h"
+
+namespace cusnap {
+
+/// Timeouts of the shared-memory phases.
+struct SharedTimeouts {
+  std::chrono::milliseconds control{10000};  ///< one control exchange
+  std::chrono::milliseconds phase{60000};    ///< gate close and drain, release, reimport
+};
+
+class SharedMemory {
+ public:
+  /// Connects to the shims of the given CUDA processes (those with a control
+  /// socket under shim_dir) and inspects them. Refuses (false, *err says
+  /// why and which process) while a foreign import is alive, a multicast
+  /// object exists, or an import names an allocation no shim of the job
+  /// created. Changes nothing.
+  bool inspect(const std::string& shim_dir, const std::vector<pid_t>& cuda, SharedTimeouts t,
+               std::string* err);
+  /// Whether memory is shared between processes through the shims: when
+  /// false the other phases have nothing to do.
+  bool active() const { return active_; }
+  /// Processes with a shim that take part (after inspect or load_records).
+  std::vector<pid_t> processes() const;
+  /// Bytes of the allocations to save.
+  uint64_t shared_bytes() const;
+
+  /// Closes every gate and drains device work. On failure opens the gates
+  /// again: nothing changed.
+  bool quiesce(std::string* err);
+  /// Writes the records and every shared allocation's bytes into dir (made
+  /// private). On failure removes what it wrote; the gates stay closed.
+  bool save(const std::string& dir, const ProgressSink& progress, std::string* err);
+  /// Releases shared memory: importers first, then creators.
+  bool release(std::string* err);
+  /// Ends the connections (before the driver checkpoint and CRIU dump).
+  void disconnect();
+
+  /// For a restore: reads the records saved in dir for the given processes.
+  bool load_records(const std::string& dir, const std::vector<pid_t>& pids, std::string* err);
+  /// Connects again to every shim that takes part.
+  bool reconnect(const std::string& shim_dir, SharedTimeouts t, std::string* err);
+  /// Creators load their bytes from dir, importers import again; then every
+  /// shim's records must equal the captured ones.
+  bool rebuild(const std::string& dir, const ProgressSink& progress, std::string* err);
+  /// Opens every gate. Goes on past failures; *err lists them.
+  bool open_gates(std::string* err);
+
+ private:
+  struct Proc {
+    pid_t pid = 0;
+    proto::ShimRecords records;
+    ShimClient client;
+    bool gate_closed = false;
+  };
+  std::chrono::milliseconds bulk_timeout(uint64_t bytes) const;
+
+  std::vector<std::unique_ptr<Proc>> procs_;
+  SharedTimeouts t_;
+  std::string shim_dir_;
+  bool active_ = false;
+};
+
+/// Whether a saved allocation needs saving and releasing on its creator:
+/// created there and exported (through a ticket or a legacy IPC handle).
+bool is_shared_creation(const proto::AllocationRecord& a);
+
+}  // namespace cusnap
