@@ -4,26 +4,71 @@
 # gpu-bundle.sh prepares CRIU and a release build to carry there):
 #
 #   PATH=$PWD/.gpu-bundle/bin:$PATH LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib \
-#     bash scripts/gpu-test.sh
+#     bash scripts/gpu-test.sh [SCENARIO...]
 #
-# 1. The end-to-end checkpoint scenarios of CI (tests/e2e/checkpoint_*.sh)
-#    with the real driver: checkpoint/stop/restore twice, --leave-running,
-#    suspend/resume, two processes with private memory, the refusals, a
-#    corrupted checkpoint, a failing CRIU dump rolled back. Parts that need
-#    the simulated driver (its fault injection, its allocation names) say so
-#    and are skipped.
-# 2. Timing: a pattern job holding 4 GiB and one holding 16 GiB are
-#    checkpointed (and stopped), restored, and must continue counting with
-#    every byte verified; the time of each phase is printed in a table.
+# Scenarios (all of them, in this order, when none is named; --list lists them):
+#   e2e          The end-to-end checkpoint scenarios of CI (tests/e2e/
+#                checkpoint_*.sh) with the real driver: checkpoint/stop/restore
+#                twice, --leave-running, suspend/resume, two processes with
+#                private memory, the refusals, a corrupted checkpoint, a failing
+#                CRIU dump rolled back. Parts that need the simulated driver (its
+#                fault injection, its allocation names) say so and are skipped.
+#   timing       A pattern job holding 4 GiB and one holding 16 GiB are
+#                checkpointed (and stopped), restored, and must continue counting
+#                with every byte verified; the time of each phase is printed.
+#   shared-posix cusnap-share-job: a parent exports a POSIX-fd VMM allocation to
+#                its forked child. Checkpoint (stops it), restore (detached):
+#                both processes must count on past their last count; then, on a
+#                fresh launch, suspend (counts stand still) and resume (they go on).
+#   shared-ipc   The same with cusnap-ipc-pair (legacy CUDA IPC); skipped when
+#                that workload is not built.
+#   torch-share-default, torch-share-expandable
+#                tests/gpu/torch_share.py: PyTorch shares a CUDA tensor with a
+#                spawned worker (legacy IPC with the default allocator, POSIX-fd
+#                VMM with expandable_segments:True). First run without cusnap
+#                (the workload's own check; skipped when torch cannot share on
+#                this machine), then checkpoint/stop/restore under cusnap: main
+#                and worker must both count on.
+#   e2e-shared   The end-to-end scenarios of jobs that share device memory
+#                (tests/e2e/shared_*.sh) with the real driver.
+#   torch-share-noshim
+#                Negative control: torch_share.py (default allocator) under
+#                `cusnap launch --no-shim`, so only the bare driver sees the
+#                sharing; its checkpoint or restore is expected to fail (the
+#                driver cannot restore an importer, GPU.md). Reported as PASS when
+#                it fails as expected, NOTE when it unexpectedly restores.
+# The shared-* and torch-* jobs' checkpoint, restore, suspend and resume get
+# --timeout CUSNAP_GPU_TEST_SHARE_TIMEOUT (default 120 s a phase) and the
+# client is killed after 2.5 times that (e2e-shared: each test).
+# Every checkpoint/restore scenario prints the wall time of checkpoint and
+# restore and their phases (from --json).
 #
 # Exits 77 (skipped) with the reason when there is no GPU, no real driver,
-# no CRIU >= 4.1, or not root. Environment: CUSNAP_BINARY_DIR (default: the
-# bundle's build, else build-gpu, else build), CUSNAP_GPU_TEST_DIR (where
-# checkpoints are written; default a directory under /var/tmp, on disk),
-# CUSNAP_GPU_TEST_SIZES (MiB, default "4096 16384").
+# no CRIU >= 4.1, or not root; 2 for an unknown scenario. Environment:
+# CUSNAP_BINARY_DIR (default: the bundle's build, else build-gpu, else build),
+# CUSNAP_GPU_TEST_DIR (where checkpoints are written; default a directory under
+# /var/tmp, on disk), CUSNAP_GPU_TEST_SIZES (timing, MiB, default "4096 16384"),
+# CUSNAP_GPU_TEST_SHARE_MIB (shared-*, default 64), CUSNAP_GPU_TEST_TORCH_MIB
+# (torch-*, default 64), CUSNAP_GPU_TEST_IPC_ARGS (arguments of cusnap-ipc-pair,
+# default "--mib 64 --interval-ms 100"), CUSNAP_PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+
+SCENARIOS_ALL=(e2e timing shared-posix shared-ipc torch-share-default torch-share-expandable
+  e2e-shared torch-share-noshim)
+SELECTED=()
+for a in "$@"; do
+  case $a in
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --list) printf '%s\n' "${SCENARIOS_ALL[@]}"; exit 0 ;;
+    all) SELECTED+=("${SCENARIOS_ALL[@]}") ;;
+    *) if [[ " ${SCENARIOS_ALL[*]} " == *" $a "* ]]; then SELECTED+=("$a"); else
+         echo "gpu-test: unknown scenario '$a'; known: ${SCENARIOS_ALL[*]}" >&2; exit 2
+       fi ;;
+  esac
+done
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=("${SCENARIOS_ALL[@]}")
 
 skip() { echo "gpu-test: SKIP: $*"; exit 77; }
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
@@ -66,33 +111,54 @@ BIN=$CUSNAP_BINARY_DIR/bin
 echo "gpu-test: driver $REAL_LIBCUDA, CRIU $CRIU_VERSION ($CRIU), build $CUSNAP_BINARY_DIR"
 nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader
 
-# 1. The CI scenarios against the real driver.
-failed=()
-for t in "$ROOT"/tests/e2e/checkpoint_*.sh; do
-  name=$(basename "$t" .sh)
-  start=$(date +%s.%N)
-  rc=0
-  timeout 600 bash "$t" >"/tmp/gpu-test-$name.log" 2>&1 || rc=$?
-  secs=$(since "$start")
-  case $rc in
-    0) printf 'PASS %-32s %6.1f s\n' "$name" "$secs" ;;
-    77) printf 'SKIP %-32s %s\n' "$name" "$(grep SKIP "/tmp/gpu-test-$name.log" | head -1)" ;;
-    *) printf 'FAIL %-32s (exit %d)\n' "$name" "$rc"; sed 's/^/    /' "/tmp/gpu-test-$name.log" | tail -25
-       failed+=("$name") ;;
-  esac
-  grep '^note:' "/tmp/gpu-test-$name.log" | sed 's/^/    /' || true
-done
+echo "gpu-test: scenarios: ${SELECTED[*]}"
 
-# 2. Timing with large device memory.
+failed=()
+SUMMARY=()
+PHASE_TIMEOUT=${CUSNAP_GPU_TEST_SHARE_TIMEOUT:-120}
+CLIENT_TIMEOUT=$((PHASE_TIMEOUT * 5 / 2))
+
 WORK=${CUSNAP_GPU_TEST_DIR:-/var/tmp/cusnap-gpu-test}
 rm -rf "$WORK"
 mkdir -p "$WORK"
 export CUSNAP_RUNTIME_BASE=$WORK/run TMPDIR=$WORK
 SUPERVISORS=()
+JOB_SIDS=()  # root pids of the jobs started here: each leads its own session
+
+# job_rows: "NAME PID SUPERVISOR_PID" of every job under this run's runtime base.
+job_rows() {
+  "$BIN/cusnap" ps --json 2>/dev/null | python3 -c '
+import json, sys
+try:
+    for j in json.load(sys.stdin): print(j["name"], j.get("pid", ""), j.get("supervisor_pid", ""))
+except Exception: pass' || true
+}
+# session_pids SID: the processes of session SID (a job is its session's leader;
+# CRIU restores the session), from /proc, by id.
+session_pids() {
+  local f line sid
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    read -r _ _ _ sid _ <<<"${line##*) }"
+    [ "$sid" = "$1" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+  return 0
+}
 cleanup() {
+  set +e
+  local row p sid
+  # Detached restores: their supervisors are not children of this script.
+  while read -r row; do
+    [ -n "$row" ] || continue
+    p=$(echo "$row" | awk '{print $3}')
+    [ -n "$p" ] && kill -TERM "$p" 2>/dev/null
+  done < <(job_rows)
   for p in "${SUPERVISORS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   sleep 0.5
   for p in "${SUPERVISORS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for sid in "${JOB_SIDS[@]}"; do
+    for p in $(session_pids "$sid"); do kill -9 "$p" 2>/dev/null; done
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -122,61 +188,481 @@ except Exception as e: print("unparsed", 0)
 PY
 }
 
+# 1. The CI scenarios against the real driver.
+run_e2e() {  # GLOB-PREFIX SECONDS: tests/e2e/PREFIX*.sh, each under a timeout
+  local t name start rc secs
+  for t in "$ROOT"/tests/e2e/"$1"*.sh; do
+    name=$(basename "$t" .sh)
+    start=$(date +%s.%N)
+    rc=0
+    timeout "$2" bash "$t" >"/tmp/gpu-test-$name.log" 2>&1 || rc=$?
+    secs=$(since "$start")
+    case $rc in
+      0) printf 'PASS %-32s %6.1f s\n' "$name" "$secs" ;;
+      77) printf 'SKIP %-32s %s\n' "$name" "$(grep SKIP "/tmp/gpu-test-$name.log" | head -1)" ;;
+      *) printf 'FAIL %-32s (exit %d)\n' "$name" "$rc"; sed 's/^/    /' "/tmp/gpu-test-$name.log" | tail -25
+         failed+=("$name") ;;
+    esac
+    grep '^note:' "/tmp/gpu-test-$name.log" | sed 's/^/    /' || true
+  done
+}
+scenario_e2e() { run_e2e checkpoint_ 600; }
+scenario_e2e_shared() { run_e2e shared_ "$CLIENT_TIMEOUT"; }
+
+# 2. Timing with large device memory.
 declare -A TABLE
-sizes=${CUSNAP_GPU_TEST_SIZES:-4096 16384}
-for mib in $sizes; do
-  name=t$mib
-  echo "gpu-test: timing a job holding $mib MiB"
-  "$BIN/cusnap" launch --name "$name" -- "$BIN/cusnap-pattern-job" --mib "$mib" --interval-ms 100 \
-    >"$WORK/$name.out" 2>&1 &
-  SUPERVISORS+=($!)
-  sup=$!
-  if ! wait_count "$WORK/$name.out" 2 300; then
-    echo "FAIL timing $mib MiB: the job did not start counting"; tail -5 "$WORK/$name.out"
-    failed+=("timing-$mib"); kill -9 "$sup" 2>/dev/null || true; continue
-  fi
-  pid=$(grep -m1 '^ready pid' "$WORK/$name.out" | awk '{print $3}')
-  t0=$(date +%s.%N)
-  if ! "$BIN/cusnap" checkpoint "$name" -o "$WORK/$name.ckpt" --timeout 600 --json >"$WORK/$name.ckpt.json" 2>&1; then
-    echo "FAIL timing $mib MiB: checkpoint failed"; cat "$WORK/$name.ckpt.json"
-    failed+=("timing-$mib"); kill -9 "$sup" 2>/dev/null || true; continue
-  fi
-  TABLE[$mib,checkpoint_wall]=$(since "$t0")
-  wait "$sup" || true
-  for _ in $(seq 1 200); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
-  last=$(last_count "$WORK/$name.out")
-  TABLE[$mib,size]=$(du -sb "$WORK/$name.ckpt" | awk '{print $1}')
-  t0=$(date +%s.%N)
-  if ! "$BIN/cusnap" restore "$WORK/$name.ckpt" --detach --timeout 600 --json >"$WORK/$name.restore.json" 2>&1; then
-    echo "FAIL timing $mib MiB: restore failed"; cat "$WORK/$name.restore.json"
-    failed+=("timing-$mib"); continue
-  fi
-  TABLE[$mib,restore_wall]=$(since "$t0")
-  # Detached: the job's output goes to its log in the runtime directory.
-  log=$(ls "$CUSNAP_RUNTIME_BASE/$name"/*.log 2>/dev/null | head -1 || true)
-  ok=0
-  if [ -n "$log" ] && wait_count "$log" $((last + 2)) 300; then ok=1; fi
-  if [ $ok = 1 ]; then
-    echo "  restored; counting on from $last with all $mib MiB verified each round"
-  else
-    echo "FAIL timing $mib MiB: the restored job did not count on past $last"
-    [ -n "$log" ] && tail -5 "$log"
-    failed+=("timing-$mib")
-  fi
-  echo "  checkpoint phases:"; phases "$WORK/$name.ckpt.json" | sed 's/^/    /'
-  echo "  restore phases:"; phases "$WORK/$name.restore.json" | sed 's/^/    /'
-  printf '  checkpoint %.1f s, restore %.1f s (wall, including the client), checkpoint size %.2f GiB\n' \
-    "${TABLE[$mib,checkpoint_wall]}" "${TABLE[$mib,restore_wall]}" \
-    "$(awk -v b="${TABLE[$mib,size]}" 'BEGIN { print b / 1073741824 }')"
-  rpid=$(CUSNAP_RUNTIME_BASE=$CUSNAP_RUNTIME_BASE "$BIN/cusnap" ps --json | python3 -c '
+scenario_timing() {
+  local sizes mib name sup pid t0 last log ok rpid
+  sizes=${CUSNAP_GPU_TEST_SIZES:-4096 16384}
+  for mib in $sizes; do
+    name=t$mib
+    echo "gpu-test: timing a job holding $mib MiB"
+    "$BIN/cusnap" launch --name "$name" -- "$BIN/cusnap-pattern-job" --mib "$mib" --interval-ms 100 \
+      >"$WORK/$name.out" 2>&1 &
+    SUPERVISORS+=($!)
+    sup=$!
+    if ! wait_count "$WORK/$name.out" 2 300; then
+      echo "FAIL timing $mib MiB: the job did not start counting"; tail -5 "$WORK/$name.out"
+      failed+=("timing-$mib"); kill -9 "$sup" 2>/dev/null || true; continue
+    fi
+    pid=$(grep -m1 '^ready pid' "$WORK/$name.out" | awk '{print $3}')
+    t0=$(date +%s.%N)
+    if ! "$BIN/cusnap" checkpoint "$name" -o "$WORK/$name.ckpt" --timeout 600 --json >"$WORK/$name.ckpt.json" 2>&1; then
+      echo "FAIL timing $mib MiB: checkpoint failed"; cat "$WORK/$name.ckpt.json"
+      failed+=("timing-$mib"); kill -9 "$sup" 2>/dev/null || true; continue
+    fi
+    TABLE[$mib,checkpoint_wall]=$(since "$t0")
+    wait "$sup" || true
+    for _ in $(seq 1 200); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
+    last=$(last_count "$WORK/$name.out")
+    TABLE[$mib,size]=$(du -sb "$WORK/$name.ckpt" | awk '{print $1}')
+    t0=$(date +%s.%N)
+    if ! "$BIN/cusnap" restore "$WORK/$name.ckpt" --detach --timeout 600 --json >"$WORK/$name.restore.json" 2>&1; then
+      echo "FAIL timing $mib MiB: restore failed"; cat "$WORK/$name.restore.json"
+      failed+=("timing-$mib"); continue
+    fi
+    TABLE[$mib,restore_wall]=$(since "$t0")
+    # Detached: the job's output goes to its log in the runtime directory.
+    log=$(ls "$CUSNAP_RUNTIME_BASE/$name"/*.log 2>/dev/null | head -1 || true)
+    ok=0
+    if [ -n "$log" ] && wait_count "$log" $((last + 2)) 300; then ok=1; fi
+    if [ $ok = 1 ]; then
+      echo "  restored; counting on from $last with all $mib MiB verified each round"
+    else
+      echo "FAIL timing $mib MiB: the restored job did not count on past $last"
+      [ -n "$log" ] && tail -5 "$log"
+      failed+=("timing-$mib")
+    fi
+    echo "  checkpoint phases:"; phases "$WORK/$name.ckpt.json" | sed 's/^/    /'
+    echo "  restore phases:"; phases "$WORK/$name.restore.json" | sed 's/^/    /'
+    printf '  checkpoint %.1f s, restore %.1f s (wall, including the client), checkpoint size %.2f GiB\n' \
+      "${TABLE[$mib,checkpoint_wall]}" "${TABLE[$mib,restore_wall]}" \
+      "$(awk -v b="${TABLE[$mib,size]}" 'BEGIN { print b / 1073741824 }')"
+    rpid=$(CUSNAP_RUNTIME_BASE=$CUSNAP_RUNTIME_BASE "$BIN/cusnap" ps --json | python3 -c '
 import json, sys
 for j in json.load(sys.stdin):
     if j["name"] == sys.argv[1]: print(j.get("supervisor_pid", ""))' "$name" || true)
-  [ -n "$rpid" ] && kill -TERM "$rpid" 2>/dev/null || true
-  for _ in $(seq 1 200); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
-  rm -rf "$WORK/$name.ckpt"
+    [ -n "$rpid" ] && kill -TERM "$rpid" 2>/dev/null || true
+    for _ in $(seq 1 200); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
+    rm -rf "$WORK/$name.ckpt"
+  done
+}
+
+# 3. Jobs whose processes share device memory. Each process of such a job
+# prints "[LABEL ]count N ok" lines (LABEL: "importer", "worker", "main", ...);
+# the checks below follow every label found in a job's output.
+
+# counts FILE [first|last]: "LABEL N" for each process label in FILE (the words
+# before "count", joined by '_'; "-" when none) with its first or last count.
+counts() {
+  awk -v mode="${2:-last}" '
+    NF >= 3 && $NF == "ok" && $(NF-2) == "count" && $(NF-1) ~ /^[0-9]+$/ {
+      l = ""; for (i = 1; i < NF - 2; i++) l = l (l == "" ? "" : "_") $i
+      if (l == "") l = "-"
+      if (!(l in first)) first[l] = $(NF-1)
+      last[l] = $(NF-1)
+    }
+    END { for (l in last) print l, (mode == "first" ? first[l] : last[l]) }' "$1" 2>/dev/null | sort
+  return 0
+}
+# count_of FILE LABEL [first|last]: that label's count (0 when it has none).
+count_of() {
+  local n
+  n=$(counts "$1" "${3:-last}" | awk -v l="$2" '$1 == l {print $2}')
+  echo "${n:-0}"
+}
+# seens FILE: "LABEL S" for each label's last "[LABEL ]seen S" line: the
+# smallest counter of its peers that the process found in the shared bytes.
+seens() {
+  awk 'NF >= 2 && $(NF-1) == "seen" && $NF ~ /^[0-9]+$/ {
+      l = ""; for (i = 1; i < NF - 1; i++) l = l (l == "" ? "" : "_") $i
+      if (l == "") l = "-"
+      last[l] = $NF
+    }
+    END { for (l in last) print l, last[l] }' "$1" 2>/dev/null | sort
+  return 0
+}
+# wait_seen_past FILE SECONDS BEFORE: until every label of BEFORE ("LABEL S"
+# lines) sees more than S in FILE: its peers' writes reach it again.
+wait_seen_past() {
+  local file=$1 secs=$2 before=$3 l s now ok
+  [ -n "$before" ] || return 0
+  for _ in $(seq 1 $((secs * 10))); do
+    ok=1
+    while read -r l s; do
+      now=$(seens "$file" | awk -v l="$l" '$1 == l {print $2}')
+      [ "${now:-0}" -gt "$s" ] || ok=0
+    done <<<"$before"
+    [ $ok = 1 ] && return 0
+    sleep 0.1
+  done
+  WHY="peers' writes not seen any more: before $(echo "$before" | tr '\n' ' ')-> now $(seens "$file" | tr '\n' ' ')"
+  return 1
+}
+# A wrong byte or a failing call, as the workloads report them.
+ERROR_RE='MISMATCH|mismatch|, expected|failed|Traceback|[A-Za-z]Error|ERROR|ended|open gave'
+error_lines() { grep -E "$ERROR_RE" "$1" 2>/dev/null | head -5; }
+
+# wait_labels FILE SECONDS NPROC: until FILE shows counts of NPROC labels, each >= 2.
+# wait_past FILE SECONDS "LABEL N" ...: until each LABEL's last count >= N.
+# Both fail early on an error line; WHY says what went wrong.
+WHY=
+wait_labels() {
+  local file=$1 secs=$2 nproc=$3
+  for _ in $(seq 1 $((secs * 10))); do
+    [ "$(counts "$file" | awk '$2 >= 2' | wc -l)" -ge "$nproc" ] && return 0
+    if [ -n "$(error_lines "$file")" ]; then WHY="error: $(error_lines "$file" | head -1)"; return 1; fi
+    sleep 0.1
+  done
+  WHY="fewer than $nproc processes counting after $secs s: $(counts "$file" | tr '\n' ' ')"
+  return 1
+}
+wait_past() {
+  local file=$1 secs=$2 spec l n done_all
+  shift 2
+  for _ in $(seq 1 $((secs * 10))); do
+    done_all=1
+    for spec in "$@"; do
+      read -r l n <<<"$spec"
+      [ "$(count_of "$file" "$l")" -ge "$n" ] || { done_all=0; break; }
+    done
+    [ $done_all = 1 ] && return 0
+    if [ -n "$(error_lines "$file")" ]; then WHY="error: $(error_lines "$file" | head -1)"; return 1; fi
+    sleep 0.1
+  done
+  WHY="not all processes reached their target in $secs s: now $(counts "$file" | tr '\n' ' ')"
+  return 1
+}
+job_field() {  # NAME FIELD (empty when the job is not listed)
+  "$BIN/cusnap" ps --json 2>/dev/null | python3 -c '
+import json, sys
+try:
+    for j in json.load(sys.stdin):
+        if j["name"] == sys.argv[1]: print(j.get(sys.argv[2], ""))
+except Exception: pass' "$1" "$2" || true
+}
+json_field() {  # FILE FIELD: a top-level field of the first JSON object in FILE
+  python3 - "$1" "$2" <<'PY' || true
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    obj, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+    print(obj.get(sys.argv[2], ""))
+except Exception:
+    pass
+PY
+}
+wait_pids_gone() {  # SECONDS PID...: 0 when all are gone
+  local secs=$1 p left
+  shift
+  for _ in $(seq 1 $((secs * 20))); do
+    left=0
+    for p in "$@"; do [ -e "/proc/$p" ] && left=1; done
+    [ $left = 0 ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# stop_job NAME SID: TERM the job's supervisor (it forwards the signal to the
+# job), then KILL whatever of the job's session is left.
+stop_job() {
+  local sup p
+  sup=$(job_field "$1" supervisor_pid)
+  [ -n "$sup" ] && kill -TERM "$sup" 2>/dev/null
+  [ -n "${2:-}" ] || return 0
+  # shellcheck disable=SC2046
+  wait_pids_gone 15 $(session_pids "$2") && return 0
+  for p in $(session_pids "$2"); do kill -9 "$p" 2>/dev/null; done
+  # shellcheck disable=SC2046
+  wait_pids_gone 15 $(session_pids "$2") || echo "  note: processes of job $1 are still there"
+  return 0
+}
+result() {  # STATUS SCENARIO TEXT
+  printf '%s %-28s %s\n' "$1" "$2" "$3"
+  SUMMARY+=("$(printf '%-5s %-28s %s' "$1" "$2" "$3")")
+  [ "$1" = FAIL ] && failed+=("$2")
+  return 0
+}
+show_tail() { [ -f "$1" ] && tail -n "${2:-12}" "$1" | sed 's/^/    | /'; return 0; }
+show_phases() {  # TITLE JSON-FILE
+  echo "  $1 phases: $(phases "$2" | awk '{printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $2}')"
+}
+
+# launch_job NAME OUT [LAUNCH-OPTIONS...] -- CMD...: cusnap launch in the
+# background, its output in OUT; SUP is its supervisor.
+launch_job() {
+  local name=$1 out=$2
+  local opts=()
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  "$BIN/cusnap" launch "${opts[@]}" --name "$name" -- "$@" >"$out" 2>&1 &
+  SUP=$!
+  SUPERVISORS+=("$SUP")
+}
+# start_job SCENARIO NAME OUT NPROC [LAUNCH-OPTIONS...] -- CMD...: launch and
+# wait until NPROC processes count; ROOT_PID is the job's first process.
+# Reports FAIL for SCENARIO (and stops the job) when it does not start.
+start_job() {
+  local scen=$1 name=$2 out=$3 nproc=$4
+  shift 4
+  ROOT_PID=
+  launch_job "$name" "$out" "$@"
+  for _ in $(seq 1 300); do
+    ROOT_PID=$(job_field "$name" pid)
+    [ -n "$ROOT_PID" ] && break
+    kill -0 "$SUP" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$ROOT_PID" ] && JOB_SIDS+=("$ROOT_PID")
+  if [ -z "$ROOT_PID" ] || ! wait_labels "$out" 300 "$nproc"; then
+    result FAIL "$scen" "the job did not start counting in $nproc processes: ${WHY:-not listed by cusnap ps}"
+    show_tail "$out"
+    stop_job "$name" "$ROOT_PID"
+    return 1
+  fi
+  return 0
+}
+
+# checkpoint_restore SCENARIO NPROC [LAUNCH-OPTIONS...] -- CMD...: the job under
+# cusnap launch; once NPROC processes count, `cusnap checkpoint` (which stops
+# it), then `cusnap restore --detach`: every process must count on past its last
+# count before the checkpoint (3 more rounds), with no error line, and the job
+# must still run. Prints the wall time and phases of both; stops the job.
+# With EXPECT_FAILURE=1 (negative control) a failure anywhere is the expected
+# result: PASS when it fails, NOTE when it restores and counts on.
+checkpoint_restore() {
+  local scen=$1 nproc=$2
+  shift 2
+  local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt
+  local cj=$WORK/$scen.ckpt.json rj=$WORK/$scen.restore.json
+  local sup pids before spec targets=() t0 ck_wall rs_wall rdir log first l n back=() gaps=() \
+    rpid expect=${EXPECT_FAILURE:-0} why seen_before
+  start_job "$scen" "$name" "$out" "$nproc" "$@" || return 0
+  sup=$SUP
+  pids=$(session_pids "$ROOT_PID")
+  echo "  $scen: job pid $ROOT_PID, processes $(echo "$pids" | tr '\n' ' '), counting: $(counts "$out" | tr '\n' ' ')"
+
+  t0=$(date +%s.%N)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+    why="checkpoint failed: $(json_field "$cj" error | head -1)"
+    [ "$why" = "checkpoint failed: " ] && why="checkpoint failed: $(tail -1 "$cj")"
+    if [ "$expect" = 1 ]; then result PASS "$scen" "failed as expected without the shim: $why"
+    else result FAIL "$scen" "$why"; show_tail "$cj"; show_tail "$out" 6; fi
+    stop_job "$name" "$ROOT_PID"
+    return 0
+  fi
+  ck_wall=$(since "$t0")
+  wait "$sup" 2>/dev/null || true
+  # shellcheck disable=SC2086
+  if ! wait_pids_gone 60 $pids; then
+    result FAIL "$scen" "processes of the job are still there after the checkpoint: $(session_pids "$ROOT_PID" | tr '\n' ' ')"
+    stop_job "$name" "$ROOT_PID"
+    return 0
+  fi
+  before=$(counts "$out")
+  seen_before=$(seens "$out")
+  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 3))"); done <<<"$before"
+  echo "  checkpoint: ${ck_wall} s wall, $(du -sh "$ck" 2>/dev/null | awk '{print $1}'); stopped at: $(echo "$before" | tr '\n' ' ')"
+  show_phases checkpoint "$cj"
+
+  t0=$(date +%s.%N)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
+    why="restore failed: $(json_field "$rj" error | head -1)"
+    [ "$why" = "restore failed: " ] && why="restore failed: $(tail -1 "$rj")"
+    if [ "$expect" = 1 ]; then result PASS "$scen" "failed as expected without the shim: $why"
+    else result FAIL "$scen" "$why"; show_tail "$rj"; fi
+    stop_job "$name" "$ROOT_PID"
+    rm -rf "$ck"
+    return 0
+  fi
+  rs_wall=$(since "$t0")
+  rpid=$(json_field "$rj" pid)
+  rdir=$(json_field "$rj" runtime_dir)
+  log=${rdir:-$CUSNAP_RUNTIME_BASE/$name}/output.log
+  echo "  restore: ${rs_wall} s wall (pid ${rpid:-?})"
+  show_phases restore "$rj"
+
+  if ! wait_past "$log" 120 "${targets[@]}" || ! wait_seen_past "$log" 30 "$seen_before"; then
+    if [ "$expect" = 1 ]; then
+      result PASS "$scen" "the restored job failed as expected without the shim: $WHY"
+    else
+      result FAIL "$scen" "after restore: $WHY (before: $(echo "$before" | tr '\n' ' '))"
+    fi
+    show_tail "$log"
+    stop_job "$name" "$ROOT_PID"
+    rm -rf "$ck"
+    return 0
+  fi
+  # Each process must go on from where it was: its first count after the
+  # restore follows its last one before (a lower one means it started over).
+  while read -r l n; do
+    [ -n "$l" ] || continue
+    first=$(count_of "$log" "$l" first)
+    if [ "$first" -le "$n" ]; then back+=("$l:$n->$first")
+    elif [ "$first" -ne $((n + 1)) ]; then gaps+=("$l:$n->$first"); fi
+  done <<<"$before"
+  if [ -z "$(job_field "$name" pid)" ]; then
+    why="the restored job ended"
+  elif [ ${#back[@]} -gt 0 ]; then
+    why="processes started over instead of continuing: ${back[*]}"
+  elif [ -n "$(error_lines "$log")" ]; then
+    why="error after restore: $(error_lines "$log" | head -1)"
+  else
+    why=
+  fi
+  if [ -n "$why" ]; then
+    if [ "$expect" = 1 ]; then result PASS "$scen" "failed as expected without the shim: $why"
+    else result FAIL "$scen" "$why"; show_tail "$log"; fi
+  elif [ "$expect" = 1 ]; then
+    result NOTE "$scen" "restored and counted on WITHOUT the shim (the negative control did not fail): $(counts "$log" | tr '\n' ' ')"
+  else
+    result PASS "$scen" "checkpoint ${ck_wall} s, restore ${rs_wall} s; counting on: $(counts "$log" | tr '\n' ' ')"
+  fi
+  [ ${#gaps[@]} -gt 0 ] && echo "  note: count lines lost around the checkpoint: ${gaps[*]}"
+  stop_job "$name" "$ROOT_PID"
+  rm -rf "$ck"
+  return 0
+}
+
+# job_op suspend|resume SCENARIO OUT [MORE]: `cusnap suspend|resume` of the job
+# named SCENARIO; OP_WALL is its wall time. On failure reports FAIL (with MORE),
+# stops the job and returns 1.
+job_op() {
+  local t0 j=$WORK/$2.$1.json
+  t0=$(date +%s.%N)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" "$1" "$2" --timeout "$PHASE_TIMEOUT" --json >"$j" 2>&1; then
+    result FAIL "$2" "$1 failed: $(tail -1 "$j")${4:+; $4}"
+    show_tail "$3" 6
+    stop_job "$2" "$ROOT_PID"
+    return 1
+  fi
+  OP_WALL=$(since "$t0")
+}
+
+# suspend_resume SCENARIO NPROC [LAUNCH-OPTIONS...] -- CMD...: a fresh job;
+# `cusnap suspend`: no process may count on while suspended; `cusnap resume`:
+# every process counts on (3 more rounds) with no error line.
+suspend_resume() {
+  local scen=$1 nproc=$2
+  shift 2
+  local name=$scen out=$WORK/$scen.out s_wall r_wall c1 c2 targets=() l n why seen2
+  start_job "$scen" "$name" "$out" "$nproc" "$@" || return 0
+  job_op suspend "$scen" "$out" || return 0
+  s_wall=$OP_WALL
+  sleep 0.5
+  c1=$(counts "$out")
+  sleep 2
+  c2=$(counts "$out")
+  why=
+  [ "$c1" = "$c2" ] || why="counts went on while suspended: $(echo "$c1" | tr '\n' ' ')-> $(echo "$c2" | tr '\n' ' ')"
+  [ "$(job_field "$name" state)" = suspended ] || why="${why:+$why; }cusnap ps does not say suspended"
+  kill -0 "$ROOT_PID" 2>/dev/null || why="${why:+$why; }the job's process is gone"
+  seen2=$(seens "$out")
+  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 3))"); done <<<"$c2"
+  job_op resume "$scen" "$out" "$why" || return 0
+  r_wall=$OP_WALL
+  echo "  suspend ${s_wall} s, resume ${r_wall} s (wall); suspended at: $(echo "$c2" | tr '\n' ' ')"
+  if ! wait_past "$out" 120 "${targets[@]}" || ! wait_seen_past "$out" 30 "$seen2"; then
+    why="${why:+$why; }after resume: $WHY"
+  elif [ -n "$(error_lines "$out")" ]; then
+    why="${why:+$why; }error: $(error_lines "$out" | head -1)"
+  fi
+  if [ -n "$why" ]; then result FAIL "$scen" "$why"; show_tail "$out"
+  else result PASS "$scen" "suspend ${s_wall} s, resume ${r_wall} s; counting on: $(counts "$out" | tr '\n' ' ')"; fi
+  stop_job "$name" "$ROOT_PID"
+  return 0
+}
+
+SHARE_MIB=${CUSNAP_GPU_TEST_SHARE_MIB:-64}
+scenario_shared_posix() {
+  echo "gpu-test: shared-posix: cusnap-share-job, a POSIX-fd VMM allocation of $SHARE_MIB MiB shared by parent and child"
+  checkpoint_restore shared-posix 2 -- "$BIN/cusnap-share-job" --mib "$SHARE_MIB" --interval-ms 100
+  suspend_resume shared-posix-suspend 2 -- "$BIN/cusnap-share-job" --mib "$SHARE_MIB" --interval-ms 100
+}
+
+scenario_shared_ipc() {
+  local args
+  if [ ! -x "$BIN/cusnap-ipc-pair" ]; then
+    result SKIP shared-ipc "$BIN/cusnap-ipc-pair is not built (tests/workloads/ipc_pair.cpp)"
+    return 0
+  fi
+  read -r -a args <<<"${CUSNAP_GPU_TEST_IPC_ARGS:---mib $SHARE_MIB --interval-ms 100}"
+  echo "gpu-test: shared-ipc: cusnap-ipc-pair ${args[*]}, a cuMemAlloc block shared through legacy IPC"
+  checkpoint_restore shared-ipc 2 -- "$BIN/cusnap-ipc-pair" "${args[@]}"
+  suspend_resume shared-ipc-suspend 2 -- "$BIN/cusnap-ipc-pair" "${args[@]}"
+}
+
+PY=${CUSNAP_PYTHON:-python3}
+TORCH_SHARE=$ROOT/tests/gpu/torch_share.py
+TORCH_MIB=${CUSNAP_GPU_TEST_TORCH_MIB:-64}
+# torch_ready SCENARIO: torch sees a GPU here (else SKIP).
+torch_ready() {
+  if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    result SKIP "$1" "$PY has no torch with CUDA"
+    return 1
+  fi
+}
+# torch_baseline SCENARIO ALLOC: torch_share.py for 4 s without cusnap; SKIP
+# when torch's own sharing fails on this machine (nothing of cusnap's is in it).
+torch_baseline() {
+  local out=$WORK/$1.bare.out rc=0
+  timeout 180 "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB" --seconds 4 >"$out" 2>&1 || rc=$?
+  if [ $rc != 0 ] || [ "$(count_of "$out" worker)" -lt 2 ] || [ "$(count_of "$out" main)" -lt 2 ]; then
+    result SKIP "$1" "torch_share.py --alloc $2 fails WITHOUT cusnap (exit $rc): $(error_lines "$out" | tail -1)"
+    show_tail "$out"
+    return 1
+  fi
+  echo "  without cusnap: exit 0, $(counts "$out" | tr '\n' ' ')($(grep -m1 '^main: share handle' "$out" || true))"
+}
+scenario_torch_share() {  # SCENARIO ALLOC
+  echo "gpu-test: $1: torch_share.py --alloc $2, a $TORCH_MIB MiB CUDA tensor shared with a spawned worker"
+  torch_ready "$1" || return 0
+  torch_baseline "$1" "$2" || return 0
+  checkpoint_restore "$1" 2 -- "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB"
+}
+scenario_torch_share_default() { scenario_torch_share torch-share-default default; }
+scenario_torch_share_expandable() { scenario_torch_share torch-share-expandable expandable; }
+# The negative control runs the same job without the shim (--no-shim): the
+# driver alone checkpoints the worker, an importer, and cannot restore it
+# (legacy IPC importer: CUDA_ERROR_INVALID_VALUE on restore, GPU.md).
+scenario_torch_share_noshim() {
+  echo "gpu-test: torch-share-noshim: negative control, torch_share.py under cusnap launch --no-shim"
+  torch_ready torch-share-noshim || return 0
+  EXPECT_FAILURE=1 checkpoint_restore torch-share-noshim 2 --no-shim -- \
+    "$PY" "$TORCH_SHARE" --alloc default --mib "$TORCH_MIB"
+}
+
+for s in "${SELECTED[@]}"; do
+  start=$(date +%s.%N)
+  "scenario_${s//-/_}" || true
+  echo "gpu-test: $s took $(since "$start") s"
 done
 
+if [ ${#SUMMARY[@]} -gt 0 ]; then
+  echo "gpu-test: shared-memory scenarios:"
+  printf '  %s\n' "${SUMMARY[@]}"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu-test: FAILED: ${failed[*]}"
   exit 1
