@@ -1,18 +1,21 @@
 // Bulk copies through pinned staging buffers (track_copy.h).
 //
-// Device to file: chunk i is copied into buffer i % kBuffers on that buffer's
-// stream; before a buffer is reused its stream is synchronized and its chunk
-// written out, in chunk order, while the copies of the following chunks are
-// still running. File to device: chunk i is read into its buffer (after that
-// buffer's previous copy finished) and its copy is queued, so reading overlaps
-// the copies queued before it.
+// Several workers (the calling thread and temporary threads, which inherit
+// its blocked signals) take chunks in turn; each has its own pinned buffer
+// and stream, reused for every chunk it takes: copy, wait, write (or read,
+// copy, wait). While one worker writes its chunk the others' copies run, so
+// copying overlaps writing and several streams keep the copy engines busy.
 #include "shim/track_copy.h"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "shim/real_driver.h"
 
@@ -22,14 +25,12 @@ namespace cusnap::shim::track {
 
 namespace {
 
-constexpr int kBuffers = 4;
-
 uint64_t chunk_bytes() {
   static const uint64_t mib = [] {
     const char* e = std::getenv("CUSNAP_SHIM_STAGING_MIB");
     char* end = nullptr;
     unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-    return (e && end && *end == 0 && v >= 1 && v <= 1024) ? v : 64ul;
+    return (e && end && *end == 0 && v >= 1 && v <= 1024) ? v : 32ul;
   }();
   return mib << 20;
 }
@@ -73,120 +74,141 @@ bool read_all(int fd, void* p, uint64_t n, uint64_t off, std::string* err) {
   return true;
 }
 
-/// The staging buffers and streams of one copy; freed by the destructor.
+/// One worker's staging: a pinned buffer and a stream (or, where pinned
+/// memory cannot be had, a pageable buffer and synchronous copies).
 class Staging {
  public:
-  explicit Staging(uint64_t size) {
-    chunk_ = size < chunk_bytes() ? size : chunk_bytes();
-    if (chunk_ == 0) chunk_ = 1;
+  explicit Staging(uint64_t chunk) {
     auto host_alloc = REAL(cuMemHostAlloc);
     auto stream_create = REAL(cuStreamCreate);
     pinned_ = host_alloc && stream_create && REAL(cuStreamSynchronize) &&
-              REAL(cuMemcpyDtoHAsync_v2) && REAL(cuMemcpyHtoDAsync_v2);
-    for (int i = 0; i < kBuffers && pinned_; ++i) {
-      if (host_alloc(&buf_[i], chunk_, 0) != CUDA_SUCCESS) buf_[i] = nullptr, pinned_ = false;
-      if (pinned_ && stream_create(&stream_[i], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-        stream_[i] = nullptr, pinned_ = false;
+              REAL(cuMemcpyDtoHAsync_v2) && REAL(cuMemcpyHtoDAsync_v2) &&
+              host_alloc(&buf_, chunk, 0) == CUDA_SUCCESS;
+    if (pinned_ && stream_create(&stream_, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+      stream_ = nullptr;
+      REAL(cuMemFreeHost)(buf_);
+      pinned_ = false;
     }
-    if (!pinned_) {
-      free_all();
-      for (int i = 0; i < kBuffers; ++i) buf_[i] = std::malloc(chunk_);
+    if (!pinned_) buf_ = std::malloc(chunk);
+  }
+  ~Staging() {
+    if (stream_)
+      if (auto destroy = REAL(cuStreamDestroy_v2)) destroy(stream_);
+    if (pinned_) {
+      if (auto free_host = REAL(cuMemFreeHost)) free_host(buf_);
+    } else {
+      std::free(buf_);
     }
   }
-  ~Staging() { free_all(); }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
 
-  bool ok() const {
-    for (int i = 0; i < kBuffers; ++i)
-      if (!buf_[i]) return false;
-    return true;
+  bool ok() const { return buf_ != nullptr; }
+  void* buf() const { return buf_; }
+
+  /// Device -> buf_ (len bytes from src), finished when it returns.
+  CUresult from_device(CUdeviceptr src, uint64_t len, std::string* err) {
+    CUresult r = pinned_ ? REAL(cuMemcpyDtoHAsync_v2)(buf_, src, len, stream_)
+                         : REAL(cuMemcpyDtoH_v2)(buf_, src, len);
+    if (r == CUDA_SUCCESS && pinned_) r = REAL(cuStreamSynchronize)(stream_);
+    if (r != CUDA_SUCCESS) *err = driver_error("cuMemcpyDtoHAsync", r);
+    return r;
   }
-  bool pinned() const { return pinned_; }
-  uint64_t chunk() const { return chunk_; }
-  void* buf(int i) const { return buf_[i]; }
-  CUstream stream(int i) const { return stream_[i]; }
+  /// buf_ -> device, finished when it returns.
+  CUresult to_device(CUdeviceptr dst, uint64_t len, std::string* err) {
+    CUresult r = pinned_ ? REAL(cuMemcpyHtoDAsync_v2)(dst, buf_, len, stream_)
+                         : REAL(cuMemcpyHtoD_v2)(dst, buf_, len);
+    if (r == CUDA_SUCCESS && pinned_) r = REAL(cuStreamSynchronize)(stream_);
+    if (r != CUDA_SUCCESS) *err = driver_error("cuMemcpyHtoDAsync", r);
+    return r;
+  }
 
  private:
-  void free_all() {
-    auto free_host = REAL(cuMemFreeHost);
-    auto destroy = REAL(cuStreamDestroy_v2);
-    for (int i = 0; i < kBuffers; ++i) {
-      if (stream_[i] && destroy) destroy(stream_[i]);
-      stream_[i] = nullptr;
-      if (buf_[i]) {
-        if (pinned_ && free_host)
-          free_host(buf_[i]);
-        else if (!pinned_)
-          std::free(buf_[i]);
+  bool pinned_ = false;
+  void* buf_ = nullptr;
+  CUstream stream_ = nullptr;
+};
+
+unsigned worker_count() {
+  static const unsigned n = [] {
+    const char* e = std::getenv("CUSNAP_SHIM_COPY_THREADS");
+    char* end = nullptr;
+    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
+    if (e && end && *end == 0 && v >= 1 && v <= 64) return static_cast<unsigned>(v);
+    long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return static_cast<unsigned>(cpus >= 16 ? 8 : cpus >= 4 ? cpus / 2 : 1);
+  }();
+  return n;
+}
+
+/// Runs one(staging, offset, length) over every chunk of [0, size) on the
+/// workers, each with the calling thread's context current; the first
+/// failure stops the others and is returned.
+template <class Fn>
+CUresult run_chunks(uint64_t size, std::string* err, Fn one) {
+  CUcontext ctx = nullptr;
+  if (auto get = REAL(cuCtxGetCurrent)) get(&ctx);
+  const uint64_t chunk = chunk_bytes();
+  const uint64_t n = (size + chunk - 1) / chunk;
+  const unsigned workers = static_cast<unsigned>(n < worker_count() ? n : worker_count());
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  CUresult result = CUDA_SUCCESS;
+  auto work = [&] {
+    std::string why;
+    CUresult r = CUDA_SUCCESS;
+    if (auto set = REAL(cuCtxSetCurrent)) set(ctx);
+    {
+      Staging st(size < chunk ? size : chunk);
+      if (!st.ok()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        why = "no memory for a staging buffer";
       }
-      buf_[i] = nullptr;
+      while (r == CUDA_SUCCESS && !stop.load(std::memory_order_relaxed)) {
+        uint64_t i = next.fetch_add(1);
+        if (i >= n) break;
+        uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
+        r = one(st, off, len, &why);
+      }
+    }
+    if (auto set = REAL(cuCtxSetCurrent)) set(nullptr);
+    if (r != CUDA_SUCCESS) {
+      stop.store(true);
+      std::lock_guard<std::mutex> l(mu);
+      if (result == CUDA_SUCCESS) {
+        result = r;
+        *err = why;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(work);
+    } catch (...) {
+      break;  // fewer workers: slower, same result
     }
   }
-
-  uint64_t chunk_ = 0;
-  bool pinned_ = false;
-  void* buf_[kBuffers] = {};
-  CUstream stream_[kBuffers] = {};
-};
+  work();
+  for (auto& t : threads) t.join();
+  if (auto set = REAL(cuCtxSetCurrent)) set(ctx);
+  return result;
+}
 
 }  // namespace
 
 CUresult copy_to_fd(CUdeviceptr src, uint64_t size, int fd, std::string* err) noexcept {
   try {
-    Staging st(size);
-    if (!st.ok()) {
-      *err = "no memory for the staging buffers";
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (::ftruncate(fd, 0) != 0 && errno != EINVAL) {
-      *err = std::string("truncating the saved-bytes file: ") + std::strerror(errno);
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 && errno != EINVAL) {
+      *err = std::string("sizing the saved-bytes file: ") + std::strerror(errno);
       return CUDA_ERROR_UNKNOWN;
     }
-    const uint64_t chunk = st.chunk();
-    const uint64_t n = (size + chunk - 1) / chunk;
-    if (!st.pinned()) {
-      auto copy = REAL(cuMemcpyDtoH_v2);
-      if (!copy) return CUDA_ERROR_NOT_SUPPORTED;
-      for (uint64_t i = 0; i < n; ++i) {
-        uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
-        if (CUresult r = copy(st.buf(0), src + off, len); r != CUDA_SUCCESS) {
-          *err = driver_error("cuMemcpyDtoH", r);
-          return r;
-        }
-        if (!write_all(fd, st.buf(0), len, off, err)) return CUDA_ERROR_UNKNOWN;
-      }
-      return CUDA_SUCCESS;
-    }
-    auto copy = REAL(cuMemcpyDtoHAsync_v2);
-    auto sync = REAL(cuStreamSynchronize);
-    // Waits for chunk j's copy and writes it out.
-    auto flush = [&](uint64_t j) -> CUresult {
-      const int b = static_cast<int>(j % kBuffers);
-      uint64_t off = j * chunk, len = size - off < chunk ? size - off : chunk;
-      if (CUresult r = sync(st.stream(b)); r != CUDA_SUCCESS) {
-        *err = driver_error("cuStreamSynchronize", r);
-        return r;
-      }
-      return write_all(fd, st.buf(b), len, off, err) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
-    };
-    uint64_t flushed = 0;
-    CUresult result = CUDA_SUCCESS;
-    for (uint64_t i = 0; i < n && result == CUDA_SUCCESS; ++i) {
-      if (i >= kBuffers) result = flush(flushed++);
-      if (result != CUDA_SUCCESS) break;
-      const int b = static_cast<int>(i % kBuffers);
-      uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
-      if (CUresult r = copy(st.buf(b), src + off, len, st.stream(b)); r != CUDA_SUCCESS) {
-        *err = driver_error("cuMemcpyDtoHAsync", r);
-        result = r;
-      } else if (i + 1 == n) {
-        while (flushed < n && result == CUDA_SUCCESS) result = flush(flushed++);
-      }
-    }
-    // Never leave a copy running into buffers about to be freed.
-    for (int b = 0; b < kBuffers; ++b) sync(st.stream(b));
-    return result;
+    return run_chunks(size, err, [&](Staging& st, uint64_t off, uint64_t len, std::string* why) {
+      CUresult r = st.from_device(src + off, len, why);
+      if (r == CUDA_SUCCESS && !write_all(fd, st.buf(), len, off, why)) r = CUDA_ERROR_UNKNOWN;
+      return r;
+    });
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -195,54 +217,10 @@ CUresult copy_to_fd(CUdeviceptr src, uint64_t size, int fd, std::string* err) no
 
 CUresult copy_from_fd(int fd, CUdeviceptr dst, uint64_t size, std::string* err) noexcept {
   try {
-    Staging st(size);
-    if (!st.ok()) {
-      *err = "no memory for the staging buffers";
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    const uint64_t chunk = st.chunk();
-    const uint64_t n = (size + chunk - 1) / chunk;
-    if (!st.pinned()) {
-      auto copy = REAL(cuMemcpyHtoD_v2);
-      if (!copy) return CUDA_ERROR_NOT_SUPPORTED;
-      for (uint64_t i = 0; i < n; ++i) {
-        uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
-        if (!read_all(fd, st.buf(0), len, off, err)) return CUDA_ERROR_UNKNOWN;
-        if (CUresult r = copy(dst + off, st.buf(0), len); r != CUDA_SUCCESS) {
-          *err = driver_error("cuMemcpyHtoD", r);
-          return r;
-        }
-      }
-      return CUDA_SUCCESS;
-    }
-    auto copy = REAL(cuMemcpyHtoDAsync_v2);
-    auto sync = REAL(cuStreamSynchronize);
-    CUresult result = CUDA_SUCCESS;
-    for (uint64_t i = 0; i < n && result == CUDA_SUCCESS; ++i) {
-      const int b = static_cast<int>(i % kBuffers);
-      uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
-      if (i >= kBuffers) {
-        if (CUresult r = sync(st.stream(b)); r != CUDA_SUCCESS) {
-          *err = driver_error("cuStreamSynchronize", r);
-          result = r;
-          break;
-        }
-      }
-      if (!read_all(fd, st.buf(b), len, off, err)) {
-        result = CUDA_ERROR_UNKNOWN;
-        break;
-      }
-      if (CUresult r = copy(dst + off, st.buf(b), len, st.stream(b)); r != CUDA_SUCCESS) {
-        *err = driver_error("cuMemcpyHtoDAsync", r);
-        result = r;
-      }
-    }
-    for (int b = 0; b < kBuffers; ++b)
-      if (CUresult r = sync(st.stream(b)); r != CUDA_SUCCESS && result == CUDA_SUCCESS) {
-        *err = driver_error("cuStreamSynchronize", r);
-        result = r;
-      }
-    return result;
+    return run_chunks(size, err, [&](Staging& st, uint64_t off, uint64_t len, std::string* why) {
+      if (!read_all(fd, st.buf(), len, off, why)) return CUDA_ERROR_UNKNOWN;
+      return st.to_device(dst + off, len, why);
+    });
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;

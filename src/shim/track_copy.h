@@ -1,12 +1,13 @@
 // Bulk copies between device memory and a file, for the checkpoint of shared
 // memory: the bytes go through pinned staging buffers, reused chunk after
-// chunk, on several streams, so the copy of one chunk overlaps the write (or
-// read) of another. The calling thread must have a context current that can
-// reach the device address.
+// chunk, by several workers on their own streams, so the copy of one chunk
+// overlaps the write (or read) of another. The calling thread must have a
+// context current that can reach the device address.
 //
-// Staging: $CUSNAP_SHIM_STAGING_MIB MiB per buffer (default 64, 1..1024),
-// four buffers. Where pinned memory cannot be had, pageable buffers and
-// synchronous copies are used instead (slower, same result).
+// Tuning: $CUSNAP_SHIM_STAGING_MIB MiB per buffer (default 32, 1..1024) and
+// $CUSNAP_SHIM_COPY_THREADS workers (default: 8 on 16 or more CPUs, else half
+// the CPUs; 1..64), one buffer each. Where pinned memory cannot be had, a
+// worker uses a pageable buffer and synchronous copies (slower, same result).
 #pragma once
 
 #include <cstdint>
