@@ -73,11 +73,11 @@ note_last() {
 }
 
 # checkpoint_stop NAME DIR OUT: checkpoints the job (which stops it); the
-# supervisor exits 0 and every process of the job is gone. Notes the last
-# counts of OUT.
+# supervisor exits 0 and every process of the job (the pids in LAUNCH_OUT) is
+# gone. Notes the last counts of OUT, the job's current output.
 checkpoint_stop() {
   local name=$1 dir=$2 out=$3 pids p
-  pids=$(ready_pids "$out")
+  pids=$(ready_pids "$LAUNCH_OUT")
   "$CUSNAP" checkpoint "$name" -o "$dir" >"$T/ckpt.out" 2>&1 ||
     fail "checkpoint of $name failed (exit $?): $(cat "$T/ckpt.out")"
   [ -f "$dir/manifest.json" ] || fail "no manifest in $dir"
@@ -123,16 +123,17 @@ stop_job() {
   for p in $(ready_pids "$1"); do wait_gone "$p" 20; done
 }
 
-# checkpoint_restore_cycle NAME [EXACT]: the job NAME, launched with its
-# output in LAUNCH_OUT, is checkpointed to $T/ckpt-NAME (and stops), then
-# restored with its output in $T/restore-NAME.out; every process counts on
+# checkpoint_restore_cycle NAME [EXACT] [OUT] [TAG]: the job NAME, launched
+# with its output in LAUNCH_OUT and now writing to OUT (default LAUNCH_OUT),
+# is checkpointed to $T/ckpt-TAG (TAG defaults to NAME) and stops, then
+# restored with its output in $T/restore-TAG.out; every process counts on
 # (expect_continued; EXACT defaults to 1).
 checkpoint_restore_cycle() {
-  local name=$1 exact=${2:-1}
-  checkpoint_stop "$name" "$T/ckpt-$name" "$LAUNCH_OUT"
-  pass "$name: checkpointed; the job stopped"
-  restore_bg "$T/ckpt-$name" "$T/restore-$name.out"
+  local name=$1 exact=${2:-1} cur=${3:-$LAUNCH_OUT} tag=${4:-$1}
+  checkpoint_stop "$name" "$T/ckpt-$tag" "$cur"
+  pass "$tag: checkpointed; the job stopped"
+  restore_bg "$T/ckpt-$tag" "$T/restore-$tag.out"
   SUP=$LAST_SUPERVISOR
-  expect_continued "$T/restore-$name.out" "$exact"
-  pass "$name: restored; every process counts on and sees its peers' writes"
+  expect_continued "$T/restore-$tag.out" "$exact"
+  pass "$tag: restored; every process counts on and sees its peers' writes"
 }

@@ -3,7 +3,8 @@
 # checkpointed and stopped, then restored: both continue counting where they
 # stopped, the bytes are intact, and each sees the other's writes land in the
 # shared bytes again. The same checkpoint restores a second time after the
-# first restored job is stopped.
+# first restored job is stopped; that restored job is checkpointed and
+# restored in turn.
 source "$(dirname "$0")/lib_shared.sh"
 
 PREFIXES=("" "importer ")
@@ -17,5 +18,6 @@ restore_bg "$T/ckpt-pair" "$T/restore2.out"
 SUP=$LAST_SUPERVISOR
 expect_continued "$T/restore2.out" 1
 pass "the same checkpoint restored a second time"
+checkpoint_restore_cycle pair 1 "$T/restore2.out" again
 stop_job "$LAUNCH_OUT"
 echo "PASS"
