@@ -87,6 +87,7 @@ CUresult restore_memory() {
     if (mmap(reinterpret_cast<void*>(va), m.size, m.prot, MAP_SHARED | MAP_FIXED, a->fd,
              static_cast<off_t>(m.offset)) == MAP_FAILED)
       return CUDA_ERROR_OUT_OF_MEMORY;
+    madvise(reinterpret_cast<void*>(va), m.size, MADV_DONTFORK);
   }
   return CUDA_SUCCESS;
 }

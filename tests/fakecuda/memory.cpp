@@ -191,6 +191,8 @@ CUresult map_range(uintptr_t va, size_t size, size_t offset, uint64_t id) {
   void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd,
                  static_cast<off_t>(offset));
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  // As on the real driver, a forked child does not inherit device memory.
+  madvise(p, size, MADV_DONTFORK);
   Mapping m;
   m.size = size;
   m.alloc = id;
