@@ -2,11 +2,9 @@
 # A CUDA process that forked a child which initialises CUDA on its own
 # (cusnap-fork-child). Checkpointed and stopped, then restored: both continue
 # where they stopped with their patterns intact. First with a child that
-# re-executes itself before its cuInit, then with a plain fork: on the
-# simulated driver that child still maps the device memory the parent had when
-# it forked (the mappings name the parent's allocations), which it never uses;
-# the real driver refuses cuInit after such a fork, and the workload then
-# re-executes the child.
+# re-executes itself before its cuInit, then with a plain fork (the child's
+# cuInit follows the fork directly; the real driver refuses that, and the
+# workload then re-executes the child).
 source "$(dirname "$0")/lib_shared.sh"
 
 PREFIXES=("parent " "child ")
