@@ -131,6 +131,14 @@ std::vector<RangeCopy> ranges_of(const State& s, uint64_t id) {
   return out;
 }
 
+/// Releases the driver handle a half-finished release left behind.
+void drop_driver_handle(State& s, uint64_t id, CUmemGenericAllocationHandle d) {
+  REAL(cuMemRelease)(d);
+  Lock l(s.mu);
+  auto it = s.allocs.find(id);
+  if (it != s.allocs.end()) it->second.driver_held = false;
+}
+
 /// A copy of allocation id, which must have been created here, and its ranges.
 bool created_here(State& s, uint64_t id, Alloc* a, std::vector<RangeCopy>* ranges,
                   std::string* err) {
@@ -338,8 +346,10 @@ proto::Done load_allocation(State& s, uint64_t id, int fd) noexcept {
     DeviceContext ctx(a.device);
     if (ctx.result() != CUDA_SUCCESS)
       return fail(driver_error("cuDevicePrimaryCtxRetain", ctx.result()));
-    // Mappings the release did not reach (it stopped half way) go first.
+    // What a release that stopped half way left goes first: its mappings and
+    // its driver handle (the bytes come back from the saved copy).
     for (const RangeCopy& m : ranges) REAL(cuMemUnmap)(m.address, m.size);
+    if (a.driver_held) drop_driver_handle(s, id, a.driver);
     CUmemGenericAllocationHandle d = 0;
     CUresult r = REAL(cuMemCreate)(&d, a.size, &a.prop, 0);
     if (r != CUDA_SUCCESS)
@@ -406,6 +416,7 @@ proto::Done reimport_shared(State& s) noexcept {
         ranges = ranges_of(s, id);
       }
       for (const RangeCopy& m : ranges) REAL(cuMemUnmap)(m.address, m.size);
+      if (a.driver_held) drop_driver_handle(s, id, a.driver);
       proto::Ticket t{};
       t.creator_pid = a.key.pid;
       t.creator_start = a.key.start;
