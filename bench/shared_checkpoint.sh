@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# Checkpoint and restore of a job whose processes share device memory, against
+# the machine's copy ceiling and against a one-process job of the same size,
+# all in one run:
+#
+#   bash bench/shared_checkpoint.sh [--mib N] [--dir D]
+#
+#   1. cusnap-copy-bandwidth --mib N: pinned device-to-host and host-to-device
+#      GB/s through the driver API (4 streams, 64 MiB chunks, best of 5).
+#   2. cusnap-pattern-job --mib N (one process) under `cusnap launch`;
+#      `cusnap checkpoint JOB -o D/one --json` (stops it), timed; then
+#      `cusnap restore D/one --json` in the background, timed until the
+#      restored job prints its next "count" line.
+#   3. The same with cusnap-share-job --mib N (a parent and its forked child
+#      sharing one N MiB cuMemCreate allocation) into D/two: the checkpoint's
+#      "shared-save" phase writes the shared bytes to D/two/shared/*.bin, the
+#      restore's "shared-rebuild" phase loads them back.
+#
+# Prints a report as Markdown lines, for docs/benchmarks.md: the command line,
+# date and machine, the pinned D2H/H2D GB/s, the shared save GB/s (N MiB /
+# shared-save seconds) and its ratio to D2H, the load GB/s (N MiB /
+# shared-rebuild seconds) and its ratio to H2D, and per job the checkpoint's
+# wall time and phases, the restore's phases, the time from starting the
+# restore to the next count line of every process of the job, and checkpoint +
+# restore end to end, with the ratio two-process / one-process. Both jobs count
+# every 20 ms and verify all of their N MiB in every process each round, the
+# first round after the restore included.
+#
+# Options: --mib N (default 1024), --dir D (default a new /dev/shm/
+# cusnap-bench.XXXX, or /var/tmp/cusnap-bench.XXXX when /dev/shm has less
+# than 2N + 512 MiB free; removed at the end; a given D is kept, checkpoints
+# included). Environment: CUSNAP_BINARY_DIR (the build: bin/cusnap,
+# bin/cusnap-*, lib/; default this checkout's build, or with the real driver
+# the first of .gpu-bundle/build, build-gpu, build), CUSNAP_FAKECUDA_DIR
+# (default $CUSNAP_BINARY_DIR/fakecuda, put on LD_LIBRARY_PATH) unless
+# CUSNAP_REAL_DRIVER=1, which uses the system's driver instead.
+#
+# Exit status: 0 after the report, 1 when a step fails (its output is shown),
+# 2 on a bad option, 77 (skipped) without root or CRIU.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+ARGS=("$@")
+
+MIB=1024
+DIR=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --mib) [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "shared_checkpoint: --mib needs a positive number" >&2; exit 2; }
+      MIB=$2; shift 2 ;;
+    --dir) [ $# -ge 2 ] || { echo "shared_checkpoint: --dir needs a directory" >&2; exit 2; }
+      DIR=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "shared_checkpoint: unknown option $1 (usage: shared_checkpoint.sh [--mib N] [--dir D])" >&2; exit 2 ;;
+  esac
+done
+
+# Never multicast on lent GPU machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+skip() { echo "shared_checkpoint: SKIP: $*"; exit 77; }
+die() { echo "shared_checkpoint: FAIL: $*"; exit 1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+
+REAL_DRIVER=${CUSNAP_REAL_DRIVER:-0}
+if [ -z "${CUSNAP_BINARY_DIR:-}" ]; then
+  if [ "$REAL_DRIVER" = 1 ]; then
+    for b in "$ROOT/.gpu-bundle/build" "$ROOT/build-gpu" "$ROOT/build"; do
+      [ -x "$b/bin/cusnap" ] && { CUSNAP_BINARY_DIR=$b; break; }
+    done
+  fi
+  CUSNAP_BINARY_DIR=${CUSNAP_BINARY_DIR:-$ROOT/build}
+fi
+BIN=$CUSNAP_BINARY_DIR/bin
+CUSNAP=$BIN/cusnap
+for f in "$CUSNAP" "$BIN/cusnap-copy-bandwidth" "$BIN/cusnap-pattern-job" "$BIN/cusnap-share-job"; do
+  [ -x "$f" ] || die "$f is not built (CUSNAP_BINARY_DIR=$CUSNAP_BINARY_DIR)"
+done
+if [ "$REAL_DRIVER" = 1 ]; then
+  # The simulated driver must not be on the loader path.
+  if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+    LD_LIBRARY_PATH=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v fakecuda | paste -sd: -)
+    export LD_LIBRARY_PATH
+  fi
+  unset CUSNAP_FAKECUDA_DIR CUSNAP_LIBCUDA
+else
+  FAKE=${CUSNAP_FAKECUDA_DIR:-$CUSNAP_BINARY_DIR/fakecuda}
+  [ -e "$FAKE/libcuda.so.1" ] || die "no simulated driver at $FAKE/libcuda.so.1"
+  export LD_LIBRARY_PATH="$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+[ "$(id -u)" = 0 ] || skip "checkpoint and restore need root (CRIU, the driver's checkpoint API)"
+CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu || true)}
+[ -n "$CRIU" ] || skip "CRIU is not installed"
+
+KEEP=0
+if [ -n "$DIR" ]; then
+  mkdir -p "$DIR"
+  DIR=$(cd "$DIR" && pwd)
+  KEEP=1
+else
+  # /dev/shm unless it lacks room for a checkpoint (containers often give it
+  # 64 MiB); then /var/tmp, on disk.
+  BASE=/dev/shm
+  avail=$( (df -Pk /dev/shm 2>/dev/null || true) | awk 'NR == 2 {print int($4 / 1024)}')
+  if [ "${avail:-0}" -lt $((2 * MIB + 512)) ]; then
+    echo "shared_checkpoint: /dev/shm has ${avail:-no} MiB free, fewer than $((2 * MIB + 512)): using /var/tmp" >&2
+    BASE=/var/tmp
+  fi
+  DIR=$(mktemp -d "$BASE/cusnap-bench.XXXX")
+fi
+chmod 755 "$DIR"
+export CUSNAP_RUNTIME_BASE=$DIR/run
+# Temporary files of cusnap itself (kept CRIU logs of a failed dump) land here too.
+export TMPDIR=$DIR
+LOGS=$DIR/logs
+mkdir -p "$LOGS"
+PHASE_TIMEOUT=$((60 + MIB / 128))
+WAIT_S=$((120 + MIB / 64))
+SUPERVISORS=()
+JOB_SIDS=()
+
+# session_pids SID: the processes of session SID (a job leads its own session;
+# CRIU restores it), from /proc.
+session_pids() {
+  local f line sid
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    read -r _ _ _ sid _ <<<"${line##*) }"
+    [ "$sid" = "$1" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+  return 0
+}
+wait_pids_gone() {  # SECONDS PID...: 0 when all are gone
+  local secs=$1 p left
+  shift
+  for _ in $(seq 1 $((secs * 20))); do
+    left=0
+    for p in "$@"; do [ -e "/proc/$p" ] && left=1; done
+    [ $left = 0 ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+cleanup() {
+  local rc=$? p sid
+  set +e
+  for p in "${SUPERVISORS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for sid in "${JOB_SIDS[@]}"; do
+    # shellcheck disable=SC2046
+    wait_pids_gone 5 $(session_pids "$sid") >/dev/null
+    for p in $(session_pids "$sid"); do kill -9 "$p" 2>/dev/null; done
+  done
+  for p in "${SUPERVISORS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  if [ $KEEP = 1 ]; then rm -rf "$DIR/run"; else rm -rf "$DIR"; fi
+  exit $rc
+}
+trap cleanup EXIT
+trap "exit 143" TERM INT
+trap 'echo "shared_checkpoint: FAIL: a command failed at line $LINENO" >&2' ERR
+
+# counts FILE: "LABEL N" per process label ("-" for none, else the words before
+# "count") with its last count.
+counts() {
+  awk 'NF >= 3 && $NF == "ok" && $(NF-2) == "count" && $(NF-1) ~ /^[0-9]+$/ {
+      l = ""; for (i = 1; i < NF - 2; i++) l = l (l == "" ? "" : "_") $i
+      if (l == "") l = "-"
+      if (!(l in first)) first[l] = $(NF-1)
+      last[l] = $(NF-1)
+    }
+    END { for (l in last) print l, first[l], last[l] }' "$1" 2>/dev/null | sort
+  return 0
+}
+ERROR_RE='mismatch|failed|ended|error'
+error_lines() { grep -Ei "$ERROR_RE" "$1" 2>/dev/null | head -3; }
+json_get() {  # FILE EXPR: EXPR (python, on the first JSON object in FILE as j) or empty
+  python3 - "$1" "$2" <<'PY' || true
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    j, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+    v = eval(sys.argv[2], {"j": j})
+    print(v if v is not None else "")
+except Exception:
+    pass
+PY
+}
+phase() {  # FILE NAME: seconds of that phase (empty when absent)
+  json_get "$1" "next((p['seconds'] for p in j.get('phases', []) if p['name'] == '$2'), None)"
+}
+phase_list() {  # FILE: "name 0.12 s, ..." of every phase
+  json_get "$1" "', '.join('%s %.3f' % (p['name'], p['seconds']) for p in j.get('phases', []))"
+}
+gbps() { awk -v m="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", m * 1048576 / s / 1e9; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "n/a" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+show() { echo "--- $1"; tail -n "${2:-15}" "$1" 2>/dev/null | sed 's/^/    /'; }
+
+# measure KEY NPROC CMD...: launch CMD as job bench-KEY, let NPROC processes
+# count, checkpoint it into $DIR/KEY, restore it in the background and time
+# until every process counts again; then stop it. Sets R[KEY,...].
+declare -A R
+measure() {
+  local key=$1 nproc=$2
+  shift 2
+  local name=bench-$key out=$LOGS/$key.out ck=$DIR/$key cj=$LOGS/$key.ckpt.json
+  local rs=$LOGS/$key.restore.out root="" sup t0 before l first n ok rsup
+  echo "shared_checkpoint: $key: $*" >&2
+  "$CUSNAP" launch --name "$name" -- "$@" >"$out" 2>&1 &
+  sup=$!
+  SUPERVISORS+=("$sup")
+  for _ in $(seq 1 $((WAIT_S * 10))); do
+    root=$("$CUSNAP" ps --json 2>/dev/null | python3 -c '
+import json, sys
+try:
+    for j in json.load(sys.stdin):
+        if j["name"] == sys.argv[1]: print(j["pid"])
+except Exception: pass' "$name" || true)
+    [ -n "$root" ] && break
+    kill -0 "$sup" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$root" ] || { show "$out"; die "$key: the job did not start under cusnap launch"; }
+  JOB_SIDS+=("$root")
+  ok=0
+  for _ in $(seq 1 $((WAIT_S * 10))); do
+    [ "$(counts "$out" | awk '$3 >= 3' | wc -l)" -ge "$nproc" ] && { ok=1; break; }
+    [ -n "$(error_lines "$out")" ] && break
+    sleep 0.1
+  done
+  [ $ok = 1 ] || { show "$out"; die "$key: $nproc processes did not start counting"; }
+  local pids
+  pids=$(session_pids "$root")
+
+  t0=$(now)
+  if ! "$CUSNAP" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+    show "$cj" 30; show "$out"; die "$key: cusnap checkpoint failed"
+  fi
+  R[$key,ck_wall]=$(since "$t0")
+  wait "$sup" 2>/dev/null || true
+  # shellcheck disable=SC2086
+  wait_pids_gone 60 $pids || die "$key: processes of the job are still there after the checkpoint"
+  before=$(counts "$out")
+  R[$key,size]=$(du -sb "$ck" | awk '{print $1}')
+  R[$key,shared_size]=$( (du -scb "$ck"/shared/*.bin 2>/dev/null || true) | awk 'END {print $1 + 0}')
+
+  t0=$(now)
+  "$CUSNAP" restore "$ck" --timeout "$PHASE_TIMEOUT" --json >"$rs" 2>"$LOGS/$key.restore.err" &
+  rsup=$!
+  SUPERVISORS+=("$rsup")
+  R[$key,restored]=
+  ok=0
+  for _ in $(seq 1 $((WAIT_S * 100))); do
+    # The restore's JSON (pretty-printed) ends with a lone "}" line.
+    [ -z "${R[$key,restored]}" ] && grep -qx '}' "$rs" && R[$key,restored]=$(since "$t0")
+    [ "$(counts "$rs" | wc -l)" -ge "$nproc" ] && { ok=1; break; }
+    [ -n "$(error_lines "$rs")" ] && break
+    kill -0 "$rsup" 2>/dev/null || break
+    sleep 0.01
+  done
+  R[$key,rs_count]=$(since "$t0")
+  if [ $ok != 1 ]; then
+    show "$rs" 30; show "$LOGS/$key.restore.err"
+    die "$key: the restored job did not count again (before the checkpoint: $(echo "$before" | awk '{printf "%s %s ", $1, $3}'))"
+  fi
+  [ -n "${R[$key,restored]}" ] || R[$key,restored]=${R[$key,rs_count]}
+  # Every process goes on from where it stopped.
+  while read -r l first _; do
+    [ -n "$l" ] || continue
+    n=$(echo "$before" | awk -v l="$l" '$1 == l {print $3}')
+    [ -n "$n" ] && [ "$first" -gt "$n" ] ||
+      die "$key: process '$l' counted $first after the restore, $n before: it did not go on"
+  done < <(counts "$rs")
+
+  # Stop the restored job (its supervisor forwards the signal).
+  kill -TERM "$rsup" 2>/dev/null || true
+  # shellcheck disable=SC2046
+  wait_pids_gone 30 $(session_pids "$root") || for p in $(session_pids "$root"); do kill -9 "$p" 2>/dev/null; done
+  wait "$rsup" 2>/dev/null || true
+  R[$key,ck_phases]=$(phase_list "$cj")
+  R[$key,rs_phases]=$(phase_list "$rs")
+  R[$key,total]=$(awk -v a="${R[$key,ck_wall]}" -v b="${R[$key,rs_count]}" 'BEGIN { printf "%.3f", a + b }')
+  return 0
+}
+
+# The command line, as given, with the environment that chose the build and driver.
+CMDLINE=
+[ "$REAL_DRIVER" = 1 ] && CMDLINE+="CUSNAP_REAL_DRIVER=1 "
+CMDLINE+="CUSNAP_BINARY_DIR=$CUSNAP_BINARY_DIR bash $0"
+for a in "${ARGS[@]}"; do CMDLINE+=" $(printf '%q' "$a")"; done
+DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+CPUS="$(nproc) CPUs ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo))"
+if [ "$REAL_DRIVER" = 1 ]; then
+  GPUS=$( (nvidia-smi -L 2>/dev/null || true) | paste -sd ';' - | sed 's/;/; /g')
+  DRV=$( (nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null || true) | head -1)
+  MACHINE="${GPUS:-real driver, no GPU listed by nvidia-smi}${DRV:+, driver $DRV}"
+else
+  MACHINE="simulated driver (tests/fakecuda)"
+fi
+FS=$( (df -T "$DIR" 2>/dev/null || true) | awk 'NR == 2 {print $2}')
+
+# 1. The copy ceiling.
+echo "shared_checkpoint: cusnap-copy-bandwidth --mib $MIB" >&2
+"$BIN/cusnap-copy-bandwidth" --mib "$MIB" >"$LOGS/bandwidth.json" 2>&1 || { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth failed"; }
+D2H=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['d2h_gbps']")
+H2D=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['h2d_gbps']")
+BW_DESC=$(json_get "$LOGS/bandwidth.json" "'%s, %d stream(s), %d MiB chunks, best of %d rounds' % (j['device'], j['streams'], j['chunk_mib'], j['rounds'])")
+[ -n "$D2H" ] && [ -n "$H2D" ] || { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth printed no figures"; }
+
+# 2. and 3. The two jobs.
+measure one 1 "$BIN/cusnap-pattern-job" --mib "$MIB" --interval-ms 20
+[ $KEEP = 1 ] || rm -rf "$DIR/one"  # room on /dev/shm for the next one
+measure two 2 "$BIN/cusnap-share-job" --mib "$MIB" --interval-ms 20
+
+SAVE_S=$(phase "$LOGS/two.ckpt.json" shared-save)
+LOAD_S=$(phase "$LOGS/two.restore.out" shared-rebuild)
+[ -n "$SAVE_S" ] || die "the two-process checkpoint has no shared-save phase: $(phase_list "$LOGS/two.ckpt.json")"
+[ -n "$LOAD_S" ] || die "the two-process restore has no shared-rebuild phase: $(phase_list "$LOGS/two.restore.out")"
+SHARED_MIB=$(awk -v b="${R[two,shared_size]:-0}" 'BEGIN { printf "%.0f", b / 1048576 }')
+SAVE=$(gbps "$MIB" "$SAVE_S")
+LOAD=$(gbps "$MIB" "$LOAD_S")
+DCK_S=$(phase "$LOGS/one.ckpt.json" driver-checkpoint)
+DRS_S=$(phase "$LOGS/one.restore.out" driver-restore)
+fmt3() { awk -v s="$1" 'BEGIN { printf "%.3f", s }'; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.0f MiB", b / 1048576 }'; }
+
+cat <<EOF
+### Checkpoint of a job sharing device memory (\`bench/shared_checkpoint.sh\`), $MIB MiB
+
+- Command: \`$CMDLINE\`
+- Date: $DATE; machine: $MACHINE; $CPUS; checkpoints in ${DIR%/*}/ (${FS:-?})
+- Pinned copy ceiling (\`cusnap-copy-bandwidth --mib $MIB\`: $BW_DESC): D2H **$D2H GB/s**, H2D **$H2D GB/s**
+- Shared save (two-process job, shared-save phase, $MIB MiB in $(fmt3 "$SAVE_S") s; ${SHARED_MIB} MiB in shared/*.bin): **$SAVE GB/s**, $(ratio "$SAVE" "$D2H")x the D2H ceiling
+- Shared load (shared-rebuild phase, $MIB MiB in $(fmt3 "$LOAD_S") s): **$LOAD GB/s**, $(ratio "$LOAD" "$H2D")x the H2D ceiling
+- For comparison, the driver's own checkpoint of the one-process job: driver-checkpoint $(fmt3 "${DCK_S:-0}") s ($(gbps "$MIB" "${DCK_S:-0}") GB/s), driver-restore $(fmt3 "${DRS_S:-0}") s ($(gbps "$MIB" "${DRS_S:-0}") GB/s)
+
+| job | checkpoint wall (s) | checkpoint phases (s) | restore command done (s) | restore to next count (s) | restore phases (s) | checkpoint + restore to next count (s) | checkpoint size |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+| one process, $MIB MiB (\`cusnap-pattern-job\`) | ${R[one,ck_wall]} | ${R[one,ck_phases]} | ${R[one,restored]} | ${R[one,rs_count]} | ${R[one,rs_phases]} | ${R[one,total]} | $(mib "${R[one,size]}") |
+| two processes sharing $MIB MiB (\`cusnap-share-job\`) | ${R[two,ck_wall]} | ${R[two,ck_phases]} | ${R[two,restored]} | ${R[two,rs_count]} | ${R[two,rs_phases]} | ${R[two,total]} | $(mib "${R[two,size]}") |
+
+- Columns: "restore command done" is until \`cusnap restore\` printed its result (the restored job runs); "restore to next count" until every process of the restored job printed a count line (its first round after the restore verifies all $MIB MiB in each process); both jobs count every 20 ms.
+- Checkpoint + restore end to end, two-process shared / one-process: **$(ratio "${R[two,total]}" "${R[one,total]}")x** (${R[two,total]} s / ${R[one,total]} s)
+EOF
+exit 0
