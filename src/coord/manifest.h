@@ -15,7 +15,7 @@
 //     "leave_running": bool,
 //     "shim_processes": [pid, ..] }   processes whose shims released shared
 //                                     memory: their records are shim/<pid>.records,
-//                                     the bytes shared/<pid>-<allocation>.bin
+//                                     the bytes shared/<pid>-<allocation>.<k>.bin
 //
 // Version 2 (no shim_processes: nothing shared) is still read.//
 // files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -22,8 +23,24 @@ namespace {
 std::string records_path(const std::string& dir, pid_t pid) {
   return dir + "/shim/" + std::to_string(pid) + ".records";
 }
-std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id) {
-  return dir + "/shared/" + std::to_string(pid) + "-" + std::to_string(id) + ".bin";
+/// Part k of an allocation's saved bytes.
+std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id, size_t k) {
+  return dir + "/shared/" + std::to_string(pid) + "-" + std::to_string(id) + "." +
+         std::to_string(k) + ".bin";
+}
+
+/// How many files an allocation's bytes are written to: one per 256 MiB up
+/// to $CUSNAP_SAVE_PARTS (default 8, 1..64), so that the shim's workers
+/// write in parallel (a file system serializes the writes to one file).
+size_t save_parts(uint64_t size) {
+  static const size_t most = [] {
+    const char* e = std::getenv("CUSNAP_SAVE_PARTS");
+    char* end = nullptr;
+    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
+    return (e && end && *end == 0 && v >= 1 && v <= proto::kMaxParts) ? size_t(v) : size_t(8);
+  }();
+  size_t n = static_cast<size_t>((size + (256ull << 20) - 1) / (256ull << 20));
+  return n < 1 ? 1 : n > most ? most : n;
 }
 
 std::string pack(const proto::ShimRecords& r) {
@@ -219,15 +236,20 @@ bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, st
     }
     for (auto& a : p->records.allocations) {
       if (!is_shared_creation(a)) continue;
-      std::string path = bytes_path(dir, p->pid, a.id);
-      UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-      uint64_t bytes = 0;
-      if (!fd) {
-        *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
-        undo();
-        return false;
+      std::vector<UniqueFd> files;
+      std::vector<int> fds;
+      for (size_t k = 0; k < save_parts(a.size); ++k) {
+        std::string path = bytes_path(dir, p->pid, a.id, k);
+        files.emplace_back(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+        if (!files.back()) {
+          *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
+          undo();
+          return false;
+        }
+        fds.push_back(files.back().get());
       }
-      if (!p->client.save(a.id, fd.get(), bulk_timeout(a.size), &bytes, err)) {
+      uint64_t bytes = 0;
+      if (!p->client.save(a.id, fds, bulk_timeout(a.size), &bytes, err)) {
         *err = "save phase: " + *err;
         undo();
         return false;
@@ -308,13 +330,21 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
   for (auto& p : procs_)
     for (auto& a : p->records.allocations) {
       if (!is_shared_creation(a)) continue;
-      std::string path = bytes_path(dir, p->pid, a.id);
-      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-      if (!fd) {
-        *err = "rebuild phase: cannot open " + path + ": " + std::strerror(errno);
-        return false;
+      // The parts as saved (their count may differ from what save_parts says now).
+      std::vector<UniqueFd> files;
+      std::vector<int> fds;
+      for (size_t k = 0; k < proto::kMaxParts; ++k) {
+        std::string path = bytes_path(dir, p->pid, a.id, k);
+        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        if (!fd && errno == ENOENT && k > 0) break;
+        if (!fd) {
+          *err = "rebuild phase: cannot open " + path + ": " + std::strerror(errno);
+          return false;
+        }
+        fds.push_back(fd.get());
+        files.push_back(std::move(fd));
       }
-      if (!p->client.load(a.id, fd.get(), bulk_timeout(a.size), err)) {
+      if (!p->client.load(a.id, fds, bulk_timeout(a.size), err)) {
         *err = "rebuild phase (creators): " + *err;
         return false;
       }

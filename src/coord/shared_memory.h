@@ -9,7 +9,10 @@
 //
 // Files in the state directory (the checkpoint directory, or the job's
 // runtime directory while suspended): shim/<pid>.records (ShimRecords,
-// MessagePack) and shared/<pid>-<allocation>.bin (the bytes).
+// MessagePack) and shared/<pid>-<allocation>.<k>.bin, the bytes in parts
+// (part k holds bytes [k * per, (k + 1) * per), per being the size divided by
+// the number of parts rounded up to 2 MiB; one part per 256 MiB, at most
+// $CUSNAP_SAVE_PARTS, default 8), so that they are written in parallel.
 #pragma once
 
 #include <sys/types.h>

@@ -110,19 +110,30 @@ bool ShimClient::drain(std::chrono::milliseconds timeout, std::string* err) {
   return call(proto::kMsgShimDrain, proto::Empty{}, -1, timeout, &d, err);
 }
 
-bool ShimClient::save(uint64_t allocation, int fd, std::chrono::milliseconds timeout,
-                      uint64_t* bytes, std::string* err) {
+bool ShimClient::parts(const char* type, uint64_t allocation, const std::vector<int>& fds,
+                       std::chrono::milliseconds timeout, proto::Done* out, std::string* err) {
+  proto::AllocationRequest req;
+  req.allocation = allocation;
+  req.parts = static_cast<uint32_t>(fds.size());
+  for (size_t k = 0; k < fds.size(); ++k) {
+    req.part = static_cast<uint32_t>(k);
+    if (!call(type, req, fds[k], k + 1 == fds.size() ? timeout : timeout_, out, err)) return false;
+  }
+  return true;
+}
+
+bool ShimClient::save(uint64_t allocation, const std::vector<int>& fds,
+                      std::chrono::milliseconds timeout, uint64_t* bytes, std::string* err) {
   proto::Done d;
-  if (!call(proto::kMsgShimSave, proto::AllocationRequest{allocation}, fd, timeout, &d, err))
-    return false;
+  if (!parts(proto::kMsgShimSave, allocation, fds, timeout, &d, err)) return false;
   *bytes = d.bytes;
   return true;
 }
 
-bool ShimClient::load(uint64_t allocation, int fd, std::chrono::milliseconds timeout,
-                      std::string* err) {
+bool ShimClient::load(uint64_t allocation, const std::vector<int>& fds,
+                      std::chrono::milliseconds timeout, std::string* err) {
   proto::Done d;
-  return call(proto::kMsgShimLoad, proto::AllocationRequest{allocation}, fd, timeout, &d, err);
+  return parts(proto::kMsgShimLoad, allocation, fds, timeout, &d, err);
 }
 
 bool ShimClient::release(const std::string& origin, std::chrono::milliseconds timeout,

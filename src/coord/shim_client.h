@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "proto/control.h"
 #include "proto/shim_messages.h"
@@ -29,10 +30,12 @@ class ShimClient {
   bool gate_close(uint64_t wait_ms, std::string* err);
   bool gate_open(std::string* err);
   bool drain(std::chrono::milliseconds timeout, std::string* err);
-  /// Bulk requests: the exchange may take up to timeout.
-  bool save(uint64_t allocation, int fd, std::chrono::milliseconds timeout, uint64_t* bytes,
+  /// Bulk requests, the bytes split over the files (one part each, in
+  /// order): the exchange may take up to timeout.
+  bool save(uint64_t allocation, const std::vector<int>& fds, std::chrono::milliseconds timeout,
+            uint64_t* bytes, std::string* err);
+  bool load(uint64_t allocation, const std::vector<int>& fds, std::chrono::milliseconds timeout,
             std::string* err);
-  bool load(uint64_t allocation, int fd, std::chrono::milliseconds timeout, std::string* err);
   bool release(const std::string& origin, std::chrono::milliseconds timeout, std::string* err);
   bool reimport(std::chrono::milliseconds timeout, std::string* err);
 
@@ -42,6 +45,8 @@ class ShimClient {
   void disconnect();
 
  private:
+  bool parts(const char* type, uint64_t allocation, const std::vector<int>& fds,
+             std::chrono::milliseconds timeout, proto::Done* out, std::string* err);
   template <class T>
   bool call(const char* type, const T& payload, int fd, std::chrono::milliseconds timeout,
             proto::Done* out, std::string* err);

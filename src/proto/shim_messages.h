@@ -14,9 +14,9 @@
 //                          shim     -> client    done       Done
 //   The checkpoint of shared memory (gate closed; docs/shim.md "Checkpoint"):
 //                          client   -> shim      drain      Empty  (device work finished)
-//                          client   -> shim      save       AllocationRequest + the file to write
+//                          client   -> shim      save       AllocationRequest + a file to write
 //                          client   -> shim      release    ReleaseRequest
-//                          client   -> shim      load       AllocationRequest + the file to read
+//                          client   -> shim      load       AllocationRequest + a file to read
 //                          client   -> shim      reimport   Empty
 //                          shim     -> client    done       Done (bytes: bytes copied)
 //   any other request type on the control socket is answered `done` ok=false
@@ -83,10 +83,17 @@ struct Done {
 /// into the descriptor that travels with the request, from offset 0. load:
 /// recreate a released allocation, fill it from the descriptor, map it again
 /// at every recorded address with the recorded access.
+/// The bytes may be split into parts, one file each (part k: the k-th
+/// stretch of whole staging chunks, see the shim's track_copy.h): one request
+/// per part, in order, each with its file; the shim answers ok to each and
+/// does the work on the last.
 struct AllocationRequest {
   uint64_t allocation = 0;
-  MSGPACK_DEFINE_MAP(allocation);
+  uint32_t part = 0;
+  uint32_t parts = 1;
+  MSGPACK_DEFINE_MAP(allocation, part, parts);
 };
+inline constexpr uint32_t kMaxParts = 64;
 
 /// release: "imported" unmaps and releases every imported allocation (the
 /// address reservations stay); "created" every created one that was saved.

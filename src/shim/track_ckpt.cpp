@@ -253,7 +253,7 @@ proto::Done drain(State& s) noexcept {
   }
 }
 
-proto::Done save_allocation(State& s, uint64_t id, int fd) noexcept {
+proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept {
   try {
     Alloc a;
     std::vector<RangeCopy> ranges;
@@ -270,12 +270,13 @@ proto::Done save_allocation(State& s, uint64_t id, int fd) noexcept {
     {
       TempMapping tm;
       r = tm.map(h, a.size, a.device, &err);
-      if (r == CUDA_SUCCESS) r = copy_to_fd(tm.address(), a.size, fd, &err);
+      if (r == CUDA_SUCCESS) r = copy_to_fds(tm.address(), a.size, fds, &err);
     }
     if (temporary) REAL(cuMemRelease)(h);
     if (r != CUDA_SUCCESS) return fail("allocation " + std::to_string(id) + ": " + err);
-    if (::fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-      return fail(std::string("fsync of the saved bytes: ") + std::strerror(errno));
+    for (int fd : fds)
+      if (::fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        return fail(std::string("fsync of the saved bytes: ") + std::strerror(errno));
     Lock l(s.mu);
     auto it = s.allocs.find(id);
     if (it != s.allocs.end()) it->second.saved = true;
@@ -336,7 +337,7 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
   }
 }
 
-proto::Done load_allocation(State& s, uint64_t id, int fd) noexcept {
+proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept {
   try {
     Alloc a;
     std::vector<RangeCopy> ranges;
@@ -357,7 +358,7 @@ proto::Done load_allocation(State& s, uint64_t id, int fd) noexcept {
     {
       TempMapping tm;
       r = tm.map(d, a.size, a.device, &err);
-      if (r == CUDA_SUCCESS) r = copy_from_fd(fd, tm.address(), a.size, &err);
+      if (r == CUDA_SUCCESS) r = copy_from_fds(fds, tm.address(), a.size, &err);
     }
     if (r == CUDA_SUCCESS) r = map_ranges(d, ranges, &err);
     int exported = -1;

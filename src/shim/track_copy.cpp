@@ -1,7 +1,7 @@
 // Bulk copies through pinned staging buffers (track_copy.h).
 //
 // Several workers (the calling thread and temporary threads, which inherit
-// its blocked signals) take chunks in turn; each has its own pinned buffer
+// its blocked signals) take chunks in turn, across the parts; each has its own pinned buffer
 // and stream, reused for every chunk it takes: copy, wait, write (or read,
 // copy, wait). While one worker writes its chunk the others' copies run, so
 // copying overlaps writing and several streams keep the copy engines busy.
@@ -141,16 +141,22 @@ unsigned worker_count() {
   return n;
 }
 
-/// Runs one(staging, offset, length) over every chunk of [0, size) on the
-/// workers, each with the calling thread's context current; the first
-/// failure stops the others and is returned.
+/// Runs one(staging, part, offset in the part, device offset, length) over
+/// every chunk of [0, size) split into `parts` parts, on the workers, each
+/// with the calling thread's context current. Chunks are handed out across
+/// parts in turn, so workers running at the same time use different files.
+/// The first failure stops the others and is returned.
 template <class Fn>
-CUresult run_chunks(uint64_t size, std::string* err, Fn one) {
+CUresult run_chunks(uint64_t size, size_t parts, std::string* err, Fn one) {
   CUcontext ctx = nullptr;
   if (auto get = REAL(cuCtxGetCurrent)) get(&ctx);
   const uint64_t chunk = chunk_bytes();
-  const uint64_t n = (size + chunk - 1) / chunk;
-  const unsigned workers = static_cast<unsigned>(n < worker_count() ? n : worker_count());
+  const uint64_t per = part_bytes(size, parts);
+  const uint64_t per_chunks = (per + chunk - 1) / chunk;
+  const uint64_t n = per_chunks * parts;
+  uint64_t real_chunks = (size + chunk - 1) / chunk;
+  const unsigned workers =
+      static_cast<unsigned>(real_chunks < worker_count() ? real_chunks : worker_count());
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
@@ -166,10 +172,16 @@ CUresult run_chunks(uint64_t size, std::string* err, Fn one) {
         why = "no memory for a staging buffer";
       }
       while (r == CUDA_SUCCESS && !stop.load(std::memory_order_relaxed)) {
-        uint64_t i = next.fetch_add(1);
-        if (i >= n) break;
-        uint64_t off = i * chunk, len = size - off < chunk ? size - off : chunk;
-        r = one(st, off, len, &why);
+        uint64_t j = next.fetch_add(1);
+        if (j >= n) break;
+        const size_t part = static_cast<size_t>(j % parts);
+        const uint64_t in_part = (j / parts) * chunk;
+        const uint64_t off = part * per + in_part;
+        if (in_part >= per || off >= size) continue;
+        uint64_t len = chunk;
+        if (len > per - in_part) len = per - in_part;
+        if (len > size - off) len = size - off;
+        r = one(st, part, in_part, off, len, &why);
       }
     }
     if (auto set = REAL(cuCtxSetCurrent)) set(nullptr);
@@ -198,29 +210,58 @@ CUresult run_chunks(uint64_t size, std::string* err, Fn one) {
 
 }  // namespace
 
-CUresult copy_to_fd(CUdeviceptr src, uint64_t size, int fd, std::string* err) noexcept {
+uint64_t part_bytes(uint64_t size, size_t parts) noexcept {
+  if (parts <= 1) return size;
+  // Whole 2 MiB granules, whatever the staging size: the layout of saved
+  // files never depends on a tuning variable.
+  constexpr uint64_t kGranule = 2ull << 20;
+  uint64_t per = (size + parts - 1) / parts;
+  return (per + kGranule - 1) / kGranule * kGranule;
+}
+
+CUresult copy_to_fds(CUdeviceptr src, uint64_t size, const std::vector<int>& fds,
+                     std::string* err) noexcept {
   try {
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 && errno != EINVAL) {
-      *err = std::string("sizing the saved-bytes file: ") + std::strerror(errno);
-      return CUDA_ERROR_UNKNOWN;
+    if (fds.empty()) {
+      *err = "no file to write";
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    return run_chunks(size, err, [&](Staging& st, uint64_t off, uint64_t len, std::string* why) {
-      CUresult r = st.from_device(src + off, len, why);
-      if (r == CUDA_SUCCESS && !write_all(fd, st.buf(), len, off, why)) r = CUDA_ERROR_UNKNOWN;
-      return r;
-    });
+    const uint64_t per = part_bytes(size, fds.size());
+    for (size_t k = 0; k < fds.size(); ++k) {
+      uint64_t start = k * per, len = start >= size ? 0 : (size - start < per ? size - start : per);
+      if (::ftruncate(fds[k], static_cast<off_t>(len)) != 0 && errno != EINVAL) {
+        *err = std::string("sizing the saved-bytes file: ") + std::strerror(errno);
+        return CUDA_ERROR_UNKNOWN;
+      }
+    }
+    return run_chunks(size, fds.size(), err,
+                      [&](Staging& st, size_t part, uint64_t in_part, uint64_t off, uint64_t len,
+                          std::string* why) {
+                        CUresult r = st.from_device(src + off, len, why);
+                        if (r == CUDA_SUCCESS && !write_all(fds[part], st.buf(), len, in_part, why))
+                          r = CUDA_ERROR_UNKNOWN;
+                        return r;
+                      });
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
 }
 
-CUresult copy_from_fd(int fd, CUdeviceptr dst, uint64_t size, std::string* err) noexcept {
+CUresult copy_from_fds(const std::vector<int>& fds, CUdeviceptr dst, uint64_t size,
+                       std::string* err) noexcept {
   try {
-    return run_chunks(size, err, [&](Staging& st, uint64_t off, uint64_t len, std::string* why) {
-      if (!read_all(fd, st.buf(), len, off, why)) return CUDA_ERROR_UNKNOWN;
-      return st.to_device(dst + off, len, why);
-    });
+    if (fds.empty()) {
+      *err = "no file to read";
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return run_chunks(size, fds.size(), err,
+                      [&](Staging& st, size_t part, uint64_t in_part, uint64_t off, uint64_t len,
+                          std::string* why) {
+                        if (!read_all(fds[part], st.buf(), len, in_part, why))
+                          return CUDA_ERROR_UNKNOWN;
+                        return st.to_device(dst + off, len, why);
+                      });
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;

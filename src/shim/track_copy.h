@@ -12,15 +12,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shim/entries.h"
 
 namespace cusnap::shim::track {
 
-/// Writes size bytes at device address src into fd, from file offset 0.
-CUresult copy_to_fd(CUdeviceptr src, uint64_t size, int fd, std::string* err) noexcept;
-/// Reads size bytes from fd (from offset 0) into device address dst; a file
-/// shorter than size is an error.
-CUresult copy_from_fd(int fd, CUdeviceptr dst, uint64_t size, std::string* err) noexcept;
+/// The bytes are split into fds.size() parts, in order: part
+/// k holds [k * per, (k + 1) * per) of the allocation from its file's offset
+/// 0 (per: part_bytes, ceil(size / parts) rounded up to 2 MiB). Separate files let the workers write in parallel
+/// (a file system serializes writes to one file).
+uint64_t part_bytes(uint64_t size, size_t parts) noexcept;
+/// Writes size bytes at device address src into the parts.
+CUresult copy_to_fds(CUdeviceptr src, uint64_t size, const std::vector<int>& fds,
+                     std::string* err) noexcept;
+/// Reads size bytes from the parts into device address dst; a part shorter
+/// than it should be is an error.
+CUresult copy_from_fds(const std::vector<int>& fds, CUdeviceptr dst, uint64_t size,
+                       std::string* err) noexcept;
 
 }  // namespace cusnap::shim::track

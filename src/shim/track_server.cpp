@@ -76,6 +76,9 @@ bool gate_closed() {
 void serve_control(State& s, UniqueFd conn) {
   if (!allowed(conn.get(), s.uid)) return;
   proto::Channel ch(std::move(conn), timeout());
+  std::vector<UniqueFd> parts;  // of a save or load still arriving
+  uint64_t parts_of = 0;
+  std::string parts_type;
   for (;;) {
     proto::Message msg;
     std::string err;
@@ -101,17 +104,35 @@ void serve_control(State& s, UniqueFd conn) {
     } else if (msg.type == proto::kMsgShimDrain) {
       sent = ch.send(proto::kMsgDone, drain(s), &err);
     } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
+      // One descriptor per message: parts 0..parts-2 are held, the last runs it.
       proto::AllocationRequest req;
       proto::Done d;
-      if (!msg.get(&req, &err))
+      if (!msg.get(&req, &err)) {
         d.error = err;
-      else if (!msg.fd)
+      } else if (!msg.fd) {
         d.error = "no file descriptor came with the request";
-      else if (!cusnap_shim_build_info.control->gate_state || !gate_closed())
+      } else if (!gate_closed()) {
         d.error = "the gate is open: close it first";
-      else
-        d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, msg.fd.get())
-                                            : load_allocation(s, req.allocation, msg.fd.get());
+      } else if (req.parts == 0 || req.parts > proto::kMaxParts || req.part >= req.parts ||
+                 req.part != parts.size() ||
+                 (!parts.empty() && (parts_of != req.allocation || parts_type != msg.type))) {
+        d.error = "part " + std::to_string(req.part) + " of " + std::to_string(req.parts) +
+                  " out of order";
+      } else {
+        parts_of = req.allocation;
+        parts_type = msg.type;
+        parts.push_back(std::move(msg.fd));
+        if (parts.size() < req.parts) {
+          d.ok = true;
+        } else {
+          std::vector<int> fds;
+          for (auto& f : parts) fds.push_back(f.get());
+          d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
+                                              : load_allocation(s, req.allocation, fds);
+          parts.clear();
+        }
+      }
+      if (!d.ok) parts.clear();
       sent = ch.send(proto::kMsgDone, d, &err);
     } else if (msg.type == proto::kMsgShimRelease) {
       proto::ReleaseRequest req;

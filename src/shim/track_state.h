@@ -126,9 +126,9 @@ proto::ShimRecords snapshot(State& s);
 /// The checkpoint of shared memory, on the control listener's thread with the
 /// gate closed (track_ckpt.cpp). Each returns the reply to send.
 proto::Done drain(State& s) noexcept;
-proto::Done save_allocation(State& s, uint64_t id, int fd) noexcept;
+proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done release_shared(State& s, const std::string& origin) noexcept;
-proto::Done load_allocation(State& s, uint64_t id, int fd) noexcept;
+proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done reimport_shared(State& s) noexcept;
 /// Shrinks a hash table whose load fell far below its bucket count.
 template <class M>
