@@ -623,11 +623,12 @@ torch_ready() {
     return 1
   fi
 }
-# torch_baseline SCENARIO ALLOC: torch_share.py for 4 s without cusnap; SKIP
+# torch_baseline SCENARIO ALLOC: torch_share.py for 15 s without cusnap (a
+# default-allocator worker took about 4 s to start on the H200); SKIP
 # when torch's own sharing fails on this machine (nothing of cusnap's is in it).
 torch_baseline() {
   local out=$WORK/$1.bare.out rc=0
-  timeout 180 "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB" --seconds 4 >"$out" 2>&1 || rc=$?
+  timeout 180 "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB" --seconds 15 >"$out" 2>&1 || rc=$?
   if [ $rc != 0 ] || [ "$(count_of "$out" worker)" -lt 2 ] || [ "$(count_of "$out" main)" -lt 2 ]; then
     result SKIP "$1" "torch_share.py --alloc $2 fails WITHOUT cusnap (exit $rc): $(error_lines "$out" | tail -1)"
     show_tail "$out"
