@@ -162,12 +162,10 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
              "refused while they are alive";
       return false;
     }
-    if (!r.multicast.empty()) {
-      *err = who + " uses " + std::to_string(r.multicast.size()) +
-             " multicast object(s); cusnap cannot yet tear down and rebuild multicast groups, "
-             "so the checkpoint is refused";
-      return false;
-    }
+    // Multicast objects are torn down with the created memory and rebuilt
+    // after it (an object imported from another process came as a foreign
+    // descriptor and was refused above).
+    if (!r.multicast.empty()) active_ = true;
     for (auto& a : r.allocations) {
       if (is_shared_creation(a)) active_ = true;
       if (a.origin != "imported") continue;
@@ -351,14 +349,12 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
       done += a.size;
       if (progress) progress(Progress{"rebuild", done, total});
     }
-  for (auto& p : procs_) {
-    bool imports = std::any_of(p->records.allocations.begin(), p->records.allocations.end(),
-                               [](const auto& a) { return a.origin == "imported"; });
-    if (imports && !p->client.reimport(t_.phase, err)) {
-      *err = "rebuild phase (importers): " + *err;
+  // Importers import again; multicast groups are rebuilt in the same request.
+  for (auto& p : procs_)
+    if (!p->client.reimport(t_.phase, err)) {
+      *err = "rebuild phase (importers, multicast): " + *err;
       return false;
     }
-  }
   // Verify: every shim's records equal those captured.
   for (auto& p : procs_) {
     proto::ShimRecords now;

@@ -39,9 +39,8 @@ class SharedMemory {
  public:
   /// Connects to the shims of the given CUDA processes (those with a control
   /// socket under shim_dir) and inspects them. Refuses (false, *err says
-  /// why and which process) while a foreign import is alive, a multicast
-  /// object exists, or an import names an allocation no shim of the job
-  /// created. Changes nothing.
+  /// why and which process) while a foreign import is alive or an import
+  /// names an allocation no shim of the job created. Changes nothing.
   bool inspect(const std::string& shim_dir, const std::vector<pid_t>& cuda, SharedTimeouts t,
                std::string* err);
   /// Whether memory is shared between processes through the shims: when

@@ -58,6 +58,8 @@ void reset_inherited(State& s) {
   s.ipc.clear();
   s.peers.clear();
   s.multicast.clear();
+  s.mc_driver.clear();
+  s.mc_released = false;
   s.foreign_alive = s.foreign_total = 0;
   if (s.peer_listen >= 0) ::close(s.peer_listen);
   if (s.ctl_listen >= 0) ::close(s.ctl_listen);
@@ -318,6 +320,28 @@ void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& 
 
 }  // namespace
 
+namespace {
+/// Set once a checkpoint rebuilt a multicast object: only then do multicast
+/// handles need translating (and the lock for it).
+std::atomic<bool> g_mc_translated{false};
+}  // namespace
+
+CUmemGenericAllocationHandle mc_driver_handle(State& s, CUmemGenericAllocationHandle h) noexcept {
+  if (!g_mc_translated.load(std::memory_order_acquire)) return h;
+  Lock l(s.mu);
+  auto it = s.mc_driver.find(h);
+  return it == s.mc_driver.end() ? h : it->second;
+}
+
+void note_mc_translation() noexcept {
+  g_mc_translated.store(true, std::memory_order_release);
+}
+
+void mc_forget(State& s, CUmemGenericAllocationHandle h) noexcept {
+  if (s.multicast.erase(h)) maybe_shrink(s.multicast);
+  if (s.mc_driver.erase(h)) maybe_shrink(s.mc_driver);
+}
+
 State& state() noexcept {
   static State* s = new State;
   return *s;
@@ -408,11 +432,11 @@ CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle*
 
 CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandle handle) noexcept {
   if (!is_logical(handle)) {
-    CUresult r = real(handle);
+    CUresult r = real(mc_driver_handle(state(), handle));
     if (r == CUDA_SUCCESS && g_mode.load(std::memory_order_acquire) == kModeOn) {
       State& s = state();
       Lock l(s.mu);
-      if (s.multicast.erase(handle)) maybe_shrink(s.multicast);
+      mc_forget(s, handle);
     }
     return r;
   }
@@ -443,7 +467,7 @@ CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandl
 CUresult mem_export(decltype(&::cuMemExportToShareableHandle) real, void* shareable,
                     CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
                     unsigned long long flags) noexcept {
-  if (!is_logical(handle)) return real(shareable, handle, type, flags);
+  if (!is_logical(handle)) return real(shareable, mc_driver_handle(state(), handle), type, flags);
   if (!shareable || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!active()) return CUDA_ERROR_INVALID_HANDLE;
   State& s = state();
@@ -590,6 +614,8 @@ CUresult mem_map(decltype(&::cuMemMap) real, CUdeviceptr ptr, size_t size, size_
         d = s.allocs[id].driver;
       } else if (s.multicast.count(handle)) {
         mc = handle;
+        auto t = s.mc_driver.find(handle);
+        if (t != s.mc_driver.end()) d = t->second;
       }
     }
     CUresult r = real(ptr, size, offset, d, flags);
@@ -1228,7 +1254,7 @@ CUresult mc_create(decltype(&::cuMulticastCreate) real, CUmemGenericAllocationHa
 
 CUresult mc_add_device(decltype(&::cuMulticastAddDevice) real, CUmemGenericAllocationHandle mc,
                        CUdevice dev) noexcept {
-  CUresult r = real(mc, dev);
+  CUresult r = real(mc_driver_handle(state(), mc), dev);
   if (r != CUDA_SUCCESS || !active()) return r;
   try {
     State& s = state();
@@ -1243,9 +1269,10 @@ CUresult mc_add_device(decltype(&::cuMulticastAddDevice) real, CUmemGenericAlloc
 CUresult mc_bind_mem(PfnBindMemV1 v1, PfnBindMemV2 v2, CUmemGenericAllocationHandle mc,
                      CUdevice dev, size_t mc_offset, CUmemGenericAllocationHandle mem,
                      size_t mem_offset, size_t size, unsigned long long flags) noexcept {
+  const CUmemGenericAllocationHandle mcd = mc_driver_handle(state(), mc);
   auto call = [&](CUmemGenericAllocationHandle m) {
-    return v2 ? v2(mc, dev, mc_offset, m, mem_offset, size, flags)
-              : v1(mc, mc_offset, m, mem_offset, size, flags);
+    return v2 ? v2(mcd, dev, mc_offset, m, mem_offset, size, flags)
+              : v1(mcd, mc_offset, m, mem_offset, size, flags);
   };
   if (!is_logical(mem) && g_mode.load(std::memory_order_acquire) != kModeOn) return call(mem);
   if (!active()) return is_logical(mem) ? CUDA_ERROR_INVALID_HANDLE : call(mem);
@@ -1289,7 +1316,9 @@ CUresult mc_bind_mem(PfnBindMemV1 v1, PfnBindMemV2 v2, CUmemGenericAllocationHan
 CUresult mc_bind_addr(PfnBindAddrV1 v1, PfnBindAddrV2 v2, CUmemGenericAllocationHandle mc,
                       CUdevice dev, size_t mc_offset, CUdeviceptr ptr, size_t size,
                       unsigned long long flags) noexcept {
-  CUresult r = v2 ? v2(mc, dev, mc_offset, ptr, size, flags) : v1(mc, mc_offset, ptr, size, flags);
+  const CUmemGenericAllocationHandle mcd = mc_driver_handle(state(), mc);
+  CUresult r =
+      v2 ? v2(mcd, dev, mc_offset, ptr, size, flags) : v1(mcd, mc_offset, ptr, size, flags);
   if (r != CUDA_SUCCESS || !active()) return r;
   try {
     State& s = state();
@@ -1317,7 +1346,7 @@ CUresult mc_bind_addr(PfnBindAddrV1 v1, PfnBindAddrV2 v2, CUmemGenericAllocation
 
 CUresult mc_unbind(decltype(&::cuMulticastUnbind) real, CUmemGenericAllocationHandle mc,
                    CUdevice dev, size_t mc_offset, size_t size) noexcept {
-  CUresult r = real(mc, dev, mc_offset, size);
+  CUresult r = real(mc_driver_handle(state(), mc), dev, mc_offset, size);
   if (r != CUDA_SUCCESS || !active()) return r;
   State& s = state();
   Lock l(s.mu);

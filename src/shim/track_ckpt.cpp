@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "shim/real_driver.h"
@@ -214,6 +215,121 @@ CUresult handle_of(const Alloc& a, const std::vector<RangeCopy>& ranges,
   return r;
 }
 
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+/// Tears down every multicast object (mappings, bindings, the object); the
+/// records stay for rebuild_multicast.
+proto::Done teardown_multicast(State& s) {
+  struct Work {
+    CUmemGenericAllocationHandle driver;
+    proto::MulticastRecord rec;
+    std::vector<std::pair<uint64_t, uint64_t>> maps;
+  };
+  std::vector<Work> work;
+  {
+    Lock l(s.mu);
+    if (s.mc_released) return ok_done();
+    for (auto& [h, rec] : s.multicast) {
+      auto t = s.mc_driver.find(h);
+      Work w{t == s.mc_driver.end() ? h : t->second, rec, {}};
+      for (auto& [addr, m] : s.ranges)
+        if (m.multicast == h) w.maps.emplace_back(addr, m.size);
+      work.push_back(std::move(w));
+    }
+    s.mc_released = true;
+  }
+  for (const Work& w : work) {
+    const std::string who = "multicast object " + hex(w.rec.handle) + ": ";
+    DeviceContext ctx(w.rec.devices.empty() ? 0 : w.rec.devices.front());
+    for (auto& [addr, size] : w.maps)
+      if (CUresult r = REAL(cuMemUnmap)(addr, size); r != CUDA_SUCCESS)
+        return fail(who + driver_error("cuMemUnmap", r));
+    for (const auto& b : w.rec.bindings)
+      if (DeviceContext bind_ctx(b.device < 0 ? 0 : b.device); false) {
+      } else if (CUresult r = REAL(cuMulticastUnbind)(w.driver, b.device < 0 ? 0 : b.device, b.mc_offset,
+                                               b.size);
+          r != CUDA_SUCCESS)
+        return fail(who + driver_error("cuMulticastUnbind", r));
+    if (CUresult r = REAL(cuMemRelease)(w.driver); r != CUDA_SUCCESS)
+      return fail(who + driver_error("cuMemRelease", r));
+  }
+  return ok_done();
+}
+
+/// Creates every torn-down multicast object again: its devices, its bindings
+/// (with the ABI they were made with), its mappings; the application's handle
+/// then names the new object.
+proto::Done rebuild_multicast(State& s) {
+  std::vector<proto::MulticastRecord> recs;
+  std::map<uint64_t, std::vector<RangeCopy>> maps;
+  std::map<uint64_t, CUmemGenericAllocationHandle> members;
+  {
+    Lock l(s.mu);
+    if (!s.mc_released) return ok_done();
+    for (auto& [h, rec] : s.multicast) {
+      recs.push_back(rec);
+      for (auto& [addr, m] : s.ranges)
+        if (m.multicast == h) maps[h].push_back({addr, m.size, m.offset, m.access});
+      for (auto& b : rec.bindings) {
+        auto a = s.allocs.find(b.allocation);
+        if (b.address == 0 && a != s.allocs.end()) members[b.allocation] = a->second.driver;
+      }
+    }
+  }
+  auto bind_mem_v1 = REAL(cuMulticastBindMem);
+  auto bind_mem_v2 = REAL(cuMulticastBindMem_v2);
+  auto bind_addr_v1 = REAL(cuMulticastBindAddr);
+  auto bind_addr_v2 = REAL(cuMulticastBindAddr_v2);
+  for (const auto& rec : recs) {
+    const std::string who = "multicast object " + hex(rec.handle) + ": ";
+    DeviceContext ctx(rec.devices.empty() ? 0 : rec.devices.front());
+    CUmulticastObjectProp prop{};
+    prop.numDevices = rec.num_devices;
+    prop.size = rec.size;
+    prop.handleTypes = rec.flags;
+    CUmemGenericAllocationHandle mc = 0;
+    if (CUresult r = REAL(cuMulticastCreate)(&mc, &prop); r != CUDA_SUCCESS)
+      return fail(who + driver_error("cuMulticastCreate", r));
+    for (int32_t dev : rec.devices)
+      if (CUresult r = REAL(cuMulticastAddDevice)(mc, dev); r != CUDA_SUCCESS)
+        return fail(who + driver_error("cuMulticastAddDevice", r));
+    for (const auto& b : rec.bindings) {
+      // The 13.0 ABI binds on the current context's device: the member's.
+      DeviceContext bind_ctx(b.device < 0 ? 0 : b.device);
+      CUresult r;
+      if (b.address == 0) {
+        auto m = members.find(b.allocation);
+        if (m == members.end()) return fail(who + "a bound allocation is gone");
+        r = b.abi == 2 ? (bind_mem_v2 ? bind_mem_v2(mc, b.device, b.mc_offset, m->second,
+                                                    b.mem_offset, b.size, 0)
+                                      : CUDA_ERROR_NOT_SUPPORTED)
+                       : bind_mem_v1(mc, b.mc_offset, m->second, b.mem_offset, b.size, 0);
+      } else {
+        r = b.abi == 2 ? (bind_addr_v2 ? bind_addr_v2(mc, b.device, b.mc_offset, b.address,
+                                                      b.size, 0)
+                                       : CUDA_ERROR_NOT_SUPPORTED)
+                       : bind_addr_v1(mc, b.mc_offset, b.address, b.size, 0);
+      }
+      if (r != CUDA_SUCCESS) return fail(who + driver_error("cuMulticastBind", r));
+    }
+    std::string err;
+    if (map_ranges(mc, maps[rec.handle], &err) != CUDA_SUCCESS) return fail(who + err);
+    Lock l(s.mu);
+    if (mc == rec.handle)
+      s.mc_driver.erase(rec.handle);
+    else
+      s.mc_driver[rec.handle] = mc;
+  }
+  note_mc_translation();
+  Lock l(s.mu);
+  s.mc_released = false;
+  return ok_done();
+}
+
 }  // namespace
 
 proto::Done drain(State& s) noexcept {
@@ -290,6 +406,11 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
   try {
     const bool imported = origin == "imported";
     if (!imported && origin != "created") return fail("unknown origin '" + origin + "'");
+    // Multicast objects go before the created memory bound into them.
+    if (!imported) {
+      proto::Done d = teardown_multicast(s);
+      if (!d.ok) return d;
+    }
     struct Work {
       uint64_t id;
       CUmemGenericAllocationHandle driver;
@@ -455,7 +576,7 @@ proto::Done reimport_shared(State& s) noexcept {
       }
       if (!keep) REAL(cuMemRelease)(d);
     }
-    return ok_done();
+    return rebuild_multicast(s);
   } catch (...) {
     return fail("out of memory");
   }

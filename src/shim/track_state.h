@@ -95,7 +95,11 @@ struct State {
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
-  std::unordered_map<uint64_t, proto::MulticastRecord> multicast;
+  std::unordered_map<uint64_t, proto::MulticastRecord> multicast;  ///< by the application's handle
+  /// The application's multicast handle -> the driver's, for objects a
+  /// checkpoint rebuilt (the application keeps using the handle it got).
+  std::unordered_map<uint64_t, uint64_t> mc_driver;
+  bool mc_released = false;  ///< multicast objects torn down by a checkpoint
   uint64_t foreign_alive = 0;
   uint64_t foreign_total = 0;
 
@@ -130,6 +134,12 @@ proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
 proto::Done release_shared(State& s, const std::string& origin) noexcept;
 proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done reimport_shared(State& s) noexcept;
+/// The driver's handle for a multicast handle the application holds.
+CUmemGenericAllocationHandle mc_driver_handle(State& s, CUmemGenericAllocationHandle h) noexcept;
+/// From now on multicast handles are translated (mc_driver has entries).
+void note_mc_translation() noexcept;
+/// Forgets a multicast object the application released (by its handle); s.mu held.
+void mc_forget(State& s, CUmemGenericAllocationHandle h) noexcept;
 /// Shrinks a hash table whose load fell far below its bucket count.
 template <class M>
 void maybe_shrink(M& m) {
