@@ -145,6 +145,15 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err);
 
+/// Brings a job back to running after its supervisor died during an
+/// operation whose state directory was state_dir (the checkpoint directory,
+/// or the runtime directory's suspended/): driver restore + unlock of every
+/// CUDA process from whatever state, SIGCONT, shared memory rebuilt from the
+/// saved bytes, gates opened; with remove_partial a state_dir without a
+/// manifest is removed. *report gets one line per step. (engine_recover.cpp)
+bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
+                 std::string* report);
+
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {
   pid_t pid = 0;

@@ -1,5 +1,7 @@
 #include "coord/supervisor_loop.h"
 
+#include "coord/guardian.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -154,6 +156,37 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     s.restored_from = restored_from;
     ctx_.set_state_locked("running");
   }
+  // The guardian brings the job back if we die during an operation
+  // (guardian.h); forked before any thread of ours starts.
+  Guardian guardian;
+  {
+    std::string gerr;
+    if (!guardian.start(info, out_r.get(), err_r.get(), rundir_->log_path(),
+                        rundir_->lock_fd(), &gerr))
+      outcome.warning = "no guardian for the job: " + gerr;
+  }
+  {
+    Guardian* g = &guardian;
+    auto checkpoint = ops.checkpoint;
+    ops.checkpoint = [g, checkpoint](const JobInfo& j, const CheckpointOptions& o,
+                                     const ProgressSink& p, CheckpointResult* r, std::string* e) {
+      g->begin("checkpoint", o.dir, true);
+      bool ok = checkpoint(j, o, p, r, e);
+      g->end();
+      return ok;
+    };
+    for (auto* fn : {&ops.suspend, &ops.resume}) {
+      auto inner = *fn;
+      const char* op = fn == &ops.suspend ? "suspend" : "resume";
+      *fn = [g, inner, op](const JobInfo& j, std::chrono::milliseconds t, ExitCode* c,
+                           std::string* e) {
+        g->begin(op, j.runtime_dir + "/suspended", false);
+        bool ok = inner(j, t, c, e);
+        g->end();
+        return ok;
+      };
+    }
+  }
   ControlServer server(&ctx_, std::move(ops), std::move(listen_fd_), cfg_.control_timeout);
   std::string err;
   if (!server.start(&err)) {
@@ -228,6 +261,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     }
   }
   server.stop();
+  guardian.dismiss();
   reap(root, &root_done, &root_status);
   {
     std::lock_guard lk(ctx_.mu);

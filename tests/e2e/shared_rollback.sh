@@ -9,6 +9,8 @@
 #   release   the importer's shim fails its first cuMemUnmap (half released)
 #   driver    the coordinator's driver checkpoint fails after the release
 #   criu      CRIU's dump fails after the driver checkpoint
+#   orphan    the supervisor is killed after the release: its guardian brings
+#             the job back
 source "$(dirname "$0")/lib_shared.sh"
 fake_only "fault injection (FAKECUDA_FAIL)" || exit 77
 
@@ -71,4 +73,38 @@ printf '#!/bin/sh\nif [ "$1" = dump ] && [ ! -e "%s" ]; then\n  : >"%s"\n  echo 
   "$T/criu-failed" "$T/criu-failed" "$REAL_CRIU" >"$T/criu-fail"
 chmod 755 "$T/criu-fail"
 run_case criu "CUSNAP_CRIU=$T/criu-fail" "" "CRIU dump phase"
+
+# The supervisor killed after the release, while the driver checkpoint runs:
+# its guardian restores the driver state, rebuilds the shared memory from the
+# saved bytes and opens the gates; both processes count on (in the job's log)
+# and see each other's writes again.
+LAUNCH_OUT=$T/orphan.out
+FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 "$CUSNAP" launch --name orphan -- \
+  env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20 >"$LAUNCH_OUT" 2>&1 &
+SUPERVISORS+=($!)
+SUP=$!
+for p in "${PREFIXES[@]}"; do wait_count "$LAUNCH_OUT" 5 "$p" 30; done
+PID=$(wait_job orphan)
+ready_pids "$LAUNCH_OUT" >>"$T/job-pids"
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ckpt" >"$T/orphan.ckpt.out" 2>&1 &
+CK=$!
+for _ in $(seq 1 100); do [ -n "$(ls "$T/orphan.ckpt/shared" 2>/dev/null)" ] && break; sleep 0.02; done
+sleep 0.5
+kill -KILL "$SUP"
+wait "$CK" 2>/dev/null && fail "the checkpoint reported success after its supervisor was killed"
+LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
+for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
+grep -q "guardian: the job runs on, unsupervised" "$LOG" ||
+  fail "the guardian did not bring the job back: $(grep 'cusnap:' "$LOG" 2>/dev/null)"
+grep -q "guardian: shared memory of 2 process(es): rebuilt" "$LOG" ||
+  fail "the guardian did not rebuild the shared memory: $(grep 'cusnap:' "$LOG")"
+for p in "${PREFIXES[@]}"; do
+  n=$(last_count "$LOG" "$p")
+  wait_count "$LOG" $((n + 3)) "$p" 30
+  wait_seen "$LOG" "$p" "$(last_seen "$LOG" "$p")"
+done
+no_errors "$LOG"
+[ -z "$(ls -A "$T/orphan.ckpt" 2>/dev/null)" ] || fail "the unfinished checkpoint was left behind"
+pass "supervisor killed after the release: the guardian rebuilt the shared memory ($(grep -c 'cusnap: guardian' "$LOG") lines in the log)"
+for p in $(ready_pids "$LAUNCH_OUT"); do kill -KILL "$p" 2>/dev/null; done
 echo "PASS"

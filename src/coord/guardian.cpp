@@ -1,0 +1,176 @@
+// Guardian (guardian.h).
+#include "coord/guardian.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <sstream>
+
+namespace cusnap {
+
+namespace {
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+/// The guardian process. Never returns.
+[[noreturn]] void guardian_main(const JobInfo& job, int cmd_r, int out_r, int err_r, int log_fd) {
+  // Quiet: the job's terminal is not ours to write to; signals that would
+  // reach the supervisor's group must not end us before we are needed.
+  for (int s : {SIGINT, SIGHUP, SIGPIPE, SIGTERM}) ::signal(s, SIG_IGN);
+  ::prctl(PR_SET_NAME, "cusnap-guardian");
+  std::string buf, op, state_dir;
+  bool remove_partial = false, dismissed = false;
+  char chunk[512];
+  for (;;) {
+    ssize_t n = ::read(cmd_r, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      if (line == "dismiss") {
+        dismissed = true;
+      } else if (line == "end") {
+        op.clear();
+      } else if (line.rfind("begin ", 0) == 0) {
+        std::istringstream in(line.substr(6));
+        int rp = 0;
+        in >> op >> rp;
+        std::getline(in >> std::ws, state_dir);
+        remove_partial = rp != 0;
+      }
+    }
+  }
+  if (dismissed) ::_exit(0);
+  auto log = [&](const std::string& s) { write_all(log_fd, s.data(), s.size()); };
+  if (!op.empty()) {
+    log("cusnap: the supervisor of job " + job.name + " died during " + op +
+        "; the guardian brings the job back\n");
+    std::string report;
+    bool ok = recover_job(job, state_dir, remove_partial, &report);
+    std::istringstream lines(report);
+    for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
+    log(ok ? "cusnap: guardian: the job runs on, unsupervised\n"
+           : "cusnap: guardian: the job could not be brought back completely\n");
+  } else {
+    log("cusnap: the supervisor of job " + job.name +
+        " died; the guardian keeps the job's output flowing into this log\n");
+  }
+  // The output: into the log until every writer is gone.
+  std::vector<char> data(1 << 16);
+  for (;;) {
+    pollfd p[2] = {{out_r, POLLIN, 0}, {err_r, POLLIN, 0}};
+    if (out_r < 0 && err_r < 0) break;
+    if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      int& fd = i == 0 ? out_r : err_r;
+      if (fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = ::read(fd, data.data(), data.size());
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {
+        ::close(fd);
+        fd = -1;
+        continue;
+      }
+      write_all(log_fd, data.data(), static_cast<size_t>(n));
+    }
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string& log_path,
+                     int lock_fd, std::string* err) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    *err = std::string("guardian pipe: ") + std::strerror(errno);
+    return false;
+  }
+  int log_fd = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+  if (log_fd < 0) {
+    *err = "guardian: opening " + log_path + ": " + std::strerror(errno);
+    ::close(p[0]);
+    ::close(p[1]);
+    return false;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    *err = std::string("guardian: fork: ") + std::strerror(errno);
+    ::close(p[0]);
+    ::close(p[1]);
+    ::close(log_fd);
+    return false;
+  }
+  if (pid == 0) {
+    ::close(p[1]);
+    // Everything else the supervisor holds is not ours.
+    for (int fd = 3; fd < 1024; ++fd)
+      if (fd != p[0] && fd != out_r && fd != err_r && fd != log_fd && fd != lock_fd) ::close(fd);
+    // Out of the supervisor's process group and session: a signal to them
+    // must not reach the guardian.
+    ::setsid();
+    int devnull = ::open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+      if (devnull > 2) ::close(devnull);
+    }
+    if (out_r >= 0) ::fcntl(out_r, F_SETFL, ::fcntl(out_r, F_GETFL) & ~O_NONBLOCK);
+    if (err_r >= 0) ::fcntl(err_r, F_SETFL, ::fcntl(err_r, F_GETFL) & ~O_NONBLOCK);
+    guardian_main(job, p[0], out_r, err_r, log_fd);
+  }
+  ::close(p[0]);
+  ::close(log_fd);
+  pipe_w_.reset(p[1]);
+  pid_ = pid;
+  return true;
+}
+
+void Guardian::send(const std::string& line) {
+  if (!pipe_w_) return;
+  std::string l = line + "\n";
+  write_all(pipe_w_.get(), l.data(), l.size());
+}
+
+void Guardian::begin(const std::string& op, const std::string& state_dir, bool remove_partial) {
+  send("begin " + op + " " + (remove_partial ? "1 " : "0 ") + state_dir);
+}
+
+void Guardian::end() { send("end"); }
+
+void Guardian::dismiss() {
+  if (!pipe_w_) return;
+  send("dismiss");
+  pipe_w_.reset();
+  // The supervisor reaps it with everything else; wait briefly so it does
+  // not outlive the supervisor by much.
+  if (pid_ > 0) {
+    for (int i = 0; i < 100; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) != 0) break;
+      struct timespec ts {0, 10000000};
+      ::nanosleep(&ts, nullptr);
+    }
+  }
+  pid_ = 0;
+}
+
+}  // namespace cusnap

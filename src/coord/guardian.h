@@ -1,0 +1,50 @@
+// The guardian: a small process the supervisor forks when it starts
+// supervising a job, outside the job's tree. It holds a copy of the read ends
+// of the job's output pipes (and never reads them while the supervisor
+// lives) and a pipe from the supervisor, on which the supervisor announces
+// each engine operation it begins and ends. When that pipe closes without
+// the supervisor saying goodbye (the supervisor was killed), the guardian
+// brings the job back if an operation was under way (recover_job in
+// engine.h: driver state restored and unlocked, processes continued, shared
+// memory rebuilt, gates opened, an unfinished checkpoint removed), writes
+// what it did to the job's log, and then copies the job's output into the
+// log until the job ends, so the job does not die of a broken pipe. The job
+// then runs unsupervised: `cusnap ps` still lists it (the guardian holds the
+// runtime directory's lock) but nothing answers its control socket, so it
+// cannot be checkpointed again; the log keeps its output.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "coord/engine.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+class Guardian {
+ public:
+  /// Forks the guardian. log_path: the job's output log (appended to);
+  /// lock_fd: the runtime directory's lock, which the guardian keeps held so
+  /// that the directory (and the log) stays while the job runs on. Must run
+  /// before the supervisor starts threads. false + *err on failure (the job
+  /// is then supervised without one).
+  bool start(const JobInfo& job, int out_r, int err_r, const std::string& log_path, int lock_fd,
+             std::string* err);
+  /// An operation begins: state_dir is where it keeps what it saves;
+  /// remove_partial says to remove state_dir when no manifest got written.
+  void begin(const std::string& op, const std::string& state_dir, bool remove_partial);
+  void end();
+  /// The supervisor ends normally: the guardian exits without acting.
+  void dismiss();
+  ~Guardian() { dismiss(); }
+  pid_t pid() const { return pid_; }
+
+ private:
+  void send(const std::string& line);
+  UniqueFd pipe_w_;
+  pid_t pid_ = 0;
+};
+
+}  // namespace cusnap
