@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 
+#include "coord/procs.h"
 #include "proto/control.h"
 #include "proto/unique_fd.h"
 
@@ -103,6 +104,26 @@ std::string hex(uint64_t v) {
   return b;
 }
 
+/// Whether process pid has the shim loaded with tracking on (it started
+/// under cusnap and CUSNAP_SHIM_TRACK is not 0 in its environment).
+bool tracking_shim_loaded(pid_t pid) {
+  std::string maps, env;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  if (!read_text_file(proc + "/maps", &maps) || maps.find("libcusnap_shim") == std::string::npos)
+    return false;
+  if (!read_text_file(proc + "/environ", &env)) return false;
+  bool runtime = false;
+  for (size_t p = 0; p < env.size();) {
+    size_t e = env.find('\0', p);
+    if (e == std::string::npos) e = env.size();
+    std::string_view kv(env.data() + p, e - p);
+    if (kv.rfind("CUSNAP_RUNTIME_DIR=", 0) == 0 && kv.size() > 19) runtime = true;
+    if (kv == "CUSNAP_SHIM_TRACK=0") return false;
+    p = e + 1;
+  }
+  return runtime;
+}
+
 }  // namespace
 
 bool is_shared_creation(const proto::AllocationRecord& a) {
@@ -138,8 +159,18 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
   for (pid_t pid : cuda) {
     std::string path = proto::shim_control_socket(shim_dir, pid);
     struct stat st {};
-    if (shim_dir.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))
-      continue;  // no tracking shim in this process
+    if (shim_dir.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+      // No tracking shim here, or one whose socket is gone: the latter may
+      // share memory nobody can see, so the job is not checkpointable.
+      if (tracking_shim_loaded(pid)) {
+        *err = "process " + std::to_string(pid) + " runs the cusnap shim with tracking on, but "
+               "its control socket " + path + " is gone (the job's runtime directory was "
+               "changed or removed?): its shared memory cannot be saved or checked, so the job "
+               "is not checkpointable";
+        return false;
+      }
+      continue;
+    }
     auto p = std::make_unique<Proc>();
     p->pid = pid;
     if (!p->client.connect(path, pid, t.control, err)) return false;
