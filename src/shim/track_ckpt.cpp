@@ -509,8 +509,12 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
         x.driver_held = x.held_before;
         keep = x.held_before;
         if (exported >= 0) {
+          // The new allocation's descriptor replaces whatever a release that
+          // stopped half way left in the cache: importers must get this one.
           Lock c(s.cache_mu);
-          if (s.cache.emplace(id, exported).second) exported = -1;
+          auto [it, inserted] = s.cache.try_emplace(id, exported);
+          if (!inserted) std::swap(it->second, exported);
+          else exported = -1;
         }
       }
     }

@@ -95,6 +95,32 @@ void faults_reload() {
   f.calls.clear();
 }
 
+/// FAKECUDA_FAIL_FILE ("%p" stands for the pid): when that file exists, its
+/// "name:N:code,..." arms faults counted from now (the Nth call of name from
+/// here on), and the file is removed. Lets a test fail a call at a moment of
+/// its choosing in a running process. Precondition: f.mu held.
+void arm_from_file(Faults& f) {
+  static const char* pattern = getenv("FAKECUDA_FAIL_FILE");
+  if (!pattern || !*pattern) return;
+  std::string path(pattern);
+  size_t p = path.find("%p");
+  if (p != std::string::npos) path.replace(p, 2, std::to_string(getpid()));
+  FILE* in = fopen(path.c_str(), "re");
+  if (!in) return;
+  char buf[512] = {};
+  size_t n = fread(buf, 1, sizeof buf - 1, in);
+  fclose(in);
+  unlink(path.c_str());
+  buf[n] = 0;
+  for (char* c = buf; *c; ++c)
+    if (*c == '\n') *c = 0;
+  for (auto& it : split_spec(buf)) {
+    if (it.size() != 3) continue;
+    long nth = strtol(it[1].c_str(), nullptr, 10);
+    f.fail[it[0]][f.calls[it[0]] + nth] = static_cast<int>(strtol(it[2].c_str(), nullptr, 10));
+  }
+}
+
 CUresult fault_for(const char* base) {
   Faults& f = faults();
   long delay = 0;
@@ -104,6 +130,7 @@ CUresult fault_for(const char* base) {
   {
     std::lock_guard<std::mutex> l(f.mu);
     parse_locked(f);
+    arm_from_file(f);
     log = f.log;
     if (!f.fail.empty() || !f.delay_ms.empty()) {
       n = ++f.calls[base];
