@@ -99,7 +99,7 @@ pid_t start_counter(int out_fd) {
                    out_fd);
 }
 
-// Reads lines "count N ok" until n arrived; returns the N's.
+// Reads lines "count N ok" until n arrived; returns those n (fewer on timeout).
 std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
   std::vector<long> out;
   std::string buf;
@@ -115,6 +115,7 @@ std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
       std::string line = buf.substr(0, nl);
       buf.erase(0, nl + 1);
       if (line.starts_with("count ")) out.push_back(std::atol(line.c_str() + 6));
+      if (out.size() == n) break;  // what came with it is not asked for
     }
   }
   return out;

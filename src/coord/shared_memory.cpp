@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "coord/procs.h"
 #include "proto/control.h"
@@ -386,14 +388,41 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
       *err = "rebuild phase (importers, multicast): " + *err;
       return false;
     }
-  // Verify: every shim's records equal those captured.
+  // Verify: every shim's records equal those captured (but for the
+  // generations, which the rebuild moves on), and every importer holds the
+  // incarnation its creator made: the memory is shared again, not merely
+  // mapped where it was.
+  std::map<std::tuple<int64_t, uint64_t, uint64_t>, uint64_t> made;
+  std::vector<std::pair<pid_t, proto::ShimRecords>> after;
   for (auto& p : procs_) {
     proto::ShimRecords now;
     if (!p->client.inspect(&now, err)) {
       *err = "verify phase: " + *err;
       return false;
     }
-    if (pack(now) != pack(p->records)) {
+    for (auto& a : now.allocations)
+      if (a.origin == "created") made[{now.pid, now.start_time, a.id}] = a.generation;
+    after.emplace_back(p->pid, now);
+  }
+  for (auto& [pid, now] : after)
+    for (auto& a : now.allocations) {
+      if (a.origin != "imported") continue;
+      auto m = made.find({a.creator_pid, a.creator_start, a.creator_id});
+      if (m != made.end() && m->second != a.generation) {
+        *err = "verify phase: process " + std::to_string(pid) + " holds incarnation " +
+               std::to_string(a.generation) + " of allocation " + std::to_string(a.creator_id) +
+               " of process " + std::to_string(a.creator_pid) + ", whose creator made incarnation " +
+               std::to_string(m->second) + ": the memory is not shared again";
+        return false;
+      }
+    }
+  for (size_t k = 0; k < procs_.size(); ++k) {
+    auto& p = procs_[k];
+    proto::ShimRecords now = after[k].second;
+    proto::ShimRecords was = p->records;
+    for (auto* r : {&now, &was})
+      for (auto& a : r->allocations) a.generation = 0;
+    if (pack(now) != pack(was)) {
       std::string what = "its records differ";
       if (now.allocations.size() != p->records.allocations.size())
         what = std::to_string(now.allocations.size()) + " allocations, captured " +

@@ -63,7 +63,8 @@ struct FetchReply {
   bool ok = false;
   uint64_t size = 0;
   std::string error;
-  MSGPACK_DEFINE_MAP(ok, size, error);
+  uint64_t generation = 0;  ///< of the allocation the descriptor names (AllocationRecord)
+  MSGPACK_DEFINE_MAP(ok, size, error, generation);
 };
 
 struct GateRequest {
@@ -125,8 +126,13 @@ struct AllocationRecord {
   uint32_t handles = 0;   ///< logical handles alive
   bool exported = false;  ///< the creator's export cache holds its descriptor
   bool legacy = false;    ///< serves cuMemAlloc memory (legacy IPC capable)
+  /// Which incarnation of the allocation this is: the creator counts the
+  /// times a checkpoint created it again, an importer holds the count of the
+  /// descriptor it imported. After a rebuild every importer's must equal its
+  /// creator's (the only field a rebuild changes).
+  uint64_t generation = 0;
   MSGPACK_DEFINE_MAP(id, origin, creator_pid, creator_start, creator_id, size, device, handles,
-                     exported, legacy);
+                     exported, legacy, generation);
 };
 
 struct MappingRecord {

@@ -50,6 +50,7 @@ void reset_inherited(State& s) {
   std::lock_guard<std::mutex> c(s.cache_mu);
   for (auto& [id, fd] : s.cache) ::close(fd);
   s.cache.clear();
+  s.cache_gen.clear();
   s.allocs.clear();
   s.by_key.clear();
   s.handles.clear();
@@ -128,7 +129,9 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
       if (ci != s.cache.end()) {
         close_fds->push_back(ci->second);
         s.cache.erase(ci);
+        s.cache_gen.erase(id);
         maybe_shrink(s.cache);
+        maybe_shrink(s.cache_gen);
       }
     }
     s.allocs.erase(it);
@@ -190,6 +193,7 @@ CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle drive
     if (it != s.allocs.end()) {
       Lock c(s.cache_mu);
       kept = s.cache.emplace(id, fd).second;
+      if (kept) s.cache_gen[id] = it->second.generation;
       it->second.exported = true;
     }
   }
@@ -255,7 +259,8 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
   }
   if (key.pid == s.pid && key.start == s.start_time) return CUDA_ERROR_INVALID_HANDLE;
   std::string err;
-  int fd = fetch_descriptor(t, &err);
+  uint64_t generation = 0;
+  int fd = fetch_descriptor(t, &err, &generation);
   if (fd < 0) {
     log(("import: " + err).c_str());
     return CUDA_ERROR_INVALID_HANDLE;
@@ -294,6 +299,7 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
       a.device = device;
       a.driver = d;
       a.prop = prop;
+      a.generation = generation;
       s.allocs.emplace(id, a);
       s.by_key.emplace(key, id);
     }
@@ -1381,6 +1387,7 @@ proto::ShimRecords snapshot(State& s) {
     x.handles = a.handles;
     x.exported = a.exported;
     x.legacy = a.legacy;
+    x.generation = a.generation;
     r.allocations.push_back(std::move(x));
   }
   std::sort(r.allocations.begin(), r.allocations.end(),

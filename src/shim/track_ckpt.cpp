@@ -448,6 +448,7 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
         if (ci != s.cache.end()) {
           cached = ci->second;
           s.cache.erase(ci);
+          s.cache_gen.erase(w.id);
         }
       }
       if (cached >= 0) ::close(cached);
@@ -507,6 +508,7 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
         x.released = false;
         x.saved = false;
         x.driver_held = x.held_before;
+        x.generation++;
         keep = x.held_before;
         if (exported >= 0) {
           // The new allocation's descriptor replaces whatever a release that
@@ -515,6 +517,7 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
           auto [it, inserted] = s.cache.try_emplace(id, exported);
           if (!inserted) std::swap(it->second, exported);
           else exported = -1;
+          s.cache_gen[id] = x.generation;
         }
       }
     }
@@ -551,7 +554,8 @@ proto::Done reimport_shared(State& s) noexcept {
       std::snprintf(t.socket, sizeof(t.socket), "%s",
                     proto::shim_peer_socket(s.runtime_dir, a.key.pid).c_str());
       std::string err;
-      int fd = fetch_descriptor(t, &err);
+      uint64_t generation = 0;
+      int fd = fetch_descriptor(t, &err, &generation);
       if (fd < 0)
         return fail("allocation " + std::to_string(id) + " of process " +
                     std::to_string(a.key.pid) + ": fetching its descriptor: " + err);
@@ -573,6 +577,7 @@ proto::Done reimport_shared(State& s) noexcept {
         auto it = s.allocs.find(id);
         if (it != s.allocs.end()) {
           it->second.driver = d;
+          it->second.generation = generation;
           it->second.released = false;
           it->second.driver_held = it->second.held_before;
           keep = it->second.held_before;

@@ -60,6 +60,10 @@ void serve_peer(State& s, UniqueFd conn) {
       reply.error = "allocation " + std::to_string(req.allocation) + " is not exported";
     else
       fd = ::fcntl(it->second, F_DUPFD_CLOEXEC, 0);
+    if (fd >= 0) {
+      auto g = s.cache_gen.find(req.allocation);
+      reply.generation = g == s.cache_gen.end() ? 0 : g->second;
+    }
   }
   UniqueFd owned(fd);
   reply.ok = fd >= 0;
@@ -242,7 +246,7 @@ bool start_servers(State& s) noexcept {
   }
 }
 
-int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept {
+int fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation) noexcept {
   try {
     UniqueFd fd;
     if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return -1;
@@ -266,6 +270,7 @@ int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept {
       *err = reply.error.empty() ? "no descriptor in the reply" : reply.error;
       return -1;
     }
+    if (generation) *generation = reply.generation;
     return msg.fd.release();
   } catch (...) {
     *err = "out of memory";

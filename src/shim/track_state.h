@@ -54,6 +54,7 @@ struct Alloc {
   bool saved = false;     ///< its bytes were saved (created here): it may be released
   bool released = false;  ///< unmapped and released; the reservations stay
   bool held_before = true;  ///< driver_held when it was released
+  uint64_t generation = 0;  ///< proto::AllocationRecord::generation
 };
 
 struct Mapping {
@@ -105,6 +106,7 @@ struct State {
 
   std::mutex cache_mu;  ///< export cache only; the peer listener takes nothing else
   std::unordered_map<uint64_t, int> cache;  ///< local id (created here) -> real descriptor
+  std::unordered_map<uint64_t, uint64_t> cache_gen;  ///< local id -> generation of that descriptor
 
   // Fixed once tracking starts in this process.
   std::string runtime_dir;
@@ -124,7 +126,9 @@ uint64_t process_start_time(pid_t pid) noexcept;
 /// false when they cannot be set up (tracking then stays off in this process).
 bool start_servers(State& s) noexcept;
 /// Asks the creator named by t for the real descriptor; -1 and *err on failure.
-int fetch_descriptor(const proto::Ticket& t, std::string* err) noexcept;
+/// *generation (when given) gets the generation of the allocation it names.
+int fetch_descriptor(const proto::Ticket& t, std::string* err,
+                     uint64_t* generation = nullptr) noexcept;
 /// The records, for inspection. Takes s.mu.
 proto::ShimRecords snapshot(State& s);
 /// The checkpoint of shared memory, on the control listener's thread with the
