@@ -1,6 +1,9 @@
 // Guardian (guardian.h).
 #include "coord/guardian.h"
 
+#include "coord/coordinator_ops.h"
+#include "coord/supervisor_loop.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,7 +31,8 @@ void write_all(int fd, const char* p, size_t n) {
 }
 
 /// The guardian process. Never returns.
-[[noreturn]] void guardian_main(const JobInfo& job, int cmd_r, int out_r, int err_r, int log_fd) {
+[[noreturn]] void guardian_main(const JobInfo& job, int cmd_r, int out_r, int err_r, int log_fd,
+                                int lock_fd) {
   // Quiet: the job's terminal is not ours to write to; signals that would
   // reach the supervisor's group must not end us before we are needed.
   for (int s : {SIGINT, SIGHUP, SIGPIPE, SIGTERM}) ::signal(s, SIG_IGN);
@@ -60,19 +64,38 @@ void write_all(int fd, const char* p, size_t n) {
   }
   if (dismissed) ::_exit(0);
   auto log = [&](const std::string& s) { write_all(log_fd, s.data(), s.size()); };
+  bool ok = true;
   if (!op.empty()) {
     log("cusnap: the supervisor of job " + job.name + " died during " + op +
         "; the guardian brings the job back\n");
     std::string report;
-    bool ok = recover_job(job, state_dir, remove_partial, &report);
+    ok = recover_job(job, state_dir, remove_partial, &report);
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
-    log(ok ? "cusnap: guardian: the job runs on, unsupervised\n"
-           : "cusnap: guardian: the job could not be brought back completely\n");
   } else {
-    log("cusnap: the supervisor of job " + job.name +
-        " died; the guardian keeps the job's output flowing into this log\n");
+    log("cusnap: the supervisor of job " + job.name + " died; the guardian takes over\n");
   }
+  if (ok && lock_fd >= 0 && !job.runtime_dir.empty() && ::kill(job.root_pid, 0) == 0) {
+    // Supervise it from here on: a control socket in the same place, so ps,
+    // checkpoint, suspend and resume find the job again.
+    SupervisorConfig cfg;
+    cfg.name = job.name;
+    cfg.runtime_dir = job.runtime_dir;
+    cfg.echo_output = false;
+    std::unique_ptr<SupervisorLoop> loop;
+    SuperviseOutcome fail;
+    if (SupervisorLoop::adopt(cfg, job.runtime_dir, lock_fd, &loop, &fail)) {
+      log("cusnap: guardian: the job runs on, supervised by process " +
+          std::to_string(::getpid()) + "\n");
+      ::close(log_fd);
+      SuperviseOutcome out =
+          loop->run(job, UniqueFd(out_r), UniqueFd(err_r), "", default_coordinator_ops());
+      ::_exit(out.exit_code & 0xff);
+    }
+    log("cusnap: guardian: cannot supervise the job (" + fail.error + ")\n");
+  }
+  log(ok ? "cusnap: guardian: the job runs on, unsupervised; its output goes on into this log\n"
+         : "cusnap: guardian: the job could not be brought back completely\n");
   // The output: into the log until every writer is gone.
   std::vector<char> data(1 << 16);
   for (;;) {
@@ -136,7 +159,7 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     }
     if (out_r >= 0) ::fcntl(out_r, F_SETFL, ::fcntl(out_r, F_GETFL) & ~O_NONBLOCK);
     if (err_r >= 0) ::fcntl(err_r, F_SETFL, ::fcntl(err_r, F_GETFL) & ~O_NONBLOCK);
-    guardian_main(job, p[0], out_r, err_r, log_fd);
+    guardian_main(job, p[0], out_r, err_r, log_fd, lock_fd);
   }
   ::close(p[0]);
   ::close(log_fd);

@@ -7,11 +7,13 @@
 // brings the job back if an operation was under way (recover_job in
 // engine.h: driver state restored and unlocked, processes continued, shared
 // memory rebuilt, gates opened, an unfinished checkpoint removed), writes
-// what it did to the job's log, and then copies the job's output into the
-// log until the job ends, so the job does not die of a broken pipe. The job
-// then runs unsupervised: `cusnap ps` still lists it (the guardian holds the
-// runtime directory's lock) but nothing answers its control socket, so it
-// cannot be checkpointed again; the log keeps its output.
+// what it did to the job's log, and then becomes the job's
+// supervisor again: it takes over the job's runtime directory (whose lock it
+// holds), serves a new control socket there and runs the supervisor's loop,
+// so `cusnap ps`, `checkpoint`, `suspend` and `resume` find the job as
+// before (its exit status is no longer known: the guardian is not its
+// parent). Where that fails it copies the job's output into the log until
+// the job ends, so the job does not die of a broken pipe.
 #pragma once
 
 #include <sys/types.h>

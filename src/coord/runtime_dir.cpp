@@ -303,6 +303,10 @@ void RuntimeDir::remove() {
   lock_.reset();
 }
 
+std::unique_ptr<RuntimeDir> RuntimeDir::adopt(const std::string& path, UniqueFd lock) {
+  return std::unique_ptr<RuntimeDir>(new RuntimeDir(path, std::move(lock)));
+}
+
 bool runtime_dir_live(const std::string& dir) {
   UniqueFd fd(::open((dir + "/lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return false;

@@ -49,6 +49,9 @@ class RuntimeDir {
   /// Refuses (kExitRefused-style error) when a live job holds the name.
   static bool reserve(const std::string& name, const std::string& explicit_dir,
                       std::unique_ptr<RuntimeDir>* out, std::string* err);
+  /// Takes over the directory at path whose lock the caller already holds
+  /// (a guardian adopting a job whose supervisor died).
+  static std::unique_ptr<RuntimeDir> adopt(const std::string& path, UniqueFd lock);
   ~RuntimeDir();
 
   const std::string& path() const { return path_; }

@@ -88,14 +88,56 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
     return failed(kExitFailure,
                   std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno));
+  if (!s->install_handlers(fail)) {
+    s->rundir_->remove();
+    return false;
+  }
+  *out = std::move(s);
+  return true;
+}
+
+bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path, int lock_fd,
+                           std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail) {
+  std::unique_ptr<SupervisorLoop> s(new SupervisorLoop());
+  s->cfg_ = cfg;
+  s->adopted_ = true;
+  fail->name = cfg.name;
+  s->rundir_ = RuntimeDir::adopt(path, UniqueFd(lock_fd));
+  std::string err;
+  ::unlink(s->rundir_->socket_path().c_str());  // the dead supervisor's
+  if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err)) {
+    fail->exit_code = kExitFailure;
+    fail->error = err;
+    return false;
+  }
+  s->log_fd_.reset(::open(s->rundir_->log_path().c_str(),
+                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!s->log_fd_) {
+    fail->exit_code = kExitFailure;
+    fail->error = "opening " + s->rundir_->log_path() + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!s->install_handlers(fail)) return false;
+  *out = std::move(s);
+  return true;
+}
+
+bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
   int p[2];
-  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  s->sig_r_.reset(p[0]);
-  s->sig_w_.reset(p[1]);
-  s->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!s->wake_fd_) return failed(kExitFailure, std::string("eventfd: ") + std::strerror(errno));
-  g_signal_pipe = s->sig_w_.get();
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+    fail->exit_code = kExitFailure;
+    fail->error = std::string("pipe: ") + std::strerror(errno);
+    return false;
+  }
+  sig_r_.reset(p[0]);
+  sig_w_.reset(p[1]);
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_) {
+    fail->exit_code = kExitFailure;
+    fail->error = std::string("eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  g_signal_pipe = sig_w_.get();
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
@@ -103,7 +145,6 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   sa.sa_handler = on_sigpipe;
   ::sigaction(SIGPIPE, &sa, nullptr);
-  *out = std::move(s);
   return true;
 }
 
@@ -159,7 +200,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   // The guardian brings the job back if we die during an operation
   // (guardian.h); forked before any thread of ours starts.
   Guardian guardian;
-  {
+  if (!adopted_) {
     std::string gerr;
     if (!guardian.start(info, out_r.get(), err_r.get(), rundir_->log_path(),
                         rundir_->lock_fd(), &gerr))
@@ -201,6 +242,13 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   std::vector<char> buf(1 << 16);
   for (;;) {
     reap(root, &root_done, &root_status);
+    // An adopted job's root is not our child: it is gone when it no longer
+    // exists (its status went to whoever reaped it).
+    if (adopted_ && !root_done && ::kill(root, 0) != 0 && errno == ESRCH) {
+      root_done = true;
+      std::lock_guard lk(ctx_.mu);
+      if (ctx_.status.state != "stopped") ctx_.set_state_locked("exited");
+    }
     bool idle;
     {
       std::lock_guard lk(ctx_.mu);
@@ -214,7 +262,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
                    {wake_fd_.get(), POLLIN, 0},
                    {out_r.get(), POLLIN, 0},
                    {err_r.get(), POLLIN, 0}};
-    int timeout_ms = 1000;
+    int timeout_ms = adopted_ ? 200 : 1000;
     if (root_done) {
       auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(drain_deadline - Clock::now());

@@ -22,6 +22,12 @@ class SupervisorLoop {
   /// children start with a clean mask). On failure fills *fail.
   static bool prepare(const SupervisorConfig& cfg, const std::string& name,
                       std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail);
+  /// The same for a job whose supervisor died (guardian.h): takes over its
+  /// runtime directory, whose lock lock_fd already holds, binds a new
+  /// control.sock and appends to output.log. run() then watches the job's
+  /// root through a pidfd (it is not our child) and cannot know its status.
+  static bool adopt(const SupervisorConfig& cfg, const std::string& path, int lock_fd,
+                    std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail);
   ~SupervisorLoop();
 
   RuntimeDir& rundir() { return *rundir_; }
@@ -41,7 +47,11 @@ class SupervisorLoop {
   SupervisorLoop() = default;
   void reap(pid_t root, bool* root_done, int* root_status);
 
+  /// Sets the handlers prepare() and adopt() install.
+  bool install_handlers(SuperviseOutcome* fail);
+
   SupervisorConfig cfg_;
+  bool adopted_ = false;
   std::unique_ptr<RuntimeDir> rundir_;
   UniqueFd listen_fd_, log_fd_, sig_r_, sig_w_, wake_fd_;
   JobContext ctx_;

@@ -133,7 +133,7 @@ kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
 # output flowing into its log, the unfinished checkpoint removed.
 LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
 for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
-grep -q "guardian: the job runs on, unsupervised" "$LOG" ||
+grep -q "guardian: the job runs on, supervised by process" "$LOG" ||
   fail "the guardian did not report bringing the job back: $(grep cusnap: "$LOG" 2>/dev/null)"
 STATE=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
 case $STATE in *"state 0"*) ;; *) fail "after the guardian's recovery the driver state is '$STATE'" ;; esac
@@ -143,10 +143,24 @@ grep -q "pattern mismatch" "$LOG" && fail "the recovered job found a wrong byte"
 [ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
 echo "   after the supervisor's death: job $PID running (driver state 0), counting on in its log ($N -> $(last_count "$LOG")), client exit $RC"
 grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
-[ "$(job_field orphan pid)" = "$PID" ] || fail "cusnap ps does not list the job the guardian keeps"
-kill -KILL "$PID"
-for _ in $(seq 1 100); do [ -e "$CUSNAP_RUNTIME_BASE/orphan/lock" ] && "$CUSNAP" ps >/dev/null 2>&1; [ -z "$(job_field orphan pid)" ] && break; sleep 0.05; done
-[ -z "$(job_field orphan pid)" ] || fail "cusnap ps still lists the job after it ended"
-pass "supervisor killed mid-checkpoint: no checkpoint; the guardian brought the job back and keeps its output"
+# The guardian supervises it now: ps finds it, and a later checkpoint works
+# and restores.
+[ "$(job_field orphan pid)" = "$PID" ] || fail "cusnap ps does not list the job the guardian supervises"
+GUARD=$(job_field orphan supervisor_pid)
+rm -rf "$T/orphan.ck"
+BEFORE_CK=$(last_count "$LOG")
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ck2" >"$T/orphan-ck2.out" 2>&1 ||
+  fail "a checkpoint after the guardian took over failed: $(cat "$T/orphan-ck2.out")"
+wait_gone "$PID"
+for _ in $(seq 1 100); do kill -0 "$GUARD" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$GUARD" 2>/dev/null && fail "the guardian (supervisor $GUARD) did not end with the job"
+# (The log went with the runtime directory when the job stopped.)
+restore_bg "$T/orphan.ck2" "$T/orphan-r.out"
+wait_count "$T/orphan-r.out" $((BEFORE_CK + 2))
+[ "$(first_count "$T/orphan-r.out")" -gt "$BEFORE_CK" ] ||
+  fail "the restored job began at $(first_count "$T/orphan-r.out"), not after $BEFORE_CK"
+grep -q "pattern mismatch" "$T/orphan-r.out" && fail "the restored job found a wrong byte"
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+pass "supervisor killed mid-checkpoint: no checkpoint; the guardian brought the job back and supervises it: a later checkpoint restores"
 fi
 echo "PASS"

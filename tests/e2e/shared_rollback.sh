@@ -94,7 +94,7 @@ kill -KILL "$SUP"
 wait "$CK" 2>/dev/null && fail "the checkpoint reported success after its supervisor was killed"
 LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
 for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
-grep -q "guardian: the job runs on, unsupervised" "$LOG" ||
+grep -q "guardian: the job runs on, supervised by process" "$LOG" ||
   fail "the guardian did not bring the job back: $(grep 'cusnap:' "$LOG" 2>/dev/null)"
 grep -q "guardian: shared memory of 2 process(es): rebuilt" "$LOG" ||
   fail "the guardian did not rebuild the shared memory: $(grep 'cusnap:' "$LOG")"
@@ -106,5 +106,15 @@ done
 no_errors "$LOG"
 [ -z "$(ls -A "$T/orphan.ckpt" 2>/dev/null)" ] || fail "the unfinished checkpoint was left behind"
 pass "supervisor killed after the release: the guardian rebuilt the shared memory ($(grep -c 'cusnap: guardian' "$LOG") lines in the log)"
+# The guardian supervises the job now: a later checkpoint works and restores.
+rm -rf "$T/orphan.ckpt"
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ckpt2" >"$T/orphan.ckpt2.out" 2>&1 ||
+  fail "a checkpoint after the guardian took over failed: $(cat "$T/orphan.ckpt2.out")"
+for p in $(ready_pids "$LAUNCH_OUT"); do wait_gone "$p" 20; done
+restore_bg "$T/orphan.ckpt2" "$T/orphan.restore.out"
+for p in "${PREFIXES[@]}"; do wait_count "$T/orphan.restore.out" 3 "$p" 30; done
+for p in "${PREFIXES[@]}"; do wait_seen "$T/orphan.restore.out" "$p" 0; done
+no_errors "$T/orphan.restore.out"
+pass "the guardian-supervised job was checkpointed again and restored"
 for p in $(ready_pids "$LAUNCH_OUT"); do kill -KILL "$p" 2>/dev/null; done
 echo "PASS"
