@@ -157,8 +157,9 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
       ::dup2(devnull, 2);
       if (devnull > 2) ::close(devnull);
     }
-    if (out_r >= 0) ::fcntl(out_r, F_SETFL, ::fcntl(out_r, F_GETFL) & ~O_NONBLOCK);
-    if (err_r >= 0) ::fcntl(err_r, F_SETFL, ::fcntl(err_r, F_GETFL) & ~O_NONBLOCK);
+    // out_r and err_r share their file status flags with the supervisor's
+    // (O_NONBLOCK, which its loop needs): never change them here; the drain
+    // below polls and takes EAGAIN in its stride.
     guardian_main(job, p[0], out_r, err_r, log_fd, lock_fd);
   }
   ::close(p[0]);

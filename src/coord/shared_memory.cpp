@@ -126,6 +126,15 @@ bool tracking_shim_loaded(pid_t pid) {
   return runtime;
 }
 
+/// Whether pid still runs (not gone, not a zombie).
+bool proc_alive(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
+  size_t p = stat.rfind(')');
+  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' &&
+         stat[p + 2] != 'X';
+}
+
 }  // namespace
 
 bool is_shared_creation(const proto::AllocationRecord& a) {
@@ -303,6 +312,8 @@ bool SharedMemory::release(std::string* err) {
   for (const char* origin : {"imported", "created"})
     for (auto& p : procs_)
       if (!p->client.release(origin, t_.phase, err)) {
+        if (!proc_alive(p->pid))
+          *err = "process " + std::to_string(p->pid) + " died during the checkpoint (" + *err + ")";
         *err = std::string("release phase (") + origin + " memory): " + *err;
         return false;
       }
@@ -346,7 +357,7 @@ bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std:
   t_ = t;
   shim_dir_ = shim_dir;
   for (auto& p : procs_) {
-    if (p->client.connected()) continue;
+    if (p->client.connected() || !proc_alive(p->pid)) continue;  // the dead are left out
     if (!p->client.connect(proto::shim_control_socket(shim_dir, p->pid), p->pid, t.control, err))
       return false;
   }
@@ -360,7 +371,7 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
   if (progress) progress(Progress{"rebuild", 0, total});
   for (auto& p : procs_)
     for (auto& a : p->records.allocations) {
-      if (!is_shared_creation(a)) continue;
+      if (!is_shared_creation(a) || !p->client.connected()) continue;
       // The parts as saved (their count may differ from what save_parts says now).
       std::vector<UniqueFd> files;
       std::vector<int> fds;
@@ -384,7 +395,7 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
     }
   // Importers import again; multicast groups are rebuilt in the same request.
   for (auto& p : procs_)
-    if (!p->client.reimport(t_.phase, err)) {
+    if (p->client.connected() && !p->client.reimport(t_.phase, err)) {
       *err = "rebuild phase (importers, multicast): " + *err;
       return false;
     }
@@ -396,6 +407,10 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
   std::vector<std::pair<pid_t, proto::ShimRecords>> after;
   for (auto& p : procs_) {
     proto::ShimRecords now;
+    if (!p->client.connected()) {  // a process that died meanwhile: nothing to verify
+      after.emplace_back(p->pid, p->records);
+      continue;
+    }
     if (!p->client.inspect(&now, err)) {
       *err = "verify phase: " + *err;
       return false;
@@ -448,7 +463,7 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
 bool SharedMemory::open_gates(std::string* err) {
   bool ok = true;
   for (auto& p : procs_) {
-    if (!p->gate_closed) continue;
+    if (!p->gate_closed || !proc_alive(p->pid)) continue;
     std::string why;
     if (!p->client.connected())
       p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control, &why);

@@ -108,9 +108,12 @@ no_errors "$LOG"
 pass "supervisor killed after the release: the guardian rebuilt the shared memory ($(grep -c 'cusnap: guardian' "$LOG") lines in the log)"
 # The guardian supervises the job now: a later checkpoint works and restores.
 rm -rf "$T/orphan.ckpt"
+GUARD=$(job_field orphan supervisor_pid)
+[ -n "$GUARD" ] && [ "$GUARD" != "$SUP" ] || fail "cusnap ps does not show the guardian supervising the job"
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ckpt2" >"$T/orphan.ckpt2.out" 2>&1 ||
   fail "a checkpoint after the guardian took over failed: $(cat "$T/orphan.ckpt2.out")"
 for p in $(ready_pids "$LAUNCH_OUT"); do wait_gone "$p" 20; done
+wait_gone "$GUARD" 20
 restore_bg "$T/orphan.ckpt2" "$T/orphan.restore.out"
 for p in "${PREFIXES[@]}"; do wait_count "$T/orphan.restore.out" 3 "$p" 30; done
 for p in "${PREFIXES[@]}"; do wait_seen "$T/orphan.restore.out" "$p" 0; done
