@@ -50,7 +50,11 @@ cleanup_checkpoint_test() {
   local rc=$?
   set +e
   # Every job still known to a supervisor of this test, then the supervisors.
-  for pid in $(job_pids_all) $(cat "$T/job-pids" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+  # A job's root leads its own process group: the group takes its children too.
+  for pid in $(job_pids_all) $(cat "$T/job-pids" 2>/dev/null); do
+    kill -9 -- "-$pid" 2>/dev/null
+    kill -9 "$pid" 2>/dev/null
+  done
   for pid in "${SUPERVISORS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   sleep 0.3
   for pid in "${SUPERVISORS[@]}"; do kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
