@@ -58,6 +58,7 @@ void reset_inherited(State& s) {
   s.legacy_blocks.clear();
   s.ipc.clear();
   s.peers.clear();
+  s.contexts.clear();
   s.multicast.clear();
   s.mc_driver.clear();
   s.mc_released = false;
@@ -398,6 +399,18 @@ void atfork_child() noexcept {
   state().mu.unlock();
   g_start_mu.unlock();
   if (g_mode.load(std::memory_order_relaxed) == kModeOn) g_reset.store(true);
+}
+
+void note_context(CUcontext ctx, bool alive) noexcept {
+  if (!ctx || g_mode.load(std::memory_order_acquire) != kModeOn) return;
+  try {
+    State& s = state();
+    Lock l(s.mu);
+    auto it = std::find(s.contexts.begin(), s.contexts.end(), ctx);
+    if (alive && it == s.contexts.end()) s.contexts.push_back(ctx);
+    if (!alive && it != s.contexts.end()) s.contexts.erase(it);
+  } catch (...) {
+  }
 }
 
 CUresult init(PfnInit real, unsigned int flags) noexcept {

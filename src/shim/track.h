@@ -83,6 +83,11 @@ CUresult mc_bind_addr(PfnBindAddrV1 v1, PfnBindAddrV2 v2, CUmemGenericAllocation
 CUresult mc_unbind(decltype(&::cuMulticastUnbind) real, CUmemGenericAllocationHandle mc,
                    CUdevice dev, size_t mc_offset, size_t size) noexcept;
 
+/// A context the application created (alive) or is about to destroy: the
+/// checkpoint's drain synchronizes every created context besides the
+/// primary ones. A no-op while tracking is off.
+void note_context(CUcontext ctx, bool alive) noexcept;
+
 /// pthread_atfork handlers (build_info.cpp registers them).
 void atfork_prepare() noexcept;
 void atfork_parent() noexcept;

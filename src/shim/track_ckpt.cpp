@@ -339,6 +339,7 @@ proto::Done drain(State& s) noexcept {
       Lock l(s.mu);
       for (auto& o : s.ipc)
         if (o.ctx) contexts.insert(o.ctx);
+      contexts.insert(s.contexts.begin(), s.contexts.end());
     }
     int n = 0;
     if (auto count = REAL(cuDeviceGetCount); !count || count(&n) != CUDA_SUCCESS) n = 0;

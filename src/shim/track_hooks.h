@@ -38,6 +38,37 @@ CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
 CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
 #undef CUSNAP_TRACK_HOOK
 
+// Contexts the application creates and destroys: drain synchronizes them too.
+#define CUSNAP_CTX_CREATE_HOOK(entry)                                        \
+  template <>                                                              \
+  struct Hook<Entry::entry> {                                              \
+    static auto bind(decltype(&::entry) real) noexcept {                   \
+      return [real](CUcontext* pctx, auto... a) noexcept {                 \
+        CUresult r = real(pctx, a...);                                     \
+        if (r == CUDA_SUCCESS && pctx) track::note_context(*pctx, true);   \
+        return r;                                                          \
+      };                                                                   \
+    }                                                                      \
+  };
+CUSNAP_CTX_CREATE_HOOK(cuCtxCreate)
+CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v2)
+CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v3)
+CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v4)
+#undef CUSNAP_CTX_CREATE_HOOK
+#define CUSNAP_CTX_DESTROY_HOOK(entry)                                       \
+  template <>                                                              \
+  struct Hook<Entry::entry> {                                              \
+    static auto bind(decltype(&::entry) real) noexcept {                   \
+      return [real](CUcontext ctx) noexcept {                              \
+        track::note_context(ctx, false);                                   \
+        return real(ctx);                                                  \
+      };                                                                   \
+    }                                                                      \
+  };
+CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy)
+CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy_v2)
+#undef CUSNAP_CTX_DESTROY_HOOK
+
 template <>
 struct Hook<Entry::cuMulticastBindMem> {
   static auto bind(track::PfnBindMemV1 real) noexcept {

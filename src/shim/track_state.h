@@ -96,6 +96,7 @@ struct State {
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
+  std::vector<CUcontext> contexts;  ///< created by the application, alive
   std::unordered_map<uint64_t, proto::MulticastRecord> multicast;  ///< by the application's handle
   /// The application's multicast handle -> the driver's, for objects a
   /// checkpoint rebuilt (the application keeps using the handle it got).
