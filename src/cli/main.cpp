@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "coord/guardian.h"
 
 namespace cusnap::cli {
 namespace {
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
   }
   for (const Command& c : kCommands)
     if (cmd == c.name) return c.run(argc - 1, argv + 1);
+  // Internal: the guardian a supervisor starts (src/coord/guardian.h).
+  if (cmd == "__guardian") cusnap::guardian_command(argc - 2, argv + 2);
   if (const char* s = suggest(cmd))
     std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
                  s);

@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace cusnap {
@@ -118,7 +120,55 @@ void write_all(int fd, const char* p, size_t n) {
   ::_exit(0);
 }
 
+nlohmann::json job_to_json(const JobInfo& j) {
+  return {{"name", j.name},           {"root_pid", j.root_pid},       {"argv", j.argv},
+          {"cwd", j.cwd},             {"runtime_dir", j.runtime_dir}, {"shim_dir", j.shim_dir},
+          {"owner_uid", j.owner_uid}, {"stdout_pipe", j.stdout_pipe_id},
+          {"stderr_pipe", j.stderr_pipe_id}};
+}
+
+bool job_from_json(const std::string& text, JobInfo* j) {
+  try {
+    auto o = nlohmann::json::parse(text);
+    j->name = o.at("name").get<std::string>();
+    j->root_pid = o.at("root_pid").get<pid_t>();
+    j->argv = o.at("argv").get<std::vector<std::string>>();
+    j->cwd = o.at("cwd").get<std::string>();
+    j->runtime_dir = o.at("runtime_dir").get<std::string>();
+    j->shim_dir = o.at("shim_dir").get<std::string>();
+    j->owner_uid = o.at("owner_uid").get<uid_t>();
+    j->stdout_pipe_id = o.at("stdout_pipe").get<std::string>();
+    j->stderr_pipe_id = o.at("stderr_pipe").get<std::string>();
+    return j->root_pid > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
+
+void guardian_command(int argc, char** argv) {
+  int cmd = -1, out = -1, err = -1, log = -1, lock = -1;
+  JobInfo job;
+  bool have_job = false;
+  for (int i = 0; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    int v = std::atoi(argv[i + 1]);
+    if (k == "--cmd-fd") cmd = v;
+    else if (k == "--out-fd") out = v;
+    else if (k == "--err-fd") err = v;
+    else if (k == "--log-fd") log = v;
+    else if (k == "--lock-fd") lock = v;
+    else if (k == "--job") have_job = job_from_json(argv[i + 1], &job);
+  }
+  if (cmd < 0 || log < 0 || !have_job) {
+    std::fprintf(stderr, "cusnap: __guardian is internal to the supervisor\n");
+    ::_exit(kExitUsage);
+  }
+  for (int fd : {cmd, out, err, log, lock})
+    if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  guardian_main(job, cmd, out, err, log, lock);
+}
 
 bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string& log_path,
                      int lock_fd, std::string* err) {
@@ -157,6 +207,27 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
       ::dup2(devnull, 2);
       if (devnull > 2) ::close(devnull);
     }
+    // A fresh image: the supervisor may have initialized the CUDA driver
+    // (a restore does), which a forked child cannot use.
+    for (int fd : {p[0], out_r, err_r, log_fd, lock_fd})
+      if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
+    std::string j = job_to_json(job).dump();
+    std::string a[] = {std::to_string(p[0]), std::to_string(out_r), std::to_string(err_r),
+                       std::to_string(log_fd), std::to_string(lock_fd)};
+    const char* args[] = {"cusnap", "__guardian", "--cmd-fd", a[0].c_str(), "--out-fd",
+                          a[1].c_str(), "--err-fd", a[2].c_str(), "--log-fd", a[3].c_str(),
+                          "--lock-fd", a[4].c_str(), "--job", j.c_str(), nullptr};
+    char self[4096];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+      self[n] = 0;
+      const char* base = std::strrchr(self, '/');
+      // Only the cusnap binary knows the command (not a test program).
+      if (base && std::strcmp(base + 1, "cusnap") == 0)
+        ::execv("/proc/self/exe", const_cast<char* const*>(args));
+    }
+    // No exec (no /proc?): carry on in this image, which a launch's
+    // supervisor left without driver state.
     // out_r and err_r share their file status flags with the supervisor's
     // (O_NONBLOCK, which its loop needs): never change them here; the drain
     // below polls and takes EAGAIN in its stride.

@@ -25,6 +25,13 @@
 
 namespace cusnap {
 
+/// The guardian process's entry (the hidden `cusnap __guardian` command the
+/// forked child executes, so that it starts without the supervisor's driver
+/// state: a CUDA driver initialized before a fork cannot be used after it).
+/// Arguments: --cmd-fd N --out-fd N --err-fd N --log-fd N --lock-fd N
+/// --job JSON. Never returns.
+[[noreturn]] void guardian_command(int argc, char** argv);
+
 class Guardian {
  public:
   /// Forks the guardian. log_path: the job's output log (appended to);
