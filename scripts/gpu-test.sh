@@ -133,17 +133,7 @@ try:
     for j in json.load(sys.stdin): print(j["name"], j.get("pid", ""), j.get("supervisor_pid", ""))
 except Exception: pass' || true
 }
-# session_pids SID: the processes of session SID (a job is its session's leader;
-# CRIU restores the session), from /proc, by id.
-session_pids() {
-  local f line sid
-  for f in /proc/[0-9]*/stat; do
-    { read -r line <"$f"; } 2>/dev/null || continue
-    read -r _ _ _ sid _ <<<"${line##*) }"
-    [ "$sid" = "$1" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
-  done
-  return 0
-}
+source "$ROOT/scripts/lib-session.sh"  # session_pids, wait_pids_gone
 cleanup() {
   set +e
   local row p sid
@@ -371,17 +361,6 @@ try:
 except Exception:
     pass
 PY
-}
-wait_pids_gone() {  # SECONDS PID...: 0 when all are gone
-  local secs=$1 p left
-  shift
-  for _ in $(seq 1 $((secs * 20))); do
-    left=0
-    for p in "$@"; do [ -e "/proc/$p" ] && left=1; done
-    [ $left = 0 ] && return 0
-    sleep 0.05
-  done
-  return 1
 }
 # stop_job NAME SID: TERM the job's supervisor (it forwards the signal to the
 # job), then KILL whatever of the job's session is left.
