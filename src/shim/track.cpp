@@ -15,7 +15,6 @@
 #include "shim/real_driver.h"
 #include "shim/track_state.h"
 
-#define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
 namespace cusnap::shim::track {
 
@@ -98,6 +97,23 @@ void start_slow() noexcept {
   } catch (...) {
     g_mode.store(kModeOff, std::memory_order_release);
   }
+}
+
+/// Records an allocation this process created with driver handle d (s.mu
+/// held); returns its local id.
+uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
+                     const CUmemAllocationProp& prop) {
+  uint64_t id = s.next_alloc++;
+  Alloc a;
+  a.origin = Alloc::Origin::kCreated;
+  a.key = {s.pid, s.start_time, id};
+  a.size = size;
+  a.device = prop.location.id;
+  a.driver = d;
+  a.prop = prop;
+  s.allocs.emplace(id, a);
+  s.by_key.emplace(a.key, id);
+  return id;
 }
 
 uint64_t new_handle(State& s, uint64_t id) {
@@ -431,17 +447,7 @@ CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle*
   State& s = state();
   try {
     Lock l(s.mu);
-    uint64_t id = s.next_alloc++;
-    Alloc a;
-    a.origin = Alloc::Origin::kCreated;
-    a.key = {s.pid, s.start_time, id};
-    a.size = size;
-    a.device = prop->location.id;
-    a.driver = d;
-    a.prop = *prop;
-    s.allocs.emplace(id, a);
-    s.by_key.emplace(a.key, id);
-    *handle = new_handle(s, id);
+    *handle = new_handle(s, add_created(s, d, size, *prop));
     return CUDA_SUCCESS;
   } catch (...) {
   }
@@ -1014,19 +1020,11 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   State& s = state();
   try {
     Lock l(s.mu);
-    uint64_t id = s.next_alloc++;
-    Alloc a;
-    a.origin = Alloc::Origin::kCreated;
-    a.key = {s.pid, s.start_time, id};
-    a.size = size;
-    a.device = dev;
-    a.driver = d;
-    a.prop = prop;
+    uint64_t id = add_created(s, d, size, prop);
+    Alloc& a = s.allocs[id];
     a.legacy = true;
     a.pins = 1;
     a.mappings = 1;
-    s.allocs.emplace(id, a);
-    s.by_key.emplace(a.key, id);
     Mapping m;
     m.size = size;
     m.alloc = id;

@@ -28,7 +28,6 @@
 #include "shim/track_copy.h"
 #include "shim/track_state.h"
 
-#define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
 namespace cusnap::shim::track {
 
@@ -49,11 +48,6 @@ proto::Done fail(const std::string& what) {
   return d;
 }
 
-std::string driver_error(const char* call, CUresult r) {
-  const char* name = nullptr;
-  if (auto f = REAL(cuGetErrorName)) f(r, &name);
-  return std::string(call) + " failed: " + (name ? name : "CUDA error " + std::to_string(r));
-}
 
 /// The primary context of a device, current on this thread while it lives.
 class DeviceContext {
@@ -125,11 +119,26 @@ struct RangeCopy {
   std::vector<proto::AccessRecord> access;
 };
 
+/// The mappings of allocation id (s.mu held).
 std::vector<RangeCopy> ranges_of(const State& s, uint64_t id) {
   std::vector<RangeCopy> out;
   for (auto& [addr, m] : s.ranges)
     if (m.alloc == id) out.push_back({addr, m.size, m.offset, m.access});
   return out;
+}
+
+/// The mappings of multicast object h, by the application's handle (s.mu held).
+std::vector<RangeCopy> multicast_ranges_of(const State& s, uint64_t h) {
+  std::vector<RangeCopy> out;
+  for (auto& [addr, m] : s.ranges)
+    if (m.multicast == h) out.push_back({addr, m.size, m.offset, m.access});
+  return out;
+}
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
 }
 
 /// Releases the driver handle a half-finished release left behind.
@@ -167,11 +176,7 @@ CUresult map_ranges(CUmemGenericAllocationHandle d, const std::vector<RangeCopy>
   for (; done < ranges.size(); ++done) {
     const RangeCopy& m = ranges[done];
     if ((r = REAL(cuMemMap)(m.address, m.size, m.offset, d, 0)) != CUDA_SUCCESS) {
-      *err = driver_error("cuMemMap", r) + " at 0x" + ([&] {
-        char b[24];
-        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(m.address));
-        return std::string(b);
-      })();
+      *err = driver_error("cuMemMap", r) + " at " + hex(m.address);
       break;
     }
     std::vector<CUmemAccessDesc> desc;
@@ -215,19 +220,13 @@ CUresult handle_of(const Alloc& a, const std::vector<RangeCopy>& ranges,
   return r;
 }
 
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 /// Tears down every multicast object (mappings, bindings, the object); the
 /// records stay for rebuild_multicast.
 proto::Done teardown_multicast(State& s) {
   struct Work {
     CUmemGenericAllocationHandle driver;
     proto::MulticastRecord rec;
-    std::vector<std::pair<uint64_t, uint64_t>> maps;
+    std::vector<RangeCopy> maps;
   };
   std::vector<Work> work;
   {
@@ -235,25 +234,23 @@ proto::Done teardown_multicast(State& s) {
     if (s.mc_released) return ok_done();
     for (auto& [h, rec] : s.multicast) {
       auto t = s.mc_driver.find(h);
-      Work w{t == s.mc_driver.end() ? h : t->second, rec, {}};
-      for (auto& [addr, m] : s.ranges)
-        if (m.multicast == h) w.maps.emplace_back(addr, m.size);
-      work.push_back(std::move(w));
+      work.push_back({t == s.mc_driver.end() ? h : t->second, rec, multicast_ranges_of(s, h)});
     }
     s.mc_released = true;
   }
   for (const Work& w : work) {
     const std::string who = "multicast object " + hex(w.rec.handle) + ": ";
     DeviceContext ctx(w.rec.devices.empty() ? 0 : w.rec.devices.front());
-    for (auto& [addr, size] : w.maps)
-      if (CUresult r = REAL(cuMemUnmap)(addr, size); r != CUDA_SUCCESS)
+    for (const RangeCopy& m : w.maps)
+      if (CUresult r = REAL(cuMemUnmap)(m.address, m.size); r != CUDA_SUCCESS)
         return fail(who + driver_error("cuMemUnmap", r));
-    for (const auto& b : w.rec.bindings)
-      if (DeviceContext bind_ctx(b.device < 0 ? 0 : b.device); false) {
-      } else if (CUresult r = REAL(cuMulticastUnbind)(w.driver, b.device < 0 ? 0 : b.device, b.mc_offset,
-                                               b.size);
+    for (const auto& b : w.rec.bindings) {
+      const int32_t dev = b.device < 0 ? 0 : b.device;
+      DeviceContext bind_ctx(dev);
+      if (CUresult r = REAL(cuMulticastUnbind)(w.driver, dev, b.mc_offset, b.size);
           r != CUDA_SUCCESS)
         return fail(who + driver_error("cuMulticastUnbind", r));
+    }
     if (CUresult r = REAL(cuMemRelease)(w.driver); r != CUDA_SUCCESS)
       return fail(who + driver_error("cuMemRelease", r));
   }
@@ -272,8 +269,7 @@ proto::Done rebuild_multicast(State& s) {
     if (!s.mc_released) return ok_done();
     for (auto& [h, rec] : s.multicast) {
       recs.push_back(rec);
-      for (auto& [addr, m] : s.ranges)
-        if (m.multicast == h) maps[h].push_back({addr, m.size, m.offset, m.access});
+      maps[h] = multicast_ranges_of(s, h);
       for (auto& b : rec.bindings) {
         auto a = s.allocs.find(b.allocation);
         if (b.address == 0 && a != s.allocs.end()) members[b.allocation] = a->second.driver;
@@ -331,6 +327,12 @@ proto::Done rebuild_multicast(State& s) {
 }
 
 }  // namespace
+
+std::string driver_error(const char* call, CUresult r) {
+  const char* name = nullptr;
+  if (auto f = REAL(cuGetErrorName)) f(r, &name);
+  return std::string(call) + " failed: " + (name ? name : "CUDA error " + std::to_string(r));
+}
 
 proto::Done drain(State& s) noexcept {
   try {

@@ -17,9 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "shim/real_driver.h"
+#include "shim/track_state.h"
 
-#define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
 namespace cusnap::shim::track {
 
@@ -35,11 +34,6 @@ uint64_t chunk_bytes() {
   return mib << 20;
 }
 
-std::string driver_error(const char* call, CUresult r) {
-  const char* name = nullptr;
-  if (auto f = REAL(cuGetErrorName)) f(r, &name);
-  return std::string(call) + " failed: " + (name ? name : "CUDA error " + std::to_string(r));
-}
 
 bool write_all(int fd, const void* p, uint64_t n, uint64_t off, std::string* err) {
   const char* c = static_cast<const char*>(p);

@@ -13,6 +13,10 @@
 
 #include "proto/shim_messages.h"
 #include "shim/entries.h"
+#include "shim/real_driver.h"
+
+/// The real driver's function `name` (nullptr when the driver lacks it).
+#define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
 namespace cusnap::shim::track {
 
@@ -145,6 +149,8 @@ CUmemGenericAllocationHandle mc_driver_handle(State& s, CUmemGenericAllocationHa
 void note_mc_translation() noexcept;
 /// Forgets a multicast object the application released (by its handle); s.mu held.
 void mc_forget(State& s, CUmemGenericAllocationHandle h) noexcept;
+/// "CALL failed: CUDA_ERROR_NAME", for replies and logs.
+std::string driver_error(const char* call, CUresult r);
 /// Shrinks a hash table whose load fell far below its bucket count.
 template <class M>
 void maybe_shrink(M& m) {
