@@ -68,6 +68,12 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
 bool shared_rebuild_in_place(const JobInfo& job, SharedMemory* sm, const std::string& state_dir,
                              std::chrono::milliseconds timeout, const ProgressSink& progress,
                              std::string* err);
+/// Rebuilds in place whatever shared memory an operation saved in state_dir
+/// (shim/<pid>.records there; nothing saved: true). *pids gets the
+/// processes whose records were found.
+bool shared_rebuild_saved(const JobInfo& job, const std::string& state_dir,
+                          std::chrono::milliseconds timeout, std::vector<pid_t>* pids,
+                          std::string* err);
 /// Where the job's shims bind their sockets.
 std::string shim_dir_of(const JobInfo& job);
 SharedTimeouts shared_timeouts(std::chrono::milliseconds phase);

@@ -55,22 +55,12 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
   // them (a release may have happened), then every gate opens.
   const std::string shim_dir = shim_dir_of(job);
   std::vector<pid_t> saved;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(state_dir + "/shim", ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
-      saved.push_back(pid_t(std::atoi(name.c_str())));
-  }
-  SharedMemory shared;
   std::string why;
-  if (!saved.empty()) {
-    if (shared.load_records(state_dir, saved, &why) &&
-        shared_rebuild_in_place(job, &shared, state_dir, std::chrono::seconds(60), {}, &why))
-      note("shared memory of " + std::to_string(saved.size()) + " process(es): rebuilt");
-    else {
-      note("shared memory: " + why);
-      ok = false;
-    }
+  if (!shared_rebuild_saved(job, state_dir, std::chrono::seconds(60), &saved, &why)) {
+    note("shared memory: " + why);
+    ok = false;
+  } else if (!saved.empty()) {
+    note("shared memory of " + std::to_string(saved.size()) + " process(es): rebuilt");
   }
   // Gates closed before anything was saved (or left by a failed rebuild's
   // caller) open now; a gate of a process whose memory is still released
@@ -88,6 +78,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
     ok = false;
   }
   // A checkpoint without its manifest is only debris.
+  std::error_code ec;
   if (remove_partial && !state_dir.empty() &&
       !std::filesystem::exists(state_dir + "/" + kManifestName, ec)) {
     for (const auto& e : std::filesystem::directory_iterator(state_dir, ec))

@@ -82,6 +82,16 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   return true;
 }
 
+bool shared_rebuild_saved(const JobInfo& job, const std::string& state_dir,
+                          std::chrono::milliseconds timeout, std::vector<pid_t>* pids,
+                          std::string* err) {
+  *pids = saved_shim_processes(state_dir);
+  if (pids->empty()) return true;
+  SharedMemory shared;
+  return shared.load_records(state_dir, *pids, err) &&
+         shared_rebuild_in_place(job, &shared, state_dir, timeout, {}, err);
+}
+
 bool shared_rebuild_in_place(const JobInfo& job, SharedMemory* sm, const std::string& state_dir,
                              std::chrono::milliseconds timeout, const ProgressSink& progress,
                              std::string* err) {

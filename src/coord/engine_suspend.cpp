@@ -107,24 +107,15 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
   if (ok) {
     const std::string state = suspend_state_dir(job);
     std::vector<pid_t> shim_pids;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(state + "/shim", ec)) {
-      std::string name = e.path().filename().string();
-      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
-        shim_pids.push_back(pid_t(std::atoi(name.c_str())));
-    }
-    if (!shim_pids.empty()) {
-      SharedMemory shared;
-      std::string why;
-      if (!shared.load_records(state, shim_pids, &why) ||
-          !shared_rebuild_in_place(job, &shared, state, timeout, {}, &why)) {
-        *err = "job " + job.name + ", shared memory: " + why +
-               "\nits GPU state is back but its processes wait at the cusnap gate; the saved "
-               "bytes stay in " + state;
-        ok = false;
-      } else {
-        std::filesystem::remove_all(state, ec);
-      }
+    std::string why;
+    if (!shared_rebuild_saved(job, state, timeout, &shim_pids, &why)) {
+      *err = "job " + job.name + ", shared memory: " + why +
+             "\nits GPU state is back but its processes wait at the cusnap gate; the saved "
+             "bytes stay in " + state;
+      ok = false;
+    } else if (!shim_pids.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(state, ec);
     }
   }
   if (code) *code = ok ? kExitOk : c;

@@ -137,6 +137,18 @@ bool proc_alive(pid_t pid) {
 
 }  // namespace
 
+std::vector<pid_t> saved_shim_processes(const std::string& dir) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir + "/shim", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
+      out.push_back(pid_t(std::atoi(name.c_str())));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool is_shared_creation(const proto::AllocationRecord& a) {
   return a.origin == "created" && a.exported;
 }

@@ -87,6 +87,9 @@ class SharedMemory {
   bool active_ = false;
 };
 
+/// The processes whose records were saved in dir (shim/<pid>.records).
+std::vector<pid_t> saved_shim_processes(const std::string& dir);
+
 /// Whether a saved allocation needs saving and releasing on its creator:
 /// created there and exported (through a ticket or a legacy IPC handle).
 bool is_shared_creation(const proto::AllocationRecord& a);
