@@ -12,23 +12,34 @@
 #      `cusnap restore D/one --json` in the background, timed until the
 #      restored job prints its next "count" line.
 #   3. The same with cusnap-share-job --mib N (a parent and its forked child
-#      sharing one N MiB cuMemCreate allocation) into D/two: the checkpoint's
-#      "shared-save" phase writes the shared bytes to D/two/shared/*.bin, the
-#      restore's "shared-rebuild" phase loads them back.
+#      sharing one N MiB cuMemCreate allocation), twice: into D/direct with
+#      CUSNAP_SHIM_DIRECT_IO=on in the job (the shim maps the part files and
+#      DMAs straight between device and page cache) and into D/staging with
+#      CUSNAP_SHIM_DIRECT_IO=off (pinned staging buffers, write/read). The
+#      checkpoint's "shared-save" phase writes the shared bytes to
+#      D/KEY/shared/*.bin, the restore's "shared-rebuild" phase loads them
+#      back; the shim appends one line per copy to $CUSNAP_SHIM_COPY_LOG (the
+#      path it took, its own seconds).
 #
 # Prints a report as Markdown lines, for docs/benchmarks.md: the command line,
-# date and machine, the pinned D2H/H2D GB/s, the shared save GB/s (N MiB /
-# shared-save seconds) and its ratio to D2H, the load GB/s (N MiB /
-# shared-rebuild seconds) and its ratio to H2D, and per job the checkpoint's
+# date and machine, the pinned D2H/H2D GB/s, per copy path (direct, staging)
+# the path the shim actually took (direct, staging, or mixed when it fell
+# back part way, with its reason), the shared save GB/s (N MiB / shared-save
+# seconds) and its ratio to D2H, the load GB/s (N MiB / shared-rebuild
+# seconds) and its ratio to H2D, the same for the shim's copies alone (from
+# its copy log: without the gate, drain and release around them), and per
+# job the checkpoint's
 # wall time and phases, the restore's phases, the time from starting the
 # restore to the next count line of every process of the job, and checkpoint +
-# restore end to end, with the ratio two-process / one-process. Both jobs count
+# restore end to end, with the ratio two-process (staging) / one-process.
+# Where the direct path is refused (CUSNAP_SHIM_DIRECT_IO=on makes that an
+# error), its checkpoint fails: the report says so and goes on with staging. Both jobs count
 # every 20 ms and verify all of their N MiB in every process each round, the
 # first round after the restore included.
 #
 # Options: --mib N (default 1024), --dir D (default a new /dev/shm/
 # cusnap-bench.XXXX, or /var/tmp/cusnap-bench.XXXX when /dev/shm has less
-# than 2N + 512 MiB free; removed at the end; a given D is kept, checkpoints
+# than 2N + 512 MiB free (each checkpoint is removed after its measure); removed at the end; a given D is kept, checkpoints
 # included). Environment: CUSNAP_BINARY_DIR (the build: bin/cusnap,
 # bin/cusnap-*, lib/; default this checkout's build, or with the real driver
 # the first of .gpu-bundle/build, build-gpu, build), CUSNAP_FAKECUDA_DIR
@@ -170,21 +181,30 @@ phase() {  # FILE NAME: seconds of that phase (empty when absent)
 phase_list() {  # FILE: "name 0.12 s, ..." of every phase
   json_get "$1" "', '.join('%s %.3f' % (p['name'], p['seconds']) for p in j.get('phases', []))"
 }
+fmt3() { awk -v s="$1" 'BEGIN { printf "%.3f", s }'; }
 gbps() { awk -v m="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", m * 1048576 / s / 1e9; else print "n/a" }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "n/a" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 show() { echo "--- $1"; tail -n "${2:-15}" "$1" 2>/dev/null | sed 's/^/    /'; }
 
 # measure KEY NPROC CMD...: launch CMD as job bench-KEY, let NPROC processes
 # count, checkpoint it into $DIR/KEY, restore it in the background and time
-# until every process counts again; then stop it. Sets R[KEY,...].
+# until every process counts again; then stop it. Sets R[KEY,...]. The job's
+# environment gets $JOB_ENV (NAME=VALUE words) and CUSNAP_SHIM_COPY_LOG=
+# $LOGS/KEY.copy.log. With SOFT=1 a failed checkpoint stops the job and
+# returns 1 (R[KEY,failed] says why) instead of ending the run.
 declare -A R
+JOB_ENV=
+SOFT=0
 measure() {
   local key=$1 nproc=$2
   shift 2
+  local -a jenv=()
+  read -r -a jenv <<<"$JOB_ENV"
   local name=bench-$key out=$LOGS/$key.out ck=$DIR/$key cj=$LOGS/$key.ckpt.json
   local rs=$LOGS/$key.restore.out root="" sup t0 before l first n ok rsup
   echo "shared_checkpoint: $key: $*" >&2
-  "$CUSNAP" launch --name "$name" -- "$@" >"$out" 2>&1 &
+  env "${jenv[@]}" CUSNAP_SHIM_COPY_LOG="$LOGS/$key.copy.log" \
+    "$CUSNAP" launch --name "$name" -- "$@" >"$out" 2>&1 &
   sup=$!
   SUPERVISORS+=("$sup")
   for _ in $(seq 1 $((WAIT_S * 10))); do
@@ -212,7 +232,16 @@ except Exception: pass' "$name" || true)
 
   t0=$(now)
   if ! "$CUSNAP" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
-    show "$cj" 30; show "$out"; die "$key: cusnap checkpoint failed"
+    show "$cj" 30; show "$out"
+    [ "$SOFT" = 1 ] || die "$key: cusnap checkpoint failed"
+    R[$key,failed]="cusnap checkpoint failed: $( (grep -hv '^ *$' "$LOGS/$key.copy.log" 2>/dev/null || true) | tail -1)"
+    echo "shared_checkpoint: $key: ${R[$key,failed]} (going on)" >&2
+    kill -TERM "$sup" 2>/dev/null || true
+    # shellcheck disable=SC2086
+    wait_pids_gone 30 $pids || for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    wait "$sup" 2>/dev/null || true
+    rm -rf "$ck"
+    return 1
   fi
   R[$key,ck_wall]=$(since "$t0")
   wait "$sup" 2>/dev/null || true
@@ -288,19 +317,53 @@ BW_DESC=$(json_get "$LOGS/bandwidth.json" "'%s, %d stream(s), %d MiB chunks, bes
 # 2. and 3. The two jobs.
 measure one 1 "$BIN/cusnap-pattern-job" --mib "$MIB" --interval-ms 20
 [ $KEEP = 1 ] || rm -rf "$DIR/one"  # room on /dev/shm for the next one
-measure two 2 "$BIN/cusnap-share-job" --mib "$MIB" --interval-ms 20
+JOB_ENV="CUSNAP_SHIM_DIRECT_IO=on" SOFT=1
+measure direct 2 "$BIN/cusnap-share-job" --mib "$MIB" --interval-ms 20 || true
+[ $KEEP = 1 ] || rm -rf "$DIR/direct"
+JOB_ENV="CUSNAP_SHIM_DIRECT_IO=off" SOFT=0
+measure staging 2 "$BIN/cusnap-share-job" --mib "$MIB" --interval-ms 20
+[ $KEEP = 1 ] || rm -rf "$DIR/staging"
 
-SAVE_S=$(phase "$LOGS/two.ckpt.json" shared-save)
-LOAD_S=$(phase "$LOGS/two.restore.out" shared-rebuild)
-[ -n "$SAVE_S" ] || die "the two-process checkpoint has no shared-save phase: $(phase_list "$LOGS/two.ckpt.json")"
-[ -n "$LOAD_S" ] || die "the two-process restore has no shared-rebuild phase: $(phase_list "$LOGS/two.restore.out")"
-SHARED_MIB=$(awk -v b="${R[two,shared_size]:-0}" 'BEGIN { printf "%.0f", b / 1048576 }')
-SAVE=$(gbps "$MIB" "$SAVE_S")
-LOAD=$(gbps "$MIB" "$LOAD_S")
+# copy_field KEY save|load FIELD: FIELD=value of the shim's copy log line
+copy_field() {
+  (grep -h "^$2 " "$LOGS/$1.copy.log" 2>/dev/null || true) | tail -1 |
+    awk -v f="$3" '{ for (i = 1; i <= NF; i++) if (index($i, f "=") == 1) { print substr($i, length(f) + 2); exit } }'
+}
+# path_taken KEY: "save PATH, load PATH" (with why it fell back, if it did)
+path_taken() {
+  local s l why
+  s=$(copy_field "$1" save path); l=$(copy_field "$1" load path)
+  why=$( (grep -h "fell_back=" "$LOGS/$1.copy.log" 2>/dev/null || true) | head -1 | sed 's/.*fell_back=//')
+  echo "save ${s:-?}, load ${l:-?}${why:+ (fell back: $why)}"
+}
+# path_line KEY LABEL: the report line of one copy path
+path_line() {
+  local key=$1 label=$2 ss ls sv ld cs cl
+  if [ -n "${R[$key,failed]:-}" ]; then
+    echo "- $label: **no figures**: ${R[$key,failed]}"
+    return 0
+  fi
+  ss=$(phase "$LOGS/$key.ckpt.json" shared-save)
+  ls=$(phase "$LOGS/$key.restore.out" shared-rebuild)
+  sv=$(gbps "$MIB" "$ss"); ld=$(gbps "$MIB" "$ls")
+  cs=$(copy_field "$key" save gbps); cl=$(copy_field "$key" load gbps)
+  cs=$(awk -v g="${cs:-0}" 'BEGIN { if (g > 0) printf "%.2f", g; else print "n/a" }')
+  cl=$(awk -v g="${cl:-0}" 'BEGIN { if (g > 0) printf "%.2f", g; else print "n/a" }')
+  echo "- $label ($(path_taken "$key")): save **$sv GB/s** ($(fmt3 "$ss") s shared-save), $(ratio "$sv" "$D2H")x D2H; load **$ld GB/s** ($(fmt3 "$ls") s shared-rebuild), $(ratio "$ld" "$H2D")x H2D; the shim's copies alone: save $cs GB/s ($(ratio "$cs" "$D2H")x D2H), load $cl GB/s ($(ratio "$cl" "$H2D")x H2D)"
+}
 DCK_S=$(phase "$LOGS/one.ckpt.json" driver-checkpoint)
 DRS_S=$(phase "$LOGS/one.restore.out" driver-restore)
-fmt3() { awk -v s="$1" 'BEGIN { printf "%.3f", s }'; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.0f MiB", b / 1048576 }'; }
+for key in direct staging; do
+  [ -n "${R[$key,failed]:-}" ] && continue
+  [ -n "$(phase "$LOGS/$key.ckpt.json" shared-save)" ] ||
+    die "$key: the checkpoint has no shared-save phase: $(phase_list "$LOGS/$key.ckpt.json")"
+  [ -n "$(phase "$LOGS/$key.restore.out" shared-rebuild)" ] ||
+    die "$key: the restore has no shared-rebuild phase: $(phase_list "$LOGS/$key.restore.out")"
+done
+SHARED_MIB=$(awk -v b="${R[staging,shared_size]:-0}" 'BEGIN { printf "%.0f", b / 1048576 }')
+LINE_DIRECT=$(path_line direct "Direct path (\`CUSNAP_SHIM_DIRECT_IO=on\`)")
+LINE_STAGING=$(path_line staging "Staging path (\`CUSNAP_SHIM_DIRECT_IO=off\`)")
 
 cat <<EOF
 ### Checkpoint of a job sharing device memory (\`bench/shared_checkpoint.sh\`), $MIB MiB
@@ -308,16 +371,18 @@ cat <<EOF
 - Command: \`$CMDLINE\`
 - Date: $DATE; machine: $MACHINE; $CPUS; checkpoints in ${DIR%/*}/ (${FS:-?})
 - Pinned copy ceiling (\`cusnap-copy-bandwidth --mib $MIB\`: $BW_DESC): D2H **$D2H GB/s**, H2D **$H2D GB/s**
-- Shared save (two-process job, shared-save phase, $MIB MiB in $(fmt3 "$SAVE_S") s; ${SHARED_MIB} MiB in shared/*.bin): **$SAVE GB/s**, $(ratio "$SAVE" "$D2H")x the D2H ceiling
-- Shared load (shared-rebuild phase, $MIB MiB in $(fmt3 "$LOAD_S") s): **$LOAD GB/s**, $(ratio "$LOAD" "$H2D")x the H2D ceiling
+- Shared save and load of the two-process job ($MIB MiB; ${SHARED_MIB} MiB in shared/*.bin), per copy path of the shim (GB/s: $MIB MiB / the phase's seconds, which hold the gate, drain and release too; "copies alone": the shim's own timing of its copies):
+$LINE_DIRECT
+$LINE_STAGING
 - For comparison, the driver's own checkpoint of the one-process job: driver-checkpoint $(fmt3 "${DCK_S:-0}") s ($(gbps "$MIB" "${DCK_S:-0}") GB/s), driver-restore $(fmt3 "${DRS_S:-0}") s ($(gbps "$MIB" "${DRS_S:-0}") GB/s)
 
 | job | checkpoint wall (s) | checkpoint phases (s) | restore command done (s) | restore to next count (s) | restore phases (s) | checkpoint + restore to next count (s) | checkpoint size |
 | --- | --- | --- | --- | --- | --- | --- | --- |
 | one process, $MIB MiB (\`cusnap-pattern-job\`) | ${R[one,ck_wall]} | ${R[one,ck_phases]} | ${R[one,restored]} | ${R[one,rs_count]} | ${R[one,rs_phases]} | ${R[one,total]} | $(mib "${R[one,size]}") |
-| two processes sharing $MIB MiB (\`cusnap-share-job\`) | ${R[two,ck_wall]} | ${R[two,ck_phases]} | ${R[two,restored]} | ${R[two,rs_count]} | ${R[two,rs_phases]} | ${R[two,total]} | $(mib "${R[two,size]}") |
+| two processes sharing $MIB MiB (\`cusnap-share-job\`), staging path | ${R[staging,ck_wall]} | ${R[staging,ck_phases]} | ${R[staging,restored]} | ${R[staging,rs_count]} | ${R[staging,rs_phases]} | ${R[staging,total]} | $(mib "${R[staging,size]}") |
+| two processes sharing $MIB MiB (\`cusnap-share-job\`), direct path | ${R[direct,ck_wall]:-failed} | ${R[direct,ck_phases]:-} | ${R[direct,restored]:-} | ${R[direct,rs_count]:-} | ${R[direct,rs_phases]:-} | ${R[direct,total]:-} | $(mib "${R[direct,size]:-0}") |
 
 - Columns: "restore command done" is until \`cusnap restore\` printed its result (the restored job runs); "restore to next count" until every process of the restored job printed a count line (its first round after the restore verifies all $MIB MiB in each process); both jobs count every 20 ms.
-- Checkpoint + restore end to end, two-process shared / one-process: **$(ratio "${R[two,total]}" "${R[one,total]}")x** (${R[two,total]} s / ${R[one,total]} s)
+- Checkpoint + restore end to end, two-process shared / one-process: staging **$(ratio "${R[staging,total]}" "${R[one,total]}")x** (${R[staging,total]} s / ${R[one,total]} s), direct **$(ratio "${R[direct,total]:-n/a}" "${R[one,total]}")x** (${R[direct,total]:-n/a} s)
 EOF
 exit 0

@@ -234,6 +234,11 @@ void ControlServer::serve(UniqueFd conn) {
                           {"phases", nlohmann::json::parse(phases_json_text(res.phases))},
                           {"job_stopped", res.job_stopped},
                           {"job", info.name}};
+      if (!res.collective_cut.empty()) {
+        nlohmann::json cut = nlohmann::json::object();
+        for (auto [pid, n] : res.collective_cut) cut[std::to_string(pid)] = n;
+        d["collective_cut"] = cut;
+      }
       result = make_result(true, kExitOk, "", d.dump());
     } else {
       result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);

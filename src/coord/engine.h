@@ -75,6 +75,9 @@ struct CheckpointResult {
   uint64_t bytes = 0;  ///< total size of the checkpoint directory
   PhaseTimes phases;
   bool job_stopped = false;  ///< true when the job was stopped after the dump
+  /// The cut across collective ranks: each process's count of collective
+  /// launches when its gate closed (empty when none had launched one).
+  std::map<pid_t, uint64_t> collective_cut;
   /// Set on failure too: kExitRefused when nothing changed because a
   /// precondition failed, kExitFailure when it failed and rolled back (the job
   /// runs on unchanged), kExitJobLost when the job could not be brought back.

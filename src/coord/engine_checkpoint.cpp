@@ -171,6 +171,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       return false;
     }
     if (shared.active()) out->phases.emplace_back("shared-save", sw.lap());
+    out->collective_cut = shared.cut_counts();
   }
 
   // The driver: lock every CUDA process, then checkpoint each.

@@ -71,13 +71,6 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
     out->cuda.push_back(p.pid);
     out->gpu_uuids[p.pid] = process_gpu_uuids(p.pid);
   }
-  if (job_uses_nccl_between_processes(out->cuda, &what)) {
-    *err = "job " + job.name + " shares device memory between processes (" + what +
-           "); the driver's process checkpoint cannot checkpoint NCCL ranks (it hangs with a "
-           "collective in flight), so " +
-           operation + " is refused: cusnap does not yet find a consistent cut across NCCL ranks";
-    return false;
-  }
   return true;
 }
 

@@ -2,13 +2,22 @@
 // middle of an operation (guardian.h runs it): the driver's restore + unlock
 // of every CUDA process from whatever state it is in, SIGCONT for a tree CRIU
 // left stopped, shared memory rebuilt from the operation's saved bytes, and
-// every shim gate opened.
+// every shim gate opened. A CRIU the dead supervisor started is waited for
+// (or killed) first: while it runs it holds the job's tasks seized.
+#include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <set>
 
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
@@ -17,6 +26,113 @@
 
 namespace cusnap {
 using namespace engine_detail;
+
+namespace {
+
+/// The processes that trace a task of `tree` (TracerPid of any thread) and
+/// the processes whose arguments are a CRIU dump of `root` ("dump ... -t
+/// ROOT", a wrapper through CUSNAP_CRIU included): the CRIU that the dead
+/// supervisor started, orphaned now.
+std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
+  std::set<pid_t> found;
+  const pid_t self = ::getpid();
+  for (pid_t pid : tree) {
+    std::error_code ec;
+    for (const auto& t :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::string status;
+      if (!read_text_file(t.path().string() + "/status", &status)) continue;
+      size_t at = status.find("TracerPid:");
+      if (at == std::string::npos) continue;
+      pid_t tracer = pid_t(std::atoi(status.c_str() + at + 10));
+      if (tracer > 0 && tracer != self) found.insert(tracer);
+    }
+  }
+  const std::string root_s = std::to_string(root);
+  DIR* d = ::opendir("/proc");
+  if (!d) return found;
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = pid_t(std::atoi(e->d_name));
+    if (pid <= 0 || pid == self) continue;
+    std::string cmdline;
+    if (!read_text_file(std::string("/proc/") + e->d_name + "/cmdline", &cmdline)) continue;
+    std::vector<std::string> argv;
+    for (size_t b = 0; b < cmdline.size();) {
+      size_t z = cmdline.find('\0', b);
+      if (z == std::string::npos) z = cmdline.size();
+      argv.push_back(cmdline.substr(b, z - b));
+      b = z + 1;
+    }
+    bool dump = false, of_root = false;
+    for (size_t i = 0; i < argv.size(); ++i) {
+      if (argv[i] == "dump") dump = true;
+      if (argv[i] == "-t" && i + 1 < argv.size() && argv[i + 1] == root_s) of_root = true;
+    }
+    if (dump && of_root) found.insert(pid);
+  }
+  ::closedir(d);
+  return found;
+}
+
+/// Waits until every process of `pids` has ended, at most `limit`; true if
+/// they all did. Not their parent: it watches them through pidfds.
+bool wait_ended(const std::set<pid_t>& pids, std::chrono::milliseconds limit) {
+  std::vector<int> fds;
+  for (pid_t pid : pids) {
+    int fd = open_pidfd(pid);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  bool all = true;
+  for (int fd : fds) {
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() < 0) left = std::chrono::milliseconds(0);
+      pollfd p{fd, POLLIN, 0};
+      int r = ::poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) all = false;
+      break;
+    }
+  }
+  for (int fd : fds) ::close(fd);
+  return all;
+}
+
+/// The CRIU of a dead supervisor: it may still be dumping the job, its tasks
+/// seized (ptrace), their memory visited by its parasite. Left alone it
+/// finishes (the tree then stays stopped under --leave-stopped, which the
+/// recovery continues); the recovery must not work on the tasks meanwhile.
+/// So: wait for it, at most CUSNAP_GUARDIAN_CRIU_WAIT_MS (default 60 s),
+/// then kill it (the kernel detaches its tracees). true when none is left.
+bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
+                 const std::function<void(const std::string&)>& note) {
+  std::set<pid_t> criu = orphaned_criu(job.root_pid, tree);
+  if (criu.empty()) return true;
+  std::string list;
+  for (pid_t pid : criu) list += (list.empty() ? "" : ", ") + std::to_string(pid);
+  long wait_ms = 60000;
+  if (const char* e = std::getenv("CUSNAP_GUARDIAN_CRIU_WAIT_MS"); e && *e)
+    wait_ms = std::max(0L, std::atol(e));
+  if (wait_ended(criu, std::chrono::milliseconds(wait_ms))) {
+    note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");
+    return true;
+  }
+  for (pid_t pid : criu) {
+    int fd = open_pidfd(pid);
+    if (fd >= 0) {
+      signal_pidfd(fd, SIGKILL);
+      ::close(fd);
+    }
+  }
+  bool gone = wait_ended(criu, std::chrono::seconds(10));
+  note("CRIU (process " + list + ") of the dead supervisor still ran after " +
+       std::to_string(wait_ms) + " ms: killed" + (gone ? "" : ", but it did not end"));
+  return gone;
+}
+
+}  // namespace
 
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
                  std::string* report) {
@@ -27,12 +143,25 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
     note("the job is gone: nothing to recover");
     return true;
   }
+  // CRIU first: nothing touches the tasks while it holds them.
+  if (!settle_criu(job, tree, note)) ok = false;
+  tree = process_tree(job.root_pid);
   std::vector<pid_t> cuda;
   for (pid_t pid : tree) {
     ProcessInfo p;
     if (read_process(pid, &p) && p.uses_cuda) cuda.push_back(pid);
   }
-  // The driver first: every process from whatever state it is in.
+  // A tree CRIU left stopped (--leave-stopped) runs again first: the
+  // driver's restore needs the process to run (the simulated driver's
+  // GetState asks the process itself; it found a stopped one unanswering).
+  // The application's threads still wait at the driver's and the shim's
+  // gates until the steps below open them.
+  for (pid_t pid : tree) {
+    int fd = open_pidfd(pid);
+    signal_pidfd(fd, SIGCONT);
+    if (fd >= 0) close(fd);
+  }
+  // Then the driver: every process from whatever state it is in.
   if (!cuda.empty()) {
     Driver driver;
     std::string why;
@@ -45,11 +174,6 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
     } else {
       note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
     }
-  }
-  for (pid_t pid : tree) {
-    int fd = open_pidfd(pid);
-    signal_pidfd(fd, SIGCONT);
-    if (fd >= 0) close(fd);
   }
   // Shared memory: rebuilt from the saved bytes where the operation saved
   // them (a release may have happened), then every gate opens.

@@ -1,6 +1,7 @@
 // The engine's shared-memory phases (engine_internal.h): what checkpoint and
 // suspend do before the driver checkpoint, and the rebuild after the driver
 // brought a job back in place.
+#include <algorithm>
 #include <filesystem>
 
 #include "coord/engine_internal.h"
@@ -37,6 +38,29 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   std::vector<pid_t> pids;
   for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
   std::string what;
+  // NCCL ranks need the cut, which only the shims' tracking can make.
+  if (job_uses_nccl_between_processes(scan.cuda, &what)) {
+    const std::vector<pid_t> tracked = sm->processes();
+    for (pid_t pid : scan.cuda) {
+      if (std::find(tracked.begin(), tracked.end(), pid) != tracked.end()) continue;
+      sm->disconnect();
+      *err = "job " + job.name + ": " + what + ", but process " + std::to_string(pid) +
+             " runs without the cusnap shim's tracking (started outside cusnap launch, or with "
+             "CUSNAP_SHIM_TRACK=0); without it no consistent cut across the ranks can be made "
+             "and the driver's checkpoint hangs on a collective in flight, so " + operation +
+             " is refused";
+      return false;
+    }
+  }
+  // Collective kernels in flight must be lined up before anything closes.
+  *code = kExitFailure;
+  report("cut");
+  if (!sm->cut(&why)) {
+    sm->disconnect();
+    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+    return false;
+  }
+  *code = kExitRefused;
   if (!sm->active()) {
     sm->disconnect();
     if (job_shares_device_memory(pids, &what)) {

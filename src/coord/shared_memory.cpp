@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "coord/procs.h"
@@ -236,6 +237,79 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
   return true;
 }
 
+bool SharedMemory::cut(std::string* err) {
+  cut_counts_.clear();
+  std::map<pid_t, uint64_t> counts;
+  uint64_t target = 0;
+  for (auto& p : procs_) {
+    proto::CutState st;
+    std::string why;
+    if (!p->client.cut("arm", 0, &st, &why)) {
+      cut_release();
+      *err = "cut phase: " + why;
+      return false;
+    }
+    if (st.reserved > 0) counts[p->pid] = st.reserved;
+    target = std::max(target, st.reserved);
+  }
+  if (target == 0) {  // no collective launched: nothing to line up
+    cut_release();
+    return true;
+  }
+  for (auto& p : procs_) {
+    if (!counts.count(p->pid)) continue;
+    proto::CutState st;
+    if (!p->client.cut("target", target, &st, err)) {
+      cut_release();
+      *err = "cut phase: " + *err;
+      return false;
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + t_.phase;
+  for (;;) {
+    bool all = true;
+    std::string behind;
+    for (auto& p : procs_) {
+      if (!counts.count(p->pid)) continue;
+      proto::CutState st;
+      if (!p->client.cut("status", 0, &st, err)) {
+        cut_release();
+        *err = "cut phase: " + *err;
+        return false;
+      }
+      counts[p->pid] = st.launched;
+      if (st.launched < target) {
+        all = false;
+        behind += (behind.empty() ? "" : ", ") + std::string("process ") +
+                  std::to_string(p->pid) + " at " + std::to_string(st.launched);
+      }
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      cut_release();
+      *err = "cut phase: the job's processes did not reach a common count of collective "
+             "launches (" + std::to_string(target) + ") within " +
+             std::to_string(t_.phase.count()) + " ms: " + behind +
+             " (a rank waits on something outside the driver, or the ranks do not launch the "
+             "same sequence of collectives); nothing was changed, try again or raise --timeout";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  cut_counts_ = counts;
+  active_ = true;
+  return true;
+}
+
+void SharedMemory::cut_release() {
+  for (auto& p : procs_) {
+    if (!p->client.connected() || !proc_alive(p->pid)) continue;
+    proto::CutState st;
+    std::string why;
+    p->client.cut("release", 0, &st, &why);
+  }
+}
+
 bool SharedMemory::quiesce(std::string* err) {
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
   for (auto& p : procs_) {
@@ -292,7 +366,8 @@ bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, st
       std::vector<int> fds;
       for (size_t k = 0; k < save_parts(a.size); ++k) {
         std::string path = bytes_path(dir, p->pid, a.id, k);
-        files.emplace_back(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+        // Read-write: the shim may map the file to copy into it directly.
+        files.emplace_back(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
         if (!files.back()) {
           *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
           undo();

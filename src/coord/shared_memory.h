@@ -51,6 +51,20 @@ class SharedMemory {
   /// Bytes of the allocations to save.
   uint64_t shared_bytes() const;
 
+  /// The cut across collective ranks (docs/design.md "Cut across collective
+  /// ranks"): when a process has launched collective kernels, holds every
+  /// process's next collective launch at one common count (the largest) and
+  /// waits until each reached it, so that no collective is half issued when
+  /// the gates close. Such a job takes part in the later phases even when it
+  /// shares no memory (active() becomes true). On failure lets every launch
+  /// go again: nothing changed. Processes that never launched a collective
+  /// are left out of the count.
+  bool cut(std::string* err);
+  /// Collective launches per process at the cut (empty when there was none).
+  const std::map<pid_t, uint64_t>& cut_counts() const { return cut_counts_; }
+  /// Lets held collective launches go (the gates' opening does it too).
+  void cut_release();
+
   /// Closes every gate and drains device work. On failure opens the gates
   /// again: nothing changed.
   bool quiesce(std::string* err);
@@ -85,6 +99,7 @@ class SharedMemory {
   SharedTimeouts t_;
   std::string shim_dir_;
   bool active_ = false;
+  std::map<pid_t, uint64_t> cut_counts_;
 };
 
 /// The processes whose records were saved in dir (shim/<pid>.records).

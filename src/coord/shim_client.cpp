@@ -33,9 +33,10 @@ bool ShimClient::connect(const std::string& path, pid_t pid, std::chrono::millis
   return true;
 }
 
-template <class T>
-bool ShimClient::call(const char* type, const T& payload, int fd, std::chrono::milliseconds timeout,
-                      proto::Done* out, std::string* err) {
+template <class T, class R>
+bool ShimClient::exchange(const char* type, const T& payload, int fd,
+                          std::chrono::milliseconds timeout, const char* reply_type, R* out,
+                          std::string* err) {
   const std::string who = "process " + std::to_string(pid_) + ", shim request '" + type + "': ";
   if (!ch_.valid()) {
     *err = who + "not connected";
@@ -51,17 +52,39 @@ bool ShimClient::call(const char* type, const T& payload, int fd, std::chrono::m
     ch_ = proto::Channel();  // a late answer must never be taken for the next one
     return false;
   }
-  if (msg.type != proto::kMsgDone || !msg.get(out, &why)) {
+  if (msg.type == proto::kMsgDone && msg.type != reply_type) {
+    // An older shim answers an unknown request with done ok=false.
+    proto::Done d;
+    *err = who + (msg.get(&d, &why) && !d.error.empty() ? d.error : "unexpected reply 'done'");
+    return false;
+  }
+  if (msg.type != reply_type || !msg.get(out, &why)) {
     *err = who + (why.empty() ? "unexpected reply '" + msg.type + "'" : why);
     ch_ = proto::Channel();
     return false;
   }
   if (!out->ok) {
-    *err = who + (out->error.empty() ? "failed (code " + std::to_string(out->code) + ")"
-                                     : out->error);
+    *err = who + (out->error.empty() ? std::string("failed") : out->error);
     return false;
   }
   return true;
+}
+
+template <class T>
+bool ShimClient::call(const char* type, const T& payload, int fd, std::chrono::milliseconds timeout,
+                      proto::Done* out, std::string* err) {
+  if (exchange(type, payload, fd, timeout, proto::kMsgDone, out, err)) return true;
+  if (!out->ok && out->error.empty() && out->code != 0)
+    *err += " (code " + std::to_string(out->code) + ")";
+  return false;
+}
+
+bool ShimClient::cut(const std::string& op, uint64_t target, proto::CutState* out,
+                     std::string* err) {
+  proto::CutRequest req;
+  req.op = op;
+  req.target = target;
+  return exchange(proto::kMsgShimCut, req, -1, timeout_, proto::kMsgShimCutState, out, err);
 }
 
 bool ShimClient::inspect(proto::ShimRecords* out, std::string* err) {

@@ -38,6 +38,9 @@ class ShimClient {
             std::string* err);
   bool release(const std::string& origin, std::chrono::milliseconds timeout, std::string* err);
   bool reimport(std::chrono::milliseconds timeout, std::string* err);
+  /// The cut across collective ranks (proto::CutRequest): op is "arm",
+  /// "target", "status" or "release".
+  bool cut(const std::string& op, uint64_t target, proto::CutState* out, std::string* err);
 
   /// Ends the connection and waits (up to the control timeout) until the
   /// shim closed its end too, so that no connected socket is left in the
@@ -47,6 +50,9 @@ class ShimClient {
  private:
   bool parts(const char* type, uint64_t allocation, const std::vector<int>& fds,
              std::chrono::milliseconds timeout, proto::Done* out, std::string* err);
+  template <class T, class R>
+  bool exchange(const char* type, const T& payload, int fd, std::chrono::milliseconds timeout,
+                const char* reply_type, R* out, std::string* err);
   template <class T>
   bool call(const char* type, const T& payload, int fd, std::chrono::milliseconds timeout,
             proto::Done* out, std::string* err);

@@ -19,6 +19,10 @@
 //                          client   -> shim      load       AllocationRequest + a file to read
 //                          client   -> shim      reimport   Empty
 //                          shim     -> client    done       Done (bytes: bytes copied)
+//   The cut across collective ranks (gate open; docs/design.md "Cut"):
+//                          client   -> shim      cut        CutRequest (arm, target, status,
+//                                                           release)
+//                          shim     -> client    cut-state  CutState
 //   any other request type on the control socket is answered `done` ok=false
 //   ("unknown request"), so clients can probe for newer requests.
 #pragma once
@@ -43,6 +47,8 @@ inline constexpr const char* kMsgShimSave = "save";
 inline constexpr const char* kMsgShimRelease = "release";
 inline constexpr const char* kMsgShimLoad = "load";
 inline constexpr const char* kMsgShimReimport = "reimport";
+inline constexpr const char* kMsgShimCut = "cut";
+inline constexpr const char* kMsgShimCutState = "cut-state";
 
 /// Version of ShimRecords; bump on any incompatible change.
 inline constexpr uint32_t kShimRecordsFormat = 1;
@@ -101,6 +107,28 @@ inline constexpr uint32_t kMaxParts = 64;
 struct ReleaseRequest {
   std::string origin;
   MSGPACK_DEFINE_MAP(origin);
+};
+
+/// The cut: collective kernel launches (NCCL's, by kernel name) are counted
+/// per process. "arm" holds every later collective launch and answers the
+/// count; "target" lets launches on until the count reaches target, then
+/// holds again; "status" answers the counts; "release" (and gate-open) lets
+/// every held launch go. A held launch waits outside the gate.
+struct CutRequest {
+  std::string op;
+  uint64_t target = 0;
+  MSGPACK_DEFINE_MAP(op, target);
+};
+
+struct CutState {
+  bool ok = false;
+  std::string error;
+  bool armed = false;
+  uint64_t reserved = 0;  ///< launches let through (some may still be in the driver)
+  uint64_t launched = 0;  ///< launches that returned successfully
+  uint64_t target = 0;
+  uint32_t held = 0;  ///< threads holding at a collective launch now
+  MSGPACK_DEFINE_MAP(ok, error, armed, reserved, launched, target, held);
 };
 
 /// One location's access flags (CUmemLocation type/id, CUmemAccess_flags).

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "shim/entries.h"
+#include "shim/cut.h"
 #include "shim/gate.h"
 #include "shim/real_driver.h"
 #include "shim/track.h"
@@ -39,18 +40,21 @@ constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_c
 // loaded driver stays (the mapping is inherited).
 void prepare() {
   track::atfork_prepare();
+  cut::atfork_prepare();
   loader_atfork_prepare();
   gate().atfork_prepare();
 }
 void parent() {
   gate().atfork_parent();
   loader_atfork_parent();
+  cut::atfork_parent();
   track::atfork_parent();
 }
 void child() {
   gate_slots_atfork_child();
   gate().atfork_child();
   loader_atfork_child();
+  cut::atfork_child();
   track::atfork_child();
 }
 

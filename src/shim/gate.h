@@ -99,6 +99,13 @@ class Gate {
   /// EALREADY when the gate was already open.
   int open() noexcept;
 
+  /// Whether this thread entered more than once (a driver call nested in
+  /// another, or a signal handler's); false for threads without a slot.
+  bool nested() const noexcept {
+    const int t = t_slot_;
+    return t >= 0 && slots_[t].depth.load(std::memory_order_relaxed) > 1;
+  }
+
   bool is_closed() const noexcept { return (word_.load(std::memory_order_acquire) & kClosed) != 0; }
   /// Calls in flight now (threads inside the driver).
   uint64_t in_flight() const noexcept;

@@ -1,39 +1,80 @@
-// Bulk copies through pinned staging buffers (track_copy.h).
+// Bulk copies between device memory and files (track_copy.h).
 //
 // Several workers (the calling thread and temporary threads, which inherit
-// its blocked signals) take chunks in turn, across the parts; each has its own pinned buffer
-// and stream, reused for every chunk it takes: copy, wait, write (or read,
-// copy, wait). While one worker writes its chunk the others' copies run, so
-// copying overlaps writing and several streams keep the copy engines busy.
+// its blocked signals) take chunks in turn, across the parts. A chunk is one
+// window of one part file. Direct path: the worker maps the window, registers
+// it and queues its DMA on the worker's stream; then maps and registers the
+// next window it takes, waits for the DMA of the first, unregisters and
+// unmaps it, and queues the next: registration (page faults, pinning) of one
+// window overlaps the DMA of another, and the streams of several workers keep
+// the copy engines busy. Staging path (off, or a window the direct path could
+// not map or register): the worker's pinned buffer, reused for every chunk it
+// takes: copy, wait, write (or read, copy, wait).
 #include "shim/track_copy.h"
 
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "shim/real_driver.h"
 #include "shim/track_state.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef CU_MEMHOSTREGISTER_READ_ONLY
+#define CU_MEMHOSTREGISTER_READ_ONLY 0x08
+#endif
 
 namespace cusnap::shim::track {
 
 namespace {
 
+uint64_t mib_env(const char* name, unsigned long lo, unsigned long hi, unsigned long def) {
+  const char* e = std::getenv(name);
+  char* end = nullptr;
+  unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
+  return (e && end && *end == 0 && v >= lo && v <= hi) ? v : def;
+}
+
 uint64_t chunk_bytes() {
-  static const uint64_t mib = [] {
-    const char* e = std::getenv("CUSNAP_SHIM_STAGING_MIB");
-    char* end = nullptr;
-    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-    return (e && end && *end == 0 && v >= 1 && v <= 1024) ? v : 32ul;
-  }();
+  static const uint64_t mib = mib_env("CUSNAP_SHIM_STAGING_MIB", 1, 1024, 32);
   return mib << 20;
 }
 
+/// Bytes of one direct window: whole MiB, so every window starts on a page.
+uint64_t window_bytes() {
+  static const uint64_t mib = mib_env("CUSNAP_SHIM_DIRECT_MIB", 1, 4096, 128);
+  return mib << 20;
+}
+
+enum class DirectMode { kAuto, kOn, kOff };
+
+DirectMode direct_mode() {
+  static const DirectMode m = [] {
+    const char* e = std::getenv("CUSNAP_SHIM_DIRECT_IO");
+    if (e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0)) return DirectMode::kOn;
+    if (e && std::strcmp(e, "auto") == 0) return DirectMode::kAuto;
+    // Unset, "off" or anything else: staging. On an H200 (driver 580) the
+    // direct path lost to it: cuMemHostRegister is the bound (track_copy.h).
+    return DirectMode::kOff;
+  }();
+  return m;
+}
 
 bool write_all(int fd, const void* p, uint64_t n, uint64_t off, std::string* err) {
   const char* c = static_cast<const char*>(p);
@@ -135,23 +176,332 @@ unsigned worker_count() {
   return n;
 }
 
-/// Runs one(staging, part, offset in the part, device offset, length) over
-/// every chunk of [0, size) split into `parts` parts, on the workers, each
-/// with the calling thread's context current. Chunks are handed out across
-/// parts in turn, so workers running at the same time use different files.
-/// The first failure stops the others and is returned.
-template <class Fn>
-CUresult run_chunks(uint64_t size, size_t parts, std::string* err, Fn one) {
-  CUcontext ctx = nullptr;
-  if (auto get = REAL(cuCtxGetCurrent)) get(&ctx);
-  const uint64_t chunk = chunk_bytes();
+// --- the direct path ---------------------------------------------------------
+
+/// A descriptor this code opened (a reopened part file), closed at the end.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  explicit OwnedFd(int fd) : fd_(fd) {}
+  ~OwnedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+/// One part file as the direct path sees it: a descriptor it can map (the
+/// given one, or the same file reopened with read access), its size, and
+/// why it cannot be mapped (empty when it can).
+struct PartFile {
+  int fd = -1;
+  std::unique_ptr<OwnedFd> reopened;
+  uint64_t size = 0;
+  std::string refused;
+};
+
+bool shmem_magic(unsigned long t) {
+  return t == TMPFS_MAGIC || t == HUGETLBFS_MAGIC || t == RAMFS_MAGIC;
+}
+
+/// Readies fds[k] for mapping: save needs read-write access (mmap of a
+/// shared writable mapping needs a readable descriptor), load read access.
+/// A descriptor with too little access is reopened through /proc/self/fd
+/// (the same file: checked by device and inode).
+void prepare_part(int fd, bool save, bool shmem_only, PartFile* p) {
+  p->fd = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    p->refused = std::string("fstat: ") + std::strerror(errno);
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    p->refused = "not a regular file";
+    return;
+  }
+  p->size = static_cast<uint64_t>(st.st_size);
+  if (shmem_only) {
+    struct statfs fs {};
+    if (::fstatfs(fd, &fs) != 0 || !shmem_magic(static_cast<unsigned long>(fs.f_type))) {
+      p->refused = "not on tmpfs/shmem (a writable file mapping cannot be pinned safely there)";
+      return;
+    }
+  }
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) {
+    p->refused = std::string("fcntl: ") + std::strerror(errno);
+    return;
+  }
+  const int acc = fl & O_ACCMODE;
+  const bool enough = save ? acc == O_RDWR : (acc == O_RDONLY || acc == O_RDWR);
+  if (enough) return;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int again = ::open(path, (save ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (again < 0) {
+    p->refused = std::string("reopening the file with read access: ") + std::strerror(errno);
+    return;
+  }
+  p->reopened = std::make_unique<OwnedFd>(again);
+  struct stat st2 {};
+  if (::fstat(again, &st2) != 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino) {
+    p->refused = "reopening the file gave another file";
+    return;
+  }
+  p->fd = again;
+}
+
+/// A worker's stream for the direct path.
+class Stream {
+ public:
+  Stream() {
+    auto create = REAL(cuStreamCreate);
+    if (!create || create(&s_, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) s_ = nullptr;
+  }
+  ~Stream() {
+    if (s_)
+      if (auto destroy = REAL(cuStreamDestroy_v2)) destroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return s_; }
+
+ private:
+  CUstream s_ = nullptr;
+};
+
+/// One window of a part file, mapped and registered; a DMA into or out of
+/// it may be queued on a stream. The destructor waits for that DMA, then
+/// unregisters and unmaps: nothing outlives it.
+class Window {
+ public:
+  Window() = default;
+  ~Window() { close(); }
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+  /// Maps [off, off + len) of fd and registers it. False and *why when the
+  /// kernel or the driver refuses (nothing is left behind then).
+  bool open(int fd, uint64_t off, uint64_t len, bool writable, bool read_only_flag,
+            bool populate, std::string* why) {
+    static const uint64_t page = [] {
+      long p = ::sysconf(_SC_PAGESIZE);
+      return static_cast<uint64_t>(p > 0 ? p : 4096);
+    }();
+    len_ = (len + page - 1) / page * page;
+    const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    void* p = ::mmap(nullptr, len_, prot, MAP_SHARED, fd, static_cast<off_t>(off));
+    if (p == MAP_FAILED) {
+      *why = std::string("mmap of the file: ") + std::strerror(errno);
+      return false;
+    }
+    addr_ = p;
+    // Fault the pages in here, several workers at once, rather than one page
+    // at a time inside the driver's registration (three times faster on an
+    // H200); no space left is an error here, never a SIGBUS. Kernels before
+    // 5.14 lack it (EINVAL): the registration faults them in then.
+    if (populate && ::madvise(addr_, len_, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+      *why = std::string("faulting in the file's pages: ") + std::strerror(errno);
+      close();
+      return false;
+    }
+    auto reg = REAL(cuMemHostRegister_v2);
+    if (!reg) reg = REAL(cuMemHostRegister);
+    if (!reg || !REAL(cuMemHostUnregister)) {
+      *why = "the driver has no cuMemHostRegister";
+      close();
+      return false;
+    }
+    CUresult r = reg(addr_, len_, read_only_flag ? CU_MEMHOSTREGISTER_READ_ONLY : 0u);
+    if (r != CUDA_SUCCESS) {
+      *why = driver_error("cuMemHostRegister", r) + " (a file mapping)";
+      close();
+      return false;
+    }
+    registered_ = true;
+    return true;
+  }
+
+  void* addr() const { return addr_; }
+  /// A DMA on s uses the window: the destructor waits for s.
+  void queued_on(CUstream s) { pending_ = s; }
+  /// Waits for the queued DMA.
+  CUresult wait() {
+    if (!pending_) return CUDA_SUCCESS;
+    CUstream s = pending_;
+    pending_ = nullptr;
+    auto sync = REAL(cuStreamSynchronize);
+    return sync ? sync(s) : CUDA_ERROR_NOT_SUPPORTED;
+  }
+
+ private:
+  void close() {
+    // A registration or mapping is never dropped under a running DMA.
+    if (pending_) wait();
+    if (registered_) {
+      if (auto unreg = REAL(cuMemHostUnregister)) unreg(addr_);
+      registered_ = false;
+    }
+    if (addr_) {
+      ::munmap(addr_, len_);
+      addr_ = nullptr;
+    }
+  }
+
+  void* addr_ = nullptr;
+  uint64_t len_ = 0;
+  bool registered_ = false;
+  CUstream pending_ = nullptr;
+};
+
+/// A range of one part: [in_part, in_part + len) of file `part`, device
+/// offset off.
+struct Piece {
+  size_t part = 0;
+  uint64_t in_part = 0;
+  uint64_t off = 0;
+  uint64_t len = 0;
+};
+
+/// [0, size) split into `parts` parts, each into pieces of at most `chunk`
+/// bytes, in the order the workers take them: across the parts in turn, so
+/// workers running at the same time use different files.
+std::vector<Piece> pieces_of(uint64_t size, size_t parts, uint64_t chunk) {
+  std::vector<Piece> out;
   const uint64_t per = part_bytes(size, parts);
   const uint64_t per_chunks = (per + chunk - 1) / chunk;
-  const uint64_t n = per_chunks * parts;
-  uint64_t real_chunks = (size + chunk - 1) / chunk;
-  const unsigned workers =
-      static_cast<unsigned>(real_chunks < worker_count() ? real_chunks : worker_count());
-  std::atomic<uint64_t> next{0};
+  for (uint64_t j = 0; j < per_chunks * parts; ++j) {
+    Piece p;
+    p.part = static_cast<size_t>(j % parts);
+    p.in_part = (j / parts) * chunk;
+    p.off = p.part * per + p.in_part;
+    if (p.in_part >= per || p.off >= size) continue;
+    p.len = chunk;
+    if (p.len > per - p.in_part) p.len = per - p.in_part;
+    if (p.len > size - p.off) p.len = size - p.off;
+    out.push_back(p);
+  }
+  return out;
+}
+
+/// The pieces split again into pieces of at most `chunk` bytes.
+std::vector<Piece> split(const std::vector<Piece>& in, uint64_t chunk) {
+  std::vector<Piece> out;
+  for (const Piece& p : in)
+    for (uint64_t d = 0; d < p.len; d += chunk)
+      out.push_back({p.part, p.in_part + d, p.off + d, p.len - d < chunk ? p.len - d : chunk});
+  return out;
+}
+
+/// What the copy is: its direction, its parts, and the direct path's state.
+struct Job {
+  bool save = false;
+  CUdeviceptr dev = 0;  ///< the device address of byte 0
+  uint64_t size = 0;
+  const std::vector<int>* fds = nullptr;
+  DirectMode mode = DirectMode::kAuto;
+  bool read_only_flag = false;       ///< load: register with CU_MEMHOSTREGISTER_READ_ONLY
+  std::vector<PartFile> files;       ///< direct path only
+  std::atomic<bool> refused{false};  ///< the direct path was refused: stage the rest
+  std::atomic<uint64_t> direct_windows{0};
+  std::atomic<uint64_t> staged_chunks{0};
+  std::mutex mu;
+  std::string refusal;         ///< the first reason
+  std::vector<Piece> leftover;  ///< windows for the staging path
+};
+
+/// Notes that the direct path was refused (the first reason is kept) and
+/// leaves the window to the staging path.
+void refuse(Job& job, const Piece& p, const std::string& why) {
+  std::lock_guard<std::mutex> l(job.mu);
+  if (job.refusal.empty()) job.refusal = why;
+  job.refused.store(true);
+  job.leftover.push_back(p);
+}
+
+/// A direct worker: a stream and the window whose DMA is in flight.
+struct DirectWorker {
+  Job& job;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<Window> inflight;
+
+  /// Waits for the in-flight window's DMA and drops the window.
+  CUresult retire(std::string* why) {
+    if (!inflight) return CUDA_SUCCESS;
+    CUresult r = inflight->wait();
+    inflight.reset();
+    if (r != CUDA_SUCCESS) *why = driver_error("cuStreamSynchronize", r);
+    return r;
+  }
+
+  /// One window: mapped and registered (while the previous window's DMA
+  /// runs), then its DMA queued. Where the direct path is refused (auto), the
+  /// window and every later one go to job.leftover.
+  CUresult one(const Piece& p, std::string* why) {
+    std::unique_ptr<Window> w;
+    if (!job.refused.load()) {
+      std::string no;
+      const PartFile& f = job.files[p.part];
+      if (!f.refused.empty()) {
+        no = f.refused;
+      } else {
+        if (!stream) stream = std::make_unique<Stream>();
+        if (!stream->get()) no = "cuStreamCreate failed";
+      }
+      if (no.empty() && !job.save && f.size < p.in_part + p.len)
+        no = "the file is shorter than its part";  // the staging path names it: truncated
+      if (no.empty()) {
+        w = std::make_unique<Window>();
+        if (!w->open(f.fd, p.in_part, p.len, job.save || !job.read_only_flag,
+                     job.read_only_flag, job.save, &no))
+          w.reset();
+      }
+      if (!w) {
+        if (job.mode == DirectMode::kOn) {
+          std::string ignored;
+          retire(&ignored);
+          *why = "direct I/O (CUSNAP_SHIM_DIRECT_IO=on): " + no;
+          return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        refuse(job, p, no);
+      }
+    } else {
+      refuse(job, p, std::string());
+    }
+    // The previous window's DMA ran while this one was mapped and registered.
+    if (CUresult r = retire(why); r != CUDA_SUCCESS) return r;
+    if (!w) return CUDA_SUCCESS;
+    CUresult r = job.save
+                     ? REAL(cuMemcpyDtoHAsync_v2)(w->addr(), job.dev + p.off, p.len, stream->get())
+                     : REAL(cuMemcpyHtoDAsync_v2)(job.dev + p.off, w->addr(), p.len, stream->get());
+    if (r != CUDA_SUCCESS) {
+      *why = driver_error(job.save ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync", r);
+      return r;  // w's destructor unregisters and unmaps
+    }
+    w->queued_on(stream->get());
+    inflight = std::move(w);
+    job.direct_windows.fetch_add(1);
+    return CUDA_SUCCESS;
+  }
+};
+
+/// Runs fn(worker state, piece, &why) over the pieces on up to
+/// worker_count() workers (the calling thread and temporary threads), each
+/// with the calling thread's context current and its own state made by
+/// make(&state_ok, &why). Pieces are taken in order. The first failure stops
+/// the others and is returned.
+template <class Make, class Fn>
+CUresult run_pieces(const std::vector<Piece>& pieces, std::string* err, Make make, Fn fn) {
+  if (pieces.empty()) return CUDA_SUCCESS;
+  CUcontext ctx = nullptr;
+  if (auto get = REAL(cuCtxGetCurrent)) get(&ctx);
+  const unsigned workers = static_cast<unsigned>(
+      pieces.size() < worker_count() ? pieces.size() : worker_count());
+  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
   CUresult result = CUDA_SUCCESS;
@@ -159,24 +509,17 @@ CUresult run_chunks(uint64_t size, size_t parts, std::string* err, Fn one) {
     std::string why;
     CUresult r = CUDA_SUCCESS;
     if (auto set = REAL(cuCtxSetCurrent)) set(ctx);
-    {
-      Staging st(size < chunk ? size : chunk);
-      if (!st.ok()) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        why = "no memory for a staging buffer";
-      }
+    try {
+      auto st = make(&r, &why);
       while (r == CUDA_SUCCESS && !stop.load(std::memory_order_relaxed)) {
-        uint64_t j = next.fetch_add(1);
-        if (j >= n) break;
-        const size_t part = static_cast<size_t>(j % parts);
-        const uint64_t in_part = (j / parts) * chunk;
-        const uint64_t off = part * per + in_part;
-        if (in_part >= per || off >= size) continue;
-        uint64_t len = chunk;
-        if (len > per - in_part) len = per - in_part;
-        if (len > size - off) len = size - off;
-        r = one(st, part, in_part, off, len, &why);
+        size_t j = next.fetch_add(1);
+        if (j >= pieces.size()) break;
+        r = fn(*st, pieces[j], &why);
       }
+      st.reset();  // waits for what it queued
+    } catch (...) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+      why = "out of memory";
     }
     if (auto set = REAL(cuCtxSetCurrent)) set(nullptr);
     if (r != CUDA_SUCCESS) {
@@ -200,6 +543,125 @@ CUresult run_chunks(uint64_t size, size_t parts, std::string* err, Fn one) {
   for (auto& t : threads) t.join();
   if (auto set = REAL(cuCtxSetCurrent)) set(ctx);
   return result;
+}
+
+/// The direct pass over every window; what it leaves goes to job.leftover.
+CUresult run_direct(Job& job, std::string* err) {
+  auto pieces = pieces_of(job.size, job.fds->size(), window_bytes());
+  return run_pieces(
+      pieces, err,
+      [&](CUresult*, std::string*) { return std::make_unique<DirectWorker>(DirectWorker{job, nullptr, nullptr}); },
+      [&](DirectWorker& w, const Piece& p, std::string* why) {
+        CUresult r = w.one(p, why);
+        if (r == CUDA_SUCCESS) return r;
+        std::string ignored;
+        w.retire(&ignored);
+        return r;
+      });
+}
+
+/// The staging pass over the pieces.
+CUresult run_staged(Job& job, const std::vector<Piece>& pieces, std::string* err) {
+  const uint64_t chunk = chunk_bytes();
+  return run_pieces(
+      pieces, err,
+      [&](CUresult* r, std::string* why) {
+        auto st = std::make_unique<Staging>(job.size < chunk ? job.size : chunk);
+        if (!st->ok()) {
+          *r = CUDA_ERROR_OUT_OF_MEMORY;
+          *why = "no memory for a staging buffer";
+        }
+        return st;
+      },
+      [&](Staging& st, const Piece& p, std::string* why) {
+        const int fd = (*job.fds)[p.part];
+        CUresult r;
+        if (job.save) {
+          r = st.from_device(job.dev + p.off, p.len, why);
+          if (r == CUDA_SUCCESS && !write_all(fd, st.buf(), p.len, p.in_part, why))
+            r = CUDA_ERROR_UNKNOWN;
+        } else {
+          r = read_all(fd, st.buf(), p.len, p.in_part, why) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+          if (r == CUDA_SUCCESS) r = st.to_device(job.dev + p.off, p.len, why);
+        }
+        if (r == CUDA_SUCCESS) job.staged_chunks.fetch_add(1);
+        return r;
+      });
+}
+
+/// Whether the current context's device can register memory read-only.
+bool read_only_register_supported() {
+  auto get_dev = REAL(cuCtxGetDevice);
+  auto attr = REAL(cuDeviceGetAttribute);
+  CUdevice dev = 0;
+  int v = 0;
+  return get_dev && attr && get_dev(&dev) == CUDA_SUCCESS &&
+         attr(&v, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, dev) == CUDA_SUCCESS &&
+         v != 0;
+}
+
+/// Prepares the direct path of a copy (files, flags), runs it, and reports.
+CUresult run_copy(Job& job, std::string* err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (job.mode != DirectMode::kOff) {
+    bool need_write = job.save;
+    if (!job.save) {
+      job.read_only_flag = read_only_register_supported();
+      need_write = !job.read_only_flag;  // a writable mapping, registered read-write
+    }
+    const bool shmem_only = job.save && job.mode == DirectMode::kAuto;
+    job.files.resize(job.fds->size());
+    for (size_t k = 0; k < job.fds->size(); ++k)
+      prepare_part((*job.fds)[k], need_write, shmem_only, &job.files[k]);
+  }
+  CUresult r = CUDA_SUCCESS;
+  if (job.mode == DirectMode::kOff) {
+    r = run_staged(job, pieces_of(job.size, job.fds->size(), chunk_bytes()), err);
+  } else {
+    r = run_direct(job, err);
+    if (r == CUDA_SUCCESS && !job.leftover.empty()) {
+      std::vector<Piece> rest;
+      {
+        std::lock_guard<std::mutex> l(job.mu);
+        rest.swap(job.leftover);
+      }
+      r = run_staged(job, split(rest, chunk_bytes()), err);
+    }
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t direct = job.direct_windows.load(), staged = job.staged_chunks.load();
+  if (job.refused.load())
+    debug_log(job.save ? "save: direct I/O refused, copying through the staging buffers"
+                       : "load: direct I/O refused, copying through the staging buffers",
+              job.refusal.c_str());
+  if (const char* path = std::getenv("CUSNAP_SHIM_COPY_LOG"); path && *path) {
+    const char* way = direct && staged ? "mixed" : direct ? "direct" : staged ? "staging" : "none";
+    char line[768];
+    int len = std::snprintf(
+        line, sizeof line,
+        "%s bytes=%llu parts=%zu mode=%s path=%s direct_windows=%llu staged_chunks=%llu "
+        "seconds=%.6f gbps=%.3f result=%d%s%s%s%s\n",
+        job.save ? "save" : "load", static_cast<unsigned long long>(job.size), job.fds->size(),
+        job.mode == DirectMode::kOn ? "on" : job.mode == DirectMode::kOff ? "off" : "auto", way,
+        static_cast<unsigned long long>(direct), static_cast<unsigned long long>(staged), s,
+        s > 0 ? static_cast<double>(job.size) / s / 1e9 : 0.0, static_cast<int>(r),
+        job.refused.load() ? " fell_back=" : "", job.refused.load() ? job.refusal.c_str() : "",
+        r != CUDA_SUCCESS ? " error=" : "", r != CUDA_SUCCESS ? err->c_str() : "");
+    if (len > 0) {
+      if (static_cast<size_t>(len) >= sizeof line) {
+        len = sizeof line - 1;
+        line[len - 1] = '\n';
+      }
+      int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ssize_t w = ::write(fd, line, static_cast<size_t>(len));
+        (void)w;
+        ::close(fd);
+      }
+    }
+  }
+  return r;
 }
 
 }  // namespace
@@ -228,14 +690,13 @@ CUresult copy_to_fds(CUdeviceptr src, uint64_t size, const std::vector<int>& fds
         return CUDA_ERROR_UNKNOWN;
       }
     }
-    return run_chunks(size, fds.size(), err,
-                      [&](Staging& st, size_t part, uint64_t in_part, uint64_t off, uint64_t len,
-                          std::string* why) {
-                        CUresult r = st.from_device(src + off, len, why);
-                        if (r == CUDA_SUCCESS && !write_all(fds[part], st.buf(), len, in_part, why))
-                          r = CUDA_ERROR_UNKNOWN;
-                        return r;
-                      });
+    Job job;
+    job.save = true;
+    job.dev = src;
+    job.size = size;
+    job.fds = &fds;
+    job.mode = direct_mode();
+    return run_copy(job, err);
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -249,13 +710,13 @@ CUresult copy_from_fds(const std::vector<int>& fds, CUdeviceptr dst, uint64_t si
       *err = "no file to read";
       return CUDA_ERROR_INVALID_VALUE;
     }
-    return run_chunks(size, fds.size(), err,
-                      [&](Staging& st, size_t part, uint64_t in_part, uint64_t off, uint64_t len,
-                          std::string* why) {
-                        if (!read_all(fds[part], st.buf(), len, in_part, why))
-                          return CUDA_ERROR_UNKNOWN;
-                        return st.to_device(dst + off, len, why);
-                      });
+    Job job;
+    job.save = false;
+    job.dev = dst;
+    job.size = size;
+    job.fds = &fds;
+    job.mode = direct_mode();
+    return run_copy(job, err);
   } catch (...) {
     *err = "out of memory";
     return CUDA_ERROR_OUT_OF_MEMORY;

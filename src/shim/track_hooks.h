@@ -3,6 +3,7 @@
 #pragma once
 
 #include "shim/hooks.h"
+#include "shim/cut.h"
 #include "shim/track.h"
 
 namespace cusnap::shim {
@@ -102,5 +103,31 @@ struct Hook<Entry::cuMulticastBindAddr_v2> {
     };
   }
 };
+
+// Kernel launches: collective kernels go through the cut (cut.h).
+#define CUSNAP_LAUNCH_HOOK(entry)                                                    \
+  template <>                                                                      \
+  struct Hook<Entry::entry> {                                                      \
+    static auto bind(decltype(&::entry) real) noexcept {                           \
+      return [real](CUfunction f, auto... a) noexcept {                            \
+        return cut::launch(f, [&]() noexcept { return real(f, a...); });          \
+      };                                                                           \
+    }                                                                              \
+  };
+CUSNAP_LAUNCH_HOOK(cuLaunchKernel)
+CUSNAP_LAUNCH_HOOK(cuLaunchKernel_ptsz)
+#undef CUSNAP_LAUNCH_HOOK
+#define CUSNAP_LAUNCH_EX_HOOK(entry)                                                 \
+  template <>                                                                      \
+  struct Hook<Entry::entry> {                                                      \
+    static auto bind(decltype(&::entry) real) noexcept {                           \
+      return [real](const CUlaunchConfig* c, CUfunction f, auto... a) noexcept {   \
+        return cut::launch(f, [&]() noexcept { return real(c, f, a...); });       \
+      };                                                                           \
+    }                                                                              \
+  };
+CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx)
+CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
+#undef CUSNAP_LAUNCH_EX_HOOK
 
 }  // namespace cusnap::shim

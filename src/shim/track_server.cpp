@@ -19,6 +19,8 @@
 #include <cstring>
 
 #include "proto/wire.h"
+#include "shim/cut.h"
+#include "shim/cut_control.h"
 #include "shim/cusnap_shim.h"
 #include "shim/track_state.h"
 
@@ -103,6 +105,7 @@ void serve_control(State& s, UniqueFd conn) {
     } else if (msg.type == proto::kMsgGateOpen) {
       proto::Done d;
       d.code = cusnap_shim_build_info.control->gate_open();
+      cut::release();  // held collective launches go on once the gate is open
       d.ok = d.code == 0 || d.code == EALREADY;
       sent = ch.send(proto::kMsgDone, d, &err);
     } else if (msg.type == proto::kMsgShimDrain) {
@@ -148,6 +151,14 @@ void serve_control(State& s, UniqueFd conn) {
       else
         d = release_shared(s, req.origin);
       sent = ch.send(proto::kMsgDone, d, &err);
+    } else if (msg.type == proto::kMsgShimCut) {
+      proto::CutRequest req;
+      proto::CutState st;
+      if (!msg.get(&req, &err))
+        st.error = err;
+      else
+        st = cut::handle(req);
+      sent = ch.send(proto::kMsgShimCutState, st, &err);
     } else if (msg.type == proto::kMsgShimReimport) {
       proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
       if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";

@@ -6,6 +6,8 @@
 
 #include <sys/mman.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 using namespace fc;
@@ -90,13 +92,71 @@ CUresult host_alloc(void** pp, size_t bytes, unsigned flags) {
   return CUDA_SUCCESS;
 }
 
+/// How [p, p + n) is mapped in this process, from /proc/self/maps: false when
+/// part of it is not mapped or not readable; *writable when all of it is;
+/// *file when some of it maps a file (inode not 0: a regular file, a memfd,
+/// tmpfs, ...; not anonymous memory).
+bool host_range(uintptr_t p, size_t n, bool* writable, bool* file) {
+  *writable = true;
+  *file = false;
+  FILE* maps = fopen("/proc/self/maps", "re");
+  if (!maps) return false;
+  uintptr_t at = p;
+  const uintptr_t end = p + n;
+  char line[512];
+  while (at < end && fgets(line, sizeof line, maps)) {
+    unsigned long lo = 0, hi = 0, inode = 0;
+    char perms[8] = {};
+    if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) != 4) continue;
+    if (hi <= at) continue;
+    if (lo > at || perms[0] != 'r') break;  // a hole, or unreadable
+    if (perms[1] != 'w') *writable = false;
+    if (inode != 0) *file = true;
+    at = hi;
+  }
+  fclose(maps);
+  return at >= end;
+}
+
+/// $FAKECUDA_HOST_REGISTER_FILES: "refuse" (CUDA_ERROR_INVALID_VALUE) or an
+/// error code: cuMemHostRegister of a range that maps a file fails with it,
+/// as the real driver does where the kernel refuses to pin such pages
+/// (writable file mappings outside tmpfs/shmem) or the driver refuses them.
+/// Read at every call. 0: accepted (the default).
+CUresult file_refusal() {
+  const char* e = getenv("FAKECUDA_HOST_REGISTER_FILES");
+  if (!e || !*e) return CUDA_SUCCESS;
+  if (strcmp(e, "refuse") == 0) return CUDA_ERROR_INVALID_VALUE;
+  return static_cast<CUresult>(strtol(e, nullptr, 10));
+}
+
+/// cuMemHostRegister as the driver documents it: flags among PORTABLE,
+/// DEVICEMAP, IOMEMORY and READ_ONLY (the device supports read-only
+/// registration); a current context; every byte mapped and readable, and
+/// writable unless READ_ONLY (the driver pins the pages for writing);
+/// overlapping a registered range or pinned allocation ->
+/// CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. Any host memory qualifies,
+/// MAP_SHARED file mappings included; no pages are pinned here.
 CUresult host_register(void* p, size_t bytes, unsigned flags) {
   FC_REQUIRE_INIT();
-  if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                              CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  if (!p || bytes == 0 || (flags & ~kKnown)) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  if (lo + bytes < lo) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
+  if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   auto& hs = driver().host_allocs;
-  if (hs.count(reinterpret_cast<uintptr_t>(p))) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  hs[reinterpret_cast<uintptr_t>(p)] = HostAlloc{bytes, flags, true};
+  auto next = hs.lower_bound(lo);
+  if (next != hs.end() && next->first < lo + bytes) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (next != hs.begin() && std::prev(next)->first + std::prev(next)->second.size > lo)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  bool writable = false, file = false;
+  if (!host_range(lo, bytes, &writable, &file)) return CUDA_ERROR_INVALID_VALUE;
+  if (!writable && !(flags & CU_MEMHOSTREGISTER_READ_ONLY)) return CUDA_ERROR_INVALID_VALUE;
+  if (file)
+    if (CUresult r = file_refusal(); r != CUDA_SUCCESS) return r;
+  hs[lo] = HostAlloc{bytes, flags, true};
   return CUDA_SUCCESS;
 }
 

@@ -6,6 +6,7 @@
 // Checkpoint copies every allocation into anonymous memory, leaves PROT_NONE
 // reservations at the device addresses and closes the memfds; restore makes
 // new memfds, copies the bytes back and maps them at the same addresses.
+// Checkpoint waits until no asynchronous kernel (kernels.cpp) is pending.
 // Like the real driver (measured on 580.159.04), a process that still holds an
 // imported POSIX-fd allocation fails restore with CUDA_ERROR_NOT_SUPPORTED and
 // one with an open legacy IPC mapping with CUDA_ERROR_INVALID_VALUE; both stay
@@ -155,6 +156,14 @@ CUresult do_lock(uint32_t timeout_ms) {
 
 CUresult do_checkpoint() {
   Gate& g = gate();
+  {
+    std::lock_guard<std::mutex> gl(g.mu);
+    if (g.state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  // Device work drains first, as on the real driver: a kernel that waits for
+  // a peer the lock has stopped (a collective in flight) keeps the checkpoint
+  // here until the peer arrives; on the real driver it never returns.
+  kernels_wait_idle();
   std::lock_guard<std::mutex> gl(g.mu);
   if (g.state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
   std::lock_guard<std::mutex> l(driver().mu);

@@ -104,11 +104,10 @@ CUresult ctx_get_device(CUdevice* device, CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
+/// Waits for the context's asynchronous kernels (kernels.cpp), every stream.
 CUresult ctx_sync(CUcontext ctx) {
   FC_REQUIRE_INIT();
-  std::lock_guard<std::mutex> l(driver().mu);
-  if (!ctx) ctx = reinterpret_cast<CUcontext>(current_ctx());
-  return valid_ctx(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  return ctx_synchronize(ctx);
 }
 
 }  // namespace

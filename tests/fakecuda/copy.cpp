@@ -1,5 +1,7 @@
-// memcpy and memset families. Streams are synchronous, so Async forms complete
-// before returning; _ptds/_ptsz forms behave like their plain forms.
+// memcpy and memset families. Copies are synchronous, so Async forms complete
+// before returning; _ptds/_ptsz forms behave like their plain forms. A copy
+// first waits for the asynchronous kernels it is ordered after (kernels.cpp:
+// those of its stream; for the NULL stream, those of every blocking stream).
 #include "gate.h"
 #include "memory.h"
 
@@ -20,6 +22,7 @@ CUresult check_side(uintptr_t p, size_t n, Side side, bool write) {
 
 CUresult copy(uintptr_t dst, Side ds, uintptr_t src, Side ss, size_t n, CUstream s) {
   FC_REQUIRE_INIT();
+  stream_order(s, false);
   std::lock_guard<std::mutex> l(driver().mu);
   if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -33,6 +36,7 @@ CUresult copy(uintptr_t dst, Side ds, uintptr_t src, Side ss, size_t n, CUstream
 template <typename T>
 CUresult fill2d(uintptr_t dst, size_t pitch, T value, size_t width, size_t height, CUstream s) {
   FC_REQUIRE_INIT();
+  stream_order(s, false);
   std::lock_guard<std::mutex> l(driver().mu);
   if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;

@@ -58,6 +58,8 @@ struct Module {
 };
 struct Function {
   CUmodule module = nullptr;
+  std::string name;        ///< as passed to cuModuleGetFunction (cuFuncGetName)
+  bool handshake = false;  ///< "ncclDevKernel_Handshake*": an asynchronous kernel (kernels.cpp)
 };
 
 enum class AllocKind { kVmm, kLegacy, kIpcImport, kMulticast };
@@ -163,5 +165,64 @@ unsigned long long env_u64(const char* name, unsigned long long def);
 CUresult start_control_server();
 /// Forgets the control server after fork (the thread did not survive it).
 void control_server_after_fork();
+
+// ---- Asynchronous kernels (kernels.cpp) ------------------------------------
+// Functions named "ncclDevKernel_Handshake*" launch as handshake kernels that
+// run on one background thread per process: store `step` into *my_flag, then
+// wait until *peer_flag >= step. Everything else still launches as a no-op.
+// Lock order: the kernel queue's lock is a leaf: it is never held together
+// with Driver::mu or Gate::mu; none of the functions below may be called with
+// Driver::mu or Gate::mu held.
+
+constexpr const char* kHandshakePrefix = "ncclDevKernel_Handshake";
+
+enum class StreamKind { kUser, kLegacy, kPerThread };
+
+/// Where stream work is ordered: a created stream, a context's legacy NULL
+/// stream, or one thread's per-thread default stream of a context.
+struct StreamKey {
+  Context* ctx = nullptr;
+  StreamKind kind = StreamKind::kLegacy;
+  uintptr_t id = 0;       ///< Stream* (kUser), thread id (kPerThread), 0 (kLegacy)
+  bool blocking = true;   ///< synchronizes with the legacy stream
+};
+
+/// The kernel parameters of a handshake kernel.
+struct HandshakeArgs {
+  CUdeviceptr my_flag = 0;
+  CUdeviceptr peer_flag = 0;
+  uint64_t step = 0;
+};
+
+/// Resolves a valid stream handle; `ptsz`: NULL names the per-thread stream.
+/// False when a NULL/legacy/per-thread handle has no current context.
+/// Precondition: Driver::mu held.
+bool resolve_stream(CUstream s, bool ptsz, StreamKey* out);
+
+/// Queues a handshake kernel behind the work it must follow; returns at once.
+void kernel_enqueue(const StreamKey& key, const HandshakeArgs& args);
+/// True while work is pending that an operation on `key` would wait for.
+bool stream_busy(const StreamKey& key);
+/// Waits for that work (the waiting thread leaves the checkpoint gate while it
+/// waits and passes it again afterwards); returns the stream's sticky error.
+CUresult stream_wait(const StreamKey& key);
+/// The stream's sticky error (a faulted kernel), CUDA_SUCCESS if none.
+CUresult stream_error(const StreamKey& key);
+/// Waits for every pending kernel of a context; returns the first sticky error
+/// of its streams.
+CUresult ctx_wait(Context* ctx);
+/// Hook for operations on a stream outside streams.cpp (copies, memsets):
+/// resolves `s` (Driver::mu taken here) and waits for its pending kernels.
+void stream_order(CUstream s, bool ptsz);
+/// Hook for cuCtxSynchronize: validates ctx (NULL: current) and waits.
+CUresult ctx_synchronize(CUcontext ctx);
+/// Events: record the work pending on key; query/wait for it.
+void event_set_deps(const void* event, const StreamKey* key);
+bool event_busy(const void* event);
+void event_wait(const void* event);
+/// Waits until no kernel is pending in this process (the driver checkpoint).
+void kernels_wait_idle();
+/// Number of kernels pending in this process (tests, logging).
+size_t kernels_pending();
 
 }  // namespace fc

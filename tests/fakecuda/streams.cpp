@@ -1,9 +1,13 @@
-// Streams (synchronous: every operation completes before its call returns),
-// events, and modules whose functions do nothing when launched.
+// Streams, events and modules. Copies and memsets complete before their call
+// returns; kernels launch as no-ops, except the asynchronous handshake kernels
+// ("ncclDevKernel_Handshake*", kernels.cpp), which later operations of their
+// stream, stream/event/context synchronization and stream/event queries wait
+// for or report (CUDA_ERROR_NOT_READY).
 #include "gate.h"
 #include "state.h"
 
 #include <chrono>
+#include <cstring>
 
 using namespace fc;
 
@@ -30,6 +34,31 @@ CUresult stream_create(CUstream* ph, unsigned flags, int priority) {
   return CUDA_SUCCESS;
 }
 
+/// cuStreamSynchronize: waits for the stream's kernels; their sticky error.
+CUresult stream_sync(CUstream h, bool ptsz) {
+  FC_REQUIRE_INIT();
+  StreamKey key;
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
+  }
+  return stream_wait(key);
+}
+
+/// cuStreamQuery: CUDA_ERROR_NOT_READY while a kernel of the stream is pending.
+CUresult stream_query(CUstream h, bool ptsz) {
+  FC_REQUIRE_INIT();
+  StreamKey key;
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
+  }
+  if (stream_busy(key)) return CUDA_ERROR_NOT_READY;
+  return stream_error(key);
+}
+
 CUresult stream_destroy(CUstream h) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
@@ -41,15 +70,10 @@ CUresult stream_destroy(CUstream h) {
   return CUDA_SUCCESS;
 }
 
-CUresult stream_check(CUstream h) {
-  FC_REQUIRE_INIT();
-  std::lock_guard<std::mutex> l(driver().mu);
-  return valid_stream(h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-}
-
 CUresult event_destroy(CUevent h) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
+  event_set_deps(h, nullptr);  // before the address can be reused
   std::lock_guard<std::mutex> l(d.mu);
   auto* e = reinterpret_cast<Event*>(h);
   if (!h || !d.events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
@@ -58,15 +82,30 @@ CUresult event_destroy(CUevent h) {
   return CUDA_SUCCESS;
 }
 
-CUresult event_record(CUevent h, CUstream s) {
+/// The event completes with the kernels pending on its stream now. Its time
+/// is the host time of the record call.
+CUresult event_record(CUevent h, CUstream s, bool ptsz) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
-  std::lock_guard<std::mutex> l(d.mu);
-  auto* e = reinterpret_cast<Event*>(h);
-  if (!h || !d.events.count(e) || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  e->recorded = true;
-  e->time_ms = now_ms();
+  StreamKey key;
+  bool keyed = false;
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    auto* e = reinterpret_cast<Event*>(h);
+    if (!h || !d.events.count(e) || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    e->recorded = true;
+    e->time_ms = now_ms();
+    keyed = resolve_stream(s, ptsz, &key);
+  }
+  event_set_deps(h, keyed ? &key : nullptr);
   return CUDA_SUCCESS;
+}
+
+CUresult event_check(CUevent h) {
+  FC_REQUIRE_INIT();
+  std::lock_guard<std::mutex> l(driver().mu);
+  return driver().events.count(reinterpret_cast<Event*>(h)) ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_HANDLE;
 }
 
 CUresult elapsed(float* ms, CUevent a, CUevent b) {
@@ -78,6 +117,7 @@ CUresult elapsed(float* ms, CUevent a, CUevent b) {
   if (!a || !b || !d.events.count(ea) || !d.events.count(eb)) return CUDA_ERROR_INVALID_HANDLE;
   if ((ea->flags | eb->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
   if (!ea->recorded || !eb->recorded) return CUDA_ERROR_NOT_READY;
+  if (event_busy(a) || event_busy(b)) return CUDA_ERROR_NOT_READY;
   *ms = static_cast<float>(eb->time_ms - ea->time_ms);
   return CUDA_SUCCESS;
 }
@@ -94,12 +134,50 @@ CUresult module_load(CUmodule* m, const void* image) {
   return CUDA_SUCCESS;
 }
 
-CUresult launch(CUfunction f, CUstream s) {
+/// Reads a handshake kernel's (my_flag, peer_flag, step) from kernelParams
+/// (three pointers to the values) or from a CU_LAUNCH_PARAM_BUFFER_POINTER
+/// buffer of three 8-byte words in `extra`.
+bool handshake_args(void** params, void** extra, HandshakeArgs* a) {
+  if (params) {
+    if (!params[0] || !params[1] || !params[2]) return false;
+    memcpy(&a->my_flag, params[0], sizeof a->my_flag);
+    memcpy(&a->peer_flag, params[1], sizeof a->peer_flag);
+    memcpy(&a->step, params[2], sizeof a->step);
+    return true;
+  }
+  if (!extra) return false;
+  const void* buf = nullptr;
+  size_t size = 0;
+  for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+      size = *static_cast<const size_t*>(extra[i + 1]);
+  }
+  if (!buf || size < 24) return false;
+  auto* w = static_cast<const unsigned char*>(buf);
+  memcpy(&a->my_flag, w, 8);
+  memcpy(&a->peer_flag, w + 8, 8);
+  memcpy(&a->step, w + 16, 8);
+  return true;
+}
+
+/// A no-op kernel completes at once; a handshake kernel is queued on its
+/// stream behind the work it must follow and runs on the kernel thread.
+CUresult launch(CUfunction f, CUstream s, bool ptsz, void** params, void** extra) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
-  std::lock_guard<std::mutex> l(d.mu);
-  if (!f || !d.functions.count(reinterpret_cast<Function*>(f))) return CUDA_ERROR_INVALID_HANDLE;
-  if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  StreamKey key;
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    auto* fn = reinterpret_cast<Function*>(f);
+    if (!f || !d.functions.count(fn)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn->handshake) return CUDA_SUCCESS;
+    if (!resolve_stream(s, ptsz, &key)) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  HandshakeArgs args;
+  if (!handshake_args(params, extra, &args)) return CUDA_ERROR_INVALID_VALUE;
+  kernel_enqueue(key, args);
   return CUDA_SUCCESS;
 }
 
@@ -124,19 +202,19 @@ FC_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
 }
 FC_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
   FC_ENTER("cuStreamSynchronize");
-  return stream_check(hStream);
+  return stream_sync(hStream, false);
 }
 FC_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   FC_ENTER("cuStreamSynchronize");
-  return stream_check(hStream);
+  return stream_sync(hStream, true);
 }
 FC_EXPORT CUresult cuStreamQuery(CUstream hStream) {
   FC_ENTER("cuStreamQuery");
-  return stream_check(hStream);
+  return stream_query(hStream, false);
 }
 FC_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
   FC_ENTER("cuStreamQuery");
-  return stream_check(hStream);
+  return stream_query(hStream, true);
 }
 
 FC_EXPORT CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
@@ -144,12 +222,14 @@ FC_EXPORT CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   FC_REQUIRE_INIT();
   if (!phEvent || (Flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
-  std::lock_guard<std::mutex> l(d.mu);
+  std::unique_lock<std::mutex> l(d.mu);
   if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   auto* e = new Event;
   e->flags = Flags;
   d.events.insert(e);
   *phEvent = reinterpret_cast<CUevent>(e);
+  l.unlock();
+  event_set_deps(e, nullptr);  // forget a destroyed event at this address
   return CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuEventDestroy(CUevent hEvent) {
@@ -162,33 +242,30 @@ FC_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
 }
 FC_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   FC_ENTER("cuEventRecord");
-  return event_record(hEvent, hStream);
+  return event_record(hEvent, hStream, false);
 }
 FC_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   FC_ENTER("cuEventRecord");
-  return event_record(hEvent, hStream);
+  return event_record(hEvent, hStream, true);
 }
 FC_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int) {
   FC_ENTER("cuEventRecordWithFlags");
-  return event_record(hEvent, hStream);
+  return event_record(hEvent, hStream, false);
 }
 FC_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int) {
   FC_ENTER("cuEventRecordWithFlags");
-  return event_record(hEvent, hStream);
+  return event_record(hEvent, hStream, true);
 }
 FC_EXPORT CUresult cuEventQuery(CUevent hEvent) {
   FC_ENTER("cuEventQuery");
-  FC_REQUIRE_INIT();
-  std::lock_guard<std::mutex> l(driver().mu);
-  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = event_check(hEvent)) return r;
+  return event_busy(hEvent) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
   FC_ENTER("cuEventSynchronize");
-  FC_REQUIRE_INIT();
-  std::lock_guard<std::mutex> l(driver().mu);
-  return driver().events.count(reinterpret_cast<Event*>(hEvent)) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = event_check(hEvent)) return r;
+  event_wait(hEvent);
+  return CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   FC_ENTER("cuEventElapsedTime");
@@ -240,31 +317,46 @@ FC_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
   if (!hmod || !d.modules.count(reinterpret_cast<Module*>(hmod))) return CUDA_ERROR_INVALID_HANDLE;
   auto* f = new Function;
   f->module = hmod;
+  f->name = name;
+  f->handshake = strncmp(name, kHandshakePrefix, strlen(kHandshakePrefix)) == 0;
   d.functions.insert(f);
   *hfunc = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;
 }
 
+FC_EXPORT CUresult cuFuncGetName(const char** name, CUfunction hfunc) {
+  FC_ENTER("cuFuncGetName");
+  FC_REQUIRE_INIT();
+  if (!name) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  std::lock_guard<std::mutex> l(d.mu);
+  auto* f = reinterpret_cast<Function*>(hfunc);
+  if (!hfunc || !d.functions.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+  *name = f->name.c_str();  // valid until the module is unloaded
+  return CUDA_SUCCESS;
+}
+
 #define FC_LAUNCH_PARAMS                                                              \
   CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
-      unsigned int, unsigned int, CUstream hStream, void **, void **
+      unsigned int, unsigned int, CUstream hStream, void **kernelParams, void **extra
 FC_EXPORT CUresult cuLaunchKernel(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
-  return launch(f, hStream);
+  return launch(f, hStream, false, kernelParams, extra);
 }
 FC_EXPORT CUresult cuLaunchKernel_ptsz(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
-  return launch(f, hStream);
+  return launch(f, hStream, true, kernelParams, extra);
 }
 
-FC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+FC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f,
+                                    void** kernelParams, void** extra) {
   FC_ENTER("cuLaunchKernelEx");
   if (!config) return CUDA_ERROR_INVALID_VALUE;
-  return launch(f, config->hStream);
+  return launch(f, config->hStream, false, kernelParams, extra);
 }
-FC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void**,
-                                         void**) {
+FC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
+                                         void** kernelParams, void** extra) {
   FC_ENTER("cuLaunchKernelEx");
   if (!config) return CUDA_ERROR_INVALID_VALUE;
-  return launch(f, config->hStream);
+  return launch(f, config->hStream, true, kernelParams, extra);
 }

@@ -1,0 +1,261 @@
+// The cut across collective ranks (cut.h).
+#include "shim/cut.h"
+#include "shim/cut_control.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <new>
+
+#include "shim/entries.h"
+#include "shim/gate.h"
+#include "shim/real_driver.h"
+
+#define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
+
+namespace cusnap::shim::cut {
+
+namespace {
+
+// ---- which kernels are collective -------------------------------------------
+
+constexpr unsigned kSlots = 4096;  // power of two
+constexpr uint8_t kNo = 1, kYes = 2;
+std::atomic<uintptr_t> g_keys[kSlots];
+std::atomic<uint8_t> g_vals[kSlots];
+
+constexpr unsigned kMaxPrefixes = 8;
+char g_prefix_buf[256];
+const char* g_prefixes[kMaxPrefixes];
+unsigned g_nprefixes = 0;
+pthread_once_t g_prefix_once = PTHREAD_ONCE_INIT;
+
+void load_prefixes() {
+  const char* e = std::getenv("CUSNAP_COLLECTIVE_KERNELS");
+  if (!e || !*e) e = "ncclDevKernel,ncclKernel";
+  std::snprintf(g_prefix_buf, sizeof g_prefix_buf, "%s", e);
+  char* save = nullptr;
+  for (char* t = strtok_r(g_prefix_buf, ",", &save); t && g_nprefixes < kMaxPrefixes;
+       t = strtok_r(nullptr, ",", &save))
+    if (*t) g_prefixes[g_nprefixes++] = t;
+}
+
+bool name_is_collective(const char* name) {
+  pthread_once(&g_prefix_once, load_prefixes);
+  if (!name) return false;
+  for (unsigned i = 0; i < g_nprefixes; ++i)
+    if (std::strncmp(name, g_prefixes[i], std::strlen(g_prefixes[i])) == 0) return true;
+  return false;
+}
+
+uint8_t classify(CUfunction f) {
+  const char* name = nullptr;
+  if (auto get = REAL(cuFuncGetName); get && get(&name, f) == CUDA_SUCCESS && name)
+    return name_is_collective(name) ? kYes : kNo;
+  // A library kernel handle passed where a function is expected.
+  name = nullptr;
+  if (auto get = REAL(cuKernelGetName);
+      get && get(&name, reinterpret_cast<CUkernel>(f)) == CUDA_SUCCESS && name)
+    return name_is_collective(name) ? kYes : kNo;
+  return kNo;
+}
+
+// ---- the cut state ------------------------------------------------------------
+
+struct Cut {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv;
+  bool armed = false;
+  bool target_set = false;
+  uint64_t target = 0;
+  uint64_t reserved = 0;
+  uint32_t held = 0;
+  std::atomic<uint64_t> launched{0};
+};
+Cut g_cut;
+pthread_once_t g_cut_once = PTHREAD_ONCE_INIT;
+
+void init_cv() {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&g_cut.cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+uint64_t hold_ms() {
+  static const uint64_t ms = [] {
+    const char* e = std::getenv("CUSNAP_CUT_HOLD_MS");
+    char* end = nullptr;
+    unsigned long long v = e && *e ? std::strtoull(e, &end, 10) : 0;
+    return (e && *e && end && *end == '\0' && v > 0) ? static_cast<uint64_t>(v) : 120000ull;
+  }();
+  return ms;
+}
+
+struct Locked {
+  Locked() {
+    pthread_once(&g_cut_once, init_cv);
+    pthread_mutex_lock(&g_cut.mu);
+  }
+  ~Locked() { pthread_mutex_unlock(&g_cut.mu); }
+};
+
+bool may_pass() {
+  return !g_cut.armed || (g_cut.target_set && g_cut.reserved < g_cut.target);
+}
+
+proto::CutState state_locked() {
+  proto::CutState st;
+  st.ok = true;
+  st.armed = g_cut.armed;
+  st.reserved = g_cut.reserved;
+  st.launched = g_cut.launched.load(std::memory_order_acquire);
+  st.target = g_cut.target;
+  st.held = g_cut.held;
+  return st;
+}
+
+}  // namespace
+
+bool is_collective(CUfunction f) noexcept {
+  const auto key = reinterpret_cast<uintptr_t>(f);
+  if (key == 0) return false;
+  unsigned i = static_cast<unsigned>((key >> 4) * 0x9E3779B97F4A7C15ull >> 52) & (kSlots - 1);
+  for (unsigned probe = 0; probe < 16; ++probe, i = (i + 1) & (kSlots - 1)) {
+    uintptr_t k = g_keys[i].load(std::memory_order_acquire);
+    if (k == key) {
+      uint8_t v = g_vals[i].load(std::memory_order_acquire);
+      if (v) return v == kYes;
+      break;  // being filled by another thread: classify on our own
+    }
+    if (k == 0) {
+      const uint8_t v = classify(f);
+      uintptr_t expect = 0;
+      if (g_keys[i].compare_exchange_strong(expect, key, std::memory_order_acq_rel))
+        g_vals[i].store(v, std::memory_order_release);
+      return v == kYes;
+    }
+  }
+  return classify(f) == kYes;  // table crowded: ask the driver each time
+}
+
+void before() noexcept {
+  Locked l;
+  if (may_pass() || gate().nested()) {
+    ++g_cut.reserved;
+    return;
+  }
+  // Hold outside the gate, so that it can close while this launch waits.
+  pthread_mutex_unlock(&g_cut.mu);
+  gate().leave();
+  pthread_mutex_lock(&g_cut.mu);
+  ++g_cut.held;
+  timespec deadline{};
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  const uint64_t ms = hold_ms();
+  deadline.tv_sec += static_cast<time_t>(ms / 1000);
+  deadline.tv_nsec += static_cast<long>(ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  while (!may_pass()) {
+    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass()) {
+      // Nobody finished the cut: drop it rather than stall the application.
+      g_cut.armed = false;
+      pthread_cond_broadcast(&g_cut.cv);
+      std::fprintf(stderr,
+                   "cusnap-shim[%d]: a collective launch held %llu ms at a checkpoint's cut; "
+                   "the cut is dropped and the application goes on\n",
+                   static_cast<int>(::getpid()), static_cast<unsigned long long>(ms));
+      break;
+    }
+  }
+  --g_cut.held;
+  ++g_cut.reserved;
+  pthread_mutex_unlock(&g_cut.mu);
+  gate().enter();  // waits here if the gate closed meanwhile
+  pthread_mutex_lock(&g_cut.mu);
+}
+
+void after(bool launched) noexcept {
+  if (launched) {
+    g_cut.launched.fetch_add(1, std::memory_order_acq_rel);
+    return;
+  }
+  Locked l;
+  if (g_cut.reserved > 0) --g_cut.reserved;
+  pthread_cond_broadcast(&g_cut.cv);
+}
+
+proto::CutState handle(const proto::CutRequest& req) noexcept {
+  try {
+    Locked l;
+    if (req.op == "arm") {
+      g_cut.armed = true;
+      g_cut.target_set = false;
+      g_cut.target = 0;
+    } else if (req.op == "target") {
+      if (!g_cut.armed) {
+        proto::CutState st = state_locked();
+        st.ok = false;
+        st.error = "the cut is not armed";
+        return st;
+      }
+      if (req.target < g_cut.reserved) {
+        proto::CutState st = state_locked();
+        st.ok = false;
+        st.error = "target " + std::to_string(req.target) + " is below the " +
+                   std::to_string(g_cut.reserved) + " collective launches already made";
+        return st;
+      }
+      g_cut.target = req.target;
+      g_cut.target_set = true;
+      pthread_cond_broadcast(&g_cut.cv);
+    } else if (req.op == "release") {
+      g_cut.armed = false;
+      g_cut.target_set = false;
+      pthread_cond_broadcast(&g_cut.cv);
+    } else if (req.op != "status") {
+      proto::CutState st = state_locked();
+      st.ok = false;
+      st.error = "unknown cut operation '" + req.op + "'";
+      return st;
+    }
+    return state_locked();
+  } catch (...) {
+    return proto::CutState{};
+  }
+}
+
+void release() noexcept {
+  Locked l;
+  g_cut.armed = false;
+  g_cut.target_set = false;
+  pthread_cond_broadcast(&g_cut.cv);
+}
+
+void atfork_prepare() noexcept {
+  pthread_once(&g_cut_once, init_cv);
+  pthread_mutex_lock(&g_cut.mu);
+}
+void atfork_parent() noexcept {
+  pthread_mutex_unlock(&g_cut.mu);
+}
+void atfork_child() noexcept {
+  new (&g_cut.mu) pthread_mutex_t(PTHREAD_MUTEX_INITIALIZER);
+  init_cv();
+  g_cut.armed = g_cut.target_set = false;
+  g_cut.target = g_cut.reserved = 0;
+  g_cut.held = 0;
+  g_cut.launched.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace cusnap::shim::cut

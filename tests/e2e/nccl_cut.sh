@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The cut across collective ranks (docs/design.md "Cut across collective
+# ranks"), on the simulated driver with two devices: cusnap-collective-pair
+# runs two ranks that meet in a handshake kernel every step (a collective:
+# neither rank's kernel completes until the other launched its own) and
+# exchange data through shared allocations.
+#  - Negative control: with the shim's collective counting off
+#    (CUSNAP_COLLECTIVE_KERNELS names no kernel) and rank 0 lagging, rank 1
+#    waits in a collective for rank 0 when the gates close: the checkpoint
+#    cannot drain and rolls back (the job runs on).
+#  - With the cut, the same job checkpoints and restores, exactly where it
+#    stopped; --leave-running too.
+#  - A rank that cannot reach the common count within --timeout: the cut
+#    rolls back with an error naming the process, the job runs on.
+#  - Without lag, no sleep between steps: five checkpoint/kill/restore cycles,
+#    then restored onto the other machine's GPUs with --device-map 0=1,1=0.
+source "$(dirname "$0")/lib_shared.sh"
+fake_only "the handshake kernel exists in the simulated driver only" || exit 77
+export FAKECUDA_DEVICES=2
+PAIR=$BIN/cusnap-collective-pair
+[ -x "$PAIR" ] || fail "$PAIR is not built"
+PREFIXES=("rank 0 " "rank 1 ")
+
+# counts_advance OUT: both ranks count on.
+counts_advance() {
+  local p n
+  for p in "${PREFIXES[@]}"; do
+    n=$(last_count "$1" "$p")
+    wait_count "$1" $((n + 3)) "$p" 30
+  done
+}
+
+# 1. Negative control.
+LAUNCH_OUT=$T/neg.out
+CUSNAP_COLLECTIVE_KERNELS=no-such-kernel start_job neg "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 30
+rc=0
+"$CUSNAP" checkpoint neg -o "$T/ck-neg" --leave-running --timeout 3 >"$T/neg-ckpt.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] || fail "without the cut the checkpoint of ranks in a collective succeeded"
+grep -q "quiesce phase" "$T/neg-ckpt.out" || fail "unexpected failure: $(cat "$T/neg-ckpt.out")"
+grep -q "runs on unchanged" "$T/neg-ckpt.out" || fail "no rollback reported: $(cat "$T/neg-ckpt.out")"
+[ ! -e "$T/ck-neg/manifest.json" ] || fail "a failed checkpoint left a manifest"
+counts_advance "$LAUNCH_OUT"
+no_errors "$LAUNCH_OUT"
+pass "without the cut: the drain cannot finish (rank 1 waits for rank 0 in a collective); rolled back, the job runs on"
+stop_job "$LAUNCH_OUT"
+
+# 2. The same job with the cut: checkpoint and stop, restore, exactly on.
+LAUNCH_OUT=$T/lag.out
+start_job lag "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 30
+"$CUSNAP" checkpoint lag -o "$T/ck-lag-lr" --leave-running --json >"$T/lag-lr.json" 2>"$T/lag-lr.err" ||
+  fail "--leave-running checkpoint with the cut failed: $(cat "$T/lag-lr.err")"
+python3 - "$T/lag-lr.json" <<'PY' || fail "the checkpoint did not line the ranks up at one count: $(cat "$T/lag-lr.json")"
+import json, sys
+cut = json.load(open(sys.argv[1]))["collective_cut"]
+assert len(cut) == 2 and len(set(cut.values())) == 1 and min(cut.values()) > 0, cut
+PY
+counts_advance "$LAUNCH_OUT"
+pass "with the cut: --leave-running checkpoint; both ranks count on"
+checkpoint_restore_cycle lag
+stop_job "$LAUNCH_OUT"
+
+# 3. A rank that cannot reach the common count in time.
+LAUNCH_OUT=$T/slow.out
+start_job slow "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 2500
+sleep 0.5
+rc=0
+"$CUSNAP" checkpoint slow -o "$T/ck-slow" --timeout 1 >"$T/slow-ckpt.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] || fail "a cut that could not complete in time reported success"
+grep -q "cut phase: the job's processes did not reach a common count" "$T/slow-ckpt.out" ||
+  fail "the error does not explain the cut: $(cat "$T/slow-ckpt.out")"
+grep -qE "process [0-9]+ at [0-9]+" "$T/slow-ckpt.out" || fail "the error names no process"
+[ ! -e "$T/ck-slow/manifest.json" ] || fail "a failed checkpoint left a manifest"
+counts_advance "$LAUNCH_OUT"
+no_errors "$LAUNCH_OUT"
+pass "cut timed out: $(grep -o 'process [0-9]* at [0-9]*' "$T/slow-ckpt.out" | head -1); rolled back, the job runs on"
+stop_job "$LAUNCH_OUT"
+
+# 4. No sleep between steps: five cycles, then other GPUs.
+LAUNCH_OUT=$T/fast.out
+start_job fast "$LAUNCH_OUT" "$PAIR" --print-every 1
+cur=$LAUNCH_OUT
+for i in 1 2 3 4 5; do
+  checkpoint_restore_cycle fast 1 "$cur" "fast$i"
+  cur=$T/restore-fast$i.out
+done
+checkpoint_stop fast "$T/ck-moved" "$cur"
+FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ck-moved" --device-map 0=1,1=0 >"$T/moved.out" 2>&1 &
+SUPERVISORS+=($!)
+SUP=$!
+expect_continued "$T/moved.out" 1
+pass "restored onto the other machine's GPUs with --device-map 0=1,1=0"
+stop_job "$T/moved.out"
+echo "PASS"

@@ -1,0 +1,400 @@
+// Asynchronous kernels: the handshake kernels of NCCL-like jobs (state.h).
+//
+// A function whose name starts with "ncclDevKernel_Handshake" takes
+// (CUdeviceptr my_flag, CUdeviceptr peer_flag, uint64_t step): it stores step
+// into the 8-byte *my_flag, then waits until the 8-byte *peer_flag >= step.
+// Two processes that map one allocation therefore wait for each other like two
+// ranks of a collective. The launch returns at once; the kernel runs on this
+// process's kernel thread, which polls every runnable kernel in turn (so
+// kernels of different streams run concurrently, as on a GPU) and resolves the
+// flag addresses under Driver::mu at every poll: an address that is not mapped
+// device memory (or mapped without the access needed) ends the kernel with
+// CUDA_ERROR_ILLEGAL_ADDRESS, sticky on its stream.
+//
+// Ordering: a kernel waits for the pending work of its stream; legacy-stream
+// work and blocking-stream work of one context wait for each other (the legacy
+// NULL stream's implicit synchronization). Waiting entry points leave the
+// checkpoint gate while they wait: a thread in cuStreamSynchronize does not
+// keep cuCheckpointProcessLock from succeeding, and passes the gate again
+// before it returns.
+//
+// Threads: one kernel thread per process, started by the first handshake
+// launch. Fork: the child gets a fresh, empty queue and starts its own thread
+// at its first launch (the parent's kernels are not the child's). CRIU: the
+// thread is an ordinary thread of the process and is dumped and restored with
+// it; the driver checkpoint waits until no kernel is pending, so none is in
+// flight in a dump.
+#include "gate.h"
+#include "memory.h"
+#include "state.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace fc {
+
+namespace {
+
+struct Job {
+  StreamKey key;
+  HandshakeArgs args;
+  std::vector<uint64_t> deps;  ///< jobs that must complete first
+  bool stored = false;         ///< my_flag written
+};
+
+using KeyId = std::tuple<Context*, int, uintptr_t>;
+
+KeyId key_id(const StreamKey& k) {
+  return {k.ctx, static_cast<int>(k.kind), k.id};
+}
+
+struct Queue {
+  std::mutex mu;
+  std::condition_variable work_cv;  ///< the kernel thread waits for jobs
+  std::condition_variable done_cv;  ///< waiters wait for completions
+  std::map<uint64_t, Job> pending;  ///< by sequence number
+  std::map<KeyId, CUresult> errors;
+  std::map<const void*, std::vector<uint64_t>> event_deps;
+  uint64_t next_seq = 1;
+  bool started = false;
+};
+
+// Replaced (never freed) in a forked child: the parent's lock state and jobs
+// are not the child's.
+Queue* g_queue = new Queue;
+
+Queue& queue() {
+  return *g_queue;
+}
+
+bool same_key(const StreamKey& a, const StreamKey& b) {
+  return a.ctx == b.ctx && a.kind == b.kind && a.id == b.id;
+}
+
+/// Whether work on `later` must wait for pending work on `earlier`.
+bool orders_after(const StreamKey& later, const StreamKey& earlier) {
+  if (same_key(later, earlier)) return true;
+  if (later.ctx != earlier.ctx) return false;
+  if (later.kind == StreamKind::kLegacy) return earlier.blocking;
+  if (earlier.kind == StreamKind::kLegacy) return later.blocking;
+  return false;
+}
+
+/// Pending jobs an operation on key waits for. Precondition: q.mu held.
+std::vector<uint64_t> deps_for(Queue& q, const StreamKey& key) {
+  std::vector<uint64_t> deps;
+  for (auto& [seq, j] : q.pending)
+    if (orders_after(key, j.key)) deps.push_back(seq);
+  return deps;
+}
+
+bool any_pending(Queue& q, const std::vector<uint64_t>& seqs) {
+  for (uint64_t s : seqs)
+    if (q.pending.count(s)) return true;
+  return false;
+}
+
+enum class Outcome { kWaiting, kStored, kDone };
+
+/// One poll of a job. Precondition: Driver::mu held, q.mu not held.
+Outcome poll_job(const Job& j, bool stored, CUresult* err) {
+  *err = CUDA_SUCCESS;
+  const HandshakeArgs& a = j.args;
+  if ((a.my_flag | a.peer_flag) % 8) {
+    *err = CUDA_ERROR_MISALIGNED_ADDRESS;
+    return Outcome::kDone;
+  }
+  if (!stored) {
+    if (check_range(a.my_flag, 8, true) != CUDA_SUCCESS) {
+      *err = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return Outcome::kDone;
+    }
+    __atomic_store_n(reinterpret_cast<uint64_t*>(a.my_flag), a.step, __ATOMIC_SEQ_CST);
+  }
+  if (check_range(a.peer_flag, 8, false) != CUDA_SUCCESS) {
+    *err = CUDA_ERROR_ILLEGAL_ADDRESS;
+    return Outcome::kDone;
+  }
+  uint64_t peer = __atomic_load_n(reinterpret_cast<const uint64_t*>(a.peer_flag), __ATOMIC_SEQ_CST);
+  if (peer >= a.step) return Outcome::kDone;
+  return stored ? Outcome::kWaiting : Outcome::kStored;
+}
+
+void kernel_thread(Queue* qp, std::promise<void>* started) {
+  Queue& q = *qp;
+  started->set_value();
+  unsigned idle = 0;
+  for (;;) {
+    std::vector<std::pair<uint64_t, Job>> runnable;
+    {
+      std::unique_lock<std::mutex> l(q.mu);
+      q.work_cv.wait(l, [&] { return !q.pending.empty(); });
+      for (auto& [seq, j] : q.pending)
+        if (!any_pending(q, j.deps)) runnable.emplace_back(seq, j);
+    }
+    std::vector<std::tuple<uint64_t, Outcome, CUresult>> results;
+    {
+      std::lock_guard<std::mutex> l(driver().mu);
+      for (auto& [seq, j] : runnable) {
+        CUresult err;
+        Outcome o = poll_job(j, j.stored, &err);
+        results.emplace_back(seq, o, err);
+      }
+    }
+    bool progress = false;
+    {
+      std::lock_guard<std::mutex> l(q.mu);
+      for (auto& [seq, o, err] : results) {
+        auto it = q.pending.find(seq);
+        if (it == q.pending.end() || o == Outcome::kWaiting) continue;
+        progress = true;
+        if (o == Outcome::kStored) {
+          it->second.stored = true;
+          continue;
+        }
+        if (err != CUDA_SUCCESS) q.errors.emplace(key_id(it->second.key), err);
+        q.pending.erase(it);
+      }
+      if (progress) q.done_cv.notify_all();
+    }
+    if (progress) {
+      idle = 0;
+    } else if (++idle < 64) {
+      sched_yield();
+    } else {
+      // The peer is another process (or thread): poll, a little slower once
+      // it has kept us waiting for a while.
+      usleep(idle < 2000 ? 50 : 500);
+    }
+  }
+}
+
+/// Starts this process's kernel thread (all signals blocked in it: the
+/// application's handlers run on its own threads). Returns once it runs.
+void start_thread(Queue* q) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  auto started = std::make_shared<std::promise<void>>();
+  std::future<void> running = started->get_future();
+  std::thread([q, started] { kernel_thread(q, started.get()); }).detach();
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  running.wait();
+}
+
+/// Leaves the checkpoint gate (the caller is counted in flight by FC_ENTER).
+void leave_gate() {
+  Gate& g = gate();
+  std::lock_guard<std::mutex> l(g.mu);
+  --g.inflight;
+  g.cv.notify_all();
+}
+
+/// Passes the gate again: waits while a lock is pending or the process is
+/// not RUNNING, as at the start of an entry point.
+void enter_gate() {
+  Gate& g = gate();
+  std::unique_lock<std::mutex> l(g.mu);
+  g.cv.wait(l, [&] { return !g.locking && g.state == CU_PROCESS_STATE_RUNNING; });
+  ++g.inflight;
+}
+
+/// Waits outside the gate until none of `seqs` is pending.
+void wait_for(const std::vector<uint64_t>& seqs) {
+  Queue& q = queue();
+  {
+    std::lock_guard<std::mutex> l(q.mu);
+    if (!any_pending(q, seqs)) return;
+  }
+  leave_gate();
+  {
+    std::unique_lock<std::mutex> l(q.mu);
+    q.done_cv.wait(l, [&] { return !any_pending(q, seqs); });
+  }
+  enter_gate();
+}
+
+/// Jobs to wait for when synchronizing key: the stream's own jobs (each
+/// already ordered after what it waits for); for the legacy stream also the
+/// blocking streams' jobs.
+std::vector<uint64_t> sync_set(Queue& q, const StreamKey& key) {
+  if (key.kind == StreamKind::kLegacy) return deps_for(q, key);
+  std::vector<uint64_t> seqs;
+  for (auto& [seq, j] : q.pending)
+    if (same_key(j.key, key)) seqs.push_back(seq);
+  return seqs;
+}
+
+void before_fork() {
+  queue().mu.lock();
+}
+void after_fork_parent() {
+  queue().mu.unlock();
+}
+void after_fork_child() {
+  g_queue = new Queue;  // the old one stays locked and unused
+}
+
+__attribute__((constructor)) void register_kernel_fork_handlers() {
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+}  // namespace
+
+bool resolve_stream(CUstream s, bool ptsz, StreamKey* out) {
+  StreamKey k;
+  if (s != nullptr && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
+    auto* st = reinterpret_cast<Stream*>(s);
+    k.ctx = reinterpret_cast<Context*>(st->ctx);
+    k.kind = StreamKind::kUser;
+    k.id = reinterpret_cast<uintptr_t>(st);
+    k.blocking = !(st->flags & CU_STREAM_NON_BLOCKING);
+    *out = k;
+    return true;
+  }
+  k.ctx = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(k.ctx))) return false;
+  if (s == CU_STREAM_PER_THREAD || (s == nullptr && ptsz)) {
+    k.kind = StreamKind::kPerThread;
+    k.id = static_cast<uintptr_t>(syscall(SYS_gettid));
+  }
+  *out = k;
+  return true;
+}
+
+void kernel_enqueue(const StreamKey& key, const HandshakeArgs& args) {
+  Queue* q = &queue();
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> l(q->mu);
+    Job j;
+    j.key = key;
+    j.args = args;
+    j.deps = deps_for(*q, key);
+    q->pending.emplace(q->next_seq++, std::move(j));
+    start = !q->started;
+    q->started = true;
+  }
+  if (start) start_thread(q);
+  q->work_cv.notify_all();
+}
+
+bool stream_busy(const StreamKey& key) {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> l(q.mu);
+  return !sync_set(q, key).empty();
+}
+
+CUresult stream_error(const StreamKey& key) {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> l(q.mu);
+  auto it = q.errors.find(key_id(key));
+  return it == q.errors.end() ? CUDA_SUCCESS : it->second;
+}
+
+CUresult stream_wait(const StreamKey& key) {
+  std::vector<uint64_t> seqs;
+  {
+    Queue& q = queue();
+    std::lock_guard<std::mutex> l(q.mu);
+    seqs = sync_set(q, key);
+  }
+  wait_for(seqs);
+  return stream_error(key);
+}
+
+CUresult ctx_wait(Context* ctx) {
+  std::vector<uint64_t> seqs;
+  Queue& q = queue();
+  {
+    std::lock_guard<std::mutex> l(q.mu);
+    for (auto& [seq, j] : q.pending)
+      if (j.key.ctx == ctx) seqs.push_back(seq);
+  }
+  wait_for(seqs);
+  std::lock_guard<std::mutex> l(q.mu);
+  for (auto& [k, err] : q.errors)
+    if (std::get<0>(k) == ctx) return err;
+  return CUDA_SUCCESS;
+}
+
+void stream_order(CUstream s, bool ptsz) {
+  StreamKey key;
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (!valid_stream(s) || !resolve_stream(s, ptsz, &key)) return;
+  }
+  std::vector<uint64_t> seqs;
+  {
+    Queue& q = queue();
+    std::lock_guard<std::mutex> l(q.mu);
+    seqs = deps_for(q, key);
+  }
+  wait_for(seqs);
+}
+
+CUresult ctx_synchronize(CUcontext ctx) {
+  {
+    std::lock_guard<std::mutex> l(driver().mu);
+    if (!ctx) ctx = reinterpret_cast<CUcontext>(current_ctx());
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  return ctx_wait(reinterpret_cast<Context*>(ctx));
+}
+
+void event_set_deps(const void* event, const StreamKey* key) {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> l(q.mu);
+  if (!key) {
+    q.event_deps.erase(event);
+    return;
+  }
+  std::vector<uint64_t> deps = deps_for(q, *key);
+  if (deps.empty())
+    q.event_deps.erase(event);
+  else
+    q.event_deps[event] = std::move(deps);
+}
+
+bool event_busy(const void* event) {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> l(q.mu);
+  auto it = q.event_deps.find(event);
+  return it != q.event_deps.end() && any_pending(q, it->second);
+}
+
+void event_wait(const void* event) {
+  std::vector<uint64_t> seqs;
+  {
+    Queue& q = queue();
+    std::lock_guard<std::mutex> l(q.mu);
+    auto it = q.event_deps.find(event);
+    if (it == q.event_deps.end()) return;
+    seqs = it->second;
+  }
+  wait_for(seqs);
+}
+
+void kernels_wait_idle() {
+  Queue& q = queue();
+  std::unique_lock<std::mutex> l(q.mu);
+  q.done_cv.wait(l, [&] { return q.pending.empty(); });
+}
+
+size_t kernels_pending() {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> l(q.mu);
+  return q.pending.size();
+}
+
+}  // namespace fc

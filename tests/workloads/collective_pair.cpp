@@ -1,0 +1,229 @@
+// cusnap-collective-pair: two ranks that meet in a collective kernel every
+// step, like two ranks of an NCCL job (for the simulated driver only).
+//
+//   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
+//                          [--print-every K]
+//
+// Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
+// runs on device R (device 0 for both when there is one device), creates an
+// exportable VMM allocation (cuMemCreate, POSIX file descriptor handle) with
+// read-write access for both ranks' devices, exports it, passes the
+// descriptor to the other rank over a Unix socketpair (SCM_RIGHTS) and
+// imports and maps the other rank's. Each allocation holds this rank's flag
+// (8 bytes at offset 0) and two data slots of M MiB (default 1) from 64 KiB.
+//
+// Step s = 1, 2, ...: fill slot s%2 of the own allocation with value(R, s)
+// (cuMemsetD32), launch "ncclDevKernel_Handshake_Pair" (own flag, peer flag,
+// s) on a stream, cuStreamSynchronize, then read the peer's slot s%2 through
+// the imported mapping (cuMemcpyDtoH) and check every word is value(1-R, s).
+// The handshake kernel of the simulated driver (tests/fakecuda) stores s into
+// the own flag and completes when the peer's flag reaches s: neither rank's
+// kernel completes until the other rank has launched its own, so a stopped
+// rank keeps the other's kernel spinning on the device, as a collective in
+// flight does. The two slots make the check race-free: a rank writes slot s%2
+// again only at step s+2, after the other rank's kernel s+1, which the other
+// rank launches only after reading step s.
+//
+// Prints "rank R ready pid P device D", then "rank R count S ok" (S: the step
+// just verified) at step 1, every K steps (default 100) and at the last step,
+// sleeping T ms between steps (default 0; rank 0 sleeps L ms more, so that
+// rank 1 mostly waits in a collective for rank 0, the case a checkpoint
+// without a cut cannot drain), until N steps (0, the default: for
+// ever), then "rank R done"; the lines fit the e2e helpers with the prefixes
+// "rank 0 " and "rank 1 " (last_count, wait_count, ready_pids). Exit status: 2
+// a driver call failed (also when the driver is not the simulated one: its
+// module image is a placeholder), 3 a byte was wrong, 4 the other rank
+// ended, 64 bad usage.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "share_util.h"
+
+using namespace workload::share;
+
+namespace {
+
+constexpr size_t kSlotsOffset = 64 << 10;
+constexpr const char* kKernel = "ncclDevKernel_Handshake_Pair";
+
+struct Options {
+  long steps = 0;
+  size_t mib = 1;
+  long interval_ms = 0;
+  long lag_ms = 0;
+  long print_every = 100;
+};
+
+uint32_t value(unsigned rank, long step) {
+  return uint32_t(step) * 2654435761u + rank * 0x01000193u + 0x5eed;
+}
+
+/// Reserves and maps `size` bytes of h with read-write access for every
+/// device in devs.
+CUdeviceptr map_for(CUmemGenericAllocationHandle h, size_t size, const std::vector<CUdevice>& devs,
+                    const char* who) {
+  CUdeviceptr ptr;
+  WL_CHECK(cuMemAddressReserve(&ptr, size, 0, 0, 0), who);
+  WL_CHECK(cuMemMap(ptr, size, 0, h, 0), who);
+  std::vector<CUmemAccessDesc> access(devs.size());
+  for (size_t i = 0; i < devs.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devs[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  WL_CHECK(cuMemSetAccess(ptr, size, access.data(), access.size()), who);
+  return ptr;
+}
+
+/// Rank 0 watches rank 1: exits 4 as soon as it fails (the kernel of rank 0
+/// would otherwise wait for it for ever). Stores a clean exit's status.
+void watch_child(pid_t child, std::atomic<int>* status) {
+  std::thread([child, status] {
+    for (;;) {
+      int st = 0;
+      pid_t r = waitpid(child, &st, 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == child && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        status->store(0);
+        return;
+      }
+      if (r == child)
+        std::fprintf(stderr, "cusnap-collective-pair 0: rank 1 (pid %d) ended (%s %d)\n",
+                     int(child), WIFEXITED(st) ? "exit status" : "signal",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      _exit(4);
+    }
+  }).detach();
+}
+
+/// Rank 1 watches rank 0 (its parent).
+void watch_parent(pid_t parent) {
+  std::thread([parent] {
+    while (getppid() == parent) usleep(100 * 1000);
+    std::fprintf(stderr, "cusnap-collective-pair 1: rank 0 (pid %d) ended\n", int(parent));
+    _exit(4);
+  }).detach();
+}
+
+int run(const Options& o, unsigned rank, pid_t child, int sock) {
+  std::string who_s = "cusnap-collective-pair " + std::to_string(rank);
+  const char* who = who_s.c_str();
+  pid_t parent = getppid();
+  std::atomic<int> child_status{-1};
+  if (rank == 0)
+    watch_child(child, &child_status);
+  else
+    watch_parent(parent);
+
+  WL_CHECK(cuInit(0), who);
+  int count = 0;
+  WL_CHECK(cuDeviceGetCount(&count), who);
+  CUdevice dev;
+  WL_CHECK(cuDeviceGet(&dev, int(rank) < count ? int(rank) : 0), who);
+  CUcontext ctx;
+  WL_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev), who);
+  WL_CHECK(cuCtxSetCurrent(ctx), who);
+  std::vector<CUdevice> devs;
+  for (int d = 0; d < count && d < 2; ++d) devs.push_back(d);
+
+  // The module: a placeholder image that only the simulated driver accepts.
+  static const char image[] = "cusnap-collective-pair: placeholder module image";
+  CUmodule mod;
+  if (CUresult r = cuModuleLoadData(&mod, image); r != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    cuGetErrorName(r, &name);
+    std::fprintf(stderr,
+                 "%s: cuModuleLoadData failed: %s (%d): this workload runs only on the simulated "
+                 "driver (tests/fakecuda), whose %s kernel it launches\n",
+                 who, name ? name : "?", int(r), kKernel);
+    return 2;
+  }
+  CUfunction fn;
+  WL_CHECK(cuModuleGetFunction(&fn, mod, kKernel), who);
+
+  CUmemAllocationProp prop = posix_fd_prop(dev);
+  size_t gran = 0;
+  WL_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), who);
+  size_t slot = std::max<size_t>(o.mib << 20, 4096);
+  size_t size = (kSlotsOffset + 2 * slot + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle own_h;
+  WL_CHECK(cuMemCreate(&own_h, size, &prop, 0), who);
+  CUdeviceptr own = map_for(own_h, size, devs, who);
+  WL_CHECK(cuMemsetD8(own, 0, kSlotsOffset), who);  // the flag starts at 0
+  int fd = export_fd(own_h, who);
+  send_fd(sock, fd);
+  close(fd);
+  int in = recv_fd(sock);
+  if (in < 0) {
+    std::fprintf(stderr, "%s: no descriptor from rank %u\n", who, 1 - rank);
+    return 2;
+  }
+  close(sock);
+  CUmemGenericAllocationHandle peer_h;
+  WL_CHECK(cuMemImportFromShareableHandle(&peer_h, reinterpret_cast<void*>(intptr_t(in)),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+           who);
+  close(in);
+  CUdeviceptr peer = map_for(peer_h, size, devs, who);
+  CUstream stream;
+  WL_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), who);
+  std::printf("rank %u ready pid %d device %d\n", rank, int(getpid()), int(dev));
+
+  std::vector<uint32_t> words(slot / 4);
+  for (long step = 1; o.steps == 0 || step <= o.steps; ++step) {
+    size_t off = kSlotsOffset + size_t(step % 2) * slot;
+    WL_CHECK(cuMemsetD32(own + off, value(rank, step), slot / 4), who);
+    CUdeviceptr my_flag = own, peer_flag = peer;
+    uint64_t s = uint64_t(step);
+    void* params[] = {&my_flag, &peer_flag, &s};
+    WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
+    WL_CHECK(cuStreamSynchronize(stream), who);
+    WL_CHECK(cuMemcpyDtoH(words.data(), peer + off, slot), who);
+    uint32_t want = value(1 - rank, step);
+    for (size_t k = 0; k < words.size(); ++k)
+      if (words[k] != want) {
+        std::fprintf(stderr,
+                     "%s: pattern mismatch at step %ld: word %zu of rank %u's slot %ld reads 0x%08x, "
+                     "expected 0x%08x\n",
+                     who, step, k, 1 - rank, step % 2, words[k], want);
+        return 3;
+      }
+    bool last = o.steps != 0 && step == o.steps;
+    if (step % o.print_every == 0 || last || step == 1)
+      std::printf("rank %u count %ld ok\n", rank, step);
+    const long pause_ms = o.interval_ms + (rank == 0 ? o.lag_ms : 0);
+    if (pause_ms > 0) usleep(useconds_t(pause_ms * 1000));
+  }
+  std::printf("rank %u done\n", rank);
+  if (rank == 0) {
+    while (child_status.load() < 0) usleep(10 * 1000);  // the watcher exits 4 on a failure
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args(argc, argv, "cusnap-collective-pair", {},
+            {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every"});
+  Options o;
+  o.steps = args.num("--steps", 0);
+  o.mib = size_t(args.num("--mib", 1));
+  o.interval_ms = args.num("--interval-ms", 0);
+  o.lag_ms = args.num("--lag-ms", 0);
+  o.print_every = args.num("--print-every", 100);
+  if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0) {
+    std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms must be >= 0, "
+                         "--print-every >= 1\n");
+    return 64;
+  }
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  auto [importer, child, sock] = fork_pair();
+  return run(o, importer ? 1 : 0, child, sock);
+}
