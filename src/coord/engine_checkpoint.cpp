@@ -13,9 +13,13 @@
 //   safely written, or continues it if anything fails before that.
 // - --leave-running (--leave-running mode): the tree goes on; its GPU state is
 //   restored right after the dump.
-// - not used: --tcp-established (restoring live TCP connections elsewhere is
-//   rarely what a job wants; CRIU refuses such a job with a clear log line),
-//   --ext-unix-sk (a job connected to outside unix sockets cannot be restored
+// - --tcp-established, only when the job holds established TCP connections
+//   (torchrun's store, NCCL's bootstrap sockets between ranks), with
+//   --network-lock $CUSNAP_CRIU_NETWORK_LOCK (default nftables, which CRIU
+//   does itself, without the iptables programs); the manifest records it and
+//   the restore passes it too. Connections to outside the job come back only
+//   where their peer still is.
+// - not used: --ext-unix-sk (a job connected to outside unix sockets cannot be restored
 //   faithfully), --link-remap (CRIU keeps small deleted files as ghost
 //   files already; link-remap would leave links behind in the job's tree).
 #include <fcntl.h>
@@ -25,6 +29,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -240,6 +245,15 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
               no_plugins.path(),
               "--file-locks",
               opts.leave_running ? "--leave-running" : "--leave-stopped"};
+  // Established TCP connections (torchrun's store, NCCL's bootstrap between
+  // ranks): CRIU saves them in repair mode; the network is locked meanwhile.
+  std::string tcp_what;
+  const size_t tcp = job_tcp_established(pids, &tcp_what);
+  if (tcp > 0) {
+    const char* lock = std::getenv("CUSNAP_CRIU_NETWORK_LOCK");
+    run.args.insert(run.args.end(), {"--tcp-established", "--network-lock",
+                                     lock && *lock ? lock : "nftables"});
+  }
   run.output_path = work.path() + "/criu-output.txt";
   run.log_path = work.path() + "/dump.log";
   run.success_line = "Dumping finished successfully";
@@ -356,6 +370,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   m.criu_version = criu.version;
   m.criu_path = criu.path;
   m.leave_running = opts.leave_running;
+  m.tcp_established = tcp > 0;
   if (shared.active()) m.shim_processes = shared.processes();
   m.phases = out->phases;
   m.phases.emplace_back("manifest", 0.0);

@@ -252,6 +252,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     run.args.push_back("fd[" + std::to_string(fd) + "]:" + id);
     run.inherit_fds.push_back(fd);
   };
+  if (m.tcp_established) run.args.push_back("--tcp-established");
   inherit(opts.stdout_fd, m.job.stdout_pipe_id);
   if (m.job.stderr_pipe_id != m.job.stdout_pipe_id) inherit(opts.stderr_fd, m.job.stderr_pipe_id);
   run.output_path = work.path() + "/criu-output.txt";

@@ -64,6 +64,7 @@ std::string manifest_to_json(const Manifest& m) {
   for (const auto& [name, secs] : m.phases)
     j["phases"].push_back({{"name", name}, {"seconds", secs}});
   j["leave_running"] = m.leave_running;
+  if (m.tcp_established) j["tcp_established"] = true;
   j["shim_processes"] = m.shim_processes;
   return j.dump(2) + "\n";
 }
@@ -271,6 +272,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     }
   }
   r.boolean(j, "", "leave_running", &m->leave_running);
+  if (j.contains("tcp_established")) r.boolean(j, "", "tcp_established", &m->tcp_established);
   // Version 3: the processes whose shims hold released shared memory.
   if (m->version >= 3) {
     if (const json* sp = r.array(j, "", "shim_processes")) {

@@ -73,6 +73,9 @@ struct Manifest {
   std::vector<ManifestFile> files;
   PhaseTimes phases;
   bool leave_running = false;
+  /// CRIU saved established TCP connections (--tcp-established); the restore
+  /// must say so too. Optional in the file (absent: false).
+  bool tcp_established = false;
   std::vector<pid_t> shim_processes;
 };
 

@@ -74,6 +74,11 @@ TEST_CASE("manifest: round trip keeps every field") {
   CHECK(back.files[0].chunk_size == kHashChunkSize);
   CHECK(back.files[0].chunks == m.files[0].chunks);
   CHECK(back.phases == m.phases);
+  CHECK_FALSE(back.tcp_established);  // absent from the file: false
+  CHECK(manifest_to_json(m).find("tcp_established") == std::string::npos);
+  m.tcp_established = true;
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(back.tcp_established);
 }
 
 TEST_CASE("manifest: the loader rejects what it does not understand, saying which field") {

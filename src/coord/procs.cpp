@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -247,6 +249,61 @@ bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what) {
     }
   }
   return false;
+}
+
+namespace {
+
+/// "0100007F:1F90" (IPv4) or 32 hex digits + port (IPv6) as text.
+std::string tcp_endpoint(const std::string& hex) {
+  auto colon = hex.find(':');
+  if (colon == std::string::npos) return hex;
+  std::string addr = hex.substr(0, colon);
+  unsigned port = static_cast<unsigned>(std::strtoul(hex.c_str() + colon + 1, nullptr, 16));
+  if (addr.size() == 8) {
+    unsigned long v = std::strtoul(addr.c_str(), nullptr, 16);
+    return std::to_string(v & 0xff) + "." + std::to_string((v >> 8) & 0xff) + "." +
+           std::to_string((v >> 16) & 0xff) + "." + std::to_string((v >> 24) & 0xff) + ":" +
+           std::to_string(port);
+  }
+  return "[" + addr + "]:" + std::to_string(port);
+}
+
+}  // namespace
+
+size_t job_tcp_established(const std::vector<pid_t>& pids, std::string* what) {
+  size_t n = 0;
+  for (pid_t pid : pids) {
+    std::set<std::string> inodes;
+    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fd_dir, ec)) {
+      std::error_code lec;
+      std::string target = std::filesystem::read_symlink(e.path(), lec).string();
+      if (!lec && target.rfind("socket:[", 0) == 0 && target.size() > 9)
+        inodes.insert(target.substr(8, target.size() - 9));
+    }
+    if (inodes.empty()) continue;
+    for (const char* table : {"tcp", "tcp6"}) {
+      std::string text;
+      if (!read_text_file("/proc/" + std::to_string(pid) + "/net/" + table, &text)) continue;
+      std::istringstream in(text);
+      std::string line;
+      std::getline(in, line);  // header
+      while (std::getline(in, line)) {
+        std::istringstream f(line);
+        std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+        if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >>
+              inode))
+          continue;
+        if (st != "01" || !inodes.count(inode)) continue;  // 01: ESTABLISHED
+        if (n++ == 0 && what)
+          *what = "process " + std::to_string(pid) + ": " + tcp_endpoint(local) + " -> " +
+                  tcp_endpoint(remote);
+        inodes.erase(inode);
+      }
+    }
+  }
+  return n;
 }
 
 }  // namespace cusnap

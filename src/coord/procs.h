@@ -62,6 +62,11 @@ std::vector<std::string> parse_nccl_segments(std::string_view maps);
 /// shows is NCCL: two CUDA processes that map NCCL segments are ranks of one
 /// communicator, sharing device memory (GPU.md: the driver checkpoint of
 /// such a job hangs). Describes it in *what.
+/// Established TCP connections of the processes (their sockets in
+/// /proc/PID/net/tcp and tcp6 with state ESTABLISHED); *what describes the
+/// first ("process P: 127.0.0.1:A -> 127.0.0.1:B").
+size_t job_tcp_established(const std::vector<pid_t>& pids, std::string* what);
+
 bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what);
 
 /// UUIDs ("GPU-...") of the NVIDIA GPUs the process has open (/dev/nvidiaN
