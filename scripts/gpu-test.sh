@@ -37,6 +37,22 @@
 #                sharing; its checkpoint or restore is expected to fail (the
 #                driver cannot restore an importer, GPU.md). Reported as PASS when
 #                it fails as expected, NOTE when it unexpectedly restores.
+#   nccl-torchrun
+#                Two GPUs: `cusnap launch -- python -m torch.distributed.run
+#                --standalone --nproc-per-node 2 tests/gpu/torch_allreduce.py`, an
+#                NCCL all-reduce loop that checks every result, no sleep between
+#                steps. CUSNAP_GPU_TEST_NCCL_CYCLES (default 10) consecutive
+#                cycles of checkpoint to disk (stops the job), restore --detach;
+#                each rank must go on at exactly its next step, every result
+#                right. Prints each cycle's times, phases and sizes.
+#   nccl-torchrun-devmap
+#                The same, two cycles, each restore with --device-map 0=1,1=0:
+#                every rank must come back on the other GPU (nvidia-smi).
+#   nccl-torchrun-expandable
+#                The same, two cycles, with
+#                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+#                SKIP for all three with fewer than two GPUs. Extra environment
+#                for the job: CUSNAP_GPU_TEST_NCCL_ENV ("VAR=VALUE ...").
 # The shared-* and torch-* jobs' checkpoint, restore, suspend and resume get
 # --timeout CUSNAP_GPU_TEST_SHARE_TIMEOUT (default 120 s a phase) and the
 # client is killed after 2.5 times that (e2e-shared: each test).
@@ -56,7 +72,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SCENARIOS_ALL=(e2e timing shared-posix shared-ipc torch-share-default torch-share-expandable
-  e2e-shared torch-share-noshim)
+  e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -631,6 +647,93 @@ scenario_torch_share_noshim() {
   torch_ready torch-share-noshim || return 0
   EXPECT_FAILURE=1 checkpoint_restore torch-share-noshim 2 --no-shim -- \
     "$PY" "$TORCH_SHARE" --alloc default --mib "$TORCH_MIB"
+}
+
+# 4. NCCL: a torchrun all-reduce job on two GPUs, checkpointed to disk and
+# restored again and again (consistent cut across the ranks: docs/design.md).
+TORCH_ALLREDUCE=$ROOT/tests/gpu/torch_allreduce.py
+NCCL_MIB=${CUSNAP_GPU_TEST_NCCL_MIB:-64}
+gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
+# proc_gpu PID: the UUID of the GPU the process computes on (empty when
+# nvidia-smi does not list it, e.g. from another PID namespace).
+proc_gpu() {
+  nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader 2>/dev/null |
+    awk -F', *' -v p="$1" '$1 == p {print $2; exit}'
+}
+rank_pid() { sed -n "s/^rank $2 ready pid \([0-9]*\).*$/\1/p" "$1" | head -1; }
+
+# nccl_cycles SCENARIO CYCLES MAP [VAR=VALUE...]: see the scenarios above; MAP
+# is the --device-map argument of every restore (empty: none).
+nccl_cycles() {
+  local scen=$1 cycles=$2 map=$3
+  shift 3
+  local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
+    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=()
+  if [ "$(gpu_count)" -lt 2 ]; then result SKIP "$scen" "needs two GPUs, this machine has $(gpu_count)"; return 0; fi
+  torch_ready "$scen" || return 0
+  read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
+  echo "gpu-test: $scen: torchrun --nproc-per-node 2 torch_allreduce.py --mib $NCCL_MIB, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
+  start_job "$scen" "$name" "$out" 2 -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" || return 0
+  r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
+  echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
+  log=$out
+  for i in $(seq 1 "$cycles"); do
+    cj=$WORK/$scen.$i.ckpt.json rj=$WORK/$scen.$i.restore.json
+    pids=$(session_pids "$ROOT_PID")
+    t0=$(date +%s.%N)
+    if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+      why="cycle $i: checkpoint failed: $(json_field "$cj" error | head -3)"; show_tail "$cj"; show_tail "$log" 6; break
+    fi
+    ck_wall=$(since "$t0")
+    # shellcheck disable=SC2086
+    if ! wait_pids_gone 60 $pids; then why="cycle $i: processes still there after the checkpoint"; break; fi
+    before=$(counts "$log")
+    targets=()
+    while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
+    t0=$(date +%s.%N)
+    if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach ${map:+--device-map "$map"} --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
+      why="cycle $i: restore failed: $(json_field "$rj" error | head -3)"; show_tail "$rj"; break
+    fi
+    rs_wall=$(since "$t0")
+    rdir=$(json_field "$rj" runtime_dir)
+    log=${rdir:-$CUSNAP_RUNTIME_BASE/$name}/output.log
+    if ! wait_past "$log" 120 "${targets[@]}"; then why="cycle $i: after restore: $WHY"; show_tail "$log"; break; fi
+    back=() gaps=()
+    while read -r l n; do
+      [ -n "$l" ] || continue
+      first=$(count_of "$log" "$l" first)
+      if [ "$first" -le "$n" ]; then back+=("$l:$n->$first")
+      elif [ "$first" -ne $((n + 1)) ]; then gaps+=("$l:$n->$first"); fi
+    done <<<"$before"
+    if [ ${#back[@]} -gt 0 ]; then why="cycle $i: ranks started over: ${back[*]}"; break; fi
+    if [ -n "$(error_lines "$log")" ]; then why="cycle $i: $(error_lines "$log" | head -1)"; break; fi
+    ROOT_PID=$(job_field "$name" pid)
+    ck_sum=$(awk -v a="$ck_sum" -v b="$ck_wall" 'BEGIN{print a+b}')
+    rs_sum=$(awk -v a="$rs_sum" -v b="$rs_wall" 'BEGIN{print a+b}')
+    g0=$(proc_gpu "$r0"); g1=$(proc_gpu "$r1")
+    echo "  cycle $i: checkpoint ${ck_wall} s ($(json_field "$cj" bytes) bytes, cut $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("collective_cut", "none"))' "$cj" 2>/dev/null)), restore ${rs_wall} s; stopped at $(echo "$before" | tr '\n' ' ')-> now $(counts "$log" | tr '\n' ' ')${gaps[*]:+ (gaps: ${gaps[*]})}; rank 0 on ${g0:-?}, rank 1 on ${g1:-?}"
+    show_phases "    checkpoint" "$cj"
+    show_phases "    restore" "$rj"
+    rm -rf "$ck"
+  done
+  if [ -z "$why" ] && [ -n "$map" ] && [ -n "$g0" ] && [ -n "$g1" ]; then
+    local first0 first1
+    first0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0); first1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
+    # After an odd number of swapped restores rank 0 is on GPU 1.
+    if [ $((cycles % 2)) = 1 ] && [ "$g0" != "$first1" ]; then why="rank 0 is on $g0, not on GPU 1 ($first1) after --device-map $map"; fi
+    if [ $((cycles % 2)) = 0 ] && [ "$g0" != "$first0" ]; then why="rank 0 is on $g0, not back on GPU 0 ($first0) after two swaps"; fi
+  fi
+  if [ -n "$why" ]; then result FAIL "$scen" "$why"
+  else result PASS "$scen" "$cycles cycles; mean checkpoint $(awk -v s="$ck_sum" -v n="$cycles" 'BEGIN{printf "%.2f", s/n}') s, restore $(awk -v s="$rs_sum" -v n="$cycles" 'BEGIN{printf "%.2f", s/n}') s; now $(counts "$log" | tr '\n' ' ')"; fi
+  stop_job "$name" "$(job_field "$name" pid)"
+  rm -rf "$ck"
+  return 0
+}
+scenario_nccl_torchrun() { nccl_cycles nccl-torchrun "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
+scenario_nccl_torchrun_devmap() { nccl_cycles nccl-torchrun-devmap 2 "0=1,1=0"; }
+scenario_nccl_torchrun_expandable() {
+  nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 
 for s in "${SELECTED[@]}"; do

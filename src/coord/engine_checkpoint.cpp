@@ -138,6 +138,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
            "with its input and output redirected";
     return false;
   }
+  if (find_io_uring(pids, &what)) {
+    *err = "job " + job.name + ": " + what +
+           ", whose state CRIU cannot checkpoint. libuv-based programs (PyTorch's TCPStore, "
+           "Node.js) stop using it with UV_USE_IO_URING=0, which cusnap launch sets unless the "
+           "job's environment sets it; cusnap launch --strict refuses io_uring in the job";
+    return false;
+  }
   TempDir work("cusnap-dump-");
   TempDir no_plugins("cusnap-noplugins-");
   if (!work.ok() || !no_plugins.ok()) {

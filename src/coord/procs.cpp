@@ -251,6 +251,25 @@ bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what) {
   return false;
 }
 
+bool find_io_uring(const std::vector<pid_t>& pids, std::string* what) {
+  for (pid_t pid : pids) {
+    const std::string base = "/proc/" + std::to_string(pid);
+    bool found = false;
+    for (const std::string& fd : list_dir(base + "/fd"))
+      if (read_link(base + "/fd/" + fd) == "anon_inode:[io_uring]") found = true;
+    std::string maps;
+    if (!found && read_text_file(base + "/maps", &maps))
+      found = maps.find("anon_inode:[io_uring]") != std::string::npos;
+    if (found) {
+      std::string exe = read_link(base + "/exe");
+      *what = "process " + std::to_string(pid) + (exe.empty() ? "" : " (" + exe + ")") +
+              " uses io_uring";
+      return true;
+    }
+  }
+  return false;
+}
+
 namespace {
 
 /// "0100007F:1F90" (IPv4) or 32 hex digits + port (IPv6) as text.

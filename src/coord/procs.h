@@ -62,6 +62,10 @@ std::vector<std::string> parse_nccl_segments(std::string_view maps);
 /// shows is NCCL: two CUDA processes that map NCCL segments are ranks of one
 /// communicator, sharing device memory (GPU.md: the driver checkpoint of
 /// such a job hangs). Describes it in *what.
+/// A process that holds an io_uring instance (a descriptor or a mapping of
+/// one), which CRIU cannot checkpoint; *what names the process.
+bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
+
 /// Established TCP connections of the processes (their sockets in
 /// /proc/PID/net/tcp and tcp6 with state ESTABLISHED); *what describes the
 /// first ("process P: 127.0.0.1:A -> 127.0.0.1:B").

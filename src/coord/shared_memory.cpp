@@ -314,6 +314,12 @@ bool SharedMemory::quiesce(std::string* err) {
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
   for (auto& p : procs_) {
     if (!p->client.gate_close(wait_ms, err)) {
+      if (!cut_counts_.empty()) {
+        *err += " (after the collective cut at";
+        for (auto [pid, n] : cut_counts_)
+          *err += " process " + std::to_string(pid) + ": " + std::to_string(n);
+        *err += ")";
+      }
       std::string rb;
       open_gates(&rb);
       return false;

@@ -54,16 +54,28 @@ bool name_is_collective(const char* name) {
   return false;
 }
 
+bool debug_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
 uint8_t classify(CUfunction f) {
   const char* name = nullptr;
-  if (auto get = REAL(cuFuncGetName); get && get(&name, f) == CUDA_SUCCESS && name)
-    return name_is_collective(name) ? kYes : kNo;
+  if (auto get = REAL(cuFuncGetName); !get || get(&name, f) != CUDA_SUCCESS) name = nullptr;
   // A library kernel handle passed where a function is expected.
-  name = nullptr;
-  if (auto get = REAL(cuKernelGetName);
-      get && get(&name, reinterpret_cast<CUkernel>(f)) == CUDA_SUCCESS && name)
-    return name_is_collective(name) ? kYes : kNo;
-  return kNo;
+  if (!name) {
+    if (auto get = REAL(cuKernelGetName);
+        !get || get(&name, reinterpret_cast<CUkernel>(f)) != CUDA_SUCCESS)
+      name = nullptr;
+  }
+  const uint8_t v = name && name_is_collective(name) ? kYes : kNo;
+  if (debug_on())
+    std::fprintf(stderr, "cusnap-shim[%d]: kernel %s: %s\n", static_cast<int>(::getpid()),
+                 name ? name : "(no name)", v == kYes ? "collective" : "not collective");
+  return v;
 }
 
 // ---- the cut state ------------------------------------------------------------

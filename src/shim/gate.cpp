@@ -124,6 +124,15 @@ uint64_t Gate::in_flight() const noexcept {
   return n;
 }
 
+size_t Gate::in_flight_calls(uint32_t* out, size_t max) const noexcept {
+  size_t n = 0;
+  const unsigned high = g_high.load(std::memory_order_acquire);
+  for (unsigned i = 0; i < high && n < max; ++i)
+    if (slots_[i].depth.load(std::memory_order_acquire) != 0)
+      out[n++] = slots_[i].what.load(std::memory_order_relaxed);
+  return n;
+}
+
 void Gate::enter_slow(int slot) noexcept {
   pthread_mutex_lock(&mu_);
   const uint64_t ticket = next_ticket_++;

@@ -58,14 +58,17 @@ class Gate {
   Gate(const Gate&) = delete;
   Gate& operator=(const Gate&) = delete;
 
-  /// Enters the gate; waits while it is closed. Never fails.
-  __attribute__((always_inline)) void enter() noexcept {
+  /// Enters the gate; waits while it is closed. Never fails. what (0: not
+  /// said) names the call for in_flight_calls(): the wrappers pass their
+  /// entry index plus one.
+  __attribute__((always_inline)) void enter(uint32_t what = 0) noexcept {
     const int t = thread_slot();
     if (__builtin_expect(t >= 0, 1)) {
       Slot& s = slots_[t];
       const uint32_t depth = s.depth.load(std::memory_order_relaxed);
       s.depth.store(depth + 1, std::memory_order_relaxed);
       if (depth != 0) return;  // nested: already counted
+      s.what.store(what, std::memory_order_relaxed);
       store_load_fence();
       if (__builtin_expect((word_.load(std::memory_order_acquire) & (kClosed | kQueued)) == 0, 1))
         return;
@@ -109,6 +112,9 @@ class Gate {
   bool is_closed() const noexcept { return (word_.load(std::memory_order_acquire) & kClosed) != 0; }
   /// Calls in flight now (threads inside the driver).
   uint64_t in_flight() const noexcept;
+  /// The `what` of up to max calls in flight now (threads with a slot); for
+  /// saying which calls a close waited for in vain. Returns how many.
+  size_t in_flight_calls(uint32_t* out, size_t max) const noexcept;
   /// Threads waiting at the gate now.
   uint64_t waiting() const noexcept;
 
@@ -135,6 +141,7 @@ class Gate {
  private:
   struct alignas(64) Slot {
     std::atomic<uint32_t> depth{0};
+    std::atomic<uint32_t> what{0};  ///< of the outermost call in flight (diagnostics)
   };
 
   __attribute__((always_inline)) static void store_load_fence() noexcept {
@@ -171,7 +178,9 @@ inline Gate& gate() noexcept {
 /// Enters the process gate for the lifetime of the object.
 class GateGuard {
  public:
-  __attribute__((always_inline)) GateGuard() noexcept { gate().enter(); }
+  __attribute__((always_inline)) explicit GateGuard(uint32_t what = 0) noexcept {
+    gate().enter(what);
+  }
   __attribute__((always_inline)) ~GateGuard() { gate().leave(); }
   GateGuard(const GateGuard&) = delete;
   GateGuard& operator=(const GateGuard&) = delete;

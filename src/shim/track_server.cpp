@@ -17,9 +17,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "proto/wire.h"
 #include "shim/cut.h"
+#include "shim/gate.h"
+#include "shim/entries.h"
 #include "shim/cut_control.h"
 #include "shim/cusnap_shim.h"
 #include "shim/track_state.h"
@@ -73,6 +76,23 @@ void serve_peer(State& s, UniqueFd conn) {
   ch.send(proto::kMsgFetched, reply, &err, fd);
 }
 
+/// "still in the driver: cuStreamSynchronize (2 threads), ..." for a close
+/// that timed out (the calls that kept it from draining are usually still
+/// in flight right after it).
+std::string calls_in_flight() {
+  uint32_t what[64];
+  const size_t n = gate().in_flight_calls(what, 64);
+  std::map<std::string, int> names;
+  for (size_t i = 0; i < n; ++i) {
+    const char* name = what[i] > 0 ? entry_name(what[i] - 1) : nullptr;
+    ++names[name ? name : "a driver call"];
+  }
+  std::string out;
+  for (auto& [name, k] : names)
+    out += (out.empty() ? "" : ", ") + name + (k > 1 ? " (" + std::to_string(k) + " threads)" : "");
+  return out.empty() ? out : "still in the driver: " + out;
+}
+
 bool gate_closed() {
   int closed = 0;
   if (auto f = cusnap_shim_build_info.control->gate_state) f(&closed, nullptr, nullptr);
@@ -100,6 +120,7 @@ void serve_control(State& s, UniqueFd conn) {
       } else {
         d.code = cusnap_shim_build_info.control->gate_close(g.timeout_ms);
         d.ok = d.code == 0;
+        if (d.code == ETIMEDOUT) d.error = calls_in_flight();
       }
       sent = ch.send(proto::kMsgDone, d, &err);
     } else if (msg.type == proto::kMsgGateOpen) {

@@ -20,7 +20,7 @@
   extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cusnap_w_##name params { \
     using Fn = decltype(&::name);                                                            \
     constexpr size_t kIndex = ::cusnap::shim::index_of(::cusnap::shim::Entry::name);         \
-    ::cusnap::shim::GateGuard guard;                                                         \
+    ::cusnap::shim::GateGuard guard(kIndex + 1);                                             \
     auto real = reinterpret_cast<Fn>(::cusnap::shim::real_entry(kIndex));                    \
     if (__builtin_expect(real == nullptr, 0)) return ::cusnap::shim::fail_closed(kIndex);    \
     return ::cusnap::shim::Hook<::cusnap::shim::Entry::name>::bind(real) args;               \

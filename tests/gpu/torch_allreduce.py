@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""torch_allreduce.py: an all-reduce loop of a PyTorch NCCL job, each result checked.
+
+    torchrun --nproc-per-node 2 tests/gpu/torch_allreduce.py [--mib N] [--steps S]
+                                                             [--print-every K]
+
+Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
+tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
+with (i + s * 1000003) * (R + 1) for element i, all-reduces it (sum), and
+checks on the GPU that every element equals (i + s * 1000003) * W (W + 1) / 2
+for W ranks, with no sleep between steps. Prints "rank R ready pid P device D
+NAME UUID" once, then "rank R count s ok" every K steps (default 1); a wrong
+element prints a line with MISMATCH and exits 3. --steps S: stop after S steps
+(default: run until killed). The checkpoint tests read these lines (the
+labels "rank_0", "rank_1" in scripts/gpu-test.sh).
+"""
+import argparse
+import os
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--print-every", type=int, default=1)
+    a = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    dev = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    n = (a.mib << 20) // 8
+    base = torch.arange(n, device=dev, dtype=torch.int64)
+    scale = world * (world + 1) // 2
+    props = torch.cuda.get_device_properties(dev)
+    uuid = getattr(props, "uuid", "")
+    print(f"rank {rank} ready pid {os.getpid()} device {dev.index} {props.name} GPU-{uuid}",
+          flush=True)
+    step = 0
+    while a.steps == 0 or step < a.steps:
+        step += 1
+        v = base + step * 1000003
+        t = v * (rank + 1)
+        dist.all_reduce(t)
+        if not torch.equal(t, v * scale):
+            bad = (t != v * scale).nonzero()[0].item()
+            print(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
+                  f"expected {(v[bad] * scale).item()}", flush=True)
+            sys.exit(3)
+        if step % a.print_every == 0 or step == 1:
+            print(f"rank {rank} count {step} ok", flush=True)
+    dist.destroy_process_group()
+    print(f"rank {rank} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
