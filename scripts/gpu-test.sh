@@ -38,8 +38,10 @@
 #                driver cannot restore an importer, GPU.md). Reported as PASS when
 #                it fails as expected, NOTE when it unexpectedly restores.
 #   nccl-torchrun
-#                Two GPUs: `cusnap launch -- python -m torch.distributed.run
-#                --standalone --nproc-per-node 2 tests/gpu/torch_allreduce.py`, an
+#                Two GPUs: `cusnap launch -- env USE_LIBUV=0 python -m
+#                torch.distributed.run --standalone --rdzv-conf use_libuv=0
+#                --nproc-per-node 2 tests/gpu/torch_allreduce.py` (PyTorch's
+#                libuv store holds an io_uring instance CRIU cannot dump), an
 #                NCCL all-reduce loop that checks every result, no sleep between
 #                steps. CUSNAP_GPU_TEST_NCCL_CYCLES (default 10) consecutive
 #                cycles of checkpoint to disk (stops the job), restore --detach;
@@ -673,8 +675,12 @@ nccl_cycles() {
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
   echo "gpu-test: $scen: torchrun --nproc-per-node 2 torch_allreduce.py --mib $NCCL_MIB, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
-  start_job "$scen" "$name" "$out" 2 -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo \
-    "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" || return 0
+  # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
+  # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
+  # the agent's store, use_libuv=0 for torchrun's rendezvous store).
+  start_job "$scen" "$name" "$out" 2 -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
+    "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 \
+    "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
   echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
   log=$out

@@ -140,9 +140,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   }
   if (find_io_uring(pids, &what)) {
     *err = "job " + job.name + ": " + what +
-           ", whose state CRIU cannot checkpoint. libuv-based programs (PyTorch's TCPStore, "
-           "Node.js) stop using it with UV_USE_IO_URING=0, which cusnap launch sets unless the "
-           "job's environment sets it; cusnap launch --strict refuses io_uring in the job";
+           ", whose state CRIU cannot checkpoint (libuv uses it, e.g. in PyTorch's TCPStore: "
+           "run the job with USE_LIBUV=0, and torchrun with --rdzv-conf use_libuv=0). Launch "
+           "the job with cusnap launch --strict to refuse io_uring in it from the start (libuv "
+           "then falls back to epoll)";
     return false;
   }
   TempDir work("cusnap-dump-");

@@ -56,10 +56,6 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
         std::strncmp(*e, "CUSNAP_RUNTIME_DIR=", 19) != 0)
       env.emplace_back(*e);
   if (!shim.empty()) env.push_back("LD_PRELOAD=" + preload_with(shim, std::getenv("LD_PRELOAD")));
-  // libuv (PyTorch's TCPStore, Node.js) uses io_uring where the kernel has it,
-  // and CRIU cannot checkpoint an io_uring instance: ask it not to, unless
-  // the job's environment says otherwise.
-  if (!std::getenv("UV_USE_IO_URING")) env.push_back("UV_USE_IO_URING=0");
   // The shim tracks shared memory only when it knows where the job's sockets live.
   env.push_back("CUSNAP_RUNTIME_DIR=" + sup->rundir().path());
   std::vector<char*> envp, argv;

@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <thread>
 
 #include "fakecuda_test_util.h"
+#include "kernels_test_util.h"
 
 using namespace fctest;
 
@@ -19,36 +19,13 @@ extern "C" CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int, unsigned int
 
 namespace {
 
-constexpr size_t kGran = 2 << 20;
-
-CUfunction handshake() {
-  static const char image[] = "fakecuda image";
-  CUmodule m = nullptr;
-  CUfunction f = nullptr;
-  if (cuModuleLoadData(&m, image) != CUDA_SUCCESS) return nullptr;
-  if (cuModuleGetFunction(&f, m, "ncclDevKernel_Handshake_Hooks") != CUDA_SUCCESS) return nullptr;
-  return f;
-}
+constexpr const char* kHandshake = "ncclDevKernel_Handshake_Hooks";
 
 CUresult launch(CUfunction f, CUstream s, CUdeviceptr mine, CUdeviceptr peer, uint64_t step,
                 bool ptsz = false) {
   void* params[] = {&mine, &peer, &step};
   return ptsz ? cuLaunchKernel_ptsz(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr)
               : cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
-}
-
-volatile uint64_t* word(CUdeviceptr p) {
-  return reinterpret_cast<volatile uint64_t*>(p);
-}
-
-template <typename F>
-bool within(int ms, F cond) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    usleep(1000);
-  }
-  return true;
 }
 
 /// Runs call on a thread (with ctx current): it must still be running after
@@ -76,19 +53,25 @@ int blocks_until(CUcontext ctx, Call call, Release release, CUresult want) {
   return early || result != want ? 1 : 0;
 }
 
+/// Runs body(ctx, f, b, s, nb) in a forked child after the start both cases
+/// share: the kernel f in context ctx, one granule b, a blocking stream s and
+/// a non-blocking one nb. The child's exit status (0 = passed).
+template <typename Body>
+int run_with_kernel(Body body) {
+  return run_child([&] {
+    HandshakeSetup k;
+    FC_REQ(k.init(kHandshake) == 0);
+    CUstream s, nb;
+    FC_REQ(create_streams({{&s, 0}, {&nb, CU_STREAM_NON_BLOCKING}}) == 0);
+    return body(k.ctx, k.f, k.b, s, nb);
+  });
+}
+
 }  // namespace
 
 TEST_CASE("fakecuda: cuCtxSynchronize waits for the kernels of every stream") {
-  CHECK(run_child([] {
-          CUcontext ctx;
-          FC_REQ(init_primary(&ctx) == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
-          CUstream s, nb;
-          FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(run_with_kernel([](CUcontext ctx, CUfunction f, const VmmBuffer& b, CUstream s,
+                           CUstream nb) {
           CUdeviceptr flag = b.ptr, peer = b.ptr + 8;
           // A created stream, a non-blocking one, the legacy NULL stream and
           // this thread's per-thread stream.
@@ -123,16 +106,8 @@ TEST_CASE("fakecuda: cuCtxSynchronize waits for the kernels of every stream") {
 }
 
 TEST_CASE("fakecuda: copies and memsets wait for a pending kernel of their stream") {
-  CHECK(run_child([] {
-          CUcontext ctx;
-          FC_REQ(init_primary(&ctx) == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
-          CUstream s, other;
-          FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(run_with_kernel([](CUcontext ctx, CUfunction f, const VmmBuffer& b, CUstream s,
+                           CUstream other) {
           CUdeviceptr flag = b.ptr, peer = b.ptr + 8, data = b.ptr + 4096;
           static const uint64_t v77 = 77;
 

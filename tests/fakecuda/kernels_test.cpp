@@ -11,49 +11,25 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "fakecuda_test_util.h"
+#include "kernels_test_util.h"
 
 using namespace fctest;
 
 namespace {
 
-constexpr size_t kGran = 2 << 20;
-
-CUfunction load_function(const char* name) {
-  static const char image[] = "fakecuda image";
-  CUmodule m = nullptr;
-  if (cuModuleLoadData(&m, image) != CUDA_SUCCESS) return nullptr;
-  CUfunction f = nullptr;
-  if (cuModuleGetFunction(&f, m, name) != CUDA_SUCCESS) return nullptr;
-  return f;
-}
+constexpr const char* kHandshake = "ncclDevKernel_Handshake_Test";
 
 CUfunction handshake() {
-  return load_function("ncclDevKernel_Handshake_Test");
+  return load_function(kHandshake);
 }
 
 CUresult launch(CUfunction f, CUstream s, CUdeviceptr mine, CUdeviceptr peer, uint64_t step) {
   void* params[] = {&mine, &peer, &step};
   return cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr);
-}
-
-volatile uint64_t* word(CUdeviceptr p) {
-  return reinterpret_cast<volatile uint64_t*>(p);
-}
-
-/// Polls cond for up to ms milliseconds.
-template <typename F>
-bool within(int ms, F cond) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    usleep(1000);
-  }
-  return true;
 }
 
 bool readable_within(int fd, int ms) {
@@ -105,16 +81,13 @@ TEST_CASE("fakecuda: cuFuncGetName and which functions launch asynchronously") {
 
 TEST_CASE("fakecuda: handshake kernels of two threads meet, step after step") {
   CHECK(run_child([] {
-          CUcontext ctx;
-          FC_REQ(init_primary(&ctx) == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
-          CUdeviceptr a_flag = b.ptr, b_flag = b.ptr + 8;
+          HandshakeSetup k;
+          FC_REQ(k.init(kHandshake) == 0);
+          CUcontext ctx = k.ctx;
+          CUfunction f = k.f;
+          CUdeviceptr a_flag = k.b.ptr, b_flag = k.b.ptr + 8;
           CUstream s1, s2;
-          FC_REQ(cuStreamCreate(&s1, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&s2, 0) == CUDA_SUCCESS);
+          FC_REQ(create_streams({{&s1, 0}, {&s2, 0}}) == 0);
 
           // The first kernel returns at once and waits: NOT_READY, flag stored.
           FC_REQ(launch(f, s1, a_flag, b_flag, 1) == CUDA_SUCCESS);
@@ -147,16 +120,13 @@ TEST_CASE("fakecuda: handshake kernels of two threads meet, step after step") {
 
 TEST_CASE("fakecuda: stream and event queries while a handshake kernel waits") {
   CHECK(run_child([] {
-          FC_REQ(init_primary() == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
+          HandshakeSetup k;
+          FC_REQ(k.init(kHandshake) == 0);
+          CUfunction f = k.f;
+          const VmmBuffer& b = k.b;
           CUdeviceptr mine = b.ptr, peer = b.ptr + 8;
           CUstream s, other, nonblocking;
-          FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&other, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+          FC_REQ(create_streams({{&s, 0}, {&other, 0}, {&nonblocking, CU_STREAM_NON_BLOCKING}}) == 0);
           CUevent before, after;
           FC_REQ(cuEventCreate(&before, 0) == CUDA_SUCCESS);
           FC_REQ(cuEventCreate(&after, 0) == CUDA_SUCCESS);
@@ -196,14 +166,12 @@ TEST_CASE("fakecuda: stream and event queries while a handshake kernel waits") {
 
 TEST_CASE("fakecuda: a handshake kernel on unmapped memory faults its stream") {
   CHECK(run_child([] {
-          FC_REQ(init_primary() == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
+          HandshakeSetup k;
+          FC_REQ(k.init(kHandshake) == 0);
+          CUfunction f = k.f;
+          const VmmBuffer& b = k.b;
           CUstream s, other;
-          FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
-          FC_REQ(cuStreamCreate(&other, 0) == CUDA_SUCCESS);
+          FC_REQ(create_streams({{&s, 0}, {&other, 0}}) == 0);
           // The address is resolved when the kernel runs, not at launch.
           CUdeviceptr far = b.ptr + b.size + (64 << 20);
           FC_REQ(launch(f, s, b.ptr, far, 1) == CUDA_SUCCESS);
@@ -231,12 +199,10 @@ TEST_CASE("fakecuda: a handshake kernel on unmapped memory faults its stream") {
 
 TEST_CASE("fakecuda: a forked child starts with no pending kernels and its own thread") {
   CHECK(run_child([] {
-          FC_REQ(init_primary() == CUDA_SUCCESS);
-          CUfunction f = handshake();
-          FC_REQ(f);
-          VmmBuffer b;
-          FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
-          FC_REQ(launch(f, nullptr, b.ptr, b.ptr + 8, 1) == CUDA_SUCCESS);
+          HandshakeSetup k;
+          FC_REQ(k.init(kHandshake) == 0);
+          const VmmBuffer& b = k.b;
+          FC_REQ(launch(k.f, nullptr, b.ptr, b.ptr + 8, 1) == CUDA_SUCCESS);
           FC_REQ(cuStreamQuery(nullptr) == CUDA_ERROR_NOT_READY);
           int child = run_child([] {
             FC_REQ(init_primary() == CUDA_SUCCESS);
@@ -264,11 +230,10 @@ namespace {
 /// One rank of the two-process handshake: its flag lives in its own
 /// exported allocation, the peer's in the imported one.
 int rank_main(int sock) {
-  FC_REQ(init_primary() == CUDA_SUCCESS);
-  CUfunction f = handshake();
-  FC_REQ(f);
-  VmmBuffer own;
-  FC_REQ(vmm_create(kGran, &own) == CUDA_SUCCESS);
+  HandshakeSetup k;
+  FC_REQ(k.init(kHandshake) == 0);
+  CUfunction f = k.f;
+  const VmmBuffer& own = k.b;
   int fd = -1;
   FC_REQ(cuMemExportToShareableHandle(&fd, own.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                       0) == CUDA_SUCCESS);
@@ -316,11 +281,10 @@ namespace {
 /// store, no driver call: the process is locked) when told to; its main thread
 /// sits in cuStreamSynchronize and reports the result.
 int waiting_target(int sock) {
-  FC_REQ(init_primary() == CUDA_SUCCESS);
-  CUfunction f = handshake();
-  FC_REQ(f);
-  VmmBuffer b;
-  FC_REQ(vmm_create(kGran, &b) == CUDA_SUCCESS);
+  HandshakeSetup k;
+  FC_REQ(k.init(kHandshake) == 0);
+  CUfunction f = k.f;
+  const VmmBuffer& b = k.b;
   CUstream s;
   FC_REQ(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
   FC_REQ(launch(f, s, b.ptr, b.ptr + 8, 1) == CUDA_SUCCESS);

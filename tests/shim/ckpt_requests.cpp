@@ -24,37 +24,27 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <dirent.h>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "proto/control.h"
-#include "proto/shim_messages.h"
-#include "proto/wire.h"
 #include "tests/fakecuda/fakecuda_test_util.h"
+#include "tests/shim/ckpt_client.h"
 
 using namespace fctest;
-using cusnap::UniqueFd;
-namespace proto = cusnap::proto;
+using namespace ckpt_client;
 
 namespace {
 
-std::string g_dir;
 constexpr size_t kVmmSize = 4u << 20;     // two 2 MiB granules
 constexpr size_t kLegacyAsk = 3u << 20;   // cuMemAlloc size (rounded up to 4 MiB)
 constexpr size_t kLegacySize = 4u << 20;  // what the shim's allocation holds
-constexpr auto kTimeout = std::chrono::seconds(10);
 
 // Seeds of the byte patterns.
 constexpr uint64_t kSeedVmm = 0x1111;     // creator writes into the VMM allocation
@@ -62,25 +52,6 @@ constexpr uint64_t kSeedLegacy = 0x2222;  // creator writes into the cuMemAlloc 
 constexpr uint64_t kSeedFile = 0x3333;    // coordinator writes into the VMM file before load
 constexpr uint64_t kSeedImp = 0x4444;     // importer writes after the restore
 constexpr uint64_t kSeedCre = 0x5555;     // creator writes after the restore
-
-bool check(bool ok, const char* what, int line) {
-  if (!ok) fprintf(stderr, "[%d] %s:%d: failed: %s\n", (int)getpid(), __FILE__, line, what);
-  return ok;
-}
-#define REQ(cond)                                                   \
-  do {                                                              \
-    if (!check(static_cast<bool>(cond), #cond, __LINE__)) return 1; \
-  } while (0)
-
-/// A position-dependent pattern: 64-bit word w holds a mix of w and seed.
-std::vector<uint8_t> pattern(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t w = 0; w < n / 8; ++w) {
-    uint64_t x = (w + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
-    memcpy(v.data() + w * 8, &x, 8);
-  }
-  return v;
-}
 
 void write_pattern(CUdeviceptr p, size_t n, uint64_t seed) {
   auto v = pattern(n, seed);
@@ -206,86 +177,6 @@ int importer(int sock) {
 
 // --- the coordinator's side ---------------------------------------------------
 
-/// One shim's control connection.
-struct Shim {
-  pid_t pid = -1;
-  proto::Channel ch;
-
-  bool connect(pid_t p) {
-    pid = p;
-    UniqueFd fd;
-    std::string err;
-    if (!proto::connect_unix(proto::shim_control_socket(g_dir, p), kTimeout, &fd, &err)) {
-      fprintf(stderr, "connect to the shim of %d: %s\n", (int)p, err.c_str());
-      return false;
-    }
-    ch = proto::Channel(std::move(fd), kTimeout);
-    return true;
-  }
-
-  /// One request and its reply of type reply_type; false + *err otherwise.
-  template <class T, class R>
-  bool exchange(const char* type, const T& payload, int fd, const char* reply_type, R* out,
-                std::string* err) {
-    proto::Message m;
-    if (!ch.send(type, payload, err, fd) || !ch.recv(&m, err)) return false;
-    if (m.type != reply_type) {
-      *err = "unexpected reply '" + m.type + "'";
-      return false;
-    }
-    return m.get(out, err);
-  }
-
-  /// One request answered by `done`; a transport failure is a Done with
-  /// ok=false and code -1.
-  template <class T>
-  proto::Done call(const char* type, const T& payload, int fd = -1) {
-    proto::Done d;
-    std::string err;
-    if (!exchange(type, payload, fd, proto::kMsgDone, &d, &err)) {
-      d = proto::Done{};
-      d.code = -1;
-      d.error = "transport: " + err;
-    }
-    if (!d.ok) fprintf(stderr, "  (shim of %d, '%s': %s)\n", (int)pid, type, d.error.c_str());
-    return d;
-  }
-
-  bool inspect(proto::ShimRecords* out) {
-    std::string err;
-    if (!exchange(proto::kMsgShimInspect, proto::Empty{}, -1, proto::kMsgShimRecords, out, &err)) {
-      fprintf(stderr, "inspect %d: %s\n", (int)pid, err.c_str());
-      return false;
-    }
-    return out->format == proto::kShimRecordsFormat && out->pid == pid;
-  }
-
-  proto::Done save(uint64_t id, int fd) {
-    return call(proto::kMsgShimSave, proto::AllocationRequest{id}, fd);
-  }
-  proto::Done load(uint64_t id, int fd) {
-    return call(proto::kMsgShimLoad, proto::AllocationRequest{id}, fd);
-  }
-  proto::Done release(const char* origin) {
-    proto::ReleaseRequest r;
-    r.origin = origin;
-    return call(proto::kMsgShimRelease, r);
-  }
-  proto::Done reimport() { return call(proto::kMsgShimReimport, proto::Empty{}); }
-  proto::Done drain() { return call(proto::kMsgShimDrain, proto::Empty{}); }
-  proto::Done gate_close() { return call(proto::kMsgGateClose, proto::GateRequest{5000}); }
-  proto::Done gate_open() { return call(proto::kMsgGateOpen, proto::Empty{}); }
-};
-
-bool refused_with(const proto::Done& d, const char* words) {
-  if (d.ok || d.code == -1 || d.error.find(words) == std::string::npos) {
-    fprintf(stderr, "expected a refusal naming '%s'; got ok=%d code=%d error='%s'\n", words,
-            (int)d.ok, d.code, d.error.c_str());
-    return false;
-  }
-  return true;
-}
-
 std::string packed(const proto::ShimRecords& r) {
   msgpack::sbuffer b;
   msgpack::pack(b, r);
@@ -316,23 +207,7 @@ bool same_records(const proto::ShimRecords& a, const proto::ShimRecords& b, cons
 /// Lines of /proc/PID/maps and targets of /proc/PID/fd/* naming the simulated
 /// driver's memfd of an allocation created by process `creator`.
 int fakecuda_memfds(pid_t pid, pid_t creator) {
-  const std::string tag = "/memfd:fakecuda:" + std::to_string(creator) + ":";
-  int n = 0;
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  for (std::string line; std::getline(maps, line);)
-    if (line.find(tag) != std::string::npos) ++n;
-  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
-  if (DIR* dir = opendir(fds.c_str())) {
-    while (dirent* e = readdir(dir)) {
-      char target[256];
-      ssize_t len = readlink((fds + "/" + e->d_name).c_str(), target, sizeof target - 1);
-      if (len <= 0) continue;
-      target[len] = 0;
-      if (std::string(target).find(tag) != std::string::npos) ++n;
-    }
-    closedir(dir);
-  }
-  return n;
+  return proc_traces(pid, "/memfd:fakecuda:" + std::to_string(creator) + ":");
 }
 
 bool file_holds(int fd, size_t n, uint64_t seed) {
@@ -538,24 +413,14 @@ int run() {
 }  // namespace
 
 int main() {
-  char tmpl[] = "/tmp/cusnap-ckpt.XXXXXX";
-  if (!mkdtemp(tmpl)) return 2;
-  g_dir = tmpl;
-  setenv("CUSNAP_RUNTIME_DIR", tmpl, 1);
   // Small staging buffers and several workers: every copy takes several chunks.
   setenv("CUSNAP_SHIM_STAGING_MIB", "1", 0);
   setenv("CUSNAP_SHIM_COPY_THREADS", "3", 0);
-  signal(SIGPIPE, SIG_IGN);
-  alarm(50);  // a hang ends the run (the children then see their socket close)
-  int rc = run();
-  for (Child* c : {&g_cre, &g_imp})
-    if (c->pid > 0) {
-      kill(c->pid, SIGKILL);
-      c->join();
-    }
-  std::string cmd = "rm -rf '" + g_dir + "'";
-  if (system(cmd.c_str()) != 0) {
-  }
-  fprintf(stderr, "shim.track.ckpt: %s\n", rc == 0 ? "passed" : "FAILED");
-  return rc;
+  return coordinator_main("shim.track.ckpt", "ckpt", run, [] {
+    for (Child* c : {&g_cre, &g_imp})
+      if (c->pid > 0) {
+        kill(c->pid, SIGKILL);
+        c->join();
+      }
+  });
 }

@@ -24,63 +24,32 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <dirent.h>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "proto/control.h"
-#include "proto/shim_messages.h"
-#include "proto/wire.h"
 #include "tests/fakecuda/fakecuda_test_util.h"
+#include "tests/shim/ckpt_client.h"
 
 using namespace fctest;
-using cusnap::UniqueFd;
-namespace proto = cusnap::proto;
+using namespace ckpt_client;
 
 namespace {
 
-std::string g_dir;
 // 11 granules in 3 parts: 8 MiB, 8 MiB, 6 MiB (part_bytes rounds to 2 MiB);
 // 2 MiB windows and 1 MiB staging chunks: several of each per part.
 constexpr size_t kSize = 22u << 20;
 constexpr size_t kParts = 3;
 constexpr size_t kPer = 8u << 20;
-constexpr auto kTimeout = std::chrono::seconds(10);
 constexpr uint64_t kSeedDev = 0x7777;   // creator writes before the save
 constexpr uint64_t kSeedFile = 0x8888;  // coordinator writes into the files before the load
-
-bool check(bool ok, const char* what, int line) {
-  if (!ok) fprintf(stderr, "[%d] %s:%d: failed: %s\n", (int)getpid(), __FILE__, line, what);
-  return ok;
-}
-#define REQ(cond)                                                   \
-  do {                                                              \
-    if (!check(static_cast<bool>(cond), #cond, __LINE__)) return 1; \
-  } while (0)
-#define REQB(cond)                                                      \
-  do {                                                                  \
-    if (!check(static_cast<bool>(cond), #cond, __LINE__)) return false; \
-  } while (0)
-
-std::vector<uint8_t> pattern(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t w = 0; w < n / 8; ++w) {
-    uint64_t x = (w + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
-    memcpy(v.data() + w * 8, &x, 8);
-  }
-  return v;
-}
 
 enum : uint64_t { kVerify = 1, kFinish = 2 };
 
@@ -112,87 +81,10 @@ int creator(int sock) {
   }
 }
 
-struct Shim {
-  pid_t pid = -1;
-  proto::Channel ch;
-
-  bool connect(pid_t p) {
-    pid = p;
-    UniqueFd fd;
-    std::string err;
-    if (!proto::connect_unix(proto::shim_control_socket(g_dir, p), kTimeout, &fd, &err)) {
-      fprintf(stderr, "connect to the shim of %d: %s\n", (int)p, err.c_str());
-      return false;
-    }
-    ch = proto::Channel(std::move(fd), kTimeout);
-    return true;
-  }
-  template <class T, class R>
-  bool exchange(const char* type, const T& payload, int fd, const char* reply_type, R* out,
-                std::string* err) {
-    proto::Message m;
-    if (!ch.send(type, payload, err, fd) || !ch.recv(&m, err)) return false;
-    if (m.type != reply_type) {
-      *err = "unexpected reply '" + m.type + "'";
-      return false;
-    }
-    return m.get(out, err);
-  }
-  template <class T>
-  proto::Done call(const char* type, const T& payload, int fd = -1) {
-    proto::Done d;
-    std::string err;
-    if (!exchange(type, payload, fd, proto::kMsgDone, &d, &err)) {
-      d = proto::Done{};
-      d.code = -1;
-      d.error = "transport: " + err;
-    }
-    if (!d.ok) fprintf(stderr, "  (shim of %d, '%s': %s)\n", (int)pid, type, d.error.c_str());
-    return d;
-  }
-  /// Save or load of allocation id in parts, one descriptor per part.
-  proto::Done parts(const char* type, uint64_t id, const std::vector<int>& fds) {
-    proto::Done d;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      proto::AllocationRequest r;
-      r.allocation = id;
-      r.part = static_cast<uint32_t>(k);
-      r.parts = static_cast<uint32_t>(fds.size());
-      d = call(type, r, fds[k]);
-      if (!d.ok) return d;
-    }
-    return d;
-  }
-};
-
-bool refused_with(const proto::Done& d, const char* words) {
-  if (d.ok || d.code == -1 || d.error.find(words) == std::string::npos) {
-    fprintf(stderr, "expected a refusal naming '%s'; got ok=%d code=%d error='%s'\n", words,
-            (int)d.ok, d.code, d.error.c_str());
-    return false;
-  }
-  return true;
-}
-
 /// Mappings (/proc/PID/maps) and descriptors (/proc/PID/fd) of PID that
 /// name a part file of this test.
 int part_traces(pid_t pid) {
-  const std::string tag = "memfd:cusnap-part";
-  int n = 0;
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  for (std::string line; std::getline(maps, line);)
-    if (line.find(tag) != std::string::npos) ++n;
-  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
-  if (DIR* dir = opendir(fds.c_str())) {
-    while (dirent* e = readdir(dir)) {
-      char target[256];
-      ssize_t len = readlink((fds + "/" + e->d_name).c_str(), target, sizeof target - 1);
-      if (len <= 0) continue;
-      target[len] = 0;
-      if (std::string(target).find(tag) != std::string::npos) ++n;
-    }
-    closedir(dir);
-  }
+  int n = proc_traces(pid, "memfd:cusnap-part");
   if (n) fprintf(stderr, "process %d still holds %d mapping(s)/descriptor(s) of part files\n",
                  (int)pid, n);
   return n;
@@ -230,6 +122,18 @@ struct Scenario {
 /// The bytes of the first good save, to compare the others with.
 std::vector<std::string> g_first_files;
 
+/// Gate-open; the creator's allocation holds the files' bytes (restored) or
+/// not; it frees everything and exits 0.
+bool open_and_finish(Shim& s, Child& c, bool restored) {
+  REQB(s.gate_open().ok);
+  uint64_t v = 0;
+  REQB(send_u64(c.sock, kVerify) && recv_u64(c.sock, &v) && v == (restored ? 1 : 0));
+  REQB(send_u64(c.sock, kFinish) && recv_u64(c.sock, &v) && v == 1);
+  REQB(c.join() == 0);
+  c.pid = -1;
+  return true;
+}
+
 bool run_scenario(const Scenario& sc) {
   fprintf(stderr, "--- scenario %s\n", sc.name);
   const std::string log = g_dir + "/copy-" + sc.name + ".log";
@@ -257,12 +161,11 @@ bool run_scenario(const Scenario& sc) {
   Shim s;
   REQB(s.connect(c.pid));
   proto::ShimRecords rec;
-  std::string err;
-  REQB(s.exchange(proto::kMsgShimInspect, proto::Empty{}, -1, proto::kMsgShimRecords, &rec, &err));
+  REQB(s.inspect(&rec));
   REQB(rec.allocations.size() == 1);
   const uint64_t id = rec.allocations[0].id;
-  REQB(s.call(proto::kMsgGateClose, proto::GateRequest{5000}).ok);
-  REQB(s.call(proto::kMsgShimDrain, proto::Empty{}).ok);
+  REQB(s.gate_close().ok);
+  REQB(s.drain().ok);
 
   // Save, handing the parts over write-only.
   std::vector<UniqueFd> files;
@@ -285,15 +188,9 @@ bool run_scenario(const Scenario& sc) {
     REQB(refused_with(d, "direct I/O"));
     REQB(logged.size() == 1 && logged[0].find("save ") == 0 &&
          logged[0].find("result=0") == std::string::npos);
-    REQB(s.call(proto::kMsgShimRelease, proto::ReleaseRequest{"created"}).ok);
-    REQB(s.call(proto::kMsgGateOpen, proto::Empty{}).ok);
-    uint64_t v = 0;
+    REQB(s.release("created").ok);
     // The allocation still holds the creator's bytes (not the file's).
-    REQB(send_u64(c.sock, kVerify) && recv_u64(c.sock, &v) && v == 0);
-    REQB(send_u64(c.sock, kFinish) && recv_u64(c.sock, &v) && v == 1);
-    REQB(c.join() == 0);
-    c.pid = -1;
-    return true;
+    return open_and_finish(s, c, false);
   }
   REQB(d.ok && d.bytes == kSize);
   REQB(logged.size() == 1);
@@ -312,7 +209,7 @@ bool run_scenario(const Scenario& sc) {
   }
   if (g_first_files.empty()) g_first_files = saved;
   REQB(saved == g_first_files);  // byte-identical whichever path wrote them
-  REQB(s.call(proto::kMsgShimRelease, proto::ReleaseRequest{"created"}).ok);
+  REQB(s.release("created").ok);
 
   if (sc.truncated_load) {
     // The last part one page short: refused, naming it; nothing behind.
@@ -352,14 +249,8 @@ bool run_scenario(const Scenario& sc) {
   REQB(logged.back().find("load bytes=" + std::to_string(kSize) + " parts=3 ") == 0);
   REQB(logged.back().find(std::string(" path=") + sc.load_path + " ") != std::string::npos);
   REQB(logged.back().find("result=0") != std::string::npos);
-  REQB(s.call(proto::kMsgShimReimport, proto::Empty{}).ok);
-  REQB(s.call(proto::kMsgGateOpen, proto::Empty{}).ok);
-  uint64_t v = 0;
-  REQB(send_u64(c.sock, kVerify) && recv_u64(c.sock, &v) && v == 1);
-  REQB(send_u64(c.sock, kFinish) && recv_u64(c.sock, &v) && v == 1);
-  REQB(c.join() == 0);
-  c.pid = -1;
-  return true;
+  REQB(s.reimport().ok);
+  return open_and_finish(s, c, true);
 }
 
 int run() {
@@ -392,20 +283,9 @@ int run() {
 }  // namespace
 
 int main() {
-  char tmpl[] = "/tmp/cusnap-direct.XXXXXX";
-  if (!mkdtemp(tmpl)) return 2;
-  g_dir = tmpl;
-  setenv("CUSNAP_RUNTIME_DIR", tmpl, 1);
   // Small windows and chunks, several workers: every copy takes several.
   setenv("CUSNAP_SHIM_DIRECT_MIB", "2", 0);
   setenv("CUSNAP_SHIM_STAGING_MIB", "1", 0);
   setenv("CUSNAP_SHIM_COPY_THREADS", "3", 0);
-  signal(SIGPIPE, SIG_IGN);
-  alarm(50);
-  int rc = run();
-  std::string cmd = "rm -rf '" + g_dir + "'";
-  if (system(cmd.c_str()) != 0) {
-  }
-  fprintf(stderr, "shim.track.direct: %s\n", rc == 0 ? "passed" : "FAILED");
-  return rc;
+  return coordinator_main("shim.track.direct", "direct", run);
 }
