@@ -678,7 +678,7 @@ nccl_cycles() {
   # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
   # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
   # the agent's store, use_libuv=0 for torchrun's rendezvous store).
-  start_job "$scen" "$name" "$out" 2 -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
+  start_job "$scen" "$name" "$out" 2 --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
     "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 \
     "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)

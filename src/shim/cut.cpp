@@ -46,13 +46,24 @@ void load_prefixes() {
     if (*t) g_prefixes[g_nprefixes++] = t;
 }
 
-bool name_is_collective(const char* name) {
+}  // namespace
+
+bool name_is_collective(const char* name) noexcept {
   pthread_once(&g_prefix_once, load_prefixes);
   if (!name) return false;
+  // The driver gives the mangled name ("_Z39ncclDevKernel_AllReduce_...",
+  // "_ZN4ncclDevKernel..."): compare from the first identifier.
+  if (name[0] == '_' && name[1] == 'Z') {
+    name += 2;
+    if (*name == 'N') ++name;
+    while (*name >= '0' && *name <= '9') ++name;
+  }
   for (unsigned i = 0; i < g_nprefixes; ++i)
     if (std::strncmp(name, g_prefixes[i], std::strlen(g_prefixes[i])) == 0) return true;
   return false;
 }
+
+namespace {
 
 bool debug_on() {
   static const bool on = [] {

@@ -26,6 +26,10 @@ namespace cusnap::shim::cut {
 /// Caches the answer per handle. Called inside the gate.
 bool is_collective(CUfunction f) noexcept;
 
+/// Whether a kernel name (plain or mangled, as cuFuncGetName gives it)
+/// starts with one of the collective prefixes.
+bool name_is_collective(const char* name) noexcept;
+
 /// Around the launch of a collective kernel: before() may hold (leaving the
 /// gate while it waits) and counts the launch; after() records its outcome.
 void before() noexcept;
