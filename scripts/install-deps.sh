@@ -21,7 +21,7 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
       # CRIU build dependencies
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev
-      libgnutls28-dev libnftables-dev uuid-dev libaio-dev iproute2 dpkg-dev xz-utils)
+      libgnutls28-dev libnftables-dev uuid-dev libaio-dev iproute2 dpkg-dev xz-utils patch)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -50,8 +50,23 @@ have_criu() {
   [ -n "$v" ] && version_ge "$v" "$CRIU_MIN"
 }
 
-if ! have_criu; then
-  say "CRIU >= $CRIU_MIN not found; building it from Debian trixie's source package"
+# Patches applied to CRIU's source (scripts/patches/criu-*.patch): CRIU 4.1.1
+# cannot dump any TCP socket on Linux >= 6.16 (getsockopt SO_PASSCRED fails
+# with EOPNOTSUPP there; upstream criu issue 2718). A stamp beside the binary
+# names the patches it was built with; a CRIU built here without them is
+# built again.
+PATCH_DIR="$(cd "$(dirname "$0")" && pwd)/patches"
+patch_id=$(cat "$PATCH_DIR"/criu-*.patch 2>/dev/null | sha256sum | cut -c1-16)
+CRIU_STAMP="$CRIU_PREFIX/share/cusnap/criu-patches"
+criu_current() {
+  have_criu || return 1
+  # A CRIU not installed by this script (e.g. a newer distribution package) is kept.
+  [ "$(command -v criu)" != "$CRIU_PREFIX/sbin/criu" ] && return 0
+  [ "$(cat "$CRIU_STAMP" 2>/dev/null)" = "$patch_id" ]
+}
+
+if ! criu_current; then
+  say "CRIU >= $CRIU_MIN built with cusnap's patches not found; building it from Debian trixie's source package"
   mkdir -p "$CRIU_SRC_DIR"
   # A private apt configuration that knows only trixie's source index, on the
   # same mirror as the machine's own bookworm sources.
@@ -72,10 +87,15 @@ if ! have_criu; then
   build="$CRIU_SRC_DIR/build"
   rm -rf "$build"; mkdir -p "$build"
   tar -xf "$tarball" -C "$build" --strip-components=1
+  for p in "$PATCH_DIR"/criu-*.patch; do
+    [ -e "$p" ] || continue
+    patch -d "$build" -p1 --forward -s <"$p" || die "cannot apply $(basename "$p") to $(basename "$tarball")"
+  done
   say "compiling CRIU from $(basename "$tarball")"
   make -C "$build" -j"$(nproc)" criu >"$CRIU_SRC_DIR/build.log" 2>&1 \
     || { tail -n 30 "$CRIU_SRC_DIR/build.log" >&2; die "CRIU build failed (log: $CRIU_SRC_DIR/build.log)"; }
   install -m 0755 "$build/criu/criu" "$CRIU_PREFIX/sbin/criu"
+  mkdir -p "$(dirname "$CRIU_STAMP")" && echo "$patch_id" >"$CRIU_STAMP"
   hash -r
   have_criu || die "installed $CRIU_PREFIX/sbin/criu but 'criu --version' does not report >= $CRIU_MIN"
 fi
