@@ -693,7 +693,8 @@ nccl_cycles() {
     fi
     ck_wall=$(since "$t0")
     # shellcheck disable=SC2086
-    if ! wait_pids_gone 60 $pids; then why="cycle $i: processes still there after the checkpoint"; break; fi
+    if ! wait_pids_gone 60 $pids $r0 $r1; then why="cycle $i: processes still there after the checkpoint"; break; fi
+    for _ in $(seq 1 600); do [ -z "$(job_field "$name" pid)" ] && break; sleep 0.1; done
     before=$(counts "$log")
     targets=()
     while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"

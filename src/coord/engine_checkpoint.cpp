@@ -388,6 +388,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!opts.leave_running) {
     // The checkpoint is complete: stop the job (the supervisor reaps it).
     report("stop");
+    // Connections CRIU saved must not be torn down on the wire: a restore
+    // binds the same addresses again.
+    if (tcp > 0) silence_tcp_sockets(pids);
     for (int fd : pidfds) signal_pidfd(fd, SIGKILL);
     out->job_stopped = true;
     out->phases.emplace_back("stop", sw.lap());

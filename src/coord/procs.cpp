@@ -1,6 +1,10 @@
 #include "coord/procs.h"
 
 #include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -268,6 +272,35 @@ bool find_io_uring(const std::vector<pid_t>& pids, std::string* what) {
     }
   }
   return false;
+}
+
+size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {
+  size_t n = 0;
+  for (pid_t pid : pids) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) continue;
+    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    for (const std::string& name : list_dir(fd_dir)) {
+      if (read_link(fd_dir + "/" + name).rfind("socket:[", 0) != 0) continue;
+      char* end = nullptr;
+      const long target = std::strtol(name.c_str(), &end, 10);
+      if (!end || *end != '\0') continue;
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target, 0));
+      if (fd < 0) continue;
+      int domain = 0, protocol = 0, one = 1;
+      socklen_t len = sizeof(int);
+      const bool tcp =
+          ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+          (domain == AF_INET || domain == AF_INET6) &&
+          (len = sizeof(int), ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0) &&
+          protocol == IPPROTO_TCP;
+      // The kernel allows repair of established (and closed) sockets only.
+      if (tcp && ::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &one, sizeof one) == 0) ++n;
+      ::close(fd);
+    }
+    ::close(pidfd);
+  }
+  return n;
 }
 
 namespace {

@@ -66,6 +66,14 @@ std::vector<std::string> parse_nccl_segments(std::string_view maps);
 /// one), which CRIU cannot checkpoint; *what names the process.
 bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
 
+/// Puts the processes' established TCP sockets into repair mode (TCP_REPAIR,
+/// through a duplicate taken with pidfd_getfd; needs CAP_NET_ADMIN), so that
+/// they close silently when the processes die: no FIN or RST reaches the
+/// peer and no TIME_WAIT keeps the address, which a restore of the same
+/// connections binds again (CRIU does the same when it kills what it dumped).
+/// Only for a job about to be killed. Returns how many sockets it set.
+size_t silence_tcp_sockets(const std::vector<pid_t>& pids);
+
 /// Established TCP connections of the processes (their sockets in
 /// /proc/PID/net/tcp and tcp6 with state ESTABLISHED); *what describes the
 /// first ("process P: 127.0.0.1:A -> 127.0.0.1:B").
