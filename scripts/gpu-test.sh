@@ -441,6 +441,20 @@ start_job() {
   return 0
 }
 
+# continued_from LOG BEFORE: each process must go on from where it was: its
+# first count in LOG follows its last one in BEFORE ("LABEL N" lines). Sets
+# back (those that started over) and gaps (those whose count lines were lost).
+continued_from() {
+  local l n first
+  back=() gaps=()
+  while read -r l n; do
+    [ -n "$l" ] || continue
+    first=$(count_of "$1" "$l" first)
+    if [ "$first" -le "$n" ]; then back+=("$l:$n->$first")
+    elif [ "$first" -ne $((n + 1)) ]; then gaps+=("$l:$n->$first"); fi
+  done <<<"$2"
+}
+
 # checkpoint_restore SCENARIO NPROC [LAUNCH-OPTIONS...] -- CMD...: the job under
 # cusnap launch; once NPROC processes count, `cusnap checkpoint` (which stops
 # it), then `cusnap restore --detach`: every process must count on past its last
@@ -511,14 +525,7 @@ checkpoint_restore() {
     rm -rf "$ck"
     return 0
   fi
-  # Each process must go on from where it was: its first count after the
-  # restore follows its last one before (a lower one means it started over).
-  while read -r l n; do
-    [ -n "$l" ] || continue
-    first=$(count_of "$log" "$l" first)
-    if [ "$first" -le "$n" ]; then back+=("$l:$n->$first")
-    elif [ "$first" -ne $((n + 1)) ]; then gaps+=("$l:$n->$first"); fi
-  done <<<"$before"
+  continued_from "$log" "$before"
   if [ -z "$(job_field "$name" pid)" ]; then
     why="the restored job ended"
   elif [ ${#back[@]} -gt 0 ]; then
@@ -706,13 +713,7 @@ nccl_cycles() {
     rdir=$(json_field "$rj" runtime_dir)
     log=${rdir:-$CUSNAP_RUNTIME_BASE/$name}/output.log
     if ! wait_past "$log" 120 "${targets[@]}"; then why="cycle $i: after restore: $WHY"; show_tail "$log"; break; fi
-    back=() gaps=()
-    while read -r l n; do
-      [ -n "$l" ] || continue
-      first=$(count_of "$log" "$l" first)
-      if [ "$first" -le "$n" ]; then back+=("$l:$n->$first")
-      elif [ "$first" -ne $((n + 1)) ]; then gaps+=("$l:$n->$first"); fi
-    done <<<"$before"
+    continued_from "$log" "$before"
     if [ ${#back[@]} -gt 0 ]; then why="cycle $i: ranks started over: ${back[*]}"; break; fi
     if [ -n "$(error_lines "$log")" ]; then why="cycle $i: $(error_lines "$log" | head -1)"; break; fi
     ROOT_PID=$(job_field "$name" pid)
