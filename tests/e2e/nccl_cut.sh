@@ -33,12 +33,20 @@ counts_advance() {
 # 1. Negative control.
 LAUNCH_OUT=$T/neg.out
 CUSNAP_COLLECTIVE_KERNELS=no-such-kernel start_job neg "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 30
+# Rank 1 waits in the collective almost all the time; a checkpoint that lands
+# in the short moment when it does not drains by luck, so up to three tries.
 rc=0
-"$CUSNAP" checkpoint neg -o "$T/ck-neg" --leave-running --timeout 3 >"$T/neg-ckpt.out" 2>&1 || rc=$?
-[ "$rc" != 0 ] || fail "without the cut the checkpoint of ranks in a collective succeeded"
+for try in 1 2 3; do
+  rc=0
+  "$CUSNAP" checkpoint neg -o "$T/ck-neg$try" --leave-running --timeout 3 >"$T/neg-ckpt.out" 2>&1 || rc=$?
+  [ "$rc" != 0 ] && break
+  echo "   try $try: the checkpoint drained by luck"
+done
+[ "$rc" != 0 ] || fail "without the cut, three checkpoints of ranks in a collective all succeeded"
 grep -q "quiesce phase" "$T/neg-ckpt.out" || fail "unexpected failure: $(cat "$T/neg-ckpt.out")"
+grep -q "cuStreamSynchronize" "$T/neg-ckpt.out" || fail "the error does not name the call in flight: $(cat "$T/neg-ckpt.out")"
 grep -q "runs on unchanged" "$T/neg-ckpt.out" || fail "no rollback reported: $(cat "$T/neg-ckpt.out")"
-[ ! -e "$T/ck-neg/manifest.json" ] || fail "a failed checkpoint left a manifest"
+[ ! -e "$T/ck-neg$try/manifest.json" ] || fail "a failed checkpoint left a manifest"
 counts_advance "$LAUNCH_OUT"
 no_errors "$LAUNCH_OUT"
 pass "without the cut: the drain cannot finish (rank 1 waits for rank 0 in a collective); rolled back, the job runs on"
@@ -61,7 +69,7 @@ stop_job "$LAUNCH_OUT"
 
 # 3. A rank that cannot reach the common count in time.
 LAUNCH_OUT=$T/slow.out
-start_job slow "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 2500
+start_job slow "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 4000
 sleep 0.5
 rc=0
 "$CUSNAP" checkpoint slow -o "$T/ck-slow" --timeout 1 >"$T/slow-ckpt.out" 2>&1 || rc=$?
