@@ -318,7 +318,15 @@ FC_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
   auto* f = new Function;
   f->module = hmod;
   f->name = name;
-  f->handshake = strncmp(name, kHandshakePrefix, strlen(kHandshakePrefix)) == 0;
+  // C++ kernels are looked up by their mangled names, as on the real driver
+  // ("_Z28ncclDevKernel_Handshake_Pairmmm"): compare from the identifier.
+  const char* ident = name;
+  if (ident[0] == '_' && ident[1] == 'Z') {
+    ident += 2;
+    if (*ident == 'N') ++ident;
+    while (*ident >= '0' && *ident <= '9') ++ident;
+  }
+  f->handshake = strncmp(ident, kHandshakePrefix, strlen(kHandshakePrefix)) == 0;
   d.functions.insert(f);
   *hfunc = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;

@@ -13,7 +13,7 @@
 // (8 bytes at offset 0) and two data slots of M MiB (default 1) from 64 KiB.
 //
 // Step s = 1, 2, ...: fill slot s%2 of the own allocation with value(R, s)
-// (cuMemsetD32), launch "ncclDevKernel_Handshake_Pair" (own flag, peer flag,
+// (cuMemsetD32), launch "ncclDevKernel_Handshake_Pair" (mangled; own flag, peer flag,
 // s) on a stream, cuStreamSynchronize, then read the peer's slot s%2 through
 // the imported mapping (cuMemcpyDtoH) and check every word is value(1-R, s).
 // The handshake kernel of the simulated driver (tests/fakecuda) stores s into
@@ -50,7 +50,10 @@ using namespace workload::share;
 namespace {
 
 constexpr size_t kSlotsOffset = 64 << 10;
-constexpr const char* kKernel = "ncclDevKernel_Handshake_Pair";
+// Mangled, as the real driver names NCCL's kernels (cuFuncGetName gives
+// "_Z39ncclDevKernel_AllReduce_Sum_u64_RING_LL..."): the shim's cut must
+// recognise collectives by their mangled names.
+constexpr const char* kKernel = "_Z28ncclDevKernel_Handshake_Pairmmm";
 
 struct Options {
   long steps = 0;
