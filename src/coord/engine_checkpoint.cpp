@@ -255,8 +255,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
               opts.leave_running ? "--leave-running" : "--leave-stopped"};
   // Established TCP connections (torchrun's store, NCCL's bootstrap between
   // ranks): CRIU saves them in repair mode; the network is locked meanwhile.
-  std::string tcp_what;
-  const size_t tcp = job_tcp_established(pids, &tcp_what);
+  const size_t tcp = job_tcp_established(pids);
   if (tcp > 0) {
     const char* lock = std::getenv("CUSNAP_CRIU_NETWORK_LOCK");
     run.args.insert(run.args.end(), {"--tcp-established", "--network-lock",

@@ -10,12 +10,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <charconv>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -274,17 +273,32 @@ bool find_io_uring(const std::vector<pid_t>& pids, std::string* what) {
   return false;
 }
 
+namespace {
+
+/// The socket descriptors of a process: fd number -> socket inode (as
+/// /proc/PID/net/tcp shows it).
+std::map<int, std::string> socket_fds(pid_t pid) {
+  std::map<int, std::string> out;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const std::string& name : list_dir(fd_dir)) {
+    const std::string target = read_link(fd_dir + "/" + name);
+    int fd = -1;
+    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), fd);
+    if (ec != std::errc() || p != name.data() + name.size()) continue;
+    if (target.rfind("socket:[", 0) == 0 && target.size() > 9)
+      out[fd] = target.substr(8, target.size() - 9);
+  }
+  return out;
+}
+
+}  // namespace
+
 size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {
   size_t n = 0;
   for (pid_t pid : pids) {
     const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     if (pidfd < 0) continue;
-    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
-    for (const std::string& name : list_dir(fd_dir)) {
-      if (read_link(fd_dir + "/" + name).rfind("socket:[", 0) != 0) continue;
-      char* end = nullptr;
-      const long target = std::strtol(name.c_str(), &end, 10);
-      if (!end || *end != '\0') continue;
+    for (const auto& [target, inode] : socket_fds(pid)) {
       const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target, 0));
       if (fd < 0) continue;
       int domain = 0, protocol = 0, one = 1;
@@ -303,37 +317,11 @@ size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {
   return n;
 }
 
-namespace {
-
-/// "0100007F:1F90" (IPv4) or 32 hex digits + port (IPv6) as text.
-std::string tcp_endpoint(const std::string& hex) {
-  auto colon = hex.find(':');
-  if (colon == std::string::npos) return hex;
-  std::string addr = hex.substr(0, colon);
-  unsigned port = static_cast<unsigned>(std::strtoul(hex.c_str() + colon + 1, nullptr, 16));
-  if (addr.size() == 8) {
-    unsigned long v = std::strtoul(addr.c_str(), nullptr, 16);
-    return std::to_string(v & 0xff) + "." + std::to_string((v >> 8) & 0xff) + "." +
-           std::to_string((v >> 16) & 0xff) + "." + std::to_string((v >> 24) & 0xff) + ":" +
-           std::to_string(port);
-  }
-  return "[" + addr + "]:" + std::to_string(port);
-}
-
-}  // namespace
-
-size_t job_tcp_established(const std::vector<pid_t>& pids, std::string* what) {
+size_t job_tcp_established(const std::vector<pid_t>& pids) {
   size_t n = 0;
   for (pid_t pid : pids) {
     std::set<std::string> inodes;
-    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(fd_dir, ec)) {
-      std::error_code lec;
-      std::string target = std::filesystem::read_symlink(e.path(), lec).string();
-      if (!lec && target.rfind("socket:[", 0) == 0 && target.size() > 9)
-        inodes.insert(target.substr(8, target.size() - 9));
-    }
+    for (const auto& [fd, inode] : socket_fds(pid)) inodes.insert(inode);
     if (inodes.empty()) continue;
     for (const char* table : {"tcp", "tcp6"}) {
       std::string text;
@@ -347,11 +335,8 @@ size_t job_tcp_established(const std::vector<pid_t>& pids, std::string* what) {
         if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >>
               inode))
           continue;
-        if (st != "01" || !inodes.count(inode)) continue;  // 01: ESTABLISHED
-        if (n++ == 0 && what)
-          *what = "process " + std::to_string(pid) + ": " + tcp_endpoint(local) + " -> " +
-                  tcp_endpoint(remote);
-        inodes.erase(inode);
+        // 01: ESTABLISHED; each socket counted once (tcp6 lists v4-mapped ones too).
+        if (st == "01" && inodes.erase(inode)) ++n;
       }
     }
   }

@@ -74,10 +74,9 @@ bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
 /// Only for a job about to be killed. Returns how many sockets it set.
 size_t silence_tcp_sockets(const std::vector<pid_t>& pids);
 
-/// Established TCP connections of the processes (their sockets in
-/// /proc/PID/net/tcp and tcp6 with state ESTABLISHED); *what describes the
-/// first ("process P: 127.0.0.1:A -> 127.0.0.1:B").
-size_t job_tcp_established(const std::vector<pid_t>& pids, std::string* what);
+/// How many established TCP connections the processes hold (their sockets
+/// in /proc/PID/net/tcp and tcp6 with state ESTABLISHED).
+size_t job_tcp_established(const std::vector<pid_t>& pids);
 
 bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what);
 

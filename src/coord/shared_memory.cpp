@@ -241,14 +241,15 @@ bool SharedMemory::cut(std::string* err) {
   cut_counts_.clear();
   std::map<pid_t, uint64_t> counts;
   uint64_t target = 0;
+  auto fail = [&](const std::string& why) {
+    cut_release();
+    *err = "cut phase: " + why;
+    return false;
+  };
   for (auto& p : procs_) {
     proto::CutState st;
     std::string why;
-    if (!p->client.cut("arm", 0, &st, &why)) {
-      cut_release();
-      *err = "cut phase: " + why;
-      return false;
-    }
+    if (!p->client.cut("arm", 0, &st, &why)) return fail(why);
     if (st.reserved > 0) counts[p->pid] = st.reserved;
     target = std::max(target, st.reserved);
   }
@@ -259,11 +260,8 @@ bool SharedMemory::cut(std::string* err) {
   for (auto& p : procs_) {
     if (!counts.count(p->pid)) continue;
     proto::CutState st;
-    if (!p->client.cut("target", target, &st, err)) {
-      cut_release();
-      *err = "cut phase: " + *err;
-      return false;
-    }
+    std::string why;
+    if (!p->client.cut("target", target, &st, &why)) return fail(why);
   }
   const auto deadline = std::chrono::steady_clock::now() + t_.phase;
   for (;;) {
@@ -272,11 +270,8 @@ bool SharedMemory::cut(std::string* err) {
     for (auto& p : procs_) {
       if (!counts.count(p->pid)) continue;
       proto::CutState st;
-      if (!p->client.cut("status", 0, &st, err)) {
-        cut_release();
-        *err = "cut phase: " + *err;
-        return false;
-      }
+      std::string why;
+      if (!p->client.cut("status", 0, &st, &why)) return fail(why);
       counts[p->pid] = st.launched;
       if (st.launched < target) {
         all = false;
@@ -285,15 +280,13 @@ bool SharedMemory::cut(std::string* err) {
       }
     }
     if (all) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      cut_release();
-      *err = "cut phase: the job's processes did not reach a common count of collective "
-             "launches (" + std::to_string(target) + ") within " +
-             std::to_string(t_.phase.count()) + " ms: " + behind +
-             " (a rank waits on something outside the driver, or the ranks do not launch the "
-             "same sequence of collectives); nothing was changed, try again or raise --timeout";
-      return false;
-    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return fail("the job's processes did not reach a common count of collective launches (" +
+                  std::to_string(target) + ") within " + std::to_string(t_.phase.count()) +
+                  " ms: " + behind +
+                  " (a rank waits on something outside the driver, or the ranks do not launch "
+                  "the same sequence of collectives); nothing was changed, try again or raise "
+                  "--timeout");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   cut_counts_ = counts;
