@@ -55,6 +55,14 @@
 #                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
 #                SKIP for all three with fewer than two GPUs. Extra environment
 #                for the job: CUSNAP_GPU_TEST_NCCL_ENV ("VAR=VALUE ...").
+#   nccl-torchrun-1rank
+#                The nccl-torchrun job with one rank (one GPU): torchrun's agent
+#                and store, NCCL's threads and sockets (RAS listener, proxy),
+#                CUSNAP_GPU_TEST_NCCL_CYCLES cycles.
+#   torchrun-gloo
+#                The same loop with two ranks on the gloo backend (CPU tensors,
+#                no CUDA): torchrun's processes, rendezvous store and the TCP
+#                connections between the ranks, five cycles.
 # The shared-* and torch-* jobs' checkpoint, restore, suspend and resume get
 # --timeout CUSNAP_GPU_TEST_SHARE_TIMEOUT (default 120 s a phase) and the
 # client is killed after 2.5 times that (e2e-shared: each test).
@@ -74,7 +82,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SCENARIOS_ALL=(e2e timing shared-posix shared-ipc torch-share-default torch-share-expandable
-  e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable)
+  e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
+  nccl-torchrun-1rank torchrun-gloo)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -672,22 +681,27 @@ proc_gpu() {
 rank_pid() { sed -n "s/^rank $2 ready pid \([0-9]*\).*$/\1/p" "$1" | head -1; }
 
 # nccl_cycles SCENARIO CYCLES MAP [VAR=VALUE...]: see the scenarios above; MAP
-# is the --device-map argument of every restore (empty: none).
+# is the --device-map argument of every restore (empty: none). NPROC (default
+# 2) ranks on BACKEND (default nccl; gloo runs on CPU tensors).
 nccl_cycles() {
   local scen=$1 cycles=$2 map=$3
   shift 3
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
-    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=()
-  if [ "$(gpu_count)" -lt 2 ]; then result SKIP "$scen" "needs two GPUs, this machine has $(gpu_count)"; return 0; fi
+    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() \
+    nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
+  [ "$backend" = gloo ] && mib=4
+  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
+    result SKIP "$scen" "needs $nproc GPUs, this machine has $(gpu_count)"; return 0
+  fi
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
-  echo "gpu-test: $scen: torchrun --nproc-per-node 2 torch_allreduce.py --mib $NCCL_MIB, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
+  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
   # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
   # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
   # the agent's store, use_libuv=0 for torchrun's rendezvous store).
-  start_job "$scen" "$name" "$out" 2 --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
-    "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 \
-    "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" || return 0
+  start_job "$scen" "$name" "$out" "$nproc" --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
+    "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$nproc" \
+    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
   echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
   log=$out
@@ -707,7 +721,9 @@ nccl_cycles() {
     while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
     t0=$(date +%s.%N)
     if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach ${map:+--device-map "$map"} --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
-      why="cycle $i: restore failed: $(json_field "$rj" error | head -3)"; show_tail "$rj"; break
+      why="cycle $i: restore failed: $(json_field "$rj" error | head -3)"; show_tail "$rj"
+      # Who holds what the restore could not bind (the job's own sockets are gone).
+      echo "    TCP sockets left on the machine:"; ss -tanp 2>/dev/null | sed 's/^/    | /' | head -30; break
     fi
     rs_wall=$(since "$t0")
     rdir=$(json_field "$rj" runtime_dir)
@@ -743,6 +759,8 @@ scenario_nccl_torchrun_devmap() { nccl_cycles nccl-torchrun-devmap 2 "0=1,1=0"; 
 scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
+scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
+scenario_torchrun_gloo() { BACKEND=gloo nccl_cycles torchrun-gloo 5 ""; }
 
 for s in "${SELECTED[@]}"; do
   start=$(date +%s.%N)

@@ -2,8 +2,10 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <thread>
 
 #include "job_target.h"
 
@@ -73,6 +75,13 @@ int cmd_checkpoint(int argc, char** argv) {
 
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (d.is_discarded()) d = nlohmann::json::object();
+  if (d.value("job_stopped", false)) {
+    // The supervisor answers before it exits; wait for it to let go of the
+    // runtime directory, so that a restore started next finds it free.
+    const auto until = std::chrono::steady_clock::now() + control_timeout();
+    while (runtime_dir_live(entry.dir) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (json) {
     d["ok"] = true;
     print_json(d);

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace cusnap {
 namespace {
@@ -187,6 +188,53 @@ std::string log_tail(const std::string& path, int n) {
   return out;
 }
 
+namespace {
+
+/// The pid field of a CRIU log line, "(00.058898)    649: ..." -> "649"
+/// (empty for a line without one).
+std::string log_line_pid(const std::string& line) {
+  size_t close = line.find(')');
+  if (line.empty() || line[0] != '(' || close == std::string::npos) return "";
+  size_t b = line.find_first_not_of(' ', close + 1);
+  size_t e = b == std::string::npos ? b : line.find(':', b);
+  if (e == std::string::npos || e == b) return "";
+  std::string pid = line.substr(b, e - b);
+  return pid.find_first_not_of("0123456789") == std::string::npos ? pid : "";
+}
+
+}  // namespace
+
+std::string log_errors(const std::string& path, int max_errors, int context) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::deque<std::string> recent;  // the lines before the first error
+  std::vector<std::string> errors;
+  std::string line, first_pid;
+  std::vector<std::string> before;
+  while (std::getline(in, line)) {
+    if (line.find("Error (") != std::string::npos) {
+      if (errors.empty()) {
+        // The lines of the same process just before the first error say
+        // what it was restoring (which socket, file or mapping).
+        first_pid = log_line_pid(line);
+        for (auto it = recent.rbegin(); it != recent.rend() && int(before.size()) < context; ++it)
+          if (log_line_pid(*it) == first_pid) before.insert(before.begin(), *it);
+      }
+      if (int(errors.size()) < max_errors) errors.push_back(line);
+      continue;
+    }
+    if (errors.empty()) {
+      recent.push_back(line);
+      if (recent.size() > 200) recent.pop_front();
+    }
+  }
+  if (errors.empty()) return "";
+  std::string out;
+  for (const std::string& l : before) out += "  " + l + "\n";
+  for (const std::string& l : errors) out += "  " + l + "\n";
+  return out;
+}
+
 bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   std::string action = run.args.empty() ? "?" : run.args[0];
   int out_fd = -1;
@@ -218,8 +266,15 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   } else {
     why = std::string("killed by signal ") + strsignal(WTERMSIG(status));
   }
-  *err = "criu " + action + " failed (" + why + "); the end of its log " + run.log_path + ":\n" +
-         log_tail(run.log_path, 15);
+  // CRIU's first errors (with what the failing process was doing just
+  // before) say why; the end of the log is mostly the unwinding after it.
+  const std::string errors = log_errors(run.log_path, 6, 3);
+  if (errors.empty())
+    *err = "criu " + action + " failed (" + why + "); the end of its log " + run.log_path + ":\n" +
+           log_tail(run.log_path, 15);
+  else
+    *err = "criu " + action + " failed (" + why + "); the errors in its log " + run.log_path +
+           ":\n" + errors;
   std::string output;
   if (!run.output_path.empty()) {
     std::ifstream in(run.output_path);

@@ -40,10 +40,16 @@ struct CriuRun {
 };
 
 /// Runs CRIU and waits for it. On failure *err says "criu ACTION failed (...)"
-/// followed by the last lines of its log.
+/// followed by CRIU's first errors (log_errors), or by the last lines of its
+/// log when it has none.
 bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err);
 
 /// The last n lines of a text file, each indented, for error messages.
 std::string log_tail(const std::string& path, int n);
+
+/// The first max_errors "Error (...)" lines of a CRIU log, each indented,
+/// preceded by up to `context` lines the same process logged just before the
+/// first one; empty when the log has none (or cannot be read).
+std::string log_errors(const std::string& path, int max_errors, int context);
 
 }  // namespace cusnap

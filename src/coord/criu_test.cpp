@@ -59,3 +59,39 @@ TEST_CASE("criu: a failing run quotes the end of its log") {
   CHECK(err.find("something broke") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process did before") {
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string log = std::string(dir) + "/restore.log";
+  {
+    std::ofstream l(log);
+    l << "(00.010000)    650: inet: Restore: family AF_INET port 28028 state TCP_LISTEN\n"
+         "(00.010001)    649: Opening 0x1000-0x2000 vma\n"
+         "(00.010002)    650: inet: binding to 127.0.0.1:28028\n"
+         "(00.010003)    650: Error (criu/sk-inet.c:1): inet: Can't bind inet socket (id 7): "
+         "Address already in use\n"
+         "(00.010004)    649: Error (criu/cr-restore.c:2): 650 exited, status=1\n";
+    for (int i = 0; i < 40; ++i) l << "(00.020000)    649: Opening 0x3000-0x4000 vma\n";
+    l << "(00.030000) Error (criu/cr-restore.c:3): Restoring FAILED.\n";
+  }
+  std::string fake = std::string(dir) + "/criu";
+  std::ofstream(fake) << "#!/bin/sh\nexit 1\n";
+  chmod(fake.c_str(), 0755);
+  CriuInfo c;
+  c.path = fake;
+  CriuRun run;
+  run.args = {"restore"};
+  run.log_path = log;
+  std::string err;
+  CHECK_FALSE(run_criu(c, run, &err));
+  CHECK(err.find("criu restore failed (exit status 1); the errors in its log") != std::string::npos);
+  // The cause, the lines of that process before it, and the later errors.
+  CHECK(err.find("Can't bind inet socket (id 7): Address already in use") != std::string::npos);
+  CHECK(err.find("port 28028 state TCP_LISTEN") != std::string::npos);
+  CHECK(err.find("binding to 127.0.0.1:28028") != std::string::npos);
+  CHECK(err.find("Restoring FAILED") != std::string::npos);
+  // Not another process's lines, nor the unwinding.
+  CHECK(err.find("vma") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}

@@ -12,6 +12,9 @@ PID=$(wait_job pj)
 
 "$CUSNAP" checkpoint pj -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
 [ -f "$T/ckpt/manifest.json" ] || fail "no manifest after the checkpoint"
+# When the stopping checkpoint returns, the job is gone from the list, so a
+# restore started right away finds its name and directory free.
+"$CUSNAP" ps | grep -q '^pj ' && fail "cusnap ps still lists pj after the stopping checkpoint returned"
 wait_exit "$SUP"
 [ "$EXIT_RC" = 0 ] || fail "the supervisor of the checkpointed job exited $EXIT_RC, expected 0"
 wait_gone "$PID"

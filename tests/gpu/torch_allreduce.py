@@ -3,6 +3,7 @@
 
     torchrun --nproc-per-node 2 tests/gpu/torch_allreduce.py [--mib N] [--steps S]
                                                              [--print-every K]
+                                                             [--backend nccl|gloo]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -13,6 +14,11 @@ NAME UUID" once, then "rank R count s ok" every K steps (default 1); a wrong
 element prints a line with MISMATCH and exits 3. --steps S: stop after S steps
 (default: run until killed). The checkpoint tests read these lines (the
 labels "rank_0", "rank_1" in scripts/gpu-test.sh).
+
+--backend gloo runs the same loop on CPU tensors (no GPU, no CUDA): the job
+keeps torchrun's processes, rendezvous store and TCP connections, so the CPU
+machine checkpoints and restores that part of the NCCL job for real (device
+"cpu" in the ready line).
 """
 import argparse
 import os
@@ -24,6 +30,7 @@ def main():
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--print-every", type=int, default=1)
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     a = ap.parse_args()
 
     import torch
@@ -32,16 +39,20 @@ def main():
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    if a.backend == "nccl":
+        dev = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+        props = torch.cuda.get_device_properties(dev)
+        where = f"{dev.index} {props.name} GPU-{getattr(props, 'uuid', '')}"
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+        where = "cpu"
     n = (a.mib << 20) // 8
     base = torch.arange(n, device=dev, dtype=torch.int64)
     scale = world * (world + 1) // 2
-    props = torch.cuda.get_device_properties(dev)
-    uuid = getattr(props, "uuid", "")
-    print(f"rank {rank} ready pid {os.getpid()} device {dev.index} {props.name} GPU-{uuid}",
-          flush=True)
+    print(f"rank {rank} ready pid {os.getpid()} device {where}", flush=True)
     step = 0
     while a.steps == 0 or step < a.steps:
         step += 1
