@@ -5,8 +5,13 @@
 #
 #   bash bench/shared_checkpoint.sh [--mib N] [--dir D]
 #
-#   1. cusnap-copy-bandwidth --mib N: pinned device-to-host and host-to-device
-#      GB/s through the driver API (4 streams, 64 MiB chunks, best of 5).
+#   1. cusnap-copy-bandwidth --mib N --file-dir D: pinned device-to-host and
+#      host-to-device GB/s through the driver API (4 streams, 64 MiB chunks,
+#      best of 5); then the host's ceilings for the same N MiB in D's file
+#      system, where the checkpoints go: T threads (the online CPUs, at most
+#      16), each writing its own fresh file with 32 MiB pwrite calls from
+#      anonymous memory, reading it back with pread (page cache), and memcpy
+#      between anonymous buffers (best of 5 each).
 #   2. cusnap-pattern-job --mib N (one process) under `cusnap launch`;
 #      `cusnap checkpoint JOB -o D/one --json` (stops it), timed; then
 #      `cusnap restore D/one --json` in the background, timed until the
@@ -22,11 +27,13 @@
 #      path it took, its own seconds).
 #
 # Prints a report as Markdown lines, for docs/benchmarks.md: the command line,
-# date and machine, the pinned D2H/H2D GB/s, per copy path (direct, staging)
+# date and machine, the pinned D2H/H2D GB/s, the host's file write, file
+# read and memcpy GB/s, per copy path (direct, staging)
 # the path the shim actually took (direct, staging, or mixed when it fell
 # back part way, with its reason), the shared save GB/s (N MiB / shared-save
-# seconds) and its ratio to D2H, the load GB/s (N MiB / shared-rebuild
-# seconds) and its ratio to H2D, the same for the shim's copies alone (from
+# seconds) and its ratios to D2H and to the file write ceiling, the load GB/s
+# (N MiB / shared-rebuild seconds) and its ratios to H2D and to the file read
+# ceiling, the same for the shim's copies alone (from
 # its copy log: without the gate, drain and release around them), and per
 # job the checkpoint's
 # wall time and phases, the restore's phases, the time from starting the
@@ -306,13 +313,21 @@ else
 fi
 FS=$( (df -T "$DIR" 2>/dev/null || true) | awk 'NR == 2 {print $2}')
 
-# 1. The copy ceiling.
-echo "shared_checkpoint: cusnap-copy-bandwidth --mib $MIB" >&2
-"$BIN/cusnap-copy-bandwidth" --mib "$MIB" >"$LOGS/bandwidth.json" 2>&1 || { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth failed"; }
+# 1. The copy ceiling, and the host's ceilings in the checkpoints' file system
+# (its files go straight into $DIR, next to the checkpoints, and are gone
+# before they come).
+echo "shared_checkpoint: cusnap-copy-bandwidth --mib $MIB --file-dir $DIR" >&2
+"$BIN/cusnap-copy-bandwidth" --mib "$MIB" --file-dir "$DIR" >"$LOGS/bandwidth.json" 2>&1 || { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth failed"; }
 D2H=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['d2h_gbps']")
 H2D=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['h2d_gbps']")
 BW_DESC=$(json_get "$LOGS/bandwidth.json" "'%s, %d stream(s), %d MiB chunks, best of %d rounds' % (j['device'], j['streams'], j['chunk_mib'], j['rounds'])")
-[ -n "$D2H" ] && [ -n "$H2D" ] || { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth printed no figures"; }
+FILE_W=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['file_write_gbps']")
+FILE_R=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['file_read_gbps']")
+MEMCPY=$(json_get "$LOGS/bandwidth.json" "'%.2f' % j['memcpy_gbps']")
+FILE_T=$(json_get "$LOGS/bandwidth.json" "j['file_threads']")
+HOST_DESC=$(json_get "$LOGS/bandwidth.json" "'%d thread(s), one fresh file each, 32 MiB pwrite / pread, best of %d rounds' % (j['file_threads'], j['rounds'])")
+[ -n "$D2H" ] && [ -n "$H2D" ] && [ -n "$FILE_W" ] && [ -n "$FILE_R" ] && [ -n "$MEMCPY" ] ||
+  { show "$LOGS/bandwidth.json"; die "cusnap-copy-bandwidth printed no figures"; }
 
 # 2. and 3. The two jobs.
 measure one 1 "$BIN/cusnap-pattern-job" --mib "$MIB" --interval-ms 20
@@ -349,7 +364,7 @@ path_line() {
   cs=$(copy_field "$key" save gbps); cl=$(copy_field "$key" load gbps)
   cs=$(awk -v g="${cs:-0}" 'BEGIN { if (g > 0) printf "%.2f", g; else print "n/a" }')
   cl=$(awk -v g="${cl:-0}" 'BEGIN { if (g > 0) printf "%.2f", g; else print "n/a" }')
-  echo "- $label ($(path_taken "$key")): save **$sv GB/s** ($(fmt3 "$ss") s shared-save), $(ratio "$sv" "$D2H")x D2H; load **$ld GB/s** ($(fmt3 "$ls") s shared-rebuild), $(ratio "$ld" "$H2D")x H2D; the shim's copies alone: save $cs GB/s ($(ratio "$cs" "$D2H")x D2H), load $cl GB/s ($(ratio "$cl" "$H2D")x H2D)"
+  echo "- $label ($(path_taken "$key")): save **$sv GB/s** ($(fmt3 "$ss") s shared-save), $(ratio "$sv" "$D2H")x D2H pinned, $(ratio "$sv" "$FILE_W")x the page-cache write ceiling ($FILE_W GB/s, $FILE_T threads); load **$ld GB/s** ($(fmt3 "$ls") s shared-rebuild), $(ratio "$ld" "$H2D")x H2D pinned, $(ratio "$ld" "$FILE_R")x the page-cache read ceiling ($FILE_R GB/s, $FILE_T threads); the shim's copies alone: save $cs GB/s ($(ratio "$cs" "$D2H")x D2H, $(ratio "$cs" "$FILE_W")x write ceiling), load $cl GB/s ($(ratio "$cl" "$H2D")x H2D, $(ratio "$cl" "$FILE_R")x read ceiling)"
 }
 DCK_S=$(phase "$LOGS/one.ckpt.json" driver-checkpoint)
 DRS_S=$(phase "$LOGS/one.restore.out" driver-restore)
@@ -370,7 +385,8 @@ cat <<EOF
 
 - Command: \`$CMDLINE\`
 - Date: $DATE; machine: $MACHINE; $CPUS; checkpoints in ${DIR%/*}/ (${FS:-?})
-- Pinned copy ceiling (\`cusnap-copy-bandwidth --mib $MIB\`: $BW_DESC): D2H **$D2H GB/s**, H2D **$H2D GB/s**
+- Pinned copy ceiling (\`cusnap-copy-bandwidth --mib $MIB --file-dir $DIR\`: $BW_DESC): D2H **$D2H GB/s**, H2D **$H2D GB/s**
+- Host ceilings in the checkpoints' file system (${FS:-?}; the same run, $HOST_DESC): write into the page cache **$FILE_W GB/s**, read back from it **$FILE_R GB/s**; memcpy anonymous to anonymous memory **$MEMCPY GB/s**
 - Shared save and load of the two-process job ($MIB MiB; ${SHARED_MIB} MiB in shared/*.bin), per copy path of the shim (GB/s: $MIB MiB / the phase's seconds, which hold the gate, drain and release too; "copies alone": the shim's own timing of its copies):
 $LINE_DIRECT
 $LINE_STAGING

@@ -18,6 +18,8 @@ die() { say "error: $*"; exit 1; }
 PKGS=(build-essential cmake pkg-config git ca-certificates
       libcli11-dev nlohmann-json3-dev libmsgpack-cxx-dev doctest-dev libseccomp-dev
       python3 clang-14 libclang-rt-14-dev clang-format xxd
+      # the e2e test torchrun_gloo runs a real torchrun job (torch for /usr/bin/python3)
+      python3-torch
       # CRIU build dependencies
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev

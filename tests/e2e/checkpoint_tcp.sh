@@ -4,22 +4,48 @@
 # stopped and restored: CRIU saves the connection (--tcp-established, which the
 # manifest records) and both processes go on exchanging, exactly where they
 # stopped, with nothing lost on the connection.
+# Both processes also listen on 127.0.0.1 on one port with SO_REUSEADDR and
+# SO_REUSEPORT, as NCCL's RAS subsystem does in every NCCL process (on its
+# fixed port 28028; here a free port the parent picks, which the forked child
+# binds again): after the restore both listeners are there again and accept.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 cat >"$T/tcp_pair.py" <<'PY'
-import os, socket, sys, time
+import os, socket, sys, threading, time
+
+def ras_listen(port):  # NCCL's RAS listener: one port shared by every process
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+def ras_serve(s, who):  # answers each connection with who accepted it
+    while True:
+        c, _ = s.accept()
+        c.sendall(f"{who}\n".encode())
+        c.close()
+
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(1)
 port = srv.getsockname()[1]
+ras = ras_listen(0)
+ras_port = ras.getsockname()[1]
+print(f"ras port {ras_port}", flush=True)
 if os.fork() == 0:  # the client: echoes every number it gets, plus one
     srv.close()
+    ras.close()
+    ras = ras_listen(ras_port)
+    threading.Thread(target=ras_serve, args=(ras, "child"), daemon=True).start()
     c = socket.create_connection(("127.0.0.1", port))
     f = c.makefile("rw")
     for line in f:
         f.write(f"{int(line) + 1}\n")
         f.flush()
     sys.exit(0)
+threading.Thread(target=ras_serve, args=(ras, "parent"), daemon=True).start()
 s, _ = srv.accept()
 f = s.makefile("rw")
 n = 0
@@ -35,10 +61,34 @@ while True:
     time.sleep(0.02)
 PY
 
+# ras_check PORT WHEN: two sockets listen on 127.0.0.1:PORT and both accept
+# (SO_REUSEPORT spreads connections over them by a hash of the client's
+# address: up to 64 connections until both answered).
+ras_check() {
+  local n who
+  n=$(ss -Htln "sport = :$1" | grep -c " 127\.0\.0\.1:$1 ") || true
+  [ "$n" = 2 ] || fail "$2: $n listeners on 127.0.0.1:$1, expected 2: $(ss -tln "sport = :$1")"
+  who=$(python3 - "$1" <<'PY'
+import socket, sys
+seen = set()
+for _ in range(64):  # read to the end: the job has closed its side when this returns
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as c:
+        seen.add(c.makefile().read().strip())
+    if len(seen) == 2:
+        break
+print(" ".join(sorted(seen)))
+PY
+  ) || fail "$2: cannot connect to 127.0.0.1:$1"
+  [ "$who" = "child parent" ] || fail "$2: only '$who' accepted on 127.0.0.1:$1"
+}
+
 launch tcp "$T/launch.out" python3 "$T/tcp_pair.py"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job tcp)
+RAS_PORT=$(sed -n 's/^ras port //p' "$T/launch.out")
+[ -n "$RAS_PORT" ] || fail "the job did not say its RAS port"
+ras_check "$RAS_PORT" "before the checkpoint"
 "$CUSNAP" checkpoint tcp -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
 python3 - "$T/ckpt/manifest.json" <<'PY' || fail "the manifest does not record the TCP connections"
 import json, sys
@@ -56,6 +106,8 @@ FIRST=$(first_count "$T/restore.out")
 [ "$FIRST" = $((LAST + 1)) ] || fail "continued at $FIRST, expected $((LAST + 1))"
 if grep -q mismatch "$T/restore.out"; then fail "a number was lost on the connection"; fi
 pass "restored: counts on from $FIRST over the same connection"
+ras_check "$RAS_PORT" "after the restore"
+pass "restored: both processes listen on 127.0.0.1:$RAS_PORT again (SO_REUSEPORT) and accept"
 kill -TERM "$SUP"
 wait_exit "$SUP"
 echo "PASS"
