@@ -1,22 +1,42 @@
 #!/usr/bin/env python3
 """Generates src/cudaapi/entry_points.inc and src/cudaapi/proc_table.inc from the
-toolkit's cuda.h and cudaTypedefs.h.
+toolkit's driver API headers: cuda.h with cudaTypedefs.h, and cudaProfiler.h
+(cuProfilerInitialize, cuProfilerStart, cuProfilerStop, which cuda.h does not
+declare) with cudaProfilerTypedefs.h. The pairs are listed in HEADERS; their
+rows are merged into one sorted list, and code that expands the rows with their
+parameter lists includes every header of HEADERS (src/cudaapi/cuda_headers.h).
 
-entry_points.inc: one X-macro row for every function cuda.h declares, under its
-exported symbol name (the names the driver library exports, legacy versions and
-per-thread-stream variants included):
+Left out: the graphics interop headers cudaGL.h, cudaEGL.h and cudaVDPAU.h
+(with their *Typedefs.h) need the GL/EGL/VDPAU system headers. Their entry
+points (cuGLGetDevices, cuGraphicsEGLRegisterImage, cuVDPAUGetDevice, ...) are
+therefore in no list: the shim has no wrapper for them, and resolving one
+through cuGetProcAddress or cudaGetDriverEntryPoint fails closed (null pointer,
+CUDA_ERROR_NOT_SUPPORTED). (Direct linking or dlsym by name still reaches the
+driver's own function, past the shim and its gate.)
+
+entry_points.inc: one X-macro row for every function those headers declare,
+under its exported symbol name (the names the driver library exports, legacy
+versions and per-thread-stream variants included):
     CUSNAP_CU_ENTRY(symbol, (parameter list), (argument list))
 
 proc_table.inc: what cuGetProcAddress resolves, one row per (name, version,
-stream flavour) that cudaTypedefs.h names:
+stream flavour) that the typedef headers name (PFN_<name>_v<version>[_ptds|_ptsz]):
     CUSNAP_CU_PROC("cuMemAlloc", 3020, CUSNAP_PROC_DEFAULT, cuMemAlloc_v2)
 Each row says: a caller asking for "name" with a CUDA version >= version gets
 symbol. The flavour is DEFAULT, PTDS (per-thread default stream) or PTSZ.
 
 Usage: gen-entry-points.py [--cuda-include DIR] [--out DIR] [--check]
---check regenerates into memory and exits 1 when the checked-in files differ.
+--check regenerates into memory from the same headers and exits 1 when the
+checked-in files differ (ctest entry_points_up_to_date).
 """
 import argparse, os, re, subprocess, sys
+
+# (declarations header, PFN typedefs header), in the order their declarations
+# are read; keep src/cudaapi/cuda_headers.h including the same headers.
+HEADERS = [
+    ("cuda.h", "cudaTypedefs.h"),
+    ("cudaProfiler.h", "cudaProfilerTypedefs.h"),
+]
 
 def preprocess(header, include, defines):
     cmd = ["gcc", "-E", "-P", "-x", "c", "-I", include] + ["-D" + d for d in defines] + [header]
@@ -117,14 +137,17 @@ def main():
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     cuda_h = os.path.join(a.cuda_include, "cuda.h")
-    decls = {}
-    for defs in (["__CUDA_API_VERSION_INTERNAL"], ["CUDA_API_PER_THREAD_DEFAULT_STREAM"], []):
-        for k, v in declarations(preprocess(cuda_h, a.cuda_include, defs)).items():
-            decls.setdefault(k, v)
+    decls, typedefs_text = {}, ""
+    for header, typedefs_header in HEADERS:
+        path = os.path.join(a.cuda_include, header)
+        for defs in (["__CUDA_API_VERSION_INTERNAL"], ["CUDA_API_PER_THREAD_DEFAULT_STREAM"], []):
+            for k, v in declarations(preprocess(path, a.cuda_include, defs)).items():
+                decls.setdefault(k, v)
+        tpath = os.path.join(a.cuda_include, typedefs_header)
+        preprocess(tpath, a.cuda_include, ["__CUDA_API_VERSION_INTERNAL"])  # must compile
+        typedefs_text += open(tpath).read() + "\n"
     ver = re.search(r"#define CUDA_VERSION (\d+)", open(cuda_h).read()).group(1)
-    typedefs = preprocess(os.path.join(a.cuda_include, "cudaTypedefs.h"), a.cuda_include,
-                          ["__CUDA_API_VERSION_INTERNAL"])
-    prows, problems = proc_rows(open(os.path.join(a.cuda_include, "cudaTypedefs.h")).read(), set(decls))
+    prows, problems = proc_rows(typedefs_text, set(decls))
     files = {
         "entry_points.inc": HEADER % ver + "// CUSNAP_CU_ENTRY(symbol, (parameters), (arguments))\n" + "\n".join(entry_rows(decls)) + "\n",
         "proc_table.inc": HEADER % ver + "// CUSNAP_CU_PROC(name, first CUDA version, stream flavour, symbol)\n" + "\n".join(prows) + "\n",

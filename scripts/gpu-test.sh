@@ -687,7 +687,7 @@ nccl_cycles() {
   local scen=$1 cycles=$2 map=$3
   shift 3
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
-    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() \
+    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
     nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
   [ "$backend" = gloo ] && mib=4
   if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
@@ -708,15 +708,27 @@ nccl_cycles() {
   for i in $(seq 1 "$cycles"); do
     cj=$WORK/$scen.$i.ckpt.json rj=$WORK/$scen.$i.restore.json
     pids=$(session_pids "$ROOT_PID")
+    # A restored job's output.log goes with its runtime directory when the
+    # checkpoint stops it: read it through a descriptor held open meanwhile.
+    copy=$WORK/$scen.$i.log
+    tail -n +1 -f "$log" >"$copy" 2>/dev/null &
+    tailpid=$!
     t0=$(date +%s.%N)
     if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+      kill "$tailpid" 2>/dev/null || true
       why="cycle $i: checkpoint failed: $(json_field "$cj" error | head -3)"; show_tail "$cj"; show_tail "$log" 6; break
     fi
     ck_wall=$(since "$t0")
     # shellcheck disable=SC2086
-    if ! wait_pids_gone 60 $pids $r0 $r1; then why="cycle $i: processes still there after the checkpoint"; break; fi
+    if ! wait_pids_gone 60 $pids $r0 $r1; then kill "$tailpid" 2>/dev/null || true; why="cycle $i: processes still there after the checkpoint"; break; fi
     for _ in $(seq 1 600); do [ -z "$(job_field "$name" pid)" ] && break; sleep 0.1; done
-    before=$(counts "$log")
+    sleep 0.5
+    kill "$tailpid" 2>/dev/null || true
+    wait "$tailpid" 2>/dev/null || true
+    before=$(counts "$copy" | grep -E '^rank_[0-9]+ ' || true)
+    if [ "$(wc -l <<<"$before")" -ne "$nproc" ] || [ -z "$before" ]; then
+      why="cycle $i: the output before the checkpoint shows counts of $(wc -l <<<"$before") ranks, not $nproc: $(echo "$before" | tr '\n' ' ')"; break
+    fi
     targets=()
     while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
     t0=$(date +%s.%N)

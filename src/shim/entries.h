@@ -7,7 +7,7 @@
 #ifndef __CUDA_API_VERSION_INTERNAL
 #define __CUDA_API_VERSION_INTERNAL
 #endif
-#include <cuda.h>
+#include "cudaapi/cuda_headers.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -312,3 +312,31 @@ FC_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
     return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   return CUDA_SUCCESS;
 }
+
+// The profiler API (cudaProfiler.h). The driver's cuProfilerStart/Stop act on
+// the current context: none (or a destroyed one) is CUDA_ERROR_INVALID_CONTEXT.
+// Nothing is profiled here; starting twice or stopping while stopped succeeds,
+// as on the driver.
+namespace {
+CUresult profiler_toggle() {
+  FC_REQUIRE_INIT();
+  std::lock_guard<std::mutex> l(driver().mu);
+  if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FC_EXPORT CUresult cuProfilerStart(void) {
+  FC_ENTER("cuProfilerStart");
+  return profiler_toggle();
+}
+FC_EXPORT CUresult cuProfilerStop(void) {
+  FC_ENTER("cuProfilerStop");
+  return profiler_toggle();
+}
+/// Deprecated; the CUDA 13 driver documents CUDA_ERROR_NOT_SUPPORTED as its only
+/// result, so the simulated one answers that too (as a traced, gated call).
+FC_EXPORT CUresult cuProfilerInitialize(const char*, const char*, CUoutput_mode) {
+  FC_ENTER("cuProfilerInitialize");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}

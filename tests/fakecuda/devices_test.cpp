@@ -1,11 +1,14 @@
-// Simulated driver: initialisation, error strings, devices, contexts, streams,
-// events and modules.
+// Simulated driver: initialisation, error strings, devices, contexts, the
+// profiler API, streams, events and modules.
+#include <cudaProfiler.h>
+#include <dlfcn.h>
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "fakecuda_test_util.h"
 
@@ -191,6 +194,64 @@ TEST_CASE("fakecuda: primary and created contexts") {
           FC_REQ(cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS);
           FC_REQ(cuDevicePrimaryCtxRelease(0) == CUDA_ERROR_INVALID_CONTEXT);
           FC_REQ(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static CUresult profiler_initialize() {
+  return cuProfilerInitialize("cfg", "out", CU_OUT_CSV);
+}
+#pragma GCC diagnostic pop
+
+TEST_CASE("fakecuda: cuProfilerStart/Stop need a current context") {
+  CHECK(run_child([] {
+          FC_REQ(cuProfilerStart() == CUDA_ERROR_NOT_INITIALIZED);
+          FC_REQ(cuProfilerStop() == CUDA_ERROR_NOT_INITIALIZED);
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          // No context on this thread.
+          FC_REQ(cuProfilerStart() == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuProfilerStop() == CUDA_ERROR_INVALID_CONTEXT);
+          // The primary context current: started and stopped, twice is no error.
+          CUcontext p;
+          FC_REQ(cuDevicePrimaryCtxRetain(&p, 0) == CUDA_SUCCESS);
+          FC_REQ(cuCtxSetCurrent(p) == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStart() == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStart() == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStop() == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStop() == CUDA_SUCCESS);
+          // A created context; once destroyed while current elsewhere, invalid.
+          CUcontext c;
+          FC_REQ(cuCtxCreate(&c, nullptr, 0, 0) == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStart() == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStop() == CUDA_SUCCESS);
+          int rc = -1;
+          std::thread([&] {
+            rc = cuCtxSetCurrent(c) == CUDA_SUCCESS && cuCtxDestroy(c) == CUDA_SUCCESS ? 0 : 1;
+          }).join();
+          FC_REQ(rc == 0);
+          // This thread's stack still has the destroyed context on top.
+          FC_REQ(cuProfilerStart() == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuProfilerStop() == CUDA_ERROR_INVALID_CONTEXT);
+          FC_REQ(cuCtxPopCurrent(&c) == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStart() == CUDA_SUCCESS);  // the primary context again
+          // Popping the primary context too leaves none.
+          FC_REQ(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS);
+          FC_REQ(cuProfilerStop() == CUDA_ERROR_INVALID_CONTEXT);
+          // The deprecated cuProfilerInitialize: NOT_SUPPORTED, as the CUDA 13 driver.
+          FC_REQ(profiler_initialize() == CUDA_ERROR_NOT_SUPPORTED);
+          // cuGetProcAddress resolves the profiler API to the exported functions.
+          for (const char* n : {"cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop"}) {
+            void* fn = nullptr;
+            CUdriverProcAddressQueryResult st{};
+            FC_REQ(cuGetProcAddress(n, &fn, 13000, 0, &st) == CUDA_SUCCESS);
+            FC_REQ(st == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr);
+            FC_REQ(fn == dlsym(RTLD_DEFAULT, n));
+          }
+          void* fn = nullptr;
+          FC_REQ(cuGetProcAddress("cuProfilerStart", &fn, 3020, 0, nullptr) ==
+                 CUDA_ERROR_NOT_FOUND);  // PFN_cuProfilerStart_v4000: since CUDA 4.0
           return 0;
         }) == 0);
 }

@@ -6,7 +6,7 @@
 #pragma once
 
 #define __CUDA_API_VERSION_INTERNAL
-#include <cuda.h>
+#include "cudaapi/cuda_headers.h"
 
 #include <sys/types.h>
 

@@ -1,7 +1,8 @@
-// Every entry point cuda.h declares, as a weak definition returning
-// CUDA_ERROR_NOT_SUPPORTED; the files of this directory give strong
-// definitions for what the simulated driver implements. Anything linked
-// against the real libcuda therefore links and loads against this one.
+// Every entry point of the list (what cuda.h and cudaProfiler.h declare), as a
+// weak definition returning CUDA_ERROR_NOT_SUPPORTED; the files of this
+// directory give strong definitions for what the simulated driver implements.
+// Anything linked against the real libcuda therefore links and loads against
+// this one.
 #include "state.h"
 
 #pragma GCC diagnostic ignored "-Wunused-parameter"

@@ -25,6 +25,13 @@ import os
 import sys
 
 
+def say(line):
+    """One whole line in one write: torchrun runs its workers unbuffered, where
+    print() writes the text and the newline apart and the ranks' lines mix."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64)
@@ -52,7 +59,7 @@ def main():
     n = (a.mib << 20) // 8
     base = torch.arange(n, device=dev, dtype=torch.int64)
     scale = world * (world + 1) // 2
-    print(f"rank {rank} ready pid {os.getpid()} device {where}", flush=True)
+    say(f"rank {rank} ready pid {os.getpid()} device {where}")
     step = 0
     while a.steps == 0 or step < a.steps:
         step += 1
@@ -61,13 +68,13 @@ def main():
         dist.all_reduce(t)
         if not torch.equal(t, v * scale):
             bad = (t != v * scale).nonzero()[0].item()
-            print(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
-                  f"expected {(v[bad] * scale).item()}", flush=True)
+            say(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
+                f"expected {(v[bad] * scale).item()}")
             sys.exit(3)
         if step % a.print_every == 0 or step == 1:
-            print(f"rank {rank} count {step} ok", flush=True)
+            say(f"rank {rank} count {step} ok")
     dist.destroy_process_group()
-    print(f"rank {rank} done", flush=True)
+    say(f"rank {rank} done")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@
 //   the program, and from a library loaded after the shim), dlvsym,
 //   cuGetProcAddress / _v2 / _v2_ptsz for every row of the resolver table with
 //   the per-thread-stream flag rule, and the runtime's cudaGetDriverEntryPoint
-//   family; the multicast bind ABI by version; fail-closed answers; the gate
-//   (blocks while closed, resumes when opened) and fork with the gate closed.
+//   family; the multicast bind ABI by version; fail-closed answers (names
+//   outside the list, e.g. cudaGL.h's cuGLGetDevices); the gate (blocks while
+//   closed, resumes when opened) and fork with the gate closed; the profiler
+//   API of cudaProfiler.h (cuProfilerStart/Stop) by every resolver and called.
 // Usage: shim_paths_test standin|fake     Exit 0 when every check passes.
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -266,6 +269,39 @@ int main(int argc, char** argv) {
           "unknown name");
     p = &p;
     CHECK(gpa2("cuMemAlloc", &p, 1000, 0, &st) != CUDA_SUCCESS && p == nullptr, "version too low");
+    // cudaGL.h is not in the list (scripts/gen-entry-points.py): no wrapper, and
+    // no resolver hands a pointer out. The stand-in driver resolves the name, as
+    // the real one does, so the shim itself must refuse it; the simulated driver
+    // does not know it.
+    {
+      size_t i = 0;
+      CHECK(!find_entry("cuGLGetDevices", &i), "cuGLGetDevices is in no list");
+      CHECK(dlsym(shim, "cuGLGetDevices") == nullptr, "the shim exports no cuGLGetDevices");
+      const CUresult want_rc = standin ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_FOUND;
+      p = &p;
+      st = CU_GET_PROC_ADDRESS_SUCCESS;
+      CUresult rc = gpa2("cuGLGetDevices", &p, 13000, 0, &st);
+      CHECK(rc == want_rc && p == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+            "cuGLGetDevices via cuGetProcAddress_v2 fails closed: rc %d", rc);
+      p = &p;
+      rc = gpa1("cuGLGetDevices", &p, 13000, 0);
+      CHECK(rc == want_rc && p == nullptr, "cuGLGetDevices via cuGetProcAddress: rc %d", rc);
+      p = &p;
+      rc = gpa2z("cuGLGetDevices", &p, 13000, 0, &st);
+      CHECK(rc == want_rc && p == nullptr, "cuGLGetDevices via cuGetProcAddress_v2_ptsz: rc %d",
+            rc);
+      if (rt_entry && rt_ver) {
+        cudaDriverEntryPointQueryResult rst = cudaDriverEntryPointSuccess;
+        p = &p;
+        cudaError_t e = rt_entry("cuGLGetDevices", &p, cudaEnableDefault, &rst);
+        CHECK(e != cudaSuccess && p == nullptr && rst == cudaDriverEntryPointSymbolNotFound,
+              "cuGLGetDevices via cudaGetDriverEntryPoint: %d", e);
+        if (standin) CHECK(e == cudaErrorNotSupported, "cudaGetDriverEntryPoint: %d", e);
+        p = &p;
+        e = rt_ver("cuGLGetDevices", &p, 13000, cudaEnableDefault, &rst);
+        CHECK(e != cudaSuccess && p == nullptr, "cuGLGetDevices via ...ByVersion: %d", e);
+      }
+    }
     if (standin) {
       p = &p;
       CHECK(gpa2("cusnapStandinUnknown", &p, 13000, 0, &st) == CUDA_ERROR_NOT_SUPPORTED &&
@@ -315,6 +351,88 @@ int main(int argc, char** argv) {
     uint64_t in_flight = 1;
     ctl->gate_state(&closed, &in_flight, &waiting);
     CHECK(closed == 0 && in_flight == 0 && waiting == 0, "gate idle after");
+  }
+
+  // The profiler API (cudaProfiler.h, not cuda.h): cuProfilerStart/Stop resolve
+  // to the shim's wrappers by every resolver, and calling them reaches the
+  // driver (the simulated one: CUDA_ERROR_INVALID_CONTEXT without a current
+  // context, CUDA_SUCCESS with one).
+  {
+    struct link_map* lm = nullptr;
+    CHECK(dlinfo(cuda, RTLD_DI_LINKMAP, &lm) == 0 && lm, "libcuda's link map");
+    const char* cuda_file = lm ? lm->l_name : "";
+    using Toggle = CUresult (*)();
+    Toggle start = nullptr, stop = nullptr;
+    for (const char* n : {"cuProfilerStart", "cuProfilerStop"}) {
+      size_t i = 0;
+      CHECK(find_entry(n, &i), "%s is in the entry list", n);
+      void* want = W[i];
+      CHECK(want != nullptr, "%s wrapper", n);
+      auto in_shim = [&](void* q) {
+        Dl_info qi{};
+        return q && dladdr(q, &qi) && qi.dli_fbase == di.dli_fbase &&
+               std::strcmp(qi.dli_fname, cuda_file) != 0;
+      };
+      CHECK(in_shim(want), "%s: the wrapper lives in the shim, not in libcuda", n);
+      void* p = nullptr;
+      CUdriverProcAddressQueryResult st{};
+      CHECK(gpa1(n, &p, 13000, 0) == CUDA_SUCCESS && p == want && in_shim(p),
+            "%s via cuGetProcAddress", n);
+      p = nullptr;
+      CHECK(gpa2(n, &p, 13000, 0, &st) == CUDA_SUCCESS && p == want &&
+                st == CU_GET_PROC_ADDRESS_SUCCESS,
+            "%s via cuGetProcAddress_v2", n);
+      p = nullptr;
+      CHECK(gpa2z(n, &p, 13000, 0, &st) == CUDA_SUCCESS && p == want,
+            "%s via cuGetProcAddress_v2_ptsz", n);
+      p = nullptr;
+      CHECK(gpa2(n, &p, 4000, 0, &st) == CUDA_SUCCESS && p == want,
+            "%s via cuGetProcAddress_v2 at 4000", n);
+      if (rt_entry && rt_entry_z && rt_ver && rt_ver_z) {
+        cudaDriverEntryPointQueryResult rst{};
+        p = nullptr;
+        CHECK(rt_entry(n, &p, cudaEnableDefault, &rst) == cudaSuccess && p == want && in_shim(p),
+              "%s via cudaGetDriverEntryPoint", n);
+        p = nullptr;
+        CHECK(rt_entry_z(n, &p, cudaEnableDefault, &rst) == cudaSuccess && p == want,
+              "%s via cudaGetDriverEntryPoint_ptsz", n);
+        p = nullptr;
+        CHECK(rt_ver(n, &p, 13000, cudaEnableDefault, &rst) == cudaSuccess && p == want,
+              "%s via cudaGetDriverEntryPointByVersion", n);
+        p = nullptr;
+        CHECK(rt_ver_z(n, &p, 13000, cudaEnableDefault, &rst) == cudaSuccess && p == want,
+              "%s via cudaGetDriverEntryPointByVersion_ptsz", n);
+      }
+      p = nullptr;
+      gpa2(n, &p, 13000, 0, &st);
+      (std::strcmp(n, "cuProfilerStart") == 0 ? start : stop) = reinterpret_cast<Toggle>(p);
+    }
+    if (start && stop) {
+      if (standin) {
+        auto last = reinterpret_cast<const char* (*)()>(dlsym(cuda, "standin_last_called"));
+        CHECK(start() == CUDA_SUCCESS && last && std::strcmp(last(), "cuProfilerStart") == 0,
+              "cuProfilerStart reached the driver");
+        CHECK(stop() == CUDA_SUCCESS && last && std::strcmp(last(), "cuProfilerStop") == 0,
+              "cuProfilerStop reached the driver");
+      } else {
+        CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
+        CUresult rc = start();
+        CHECK(rc == CUDA_ERROR_INVALID_CONTEXT, "cuProfilerStart without a context: %d", rc);
+        rc = stop();
+        CHECK(rc == CUDA_ERROR_INVALID_CONTEXT, "cuProfilerStop without a context: %d", rc);
+        CUcontext ctx = nullptr;
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+                  cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+              "primary context current");
+        rc = start();
+        CHECK(rc == CUDA_SUCCESS, "cuProfilerStart with a context: %d", rc);
+        rc = stop();
+        CHECK(rc == CUDA_SUCCESS, "cuProfilerStop with a context: %d", rc);
+        CHECK(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS &&
+                  cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS,
+              "primary context released");
+      }
+    }
   }
 
   std::printf("shim_paths_test (%s): %d checks, %d failures, %zu entry points, %zu resolver rows\n",

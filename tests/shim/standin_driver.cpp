@@ -2,8 +2,9 @@
 // records its own name (standin_last_called) and returns CUDA_SUCCESS, so a test
 // can tell that a wrapper reached exactly the function it stands for. Its
 // cuGetProcAddress answers with internal (unexported) addresses, as the real
-// driver may, and resolves "cusnapStandinUnknown" to a function that is in no
-// table, to exercise the shim's fail-closed path.
+// driver may, and resolves "cusnapStandinUnknown" and "cuGLGetDevices" (which
+// the real driver exports, from cudaGL.h: outside the generated list) to a
+// function that is in no table, to exercise the shim's fail-closed path.
 #include <cstring>
 
 #include "shim/entries.h"
@@ -77,7 +78,8 @@ void* const kImpl[] = {
 CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, bool ptsz,
                  CUdriverProcAddressQueryResult* status) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-  if (std::strcmp(symbol, "cusnapStandinUnknown") == 0) {
+  if (std::strcmp(symbol, "cusnapStandinUnknown") == 0 ||
+      std::strcmp(symbol, "cuGLGetDevices") == 0) {
     *pfn = reinterpret_cast<void*>(&unknown_function);
     if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
