@@ -36,6 +36,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
+#include "coord/ports.h"
 #include "coord/procs.h"
 #include "coord/sha256_chunked.h"
 
@@ -261,6 +262,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     run.args.insert(run.args.end(), {"--tcp-established", "--network-lock",
                                      lock && *lock ? lock : "nftables"});
   }
+  // The ports the job listens on, which a restore checks are free first.
+  const std::vector<TcpListener> listeners = job_tcp_listeners(pids);
   run.output_path = work.path() + "/criu-output.txt";
   run.log_path = work.path() + "/dump.log";
   run.success_line = "Dumping finished successfully";
@@ -378,6 +381,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   m.criu_path = criu.path;
   m.leave_running = opts.leave_running;
   m.tcp_established = tcp > 0;
+  m.tcp_listeners = listeners;
   if (shared.active()) m.shim_processes = shared.processes();
   m.phases = out->phases;
   m.phases.emplace_back("manifest", 0.0);

@@ -1,5 +1,6 @@
 // verify_checkpoint and restore_job: verify the manifest and every file,
-// match the GPUs, CRIU restore the tree as a child of the caller, then
+// match the GPUs, check that the job's pids and listening TCP ports are free here,
+// CRIU restore the tree as a child of the caller, then
 // driver restore + unlock of every CUDA process.
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
+#include "coord/ports.h"
 #include "coord/procs.h"
 #include "coord/sha256_chunked.h"
 
@@ -233,6 +235,10 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
              "yet reaped?): stop it first, e.g. cusnap ps / kill it, then restore";
       return false;
     }
+  // CRIU binds the job's listening sockets again; one whose port is taken
+  // here would fail the restore half way.
+  for (const TcpListener& l : m.tcp_listeners)
+    if (!tcp_listener_bindable(l, err)) return false;
 
   out->code = kExitFailure;
   report("restore");

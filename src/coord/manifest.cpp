@@ -1,6 +1,8 @@
 #include "coord/manifest.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +67,18 @@ std::string manifest_to_json(const Manifest& m) {
     j["phases"].push_back({{"name", name}, {"seconds", secs}});
   j["leave_running"] = m.leave_running;
   if (m.tcp_established) j["tcp_established"] = true;
+  if (!m.tcp_listeners.empty()) {
+    json& ls = j["tcp_listeners"] = json::array();
+    for (const TcpListener& l : m.tcp_listeners) {
+      json e = {{"family", l.family},
+                {"addr", l.addr},
+                {"port", l.port},
+                {"reuseport", l.reuseport},
+                {"reuseaddr", l.reuseaddr}};
+      if (l.family == 6) e["v6only"] = l.v6only;
+      ls.push_back(std::move(e));
+    }
+  }
   j["shim_processes"] = m.shim_processes;
   return j.dump(2) + "\n";
 }
@@ -144,6 +158,41 @@ bool safe_relative_path(const std::string& p) {
 
 bool is_hex_digest(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// "tcp_listeners" (optional): each one's family, an address of that family
+// and a port a socket can listen on.
+void read_tcp_listeners(Reader& r, const json& j, std::vector<TcpListener>* out) {
+  const json* ls = r.array(j, "", "tcp_listeners");
+  if (!ls) return;
+  out->clear();
+  if (ls->size() > kMaxTcpListeners)
+    return r.fail("tcp_listeners has " + std::to_string(ls->size()) + " elements, more than " +
+                  std::to_string(kMaxTcpListeners));
+  for (size_t i = 0; r.ok && i < ls->size(); ++i) {
+    const json& e = (*ls)[i];
+    const std::string w = "tcp_listeners[" + std::to_string(i) + "]";
+    TcpListener l;
+    int port = 0;
+    r.num(e, w, "family", &l.family);
+    r.str(e, w, "addr", &l.addr);
+    r.num(e, w, "port", &port);
+    r.boolean(e, w, "reuseport", &l.reuseport);
+    r.boolean(e, w, "reuseaddr", &l.reuseaddr);
+    if (r.ok && e.contains("v6only")) r.boolean(e, w, "v6only", &l.v6only);
+    if (!r.ok) return;
+    unsigned char buf[sizeof(in6_addr)];
+    if (l.family != 4 && l.family != 6)
+      r.fail(w + ".family " + std::to_string(l.family) + " is not 4 or 6");
+    else if (inet_pton(l.family == 6 ? AF_INET6 : AF_INET, l.addr.c_str(), buf) != 1)
+      r.fail(w + ".addr \"" + l.addr + "\" is not an IPv" + std::to_string(l.family) + " address");
+    else if (port < 1 || port > 65535)
+      r.fail(w + ".port " + std::to_string(port) + " is not a port (1 to 65535)");
+    else if (l.family == 4 && e.contains("v6only"))
+      r.fail(w + ".v6only is for family 6 only");
+    l.port = static_cast<uint16_t>(port);
+    out->push_back(l);
+  }
 }
 
 bool write_all(int fd, const std::string& s) {
@@ -273,6 +322,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   }
   r.boolean(j, "", "leave_running", &m->leave_running);
   if (j.contains("tcp_established")) r.boolean(j, "", "tcp_established", &m->tcp_established);
+  if (j.contains("tcp_listeners")) read_tcp_listeners(r, j, &m->tcp_listeners);
   // Version 3: the processes whose shims hold released shared memory.
   if (m->version >= 3) {
     if (const json* sp = r.array(j, "", "shim_processes")) {

@@ -13,6 +13,12 @@
 //                  "sha256", "chunks": ["<sha256 of each chunk>", ..] } ],
 //     "phases": [ { "name", "seconds" } ],
 //     "leave_running": bool,
+//     "tcp_established": true,        optional: CRIU saved established TCP connections
+//     "tcp_listeners": [ { "family": 4|6, "addr": "127.0.0.1", "port": 1..65535,
+//                          "reuseport": bool, "reuseaddr": bool,
+//                          "v6only": bool (family 6 only, optional) } ],
+//                                     optional: the job's listening TCP sockets,
+//                                     checked free before a restore (ports.h)
 //     "shim_processes": [pid, ..] }   processes whose shims released shared
 //                                     memory: their records are shim/<pid>.records,
 //                                     the bytes shared/<pid>-<allocation>.<k>.bin
@@ -34,6 +40,7 @@
 
 #include "coord/driver.h"
 #include "coord/engine.h"
+#include "coord/ports.h"
 #include "coord/sha256_chunked.h"
 
 namespace cusnap {
@@ -76,6 +83,10 @@ struct Manifest {
   /// CRIU saved established TCP connections (--tcp-established); the restore
   /// must say so too. Optional in the file (absent: false).
   bool tcp_established = false;
+  /// The job's listening TCP sockets, at most kMaxTcpListeners. Optional in
+  /// the file (absent: none, as in checkpoints written before it; nothing is
+  /// checked then).
+  std::vector<TcpListener> tcp_listeners;
   std::vector<pid_t> shim_processes;
 };
 

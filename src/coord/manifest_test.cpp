@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -149,6 +150,67 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
   CHECK_FALSE(manifest_from_json(with("\"uses_cuda\": true", "\"uses_cuda\": 1"), &out, &err));
   CHECK(err.find("uses_cuda") != std::string::npos);
   CHECK_FALSE(manifest_from_json(with("\"cusnap-checkpoint\"", "\"other\""), &out, &err));
+}
+
+TEST_CASE("manifest: the job's TCP listeners, optional and checked") {
+  std::string err;
+  Manifest m = sample(), back;
+  // Absent (as in checkpoints written before them): none, and not written.
+  CHECK(manifest_to_json(m).find("tcp_listeners") == std::string::npos);
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(back.tcp_listeners.empty());
+  m.tcp_listeners = {{4, "127.0.0.1", 28028, true, true},
+                     {4, "0.0.0.0", 8000, false, false},
+                     {6, "::", 65535, false, true, true},
+                     {6, "fd00::1", 1, true, false, false}};
+  const std::string text = manifest_to_json(m);
+  // v6only is written for IPv6 listeners only.
+  size_t v6only = 0;
+  for (size_t p = 0; (p = text.find("\"v6only\"", p)) != std::string::npos; ++p) ++v6only;
+  CHECK(v6only == 2);
+  REQUIRE(manifest_from_json(text, &back, &err));
+  CHECK(back.tcp_listeners == m.tcp_listeners);
+
+  // Each invalid value is refused, naming the field: {from, to, error}.
+  const std::vector<std::array<std::string, 3>> invalid = {
+      {"\"family\": 4", "\"family\": 5", "tcp_listeners[0].family 5 is not 4 or 6"},
+      {"\"family\": 4", "\"family\": \"4\"", "tcp_listeners[0].family is not an integer"},
+      {"\"family\": 4", "\"famly\": 4", "tcp_listeners[0].family is missing"},
+      {"\"127.0.0.1\"", "\"127.0.0.256\"",
+       "tcp_listeners[0].addr \"127.0.0.256\" is not an IPv4 address"},
+      {"\"127.0.0.1\"", "\"::1\"", "tcp_listeners[0].addr \"::1\" is not an IPv4 address"},
+      {"\"::\"", "\"10.0.0.1\"", "tcp_listeners[2].addr \"10.0.0.1\" is not an IPv6 address"},
+      {"\"127.0.0.1\"", "7", "tcp_listeners[0].addr is not a string"},
+      {"\"port\": 28028", "\"port\": 0", "tcp_listeners[0].port 0 is not a port (1 to 65535)"},
+      {"\"port\": 28028", "\"port\": 65536",
+       "tcp_listeners[0].port 65536 is not a port (1 to 65535)"},
+      {"\"port\": 28028", "\"port\": -1", "tcp_listeners[0].port -1 is not a port (1 to 65535)"},
+      {"\"port\": 28028", "\"port\": 99999999999", "tcp_listeners[0].port is out of range"},
+      {"\"reuseport\": true", "\"reuseport\": 1",
+       "tcp_listeners[0].reuseport is not true or false"},
+      {"\"reuseaddr\": true", "\"reuse_addr\": true", "tcp_listeners[0].reuseaddr is missing"},
+      {"\"v6only\": true", "\"v6only\": \"yes\"", "tcp_listeners[2].v6only is not true or false"},
+      {"\"reuseaddr\": true", "\"reuseaddr\": true, \"v6only\": false",
+       "tcp_listeners[0].v6only is for family 6 only"},
+      {"\"tcp_listeners\": [", "\"tcp_listeners\": 7, \"x\": [", "tcp_listeners is not an array"},
+  };
+  for (const auto& [from, to, why] : invalid) {
+    std::string t = text;
+    size_t p = t.find(from, t.find("\"tcp_listeners\""));
+    REQUIRE(p != std::string::npos);
+    t.replace(p, from.size(), to);
+    Manifest out;
+    CHECK_FALSE(manifest_from_json(t, &out, &err));
+    CHECK_MESSAGE(err.find(why) != std::string::npos, why, " / ", err);
+  }
+  {
+    // At most kMaxTcpListeners.
+    Manifest many = sample();
+    many.tcp_listeners.assign(kMaxTcpListeners + 1, {4, "127.0.0.1", 80, false, false});
+    Manifest out;
+    CHECK_FALSE(manifest_from_json(manifest_to_json(many), &out, &err));
+    CHECK(err.find("tcp_listeners has 4097 elements, more than 4096") != std::string::npos);
+  }
 }
 
 TEST_CASE("manifest: atomic write, read back, and file verification") {

@@ -1,11 +1,12 @@
 #include "coord/procs.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -19,7 +20,6 @@
 #include <sstream>
 
 namespace cusnap {
-namespace {
 
 std::vector<std::string> list_dir(const std::string& path) {
   std::vector<std::string> names;
@@ -39,6 +39,8 @@ std::string read_link(const std::string& path) {
   if (n < 0) return {};
   return std::string(buf, size_t(n));
 }
+
+namespace {
 
 template <typename T>
 bool parse_num(std::string_view s, T* v) {
@@ -273,10 +275,6 @@ bool find_io_uring(const std::vector<pid_t>& pids, std::string* what) {
   return false;
 }
 
-namespace {
-
-/// The socket descriptors of a process: fd number -> socket inode (as
-/// /proc/PID/net/tcp shows it).
 std::map<int, std::string> socket_fds(pid_t pid) {
   std::map<int, std::string> out;
   const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
@@ -291,30 +289,87 @@ std::map<int, std::string> socket_fds(pid_t pid) {
   return out;
 }
 
-}  // namespace
+void for_each_tcp_socket(pid_t pid, const std::function<void(const std::string&, int)>& fn) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return;
+  for (const auto& [target, inode] : socket_fds(pid)) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target, 0));
+    if (fd < 0) continue;
+    int domain = 0, protocol = 0;
+    socklen_t len = sizeof(int);
+    const bool tcp =
+        ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+        (domain == AF_INET || domain == AF_INET6) &&
+        (len = sizeof(int), ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0) &&
+        protocol == IPPROTO_TCP;
+    if (tcp) fn(inode, fd);
+    ::close(fd);
+  }
+  ::close(pidfd);
+}
 
 size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {
   size_t n = 0;
-  for (pid_t pid : pids) {
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (pidfd < 0) continue;
-    for (const auto& [target, inode] : socket_fds(pid)) {
-      const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target, 0));
-      if (fd < 0) continue;
-      int domain = 0, protocol = 0, one = 1;
-      socklen_t len = sizeof(int);
-      const bool tcp =
-          ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
-          (domain == AF_INET || domain == AF_INET6) &&
-          (len = sizeof(int), ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0) &&
-          protocol == IPPROTO_TCP;
+  const int one = 1;
+  for (pid_t pid : pids)
+    for_each_tcp_socket(pid, [&](const std::string&, int fd) {
       // The kernel allows repair of established (and closed) sockets only.
-      if (tcp && ::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &one, sizeof one) == 0) ++n;
-      ::close(fd);
-    }
-    ::close(pidfd);
-  }
+      if (::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &one, sizeof one) == 0) ++n;
+    });
   return n;
+}
+
+namespace {
+
+// A whole field of hexadecimal digits.
+template <typename T>
+bool parse_hex(std::string_view s, T* v) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, 16);
+  return ec == std::errc() && p == s.data() + s.size() && !s.empty();
+}
+
+}  // namespace
+
+std::vector<TcpTableEntry> parse_tcp_table(std::string_view text, int family) {
+  std::vector<TcpTableEntry> out;
+  const size_t words = family == 6 ? 4 : 1;
+  std::istringstream in{std::string(text)};
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+    if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode))
+      continue;
+    // The address: network-order 32-bit words, each printed as a host
+    // integer (%08X); then the port.
+    const size_t colon = local.find(':');
+    uint32_t raw[4] = {};
+    bool ok = colon == words * 8;
+    for (size_t w = 0; ok && w < words; ++w)
+      ok = parse_hex(std::string_view(local).substr(w * 8, 8), &raw[w]);
+    TcpTableEntry e;
+    e.family = family;
+    e.inode = inode;
+    ok = ok && parse_hex(std::string_view(local).substr(colon + 1), &e.port) &&
+         parse_hex(st, &e.state);
+    char buf[INET6_ADDRSTRLEN];
+    if (!ok || !inet_ntop(family == 6 ? AF_INET6 : AF_INET, raw, buf, sizeof buf)) continue;
+    e.addr = buf;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<TcpTableEntry> read_tcp_tables(const std::string& proc_dir) {
+  std::vector<TcpTableEntry> out;
+  for (int family : {4, 6}) {
+    std::string text;
+    if (!read_text_file(proc_dir + (family == 6 ? "/net/tcp6" : "/net/tcp"), &text)) continue;
+    auto part = parse_tcp_table(text, family);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
 }
 
 size_t job_tcp_established(const std::vector<pid_t>& pids) {
@@ -323,22 +378,9 @@ size_t job_tcp_established(const std::vector<pid_t>& pids) {
     std::set<std::string> inodes;
     for (const auto& [fd, inode] : socket_fds(pid)) inodes.insert(inode);
     if (inodes.empty()) continue;
-    for (const char* table : {"tcp", "tcp6"}) {
-      std::string text;
-      if (!read_text_file("/proc/" + std::to_string(pid) + "/net/" + table, &text)) continue;
-      std::istringstream in(text);
-      std::string line;
-      std::getline(in, line);  // header
-      while (std::getline(in, line)) {
-        std::istringstream f(line);
-        std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
-        if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >>
-              inode))
-          continue;
-        // 01: ESTABLISHED; each socket counted once (tcp6 lists v4-mapped ones too).
-        if (st == "01" && inodes.erase(inode)) ++n;
-      }
-    }
+    // Each socket counted once (tcp6 lists v4-mapped ones too).
+    for (const TcpTableEntry& e : read_tcp_tables("/proc/" + std::to_string(pid)))
+      if (e.state == kTcpEstablished && inodes.erase(e.inode)) ++n;
   }
   return n;
 }

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -65,6 +66,39 @@ std::vector<std::string> parse_nccl_segments(std::string_view maps);
 /// A process that holds an io_uring instance (a descriptor or a mapping of
 /// one), which CRIU cannot checkpoint; *what names the process.
 bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
+
+/// The names in a directory (not . and ..); empty when it cannot be read.
+std::vector<std::string> list_dir(const std::string& path);
+
+/// The socket descriptors of a process: fd number -> socket inode (as
+/// /proc/PID/net/tcp shows it).
+std::map<int, std::string> socket_fds(pid_t pid);
+
+/// Calls fn(inode, fd) for each TCP socket (IPv4 or IPv6) that the process
+/// holds, fd being a duplicate taken with pidfd_getfd (closed after fn
+/// returns). Sockets that cannot be duplicated are skipped.
+void for_each_tcp_socket(pid_t pid, const std::function<void(const std::string&, int)>& fn);
+
+/// One socket of /proc/PID/net/tcp or tcp6.
+struct TcpTableEntry {
+  int family = 4;     ///< 4 (tcp) or 6 (tcp6)
+  std::string addr;   ///< local address, text form ("127.0.0.1", "::")
+  uint16_t port = 0;  ///< local port
+  int state = 0;      ///< the kernel's TCP state (kTcpEstablished, ...)
+  std::string inode;  ///< "0" for sockets no descriptor holds (TIME_WAIT, orphans)
+  bool operator==(const TcpTableEntry&) const = default;
+};
+inline constexpr int kTcpEstablished = 0x01;
+inline constexpr int kTcpTimeWait = 0x06;
+inline constexpr int kTcpListen = 0x0A;
+
+/// Parses the text of /proc/net/tcp (family 4) or tcp6 (family 6); lines it
+/// cannot read are skipped.
+std::vector<TcpTableEntry> parse_tcp_table(std::string_view text, int family);
+
+/// Both tables as seen from proc_dir ("/proc/PID" for that process's network
+/// namespace, "/proc/self" for ours).
+std::vector<TcpTableEntry> read_tcp_tables(const std::string& proc_dir);
 
 /// Puts the processes' established TCP sockets into repair mode (TCP_REPAIR,
 /// through a duplicate taken with pidfd_getfd; needs CAP_NET_ADMIN), so that

@@ -82,3 +82,41 @@ TEST_CASE("procs: NCCL segments in maps") {
   CHECK(segs[0] == "/dev/shm/nccl-AbCd12");
   CHECK(parse_nccl_segments("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnccl.so.2\n").empty());
 }
+
+namespace {
+
+// A line of /proc/net/tcp or tcp6 with the given local and remote address,
+// state and inode.
+std::string tcp_line(const char* local, const char* remote, const char* st, const char* inode) {
+  return std::string("   0: ") + local + " " + remote + " " + st +
+         " 00000000:00000000 00:00000000 00000000     0        0 " + inode +
+         " 1 0000000000000000 100 0 0 10 0\n";
+}
+
+}  // namespace
+
+TEST_CASE("procs: /proc/net/tcp and tcp6 tables parsed") {
+  const std::string header =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+      "timeout inode\n";
+  const std::string tcp = header + tcp_line("0100007F:6D7C", "00000000:0000", "0A", "4242") +
+                          tcp_line("00000000:0050", "00000000:0000", "0A", "4243") +
+                          tcp_line("0100007F:6D7C", "0100007F:A000", "06", "0") + "   3: garbage\n";
+  CHECK(parse_tcp_table(tcp, 4) ==
+        std::vector<TcpTableEntry>{{4, "127.0.0.1", 28028, kTcpListen, "4242"},
+                                   {4, "0.0.0.0", 80, kTcpListen, "4243"},
+                                   {4, "127.0.0.1", 28028, kTcpTimeWait, "0"}});
+  const std::string zero6(32, '0');
+  const std::string tcp6 =
+      header + tcp_line((zero6 + ":1F90").c_str(), (zero6 + ":0000").c_str(), "0A", "777") +
+      tcp_line("00000000000000000000000001000000:1F91", "00000000000000000000000001000000:C000",
+               "01", "778") +
+      tcp_line("0000000000000000FFFF00000100007F:1F92", (zero6 + ":0000").c_str(), "0A", "779");
+  CHECK(parse_tcp_table(tcp6, 6) ==
+        std::vector<TcpTableEntry>{{6, "::", 8080, kTcpListen, "777"},
+                                   {6, "::1", 8081, kTcpEstablished, "778"},
+                                   {6, "::ffff:127.0.0.1", 8082, kTcpListen, "779"}});
+  // A table of the other family's width is not misread.
+  CHECK(parse_tcp_table(tcp6, 4).empty());
+  CHECK(parse_tcp_table(tcp, 6).empty());
+}

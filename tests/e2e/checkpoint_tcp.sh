@@ -86,8 +86,7 @@ launch tcp "$T/launch.out" python3 "$T/tcp_pair.py"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job tcp)
-RAS_PORT=$(sed -n 's/^ras port //p' "$T/launch.out")
-[ -n "$RAS_PORT" ] || fail "the job did not say its RAS port"
+job_said RAS_PORT "$T/launch.out" "ras port "
 ras_check "$RAS_PORT" "before the checkpoint"
 "$CUSNAP" checkpoint tcp -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
 python3 - "$T/ckpt/manifest.json" <<'PY' || fail "the manifest does not record the TCP connections"

@@ -129,6 +129,16 @@ wait_count() {
   fail "$file did not reach '${prefix}count $n ok' in $secs s (last: $(last_count "$file" "$prefix"))"
 }
 
+# job_said VAR FILE PREFIX: sets VAR to the rest of the first line of FILE
+# that starts with PREFIX (a value the job printed, such as its port); fails
+# the test when there is none.
+job_said() {
+  local value
+  value=$(sed -n "s/^$3//p" "$2" | head -1)
+  [ -n "$value" ] || fail "the job did not say '$3' in $2"
+  printf -v "$1" '%s' "$value"
+}
+
 # wait_job NAME [SECONDS]: waits until cusnap ps shows the job running; echoes
 # its pid and notes it in $T/job-pids, whose jobs are killed on exit even when
 # their supervisor is gone.

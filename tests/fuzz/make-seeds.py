@@ -95,4 +95,9 @@ m = json.loads(json.dumps(manifest)); m["processes"] = []
 open(os.path.join(out, "noprocs.json"), "w").write(json.dumps(m))
 m = json.loads(json.dumps(manifest)); m["job"]["root_pid"] = 2**40
 open(os.path.join(out, "bigpid.json"), "w").write(json.dumps(m))
+m = json.loads(json.dumps(manifest))
+m["tcp_listeners"] = [
+    {"family": 4, "addr": "127.0.0.1", "port": 28028, "reuseport": True, "reuseaddr": True},
+    {"family": 6, "addr": "::", "port": 8000, "reuseport": False, "reuseaddr": True, "v6only": False}]
+open(os.path.join(out, "listeners.json"), "w").write(json.dumps(m))
 open(os.path.join(out, "truncated.json"), "w").write(json.dumps(manifest)[:300])
