@@ -395,6 +395,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     // binds the same addresses again.
     if (tcp > 0) silence_tcp_sockets(pids);
     for (int fd : pidfds) signal_pidfd(fd, SIGKILL);
+    // "Stopped" means gone: a killed CUDA process spends a moment in the
+    // driver's teardown, and a restore started right after this returns
+    // needs its pids free. (Killed, they go in the end even past the limit.)
+    (void)wait_pidfds_exited(pidfds, opts.timeout);
     out->job_stopped = true;
     out->phases.emplace_back("stop", sw.lap());
   }

@@ -1,9 +1,13 @@
 // Preconditions, the driver phases shared by checkpoint and suspend, and the
 // job listing for ps/inspect.
+#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
@@ -150,6 +154,24 @@ int open_pidfd(pid_t pid) {
 
 void signal_pidfd(int pidfd, int sig) {
   if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0);
+}
+
+bool wait_pidfds_exited(const std::vector<int>& pidfds, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (int fd : pidfds) {
+    if (fd < 0) continue;
+    for (;;) {  // a pidfd polls readable once its process has exited
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      int r = ::poll(&p, 1, int(std::max<int64_t>(0, left.count())));
+      if (r > 0) break;
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) break;  // cannot wait on it: nothing better to do
+      return false;      // time is up
+    }
+  }
+  return true;
 }
 
 TempDir::TempDir(const char* prefix) {
