@@ -56,6 +56,15 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   for (const ManifestProcess& p : m.processes)
     std::printf("    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",
                 join(p.cmdline.empty() ? std::vector<std::string>{p.exe} : p.cmdline).c_str());
+  if (m.tcp_established || !m.tcp_listeners.empty()) {
+    std::string ports;
+    for (const TcpListener& l : m.tcp_listeners)
+      ports += (ports.empty() ? "" : ", ") + (l.family == 6 ? "[" + l.addr + "]" : l.addr) + ":" +
+               std::to_string(l.port);
+    std::printf("  tcp:      %s%s%s\n",
+                m.tcp_established ? "established connections saved" : "no established connections",
+                ports.empty() ? "" : "; listening on ", ports.c_str());
+  }
   std::printf("  phases:\n");
   for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);
   if (valid)
