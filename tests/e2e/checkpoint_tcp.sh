@@ -93,6 +93,10 @@ python3 - "$T/ckpt/manifest.json" <<'PY' || fail "the manifest does not record t
 import json, sys
 assert json.load(open(sys.argv[1])).get("tcp_established") is True
 PY
+"$CUSNAP" inspect "$T/ckpt" >"$T/inspect.out" 2>&1 || fail "inspect failed: $(cat "$T/inspect.out")"
+line=$(grep "tcp: *established connections saved; listening on " "$T/inspect.out" || true)
+[ "$(grep -o "127.0.0.1:$RAS_PORT\b" <<<"$line" | wc -l)" = 2 ] ||
+  fail "inspect does not show the saved connections and both listeners: $(grep tcp "$T/inspect.out")"
 wait_exit "$SUP"
 wait_gone "$PID"
 LAST=$(last_count "$T/launch.out")
