@@ -158,20 +158,21 @@ void signal_pidfd(int pidfd, int sig) {
 
 bool wait_pidfds_exited(const std::vector<int>& pidfds, std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
+  bool all = true;
   for (int fd : pidfds) {
     if (fd < 0) continue;
     for (;;) {  // a pidfd polls readable once its process has exited
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           until - std::chrono::steady_clock::now());
+      if (left.count() < 0) left = std::chrono::milliseconds(0);
       pollfd p{fd, POLLIN, 0};
-      int r = ::poll(&p, 1, int(std::max<int64_t>(0, left.count())));
-      if (r > 0) break;
+      int r = ::poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) break;  // cannot wait on it: nothing better to do
-      return false;      // time is up
+      if (r <= 0) all = false;
+      break;
     }
   }
-  return true;
+  return all;
 }
 
 TempDir::TempDir(const char* prefix) {

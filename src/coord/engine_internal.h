@@ -95,7 +95,7 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
 int open_pidfd(pid_t pid);
 void signal_pidfd(int pidfd, int sig);
 /// Waits until every process of pidfds (-1 entries skipped) has exited, at
-/// most `limit` in all; false when time ran out first.
+/// most `limit` in all; true if they all did.
 bool wait_pidfds_exited(const std::vector<int>& pidfds, std::chrono::milliseconds limit);
 
 /// A private empty directory under $TMPDIR (or /tmp); removed by the destructor.

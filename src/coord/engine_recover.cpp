@@ -5,7 +5,6 @@
 // every shim gate opened. A CRIU the dead supervisor started is waited for
 // (or killed) first: while it runs it holds the job's tasks seized.
 #include <dirent.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,20 +81,7 @@ bool wait_ended(const std::set<pid_t>& pids, std::chrono::milliseconds limit) {
     int fd = open_pidfd(pid);
     if (fd >= 0) fds.push_back(fd);
   }
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  bool all = true;
-  for (int fd : fds) {
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() < 0) left = std::chrono::milliseconds(0);
-      pollfd p{fd, POLLIN, 0};
-      int r = ::poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) all = false;
-      break;
-    }
-  }
+  const bool all = wait_pidfds_exited(fds, limit);
   for (int fd : fds) ::close(fd);
   return all;
 }
