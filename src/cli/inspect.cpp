@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "coord/manifest.h"
+#include "coord/ports.h"
 #include "job_target.h"
 
 namespace cusnap::cli {
@@ -59,8 +60,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   if (m.tcp_established || !m.tcp_listeners.empty()) {
     std::string ports;
     for (const TcpListener& l : m.tcp_listeners)
-      ports += (ports.empty() ? "" : ", ") + (l.family == 6 ? "[" + l.addr + "]" : l.addr) + ":" +
-               std::to_string(l.port);
+      ports += (ports.empty() ? "" : ", ") + tcp_endpoint(l.family, l.addr, l.port);
     std::printf("  tcp:      %s%s%s\n",
                 m.tcp_established ? "established connections saved" : "no established connections",
                 ports.empty() ? "" : "; listening on ", ports.c_str());
