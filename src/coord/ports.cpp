@@ -9,7 +9,6 @@
 #include <charconv>
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "coord/procs.h"
 
@@ -53,23 +52,17 @@ std::string tcp_endpoint(int family, const std::string& addr, uint16_t port) {
   return (family == 6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
 }
 
-std::vector<TcpListener> job_tcp_listeners(const std::vector<pid_t>& pids) {
+std::vector<TcpListener> job_tcp_listeners(const std::vector<JobTcpSocket>& sockets) {
   std::vector<TcpListener> out;
-  std::set<std::string> seen;  // inodes of the listeners recorded
-  for (pid_t pid : pids) {
-    std::set<std::string> held;
-    for (const auto& [fd, inode] : socket_fds(pid)) held.insert(inode);
-    if (held.empty()) continue;
-    std::map<std::string, size_t> found;  // inode -> its listener in out, first seen here
-    for (const TcpTableEntry& e : read_tcp_tables("/proc/" + std::to_string(pid))) {
-      if (e.state != kTcpListen || !held.count(e.inode) || out.size() >= kMaxTcpListeners ||
-          !seen.insert(e.inode).second)
-        continue;
-      found[e.inode] = out.size();
-      out.push_back({e.family, e.addr, e.port});
-    }
-    if (found.empty()) continue;
-    // Unknown options (no duplicate to read them from) stay false.
+  // Per process, its listeners: inode -> index in out.
+  std::map<pid_t, std::map<std::string, size_t>> by_pid;
+  for (const JobTcpSocket& s : sockets) {
+    if (s.entry.state != kTcpListen || out.size() >= kMaxTcpListeners) continue;
+    by_pid[s.pid][s.entry.inode] = out.size();
+    out.push_back({s.entry.family, s.entry.addr, s.entry.port});
+  }
+  // Unknown options (no duplicate to read them from) stay false.
+  for (const auto& [pid, found] : by_pid)
     for_each_tcp_socket(pid, [&](const std::string& inode, int fd) {
       auto it = found.find(inode);
       if (it == found.end()) return;
@@ -78,7 +71,6 @@ std::vector<TcpListener> job_tcp_listeners(const std::vector<pid_t>& pids) {
       l.reuseaddr = int_option(fd, SOL_SOCKET, SO_REUSEADDR);
       if (l.family == 6) l.v6only = int_option(fd, IPPROTO_IPV6, IPV6_V6ONLY);
     });
-  }
   return out;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "coord/procs.h"
+
 namespace cusnap {
 
 /// One listening TCP socket of a job.
@@ -35,11 +37,10 @@ inline constexpr size_t kMaxTcpListeners = 4096;
 /// "127.0.0.1:28028", "[::1]:28028".
 std::string tcp_endpoint(int family, const std::string& addr, uint16_t port);
 
-/// The TCP sockets in LISTEN state that the processes hold (as each one's
-/// /proc/PID/net/tcp and tcp6 show them: the job's network namespace), each
-/// once however many processes share it, in the order found; their options
-/// are read from a duplicate taken with pidfd_getfd.
-std::vector<TcpListener> job_tcp_listeners(const std::vector<pid_t>& pids);
+/// The sockets in LISTEN state among a job's TCP sockets (job_tcp_sockets),
+/// in their order; their options are read from a duplicate taken with
+/// pidfd_getfd from the process holding each.
+std::vector<TcpListener> job_tcp_listeners(const std::vector<JobTcpSocket>& sockets);
 
 /// A process that holds a TCP socket.
 struct PortHolder {

@@ -128,7 +128,7 @@ TEST_CASE("ports: a process's listeners, each once, with their options") {
   TestSocket bound_only("127.0.0.1", 0, false, false);
   const int dup_fd = dup(plain.fd);  // one socket on two descriptors: listed once
   REQUIRE(dup_fd >= 0);
-  auto all = job_tcp_listeners({getpid(), getpid()});
+  auto all = job_tcp_listeners(job_tcp_sockets({getpid(), getpid()}));
   close(dup_fd);
   int plain_seen = 0, shared_seen = 0;
   for (const TcpListener& l : all) {

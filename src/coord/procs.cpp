@@ -372,17 +372,17 @@ std::vector<TcpTableEntry> read_tcp_tables(const std::string& proc_dir) {
   return out;
 }
 
-size_t job_tcp_established(const std::vector<pid_t>& pids) {
-  size_t n = 0;
+std::vector<JobTcpSocket> job_tcp_sockets(const std::vector<pid_t>& pids) {
+  std::vector<JobTcpSocket> out;
+  std::set<std::string> seen;  // each socket once, however many processes hold it
   for (pid_t pid : pids) {
-    std::set<std::string> inodes;
-    for (const auto& [fd, inode] : socket_fds(pid)) inodes.insert(inode);
-    if (inodes.empty()) continue;
-    // Each socket counted once (tcp6 lists v4-mapped ones too).
-    for (const TcpTableEntry& e : read_tcp_tables("/proc/" + std::to_string(pid)))
-      if (e.state == kTcpEstablished && inodes.erase(e.inode)) ++n;
+    std::set<std::string> held;
+    for (const auto& [fd, inode] : socket_fds(pid)) held.insert(inode);
+    if (held.empty()) continue;
+    for (TcpTableEntry& e : read_tcp_tables("/proc/" + std::to_string(pid)))
+      if (held.count(e.inode) && seen.insert(e.inode).second) out.push_back({pid, std::move(e)});
   }
-  return n;
+  return out;
 }
 
 }  // namespace cusnap

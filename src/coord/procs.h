@@ -108,9 +108,16 @@ std::vector<TcpTableEntry> read_tcp_tables(const std::string& proc_dir);
 /// Only for a job about to be killed. Returns how many sockets it set.
 size_t silence_tcp_sockets(const std::vector<pid_t>& pids);
 
-/// How many established TCP connections the processes hold (their sockets
-/// in /proc/PID/net/tcp and tcp6 with state ESTABLISHED).
-size_t job_tcp_established(const std::vector<pid_t>& pids);
+/// A TCP socket of a job, as the /proc/PID/net/tcp or tcp6 of the process
+/// holding it shows it (that process's network namespace).
+struct JobTcpSocket {
+  pid_t pid = 0;  ///< the first of the processes found holding it
+  TcpTableEntry entry;
+};
+
+/// The TCP sockets the processes hold, in any state, each once however many
+/// processes share it, in the order found.
+std::vector<JobTcpSocket> job_tcp_sockets(const std::vector<pid_t>& pids);
 
 bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what);
 
