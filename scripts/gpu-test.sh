@@ -59,6 +59,16 @@
 #                The nccl-torchrun job with one rank (one GPU): torchrun's agent
 #                and store, NCCL's threads and sockets (RAS listener, proxy),
 #                CUSNAP_GPU_TEST_NCCL_CYCLES cycles.
+#   nccl-torchrun-1gpu
+#                The nccl-torchrun job with its two ranks on one GPU
+#                (torch_allreduce.py --share-gpu: each rank presents itself as
+#                its own host, so NCCL connects them through its network
+#                transport, TCP sockets and proxy threads, instead of P2P),
+#                CUSNAP_GPU_TEST_NCCL_CYCLES cycles: the cut across ranks and
+#                the sockets between them, where only one GPU is lent.
+#   nccl-torchrun-1gpu-expandable
+#                The same, two cycles, with
+#                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
 #   torchrun-gloo
 #                The same loop with two ranks on the gloo backend (CPU tensors,
 #                no CUDA): torchrun's processes, rendezvous store and the TCP
@@ -83,7 +93,7 @@ ROOT=$PWD
 
 SCENARIOS_ALL=(e2e timing shared-posix shared-ipc torch-share-default torch-share-expandable
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank torchrun-gloo)
+  nccl-torchrun-1rank nccl-torchrun-1gpu nccl-torchrun-1gpu-expandable torchrun-gloo)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -688,20 +698,22 @@ nccl_cycles() {
   shift 3
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
     first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
-    nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
+    nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB share=() gpus
   [ "$backend" = gloo ] && mib=4
-  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
-    result SKIP "$scen" "needs $nproc GPUs, this machine has $(gpu_count)"; return 0
+  gpus=$nproc
+  if [ -n "${SHARE_GPU:-}" ]; then share=(--share-gpu); gpus=1; fi
+  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$gpus" ]; then
+    result SKIP "$scen" "needs $gpus GPUs, this machine has $(gpu_count)"; return 0
   fi
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
-  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
+  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib${share[*]:+ ${share[*]}}, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
   # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
   # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
   # the agent's store, use_libuv=0 for torchrun's rendezvous store).
   start_job "$scen" "$name" "$out" "$nproc" --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
     "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$nproc" \
-    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" || return 0
+    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" "${share[@]}" || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
   echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
   log=$out
@@ -772,6 +784,10 @@ scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
+scenario_nccl_torchrun_1gpu() { SHARE_GPU=1 nccl_cycles nccl-torchrun-1gpu "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
+scenario_nccl_torchrun_1gpu_expandable() {
+  SHARE_GPU=1 nccl_cycles nccl-torchrun-1gpu-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+}
 scenario_torchrun_gloo() { BACKEND=gloo nccl_cycles torchrun-gloo 5 ""; }
 
 for s in "${SELECTED[@]}"; do

@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -171,6 +173,39 @@ bool find_criu(CriuInfo* out, std::string* err) {
            "CRIU or set CUSNAP_CRIU to one";
     return false;
   }
+  return true;
+}
+
+bool criu_ghost_limit(std::string* arg, std::string* err) {
+  const char* env = std::getenv("CUSNAP_CRIU_GHOST_LIMIT");
+  if (!env || !*env) {
+    // CRIU reads the value with atol(): the largest it takes whole.
+    *arg = std::to_string(std::numeric_limits<long>::max());
+    return true;
+  }
+  std::string_view v(env);
+  int shift = 0;
+  switch (v.back()) {
+    case 'K': shift = 10; break;
+    case 'M': shift = 20; break;
+    case 'G': shift = 30; break;
+    default: break;
+  }
+  std::string_view digits = shift ? v.substr(0, v.size() - 1) : v;
+  unsigned long long n = 0;
+  bool ok = !digits.empty() && digits.size() <= 12;
+  for (char c : digits) {
+    if (c < '0' || c > '9') ok = false;
+    if (ok) n = n * 10 + unsigned(c - '0');
+  }
+  if (!ok || n == 0 || (n << shift) >> shift != n ||
+      (n << shift) > uint64_t(std::numeric_limits<long>::max())) {
+    *err = "CUSNAP_CRIU_GHOST_LIMIT=\"" + std::string(v) +
+           "\" is not a size (bytes, or a number followed by K, M or G, e.g. 4G): unset it to "
+           "save deleted files of any size";
+    return false;
+  }
+  *arg = std::string(v);
   return true;
 }
 

@@ -28,6 +28,15 @@ bool parse_criu_version(std::string_view text, CriuInfo* out);
 /// was found and how to install or point at a newer one.
 bool find_criu(CriuInfo* out, std::string* err);
 
+/// The --ghost-limit CRIU's dump gets: how big a deleted file the job holds
+/// (open or mapped, e.g. NCCL's host buffers in /dev/shm, or tensors PyTorch
+/// shares through unlinked shared memory) may be for CRIU to save its
+/// contents whole in the checkpoint. CUSNAP_CRIU_GHOST_LIMIT: bytes, or a
+/// number with K, M or G (binary units, as CRIU reads them); unset: no limit
+/// (CRIU's own default of 1 MiB fails the checkpoint of such jobs). False,
+/// with *err naming the value, for anything else.
+bool criu_ghost_limit(std::string* arg, std::string* err);
+
 /// One run of CRIU.
 struct CriuRun {
   std::vector<std::string> args;  ///< after the program name

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <string>
 
 using namespace cusnap;
 
@@ -94,4 +96,25 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
   // Not another process's lines, nor the unwinding.
   CHECK(err.find("vma") == std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("criu: the ghost limit comes from CUSNAP_CRIU_GHOST_LIMIT, unlimited when unset") {
+  std::string arg, err;
+  unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
+  REQUIRE(criu_ghost_limit(&arg, &err));
+  CHECK(arg == std::to_string(std::numeric_limits<long>::max()));
+  for (const char* ok : {"1048576", "64K", "512M", "4G", "1"}) {
+    setenv("CUSNAP_CRIU_GHOST_LIMIT", ok, 1);
+    REQUIRE(criu_ghost_limit(&arg, &err));
+    CHECK(arg == ok);
+  }
+  for (const char* bad : {"0", "-1", "4g", "4GB", "G", "1.5G", " 4G", "99999999999999G",
+                          "9999999999999"}) {
+    setenv("CUSNAP_CRIU_GHOST_LIMIT", bad, 1);
+    err.clear();
+    CHECK_FALSE(criu_ghost_limit(&arg, &err));
+    CHECK(err.find(std::string("CUSNAP_CRIU_GHOST_LIMIT=\"") + bad + "\" is not a size") !=
+          std::string::npos);
+  }
+  unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
 }

@@ -19,6 +19,11 @@
 //   does itself, without the iptables programs); the manifest records it and
 //   the restore passes it too. Connections to outside the job come back only
 //   where their peer still is.
+// - --ghost-limit: deleted files the job holds open or mapped (NCCL's host
+//   buffers in /dev/shm when its ranks talk over sockets, tensors PyTorch
+//   shares through unlinked shared memory) are saved whole, whatever their
+//   size, unless CUSNAP_CRIU_GHOST_LIMIT caps it (CRIU's own default, 1 MiB,
+//   fails such jobs).
 // - not used: --ext-unix-sk (a job connected to outside unix sockets cannot be restored
 //   faithfully), --link-remap (CRIU keeps small deleted files as ghost
 //   files already; link-remap would leave links behind in the job's tree).
@@ -126,6 +131,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
   unsigned hash_threads = 0;
   if (!hash_thread_count(&hash_threads, err)) return false;
+  std::string ghost_limit;
+  if (!criu_ghost_limit(&ghost_limit, err)) return false;
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
@@ -253,6 +260,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
               "-L",
               no_plugins.path(),
               "--file-locks",
+              "--ghost-limit",
+              ghost_limit,
               opts.leave_running ? "--leave-running" : "--leave-stopped"};
   // Established TCP connections (torchrun's store, NCCL's bootstrap between
   // ranks): CRIU saves them in repair mode; the network is locked meanwhile.
@@ -276,6 +285,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   std::string why;
   if (!run_criu(criu, run, &why)) {
     work.keep();
+    if (why.find("Can't dump ghost file") != std::string::npos)
+      why += "the job holds a deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=" + ghost_limit +
+             ": raise the limit or unset it\n";
     return roll_back("CRIU dump phase: " + why + "(CRIU's log and output are kept in " +
                      work.path() + ")");
   }

@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 tests/gpu/torch_allreduce.py [--mib N] [--steps S]
                                                              [--print-every K]
                                                              [--backend nccl|gloo]
+                                                             [--share-gpu]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -19,6 +20,14 @@ labels "rank_0", "rank_1" in scripts/gpu-test.sh).
 keeps torchrun's processes, rendezvous store and TCP connections, so the CPU
 machine checkpoints and restores that part of the NCCL job for real (device
 "cpu" in the ready line).
+
+--share-gpu lets the NCCL ranks share the GPUs they see (two ranks on one
+GPU). NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
+detected"), so each rank presents itself as a host of its own (NCCL_HOSTID)
+and the ranks exchange data through NCCL's network transport (TCP sockets,
+with NCCL's proxy threads) instead of P2P. It is how one GPU carries a
+two-rank NCCL job: the cut across ranks, the bootstrap/proxy/RAS sockets
+between them and their restore.
 """
 import argparse
 import os
@@ -38,6 +47,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--print-every", type=int, default=1)
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    ap.add_argument("--share-gpu", action="store_true")
     a = ap.parse_args()
 
     import torch
@@ -47,6 +57,9 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if a.backend == "nccl":
+        if a.share_gpu:
+            # Read by NCCL when the communicator is created, below.
+            os.environ["NCCL_HOSTID"] = f"{os.uname().nodename}-rank{local}"
         dev = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(dev)
         dist.init_process_group("nccl", device_id=dev)
