@@ -186,10 +186,17 @@ bool criu_ghost_limit(std::string* arg, std::string* err) {
   std::string_view v(env);
   int shift = 0;
   switch (v.back()) {
-    case 'K': shift = 10; break;
-    case 'M': shift = 20; break;
-    case 'G': shift = 30; break;
-    default: break;
+    case 'K':
+      shift = 10;
+      break;
+    case 'M':
+      shift = 20;
+      break;
+    case 'G':
+      shift = 30;
+      break;
+    default:
+      break;
   }
   std::string_view digits = shift ? v.substr(0, v.size() - 1) : v;
   unsigned long long n = 0;

@@ -87,7 +87,8 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
   run.log_path = log;
   std::string err;
   CHECK_FALSE(run_criu(c, run, &err));
-  CHECK(err.find("criu restore failed (exit status 1); the errors in its log") != std::string::npos);
+  CHECK(err.find("criu restore failed (exit status 1); the errors in its log") !=
+        std::string::npos);
   // The cause, the lines of that process before it, and the later errors.
   CHECK(err.find("Can't bind inet socket (id 7): Address already in use") != std::string::npos);
   CHECK(err.find("port 28028 state TCP_LISTEN") != std::string::npos);
@@ -108,8 +109,8 @@ TEST_CASE("criu: the ghost limit comes from CUSNAP_CRIU_GHOST_LIMIT, unlimited w
     REQUIRE(criu_ghost_limit(&arg, &err));
     CHECK(arg == ok);
   }
-  for (const char* bad : {"0", "-1", "4g", "4GB", "G", "1.5G", " 4G", "99999999999999G",
-                          "9999999999999"}) {
+  for (const char* bad :
+       {"0", "-1", "4g", "4GB", "G", "1.5G", " 4G", "99999999999999G", "9999999999999"}) {
     setenv("CUSNAP_CRIU_GHOST_LIMIT", bad, 1);
     err.clear();
     CHECK_FALSE(criu_ghost_limit(&arg, &err));

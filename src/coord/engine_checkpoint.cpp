@@ -266,13 +266,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // Established TCP connections (torchrun's store, NCCL's bootstrap between
   // ranks): CRIU saves them in repair mode; the network is locked meanwhile.
   const std::vector<JobTcpSocket> sockets = job_tcp_sockets(pids);
-  const size_t tcp = size_t(std::count_if(sockets.begin(), sockets.end(), [](const JobTcpSocket& s) {
-    return s.entry.state == kTcpEstablished;
-  }));
+  const size_t tcp =
+      size_t(std::count_if(sockets.begin(), sockets.end(),
+                           [](const JobTcpSocket& s) { return s.entry.state == kTcpEstablished; }));
   if (tcp > 0) {
     const char* lock = std::getenv("CUSNAP_CRIU_NETWORK_LOCK");
-    run.args.insert(run.args.end(), {"--tcp-established", "--network-lock",
-                                     lock && *lock ? lock : "nftables"});
+    run.args.insert(run.args.end(),
+                    {"--tcp-established", "--network-lock", lock && *lock ? lock : "nftables"});
   }
   // The ports the job listens on, which a restore checks are free first.
   const std::vector<TcpListener> listeners = job_tcp_listeners(sockets);

@@ -6,6 +6,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
+#include "coord/rank_gpus.h"
 #include "proto/wire.h"
 
 namespace cusnap::engine_detail {
@@ -47,8 +48,33 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
       *err = "job " + job.name + ": " + what + ", but process " + std::to_string(pid) +
              " runs without the cusnap shim's tracking (started outside cusnap launch, or with "
              "CUSNAP_SHIM_TRACK=0); without it no consistent cut across the ranks can be made "
-             "and the driver's checkpoint hangs on a collective in flight, so " + operation +
-             " is refused";
+             "and the driver's checkpoint hangs on a collective in flight, so " +
+             operation + " is refused";
+      return false;
+    }
+  }
+  // Ranks that share a GPU do not survive the driver's restore (rank_gpus.h).
+  bool allow_shared_gpu = false;
+  if (!ranks_sharing_gpu_allowed(&allow_shared_gpu, err)) {
+    sm->disconnect();
+    return false;
+  }
+  if (!allow_shared_gpu) {
+    std::map<pid_t, std::vector<std::string>> devices;
+    if (!sm->collective_devices(&devices, &why)) {
+      sm->disconnect();
+      *code = kExitFailure;
+      *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+      return false;
+    }
+    if (ranks_share_gpu(devices, &what)) {
+      sm->disconnect();
+      *err = "job " + job.name + ": " + what +
+             "; after the driver's restore such ranks cannot share the GPU (its restored "
+             "contexts are not time-sliced while a collective waits: the kernels fail), so " +
+             operation +
+             " is refused and the job runs on unchanged. Run one rank per GPU "
+             "(CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the supervisor's environment tries anyway)";
       return false;
     }
   }
@@ -67,8 +93,8 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
       *err = "job " + job.name + " shares device memory between processes (" + what +
              ") without the cusnap shim's tracking in them (started outside cusnap launch, or "
              "with CUSNAP_SHIM_TRACK=0); the driver's process checkpoint cannot restore shared "
-             "device memory, so " + operation +
-             " would lose the job. Launch the job with cusnap launch and tracking on";
+             "device memory, so " +
+             operation + " would lose the job. Launch the job with cusnap launch and tracking on";
       return false;
     }
     return true;
@@ -131,8 +157,10 @@ bool shared_rebuild_in_place(const JobInfo& job, SharedMemory* sm, const std::st
       if (!ok) *err = "opening the gates: " + why;
       return ok;
     }
-    if (attempt == 0) first = why;
-    else *err = first + "; once more: " + why;
+    if (attempt == 0)
+      first = why;
+    else
+      *err = first + "; once more: " + why;
   }
   sm->disconnect();
   return false;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <tuple>
 
+#include "coord/driver.h"
 #include "coord/procs.h"
 #include "proto/control.h"
 #include "proto/unique_fd.h"
@@ -132,8 +133,7 @@ bool proc_alive(pid_t pid) {
   std::string stat;
   if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
   size_t p = stat.rfind(')');
-  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' &&
-         stat[p + 2] != 'X';
+  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' && stat[p + 2] != 'X';
 }
 
 }  // namespace
@@ -187,8 +187,11 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
       // No tracking shim here, or one whose socket is gone: the latter may
       // share memory nobody can see, so the job is not checkpointable.
       if (tracking_shim_loaded(pid)) {
-        *err = "process " + std::to_string(pid) + " runs the cusnap shim with tracking on, but "
-               "its control socket " + path + " is gone (the job's runtime directory was "
+        *err = "process " + std::to_string(pid) +
+               " runs the cusnap shim with tracking on, but "
+               "its control socket " +
+               path +
+               " is gone (the job's runtime directory was "
                "changed or removed?): its shared memory cannot be saved or checked, so the job "
                "is not checkpointable";
         return false;
@@ -237,6 +240,29 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
   return true;
 }
 
+bool SharedMemory::collective_devices(std::map<pid_t, std::vector<std::string>>* out,
+                                      std::string* err) {
+  out->clear();
+  for (auto& p : procs_) {
+    proto::CutState st;
+    std::string why;
+    if (!p->client.cut("status", 0, &st, &why)) {
+      *err = "cut phase: " + why;
+      return false;
+    }
+    if (st.launched == 0 && st.reserved == 0) continue;
+    CUuuid u;
+    for (const std::string& d : st.devices)
+      if (!parse_gpu_uuid(d, &u) || st.devices.size() > proto::kMaxCutDevices) {
+        *err = "cut phase: the shim of process " + std::to_string(p->pid) +
+               " named an invalid GPU '" + d.substr(0, 64) + "': the shim and cusnap differ";
+        return false;
+      }
+    (*out)[p->pid] = st.devices;
+  }
+  return true;
+}
+
 bool SharedMemory::cut(std::string* err) {
   cut_counts_.clear();
   std::map<pid_t, uint64_t> counts;
@@ -275,8 +301,8 @@ bool SharedMemory::cut(std::string* err) {
       counts[p->pid] = st.launched;
       if (st.launched < target) {
         all = false;
-        behind += (behind.empty() ? "" : ", ") + std::string("process ") +
-                  std::to_string(p->pid) + " at " + std::to_string(st.launched);
+        behind += (behind.empty() ? "" : ", ") + std::string("process ") + std::to_string(p->pid) +
+                  " at " + std::to_string(st.launched);
       }
     }
     if (all) break;
@@ -381,9 +407,8 @@ bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, st
         return false;
       }
       if (bytes != a.size) {
-        *err = "save phase: process " + std::to_string(p->pid) + " saved " +
-               std::to_string(bytes) + " bytes of allocation " + std::to_string(a.id) + ", not " +
-               std::to_string(a.size);
+        *err = "save phase: process " + std::to_string(p->pid) + " saved " + std::to_string(bytes) +
+               " bytes of allocation " + std::to_string(a.id) + ", not " + std::to_string(a.size);
         undo();
         return false;
       }
@@ -450,8 +475,7 @@ bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std:
   return true;
 }
 
-bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
-                           std::string* err) {
+bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress, std::string* err) {
   const uint64_t total = shared_bytes();
   uint64_t done = 0;
   if (progress) progress(Progress{"rebuild", 0, total});
@@ -512,8 +536,9 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
       if (m != made.end() && m->second != a.generation) {
         *err = "verify phase: process " + std::to_string(pid) + " holds incarnation " +
                std::to_string(a.generation) + " of allocation " + std::to_string(a.creator_id) +
-               " of process " + std::to_string(a.creator_pid) + ", whose creator made incarnation " +
-               std::to_string(m->second) + ": the memory is not shared again";
+               " of process " + std::to_string(a.creator_pid) +
+               ", whose creator made incarnation " + std::to_string(m->second) +
+               ": the memory is not shared again";
         return false;
       }
     }

@@ -60,6 +60,9 @@ class SharedMemory {
   /// go again: nothing changed. Processes that never launched a collective
   /// are left out of the count.
   bool cut(std::string* err);
+  /// The GPUs each process launched its collectives on (from its shim, without
+  /// arming the cut; processes with none are left out). Changes nothing.
+  bool collective_devices(std::map<pid_t, std::vector<std::string>>* out, std::string* err);
   /// Collective launches per process at the cut (empty when there was none).
   const std::map<pid_t, uint64_t>& cut_counts() const { return cut_counts_; }
   /// Lets held collective launches go (the gates' opening does it too).

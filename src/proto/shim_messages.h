@@ -53,6 +53,10 @@ inline constexpr const char* kMsgShimCutState = "cut-state";
 /// Version of ShimRecords; bump on any incompatible change.
 inline constexpr uint32_t kShimRecordsFormat = 1;
 
+/// A GPU's UUID as nvidia-smi and the driver's checkpoint arguments name it:
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (16 bytes, lower-case hex).
+std::string format_gpu_uuid(const unsigned char bytes[16]);
+
 /// Socket names inside the runtime directory.
 std::string shim_peer_socket(const std::string& runtime_dir, int64_t pid);
 std::string shim_control_socket(const std::string& runtime_dir, int64_t pid);
@@ -113,7 +117,9 @@ struct ReleaseRequest {
 /// per process. "arm" holds every later collective launch and answers the
 /// count; "target" lets launches on until the count reaches target, then
 /// holds again; "status" answers the counts; "release" (and gate-open) lets
-/// every held launch go. A held launch waits outside the gate.
+/// every held launch go. A held launch waits outside the gate. Every answer
+/// names the GPUs (format_gpu_uuid) of the contexts the process launched its
+/// collectives in, at most kMaxCutDevices.
 struct CutRequest {
   std::string op;
   uint64_t target = 0;
@@ -127,9 +133,11 @@ struct CutState {
   uint64_t reserved = 0;  ///< launches let through (some may still be in the driver)
   uint64_t launched = 0;  ///< launches that returned successfully
   uint64_t target = 0;
-  uint32_t held = 0;  ///< threads holding at a collective launch now
-  MSGPACK_DEFINE_MAP(ok, error, armed, reserved, launched, target, held);
+  uint32_t held = 0;                 ///< threads holding at a collective launch now
+  std::vector<std::string> devices;  ///< GPUs the collectives ran on
+  MSGPACK_DEFINE_MAP(ok, error, armed, reserved, launched, target, held, devices);
 };
+inline constexpr size_t kMaxCutDevices = 64;
 
 /// One location's access flags (CUmemLocation type/id, CUmemAccess_flags).
 struct AccessRecord {

@@ -100,6 +100,8 @@ struct Cut {
   uint64_t reserved = 0;
   uint32_t held = 0;
   std::atomic<uint64_t> launched{0};
+  /// Ordinals (below 64) of the devices whose contexts launched collectives.
+  std::atomic<uint64_t> devices{0};
 };
 Cut g_cut;
 pthread_once_t g_cut_once = PTHREAD_ONCE_INIT;
@@ -143,6 +145,56 @@ proto::CutState state_locked() {
   st.target = g_cut.target;
   st.held = g_cut.held;
   return st;
+}
+
+/// Names the devices of the collective launches (outside the cut's lock: a
+/// driver call must not hold the application's launches).
+void add_devices(proto::CutState* st) {
+  const uint64_t devices = g_cut.devices.load(std::memory_order_acquire);
+  auto get = REAL(cuDeviceGetUuid);
+  for (int d = 0; d < 64 && get && st->devices.size() < proto::kMaxCutDevices; ++d) {
+    if (!(devices & (1ull << d))) continue;
+    CUuuid u{};
+    if (get(&u, static_cast<CUdevice>(d)) == CUDA_SUCCESS)
+      st->devices.push_back(
+          proto::format_gpu_uuid(reinterpret_cast<const unsigned char*>(u.bytes)));
+  }
+}
+
+proto::CutState handle_locked(const proto::CutRequest& req) {
+  Locked l;
+  if (req.op == "arm") {
+    g_cut.armed = true;
+    g_cut.target_set = false;
+    g_cut.target = 0;
+  } else if (req.op == "target") {
+    if (!g_cut.armed) {
+      proto::CutState st = state_locked();
+      st.ok = false;
+      st.error = "the cut is not armed";
+      return st;
+    }
+    if (req.target < g_cut.reserved) {
+      proto::CutState st = state_locked();
+      st.ok = false;
+      st.error = "target " + std::to_string(req.target) + " is below the " +
+                 std::to_string(g_cut.reserved) + " collective launches already made";
+      return st;
+    }
+    g_cut.target = req.target;
+    g_cut.target_set = true;
+    pthread_cond_broadcast(&g_cut.cv);
+  } else if (req.op == "release") {
+    g_cut.armed = false;
+    g_cut.target_set = false;
+    pthread_cond_broadcast(&g_cut.cv);
+  } else if (req.op != "status") {
+    proto::CutState st = state_locked();
+    st.ok = false;
+    st.error = "unknown cut operation '" + req.op + "'";
+    return st;
+  }
+  return state_locked();
 }
 
 }  // namespace
@@ -210,6 +262,11 @@ void before() noexcept {
 
 void after(bool launched) noexcept {
   if (launched) {
+    // The device of the launching context: two ranks on one GPU cannot be
+    // restored (docs/design.md), which the coordinator checks first.
+    CUdevice d = -1;
+    if (auto get = REAL(cuCtxGetDevice); get && get(&d) == CUDA_SUCCESS && d >= 0 && d < 64)
+      g_cut.devices.fetch_or(1ull << d, std::memory_order_acq_rel);
     g_cut.launched.fetch_add(1, std::memory_order_acq_rel);
     return;
   }
@@ -220,39 +277,9 @@ void after(bool launched) noexcept {
 
 proto::CutState handle(const proto::CutRequest& req) noexcept {
   try {
-    Locked l;
-    if (req.op == "arm") {
-      g_cut.armed = true;
-      g_cut.target_set = false;
-      g_cut.target = 0;
-    } else if (req.op == "target") {
-      if (!g_cut.armed) {
-        proto::CutState st = state_locked();
-        st.ok = false;
-        st.error = "the cut is not armed";
-        return st;
-      }
-      if (req.target < g_cut.reserved) {
-        proto::CutState st = state_locked();
-        st.ok = false;
-        st.error = "target " + std::to_string(req.target) + " is below the " +
-                   std::to_string(g_cut.reserved) + " collective launches already made";
-        return st;
-      }
-      g_cut.target = req.target;
-      g_cut.target_set = true;
-      pthread_cond_broadcast(&g_cut.cv);
-    } else if (req.op == "release") {
-      g_cut.armed = false;
-      g_cut.target_set = false;
-      pthread_cond_broadcast(&g_cut.cv);
-    } else if (req.op != "status") {
-      proto::CutState st = state_locked();
-      st.ok = false;
-      st.error = "unknown cut operation '" + req.op + "'";
-      return st;
-    }
-    return state_locked();
+    proto::CutState st = handle_locked(req);
+    add_devices(&st);
+    return st;
   } catch (...) {
     return proto::CutState{};
   }
@@ -279,6 +306,7 @@ void atfork_child() noexcept {
   g_cut.target = g_cut.reserved = 0;
   g_cut.held = 0;
   g_cut.launched.store(0, std::memory_order_relaxed);
+  g_cut.devices.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace cusnap::shim::cut

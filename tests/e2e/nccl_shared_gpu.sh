@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Two collective ranks on one GPU (docs/design.md "Ranks that share a GPU"):
+# after the driver's restore their contexts are not time-sliced while a
+# collective waits, so the real driver's kernels fail (Xid 109). On the
+# simulated driver with one device, cusnap-collective-pair puts both ranks on
+# device 0: the checkpoint and the suspend are refused (exit 3, also as
+# JSON) before anything changes, naming both processes and the GPU; the job
+# counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused too; with
+# CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the supervisor's environment the
+# checkpoint goes ahead (--leave-running). (The simulated driver does not
+# model the time-slicing failure itself: the refusal keeps a job from it.)
+source "$(dirname "$0")/lib_shared.sh"
+fake_only "the handshake kernel exists in the simulated driver only" || exit 77
+export FAKECUDA_DEVICES=1
+PAIR=$BIN/cusnap-collective-pair
+[ -x "$PAIR" ] || fail "$PAIR is not built"
+PREFIXES=("rank 0 " "rank 1 ")
+
+counts_advance() {
+  local p n
+  for p in "${PREFIXES[@]}"; do
+    n=$(last_count "$1" "$p")
+    wait_count "$1" $((n + 3)) "$p" 30
+  done
+}
+
+LAUNCH_OUT=$T/pair.out
+start_job pair "$LAUNCH_OUT" "$PAIR" --print-every 1
+read -r R0 R1 <<<"$(ready_pids "$LAUNCH_OUT" | tr '\n' ' ')"
+grep -q "rank 0 ready pid $R0 device 0" "$LAUNCH_OUT" && grep -q "rank 1 ready pid $R1 device 0" "$LAUNCH_OUT" ||
+  fail "the ranks are not both on device 0: $(grep ready "$LAUNCH_OUT")"
+GPU='GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
+WHY="processes ($R0 and $R1|$R1 and $R0) both run collective kernels \(NCCL ranks\) on GPU $GPU; after the driver's restore"
+
+expect_refused 3 "$WHY.*checkpoint is refused and the job runs on unchanged. Run one rank per GPU" \
+  "$CUSNAP" checkpoint pair -o "$T/ck"
+[ ! -e "$T/ck" ] || fail "the refused checkpoint left $T/ck"
+rc=0
+"$CUSNAP" checkpoint pair -o "$T/ck" --json >"$T/ck.json" 2>/dev/null || rc=$?
+[ "$rc" = 3 ] || fail "checkpoint --json exited $rc, expected 3"
+python3 - "$T/ck.json" <<'PY' || fail "checkpoint --json: $(cat "$T/ck.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] is False and r["exit_code"] == 3 and "both run collective kernels" in r["error"], r
+PY
+expect_refused 3 "$WHY.*suspend is refused" "$CUSNAP" suspend pair
+counts_advance "$LAUNCH_OUT"
+no_errors "$LAUNCH_OUT"
+"$CUSNAP" inspect pair --json >"$T/inspect.json" 2>&1 || fail "inspect failed: $(cat "$T/inspect.json")"
+if grep -q '"locked"\|"checkpointed"' "$T/inspect.json"; then fail "GPU state left locked: $(cat "$T/inspect.json")"; fi
+pass "checkpoint and suspend refused (exit 3), naming both ranks and the GPU; the job counts on"
+stop_job "$LAUNCH_OUT"
+
+# The override is read by the supervisor.
+LAUNCH_OUT=$T/bad.out
+CUSNAP_ALLOW_RANKS_SHARING_GPU=yes start_job bad "$LAUNCH_OUT" "$PAIR" --print-every 1
+expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' "$CUSNAP" checkpoint bad -o "$T/ck"
+counts_advance "$LAUNCH_OUT"
+pass "an invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused"
+stop_job "$LAUNCH_OUT"
+
+LAUNCH_OUT=$T/allow.out
+CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job allow "$LAUNCH_OUT" "$PAIR" --print-every 1
+"$CUSNAP" checkpoint allow -o "$T/ck-allow" --leave-running --json >"$T/allow.json" 2>"$T/allow.err" ||
+  fail "with CUSNAP_ALLOW_RANKS_SHARING_GPU=1 the checkpoint failed: $(cat "$T/allow.err" "$T/allow.json")"
+python3 - "$T/allow.json" <<'PY' || fail "the checkpoint did not cut the ranks: $(cat "$T/allow.json")"
+import json, sys
+cut = json.load(open(sys.argv[1]))["collective_cut"]
+assert len(cut) == 2 and len(set(cut.values())) == 1, cut
+PY
+counts_advance "$LAUNCH_OUT"
+no_errors "$LAUNCH_OUT"
+pass "CUSNAP_ALLOW_RANKS_SHARING_GPU=1: the checkpoint cuts both ranks and goes ahead"
+stop_job "$LAUNCH_OUT"
+echo "PASS"
