@@ -20,6 +20,13 @@
 #                its forked child. Checkpoint (stops it), restore (detached):
 #                both processes must count on past their last count; then, on a
 #                fresh launch, suspend (counts stand still) and resume (they go on).
+#   pinned-host  cusnap-hostmem-job --kind alloc, then --kind register: a thread
+#                writes pinned host memory (cuMemHostAlloc, cuMemHostRegister)
+#                all the time, with no driver call, as NCCL's proxy thread does
+#                with its buffers; the job checks that nothing else changed it.
+#                Checkpoint/restore, then suspend/resume, as for shared-posix.
+#                Then tests/gpu/torch_hostmem.py (both kinds): kernels that
+#                increment pinned host memory in place, checked by the host.
 #   shared-ipc   The same with cusnap-ipc-pair (legacy CUDA IPC); skipped when
 #                that workload is not built.
 #   torch-share-default, torch-share-expandable
@@ -60,15 +67,15 @@
 #                and store, NCCL's threads and sockets (RAS listener, proxy),
 #                CUSNAP_GPU_TEST_NCCL_CYCLES cycles.
 #   nccl-torchrun-1gpu
-#                The nccl-torchrun job with its two ranks on one GPU
-#                (torch_allreduce.py --share-gpu: each rank presents itself as
-#                its own host, so NCCL connects them through its network
-#                transport, TCP sockets and proxy threads, instead of P2P),
-#                CUSNAP_GPU_TEST_NCCL_CYCLES cycles: the cut across ranks and
-#                the sockets between them, where only one GPU is lent.
-#   nccl-torchrun-1gpu-expandable
-#                The same, two cycles, with
-#                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+#                Two NCCL ranks on one GPU (torch_allreduce.py --share-gpu: each
+#                rank presents itself as its own host, so NCCL connects them
+#                through its network transport, TCP sockets and proxy threads).
+#                After the driver's restore such ranks' kernels fail (restored
+#                contexts are not time-sliced while a collective waits: Xid
+#                109), so checkpoint and suspend must be refused (exit 3) and
+#                the job run on. Then a control with
+#                CUSNAP_ALLOW_RANKS_SHARING_GPU=1: checkpoint and restore,
+#                expected to fail after the restore (NOTE when it runs on).
 #   torchrun-gloo
 #                The same loop with two ranks on the gloo backend (CPU tensors,
 #                no CUDA): torchrun's processes, rendezvous store and the TCP
@@ -85,15 +92,16 @@
 # CUSNAP_GPU_TEST_DIR (where checkpoints are written; default a directory under
 # /var/tmp, on disk), CUSNAP_GPU_TEST_SIZES (timing, MiB, default "4096 16384"),
 # CUSNAP_GPU_TEST_SHARE_MIB (shared-*, default 64), CUSNAP_GPU_TEST_TORCH_MIB
-# (torch-*, default 64), CUSNAP_GPU_TEST_IPC_ARGS (arguments of cusnap-ipc-pair,
+# (torch-*, default 64), CUSNAP_GPU_TEST_KEEP=1 (keep that directory, with the
+# logs, JSON reports and the checkpoint of a failed cycle), CUSNAP_GPU_TEST_IPC_ARGS (arguments of cusnap-ipc-pair,
 # default "--mib 64 --interval-ms 100"), CUSNAP_PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-SCENARIOS_ALL=(e2e timing shared-posix shared-ipc torch-share-default torch-share-expandable
+SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank nccl-torchrun-1gpu nccl-torchrun-1gpu-expandable torchrun-gloo)
+  nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -186,7 +194,7 @@ cleanup() {
   for sid in "${JOB_SIDS[@]}"; do
     for p in $(session_pids "$sid"); do kill -9 "$p" 2>/dev/null; done
   done
-  rm -rf "$WORK"
+  if [ "${CUSNAP_GPU_TEST_KEEP:-0}" = 1 ]; then echo "gpu-test: kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
@@ -348,7 +356,8 @@ wait_seen_past() {
 }
 # A wrong byte or a failing call, as the workloads report them.
 ERROR_RE='MISMATCH|mismatch|, expected|failed|Traceback|[A-Za-z]Error|ERROR|ended|open gave'
-error_lines() { grep -E "$ERROR_RE" "$1" 2>/dev/null | head -5; }
+# NCCL's own INFO lines (NCCL_DEBUG=INFO) speak of failed probes that are not errors.
+error_lines() { grep -E "$ERROR_RE" "$1" 2>/dev/null | grep -v ' NCCL INFO ' | head -5; }
 
 # wait_labels FILE SECONDS NPROC: until FILE shows counts of NPROC labels, each >= 2.
 # wait_past FILE SECONDS "LABEL N" ...: until each LABEL's last count >= N.
@@ -624,6 +633,21 @@ scenario_shared_posix() {
   suspend_resume shared-posix-suspend 2 -- "$BIN/cusnap-share-job" --mib "$SHARE_MIB" --interval-ms 100
 }
 
+scenario_pinned_host() {
+  local kind
+  for kind in alloc register; do
+    echo "gpu-test: pinned-host-$kind: cusnap-hostmem-job --kind $kind, a thread writing pinned host memory all the time"
+    checkpoint_restore "pinned-host-$kind" 1 -- "$BIN/cusnap-hostmem-job" --kind "$kind"
+    suspend_resume "pinned-host-$kind-suspend" 1 -- "$BIN/cusnap-hostmem-job" --kind "$kind"
+  done
+  # Kernels that read and write pinned memory in place (tests/gpu/torch_hostmem.py).
+  torch_ready pinned-host-torch || return 0
+  for kind in alloc register; do
+    echo "gpu-test: pinned-host-torch-$kind: torch_hostmem.py --kind $kind, kernels on pinned host memory"
+    checkpoint_restore "pinned-host-torch-$kind" 1 -- "$PY" "$ROOT/tests/gpu/torch_hostmem.py" --kind "$kind"
+  done
+}
+
 scenario_shared_ipc() {
   local args
   if [ ! -x "$BIN/cusnap-ipc-pair" ]; then
@@ -698,22 +722,20 @@ nccl_cycles() {
   shift 3
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
     first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
-    nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB share=() gpus
+    nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
   [ "$backend" = gloo ] && mib=4
-  gpus=$nproc
-  if [ -n "${SHARE_GPU:-}" ]; then share=(--share-gpu); gpus=1; fi
-  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$gpus" ]; then
-    result SKIP "$scen" "needs $gpus GPUs, this machine has $(gpu_count)"; return 0
+  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
+    result SKIP "$scen" "needs $nproc GPUs, this machine has $(gpu_count)"; return 0
   fi
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
-  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib${share[*]:+ ${share[*]}}, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
+  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
   # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
   # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
   # the agent's store, use_libuv=0 for torchrun's rendezvous store).
   start_job "$scen" "$name" "$out" "$nproc" --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
     "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$nproc" \
-    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" "${share[@]}" || return 0
+    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
   echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
   log=$out
@@ -772,6 +794,10 @@ nccl_cycles() {
     if [ $((cycles % 2)) = 1 ] && [ "$g0" != "$first1" ]; then why="rank 0 is on $g0, not on GPU 1 ($first1) after --device-map $map"; fi
     if [ $((cycles % 2)) = 0 ] && [ "$g0" != "$first0" ]; then why="rank 0 is on $g0, not back on GPU 0 ($first0) after two swaps"; fi
   fi
+  if [ -n "$why" ] && [ -f "$log" ]; then
+    # The job's whole output goes with its runtime directory when it stops.
+    cp "$log" "$WORK/$scen.failed.log" 2>/dev/null && echo "    (the job's whole output is kept in $WORK/$scen.failed.log)"
+  fi
   if [ -n "$why" ]; then result FAIL "$scen" "$why"
   else result PASS "$scen" "$cycles cycles; mean checkpoint $(awk -v s="$ck_sum" -v n="$cycles" 'BEGIN{printf "%.2f", s/n}') s, restore $(awk -v s="$rs_sum" -v n="$cycles" 'BEGIN{printf "%.2f", s/n}') s; now $(counts "$log" | tr '\n' ' ')"; fi
   stop_job "$name" "$(job_field "$name" pid)"
@@ -784,9 +810,67 @@ scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
-scenario_nccl_torchrun_1gpu() { SHARE_GPU=1 nccl_cycles nccl-torchrun-1gpu "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
-scenario_nccl_torchrun_1gpu_expandable() {
-  SHARE_GPU=1 nccl_cycles nccl-torchrun-1gpu-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# nccl-torchrun-1gpu: see the scenarios above.
+scenario_nccl_torchrun_1gpu() {
+  local scen=nccl-torchrun-1gpu out=$WORK/nccl-torchrun-1gpu.out ck=$WORK/nccl-torchrun-1gpu.ckpt \
+    op rc why= before after l n rj log
+  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
+  torch_ready "$scen" || return 0
+  local job=(--strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 "$PY" -m torch.distributed.run
+    --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 "$TORCH_ALLREDUCE" --mib "$NCCL_MIB"
+    --share-gpu)
+  echo "gpu-test: $scen: torchrun --nproc-per-node 2 torch_allreduce.py --share-gpu, both ranks on GPU 0: checkpoint and suspend refused, the job runs on"
+  start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
+  for op in checkpoint suspend; do
+    rc=0
+    if [ "$op" = checkpoint ]; then
+      timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.$op.json" 2>&1 || rc=$?
+    else
+      timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" suspend "$scen" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.$op.json" 2>&1 || rc=$?
+    fi
+    echo "  $op: exit $rc: $(json_field "$WORK/$scen.$op.json" error | head -1)"
+    if [ "$rc" != 3 ] || ! grep -q "both run collective kernels" "$WORK/$scen.$op.json"; then
+      why="$op was not refused as ranks sharing a GPU (exit $rc)"; break
+    fi
+  done
+  before=$(counts "$out" | grep -E '^rank_[01] ' || true)
+  sleep 3
+  after=$(counts "$out" | grep -E '^rank_[01] ' || true)
+  while read -r l n; do
+    [ -n "$l" ] || continue
+    if ! grep -qE "^$l ([0-9]+)$" <<<"$after" || [ "$(grep -E "^$l " <<<"$after" | awk '{print $2}')" -le "$n" ]; then
+      why="${why:-rank $l did not count on after the refusals: $(echo "$after" | tr '\n' ' ')}"
+    fi
+  done <<<"$before"
+  [ -z "$(error_lines "$out")" ] || why="${why:-$(error_lines "$out" | head -1)}"
+  stop_job "$scen" "$(job_field "$scen" pid)"
+  if [ -n "$why" ]; then result FAIL "$scen" "$why"; return 0; fi
+  # Control: what the refusal prevents. With the check off the same job is
+  # checkpointed and restored; the driver is expected to fail its kernels.
+  echo "  control: CUSNAP_ALLOW_RANKS_SHARING_GPU=1, checkpoint and restore"
+  CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
+  rj=$WORK/$scen.restore.json
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.ckpt.json" 2>&1; then
+    result NOTE "$scen" "refused as it should; control: the checkpoint failed: $(json_field "$WORK/$scen.ckpt.json" error | head -1)"
+    return 0
+  fi
+  for _ in $(seq 1 600); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
+  before=$(counts "$out" | grep -E '^rank_[01] ' || true)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
+    result NOTE "$scen" "refused as it should; control: the restore failed: $(json_field "$rj" error | head -1)"
+    rm -rf "$ck"; return 0
+  fi
+  log=$(json_field "$rj" runtime_dir)/output.log
+  local targets=()
+  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
+  if wait_past "$log" 60 "${targets[@]}"; then
+    result NOTE "$scen" "refused as it should, but the control restored and ran on ($(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')): the driver may time-slice restored contexts now"
+  else
+    result PASS "$scen" "checkpoint and suspend refused, the job ran on; the control (check off) failed after its restore as the driver does: $WHY"
+    dmesg 2>/dev/null | grep -i 'xid' | tail -2 | sed 's/^/    | /'
+  fi
+  stop_job "$scen" "$(job_field "$scen" pid)"
+  rm -rf "$ck"
 }
 scenario_torchrun_gloo() { BACKEND=gloo nccl_cycles torchrun-gloo 5 ""; }
 

@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 2 tests/gpu/torch_allreduce.py [--mib N] [--steps S]
                                                              [--print-every K]
                                                              [--backend nccl|gloo]
-                                                             [--share-gpu]
+                                                             [--share-gpu] [--sleep-ms M]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -21,6 +21,9 @@ keeps torchrun's processes, rendezvous store and TCP connections, so the CPU
 machine checkpoints and restores that part of the NCCL job for real (device
 "cpu" in the ready line).
 
+--sleep-ms M sleeps M ms after each step (default 0: none), so that a
+checkpoint finds the ranks between collectives most of the time.
+
 --share-gpu lets the NCCL ranks share the GPUs they see (two ranks on one
 GPU). NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
 detected"), so each rank presents itself as a host of its own (NCCL_HOSTID)
@@ -32,6 +35,7 @@ between them and their restore.
 import argparse
 import os
 import sys
+import time
 
 
 def say(line):
@@ -48,6 +52,7 @@ def main():
     ap.add_argument("--print-every", type=int, default=1)
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     ap.add_argument("--share-gpu", action="store_true")
+    ap.add_argument("--sleep-ms", type=int, default=0)
     a = ap.parse_args()
 
     import torch
@@ -86,6 +91,8 @@ def main():
             sys.exit(3)
         if step % a.print_every == 0 or step == 1:
             say(f"rank {rank} count {step} ok")
+        if a.sleep_ms:
+            time.sleep(a.sleep_ms / 1000)
     dist.destroy_process_group()
     say(f"rank {rank} done")
 
