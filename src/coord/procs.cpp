@@ -137,9 +137,10 @@ std::vector<DeviceAllocation> parse_device_allocations(std::string_view maps) {
         maps.substr(pos, end == std::string_view::npos ? maps.size() - pos : end - pos);
     size_t colon = rest.find(':');
     DeviceAllocation a;
-    if (colon == std::string_view::npos || !parse_num(rest.substr(0, colon), &a.creator) ||
-        !parse_num(rest.substr(colon + 1), &a.id))
-      continue;
+    if (colon == std::string_view::npos || !parse_num(rest.substr(0, colon), &a.creator)) continue;
+    std::string_view id = rest.substr(colon + 1);
+    id = id.substr(0, id.find(':'));  // ":dev<N>" follows
+    if (!parse_num(id, &a.id)) continue;
     found.insert(a);
   }
   return {found.begin(), found.end()};

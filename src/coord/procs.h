@@ -33,7 +33,7 @@ bool maps_use_cuda(std::string_view maps);
 
 /// One device allocation of the simulated driver mapped by a process; the
 /// simulated driver names each physical allocation's memfd
-/// "fakecuda:<creator-pid>:<allocation-id>".
+/// "fakecuda:<creator-pid>:<allocation-id>[:dev<N>]".
 struct DeviceAllocation {
   pid_t creator = 0;
   uint64_t id = 0;

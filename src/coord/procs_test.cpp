@@ -20,11 +20,13 @@ TEST_CASE("procs: simulated driver allocations parsed from maps") {
       "7f00-7f10 rw-s 00000000 00:01 5 /memfd:fakecuda:1234:7 (deleted)\n"
       "7f10-7f20 rw-s 00000000 00:01 5 /memfd:fakecuda:1234:7 (deleted)\n"
       "7f20-7f30 rw-s 00000000 00:01 6 /memfd:fakecuda:99:2 (deleted)\n"
+      "7f30-7f40 rw-s 00000000 00:01 7 /memfd:fakecuda:99:3:dev1 (deleted)\n"
       "7f30-7f40 rw-s 00000000 00:01 6 /memfd:other (deleted)\n";
   auto a = parse_device_allocations(maps);
-  REQUIRE(a.size() == 2);
+  REQUIRE(a.size() == 3);
   CHECK(a[0] == DeviceAllocation{99, 2});
-  CHECK(a[1] == DeviceAllocation{1234, 7});
+  CHECK(a[1] == DeviceAllocation{99, 3});
+  CHECK(a[2] == DeviceAllocation{1234, 7});
 }
 
 TEST_CASE("procs: sharing between processes is found") {

@@ -66,7 +66,7 @@ CUresult restore_memory() {
   Driver& d = driver();
   for (auto& [id, a] : d.allocs) {
     if (a.fd >= 0 || !a.saved) continue;
-    int fd = make_memfd(getpid(), a.id, a.size);
+    int fd = make_memfd(getpid(), a.id, a.size, a.dev);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!io_full(fd, static_cast<char*>(a.saved), a.size, true)) {
       close(fd);
@@ -192,6 +192,7 @@ CUresult do_restore(const CtlRequest& req) {
     return r;
   }
   g.state = CU_PROCESS_STATE_LOCKED;
+  d.restored = true;
   return CUDA_SUCCESS;
 }
 

@@ -18,6 +18,15 @@
 // keep cuCheckpointProcessLock from succeeding, and passes the gate again
 // before it returns.
 //
+// After a restore (measured on the H200, docs/design.md "Ranks that share a
+// GPU"): a restored context is no longer time-sliced with other processes'
+// contexts on its GPU, so a collective that waits for a peer on the same GPU
+// never sees it; the driver kills the kernel (Xid 109). Here: once this
+// process was restored, a handshake kernel that has to wait for a peer flag in
+// another process's allocation on its own flag's device fails with
+// CUDA_ERROR_LAUNCH_FAILED (sticky on its stream) after
+// $FAKECUDA_CTXSW_TIMEOUT_MS (default 300), even if the peer arrives meanwhile.
+//
 // Threads: one kernel thread per process, started by the first handshake
 // launch. Fork: the child gets a fresh, empty queue and starts its own thread
 // at its first launch (the parent's kernels are not the child's). CRIU: the
@@ -34,7 +43,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <thread>
@@ -50,6 +61,8 @@ struct Job {
   HandshakeArgs args;
   std::vector<uint64_t> deps;  ///< jobs that must complete first
   bool stored = false;         ///< my_flag written
+  bool starved = false;        ///< waits for a peer on its GPU after a restore
+  std::chrono::steady_clock::time_point starved_at;
 };
 
 using KeyId = std::tuple<Context*, int, uintptr_t>;
@@ -106,9 +119,42 @@ bool any_pending(Queue& q, const std::vector<uint64_t>& seqs) {
 
 enum class Outcome { kWaiting, kStored, kDone };
 
+/// The device of the allocation mapped at p, and whether another process
+/// created it; false when p is not mapped. Precondition: Driver::mu held.
+bool allocation_at(uintptr_t p, CUdevice* dev, bool* imported) {
+  uintptr_t base = 0;
+  const Mapping* m = find_mapping(p, &base);
+  const Allocation* a = m ? find_alloc(m->alloc) : nullptr;
+  if (!a) return false;
+  *dev = a->dev;
+  *imported = a->imported;
+  return true;
+}
+
+/// Whether the kernel waits for a peer on its own GPU in a restored process
+/// (see the top of this file). Precondition: Driver::mu held.
+bool starved_by_restore(const HandshakeArgs& a) {
+  if (!driver().restored) return false;
+  CUdevice mine = -1, peer = -1;
+  bool mine_imported = false, peer_imported = false;
+  return allocation_at(a.my_flag, &mine, &mine_imported) &&
+         allocation_at(a.peer_flag, &peer, &peer_imported) && peer_imported && mine == peer;
+}
+
+unsigned ctxsw_timeout_ms() {
+  static const unsigned ms = [] {
+    const char* e = std::getenv("FAKECUDA_CTXSW_TIMEOUT_MS");
+    const long v = e && *e ? std::atol(e) : 0;
+    return v > 0 ? static_cast<unsigned>(v) : 300u;
+  }();
+  return ms;
+}
+
 /// One poll of a job. Precondition: Driver::mu held, q.mu not held.
-Outcome poll_job(const Job& j, bool stored, CUresult* err) {
+/// *starved: the job waits for a peer it cannot see (starved_by_restore).
+Outcome poll_job(const Job& j, bool stored, CUresult* err, bool* starved) {
   *err = CUDA_SUCCESS;
+  *starved = j.starved;
   const HandshakeArgs& a = j.args;
   if ((a.my_flag | a.peer_flag) % 8) {
     *err = CUDA_ERROR_MISALIGNED_ADDRESS;
@@ -126,7 +172,9 @@ Outcome poll_job(const Job& j, bool stored, CUresult* err) {
     return Outcome::kDone;
   }
   uint64_t peer = __atomic_load_n(reinterpret_cast<const uint64_t*>(a.peer_flag), __ATOMIC_SEQ_CST);
+  if (j.starved) return Outcome::kWaiting;
   if (peer >= a.step) return Outcome::kDone;
+  if (starved_by_restore(a)) *starved = true;
   return stored ? Outcome::kWaiting : Outcome::kStored;
 }
 
@@ -142,21 +190,35 @@ void kernel_thread(Queue* qp, std::promise<void>* started) {
       for (auto& [seq, j] : q.pending)
         if (!any_pending(q, j.deps)) runnable.emplace_back(seq, j);
     }
-    std::vector<std::tuple<uint64_t, Outcome, CUresult>> results;
+    std::vector<std::tuple<uint64_t, Outcome, CUresult, bool>> results;
     {
       std::lock_guard<std::mutex> l(driver().mu);
       for (auto& [seq, j] : runnable) {
         CUresult err;
-        Outcome o = poll_job(j, j.stored, &err);
-        results.emplace_back(seq, o, err);
+        bool starved = false;
+        Outcome o = poll_job(j, j.stored, &err, &starved);
+        results.emplace_back(seq, o, err, starved);
       }
     }
     bool progress = false;
     {
       std::lock_guard<std::mutex> l(q.mu);
-      for (auto& [seq, o, err] : results) {
+      const auto now = std::chrono::steady_clock::now();
+      for (auto& [seq, o, err, starved] : results) {
         auto it = q.pending.find(seq);
-        if (it == q.pending.end() || o == Outcome::kWaiting) continue;
+        if (it == q.pending.end()) continue;
+        if (starved && !it->second.starved) {
+          it->second.starved = true;
+          it->second.starved_at = now;
+        }
+        if (it->second.starved &&
+            now - it->second.starved_at >= std::chrono::milliseconds(ctxsw_timeout_ms())) {
+          q.errors.emplace(key_id(it->second.key), CUDA_ERROR_LAUNCH_FAILED);
+          q.pending.erase(it);
+          progress = true;
+          continue;
+        }
+        if (o == Outcome::kWaiting) continue;
         progress = true;
         if (o == Outcome::kStored) {
           it->second.stored = true;

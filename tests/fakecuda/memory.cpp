@@ -28,10 +28,10 @@ Reservation* find_reservation(uintptr_t p, uintptr_t* base) {
 
 }  // namespace
 
-int make_memfd(pid_t creator, uint64_t id, size_t size) {
+int make_memfd(pid_t creator, uint64_t id, size_t size, CUdevice dev) {
   char name[64];
-  snprintf(name, sizeof name, "fakecuda:%d:%llu", static_cast<int>(creator),
-           static_cast<unsigned long long>(id));
+  snprintf(name, sizeof name, "fakecuda:%d:%llu:dev%d", static_cast<int>(creator),
+           static_cast<unsigned long long>(id), static_cast<int>(dev));
   int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return -1;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -52,7 +52,7 @@ CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id)
   bool charged = kind == AllocKind::kVmm || kind == AllocKind::kLegacy;
   if (charged && size > device.total_mem - device.used) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t nid = d.next_alloc_id++;
-  int fd = make_memfd(getpid(), nid, size);
+  int fd = make_memfd(getpid(), nid, size, dev);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st {};
   fstat(fd, &st);
@@ -80,10 +80,10 @@ CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused) {
   ssize_t n = readlink(path, target, sizeof target - 1);
   if (n <= 0) return CUDA_ERROR_INVALID_VALUE;
   target[n] = '\0';
-  int creator = 0;
+  int creator = 0, dev = 0;
   unsigned long long cid = 0;
-  if (sscanf(target, "/memfd:fakecuda:%d:%llu", &creator, &cid) != 2)
-    return CUDA_ERROR_INVALID_VALUE;
+  const int fields = sscanf(target, "/memfd:fakecuda:%d:%llu:dev%d", &creator, &cid, &dev);
+  if (fields < 2 || !valid_device(fields == 3 ? dev : 0)) return CUDA_ERROR_INVALID_VALUE;
   struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
@@ -109,7 +109,8 @@ CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused) {
   a.st_ino = st.st_ino;
   a.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   a.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.prop.location.id = 0;
+  a.dev = fields == 3 ? dev : 0;  // the creator's device
+  a.prop.location.id = a.dev;
   a.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   *id = nid;
   *reused = false;

@@ -1,5 +1,5 @@
 // Device memory primitives shared by plain, VMM, IPC and multicast memory.
-// Every physical allocation is a memfd named "fakecuda:<creator-pid>:<id>"
+// Every physical allocation is a memfd named "fakecuda:<creator-pid>:<id>:dev<N>"
 // mapped MAP_SHARED at its device address, so device pointers are readable by
 // the host and two processes that map one memfd share bytes. Unmapped
 // reserved ranges are PROT_NONE anonymous mappings.
@@ -15,8 +15,10 @@ constexpr size_t round_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
-/// Creates the memfd of allocation `id` owned by `creator`; -1 on failure.
-int make_memfd(pid_t creator, uint64_t id, size_t size);
+/// Creates the memfd of allocation `id` owned by `creator` on device `dev`,
+/// named "fakecuda:<creator>:<id>:dev<dev>" (an importer learns the device
+/// from the name); -1 on failure.
+int make_memfd(pid_t creator, uint64_t id, size_t size, CUdevice dev);
 
 /// Creates a new allocation of this process with its memfd; charges the device.
 CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id);

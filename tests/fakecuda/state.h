@@ -142,6 +142,9 @@ struct Driver {
   std::set<std::pair<Context*, Context*>> peer_access;  ///< (context, peer) enabled
   uint64_t next_alloc_id = 1;
   unsigned long long next_ctx_id = 1;
+  /// Set by a successful cuCheckpointProcessRestore of this process: its
+  /// contexts are no longer time-sliced with other processes' (kernels.cpp).
+  bool restored = false;
 };
 
 /// The one driver state of this process.
