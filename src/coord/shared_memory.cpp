@@ -188,12 +188,9 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
       // share memory nobody can see, so the job is not checkpointable.
       if (tracking_shim_loaded(pid)) {
         *err = "process " + std::to_string(pid) +
-               " runs the cusnap shim with tracking on, but "
-               "its control socket " +
-               path +
-               " is gone (the job's runtime directory was "
-               "changed or removed?): its shared memory cannot be saved or checked, so the job "
-               "is not checkpointable";
+               " runs the cusnap shim with tracking on, but its control socket " + path +
+               " is gone (the job's runtime directory was changed or removed?): its shared "
+               "memory cannot be saved or checked, so the job is not checkpointable";
         return false;
       }
       continue;

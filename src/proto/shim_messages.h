@@ -117,9 +117,9 @@ struct ReleaseRequest {
 /// per process. "arm" holds every later collective launch and answers the
 /// count; "target" lets launches on until the count reaches target, then
 /// holds again; "status" answers the counts; "release" (and gate-open) lets
-/// every held launch go. A held launch waits outside the gate. Every answer
-/// names the GPUs (format_gpu_uuid) of the contexts the process launched its
-/// collectives in, at most kMaxCutDevices.
+/// every held launch go. A held launch waits outside the gate. The answer to
+/// "status" names the GPUs (format_gpu_uuid) of the contexts the process
+/// launched its collectives in, at most kMaxCutDevices.
 struct CutRequest {
   std::string op;
   uint64_t target = 0;

@@ -147,8 +147,8 @@ proto::CutState state_locked() {
   return st;
 }
 
-/// Names the devices of the collective launches (outside the cut's lock: a
-/// driver call must not hold the application's launches).
+/// Names the devices of the collective launches, for "status" (outside the
+/// cut's lock: a driver call must not hold the application's launches).
 void add_devices(proto::CutState* st) {
   const uint64_t devices = g_cut.devices.load(std::memory_order_acquire);
   auto get = REAL(cuDeviceGetUuid);
@@ -278,7 +278,7 @@ void after(bool launched) noexcept {
 proto::CutState handle(const proto::CutRequest& req) noexcept {
   try {
     proto::CutState st = handle_locked(req);
-    add_devices(&st);
+    if (req.op == "status") add_devices(&st);
     return st;
   } catch (...) {
     return proto::CutState{};

@@ -67,9 +67,10 @@ Options parse(int argc, char** argv) {
     }
     long n = std::strtol(v.c_str(), nullptr, 10);
     if (n < 0) usage(("negative value for " + a).c_str());
-    if (a == "--mib" && n > 0)
+    if (a == "--mib") {
+      if (n == 0) usage("--mib must be at least 1");
       o.mib = size_t(n);
-    else if (a == "--interval-ms")
+    } else if (a == "--interval-ms")
       o.interval_ms = n;
     else if (a == "--max-count")
       o.max_count = n;
