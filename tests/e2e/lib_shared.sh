@@ -137,3 +137,24 @@ checkpoint_restore_cycle() {
   expect_continued "$T/restore-$tag.out" "$exact"
   pass "$tag: restored; every process counts on and sees its peers' writes"
 }
+
+# collective_pair_setup DEVICES: for the tests of cusnap-collective-pair (two
+# ranks meeting in the simulated driver's handshake kernel): that many
+# simulated devices, PAIR (the workload) and PREFIXES (its ranks). Returns
+# false on the real driver, which has no handshake kernel.
+collective_pair_setup() {
+  fake_only "the handshake kernel exists in the simulated driver only" || return 1
+  export FAKECUDA_DEVICES=$1
+  PAIR=$BIN/cusnap-collective-pair
+  [ -x "$PAIR" ] || fail "$PAIR is not built"
+  PREFIXES=("rank 0 " "rank 1 ")
+}
+
+# counts_advance OUT: every prefix counts on (3 more).
+counts_advance() {
+  local p n
+  for p in "${PREFIXES[@]}"; do
+    n=$(last_count "$1" "$p")
+    wait_count "$1" $((n + 3)) "$p" 30
+  done
+}

@@ -15,20 +15,7 @@
 #  - Without lag, no sleep between steps: five checkpoint/kill/restore cycles,
 #    then restored onto the other machine's GPUs with --device-map 0=1,1=0.
 source "$(dirname "$0")/lib_shared.sh"
-fake_only "the handshake kernel exists in the simulated driver only" || exit 77
-export FAKECUDA_DEVICES=2
-PAIR=$BIN/cusnap-collective-pair
-[ -x "$PAIR" ] || fail "$PAIR is not built"
-PREFIXES=("rank 0 " "rank 1 ")
-
-# counts_advance OUT: both ranks count on.
-counts_advance() {
-  local p n
-  for p in "${PREFIXES[@]}"; do
-    n=$(last_count "$1" "$p")
-    wait_count "$1" $((n + 3)) "$p" 30
-  done
-}
+collective_pair_setup 2 || exit 77
 
 # 1. Negative control.
 LAUNCH_OUT=$T/neg.out

@@ -11,19 +11,7 @@
 # after the driver's restore in place, as the simulated driver mirrors the
 # real one (tests/fakecuda/kernels.cpp).
 source "$(dirname "$0")/lib_shared.sh"
-fake_only "the handshake kernel exists in the simulated driver only" || exit 77
-export FAKECUDA_DEVICES=1
-PAIR=$BIN/cusnap-collective-pair
-[ -x "$PAIR" ] || fail "$PAIR is not built"
-PREFIXES=("rank 0 " "rank 1 ")
-
-counts_advance() {
-  local p n
-  for p in "${PREFIXES[@]}"; do
-    n=$(last_count "$1" "$p")
-    wait_count "$1" $((n + 3)) "$p" 30
-  done
-}
+collective_pair_setup 1 || exit 77
 
 LAUNCH_OUT=$T/pair.out
 start_job pair "$LAUNCH_OUT" "$PAIR" --print-every 1
