@@ -14,7 +14,10 @@ export LD_LIBRARY_PATH="$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 out=$("$CUSNAP" launch --name trk -- sh -c 'echo "$CUSNAP_RUNTIME_DIR"')
 expect_eq "runtime dir in the job's environment" "$CUSNAP_RUNTIME_BASE/trk" "$out"
 
-"$CUSNAP" launch --name soak -- "$SOAK" --cycles 400 --intervals 4 >"$SCRATCH/soak.out" 2>&1 ||
+# A functional run: it checks that tickets go through and that memory stays
+# flat, not the time of 100-cycle intervals, which other tests running on the
+# same cores disturb (bench.shim_track_soak.fakecuda measures the time).
+"$CUSNAP" launch --name soak -- "$SOAK" --cycles 400 --intervals 4 --max-slowdown 1000 >"$SCRATCH/soak.out" 2>&1 ||
   { cat "$SCRATCH/soak.out"; echo "FAIL: soak under cusnap launch"; exit 1; }
 grep -q '^flat' "$SCRATCH/soak.out" || { cat "$SCRATCH/soak.out"; echo "FAIL: no 'flat'"; exit 1; }
 
