@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <map>
 
@@ -89,8 +88,7 @@ bool find_port_holder(int family, const std::string& addr, uint16_t port, PortHo
   size_t scanned = 0;
   for (const std::string& name : list_dir("/proc")) {
     pid_t pid = 0;
-    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), pid);
-    if (ec != std::errc() || p != name.data() + name.size() || pid <= 0) continue;
+    if (!parse_num(name, &pid) || pid <= 0) continue;
     if (++scanned > kMaxScannedProcesses) break;
     // A process whose descriptors cannot be read shows none: skipped.
     for (const auto& [fd, inode] : socket_fds(pid)) {

@@ -40,16 +40,6 @@ std::string read_link(const std::string& path) {
   return std::string(buf, size_t(n));
 }
 
-namespace {
-
-template <typename T>
-bool parse_num(std::string_view s, T* v) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
-}  // namespace
-
 bool read_text_file(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
@@ -282,8 +272,7 @@ std::map<int, std::string> socket_fds(pid_t pid) {
   for (const std::string& name : list_dir(fd_dir)) {
     const std::string target = read_link(fd_dir + "/" + name);
     int fd = -1;
-    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), fd);
-    if (ec != std::errc() || p != name.data() + name.size()) continue;
+    if (!parse_num(name, &fd)) continue;
     if (target.rfind("socket:[", 0) == 0 && target.size() > 9)
       out[fd] = target.substr(8, target.size() - 9);
   }

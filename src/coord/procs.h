@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <charconv>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -66,6 +67,14 @@ std::vector<std::string> parse_nccl_segments(std::string_view maps);
 /// A process that holds an io_uring instance (a descriptor or a mapping of
 /// one), which CRIU cannot checkpoint; *what names the process.
 bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
+
+/// A whole field of decimal digits as a number of type T (no sign for an
+/// unsigned T, no spaces); false when it is not one or does not fit.
+template <typename T>
+bool parse_num(std::string_view s, T* v) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
 
 /// The names in a directory (not . and ..); empty when it cannot be read.
 std::vector<std::string> list_dir(const std::string& path);
