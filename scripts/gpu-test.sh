@@ -389,6 +389,13 @@ wait_past() {
   WHY="not all processes reached their target in $secs s: now $(counts "$file" | tr '\n' ' ')"
   return 1
 }
+# wait_beyond FILE SECONDS K COUNTS: wait_past with each "LABEL N" line of
+# COUNTS (as counts prints them) as the target "LABEL N+K".
+wait_beyond() {
+  local file=$1 secs=$2 k=$3 l n targets=()
+  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + k))"); done <<<"$4"
+  wait_past "$file" "$secs" "${targets[@]}"
+}
 job_field() {  # NAME FIELD (empty when the job is not listed)
   "$BIN/cusnap" ps --json 2>/dev/null | python3 -c '
 import json, sys
@@ -495,7 +502,7 @@ checkpoint_restore() {
   shift 2
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt
   local cj=$WORK/$scen.ckpt.json rj=$WORK/$scen.restore.json
-  local sup pids before spec targets=() t0 ck_wall rs_wall rdir log first l n back=() gaps=() \
+  local sup pids before spec t0 ck_wall rs_wall rdir log first l n back=() gaps=() \
     rpid expect=${EXPECT_FAILURE:-0} why seen_before
   start_job "$scen" "$name" "$out" "$nproc" "$@" || return 0
   sup=$SUP
@@ -521,7 +528,6 @@ checkpoint_restore() {
   fi
   before=$(counts "$out")
   seen_before=$(seens "$out")
-  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 3))"); done <<<"$before"
   echo "  checkpoint: ${ck_wall} s wall, $(du -sh "$ck" 2>/dev/null | awk '{print $1}'); stopped at: $(echo "$before" | tr '\n' ' ')"
   show_phases checkpoint "$cj"
 
@@ -542,7 +548,7 @@ checkpoint_restore() {
   echo "  restore: ${rs_wall} s wall (pid ${rpid:-?})"
   show_phases restore "$rj"
 
-  if ! wait_past "$log" 120 "${targets[@]}" || ! wait_seen_past "$log" 30 "$seen_before"; then
+  if ! wait_beyond "$log" 120 3 "$before" || ! wait_seen_past "$log" 30 "$seen_before"; then
     if [ "$expect" = 1 ]; then
       result PASS "$scen" "the restored job failed as expected without the shim: $WHY"
     else
@@ -598,7 +604,7 @@ job_op() {
 suspend_resume() {
   local scen=$1 nproc=$2
   shift 2
-  local name=$scen out=$WORK/$scen.out s_wall r_wall c1 c2 targets=() l n why seen2
+  local name=$scen out=$WORK/$scen.out s_wall r_wall c1 c2 l n why seen2
   start_job "$scen" "$name" "$out" "$nproc" "$@" || return 0
   job_op suspend "$scen" "$out" || return 0
   s_wall=$OP_WALL
@@ -611,11 +617,10 @@ suspend_resume() {
   [ "$(job_field "$name" state)" = suspended ] || why="${why:+$why; }cusnap ps does not say suspended"
   kill -0 "$ROOT_PID" 2>/dev/null || why="${why:+$why; }the job's process is gone"
   seen2=$(seens "$out")
-  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 3))"); done <<<"$c2"
   job_op resume "$scen" "$out" "$why" || return 0
   r_wall=$OP_WALL
   echo "  suspend ${s_wall} s, resume ${r_wall} s (wall); suspended at: $(echo "$c2" | tr '\n' ' ')"
-  if ! wait_past "$out" 120 "${targets[@]}" || ! wait_seen_past "$out" 30 "$seen2"; then
+  if ! wait_beyond "$out" 120 3 "$c2" || ! wait_seen_past "$out" 30 "$seen2"; then
     why="${why:+$why; }after resume: $WHY"
   elif [ -n "$(error_lines "$out")" ]; then
     why="${why:+$why; }error: $(error_lines "$out" | head -1)"
@@ -720,7 +725,7 @@ rank_pid() { sed -n "s/^rank $2 ready pid \([0-9]*\).*$/\1/p" "$1" | head -1; }
 nccl_cycles() {
   local scen=$1 cycles=$2 map=$3
   shift 3
-  local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before targets l n \
+  local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before l n \
     first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
     nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
   [ "$backend" = gloo ] && mib=4
@@ -763,8 +768,6 @@ nccl_cycles() {
     if [ "$(wc -l <<<"$before")" -ne "$nproc" ] || [ -z "$before" ]; then
       why="cycle $i: the output before the checkpoint shows counts of $(wc -l <<<"$before") ranks, not $nproc: $(echo "$before" | tr '\n' ' ')"; break
     fi
-    targets=()
-    while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
     t0=$(date +%s.%N)
     if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach ${map:+--device-map "$map"} --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
       why="cycle $i: restore failed: $(json_field "$rj" error | head -3)"; show_tail "$rj"
@@ -774,7 +777,7 @@ nccl_cycles() {
     rs_wall=$(since "$t0")
     rdir=$(json_field "$rj" runtime_dir)
     log=${rdir:-$CUSNAP_RUNTIME_BASE/$name}/output.log
-    if ! wait_past "$log" 120 "${targets[@]}"; then why="cycle $i: after restore: $WHY"; show_tail "$log"; break; fi
+    if ! wait_beyond "$log" 120 20 "$before"; then why="cycle $i: after restore: $WHY"; show_tail "$log"; break; fi
     continued_from "$log" "$before"
     if [ ${#back[@]} -gt 0 ]; then why="cycle $i: ranks started over: ${back[*]}"; break; fi
     if [ -n "$(error_lines "$log")" ]; then why="cycle $i: $(error_lines "$log" | head -1)"; break; fi
@@ -813,7 +816,7 @@ scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSN
 # nccl-torchrun-1gpu: see the scenarios above.
 scenario_nccl_torchrun_1gpu() {
   local scen=nccl-torchrun-1gpu out=$WORK/nccl-torchrun-1gpu.out ck=$WORK/nccl-torchrun-1gpu.ckpt \
-    op rc why= before after l n rj log
+    op rc why= before rj log
   if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
   torch_ready "$scen" || return 0
   local job=(--strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 "$PY" -m torch.distributed.run
@@ -834,14 +837,9 @@ scenario_nccl_torchrun_1gpu() {
     fi
   done
   before=$(counts "$out" | grep -E '^rank_[01] ' || true)
-  sleep 3
-  after=$(counts "$out" | grep -E '^rank_[01] ' || true)
-  while read -r l n; do
-    [ -n "$l" ] || continue
-    if ! grep -qE "^$l ([0-9]+)$" <<<"$after" || [ "$(grep -E "^$l " <<<"$after" | awk '{print $2}')" -le "$n" ]; then
-      why="${why:-rank $l did not count on after the refusals: $(echo "$after" | tr '\n' ' ')}"
-    fi
-  done <<<"$before"
+  if [ -z "$why" ] && ! wait_beyond "$out" 3 1 "$before"; then
+    why="the ranks did not count on after the refusals: $WHY"
+  fi
   [ -z "$(error_lines "$out")" ] || why="${why:-$(error_lines "$out" | head -1)}"
   stop_job "$scen" "$(job_field "$scen" pid)"
   if [ -n "$why" ]; then result FAIL "$scen" "$why"; return 0; fi
@@ -861,9 +859,7 @@ scenario_nccl_torchrun_1gpu() {
     rm -rf "$ck"; return 0
   fi
   log=$(json_field "$rj" runtime_dir)/output.log
-  local targets=()
-  while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + 20))"); done <<<"$before"
-  if wait_past "$log" 60 "${targets[@]}"; then
+  if wait_beyond "$log" 60 20 "$before"; then
     result NOTE "$scen" "refused as it should, but the control restored and ran on ($(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')): the driver may time-slice restored contexts now"
   else
     result PASS "$scen" "checkpoint and suspend refused, the job ran on; the control (check off) failed after its restore as the driver does: $WHY"
