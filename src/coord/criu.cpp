@@ -2,18 +2,22 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -40,7 +44,8 @@ std::string search_path(const std::string& name) {
 
 // The child side of a spawn: async-signal-safe calls only (the caller may be
 // multi-threaded). Every descriptor but 0-2 and the kept ones is closed on exec.
-[[noreturn]] void exec_child(char* const* argv, int out_fd, const int* keep, size_t nkeep) {
+[[noreturn]] void exec_child(char* const* argv, char* const* envp, int out_fd, const int* keep,
+                             size_t nkeep) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -53,27 +58,41 @@ std::string search_path(const std::string& name) {
   }
   syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);
   for (size_t i = 0; i < nkeep; ++i) fcntl(keep[i], F_SETFD, 0);
-  execv(argv[0], argv);
+  execve(argv[0], argv, envp);
   _exit(127);
 }
+
+/// CRIU's switch (fault injection FI_NO_BREAKPOINTS) that makes it follow the
+/// parasite's end by system-call stops instead of a hardware breakpoint.
+constexpr const char* kCriuNoBreakpoints = "CRIU_FAULT=130";
 
 struct Spawned {
   pid_t pid = -1;
 };
 
+/// Starts prog with this process's environment plus `extra` ("NAME=VALUE";
+/// a name the environment already has keeps its value).
 bool spawn(const std::string& prog, const std::vector<std::string>& args, int out_fd,
-           const std::vector<int>& keep, Spawned* s, std::string* err) {
+           const std::vector<int>& keep, Spawned* s, std::string* err,
+           const std::vector<std::string>& extra = {}) {
   std::vector<std::string> all{prog};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> added;
+  for (const std::string& e : extra)
+    if (!getenv(e.substr(0, e.find('=')).c_str())) added.push_back(e);
+  std::vector<char*> envp;
+  for (char** e = environ; e && *e; ++e) envp.push_back(*e);
+  for (std::string& e : added) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) {
     *err = "fork for " + prog + " failed: " + std::strerror(errno);
     return false;
   }
-  if (pid == 0) exec_child(argv.data(), out_fd, keep.data(), keep.size());
+  if (pid == 0) exec_child(argv.data(), envp.data(), out_fd, keep.data(), keep.size());
   s->pid = pid;
   return true;
 }
@@ -110,7 +129,91 @@ bool file_has_line(const std::string& path, const std::string& needle) {
   return false;
 }
 
+#if defined(__x86_64__)
+// What the probe's child calls once the breakpoint is set on it.
+extern "C" __attribute__((noinline, used)) void cusnap_breakpoint_probe_target() {
+  asm volatile("" ::: "memory");
+}
+
+bool probe_breakpoints(std::string* why) {
+  const pid_t child = fork();
+  if (child < 0) {
+    *why = std::string("no probe (fork: ") + std::strerror(errno) + ")";
+    return true;
+  }
+  if (child == 0) {  // async-signal-safe calls only
+    if (ptrace(PTRACE_TRACEME, 0, nullptr, nullptr) != 0) _exit(2);
+    raise(SIGSTOP);
+    cusnap_breakpoint_probe_target();
+    _exit(0);
+  }
+  int st = 0;
+  auto end = [&](bool works, std::string text) {
+    kill(child, SIGKILL);
+    while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+    }
+    *why = std::move(text);
+    return works;
+  };
+  if (waitpid(child, &st, 0) != child || !WIFSTOPPED(st))
+    return end(true, "no probe (the traced child did not stop)");
+  void* addr = reinterpret_cast<void*>(&cusnap_breakpoint_probe_target);
+  if (ptrace(PTRACE_POKEUSER, child, offsetof(struct user, u_debugreg[0]), addr) != 0 ||
+      ptrace(PTRACE_POKEUSER, child, offsetof(struct user, u_debugreg[7]),
+             reinterpret_cast<void*>(1)) != 0)  // L0: local, on execution
+    return end(false, std::string("a debug register cannot be set: ") + std::strerror(errno));
+  if (ptrace(PTRACE_CONT, child, nullptr, nullptr) != 0)
+    return end(true, "no probe (PTRACE_CONT failed)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const pid_t r = waitpid(child, &st, WNOHANG);
+    if (r == child && WIFSTOPPED(st) && WSTOPSIG(st) == SIGTRAP)
+      return end(true, "a hardware breakpoint stopped the traced child");
+    if (r == child && WIFSTOPPED(st)) {
+      ptrace(PTRACE_CONT, child, nullptr, nullptr);
+      continue;
+    }
+    if (r == child) return end(false, "the traced child ran past a hardware breakpoint");
+    if (r < 0 && errno != EINTR) return end(true, "no probe (the child's status was lost)");
+    if (std::chrono::steady_clock::now() > deadline)
+      return end(false, "a hardware breakpoint did not stop the traced child within 2 s");
+    usleep(2000);
+  }
+}
+#endif
+
 }  // namespace
+
+bool hw_breakpoints_work(std::string* why) {
+  static std::once_flag once;
+  static bool works = true;
+  static std::string seen;
+#if defined(__x86_64__)
+  std::call_once(once, [] { works = probe_breakpoints(&seen); });
+#else
+  std::call_once(once, [] { seen = "not probed on this architecture"; });
+#endif
+  if (why) *why = seen;
+  return works;
+}
+
+bool criu_breakpoints(bool* use, std::string* err) {
+  const char* env = std::getenv("CUSNAP_CRIU_BREAKPOINTS");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") {
+    *use = hw_breakpoints_work(nullptr);
+  } else if (v == "on" || v == "1") {
+    *use = true;
+  } else if (v == "off" || v == "0") {
+    *use = false;
+  } else {
+    *err = "CUSNAP_CRIU_BREAKPOINTS=\"" + v.substr(0, 64) +
+           "\" is not auto, on or off: unset it to let cusnap find out whether this machine's "
+           "hardware breakpoints work";
+    return false;
+  }
+  return true;
+}
 
 bool parse_criu_version(std::string_view text, CriuInfo* out) {
   size_t p = text.find("Version:");
@@ -173,6 +276,9 @@ bool find_criu(CriuInfo* out, std::string* err) {
            "CRIU or set CUSNAP_CRIU to one";
     return false;
   }
+  bool use_breakpoints = true;
+  if (!criu_breakpoints(&use_breakpoints, err)) return false;
+  out->no_breakpoints = !use_breakpoints;
   return true;
 }
 
@@ -244,6 +350,12 @@ std::string log_line_pid(const std::string& line) {
   return pid.find_first_not_of("0123456789") == std::string::npos ? pid : "";
 }
 
+/// An "Error" line CRIU logs and goes on from: not why a run failed.
+bool benign_error(const std::string& line) {
+  // Raising its own descriptor limit where the hard limit cannot be raised.
+  return line.find("rlimit: Can't setup RLIMIT_NOFILE for self") != std::string::npos;
+}
+
 }  // namespace
 
 std::string log_errors(const std::string& path, int max_errors, int context) {
@@ -254,6 +366,7 @@ std::string log_errors(const std::string& path, int max_errors, int context) {
   std::string line, first_pid;
   std::vector<std::string> before;
   while (std::getline(in, line)) {
+    if (benign_error(line)) continue;
     if (line.find("Error (") != std::string::npos) {
       if (errors.empty()) {
         // The lines of the same process just before the first error say
@@ -288,7 +401,9 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
     }
   }
   Spawned s;
-  bool ok = spawn(criu.path, run.args, out_fd, run.inherit_fds, &s, err);
+  std::vector<std::string> env;
+  if (criu.no_breakpoints) env.push_back(kCriuNoBreakpoints);
+  bool ok = spawn(criu.path, run.args, out_fd, run.inherit_fds, &s, err, env);
   if (out_fd >= 0) close(out_fd);
   if (!ok) return false;
   int status = 0;
@@ -296,6 +411,11 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   std::string why;
   if (w == 1) {
     why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";
+    // CRIU stops each infected process at a hardware breakpoint; where those
+    // do not fire it waits for ever at "Waiting for PID to trap".
+    if (!criu.no_breakpoints && log_tail(run.log_path, 4).find("to trap") != std::string::npos)
+      why += " while it waited for a process to stop at a hardware breakpoint, which this "
+             "machine may not deliver: set CUSNAP_CRIU_BREAKPOINTS=off";
   } else if (w == 2) {
     // Another thread reaped CRIU; its log still tells how it ended.
     if (!run.success_line.empty() && file_has_line(run.log_path, run.success_line)) return true;

@@ -18,14 +18,33 @@ struct CriuInfo {
   std::string path;
   std::string version;  ///< as CRIU prints it, e.g. "4.1.1"
   int major = 0, minor = 0, patch = 0;
+  /// Run CRIU without hardware breakpoints (criu_breakpoints).
+  bool no_breakpoints = false;
 };
+
+/// Whether a hardware breakpoint stops a traced process on this machine. CRIU
+/// stops each process it infected at a breakpoint on the parasite's last
+/// instruction; where breakpoints do not fire (seen in virtual machines, with
+/// `criu check` passing), `criu dump` and `criu restore` wait for ever. The
+/// probe traces a forked child, sets a breakpoint (x86 debug registers) on a
+/// function the child then calls, and waits up to 2 s for the stop. Probed
+/// once per process; true on other architectures. *why says what was seen.
+bool hw_breakpoints_work(std::string* why);
+
+/// Whether CRIU runs with hardware breakpoints: $CUSNAP_CRIU_BREAKPOINTS
+/// "auto" (unset: probe, hw_breakpoints_work), "on", "off". Without them CRIU
+/// follows the parasite's end by system-call stops (its own fallback, chosen
+/// through CRIU_FAULT=130), which works everywhere. False with *err for
+/// another value.
+bool criu_breakpoints(bool* use, std::string* err);
 
 /// Parses the output of `criu --version` ("Version: 4.1.1" plus maybe a
 /// GitID line). False when no version line is there.
 bool parse_criu_version(std::string_view text, CriuInfo* out);
 
-/// Finds CRIU, runs `criu --version`, requires >= 4.1. The error says what
-/// was found and how to install or point at a newer one.
+/// Finds CRIU, runs `criu --version`, requires >= 4.1, and decides about
+/// breakpoints (criu_breakpoints). The error says what was found and how to
+/// install or point at a newer one.
 bool find_criu(CriuInfo* out, std::string* err);
 
 /// The --ghost-limit CRIU's dump gets: how big a deleted file the job holds

@@ -119,3 +119,63 @@ TEST_CASE("criu: the ghost limit comes from CUSNAP_CRIU_GHOST_LIMIT, unlimited w
   }
   unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
 }
+
+TEST_CASE("criu: a benign error line is not quoted as the cause") {
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string log = std::string(dir) + "/dump.log";
+  std::ofstream(log) << "(00.040533) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE "
+                        "for self: Operation not permitted\n"
+                        "(00.050000) Error (criu/cr-dump.c:1): the real cause\n";
+  const std::string errors = log_errors(log, 6, 3);
+  CHECK(errors.find("the real cause") != std::string::npos);
+  CHECK(errors.find("RLIMIT_NOFILE") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("criu: breakpoints follow CUSNAP_CRIU_BREAKPOINTS, and CRIU gets CRIU_FAULT=130 without") {
+  bool use = false;
+  std::string err;
+  setenv("CUSNAP_CRIU_BREAKPOINTS", "on", 1);
+  CHECK(criu_breakpoints(&use, &err));
+  CHECK(use);
+  setenv("CUSNAP_CRIU_BREAKPOINTS", "off", 1);
+  CHECK(criu_breakpoints(&use, &err));
+  CHECK_FALSE(use);
+  setenv("CUSNAP_CRIU_BREAKPOINTS", "sometimes", 1);
+  CHECK_FALSE(criu_breakpoints(&use, &err));
+  CHECK(err.find("CUSNAP_CRIU_BREAKPOINTS=\"sometimes\" is not auto, on or off") !=
+        std::string::npos);
+  // auto: the probe's answer, and it says what it saw.
+  setenv("CUSNAP_CRIU_BREAKPOINTS", "auto", 1);
+  std::string why;
+  const bool works = hw_breakpoints_work(&why);
+  CHECK(criu_breakpoints(&use, &err));
+  CHECK(use == works);
+  CHECK_FALSE(why.empty());
+  MESSAGE("hardware breakpoints on this machine: " << why);
+  unsetenv("CUSNAP_CRIU_BREAKPOINTS");
+
+  // What CRIU's environment holds, through a stand-in that prints it.
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string fake = std::string(dir) + "/criu", out = std::string(dir) + "/out";
+  std::ofstream(fake) << "#!/bin/sh\necho \"fault=${CRIU_FAULT:-none}\"\n";
+  chmod(fake.c_str(), 0755);
+  auto fault_seen = [&](bool no_breakpoints) {
+    CriuInfo c;
+    c.path = fake;
+    c.no_breakpoints = no_breakpoints;
+    CriuRun run;
+    run.args = {"dump"};
+    run.output_path = out;
+    std::string e;
+    REQUIRE(run_criu(c, run, &e));
+    std::string text;
+    std::getline(std::ifstream(out), text);
+    return text;
+  };
+  CHECK(fault_seen(false) == "fault=none");
+  CHECK(fault_seen(true) == "fault=130");
+  std::filesystem::remove_all(dir);
+}
