@@ -7,6 +7,8 @@
 // reservations at the device addresses and closes the memfds; restore makes
 // new memfds, copies the bytes back and maps them at the same addresses.
 // Checkpoint waits until no asynchronous kernel (kernels.cpp) is pending.
+// Graphs and their execs (graphs.cpp) are host memory of the process: both
+// leave them as they are, and they replay after a restore.
 // Like the real driver (measured on 580.159.04), a process that still holds an
 // imported POSIX-fd allocation fails restore with CUDA_ERROR_NOT_SUPPORTED and
 // one with an open legacy IPC mapping with CUDA_ERROR_INVALID_VALUE; both stay

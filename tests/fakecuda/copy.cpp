@@ -2,6 +2,9 @@
 // before returning; _ptds/_ptsz forms behave like their plain forms. A copy
 // first waits for the asynchronous kernels it is ordered after (kernels.cpp:
 // those of its stream; for the NULL stream, those of every blocking stream).
+// Copies and memsets are not captured: on a stream that captures into a graph
+// (graphs.cpp) they fail CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate
+// the capture.
 #include "gate.h"
 #include "memory.h"
 
@@ -22,7 +25,7 @@ CUresult check_side(uintptr_t p, size_t n, Side side, bool write) {
 
 CUresult copy(uintptr_t dst, Side ds, uintptr_t src, Side ss, size_t n, CUstream s) {
   FC_REQUIRE_INIT();
-  stream_order(s, false);
+  if (CUresult r = stream_order(s, false)) return r;
   std::lock_guard<std::mutex> l(driver().mu);
   if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -36,7 +39,7 @@ CUresult copy(uintptr_t dst, Side ds, uintptr_t src, Side ss, size_t n, CUstream
 template <typename T>
 CUresult fill2d(uintptr_t dst, size_t pitch, T value, size_t width, size_t height, CUstream s) {
   FC_REQUIRE_INIT();
-  stream_order(s, false);
+  if (CUresult r = stream_order(s, false)) return r;
   std::lock_guard<std::mutex> l(driver().mu);
   if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;

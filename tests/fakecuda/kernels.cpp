@@ -3,6 +3,11 @@
 // A function whose name starts with "ncclDevKernel_Handshake" takes
 // (CUdeviceptr my_flag, CUdeviceptr peer_flag, uint64_t step): it stores step
 // into the 8-byte *my_flag, then waits until the 8-byte *peer_flag >= step.
+// step == 0 means "the next step": when the kernel starts (on the kernel
+// thread, once the work it is ordered after has completed), step becomes
+// *my_flag + 1, then it runs as above. This is how a graph (graphs.cpp)
+// replays a collective: its arguments are fixed at capture, and NCCL keeps
+// its step counters in device memory.
 // Two processes that map one allocation therefore wait for each other like two
 // ranks of a collective. The launch returns at once; the kernel runs on this
 // process's kernel thread, which polls every runnable kernel in turn (so
@@ -152,10 +157,12 @@ unsigned ctxsw_timeout_ms() {
 
 /// One poll of a job. Precondition: Driver::mu held, q.mu not held.
 /// *starved: the job waits for a peer it cannot see (starved_by_restore).
-Outcome poll_job(const Job& j, bool stored, CUresult* err, bool* starved) {
+/// The first poll (!j.stored) resolves step 0 ("the next step") in j.args.
+Outcome poll_job(Job& j, CUresult* err, bool* starved) {
   *err = CUDA_SUCCESS;
   *starved = j.starved;
-  const HandshakeArgs& a = j.args;
+  HandshakeArgs& a = j.args;
+  const bool stored = j.stored;
   if ((a.my_flag | a.peer_flag) % 8) {
     *err = CUDA_ERROR_MISALIGNED_ADDRESS;
     return Outcome::kDone;
@@ -165,7 +172,9 @@ Outcome poll_job(const Job& j, bool stored, CUresult* err, bool* starved) {
       *err = CUDA_ERROR_ILLEGAL_ADDRESS;
       return Outcome::kDone;
     }
-    __atomic_store_n(reinterpret_cast<uint64_t*>(a.my_flag), a.step, __ATOMIC_SEQ_CST);
+    auto* mine = reinterpret_cast<uint64_t*>(a.my_flag);
+    if (a.step == 0) a.step = __atomic_load_n(mine, __ATOMIC_SEQ_CST) + 1;
+    __atomic_store_n(mine, a.step, __ATOMIC_SEQ_CST);
   }
   if (check_range(a.peer_flag, 8, false) != CUDA_SUCCESS) {
     *err = CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -190,21 +199,21 @@ void kernel_thread(Queue* qp, std::promise<void>* started) {
       for (auto& [seq, j] : q.pending)
         if (!any_pending(q, j.deps)) runnable.emplace_back(seq, j);
     }
-    std::vector<std::tuple<uint64_t, Outcome, CUresult, bool>> results;
+    std::vector<std::tuple<uint64_t, Outcome, CUresult, bool, uint64_t>> results;
     {
       std::lock_guard<std::mutex> l(driver().mu);
       for (auto& [seq, j] : runnable) {
         CUresult err;
         bool starved = false;
-        Outcome o = poll_job(j, j.stored, &err, &starved);
-        results.emplace_back(seq, o, err, starved);
+        Outcome o = poll_job(j, &err, &starved);
+        results.emplace_back(seq, o, err, starved, j.args.step);
       }
     }
     bool progress = false;
     {
       std::lock_guard<std::mutex> l(q.mu);
       const auto now = std::chrono::steady_clock::now();
-      for (auto& [seq, o, err, starved] : results) {
+      for (auto& [seq, o, err, starved, step] : results) {
         auto it = q.pending.find(seq);
         if (it == q.pending.end()) continue;
         if (starved && !it->second.starved) {
@@ -222,6 +231,7 @@ void kernel_thread(Queue* qp, std::promise<void>* started) {
         progress = true;
         if (o == Outcome::kStored) {
           it->second.stored = true;
+          it->second.args.step = step;  // step 0 resolved at the store
           continue;
         }
         if (err != CUDA_SUCCESS) q.errors.emplace(key_id(it->second.key), err);
@@ -390,11 +400,12 @@ CUresult ctx_wait(Context* ctx) {
   return CUDA_SUCCESS;
 }
 
-void stream_order(CUstream s, bool ptsz) {
+CUresult stream_order(CUstream s, bool ptsz) {
   StreamKey key;
   {
     std::lock_guard<std::mutex> l(driver().mu);
-    if (!valid_stream(s) || !resolve_stream(s, ptsz, &key)) return;
+    if (!valid_stream(s) || !resolve_stream(s, ptsz, &key)) return CUDA_SUCCESS;
+    if (CUresult r = capture_refuse(key)) return r;
   }
   std::vector<uint64_t> seqs;
   {
@@ -403,6 +414,7 @@ void stream_order(CUstream s, bool ptsz) {
     seqs = deps_for(q, key);
   }
   wait_for(seqs);
+  return CUDA_SUCCESS;
 }
 
 CUresult ctx_synchronize(CUcontext ctx) {

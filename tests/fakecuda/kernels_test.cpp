@@ -234,19 +234,8 @@ int rank_main(int sock) {
   FC_REQ(k.init(kHandshake) == 0);
   CUfunction f = k.f;
   const VmmBuffer& own = k.b;
-  int fd = -1;
-  FC_REQ(cuMemExportToShareableHandle(&fd, own.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                      0) == CUDA_SUCCESS);
-  FC_REQ(send_fd(sock, fd));
-  close(fd);
-  int in = recv_fd(sock);
-  FC_REQ(in >= 0);
-  CUmemGenericAllocationHandle h;
-  FC_REQ(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(intptr_t(in)),
-                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
-  close(in);
   CUdeviceptr peer;
-  FC_REQ(vmm_map_handle(h, kGran, &peer) == CUDA_SUCCESS);
+  FC_REQ(exchange_with_peer(sock, own, &peer) == 0);
   CUstream s;
   FC_REQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   for (uint64_t step = 1; step <= 300; ++step) {
@@ -260,19 +249,8 @@ int rank_main(int sock) {
 }  // namespace
 
 TEST_CASE("fakecuda: handshake kernels of two processes sharing memory meet") {
-  Child r0 = spawn(rank_main), r1 = spawn(rank_main);
-  REQUIRE(r0.pid > 0);
-  REQUIRE(r1.pid > 0);
-  // Forward each rank's descriptor to the other.
-  int fd0 = recv_fd(r0.sock), fd1 = recv_fd(r1.sock);
-  REQUIRE(fd0 >= 0);
-  REQUIRE(fd1 >= 0);
-  CHECK(send_fd(r0.sock, fd1));
-  CHECK(send_fd(r1.sock, fd0));
-  close(fd0);
-  close(fd1);
-  CHECK(r0.join() == 0);
-  CHECK(r1.join() == 0);
+  const char* failed = run_rank_pair(rank_main, rank_main);
+  CHECK_MESSAGE(failed == nullptr, (failed ? failed : ""));
 }
 
 namespace {

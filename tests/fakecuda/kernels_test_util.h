@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <utility>
 
@@ -69,6 +70,42 @@ struct HandshakeSetup {
 inline int create_streams(std::initializer_list<std::pair<CUstream*, unsigned>> streams) {
   for (const auto& [s, flags] : streams) FC_REQ(cuStreamCreate(s, flags) == CUDA_SUCCESS);
   return 0;
+}
+
+/// In a rank of run_rank_pair: sends the descriptor of own, receives the
+/// peer's and maps it at *peer (kGran bytes, read-write). 0 on success.
+inline int exchange_with_peer(int sock, const VmmBuffer& own, CUdeviceptr* peer) {
+  int fd = -1;
+  FC_REQ(cuMemExportToShareableHandle(&fd, own.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                      0) == CUDA_SUCCESS);
+  FC_REQ(send_fd(sock, fd));
+  close(fd);
+  int in = recv_fd(sock);
+  FC_REQ(in >= 0);
+  CUmemGenericAllocationHandle h;
+  FC_REQ(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(intptr_t(in)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+  close(in);
+  FC_REQ(vmm_map_handle(h, kGran, peer) == CUDA_SUCCESS);
+  return 0;
+}
+
+/// Runs two ranks in forked children, each of which sends the descriptor of
+/// its allocation and then receives the other's; forwards them crosswise.
+/// Returns 0 when both ranks exit 0, else the first failure's description.
+inline const char* run_rank_pair(const std::function<int(int)>& rank0,
+                                 const std::function<int(int)>& rank1) {
+  Child r0 = spawn(rank0), r1 = spawn(rank1);
+  if (r0.pid <= 0 || r1.pid <= 0) return "a rank could not be forked";
+  int fd0 = recv_fd(r0.sock), fd1 = recv_fd(r1.sock);
+  const bool sent = fd0 >= 0 && fd1 >= 0 && send_fd(r0.sock, fd1) && send_fd(r1.sock, fd0);
+  if (fd0 >= 0) close(fd0);
+  if (fd1 >= 0) close(fd1);
+  const int st0 = r0.join(), st1 = r1.join();
+  if (!sent) return "the ranks' descriptors could not be exchanged";
+  if (st0 != 0) return "rank 0 failed";
+  if (st1 != 0) return "rank 1 failed";
+  return nullptr;
 }
 
 }  // namespace fctest

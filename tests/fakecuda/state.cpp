@@ -74,6 +74,10 @@ void after_fork_child() {
   d.ipc_opens.clear();
   d.host_allocs.clear();
   d.peer_access.clear();
+  d.captures.clear();
+  d.graph_execs.clear();
+  d.graph_nodes.clear();
+  d.graphs.clear();
   d.streams.clear();
   d.events.clear();
   d.modules.clear();

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #define FC_EXPORT extern "C" __attribute__((visibility("default")))
@@ -117,6 +118,63 @@ struct IpcOpen {
   uint64_t creator_id = 0;
 };
 
+struct Graph;
+
+/// A node of a graph (graphs.cpp). Handles are pointers to these; the node
+/// is owned by its graph.
+struct GraphNode {
+  Graph* graph = nullptr;
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_KERNEL;
+  std::vector<GraphNode*> deps;  ///< nodes of the same graph, added before this one
+  // Kernel nodes.
+  CUfunction func = nullptr;
+  CUcontext ctx = nullptr;  ///< where it was captured or added (may be NULL)
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_mem = 0;
+  bool handshake = false;
+  uint64_t words[3] = {};           ///< handshake arguments, by value
+  void* params[3] = {};             ///< kernelParams: points into words
+  // Child graph nodes: the node's own clone, owned by the node.
+  Graph* child = nullptr;
+};
+
+/// A graph: nodes in insertion order (a valid execution order, since a
+/// node's dependencies exist before it).
+struct Graph {
+  std::vector<GraphNode*> nodes;
+  GraphNode* parent = nullptr;  ///< the child-graph node owning it, if any
+};
+
+/// An instantiated graph: its kernel nodes flattened (child graphs inlined),
+/// a snapshot taken at instantiation (or update).
+struct ExecKernel {
+  CUfunction func = nullptr;
+  bool handshake = false;
+  uint64_t words[3] = {};
+};
+/// One node of a graph's structure, depth first (graphs.cpp); type -1 ends
+/// a child graph.
+struct ShapeEntry {
+  int type = -1;
+  CUfunction func = nullptr;  ///< kernel nodes
+  std::vector<size_t> deps;   ///< indices in the node's own graph
+};
+struct GraphExec {
+  std::vector<ExecKernel> kernels;
+  std::vector<ShapeEntry> shape;  ///< what cuGraphExecUpdate must find again
+  unsigned long long flags = 0;
+};
+
+/// A stream capture in progress (or invalidated, until cuStreamEndCapture).
+struct Capture {
+  Graph* graph = nullptr;
+  unsigned long long id = 0;
+  bool invalidated = false;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  long tid = 0;  ///< the thread that began it
+};
+
 struct HostAlloc {
   size_t size = 0;
   unsigned flags = 0;
@@ -140,6 +198,12 @@ struct Driver {
   std::map<uintptr_t, IpcOpen> ipc_opens;  ///< by mapped base address
   std::map<uintptr_t, HostAlloc> host_allocs;
   std::set<std::pair<Context*, Context*>> peer_access;  ///< (context, peer) enabled
+  std::set<Graph*> graphs;        ///< every live graph, child graphs included
+  std::set<GraphNode*> graph_nodes;
+  std::set<GraphExec*> graph_execs;
+  /// Captures by stream (Context*, StreamKind, id of StreamKey).
+  std::map<std::tuple<Context*, int, uintptr_t>, Capture> captures;
+  unsigned long long next_capture_id = 1;
   uint64_t next_alloc_id = 1;
   unsigned long long next_ctx_id = 1;
   /// Set by a successful cuCheckpointProcessRestore of this process: its
@@ -216,7 +280,9 @@ CUresult stream_error(const StreamKey& key);
 CUresult ctx_wait(Context* ctx);
 /// Hook for operations on a stream outside streams.cpp (copies, memsets):
 /// resolves `s` (Driver::mu taken here) and waits for its pending kernels.
-void stream_order(CUstream s, bool ptsz);
+/// On a capturing stream it waits for nothing, invalidates the capture and
+/// returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copies are not captured).
+CUresult stream_order(CUstream s, bool ptsz);
 /// Hook for cuCtxSynchronize: validates ctx (NULL: current) and waits.
 CUresult ctx_synchronize(CUcontext ctx);
 /// Events: record the work pending on key; query/wait for it.
@@ -227,5 +293,47 @@ void event_wait(const void* event);
 void kernels_wait_idle();
 /// Number of kernels pending in this process (tests, logging).
 size_t kernels_pending();
+
+// ---- Stream capture and graphs (graphs.cpp) --------------------------------
+
+/// Grid, block and shared memory of a launch.
+struct LaunchDims {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_mem = 0;
+};
+
+/// Reads a handshake kernel's arguments from kernelParams or `extra`
+/// (streams.cpp); false when they are missing.
+bool handshake_args(void** params, void** extra, HandshakeArgs* a);
+
+/// The capture of the stream key, or nullptr. Precondition: Driver::mu held.
+Capture* capture_of(const StreamKey& key);
+/// A launch on a capturing stream: appends a kernel node to the capture's
+/// graph (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED once invalidated).
+/// Precondition: Driver::mu held, c == capture_of(key).
+CUresult capture_launch(Capture* c, const StreamKey& key, CUfunction f, const LaunchDims& dims,
+                        void** params, void** extra);
+/// An operation that cannot be captured on `key`: when the stream captures,
+/// invalidates the capture and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+/// otherwise CUDA_SUCCESS. Precondition: Driver::mu held.
+CUresult capture_refuse(const StreamKey& key);
+/// A stream is destroyed: its capture (if any) ends and its graph is freed.
+/// Precondition: Driver::mu held.
+void capture_forget(const StreamKey& key);
+
+/// Graph helpers (graphs.cpp). Precondition: Driver::mu held.
+/// A new, empty graph; `parent`: the child-graph node that owns it.
+Graph* graph_new(GraphNode* parent);
+/// Frees g, its nodes and their child graphs; a capture into g is
+/// invalidated. NULL is ignored.
+void graph_free(Graph* g);
+/// Appends a node of `type` with `deps` (nodes of g).
+GraphNode* graph_add_node(Graph* g, CUgraphNodeType type, std::vector<GraphNode*> deps);
+/// Appends a kernel node of the valid function f; a handshake kernel's
+/// arguments are read from params/extra (CUDA_ERROR_INVALID_VALUE when
+/// missing: nothing is added).
+CUresult graph_add_kernel(Graph* g, std::vector<GraphNode*> deps, CUfunction f, CUcontext ctx,
+                          const LaunchDims& dims, void** params, void** extra, GraphNode** out);
 
 }  // namespace fc

@@ -3,6 +3,9 @@
 // ("ncclDevKernel_Handshake*", kernels.cpp), which later operations of their
 // stream, stream/event/context synchronization and stream/event queries wait
 // for or report (CUDA_ERROR_NOT_READY).
+// On a stream that captures into a graph (graphs.cpp) a launch appends a
+// kernel node and runs nothing; cuStreamSynchronize and cuStreamQuery fail
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture.
 #include "gate.h"
 #include "state.h"
 
@@ -42,6 +45,7 @@ CUresult stream_sync(CUstream h, bool ptsz) {
     std::lock_guard<std::mutex> l(driver().mu);
     if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
     if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
+    if (CUresult r = capture_refuse(key)) return r;
   }
   return stream_wait(key);
 }
@@ -54,6 +58,7 @@ CUresult stream_query(CUstream h, bool ptsz) {
     std::lock_guard<std::mutex> l(driver().mu);
     if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
     if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
+    if (CUresult r = capture_refuse(key)) return r;
   }
   if (stream_busy(key)) return CUDA_ERROR_NOT_READY;
   return stream_error(key);
@@ -65,6 +70,8 @@ CUresult stream_destroy(CUstream h) {
   std::lock_guard<std::mutex> l(d.mu);
   auto* s = reinterpret_cast<Stream*>(h);
   if (!h || !d.streams.count(s)) return CUDA_ERROR_INVALID_HANDLE;
+  StreamKey key;
+  if (resolve_stream(h, false, &key)) capture_forget(key);
   d.streams.erase(s);
   delete s;
   return CUDA_SUCCESS;
@@ -134,10 +141,12 @@ CUresult module_load(CUmodule* m, const void* image) {
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
 /// Reads a handshake kernel's (my_flag, peer_flag, step) from kernelParams
 /// (three pointers to the values) or from a CU_LAUNCH_PARAM_BUFFER_POINTER
 /// buffer of three 8-byte words in `extra`.
-bool handshake_args(void** params, void** extra, HandshakeArgs* a) {
+bool fc::handshake_args(void** params, void** extra, HandshakeArgs* a) {
   if (params) {
     if (!params[0] || !params[1] || !params[2]) return false;
     memcpy(&a->my_flag, params[0], sizeof a->my_flag);
@@ -161,9 +170,13 @@ bool handshake_args(void** params, void** extra, HandshakeArgs* a) {
   return true;
 }
 
+namespace {
+
 /// A no-op kernel completes at once; a handshake kernel is queued on its
-/// stream behind the work it must follow and runs on the kernel thread.
-CUresult launch(CUfunction f, CUstream s, bool ptsz, void** params, void** extra) {
+/// stream behind the work it must follow and runs on the kernel thread. On a
+/// capturing stream either becomes a node of the capture's graph.
+CUresult launch(CUfunction f, CUstream s, bool ptsz, const LaunchDims& dims, void** params,
+                void** extra) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
   StreamKey key;
@@ -172,8 +185,11 @@ CUresult launch(CUfunction f, CUstream s, bool ptsz, void** params, void** extra
     auto* fn = reinterpret_cast<Function*>(f);
     if (!f || !d.functions.count(fn)) return CUDA_ERROR_INVALID_HANDLE;
     if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    const bool keyed = resolve_stream(s, ptsz, &key);
+    if (Capture* c = keyed ? capture_of(key) : nullptr)
+      return capture_launch(c, key, f, dims, params, extra);
     if (!fn->handshake) return CUDA_SUCCESS;
-    if (!resolve_stream(s, ptsz, &key)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!keyed) return CUDA_ERROR_INVALID_CONTEXT;
   }
   HandshakeArgs args;
   if (!handshake_args(params, extra, &args)) return CUDA_ERROR_INVALID_VALUE;
@@ -344,27 +360,46 @@ FC_EXPORT CUresult cuFuncGetName(const char** name, CUfunction hfunc) {
   return CUDA_SUCCESS;
 }
 
-#define FC_LAUNCH_PARAMS                                                              \
-  CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
-      unsigned int, unsigned int, CUstream hStream, void **kernelParams, void **extra
+namespace {
+
+LaunchDims dims_of(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared_mem) {
+  LaunchDims d;
+  d.grid[0] = gx, d.grid[1] = gy, d.grid[2] = gz;
+  d.block[0] = bx, d.block[1] = by, d.block[2] = bz;
+  d.shared_mem = shared_mem;
+  return d;
+}
+
+LaunchDims dims_of(const CUlaunchConfig& c) {
+  return dims_of(c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ,
+                 c.sharedMemBytes);
+}
+
+}  // namespace
+
+#define FC_LAUNCH_PARAMS                                                                \
+  CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,     \
+      unsigned int by, unsigned int bz, unsigned int shmem, CUstream hStream,           \
+      void **kernelParams, void **extra
 FC_EXPORT CUresult cuLaunchKernel(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
-  return launch(f, hStream, false, kernelParams, extra);
+  return launch(f, hStream, false, dims_of(gx, gy, gz, bx, by, bz, shmem), kernelParams, extra);
 }
 FC_EXPORT CUresult cuLaunchKernel_ptsz(FC_LAUNCH_PARAMS) {
   FC_ENTER("cuLaunchKernel");
-  return launch(f, hStream, true, kernelParams, extra);
+  return launch(f, hStream, true, dims_of(gx, gy, gz, bx, by, bz, shmem), kernelParams, extra);
 }
 
 FC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f,
                                     void** kernelParams, void** extra) {
   FC_ENTER("cuLaunchKernelEx");
   if (!config) return CUDA_ERROR_INVALID_VALUE;
-  return launch(f, config->hStream, false, kernelParams, extra);
+  return launch(f, config->hStream, false, dims_of(*config), kernelParams, extra);
 }
 FC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
                                          void** kernelParams, void** extra) {
   FC_ENTER("cuLaunchKernelEx");
   if (!config) return CUDA_ERROR_INVALID_VALUE;
-  return launch(f, config->hStream, true, kernelParams, extra);
+  return launch(f, config->hStream, true, dims_of(*config), kernelParams, extra);
 }
