@@ -76,6 +76,23 @@
 #                the job run on. Then a control with
 #                CUSNAP_ALLOW_RANKS_SHARING_GPU=1: checkpoint and restore,
 #                expected to fail after the restore (NOTE when it runs on).
+#   nccl-torchrun-graph
+#                The nccl-torchrun job replaying its all-reduces from a CUDA
+#                graph (torch_allreduce.py --graph 2: two collectives per
+#                cuGraphLaunch, none launched directly), CUSNAP_GPU_TEST_NCCL_CYCLES
+#                cycles; SKIP with fewer than two GPUs.
+#   nccl-torchrun-1rank-graph
+#                The same with one rank, three cycles.
+#   nccl-torchrun-1gpu-graph
+#                The cut for graph-launched collectives on real GPUs: two ranks
+#                on one GPU (as nccl-torchrun-1gpu) replaying two all-reduces per
+#                graph launch, with CUSNAP_ALLOW_RANKS_SHARING_GPU=1: checkpoint
+#                to disk (stops the job; no restore, which the driver cannot do
+#                for such ranks) must line both ranks up at one count that
+#                grew by the graph's collectives. Control: the same with the
+#                shim's counting off (CUSNAP_COLLECTIVE_KERNELS names no kernel),
+#                expected to fail in the drain and roll back (NOTE when it
+#                drains by luck).
 #   torchrun-gloo
 #                The same loop with two ranks on the gloo backend (CPU tensors,
 #                no CUDA): torchrun's processes, rendezvous store and the TCP
@@ -101,7 +118,8 @@ ROOT=$PWD
 
 SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo)
+  nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
+  nccl-torchrun-1gpu-graph)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -734,13 +752,13 @@ nccl_cycles() {
   fi
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
-  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
+  echo "gpu-test: $scen: torchrun --nproc-per-node $nproc torch_allreduce.py --backend $backend --mib $mib${TORCH_ARGS:+ $TORCH_ARGS}, $cycles cycles${map:+, restore --device-map $map}${*:+, $*}${extra[*]:+ ${extra[*]}}"
   # PyTorch's libuv TCPStore holds an io_uring instance, which CRIU cannot
   # dump: the job runs the classic store (USE_LIBUV=0 for the workers' and
   # the agent's store, use_libuv=0 for torchrun's rendezvous store).
   start_job "$scen" "$name" "$out" "$nproc" --strict -- env "$@" "${extra[@]}" NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
     "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$nproc" \
-    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" || return 0
+    "$TORCH_ALLREDUCE" --backend "$backend" --mib "$mib" ${TORCH_ARGS:-} || return 0
   r0=$(rank_pid "$out" 0); r1=$(rank_pid "$out" 1)
   echo "  ranks: $(grep -E '^rank [01] ready' "$out" | tr '\n' ';')"
   log=$out
@@ -869,6 +887,64 @@ scenario_nccl_torchrun_1gpu() {
   rm -rf "$ck"
 }
 scenario_torchrun_gloo() { BACKEND=gloo nccl_cycles torchrun-gloo 5 ""; }
+scenario_nccl_torchrun_graph() {
+  TORCH_ARGS="--graph 2" nccl_cycles nccl-torchrun-graph "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""
+}
+scenario_nccl_torchrun_1rank_graph() { NPROC=1 TORCH_ARGS="--graph 2" nccl_cycles nccl-torchrun-1rank-graph 3 ""; }
+# cut_json_counts FILE: "PID=COUNT ..." of a checkpoint report's collective_cut.
+cut_json_counts() {
+  python3 - "$1" <<'PY' 2>/dev/null || true
+import json, sys
+text = open(sys.argv[1]).read()
+obj, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+print(" ".join(f"{k}={v}" for k, v in sorted(obj.get("collective_cut", {}).items())))
+PY
+}
+scenario_nccl_torchrun_1gpu_graph() {
+  local scen=nccl-torchrun-1gpu-graph out=$WORK/nccl-torchrun-1gpu-graph.out ck=$WORK/nccl-torchrun-1gpu-graph.ckpt \
+    cj cut vals rc t0 wall ctl
+  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
+  torch_ready "$scen" || return 0
+  local job=(--strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 "$PY" -m torch.distributed.run
+    --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 "$TORCH_ALLREDUCE" --mib "$NCCL_MIB"
+    --share-gpu --graph 2)
+  echo "gpu-test: $scen: torchrun --nproc-per-node 2 torch_allreduce.py --share-gpu --graph 2 on GPU 0: the cut lines up graph-launched collectives"
+  # Control first: without counting, the gates close wherever the ranks are.
+  CUSNAP_COLLECTIVE_KERNELS=no-such-kernel CUSNAP_ALLOW_RANKS_SHARING_GPU=1 \
+    start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
+  wait_beyond "$out" 30 5 "$(counts "$out" | grep -E '^rank_[01] ' || true)" || true
+  rc=0
+  timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck.ctl" --timeout 10 --json >"$WORK/$scen.ctl.json" 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then
+    ctl="control (counting off): the checkpoint drained by luck"
+    rm -rf "$ck.ctl"
+  else
+    ctl="control (counting off): exit $rc: $(json_field "$WORK/$scen.ctl.json" error | head -1 | cut -c1-160)"
+  fi
+  echo "  $ctl"
+  stop_job "$scen" "$ROOT_PID"
+  CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
+  wait_beyond "$out" 30 5 "$(counts "$out" | grep -E '^rank_[01] ' || true)" || true
+  cj=$WORK/$scen.ckpt.json
+  t0=$(date +%s.%N)
+  rc=0
+  timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1 || rc=$?
+  wall=$(since "$t0")
+  cut=$(cut_json_counts "$cj")
+  vals=$(tr ' ' '\n' <<<"$cut" | cut -d= -f2 | sort -u)
+  if [ "$rc" != 0 ]; then
+    result FAIL "$scen" "checkpoint with the cut failed (exit $rc): $(json_field "$cj" error | head -2)"
+    show_tail "$out" 6
+    stop_job "$scen" "$ROOT_PID"
+  elif [ "$(wc -w <<<"$cut")" != 2 ] || [ "$(wc -l <<<"$vals")" != 1 ] || [ "${vals:-0}" -lt 4 ]; then
+    result FAIL "$scen" "the ranks were not lined up at one count of collectives: '$cut'"
+  else
+    show_phases checkpoint "$cj"
+    result PASS "$scen" "checkpoint in $wall s ($(json_field "$cj" bytes) bytes) with both ranks at collective $vals ($cut); $ctl"
+  fi
+  for _ in $(seq 1 300); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
+  rm -rf "$ck" "$ck.ctl"
+}
 
 for s in "${SELECTED[@]}"; do
   start=$(date +%s.%N)

@@ -7,6 +7,7 @@
 #include "shim/entries.h"
 #include "shim/cut.h"
 #include "shim/gate.h"
+#include "shim/graphs.h"
 #include "shim/real_driver.h"
 #include "shim/track.h"
 
@@ -41,12 +42,14 @@ constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_c
 void prepare() {
   track::atfork_prepare();
   cut::atfork_prepare();
+  graphs::atfork_prepare();
   loader_atfork_prepare();
   gate().atfork_prepare();
 }
 void parent() {
   gate().atfork_parent();
   loader_atfork_parent();
+  graphs::atfork_parent();
   cut::atfork_parent();
   track::atfork_parent();
 }
@@ -55,6 +58,7 @@ void child() {
   gate().atfork_child();
   loader_atfork_child();
   cut::atfork_child();
+  graphs::atfork_child();
   track::atfork_child();
 }
 

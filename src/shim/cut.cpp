@@ -15,6 +15,7 @@
 
 #include "shim/entries.h"
 #include "shim/gate.h"
+#include "shim/graphs.h"
 #include "shim/real_driver.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
@@ -132,8 +133,8 @@ struct Locked {
   ~Locked() { pthread_mutex_unlock(&g_cut.mu); }
 };
 
-bool may_pass() {
-  return !g_cut.armed || (g_cut.target_set && g_cut.reserved < g_cut.target);
+bool may_pass(uint64_t n) {
+  return !g_cut.armed || (g_cut.target_set && g_cut.reserved + n <= g_cut.target);
 }
 
 proto::CutState state_locked() {
@@ -221,10 +222,14 @@ bool is_collective(CUfunction f) noexcept {
   return classify(f) == kYes;  // table crowded: ask the driver each time
 }
 
-void before() noexcept {
+bool captured(CUstream s, bool ptsz) noexcept {
+  return graphs::capturing(s, ptsz);
+}
+
+void before(uint64_t n) noexcept {
   Locked l;
-  if (may_pass() || gate().nested()) {
-    ++g_cut.reserved;
+  if (may_pass(n) || gate().nested()) {
+    g_cut.reserved += n;
     return;
   }
   // Hold outside the gate, so that it can close while this launch waits.
@@ -241,8 +246,8 @@ void before() noexcept {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1000000000L;
   }
-  while (!may_pass()) {
-    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass()) {
+  while (!may_pass(n)) {
+    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass(n)) {
       // Nobody finished the cut: drop it rather than stall the application.
       g_cut.armed = false;
       pthread_cond_broadcast(&g_cut.cv);
@@ -254,24 +259,24 @@ void before() noexcept {
     }
   }
   --g_cut.held;
-  ++g_cut.reserved;
+  g_cut.reserved += n;
   pthread_mutex_unlock(&g_cut.mu);
   gate().enter();  // waits here if the gate closed meanwhile
   pthread_mutex_lock(&g_cut.mu);
 }
 
-void after(bool launched) noexcept {
+void after(bool launched, uint64_t n) noexcept {
   if (launched) {
     // The device of the launching context: two ranks on one GPU cannot be
     // restored (docs/design.md), which the coordinator checks first.
     CUdevice d = -1;
     if (auto get = REAL(cuCtxGetDevice); get && get(&d) == CUDA_SUCCESS && d >= 0 && d < 64)
       g_cut.devices.fetch_or(1ull << d, std::memory_order_acq_rel);
-    g_cut.launched.fetch_add(1, std::memory_order_acq_rel);
+    g_cut.launched.fetch_add(n, std::memory_order_acq_rel);
     return;
   }
   Locked l;
-  if (g_cut.reserved > 0) --g_cut.reserved;
+  g_cut.reserved -= g_cut.reserved >= n ? n : g_cut.reserved;
   pthread_cond_broadcast(&g_cut.cv);
 }
 

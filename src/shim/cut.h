@@ -30,10 +30,12 @@ bool is_collective(CUfunction f) noexcept;
 /// starts with one of the collective prefixes.
 bool name_is_collective(const char* name) noexcept;
 
-/// Around the launch of a collective kernel: before() may hold (leaving the
-/// gate while it waits) and counts the launch; after() records its outcome.
-void before() noexcept;
-void after(bool launched) noexcept;
+/// Around the launch of n collective kernels (one kernel, or a graph's
+/// collective nodes): before() may hold (leaving the gate while it waits) and
+/// counts the n launches; after() records their outcome. A process holds
+/// unless all n fit below the target.
+void before(uint64_t n) noexcept;
+void after(bool launched, uint64_t n) noexcept;
 
 /// Lets every held launch go (gate-open does this too).
 void release() noexcept;
@@ -43,13 +45,29 @@ void atfork_prepare() noexcept;
 void atfork_parent() noexcept;
 void atfork_child() noexcept;
 
-/// Runs the launch through the cut when f is a collective kernel.
+/// Whether a launch on stream s is captured into a graph (graphs.h).
+bool captured(CUstream s, bool ptsz) noexcept;
+
+/// Runs a kernel launch on stream s through the cut when f is a collective
+/// kernel and the launch runs (a launch captured into a graph runs at the
+/// graph's launches, which count it: launch_graph).
 template <class Call>
-CUresult launch(CUfunction f, Call&& call) noexcept {
-  if (!is_collective(f)) return call();
-  before();
+CUresult launch(CUfunction f, CUstream s, bool ptsz, Call&& call) noexcept {
+  if (!is_collective(f) || captured(s, ptsz)) return call();
+  before(1);
   const CUresult r = call();
-  after(r == CUDA_SUCCESS);
+  after(r == CUDA_SUCCESS, 1);
+  return r;
+}
+
+/// Runs a graph launch through the cut when its graph holds n > 0 collective
+/// kernel nodes.
+template <class Call>
+CUresult launch_graph(uint64_t n, Call&& call) noexcept {
+  if (n == 0) return call();
+  before(n);
+  const CUresult r = call();
+  after(r == CUDA_SUCCESS, n);
   return r;
 }
 

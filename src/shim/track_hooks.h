@@ -4,6 +4,7 @@
 
 #include "shim/hooks.h"
 #include "shim/cut.h"
+#include "shim/graphs.h"
 #include "shim/track.h"
 
 namespace cusnap::shim {
@@ -104,30 +105,93 @@ struct Hook<Entry::cuMulticastBindAddr_v2> {
   }
 };
 
-// Kernel launches: collective kernels go through the cut (cut.h).
-#define CUSNAP_LAUNCH_HOOK(entry)                                                    \
-  template <>                                                                      \
-  struct Hook<Entry::entry> {                                                      \
-    static auto bind(decltype(&::entry) real) noexcept {                           \
-      return [real](CUfunction f, auto... a) noexcept {                            \
-        return cut::launch(f, [&]() noexcept { return real(f, a...); });          \
-      };                                                                           \
-    }                                                                              \
+// Kernel launches: collective kernels go through the cut (cut.h), unless the
+// stream captures them into a graph.
+#define CUSNAP_LAUNCH_HOOK(entry, ptsz)                                                   \
+  template <>                                                                           \
+  struct Hook<Entry::entry> {                                                           \
+    static auto bind(decltype(&::entry) real) noexcept {                                \
+      return [real](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,    \
+                    unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, \
+                    void** extra) noexcept {                                            \
+        return cut::launch(f, s, ptsz, [&]() noexcept {                                 \
+          return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);              \
+        });                                                                             \
+      };                                                                                \
+    }                                                                                   \
   };
-CUSNAP_LAUNCH_HOOK(cuLaunchKernel)
-CUSNAP_LAUNCH_HOOK(cuLaunchKernel_ptsz)
+CUSNAP_LAUNCH_HOOK(cuLaunchKernel, false)
+CUSNAP_LAUNCH_HOOK(cuLaunchKernel_ptsz, true)
 #undef CUSNAP_LAUNCH_HOOK
-#define CUSNAP_LAUNCH_EX_HOOK(entry)                                                 \
-  template <>                                                                      \
-  struct Hook<Entry::entry> {                                                      \
-    static auto bind(decltype(&::entry) real) noexcept {                           \
-      return [real](const CUlaunchConfig* c, CUfunction f, auto... a) noexcept {   \
-        return cut::launch(f, [&]() noexcept { return real(c, f, a...); });       \
-      };                                                                           \
-    }                                                                              \
+#define CUSNAP_LAUNCH_EX_HOOK(entry, ptsz)                                               \
+  template <>                                                                          \
+  struct Hook<Entry::entry> {                                                          \
+    static auto bind(decltype(&::entry) real) noexcept {                               \
+      return [real](const CUlaunchConfig* c, CUfunction f, auto... a) noexcept {       \
+        return cut::launch(f, c ? c->hStream : nullptr, ptsz,                          \
+                           [&]() noexcept { return real(c, f, a...); });               \
+      };                                                                               \
+    }                                                                                  \
   };
-CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx)
-CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
+CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx, false)
+CUSNAP_LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz, true)
 #undef CUSNAP_LAUNCH_EX_HOOK
+
+// Graphs: an instance counts its graph's collective kernel nodes (graphs.h),
+// and each launch of it goes through the cut with that many.
+#define CUSNAP_INSTANTIATE_HOOK(entry)                                   \
+  template <>                                                          \
+  struct Hook<Entry::entry> {                                          \
+    static auto bind(decltype(&::entry) real) noexcept {               \
+      return [real](CUgraphExec* e, CUgraph g, auto... a) noexcept {   \
+        const CUresult r = real(e, g, a...);                           \
+        if (r == CUDA_SUCCESS && e) graphs::note_exec(*e, g);          \
+        return r;                                                      \
+      };                                                               \
+    }                                                                  \
+  };
+CUSNAP_INSTANTIATE_HOOK(cuGraphInstantiate)
+CUSNAP_INSTANTIATE_HOOK(cuGraphInstantiate_v2)
+CUSNAP_INSTANTIATE_HOOK(cuGraphInstantiateWithFlags)
+CUSNAP_INSTANTIATE_HOOK(cuGraphInstantiateWithParams)
+CUSNAP_INSTANTIATE_HOOK(cuGraphInstantiateWithParams_ptsz)
+#undef CUSNAP_INSTANTIATE_HOOK
+#define CUSNAP_EXEC_UPDATE_HOOK(entry)                                   \
+  template <>                                                          \
+  struct Hook<Entry::entry> {                                          \
+    static auto bind(decltype(&::entry) real) noexcept {               \
+      return [real](CUgraphExec e, CUgraph g, auto... a) noexcept {    \
+        const CUresult r = real(e, g, a...);                           \
+        if (r == CUDA_SUCCESS) graphs::note_exec(e, g);                \
+        return r;                                                      \
+      };                                                               \
+    }                                                                  \
+  };
+CUSNAP_EXEC_UPDATE_HOOK(cuGraphExecUpdate)
+CUSNAP_EXEC_UPDATE_HOOK(cuGraphExecUpdate_v2)
+#undef CUSNAP_EXEC_UPDATE_HOOK
+template <>
+struct Hook<Entry::cuGraphExecDestroy> {
+  static auto bind(decltype(&::cuGraphExecDestroy) real) noexcept {
+    return [real](CUgraphExec e) noexcept {
+      const CUresult r = real(e);
+      if (r == CUDA_SUCCESS) graphs::forget_exec(e);
+      return r;
+    };
+  }
+};
+#define CUSNAP_GRAPH_LAUNCH_HOOK(entry)                                            \
+  template <>                                                                    \
+  struct Hook<Entry::entry> {                                                    \
+    static auto bind(decltype(&::entry) real) noexcept {                         \
+      return [real](CUgraphExec e, CUstream s) noexcept {                        \
+        return cut::launch_graph(graphs::collectives_of(e),                      \
+                                 [&]() noexcept { return real(e, s); });         \
+      };                                                                         \
+    }                                                                            \
+  };
+CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch)
+CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)
+#undef CUSNAP_GRAPH_LAUNCH_HOOK
 
 }  // namespace cusnap::shim

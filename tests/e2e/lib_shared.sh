@@ -138,6 +138,30 @@ checkpoint_restore_cycle() {
   pass "$tag: restored; every process counts on and sees its peers' writes"
 }
 
+# fast_cycles_then_moved N ARGS...: launches the pair with ARGS as job "fast"
+# (no sleep between steps), runs N checkpoint/kill/restore cycles, each
+# continuing at exactly the next step, then restores the last checkpoint
+# onto the other machine's GPUs (FAKECUDA_UUID_SEED=5) with
+# --device-map 0=1,1=0, where it must continue too.
+fast_cycles_then_moved() {
+  local n=$1 i cur
+  shift
+  LAUNCH_OUT=$T/fast.out
+  start_job fast "$LAUNCH_OUT" "$PAIR" "$@"
+  cur=$LAUNCH_OUT
+  for i in $(seq 1 "$n"); do
+    checkpoint_restore_cycle fast 1 "$cur" "fast$i"
+    cur=$T/restore-fast$i.out
+  done
+  checkpoint_stop fast "$T/ck-moved" "$cur"
+  FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ck-moved" --device-map 0=1,1=0 >"$T/moved.out" 2>&1 &
+  SUPERVISORS+=($!)
+  SUP=$!
+  expect_continued "$T/moved.out" 1
+  pass "restored onto the other machine's GPUs with --device-map 0=1,1=0"
+  stop_job "$T/moved.out"
+}
+
 # collective_pair_setup DEVICES: for the tests of cusnap-collective-pair (two
 # ranks meeting in the simulated driver's handshake kernel): that many
 # simulated devices, PAIR (the workload) and PREFIXES (its ranks). Returns
@@ -148,6 +172,25 @@ collective_pair_setup() {
   PAIR=$BIN/cusnap-collective-pair
   [ -x "$PAIR" ] || fail "$PAIR is not built"
   PREFIXES=("rank 0 " "rank 1 ")
+}
+
+# drain_rolls_back NAME: a --leave-running checkpoint of job NAME, whose
+# collective counting is off, cannot drain (a rank waits in a collective for a
+# rank the gates hold) and rolls back: failed in the quiesce phase, said the
+# job runs on, left no manifest. Up to three tries, as one may land when no
+# rank waits. The last report is in $T/neg-ckpt.out.
+drain_rolls_back() {
+  local try rc=0
+  for try in 1 2 3; do
+    rc=0
+    "$CUSNAP" checkpoint "$1" -o "$T/ck-neg$try" --leave-running --timeout 3 >"$T/neg-ckpt.out" 2>&1 || rc=$?
+    [ "$rc" != 0 ] && break
+    echo "   try $try: the checkpoint drained by luck"
+  done
+  [ "$rc" != 0 ] || fail "without the cut, three checkpoints of ranks in a collective all succeeded"
+  grep -q "quiesce phase" "$T/neg-ckpt.out" || fail "unexpected failure: $(cat "$T/neg-ckpt.out")"
+  grep -q "runs on unchanged" "$T/neg-ckpt.out" || fail "no rollback reported: $(cat "$T/neg-ckpt.out")"
+  [ ! -e "$T/ck-neg$try/manifest.json" ] || fail "a failed checkpoint left a manifest"
 }
 
 # counts_advance OUT: every prefix counts on (3 more).

@@ -20,20 +20,9 @@ collective_pair_setup 2 || exit 77
 # 1. Negative control.
 LAUNCH_OUT=$T/neg.out
 CUSNAP_COLLECTIVE_KERNELS=no-such-kernel start_job neg "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 30
-# Rank 1 waits in the collective almost all the time; a checkpoint that lands
-# in the short moment when it does not drains by luck, so up to three tries.
-rc=0
-for try in 1 2 3; do
-  rc=0
-  "$CUSNAP" checkpoint neg -o "$T/ck-neg$try" --leave-running --timeout 3 >"$T/neg-ckpt.out" 2>&1 || rc=$?
-  [ "$rc" != 0 ] && break
-  echo "   try $try: the checkpoint drained by luck"
-done
-[ "$rc" != 0 ] || fail "without the cut, three checkpoints of ranks in a collective all succeeded"
-grep -q "quiesce phase" "$T/neg-ckpt.out" || fail "unexpected failure: $(cat "$T/neg-ckpt.out")"
+# Rank 1 waits in the collective almost all the time.
+drain_rolls_back neg
 grep -q "cuStreamSynchronize" "$T/neg-ckpt.out" || fail "the error does not name the call in flight: $(cat "$T/neg-ckpt.out")"
-grep -q "runs on unchanged" "$T/neg-ckpt.out" || fail "no rollback reported: $(cat "$T/neg-ckpt.out")"
-[ ! -e "$T/ck-neg$try/manifest.json" ] || fail "a failed checkpoint left a manifest"
 counts_advance "$LAUNCH_OUT"
 no_errors "$LAUNCH_OUT"
 pass "without the cut: the drain cannot finish (rank 1 waits for rank 0 in a collective); rolled back, the job runs on"
@@ -71,18 +60,5 @@ pass "cut timed out: $(grep -o 'process [0-9]* at [0-9]*' "$T/slow-ckpt.out" | h
 stop_job "$LAUNCH_OUT"
 
 # 4. No sleep between steps: five cycles, then other GPUs.
-LAUNCH_OUT=$T/fast.out
-start_job fast "$LAUNCH_OUT" "$PAIR" --print-every 1
-cur=$LAUNCH_OUT
-for i in 1 2 3 4 5; do
-  checkpoint_restore_cycle fast 1 "$cur" "fast$i"
-  cur=$T/restore-fast$i.out
-done
-checkpoint_stop fast "$T/ck-moved" "$cur"
-FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ck-moved" --device-map 0=1,1=0 >"$T/moved.out" 2>&1 &
-SUPERVISORS+=($!)
-SUP=$!
-expect_continued "$T/moved.out" 1
-pass "restored onto the other machine's GPUs with --device-map 0=1,1=0"
-stop_job "$T/moved.out"
+fast_cycles_then_moved 5 --print-every 1
 echo "PASS"

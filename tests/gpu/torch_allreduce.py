@@ -5,6 +5,7 @@
                                                              [--print-every K]
                                                              [--backend nccl|gloo]
                                                              [--share-gpu] [--sleep-ms M]
+                                                             [--graph G]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -23,6 +24,14 @@ machine checkpoints and restores that part of the NCCL job for real (device
 
 --sleep-ms M sleeps M ms after each step (default 0: none), so that a
 checkpoint finds the ranks between collectives most of the time.
+
+--graph G (nccl only) replays the step from a CUDA graph, as inference
+servers and compiled training steps do: after one eager step (NCCL's warm-up),
+the fill and G all-reduces of G tensors are captured once (torch.cuda.graph),
+the k-th tensor holding the fill times (R + 1 + k), and each step sets the step
+number in a device tensor and replays the graph; every element of every
+tensor is checked (expected (i + s * 1000003) * (W (W + 1) / 2 + W k)). A step
+launches G collective kernels through one cuGraphLaunch, none directly.
 
 --share-gpu lets the NCCL ranks share the GPUs they see (two ranks on one
 GPU). NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
@@ -53,7 +62,10 @@ def main():
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     ap.add_argument("--share-gpu", action="store_true")
     ap.add_argument("--sleep-ms", type=int, default=0)
+    ap.add_argument("--graph", type=int, default=0)
     a = ap.parse_args()
+    if a.graph and a.backend != "nccl":
+        ap.error("--graph needs the nccl backend")
 
     import torch
     import torch.distributed as dist
@@ -77,18 +89,39 @@ def main():
     n = (a.mib << 20) // 8
     base = torch.arange(n, device=dev, dtype=torch.int64)
     scale = world * (world + 1) // 2
-    say(f"rank {rank} ready pid {os.getpid()} device {where}")
     step = 0
+    graph = outs = None
+    step_dev = torch.zeros((), device=dev, dtype=torch.int64)
+    if a.graph:
+        # One eager step first: NCCL connects its peers at the first
+        # collective, which a capture cannot do.
+        dist.all_reduce(base * 0)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            v_g = base + step_dev * 1000003
+            outs = [v_g * (rank + 1 + k) for k in range(a.graph)]
+            for t in outs:
+                dist.all_reduce(t)
+        torch.cuda.synchronize()
+    say(f"rank {rank} ready pid {os.getpid()} device {where}")
     while a.steps == 0 or step < a.steps:
         step += 1
         v = base + step * 1000003
-        t = v * (rank + 1)
-        dist.all_reduce(t)
-        if not torch.equal(t, v * scale):
-            bad = (t != v * scale).nonzero()[0].item()
-            say(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
-                f"expected {(v[bad] * scale).item()}")
-            sys.exit(3)
+        if graph is not None:
+            step_dev.fill_(step)
+            graph.replay()
+            results = [(t, v * (scale + world * k)) for k, t in enumerate(outs)]
+        else:
+            t = v * (rank + 1)
+            dist.all_reduce(t)
+            results = [(t, v * scale)]
+        for t, want in results:
+            if not torch.equal(t, want):
+                bad = (t != want).nonzero()[0].item()
+                say(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
+                    f"expected {want[bad].item()}")
+                sys.exit(3)
         if step % a.print_every == 0 or step == 1:
             say(f"rank {rank} count {step} ok")
         if a.sleep_ms:

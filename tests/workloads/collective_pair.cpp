@@ -2,7 +2,7 @@
 // step, like two ranks of an NCCL job (for the simulated driver only).
 //
 //   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
-//                          [--print-every K]
+//                          [--print-every K] [--graph G]
 //
 // Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
 // runs on device R (device 0 for both when there is one device), creates an
@@ -23,6 +23,16 @@
 // flight does. The two slots make the check race-free: a rank writes slot s%2
 // again only at step s+2, after the other rank's kernel s+1, which the other
 // rank launches only after reading step s.
+//
+// --graph G (G >= 1): as a job that replays its collectives from a CUDA graph.
+// Each rank captures G launches of the handshake kernel with step 0 ("the
+// next step": the simulated driver reads it from the own flag when the node
+// runs, as NCCL keeps its counters in device memory) on its stream into a
+// graph (cuStreamBeginCapture_v2 .. cuStreamEndCapture, cuGraphInstantiate-
+// WithFlags), and step s launches that graph (cuGraphLaunch) instead of one
+// kernel: the flags advance by G per step, so a rank's collective count is
+// G times its step. The fill and check are as above (the graph's last node
+// completes only once the peer's graph of the same step has begun).
 //
 // Prints "rank R ready pid P device D", then "rank R count S ok" (S: the step
 // just verified) at step 1, every K steps (default 100) and at the last step,
@@ -61,6 +71,7 @@ struct Options {
   long interval_ms = 0;
   long lag_ms = 0;
   long print_every = 100;
+  long graph = 0;  ///< collectives per graph launch; 0: plain launches
 };
 
 uint32_t value(unsigned rank, long step) {
@@ -178,6 +189,19 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
   WL_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), who);
   std::printf("rank %u ready pid %d device %d\n", rank, int(getpid()), int(dev));
 
+  CUgraphExec exec = nullptr;
+  if (o.graph > 0) {
+    CUdeviceptr my_flag = own, peer_flag = peer;
+    uint64_t next = 0;  // the next step, read on the device
+    void* params[] = {&my_flag, &peer_flag, &next};
+    WL_CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), who);
+    for (long k = 0; k < o.graph; ++k)
+      WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
+    CUgraph graph;
+    WL_CHECK(cuStreamEndCapture(stream, &graph), who);
+    WL_CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0), who);
+    WL_CHECK(cuGraphDestroy(graph), who);
+  }
   std::vector<uint32_t> words(slot / 4);
   for (long step = 1; o.steps == 0 || step <= o.steps; ++step) {
     size_t off = kSlotsOffset + size_t(step % 2) * slot;
@@ -185,7 +209,10 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
     CUdeviceptr my_flag = own, peer_flag = peer;
     uint64_t s = uint64_t(step);
     void* params[] = {&my_flag, &peer_flag, &s};
-    WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
+    if (exec)
+      WL_CHECK(cuGraphLaunch(exec, stream), who);
+    else
+      WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
     WL_CHECK(cuStreamSynchronize(stream), who);
     WL_CHECK(cuMemcpyDtoH(words.data(), peer + off, slot), who);
     uint32_t want = value(1 - rank, step);
@@ -214,16 +241,18 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
 
 int main(int argc, char** argv) {
   Args args(argc, argv, "cusnap-collective-pair", {},
-            {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every"});
+            {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph"});
   Options o;
   o.steps = args.num("--steps", 0);
   o.mib = size_t(args.num("--mib", 1));
   o.interval_ms = args.num("--interval-ms", 0);
   o.lag_ms = args.num("--lag-ms", 0);
   o.print_every = args.num("--print-every", 100);
-  if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0) {
+  o.graph = args.num("--graph", 0);
+  if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0 ||
+      o.graph < 0 || o.graph > 64) {
     std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms must be >= 0, "
-                         "--print-every >= 1\n");
+                         "--print-every >= 1, --graph 0 to 64\n");
     return 64;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
