@@ -42,11 +42,12 @@ if [[ -z "$shim" ]]; then
   shim=$work/lib/libcusnap_shim.so
   mkdir -p "$work/lib"
   say "building the shim"
-  g++ -std=c++20 -O2 -g -fPIC -shared -fvisibility=hidden -fvisibility-inlines-hidden -fno-exceptions -fno-rtti \
+  # Every source of src/shim (the tracking files speak msgpack, which throws:
+  # exceptions on for all, as the build has them for those).
+  g++ -std=c++20 -O2 -g -fPIC -shared -fvisibility=hidden -fvisibility-inlines-hidden -fexceptions -fno-rtti \
     -Wno-deprecated-declarations -Wno-missing-attributes \
-    -I"$root/src" -isystem "$cuda/include" -DCUSNAP_SHIM_BUILD='"gpu-test"' \
-    "$root"/src/shim/{build_info,dlsym,elf_lookup,entries,gate,real_driver,resolver,wrappers}.cpp \
-    -fexceptions "$root"/src/shim/track{,_server}.cpp "$root"/src/proto/{wire,control,shim_messages}.cpp \
+    -I"$root/src" -isystem "$cuda/include" -DCUSNAP_SHIM_BUILD='"gpu-test"' -DCUSNAP_VERSION='"gpu-test"' \
+    "$root"/src/shim/*.cpp "$root"/src/proto/{wire,control,shim_messages}.cpp \
     "$root/src/shim/dlsym_entry.S" \
     -Wl,--version-script="$root/src/shim/libcusnap_shim.map" -Wl,-z,defs -Wl,-z,now \
     -ldl -lpthread -o "$shim" || { echo "gpu-test-shim: cannot build the shim"; exit 1; }
