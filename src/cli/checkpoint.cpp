@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <thread>
 
@@ -58,6 +60,16 @@ int cmd_checkpoint(int argc, char** argv) {
   req.dir = absolute(dir.empty() ? default_dir(entry.status.name) : dir);
   req.leave_running = leave_running;
   req.timeout_ms = seconds(timeout_s).count();
+  // The CRIU and hashing settings of this command's environment count, not
+  // only the supervisor's (man cusnap, ENVIRONMENT).
+  for (const char* name : proto::kCheckpointSettings)
+    if (const char* v = std::getenv(name)) {
+      if (std::strlen(v) > proto::kMaxSettingBytes)
+        return fail_json(json, kExitUsage,
+                         std::string(name) + " is longer than " +
+                             std::to_string(proto::kMaxSettingBytes) + " characters");
+      req.settings[name] = v;
+    }
 
   ProgressLine progress(!json);
   proto::Result r;

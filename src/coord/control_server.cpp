@@ -205,6 +205,7 @@ void ControlServer::serve(UniqueFd conn) {
     opts.dir = r.dir;
     opts.leave_running = r.leave_running;
     opts.timeout = std::chrono::milliseconds(r.timeout_ms);
+    opts.settings = r.settings;
     std::mutex send_mu;  // the engine may report progress from several threads
     bool client_gone = false;
     ProgressSink sink = [&](const Progress& p) {

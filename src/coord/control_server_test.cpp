@@ -103,7 +103,7 @@ TEST_CASE("control server: a checkpoint streams progress; a second one is refuse
     std::string e;
     bool ok = job_request(
         f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
-        proto::CheckpointRequest{"/tmp/ckpt", false, 1000},
+        proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}},
         [&](const proto::ProgressEvent& ev) { seen.push_back(ev); }, &r, &e);
     return std::make_pair(ok, r);
   });
@@ -111,7 +111,7 @@ TEST_CASE("control server: a checkpoint streams progress; a second one is refuse
 
   proto::Result r2;
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
-                      proto::CheckpointRequest{"/tmp/other", false, 1000}, nullptr, &r2, &err));
+                      proto::CheckpointRequest{"/tmp/other", false, 1000, {}}, nullptr, &r2, &err));
   CHECK(!r2.ok);
   CHECK(r2.exit_code == kExitRefused);
   CHECK(r2.message == "a checkpoint of job fake is already running");
@@ -139,7 +139,7 @@ TEST_CASE("control server: malformed and unknown requests get a usage result") {
   std::string err;
   proto::Result r;
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
-                      proto::CheckpointRequest{"relative/dir", false, 1000}, nullptr, &r, &err));
+                      proto::CheckpointRequest{"relative/dir", false, 1000, {}}, nullptr, &r, &err));
   CHECK(r.exit_code == kExitUsage);
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint, std::string("junk"), nullptr,
                       &r, &err));

@@ -197,9 +197,13 @@ bool hw_breakpoints_work(std::string* why) {
   return works;
 }
 
-bool criu_breakpoints(bool* use, std::string* err) {
-  const char* env = std::getenv("CUSNAP_CRIU_BREAKPOINTS");
-  const std::string v = env ? env : "";
+const char* setting(const std::map<std::string, std::string>& settings, const char* name) {
+  const auto it = settings.find(name);
+  return it != settings.end() ? it->second.c_str() : std::getenv(name);
+}
+
+bool criu_breakpoints(const char* value, bool* use, std::string* err) {
+  const std::string v = value ? value : "";
   if (v.empty() || v == "auto") {
     *use = hw_breakpoints_work(nullptr);
   } else if (v == "on" || v == "1") {
@@ -231,7 +235,7 @@ bool parse_criu_version(std::string_view text, CriuInfo* out) {
   return true;
 }
 
-bool find_criu(CriuInfo* out, std::string* err) {
+bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints) {
   const char* env = getenv("CUSNAP_CRIU");
   std::string path = env && *env ? env : search_path("criu");
   if (path.empty()) {
@@ -277,13 +281,27 @@ bool find_criu(CriuInfo* out, std::string* err) {
     return false;
   }
   bool use_breakpoints = true;
-  if (!criu_breakpoints(&use_breakpoints, err)) return false;
+  if (!criu_breakpoints(breakpoints, &use_breakpoints, err)) return false;
   out->no_breakpoints = !use_breakpoints;
   return true;
 }
 
-bool criu_ghost_limit(std::string* arg, std::string* err) {
-  const char* env = std::getenv("CUSNAP_CRIU_GHOST_LIMIT");
+bool criu_network_lock(const char* value, std::string* method, std::string* err) {
+  const std::string v = value ? value : "";
+  if (v.empty()) {
+    *method = "nftables";
+  } else if (v == "nftables" || v == "iptables" || v == "skip") {
+    *method = v;
+  } else {
+    *err = "CUSNAP_CRIU_NETWORK_LOCK=\"" + v.substr(0, 64) +
+           "\" is not nftables, iptables or skip (CRIU's network lock methods): unset it for "
+           "nftables";
+    return false;
+  }
+  return true;
+}
+
+bool criu_ghost_limit(const char* env, std::string* arg, std::string* err) {
   if (!env || !*env) {
     // CRIU reads the value with atol(): the largest it takes whole.
     *arg = std::to_string(std::numeric_limits<long>::max());

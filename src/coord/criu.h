@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,30 +32,42 @@ struct CriuInfo {
 /// once per process; true on other architectures. *why says what was seen.
 bool hw_breakpoints_work(std::string* why);
 
-/// Whether CRIU runs with hardware breakpoints: $CUSNAP_CRIU_BREAKPOINTS
-/// "auto" (unset: probe, hw_breakpoints_work), "on", "off". Without them CRIU
-/// follows the parasite's end by system-call stops (its own fallback, chosen
-/// through CRIU_FAULT=130), which works everywhere. False with *err for
-/// another value.
-bool criu_breakpoints(bool* use, std::string* err);
+/// The value of setting `name` (one of proto::kCheckpointSettings) for a
+/// command: what the client sent in `settings`, else this process's
+/// environment; nullptr when neither has it.
+const char* setting(const std::map<std::string, std::string>& settings, const char* name);
+
+/// Whether CRIU runs with hardware breakpoints, from the value of
+/// CUSNAP_CRIU_BREAKPOINTS: "auto" (or nullptr or empty: probe,
+/// hw_breakpoints_work), "on", "off". Without them CRIU follows the parasite's
+/// end by system-call stops (its own fallback, chosen through CRIU_FAULT=130),
+/// which works everywhere. False with *err for another value.
+bool criu_breakpoints(const char* value, bool* use, std::string* err);
 
 /// Parses the output of `criu --version` ("Version: 4.1.1" plus maybe a
 /// GitID line). False when no version line is there.
 bool parse_criu_version(std::string_view text, CriuInfo* out);
 
 /// Finds CRIU, runs `criu --version`, requires >= 4.1, and decides about
-/// breakpoints (criu_breakpoints). The error says what was found and how to
-/// install or point at a newer one.
-bool find_criu(CriuInfo* out, std::string* err);
+/// breakpoints (criu_breakpoints of `breakpoints`, the value of
+/// CUSNAP_CRIU_BREAKPOINTS). The error says what was found and how to install
+/// or point at a newer one.
+bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints);
 
 /// The --ghost-limit CRIU's dump gets: how big a deleted file the job holds
 /// (open or mapped, e.g. NCCL's host buffers in /dev/shm, or tensors PyTorch
 /// shares through unlinked shared memory) may be for CRIU to save its
-/// contents whole in the checkpoint. CUSNAP_CRIU_GHOST_LIMIT: bytes, or a
-/// number with K, M or G (binary units, as CRIU reads them); unset: no limit
-/// (CRIU's own default of 1 MiB fails the checkpoint of such jobs). False,
-/// with *err naming the value, for anything else.
-bool criu_ghost_limit(std::string* arg, std::string* err);
+/// contents whole in the checkpoint. `value`, of CUSNAP_CRIU_GHOST_LIMIT:
+/// bytes, or a number with K, M or G (binary units, as CRIU reads them);
+/// nullptr or empty: no limit (CRIU's own default of 1 MiB fails the
+/// checkpoint of such jobs). False, with *err naming the value, for anything
+/// else.
+bool criu_ghost_limit(const char* value, std::string* arg, std::string* err);
+
+/// CRIU's --network-lock method for a dump with established TCP connections,
+/// from the value of CUSNAP_CRIU_NETWORK_LOCK: nftables (nullptr or empty),
+/// iptables or skip. False, with *err naming the value, for anything else.
+bool criu_network_lock(const char* value, std::string* method, std::string* err);
 
 /// One run of CRIU.
 struct CriuRun {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 
 using namespace cusnap;
@@ -33,11 +34,11 @@ TEST_CASE("criu: too old and missing are refused with what to do") {
   setenv("CUSNAP_CRIU", fake.c_str(), 1);
   CriuInfo c;
   std::string err;
-  CHECK_FALSE(find_criu(&c, &err));
+  CHECK_FALSE(find_criu(&c, &err, nullptr));
   CHECK(err.find("version 3.17") != std::string::npos);
   CHECK(err.find(">= 4.1") != std::string::npos);
   setenv("CUSNAP_CRIU", "/nonexistent/criu", 1);
-  CHECK_FALSE(find_criu(&c, &err));
+  CHECK_FALSE(find_criu(&c, &err, nullptr));
   CHECK(err.find("not an executable") != std::string::npos);
   unsetenv("CUSNAP_CRIU");
   std::filesystem::remove_all(dir);
@@ -101,23 +102,43 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
 
 TEST_CASE("criu: the ghost limit comes from CUSNAP_CRIU_GHOST_LIMIT, unlimited when unset") {
   std::string arg, err;
-  unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
-  REQUIRE(criu_ghost_limit(&arg, &err));
-  CHECK(arg == std::to_string(std::numeric_limits<long>::max()));
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    REQUIRE(criu_ghost_limit(unset, &arg, &err));
+    CHECK(arg == std::to_string(std::numeric_limits<long>::max()));
+  }
   for (const char* ok : {"1048576", "64K", "512M", "4G", "1"}) {
-    setenv("CUSNAP_CRIU_GHOST_LIMIT", ok, 1);
-    REQUIRE(criu_ghost_limit(&arg, &err));
+    REQUIRE(criu_ghost_limit(ok, &arg, &err));
     CHECK(arg == ok);
   }
   for (const char* bad :
        {"0", "-1", "4g", "4GB", "G", "1.5G", " 4G", "99999999999999G", "9999999999999"}) {
-    setenv("CUSNAP_CRIU_GHOST_LIMIT", bad, 1);
     err.clear();
-    CHECK_FALSE(criu_ghost_limit(&arg, &err));
+    CHECK_FALSE(criu_ghost_limit(bad, &arg, &err));
     CHECK(err.find(std::string("CUSNAP_CRIU_GHOST_LIMIT=\"") + bad + "\" is not a size") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("criu: the network lock is nftables unless CUSNAP_CRIU_NETWORK_LOCK names another") {
+  std::string m, err;
+  REQUIRE(criu_network_lock(nullptr, &m, &err));
+  CHECK(m == "nftables");
+  for (const char* ok : {"nftables", "iptables", "skip"}) {
+    REQUIRE(criu_network_lock(ok, &m, &err));
+    CHECK(m == ok);
+  }
+  CHECK_FALSE(criu_network_lock("--inject", &m, &err));
+  CHECK(err.find("CUSNAP_CRIU_NETWORK_LOCK=\"--inject\" is not nftables, iptables or skip") !=
+        std::string::npos);
+}
+
+TEST_CASE("criu: a setting the client sent counts before the environment") {
+  setenv("CUSNAP_CRIU_GHOST_LIMIT", "4G", 1);
+  const std::map<std::string, std::string> none, sent{{"CUSNAP_CRIU_GHOST_LIMIT", "1M"}};
+  CHECK(std::string(setting(none, "CUSNAP_CRIU_GHOST_LIMIT")) == "4G");
+  CHECK(std::string(setting(sent, "CUSNAP_CRIU_GHOST_LIMIT")) == "1M");
   unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
+  CHECK(setting(none, "CUSNAP_CRIU_GHOST_LIMIT") == nullptr);
 }
 
 TEST_CASE("criu: a benign error line is not quoted as the cause") {
@@ -136,25 +157,22 @@ TEST_CASE("criu: a benign error line is not quoted as the cause") {
 TEST_CASE("criu: breakpoints follow CUSNAP_CRIU_BREAKPOINTS, and CRIU gets CRIU_FAULT=130 without") {
   bool use = false;
   std::string err;
-  setenv("CUSNAP_CRIU_BREAKPOINTS", "on", 1);
-  CHECK(criu_breakpoints(&use, &err));
+  CHECK(criu_breakpoints("on", &use, &err));
   CHECK(use);
-  setenv("CUSNAP_CRIU_BREAKPOINTS", "off", 1);
-  CHECK(criu_breakpoints(&use, &err));
+  CHECK(criu_breakpoints("off", &use, &err));
   CHECK_FALSE(use);
-  setenv("CUSNAP_CRIU_BREAKPOINTS", "sometimes", 1);
-  CHECK_FALSE(criu_breakpoints(&use, &err));
+  CHECK_FALSE(criu_breakpoints("sometimes", &use, &err));
   CHECK(err.find("CUSNAP_CRIU_BREAKPOINTS=\"sometimes\" is not auto, on or off") !=
         std::string::npos);
-  // auto: the probe's answer, and it says what it saw.
-  setenv("CUSNAP_CRIU_BREAKPOINTS", "auto", 1);
+  // auto (or unset): the probe's answer, and it says what it saw.
   std::string why;
   const bool works = hw_breakpoints_work(&why);
-  CHECK(criu_breakpoints(&use, &err));
-  CHECK(use == works);
+  for (const char* automatic : {static_cast<const char*>(nullptr), "", "auto"}) {
+    CHECK(criu_breakpoints(automatic, &use, &err));
+    CHECK(use == works);
+  }
   CHECK_FALSE(why.empty());
   MESSAGE("hardware breakpoints on this machine: " << why);
-  unsetenv("CUSNAP_CRIU_BREAKPOINTS");
 
   // What CRIU's environment holds, through a stand-in that prints it.
   char dir[] = "/tmp/cusnap-criu-test-XXXXXX";

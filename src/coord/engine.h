@@ -65,6 +65,9 @@ struct CheckpointOptions {
   bool leave_running = false;  ///< restore GPU state in place and resume after the dump
   std::chrono::milliseconds timeout{
       std::chrono::seconds(60)};  ///< driver lock timeout and per-phase bound
+  /// Settings the client sent (proto::kCheckpointSettings): each counts
+  /// instead of this process's environment variable of the same name.
+  std::map<std::string, std::string> settings;
 };
 
 /// Timing of each phase in seconds, in the order they ran.

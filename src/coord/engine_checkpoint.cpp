@@ -125,14 +125,17 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // Preconditions: nothing changes until every one holds.
   report("check");
   if (!require_root("checkpoint", err)) return false;
+  // Settings the client sent count before this supervisor's environment.
+  auto value = [&](const char* name) { return setting(opts.settings, name); };
   CriuInfo criu;
-  if (!find_criu(&criu, err)) return false;
+  if (!find_criu(&criu, err, value("CUSNAP_CRIU_BREAKPOINTS"))) return false;
   bool dir_existed = false;
   if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
   unsigned hash_threads = 0;
-  if (!hash_thread_count(&hash_threads, err)) return false;
-  std::string ghost_limit;
-  if (!criu_ghost_limit(&ghost_limit, err)) return false;
+  if (!hash_thread_count(value("CUSNAP_HASH_THREADS"), &hash_threads, err)) return false;
+  std::string ghost_limit, network_lock;
+  if (!criu_ghost_limit(value("CUSNAP_CRIU_GHOST_LIMIT"), &ghost_limit, err)) return false;
+  if (!criu_network_lock(value("CUSNAP_CRIU_NETWORK_LOCK"), &network_lock, err)) return false;
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
@@ -270,9 +273,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       size_t(std::count_if(sockets.begin(), sockets.end(),
                            [](const JobTcpSocket& s) { return s.entry.state == kTcpEstablished; }));
   if (tcp > 0) {
-    const char* lock = std::getenv("CUSNAP_CRIU_NETWORK_LOCK");
-    run.args.insert(run.args.end(),
-                    {"--tcp-established", "--network-lock", lock && *lock ? lock : "nftables"});
+    run.args.insert(run.args.end(), {"--tcp-established", "--network-lock", network_lock});
   }
   // The ports the job listens on, which a restore checks are free first.
   const std::vector<TcpListener> listeners = job_tcp_listeners(sockets);

@@ -211,7 +211,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   report("check");
   if (!require_root("restore", err)) return false;
   CriuInfo criu;
-  if (!find_criu(&criu, err)) return false;
+  if (!find_criu(&criu, err, std::getenv("CUSNAP_CRIU_BREAKPOINTS"))) return false;
   int subreaper = 0;
   if (prctl(PR_GET_CHILD_SUBREAPER, &subreaper) != 0 || !subreaper) {
     *err = "restore must run in a child subreaper (the cusnap supervisor); this process is not one";

@@ -183,7 +183,7 @@ std::string pipe_id(int fd) {
 bool have_criu() {
   CriuInfo c;
   std::string err;
-  return geteuid() == 0 && find_criu(&c, &err);
+  return geteuid() == 0 && find_criu(&c, &err, nullptr);
 }
 
 }  // namespace

@@ -24,7 +24,11 @@ Sha256Digest chunked_root(const std::vector<Sha256Digest>& chunks) {
 }
 
 bool hash_thread_count(unsigned* n, std::string* err) {
-  if (const char* env = std::getenv("CUSNAP_HASH_THREADS")) {
+  return hash_thread_count(std::getenv("CUSNAP_HASH_THREADS"), n, err);
+}
+
+bool hash_thread_count(const char* env, unsigned* n, std::string* err) {
+  if (env) {
     char* end = nullptr;
     errno = 0;
     unsigned long v = std::strtoul(env, &end, 10);

@@ -1,5 +1,7 @@
 #include "proto/control.h"
 
+#include <iterator>
+
 namespace cusnap::proto {
 namespace {
 constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // a week
@@ -18,6 +20,23 @@ bool validate(const CheckpointRequest& r, std::string* err) {
       r.dir.find('\0') != std::string::npos) {
     *err = "checkpoint directory must be an absolute path";
     return false;
+  }
+  if (r.settings.size() > std::size(kCheckpointSettings)) {
+    *err = "too many settings";
+    return false;
+  }
+  for (const auto& [name, value] : r.settings) {
+    bool known = false;
+    for (const char* k : kCheckpointSettings) known = known || name == k;
+    if (!known) {
+      *err = "unknown setting '" + name.substr(0, 64) + "'";
+      return false;
+    }
+    if (value.size() > kMaxSettingBytes || value.find('\0') != std::string::npos) {
+      *err = "the value of " + name + " is longer than " + std::to_string(kMaxSettingBytes) +
+             " bytes or holds a NUL";
+      return false;
+    }
   }
   return validate_timeout(r.timeout_ms, err);
 }

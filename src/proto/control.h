@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <msgpack.hpp>
 #include <string>
 #include <vector>
@@ -58,11 +59,21 @@ struct JobStatus {
                      runtime_dir, restored_from);
 };
 
+/// Settings of the client's environment that count for a checkpoint in the
+/// job's supervisor, which otherwise reads its own environment: only these
+/// names, each value at most kMaxSettingBytes (validate).
+inline constexpr const char* kCheckpointSettings[] = {
+    "CUSNAP_CRIU_GHOST_LIMIT", "CUSNAP_CRIU_NETWORK_LOCK", "CUSNAP_CRIU_BREAKPOINTS",
+    "CUSNAP_HASH_THREADS"};
+inline constexpr size_t kMaxSettingBytes = 64;
+using Settings = std::map<std::string, std::string>;
+
 struct CheckpointRequest {
   std::string dir;  ///< absolute path
   bool leave_running = false;
   int64_t timeout_ms = 60000;
-  MSGPACK_DEFINE_MAP(dir, leave_running, timeout_ms);
+  Settings settings;  ///< from the client's environment (kCheckpointSettings)
+  MSGPACK_DEFINE_MAP(dir, leave_running, timeout_ms, settings);
 };
 
 struct TimeoutRequest {

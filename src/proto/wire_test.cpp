@@ -60,7 +60,7 @@ struct Pair {
 TEST_CASE("wire: a message round-trips with its type and payload") {
   Pair p;
   std::string err;
-  CheckpointRequest req{"/tmp/x", true, 1234};
+  CheckpointRequest req{"/tmp/x", true, 1234, {{"CUSNAP_HASH_THREADS", "3"}}};
   REQUIRE(p.a.send(kMsgCheckpoint, req, &err));
   Message m;
   REQUIRE(p.b.recv(&m, &err));
@@ -70,6 +70,7 @@ TEST_CASE("wire: a message round-trips with its type and payload") {
   CHECK(got.dir == "/tmp/x");
   CHECK(got.leave_running);
   CHECK(got.timeout_ms == 1234);
+  CHECK(got.settings == req.settings);
   CHECK(!m.fd);
 }
 
@@ -268,8 +269,18 @@ TEST_CASE("wire: the control timeout comes from the environment when valid") {
 
 TEST_CASE("control: requests are validated beyond their types") {
   std::string err;
-  CHECK(validate(CheckpointRequest{"/a", false, 1000}, &err));
-  CHECK(!validate(CheckpointRequest{"relative", false, 1000}, &err));
-  CHECK(!validate(CheckpointRequest{"/a", false, 0}, &err));
+  CHECK(validate(CheckpointRequest{"/a", false, 1000, {}}, &err));
+  CHECK(!validate(CheckpointRequest{"relative", false, 1000, {}}, &err));
+  CHECK(!validate(CheckpointRequest{"/a", false, 0, {}}, &err));
   CHECK(!validate(TimeoutRequest{-5}, &err));
+  // Settings: the known names only, short values.
+  CHECK(validate(CheckpointRequest{"/a", false, 1000, {{"CUSNAP_CRIU_GHOST_LIMIT", "4G"}}}, &err));
+  CHECK(!validate(CheckpointRequest{"/a", false, 1000, {{"LD_PRELOAD", "/x.so"}}}, &err));
+  CHECK(err.find("unknown setting 'LD_PRELOAD'") != std::string::npos);
+  CHECK(!validate(
+      CheckpointRequest{"/a", false, 1000, {{"CUSNAP_CRIU_GHOST_LIMIT", std::string(65, '1')}}},
+      &err));
+  CHECK(!validate(
+      CheckpointRequest{"/a", false, 1000, {{"CUSNAP_HASH_THREADS", std::string("1\0", 2)}}},
+      &err));
 }

@@ -8,7 +8,8 @@
 # them) and the file still deleted. CUSNAP_CRIU_GHOST_LIMIT caps the size:
 # a limit below the file's fails the checkpoint with a message that names the
 # variable, and the job runs on unchanged; a value that is not a size is
-# refused (exit 3) before anything happens.
+# refused (exit 3) before anything happens. The supervisor's environment or,
+# first, that of `cusnap checkpoint` sets it.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 cat >"$T/ghost.py" <<'PY'
@@ -53,7 +54,8 @@ stop_ghost() {
   wait_gone "$PID"
 }
 
-# The supervisor reads the limit when it checkpoints. Not a size: refused
+# The supervisor reads the limit when it checkpoints (unless the client's
+# environment has one, below). Not a size: refused
 # before anything happens.
 CUSNAP_CRIU_GHOST_LIMIT=12X ghost_job "$T/bad.out"
 expect_refused 3 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' "$CUSNAP" checkpoint ghost -o "$T/bad"
@@ -77,6 +79,23 @@ expect_running ghost "$PID" "$T/small-job.out"
 grep -q MISMATCH "$T/small-job.out" && fail "after the failed checkpoint: $(grep MISMATCH "$T/small-job.out")"
 stop_ghost
 pass "a 4M limit fails the checkpoint, naming the file and the limit; the job ran on"
+
+# The same limit in the environment of `cusnap checkpoint` (the supervisor has
+# none): it counts, as do the other CRIU settings, checked there too.
+ghost_job "$T/client-job.out"
+rc=0
+CUSNAP_CRIU_GHOST_LIMIT=4M "$CUSNAP" checkpoint ghost -o "$T/client" >"$T/client.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "checkpoint with CUSNAP_CRIU_GHOST_LIMIT=4M in its environment exited $rc, expected 1: $(cat "$T/client.out")"
+grep -q "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M" "$T/client.out" ||
+  fail "the client's limit did not count: $(cat "$T/client.out")"
+expect_refused 3 'CUSNAP_CRIU_NETWORK_LOCK="bogus" is not nftables, iptables or skip' \
+  env CUSNAP_CRIU_NETWORK_LOCK=bogus "$CUSNAP" checkpoint ghost -o "$T/client2"
+expect_refused 2 'CUSNAP_HASH_THREADS is longer than 64' \
+  env CUSNAP_HASH_THREADS="$(printf '1%.0s' $(seq 1 70))" "$CUSNAP" checkpoint ghost -o "$T/client3"
+[ ! -e "$T/client" ] && [ ! -e "$T/client2" ] && [ ! -e "$T/client3" ] || fail "a failed checkpoint left its directory"
+expect_running ghost "$PID" "$T/client-job.out"
+stop_ghost
+pass "the limit and the CRIU settings in the client's environment count (and are checked); the job ran on"
 
 # cycle CKPT FROM OUT WHAT: checkpoints the job to CKPT (stopping it; its
 # output so far in FROM), restores it with its output in OUT, and checks it
