@@ -174,9 +174,9 @@ template <>
 struct Hook<Entry::cuGraphExecDestroy> {
   static auto bind(decltype(&::cuGraphExecDestroy) real) noexcept {
     return [real](CUgraphExec e) noexcept {
-      const CUresult r = real(e);
-      if (r == CUDA_SUCCESS) graphs::forget_exec(e);
-      return r;
+      // Forgotten first: once destroyed, its handle may name a new instance.
+      graphs::forget_exec(e);
+      return real(e);
     };
   }
 };
