@@ -3,7 +3,8 @@
 // device until every peer rank has launched its part; a checkpoint that closes
 // one rank's gate before its part is launched leaves the others' kernels
 // spinning, so device work never drains (on the real driver the checkpoint
-// hangs). The shim counts collective launches; the coordinator arms every
+// hangs). The shim counts collective launches (a graph launch counts its
+// graph's collective nodes: graphs.h); the coordinator arms every
 // process (later collective launches hold, outside the gate), reads the
 // counts, sets one target for all (the largest), lets each process launch
 // until it reaches it, and only then closes the gates: no collective is left
