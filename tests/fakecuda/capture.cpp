@@ -34,10 +34,6 @@ using namespace fc;
 
 namespace {
 
-std::tuple<Context*, int, uintptr_t> capture_key(const StreamKey& k) {
-  return {k.ctx, static_cast<int>(k.kind), k.id};
-}
-
 long this_tid() {
   return static_cast<long>(syscall(SYS_gettid));
 }
@@ -64,13 +60,13 @@ CUresult begin(CUstream s, bool ptsz, CUstreamCaptureMode mode) {
   if (legacy(s, ptsz)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   StreamKey key;
   if (CUresult r = capture_stream(s, ptsz, &key)) return r;
-  if (d.captures.count(capture_key(key))) return CUDA_ERROR_ILLEGAL_STATE;
+  if (d.captures.count(stream_key_id(key))) return CUDA_ERROR_ILLEGAL_STATE;
   Capture c;
   c.graph = graph_new(nullptr);
   c.id = d.next_capture_id++;
   c.mode = mode;
   c.tid = this_tid();
-  d.captures.emplace(capture_key(key), c);
+  d.captures.emplace(stream_key_id(key), c);
   return CUDA_SUCCESS;
 }
 
@@ -81,7 +77,7 @@ CUresult end(CUstream s, bool ptsz, CUgraph* out) {
   std::lock_guard<std::mutex> l(d.mu);
   StreamKey key;
   if (CUresult r = capture_stream(s, ptsz, &key)) return r;
-  auto it = d.captures.find(capture_key(key));
+  auto it = d.captures.find(stream_key_id(key));
   if (it == d.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
   Capture& c = it->second;
   if (c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.tid != this_tid())
@@ -138,7 +134,7 @@ namespace fc {
 
 Capture* capture_of(const StreamKey& key) {
   auto& m = driver().captures;
-  auto it = m.find(capture_key(key));
+  auto it = m.find(stream_key_id(key));
   return it == m.end() ? nullptr : &it->second;
 }
 
@@ -160,7 +156,7 @@ CUresult capture_refuse(const StreamKey& key) {
 
 void capture_forget(const StreamKey& key) {
   auto& m = driver().captures;
-  auto it = m.find(capture_key(key));
+  auto it = m.find(stream_key_id(key));
   if (it == m.end()) return;
   graph_free(it->second.graph);
   m.erase(it);

@@ -70,18 +70,12 @@ struct Job {
   std::chrono::steady_clock::time_point starved_at;
 };
 
-using KeyId = std::tuple<Context*, int, uintptr_t>;
-
-KeyId key_id(const StreamKey& k) {
-  return {k.ctx, static_cast<int>(k.kind), k.id};
-}
-
 struct Queue {
   std::mutex mu;
   std::condition_variable work_cv;  ///< the kernel thread waits for jobs
   std::condition_variable done_cv;  ///< waiters wait for completions
   std::map<uint64_t, Job> pending;  ///< by sequence number
-  std::map<KeyId, CUresult> errors;
+  std::map<StreamKeyId, CUresult> errors;
   std::map<const void*, std::vector<uint64_t>> event_deps;
   uint64_t next_seq = 1;
   bool started = false;
@@ -222,7 +216,7 @@ void kernel_thread(Queue* qp, std::promise<void>* started) {
         }
         if (it->second.starved &&
             now - it->second.starved_at >= std::chrono::milliseconds(ctxsw_timeout_ms())) {
-          q.errors.emplace(key_id(it->second.key), CUDA_ERROR_LAUNCH_FAILED);
+          q.errors.emplace(stream_key_id(it->second.key), CUDA_ERROR_LAUNCH_FAILED);
           q.pending.erase(it);
           progress = true;
           continue;
@@ -234,7 +228,7 @@ void kernel_thread(Queue* qp, std::promise<void>* started) {
           it->second.args.step = step;  // step 0 resolved at the store
           continue;
         }
-        if (err != CUDA_SUCCESS) q.errors.emplace(key_id(it->second.key), err);
+        if (err != CUDA_SUCCESS) q.errors.emplace(stream_key_id(it->second.key), err);
         q.pending.erase(it);
       }
       if (progress) q.done_cv.notify_all();
@@ -370,7 +364,7 @@ bool stream_busy(const StreamKey& key) {
 CUresult stream_error(const StreamKey& key) {
   Queue& q = queue();
   std::lock_guard<std::mutex> l(q.mu);
-  auto it = q.errors.find(key_id(key));
+  auto it = q.errors.find(stream_key_id(key));
   return it == q.errors.end() ? CUDA_SUCCESS : it->second;
 }
 

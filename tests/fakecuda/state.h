@@ -167,6 +167,10 @@ struct GraphExec {
 };
 
 /// A stream capture in progress (or invalidated, until cuStreamEndCapture).
+/// A stream's identity as a map key: (Context*, StreamKind, id) of its
+/// StreamKey (stream_key_id).
+using StreamKeyId = std::tuple<Context*, int, uintptr_t>;
+
 struct Capture {
   Graph* graph = nullptr;
   unsigned long long id = 0;
@@ -201,8 +205,7 @@ struct Driver {
   std::set<Graph*> graphs;        ///< every live graph, child graphs included
   std::set<GraphNode*> graph_nodes;
   std::set<GraphExec*> graph_execs;
-  /// Captures by stream (Context*, StreamKind, id of StreamKey).
-  std::map<std::tuple<Context*, int, uintptr_t>, Capture> captures;
+  std::map<StreamKeyId, Capture> captures;  ///< by stream (stream_key_id)
   unsigned long long next_capture_id = 1;
   uint64_t next_alloc_id = 1;
   unsigned long long next_ctx_id = 1;
@@ -253,6 +256,10 @@ struct StreamKey {
   uintptr_t id = 0;       ///< Stream* (kUser), thread id (kPerThread), 0 (kLegacy)
   bool blocking = true;   ///< synchronizes with the legacy stream
 };
+
+inline StreamKeyId stream_key_id(const StreamKey& k) {
+  return {k.ctx, static_cast<int>(k.kind), k.id};
+}
 
 /// The kernel parameters of a handshake kernel.
 struct HandshakeArgs {
