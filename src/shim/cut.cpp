@@ -15,7 +15,6 @@
 
 #include "shim/entries.h"
 #include "shim/gate.h"
-#include "shim/graphs.h"
 #include "shim/real_driver.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
@@ -220,10 +219,6 @@ bool is_collective(CUfunction f) noexcept {
     }
   }
   return classify(f) == kYes;  // table crowded: ask the driver each time
-}
-
-bool captured(CUstream s, bool ptsz) noexcept {
-  return graphs::capturing(s, ptsz);
 }
 
 void before(uint64_t n) noexcept {

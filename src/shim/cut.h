@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "shim/entries.h"
+#include "shim/graphs.h"
 
 namespace cusnap::shim::cut {
 
@@ -46,15 +47,12 @@ void atfork_prepare() noexcept;
 void atfork_parent() noexcept;
 void atfork_child() noexcept;
 
-/// Whether a launch on stream s is captured into a graph (graphs.h).
-bool captured(CUstream s, bool ptsz) noexcept;
-
 /// Runs a kernel launch on stream s through the cut when f is a collective
 /// kernel and the launch runs (a launch captured into a graph runs at the
 /// graph's launches, which count it: launch_graph).
 template <class Call>
 CUresult launch(CUfunction f, CUstream s, bool ptsz, Call&& call) noexcept {
-  if (!is_collective(f) || captured(s, ptsz)) return call();
+  if (!is_collective(f) || graphs::capturing(s, ptsz)) return call();
   before(1);
   const CUresult r = call();
   after(r == CUDA_SUCCESS, 1);

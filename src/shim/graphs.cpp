@@ -48,7 +48,21 @@ Slot* find_locked(uintptr_t key) {
   return nullptr;
 }
 
-bool put_locked(uintptr_t key, uint64_t count);
+/// Puts key (absent) into the first free or deleted slot of its probe
+/// sequence; false when the table is full. g_live is the caller's: a launch
+/// reads it without the lock, so it never drops while an instance is kept.
+bool place_locked(uintptr_t key, uint64_t count) {
+  unsigned i = home(key);
+  for (unsigned probe = 0; probe < kSlots; ++probe, i = (i + 1) & (kSlots - 1)) {
+    if (g_slots[i].key == 0 || g_slots[i].key == kTomb) {
+      if (g_slots[i].key == kTomb) --g_tombs;
+      g_slots[i].key = key;
+      g_slots[i].count = count;
+      return true;
+    }
+  }
+  return false;
+}
 
 /// Rebuilds the table without tombstones, once they fill a quarter of it
 /// (lookups of absent keys stop only at a free slot).
@@ -59,9 +73,8 @@ void drop_tombs_locked() {
     g_slots[i] = Slot{};
   }
   g_tombs = 0;
-  g_live.store(0, std::memory_order_release);
   for (const Slot& s : g_rehash)
-    if (s.key > kTomb) put_locked(s.key, s.count);
+    if (s.key > kTomb) place_locked(s.key, s.count);
 }
 
 void erase_locked(uintptr_t key) {
@@ -74,23 +87,15 @@ void erase_locked(uintptr_t key) {
   }
 }
 
-bool put_locked(uintptr_t key, uint64_t count) {
-  unsigned i = home(key);
-  for (unsigned probe = 0; probe < kSlots; ++probe, i = (i + 1) & (kSlots - 1)) {
-    if (g_slots[i].key == 0 || g_slots[i].key == kTomb) {
-      if (g_slots[i].key == kTomb) --g_tombs;
-      g_slots[i].key = key;
-      g_slots[i].count = count;
-      g_live.fetch_add(1, std::memory_order_acq_rel);
-      return true;
-    }
-  }
-  return false;
-}
-
+/// Records key's count, in place when key is there already.
 bool insert_locked(uintptr_t key, uint64_t count) {
-  erase_locked(key);
-  return put_locked(key, count);
+  if (Slot* s = find_locked(key)) {
+    s->count = count;
+    return true;
+  }
+  if (!place_locked(key, count)) return false;
+  g_live.fetch_add(1, std::memory_order_acq_rel);
+  return true;
 }
 
 struct Locked {
