@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <thread>
 
@@ -60,20 +59,13 @@ int cmd_checkpoint(int argc, char** argv) {
   req.dir = absolute(dir.empty() ? default_dir(entry.status.name) : dir);
   req.leave_running = leave_running;
   req.timeout_ms = seconds(timeout_s).count();
-  // The CRIU and hashing settings of this command's environment count, not
-  // only the supervisor's (man cusnap, ENVIRONMENT).
-  for (const char* name : proto::kCheckpointSettings)
-    if (const char* v = std::getenv(name)) {
-      if (std::strlen(v) > proto::kMaxSettingBytes)
-        return fail_json(json, kExitUsage,
-                         std::string(name) + " is longer than " +
-                             std::to_string(proto::kMaxSettingBytes) + " characters");
-      req.settings[name] = v;
-    }
+  // The CRIU, hashing and sharing settings of this command's environment
+  // count, not only the supervisor's (man cusnap, ENVIRONMENT).
+  std::string err;
+  if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
 
   ProgressLine progress(!json);
   proto::Result r;
-  std::string err;
   auto wait = seconds(timeout_s) + control_timeout();
   bool ok = job_request(
       entry, control_timeout(), wait, proto::kMsgCheckpoint, req,

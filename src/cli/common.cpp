@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "proto/wire.h"
 
@@ -82,6 +83,19 @@ std::chrono::milliseconds control_timeout() {
 
 std::chrono::milliseconds seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
+}
+
+bool client_settings(proto::Settings* out, std::string* err) {
+  for (const char* name : proto::kClientSettings)
+    if (const char* v = std::getenv(name)) {
+      if (std::strlen(v) > proto::kMaxSettingBytes) {
+        *err = std::string(name) + " is longer than " + std::to_string(proto::kMaxSettingBytes) +
+               " characters";
+        return false;
+      }
+      (*out)[name] = v;
+    }
+  return true;
 }
 
 ProgressLine::ProgressLine(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}

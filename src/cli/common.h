@@ -66,6 +66,11 @@ std::chrono::milliseconds control_timeout();
 /// Seconds from an option to milliseconds.
 std::chrono::milliseconds seconds(double s);
 
+/// The settings of this command's environment that count in the job's
+/// supervisor (proto::kClientSettings, man cusnap ENVIRONMENT); false and
+/// *err when one is longer than proto::kMaxSettingBytes.
+bool client_settings(proto::Settings* out, std::string* err);
+
 /// Renders progress on stderr when it is a terminal: phase, bytes, rate.
 /// Does nothing in a pipe or when disabled (--json).
 class ProgressLine {

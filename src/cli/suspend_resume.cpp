@@ -28,11 +28,13 @@ int run(int argc, char** argv, bool suspend) {
 
   JobEntry entry;
   if ((rc = resolve_job(job, json, &entry)) >= 0) return rc;
-  proto::Result r;
+  proto::TimeoutRequest req;
+  req.timeout_ms = seconds(timeout_s).count();
   std::string err;
+  if (suspend && !client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
+  proto::Result r;
   bool ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
-                        suspend ? proto::kMsgSuspend : proto::kMsgResume,
-                        proto::TimeoutRequest{seconds(timeout_s).count()}, nullptr, &r, &err);
+                        suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
   if (json) {

@@ -281,7 +281,7 @@ void ControlServer::serve(UniqueFd conn) {
     std::string serr;
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
     ExitCode code = kExitFailure;
-    bool ok = suspend ? ops_.suspend(info, timeout, &code, &serr)
+    bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &code, &serr)
                       : ops_.resume(info, timeout, &code, &serr);
     if (!ok && code == kExitOk) code = kExitFailure;
     {

@@ -26,6 +26,7 @@ struct Fixture {
   std::promise<void> release;  ///< the fake checkpoint waits for this
   std::shared_future<void> released{release.get_future().share()};
   std::atomic<int> checkpoints{0};
+  proto::Settings suspend_settings;  ///< what the fake suspend was given
   JobEntry entry;
 
   explicit Fixture(mode_t sock_mode = 0600) {
@@ -50,7 +51,9 @@ struct Fixture {
       r->job_stopped = !o.leave_running;
       return true;
     };
-    ops.suspend = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
+    ops.suspend = [this](const JobInfo&, std::chrono::milliseconds, const proto::Settings& s,
+                         ExitCode*, std::string*) {
+      suspend_settings = s;
       return true;
     };
     ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
@@ -139,7 +142,8 @@ TEST_CASE("control server: malformed and unknown requests get a usage result") {
   std::string err;
   proto::Result r;
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
-                      proto::CheckpointRequest{"relative/dir", false, 1000, {}}, nullptr, &r, &err));
+                      proto::CheckpointRequest{"relative/dir", false, 1000, {}}, nullptr, &r,
+                      &err));
   CHECK(r.exit_code == kExitUsage);
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint, std::string("junk"), nullptr,
                       &r, &err));
@@ -147,6 +151,11 @@ TEST_CASE("control server: malformed and unknown requests get a usage result") {
   REQUIRE(
       job_request(f.entry, 1000ms, 1000ms, "launch-missiles", proto::Empty{}, nullptr, &r, &err));
   CHECK(r.exit_code == kExitUsage);
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend,
+                      proto::TimeoutRequest{1000, {{"LD_PRELOAD", "/x.so"}}}, nullptr, &r, &err));
+  CHECK(r.exit_code == kExitUsage);
+  CHECK(r.message.find("unknown setting 'LD_PRELOAD'") != std::string::npos);
+  CHECK(f.ctx.status.state == "running");
   CHECK(f.checkpoints == 0);
 }
 
@@ -155,14 +164,16 @@ TEST_CASE("control server: suspend and resume move the state") {
   f.release.set_value();
   std::string err;
   proto::Result r;
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000},
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.exit_code == kExitRefused);  // not suspended
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000},
-                      nullptr, &r, &err));
+  const proto::Settings sent{{"CUSNAP_ALLOW_RANKS_SHARING_GPU", "1"}};
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend,
+                      proto::TimeoutRequest{1000, sent}, nullptr, &r, &err));
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "suspended");
-  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000},
+  CHECK(f.suspend_settings == sent);
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "running");

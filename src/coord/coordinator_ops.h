@@ -16,7 +16,10 @@ struct CoordinatorOps {
                      CheckpointResult*, std::string*)>
       checkpoint;
   /// On failure *code says kExitRefused (nothing changed) or kExitFailure.
-  std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> suspend;
+  /// settings: what the client sent (settings.h).
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, const proto::Settings&, ExitCode*,
+                     std::string*)>
+      suspend;
   std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> resume;
   std::function<std::vector<ProcessInfo>(pid_t)> list_processes;
 };

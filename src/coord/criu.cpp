@@ -197,11 +197,6 @@ bool hw_breakpoints_work(std::string* why) {
   return works;
 }
 
-const char* setting(const std::map<std::string, std::string>& settings, const char* name) {
-  const auto it = settings.find(name);
-  return it != settings.end() ? it->second.c_str() : std::getenv(name);
-}
-
 bool criu_breakpoints(const char* value, bool* use, std::string* err) {
   const std::string v = value ? value : "";
   if (v.empty() || v == "auto") {
@@ -432,8 +427,9 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
     // CRIU stops each infected process at a hardware breakpoint; where those
     // do not fire it waits for ever at "Waiting for PID to trap".
     if (!criu.no_breakpoints && log_tail(run.log_path, 4).find("to trap") != std::string::npos)
-      why += " while it waited for a process to stop at a hardware breakpoint, which this "
-             "machine may not deliver: set CUSNAP_CRIU_BREAKPOINTS=off";
+      why +=
+          " while it waited for a process to stop at a hardware breakpoint, which this "
+          "machine may not deliver: set CUSNAP_CRIU_BREAKPOINTS=off";
   } else if (w == 2) {
     // Another thread reaped CRIU; its log still tells how it ended.
     if (!run.success_line.empty() && file_has_line(run.log_path, run.success_line)) return true;

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <functional>
-#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,11 +30,6 @@ struct CriuInfo {
 /// function the child then calls, and waits up to 2 s for the stop. Probed
 /// once per process; true on other architectures. *why says what was seen.
 bool hw_breakpoints_work(std::string* why);
-
-/// The value of setting `name` (one of proto::kCheckpointSettings) for a
-/// command: what the client sent in `settings`, else this process's
-/// environment; nullptr when neither has it.
-const char* setting(const std::map<std::string, std::string>& settings, const char* name);
 
 /// Whether CRIU runs with hardware breakpoints, from the value of
 /// CUSNAP_CRIU_BREAKPOINTS: "auto" (or nullptr or empty: probe,

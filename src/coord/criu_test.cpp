@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <string>
 
 using namespace cusnap;
@@ -132,15 +131,6 @@ TEST_CASE("criu: the network lock is nftables unless CUSNAP_CRIU_NETWORK_LOCK na
         std::string::npos);
 }
 
-TEST_CASE("criu: a setting the client sent counts before the environment") {
-  setenv("CUSNAP_CRIU_GHOST_LIMIT", "4G", 1);
-  const std::map<std::string, std::string> none, sent{{"CUSNAP_CRIU_GHOST_LIMIT", "1M"}};
-  CHECK(std::string(setting(none, "CUSNAP_CRIU_GHOST_LIMIT")) == "4G");
-  CHECK(std::string(setting(sent, "CUSNAP_CRIU_GHOST_LIMIT")) == "1M");
-  unsetenv("CUSNAP_CRIU_GHOST_LIMIT");
-  CHECK(setting(none, "CUSNAP_CRIU_GHOST_LIMIT") == nullptr);
-}
-
 TEST_CASE("criu: a benign error line is not quoted as the cause") {
   char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
   REQUIRE(mkdtemp(dir));
@@ -154,7 +144,8 @@ TEST_CASE("criu: a benign error line is not quoted as the cause") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("criu: breakpoints follow CUSNAP_CRIU_BREAKPOINTS, and CRIU gets CRIU_FAULT=130 without") {
+TEST_CASE(
+    "criu: breakpoints follow CUSNAP_CRIU_BREAKPOINTS, and CRIU gets CRIU_FAULT=130 without") {
   bool use = false;
   std::string err;
   CHECK(criu_breakpoints("on", &use, &err));

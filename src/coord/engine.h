@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/control.h"
+
 namespace cusnap {
 
 /// Exit codes of the cusnap binary, documented in man/cusnap.1.
@@ -65,9 +67,9 @@ struct CheckpointOptions {
   bool leave_running = false;  ///< restore GPU state in place and resume after the dump
   std::chrono::milliseconds timeout{
       std::chrono::seconds(60)};  ///< driver lock timeout and per-phase bound
-  /// Settings the client sent (proto::kCheckpointSettings): each counts
+  /// Settings the client sent (proto::kClientSettings): each counts
   /// instead of this process's environment variable of the same name.
-  std::map<std::string, std::string> settings;
+  proto::Settings settings;
 };
 
 /// Timing of each phase in seconds, in the order they ran.
@@ -145,9 +147,10 @@ bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::str
 /// Brings a suspended job's GPU state back (driver restore + unlock).
 bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
 /// The same, with the exit code that fits a failure (kExitRefused when
-/// nothing changed, kExitFailure otherwise).
-bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                       std::string* err);
+/// nothing changed, kExitFailure otherwise); settings: what the client sent
+/// (settings.h), CUSNAP_ALLOW_RANKS_SHARING_GPU.
+bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
+                       const proto::Settings& settings, ExitCode* code, std::string* err);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err);
 

@@ -43,6 +43,7 @@
 #include "coord/manifest.h"
 #include "coord/ports.h"
 #include "coord/procs.h"
+#include "coord/settings.h"
 #include "coord/sha256_chunked.h"
 
 namespace cusnap {
@@ -187,8 +188,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   SharedMemory shared;
   {
     ExitCode code = kExitRefused;
-    if (!shared_prepare(job, scan, opts.timeout, "checkpoint", opts.dir, progress, &shared, &code,
-                        err)) {
+    if (!shared_prepare(job, scan, opts.timeout, opts.settings, "checkpoint", opts.dir, progress,
+                        &shared, &code, err)) {
       out->code = code;
       remove_output(opts.dir, dir_existed);
       close_pidfds();

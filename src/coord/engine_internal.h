@@ -57,11 +57,12 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
 /// bytes and records into state_dir and releases the shared memory. When it
 /// is not, refuses a job whose processes still share device memory. On
 /// failure *code is kExitRefused (nothing changed), kExitFailure (rolled
-/// back: memory rebuilt, gates open) or kExitJobLost.
+/// back: memory rebuilt, gates open) or kExitJobLost. settings: what the
+/// client sent (settings.h).
 bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::milliseconds timeout,
-                    const char* operation, const std::string& state_dir,
-                    const ProgressSink& progress, SharedMemory* sm, ExitCode* code,
-                    std::string* err);
+                    const proto::Settings& settings, const char* operation,
+                    const std::string& state_dir, const ProgressSink& progress, SharedMemory* sm,
+                    ExitCode* code, std::string* err);
 /// After the driver restored the job's GPU state in place (a roll back,
 /// --leave-running, resume): rebuilds shared memory from state_dir, verifies
 /// it and opens the gates; tries twice. A no-op when !sm->active().

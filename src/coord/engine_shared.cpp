@@ -7,6 +7,7 @@
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
 #include "coord/rank_gpus.h"
+#include "coord/settings.h"
 #include "proto/wire.h"
 
 namespace cusnap::engine_detail {
@@ -23,9 +24,9 @@ SharedTimeouts shared_timeouts(std::chrono::milliseconds phase) {
 }
 
 bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::milliseconds timeout,
-                    const char* operation, const std::string& state_dir,
-                    const ProgressSink& progress, SharedMemory* sm, ExitCode* code,
-                    std::string* err) {
+                    const proto::Settings& settings, const char* operation,
+                    const std::string& state_dir, const ProgressSink& progress, SharedMemory* sm,
+                    ExitCode* code, std::string* err) {
   auto report = [&](const char* phase) {
     if (progress) progress(Progress{phase, 0, 0});
   };
@@ -55,7 +56,8 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   }
   // Ranks that share a GPU do not survive the driver's restore (rank_gpus.h).
   bool allow_shared_gpu = false;
-  if (!ranks_sharing_gpu_allowed(&allow_shared_gpu, err)) {
+  if (!ranks_sharing_gpu_allowed(setting(settings, "CUSNAP_ALLOW_RANKS_SHARING_GPU"),
+                                 &allow_shared_gpu, err)) {
     sm->disconnect();
     return false;
   }
@@ -74,7 +76,7 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
              "contexts are not time-sliced while a collective waits: the kernels fail), so " +
              operation +
              " is refused and the job runs on unchanged. Run one rank per GPU "
-             "(CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the supervisor's environment tries anyway)";
+             "(CUSNAP_ALLOW_RANKS_SHARING_GPU=1 tries anyway)";
       return false;
     }
   }

@@ -20,8 +20,8 @@ std::string suspend_state_dir(const JobInfo& job) {
 
 }  // namespace
 
-bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                       std::string* err) {
+bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
+                       const proto::Settings& settings, ExitCode* code, std::string* err) {
   ExitCode c = kExitRefused;
   Driver driver;
   JobScan scan;
@@ -37,7 +37,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Ex
   if (ok) {
     std::error_code ec;
     std::filesystem::remove_all(state, ec);
-    ok = shared_prepare(job, scan, timeout, "suspend", state, {}, &shared, &c, err);
+    ok = shared_prepare(job, scan, timeout, settings, "suspend", state, {}, &shared, &c, err);
     if (!ok) std::filesystem::remove_all(state, ec);
   }
   if (ok) {
@@ -111,7 +111,8 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
     if (!shared_rebuild_saved(job, state, timeout, &shim_pids, &why)) {
       *err = "job " + job.name + ", shared memory: " + why +
              "\nits GPU state is back but its processes wait at the cusnap gate; the saved "
-             "bytes stay in " + state;
+             "bytes stay in " +
+             state;
       ok = false;
     } else if (!shim_pids.empty()) {
       std::error_code ec;
@@ -123,7 +124,7 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
 }
 
 bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err) {
-  return suspend_job_coded(job, timeout, nullptr, err);
+  return suspend_job_coded(job, timeout, {}, nullptr, err);
 }
 
 bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err) {

@@ -306,7 +306,7 @@ TEST_CASE(
   CHECK(procs[0].cuda_state == "running");
 
   ExitCode code;
-  bool sok = suspend_job_coded(job, std::chrono::seconds(10), &code, &err);
+  bool sok = suspend_job_coded(job, std::chrono::seconds(10), {}, &code, &err);
   INFO(err);
   REQUIRE(sok);
   CHECK(list_job_processes(job_pid)[0].cuda_state == "checkpointed");
@@ -397,7 +397,7 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     CHECK(err.find("shim") != std::string::npos);
     CHECK_FALSE(fs::exists(opts.dir));
     ExitCode code;
-    CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), &code, &err));
+    CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), {}, &code, &err));
     CHECK(code == kExitRefused);
     for (const ProcessInfo& pi : list_job_processes(pid)) CHECK(pi.cuda_state == "running");
     REQUIRE(read_counts(p[0], 2, 20000).size() == 2);

@@ -1,7 +1,5 @@
 #include "coord/rank_gpus.h"
 
-#include <cstdlib>
-
 namespace cusnap {
 
 bool ranks_share_gpu(const std::map<pid_t, std::vector<std::string>>& devices, std::string* what) {
@@ -17,9 +15,8 @@ bool ranks_share_gpu(const std::map<pid_t, std::vector<std::string>>& devices, s
   return false;
 }
 
-bool ranks_sharing_gpu_allowed(bool* allowed, std::string* err) {
-  const char* e = std::getenv("CUSNAP_ALLOW_RANKS_SHARING_GPU");
-  const std::string v = e ? e : "";
+bool ranks_sharing_gpu_allowed(const char* value, bool* allowed, std::string* err) {
+  const std::string v = value ? value : "";
   if (v.empty() || v == "0") {
     *allowed = false;
     return true;

@@ -6,7 +6,8 @@
 // kernel fails with CUDA_ERROR_LAUNCH_FAILED (docs/design.md "Ranks that share
 // a GPU"). The bare driver (no cusnap) fails the same way after suspend and
 // resume. So a checkpoint or suspend of such a job is refused before anything
-// changes, unless CUSNAP_ALLOW_RANKS_SHARING_GPU=1.
+// changes, unless CUSNAP_ALLOW_RANKS_SHARING_GPU=1 (in the environment of the
+// command, or of the job's supervisor).
 #pragma once
 
 #include <sys/types.h>
@@ -22,8 +23,8 @@ namespace cusnap {
 /// collective launches.
 bool ranks_share_gpu(const std::map<pid_t, std::vector<std::string>>& devices, std::string* what);
 
-/// CUSNAP_ALLOW_RANKS_SHARING_GPU: "1" lets such a job through; unset, empty or
-/// "0" refuses it; anything else is an error (*err).
-bool ranks_sharing_gpu_allowed(bool* allowed, std::string* err);
+/// The value of CUSNAP_ALLOW_RANKS_SHARING_GPU: "1" lets such a job through;
+/// nullptr, empty or "0" refuses it; anything else is an error (*err).
+bool ranks_sharing_gpu_allowed(const char* value, bool* allowed, std::string* err);
 
 }  // namespace cusnap

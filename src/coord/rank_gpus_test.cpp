@@ -1,7 +1,6 @@
 #include "coord/rank_gpus.h"
 
 #include <doctest/doctest.h>
-#include <stdlib.h>
 
 using namespace cusnap;
 
@@ -26,21 +25,20 @@ TEST_CASE("rank_gpus: two processes with collectives on one GPU share it") {
 TEST_CASE("rank_gpus: CUSNAP_ALLOW_RANKS_SHARING_GPU is 1, 0 or unset") {
   bool allowed = true;
   std::string err;
-  unsetenv("CUSNAP_ALLOW_RANKS_SHARING_GPU");
-  REQUIRE(ranks_sharing_gpu_allowed(&allowed, &err));
+  REQUIRE(ranks_sharing_gpu_allowed(nullptr, &allowed, &err));
   CHECK_FALSE(allowed);
-  setenv("CUSNAP_ALLOW_RANKS_SHARING_GPU", "0", 1);
-  REQUIRE(ranks_sharing_gpu_allowed(&allowed, &err));
+  allowed = true;
+  REQUIRE(ranks_sharing_gpu_allowed("", &allowed, &err));
   CHECK_FALSE(allowed);
-  setenv("CUSNAP_ALLOW_RANKS_SHARING_GPU", "1", 1);
-  REQUIRE(ranks_sharing_gpu_allowed(&allowed, &err));
+  allowed = true;
+  REQUIRE(ranks_sharing_gpu_allowed("0", &allowed, &err));
+  CHECK_FALSE(allowed);
+  REQUIRE(ranks_sharing_gpu_allowed("1", &allowed, &err));
   CHECK(allowed);
   for (const char* bad : {"yes", "2", " 1", "true"}) {
-    setenv("CUSNAP_ALLOW_RANKS_SHARING_GPU", bad, 1);
     err.clear();
-    CHECK_FALSE(ranks_sharing_gpu_allowed(&allowed, &err));
+    CHECK_FALSE(ranks_sharing_gpu_allowed(bad, &allowed, &err));
     CHECK(err.find(std::string("CUSNAP_ALLOW_RANKS_SHARING_GPU=\"") + bad +
                    "\" is neither 1 nor 0") == 0);
   }
-  unsetenv("CUSNAP_ALLOW_RANKS_SHARING_GPU");
 }

@@ -202,8 +202,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   Guardian guardian;
   if (!adopted_) {
     std::string gerr;
-    if (!guardian.start(info, out_r.get(), err_r.get(), rundir_->log_path(),
-                        rundir_->lock_fd(), &gerr))
+    if (!guardian.start(info, out_r.get(), err_r.get(), rundir_->log_path(), rundir_->lock_fd(),
+                        &gerr))
       outcome.warning = "no guardian for the job: " + gerr;
   }
   {
@@ -216,17 +216,22 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       g->end();
       return ok;
     };
-    for (auto* fn : {&ops.suspend, &ops.resume}) {
-      auto inner = *fn;
-      const char* op = fn == &ops.suspend ? "suspend" : "resume";
-      *fn = [g, inner, op](const JobInfo& j, std::chrono::milliseconds t, ExitCode* c,
-                           std::string* e) {
-        g->begin(op, j.runtime_dir + "/suspended", false);
-        bool ok = inner(j, t, c, e);
-        g->end();
-        return ok;
-      };
-    }
+    auto suspend = ops.suspend;
+    ops.suspend = [g, suspend](const JobInfo& j, std::chrono::milliseconds t,
+                               const proto::Settings& s, ExitCode* c, std::string* e) {
+      g->begin("suspend", j.runtime_dir + "/suspended", false);
+      bool ok = suspend(j, t, s, c, e);
+      g->end();
+      return ok;
+    };
+    auto resume = ops.resume;
+    ops.resume = [g, resume](const JobInfo& j, std::chrono::milliseconds t, ExitCode* c,
+                             std::string* e) {
+      g->begin("resume", j.runtime_dir + "/suspended", false);
+      bool ok = resume(j, t, c, e);
+      g->end();
+      return ok;
+    };
   }
   ControlServer server(&ctx_, std::move(ops), std::move(listen_fd_), cfg_.control_timeout);
   std::string err;

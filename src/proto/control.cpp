@@ -13,21 +13,15 @@ bool validate_timeout(int64_t ms, std::string* err) {
   }
   return true;
 }
-}  // namespace
 
-bool validate(const CheckpointRequest& r, std::string* err) {
-  if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > 4096 ||
-      r.dir.find('\0') != std::string::npos) {
-    *err = "checkpoint directory must be an absolute path";
-    return false;
-  }
-  if (r.settings.size() > std::size(kCheckpointSettings)) {
+bool validate_settings(const Settings& settings, std::string* err) {
+  if (settings.size() > std::size(kClientSettings)) {
     *err = "too many settings";
     return false;
   }
-  for (const auto& [name, value] : r.settings) {
+  for (const auto& [name, value] : settings) {
     bool known = false;
-    for (const char* k : kCheckpointSettings) known = known || name == k;
+    for (const char* k : kClientSettings) known = known || name == k;
     if (!known) {
       *err = "unknown setting '" + name.substr(0, 64) + "'";
       return false;
@@ -38,11 +32,21 @@ bool validate(const CheckpointRequest& r, std::string* err) {
       return false;
     }
   }
-  return validate_timeout(r.timeout_ms, err);
+  return true;
+}
+}  // namespace
+
+bool validate(const CheckpointRequest& r, std::string* err) {
+  if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > 4096 ||
+      r.dir.find('\0') != std::string::npos) {
+    *err = "checkpoint directory must be an absolute path";
+    return false;
+  }
+  return validate_settings(r.settings, err) && validate_timeout(r.timeout_ms, err);
 }
 
 bool validate(const TimeoutRequest& r, std::string* err) {
-  return validate_timeout(r.timeout_ms, err);
+  return validate_settings(r.settings, err) && validate_timeout(r.timeout_ms, err);
 }
 
 }  // namespace cusnap::proto

@@ -59,12 +59,13 @@ struct JobStatus {
                      runtime_dir, restored_from);
 };
 
-/// Settings of the client's environment that count for a checkpoint in the
-/// job's supervisor, which otherwise reads its own environment: only these
-/// names, each value at most kMaxSettingBytes (validate).
-inline constexpr const char* kCheckpointSettings[] = {
+/// Settings of the client's environment that count for a checkpoint or a
+/// suspend in the job's supervisor, which otherwise reads its own
+/// environment: only these names, each value at most kMaxSettingBytes
+/// (validate).
+inline constexpr const char* kClientSettings[] = {
     "CUSNAP_CRIU_GHOST_LIMIT", "CUSNAP_CRIU_NETWORK_LOCK", "CUSNAP_CRIU_BREAKPOINTS",
-    "CUSNAP_HASH_THREADS"};
+    "CUSNAP_HASH_THREADS", "CUSNAP_ALLOW_RANKS_SHARING_GPU"};
 inline constexpr size_t kMaxSettingBytes = 64;
 using Settings = std::map<std::string, std::string>;
 
@@ -72,13 +73,14 @@ struct CheckpointRequest {
   std::string dir;  ///< absolute path
   bool leave_running = false;
   int64_t timeout_ms = 60000;
-  Settings settings;  ///< from the client's environment (kCheckpointSettings)
+  Settings settings;  ///< from the client's environment (kClientSettings)
   MSGPACK_DEFINE_MAP(dir, leave_running, timeout_ms, settings);
 };
 
 struct TimeoutRequest {
   int64_t timeout_ms = 60000;
-  MSGPACK_DEFINE_MAP(timeout_ms);
+  Settings settings;  ///< from the client's environment (kClientSettings)
+  MSGPACK_DEFINE_MAP(timeout_ms, settings);
 };
 
 struct ProgressEvent {

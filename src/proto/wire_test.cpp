@@ -112,6 +112,32 @@ TEST_CASE("wire: bodies with trailing bytes, other versions or other shapes are 
   CHECK(!decode_body(good.substr(0, good.size() - 1), &m, &err));  // truncated
 }
 
+namespace {
+struct OldTimeoutRequest {  // TimeoutRequest before it carried settings
+  int64_t timeout_ms = 0;
+  MSGPACK_DEFINE_MAP(timeout_ms);
+};
+}  // namespace
+
+TEST_CASE("wire: a request without settings, as an older client sends it, decodes") {
+  Pair p;
+  std::string err;
+  REQUIRE(p.a.send(kMsgSuspend, OldTimeoutRequest{2500}, &err));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  TimeoutRequest fresh;
+  REQUIRE(m.get(&fresh, &err));
+  CHECK(fresh.timeout_ms == 2500);
+  CHECK(fresh.settings.empty());
+  // With settings, they round-trip.
+  REQUIRE(
+      p.a.send(kMsgSuspend, TimeoutRequest{3000, {{"CUSNAP_ALLOW_RANKS_SHARING_GPU", "1"}}}, &err));
+  REQUIRE(p.b.recv(&m, &err));
+  REQUIRE(m.get(&fresh, &err));
+  CHECK(fresh.timeout_ms == 3000);
+  CHECK(fresh.settings.at("CUSNAP_ALLOW_RANKS_SHARING_GPU") == "1");
+}
+
 TEST_CASE("wire: a payload of the wrong shape fails conversion, not the process") {
   Pair p;
   std::string err;
@@ -272,7 +298,10 @@ TEST_CASE("control: requests are validated beyond their types") {
   CHECK(validate(CheckpointRequest{"/a", false, 1000, {}}, &err));
   CHECK(!validate(CheckpointRequest{"relative", false, 1000, {}}, &err));
   CHECK(!validate(CheckpointRequest{"/a", false, 0, {}}, &err));
-  CHECK(!validate(TimeoutRequest{-5}, &err));
+  CHECK(!validate(TimeoutRequest{-5, {}}, &err));
+  CHECK(validate(TimeoutRequest{1000, {{"CUSNAP_ALLOW_RANKS_SHARING_GPU", "1"}}}, &err));
+  CHECK(!validate(TimeoutRequest{1000, {{"PATH", "/x"}}}, &err));
+  CHECK(err.find("unknown setting 'PATH'") != std::string::npos);
   // Settings: the known names only, short values.
   CHECK(validate(CheckpointRequest{"/a", false, 1000, {{"CUSNAP_CRIU_GHOST_LIMIT", "4G"}}}, &err));
   CHECK(!validate(CheckpointRequest{"/a", false, 1000, {{"LD_PRELOAD", "/x.so"}}}, &err));

@@ -5,11 +5,13 @@
 # simulated driver with one device, cusnap-collective-pair puts both ranks on
 # device 0: the checkpoint and the suspend are refused (exit 3, also as
 # JSON) before anything changes, naming both processes and the GPU; the job
-# counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused too; with
-# CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the supervisor's environment the
-# checkpoint goes ahead (--leave-running) and the ranks' next collective fails
-# after the driver's restore in place, as the simulated driver mirrors the
-# real one (tests/fakecuda/kernels.cpp).
+# counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU in the supervisor's
+# environment is refused too, and the command's own value counts before it;
+# with CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the environment of cusnap
+# checkpoint (the job launched without it) the checkpoint goes ahead
+# (--leave-running) and the ranks' next collective fails after the driver's
+# restore in place, as the simulated driver mirrors the real one
+# (tests/fakecuda/kernels.cpp).
 source "$(dirname "$0")/lib_shared.sh"
 collective_pair_setup 1 || exit 77
 
@@ -40,20 +42,28 @@ if grep -q '"locked"\|"checkpointed"' "$T/inspect.json"; then fail "GPU state le
 pass "checkpoint and suspend refused (exit 3), naming both ranks and the GPU; the job counts on"
 stop_job "$LAUNCH_OUT"
 
-# The override is read by the supervisor.
+# The override is read from the supervisor's environment, and from the
+# command's, which counts first.
 LAUNCH_OUT=$T/bad.out
 CUSNAP_ALLOW_RANKS_SHARING_GPU=yes start_job bad "$LAUNCH_OUT" "$PAIR" --print-every 1
 expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' "$CUSNAP" checkpoint bad -o "$T/ck"
+expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' "$CUSNAP" suspend bad
+CUSNAP_ALLOW_RANKS_SHARING_GPU=0 expect_refused 3 "both run collective kernels.*checkpoint is refused" \
+  "$CUSNAP" checkpoint bad -o "$T/ck"
+CUSNAP_ALLOW_RANKS_SHARING_GPU=on expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="on" is neither' \
+  "$CUSNAP" suspend bad
+[ ! -e "$T/ck" ] || fail "a refused checkpoint left $T/ck"
 counts_advance "$LAUNCH_OUT"
-pass "an invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused"
+pass "an invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused; the command's value counts before the supervisor's"
 stop_job "$LAUNCH_OUT"
 
 # With the check off the checkpoint goes ahead, and what it protects from
 # happens: after the driver's restore (here in place, --leave-running) the
 # ranks' next collective fails, as on the real driver (Xid 109).
 LAUNCH_OUT=$T/allow.out
-CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job allow "$LAUNCH_OUT" "$PAIR" --print-every 1
-"$CUSNAP" checkpoint allow -o "$T/ck-allow" --leave-running --json >"$T/allow.json" 2>"$T/allow.err" ||
+start_job allow "$LAUNCH_OUT" "$PAIR" --print-every 1
+CUSNAP_ALLOW_RANKS_SHARING_GPU=1 "$CUSNAP" checkpoint allow -o "$T/ck-allow" --leave-running --json \
+  >"$T/allow.json" 2>"$T/allow.err" ||
   fail "with CUSNAP_ALLOW_RANKS_SHARING_GPU=1 the checkpoint failed: $(cat "$T/allow.err" "$T/allow.json")"
 python3 - "$T/allow.json" <<'PY' || fail "the checkpoint did not cut the ranks: $(cat "$T/allow.json")"
 import json, sys
@@ -64,5 +74,5 @@ for _ in $(seq 1 100); do grep -q "CUDA_ERROR_LAUNCH_FAILED" "$LAUNCH_OUT" && br
 grep -q "cuStreamSynchronize(stream) failed: CUDA_ERROR_LAUNCH_FAILED" "$LAUNCH_OUT" ||
   fail "the ranks ran on after the driver's restore: $(tail -3 "$LAUNCH_OUT")"
 wait_exit "$SUP"
-pass "CUSNAP_ALLOW_RANKS_SHARING_GPU=1: the checkpoint cuts both ranks and goes ahead; after the driver's restore their collective fails (CUDA_ERROR_LAUNCH_FAILED), as on the real driver"
+pass "CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in cusnap checkpoint's environment: the checkpoint cuts both ranks and goes ahead; after the driver's restore their collective fails (CUDA_ERROR_LAUNCH_FAILED), as on the real driver"
 echo "PASS"
