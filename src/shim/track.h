@@ -6,7 +6,7 @@
 // (never null: the wrapper failed closed before) and the application's
 // arguments, and returns a CUresult; nothing throws out of here.
 //
-// State and locks (track.cpp): State::mu (the main lock) guards the tables and
+// State and locks (track_state.h): State::mu (the main lock) guards the tables and
 // is held only for table work, never across a driver call, and never by the
 // listener threads' descriptor path; State::cache_mu guards the export cache
 // (allocation id -> the real descriptor), the only thing the peer listener

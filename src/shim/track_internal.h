@@ -1,0 +1,60 @@
+// Helpers shared by the tracker's hook files (track.cpp, track_vmm.cpp,
+// track_peers.cpp, track_legacy.cpp, track_multicast.cpp); locks: track.h,
+// the tables they work on: track_state.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shim/track_state.h"
+
+namespace cusnap::shim::track {
+
+using Lock = std::lock_guard<std::mutex>;
+
+/// Whether tracking is on in this process; unlike active(), never starts it.
+bool tracking_on() noexcept;
+/// Whether cuMemAlloc is served by exportable VMM allocations
+/// ($CUSNAP_SHIM_LEGACY_VMM, read when tracking starts).
+bool legacy_vmm() noexcept;
+/// One line on stderr when $CUSNAP_SHIM_DEBUG is set.
+void log(const char* what) noexcept;
+
+// The tables (track.cpp).
+
+/// Records an allocation this process created with driver handle d (s.mu
+/// held); returns its local id.
+uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
+                     const CUmemAllocationProp& prop);
+/// After a change of counts (s.mu held): releases the driver handle when
+/// nothing logical or internal holds it, and forgets the allocation when
+/// nothing maps it either. What is to be released or closed goes to finish.
+void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* release,
+            std::vector<int>* close_fds);
+/// Releases the driver handles and closes the descriptors.
+void finish(const std::vector<CUmemGenericAllocationHandle>& release, const std::vector<int>& fds);
+/// The mapping that contains address p, or end() (s.mu held).
+std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p);
+/// Fills the export cache for an allocation created here (calls the driver,
+/// without holding any lock).
+CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle driver);
+/// The peer socket of the creator that k names.
+std::string peer_socket_of(const State& s, const AllocKey& k);
+/// A driver handle for the allocation a ticket names: an alias of the one this
+/// process holds, or a fresh import of the creator's descriptor. *id gets the
+/// local id (created if new, with origin imported); the caller owns one
+/// reference it must turn into a logical handle or a pin (under s.mu).
+CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* id_out);
+/// Adds d to an access set (or its flags to the entry for d's location).
+void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& d);
+
+// Peer access (track_peers.cpp).
+
+/// Grants the cuMemAlloc block at addr read-write for every device with peer
+/// access to its device that lacks it, and records what it granted.
+CUresult grant_peers(State& s, CUdeviceptr addr);
+
+}  // namespace cusnap::shim::track
