@@ -15,7 +15,9 @@
 // An exec is a snapshot taken at instantiation: the kernel nodes in order,
 // child graphs inlined. cuGraphLaunch queues its handshake nodes on the stream
 // one after the other, exactly as that many cuLaunchKernel calls would
-// (other kernels do nothing, as their launches do). A handshake node captured
+// (other kernels do nothing, as their launches do, and so do event-wait
+// nodes); nodes of parallel branches (streams joined into a capture) run one
+// after the other too, in insertion order. A handshake node captured
 // with step 0 advances its flag by one at every replay (kernels.cpp).
 // cuGraphExecUpdate takes the kernels and arguments of a graph with the same
 // structure (node types and edges, depth first); a kernel node may name
@@ -51,9 +53,11 @@ void graph_free(Graph* g) {
     delete n;
   }
   for (auto& [key, c] : d.captures)
-    if (c.graph == g) {
-      c.graph = nullptr;
-      c.invalidated = true;
+    if (c.seq->graph == g) {  // its nodes are gone: forget them
+      c.seq->graph = nullptr;
+      c.seq->invalidated = true;
+      c.seq->left.clear();
+      c.deps.clear();
     }
   d.graphs.erase(g);
   delete g;

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -49,10 +50,18 @@ struct Stream {
   unsigned flags = 0;
   int priority = 0;
 };
+struct GraphNode;
+struct CaptureSeq;
 struct Event {
   unsigned flags = 0;
   bool recorded = false;
   double time_ms = 0;
+  /// Last recorded on a capturing stream (capture.cpp): a captured event. It
+  /// holds that capture (expired once the capture ended) and the stream's
+  /// dependencies at the record, instead of work to wait for.
+  bool captured = false;
+  std::weak_ptr<CaptureSeq> capture;
+  std::vector<GraphNode*> capture_deps;
 };
 struct Module {
   int functions = 0;
@@ -166,17 +175,29 @@ struct GraphExec {
   unsigned long long flags = 0;
 };
 
-/// A stream capture in progress (or invalidated, until cuStreamEndCapture).
 /// A stream's identity as a map key: (Context*, StreamKind, id) of its
 /// StreamKey (stream_key_id).
 using StreamKeyId = std::tuple<Context*, int, uintptr_t>;
 
-struct Capture {
+/// One capture sequence (capture.cpp), from cuStreamBeginCapture on its
+/// origin stream to cuStreamEndCapture there; other streams join it by
+/// waiting on an event recorded in it. Invalidated, it stays until ended.
+struct CaptureSeq {
   Graph* graph = nullptr;
   unsigned long long id = 0;
   bool invalidated = false;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   long tid = 0;  ///< the thread that began it
+  StreamKeyId origin;
+  /// The dependencies of joined streams destroyed during the capture: their
+  /// work must still be joined back into the origin.
+  std::vector<GraphNode*> left;
+};
+
+/// A stream taking part in a capture: its origin stream or a joined stream.
+struct Capture {
+  std::shared_ptr<CaptureSeq> seq;
+  std::vector<GraphNode*> deps;  ///< what the stream's next captured node depends on
 };
 
 struct HostAlloc {
@@ -205,7 +226,7 @@ struct Driver {
   std::set<Graph*> graphs;        ///< every live graph, child graphs included
   std::set<GraphNode*> graph_nodes;
   std::set<GraphExec*> graph_execs;
-  std::map<StreamKeyId, Capture> captures;  ///< by stream (stream_key_id)
+  std::map<StreamKeyId, Capture> captures;  ///< every capturing stream (stream_key_id)
   unsigned long long next_capture_id = 1;
   uint64_t next_alloc_id = 1;
   unsigned long long next_ctx_id = 1;
@@ -301,7 +322,7 @@ void kernels_wait_idle();
 /// Number of kernels pending in this process (tests, logging).
 size_t kernels_pending();
 
-// ---- Stream capture and graphs (graphs.cpp) --------------------------------
+// ---- Stream capture and graphs (capture.cpp, graphs.cpp) ------------------
 
 /// Grid, block and shared memory of a launch.
 struct LaunchDims {
@@ -314,20 +335,38 @@ struct LaunchDims {
 /// (streams.cpp); false when they are missing.
 bool handshake_args(void** params, void** extra, HandshakeArgs* a);
 
-/// The capture of the stream key, or nullptr. Precondition: Driver::mu held.
+/// Stream capture (capture.cpp). Precondition of each: Driver::mu held.
+/// The capture the stream key takes part in (as its origin or joined), or
+/// nullptr.
 Capture* capture_of(const StreamKey& key);
-/// A launch on a capturing stream: appends a kernel node to the capture's
-/// graph (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED once invalidated).
-/// Precondition: Driver::mu held, c == capture_of(key).
+/// A launch on a capturing stream: appends a kernel node that depends on the
+/// stream's dependencies, which become that node
+/// (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED once invalidated). c == capture_of(key).
 CUresult capture_launch(Capture* c, const StreamKey& key, CUfunction f, const LaunchDims& dims,
                         void** params, void** extra);
 /// An operation that cannot be captured on `key`: when the stream captures,
 /// invalidates the capture and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-/// otherwise CUDA_SUCCESS. Precondition: Driver::mu held.
+/// otherwise CUDA_SUCCESS.
 CUresult capture_refuse(const StreamKey& key);
-/// A stream is destroyed: its capture (if any) ends and its graph is freed.
-/// Precondition: Driver::mu held.
+/// A stream is destroyed. The origin's capture ends (every stream leaves it,
+/// its graph is freed); a joined stream leaves its capture, whose end still
+/// requires that stream's work to be joined back.
 void capture_forget(const StreamKey& key);
+/// cuEventRecord(WithFlags) of e on `key` (NULL: a stream without a context).
+/// On a capturing stream e becomes a captured event: it holds the stream's
+/// dependencies and nothing is recorded for execution (*captured is set).
+/// Elsewhere e stops being a captured event and *captured is cleared.
+CUresult capture_record(const StreamKey* key, Event* e, unsigned flags, bool* captured);
+/// cuStreamWaitEvent(key, e, flags) as far as capture is concerned: joins a
+/// stream into the capture of a captured event, adds an event's
+/// dependencies to a capturing stream, or fails as the driver does. Sets
+/// *ordinary when neither the stream captures nor e is a captured event:
+/// the caller waits for e's work.
+CUresult capture_wait(const StreamKey& key, Event* e, unsigned flags, bool* ordinary);
+/// Whether cuEventQuery / cuEventSynchronize may use e: a captured event
+/// gives CUDA_ERROR_CAPTURED_EVENT while its capture is under way (and
+/// invalidates it), CUDA_ERROR_INVALID_VALUE once it ended.
+CUresult capture_event_use(Event* e);
 
 /// Graph helpers (graphs.cpp). Precondition: Driver::mu held.
 /// A new, empty graph; `parent`: the child-graph node that owns it.

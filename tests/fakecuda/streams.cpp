@@ -3,9 +3,14 @@
 // ("ncclDevKernel_Handshake*", kernels.cpp), which later operations of their
 // stream, stream/event/context synchronization and stream/event queries wait
 // for or report (CUDA_ERROR_NOT_READY).
-// On a stream that captures into a graph (graphs.cpp) a launch appends a
-// kernel node and runs nothing; cuStreamSynchronize and cuStreamQuery fail
+// On a stream that captures into a graph (capture.cpp) a launch appends a
+// kernel node and runs nothing, an event record makes a captured event, and
+// cuStreamSynchronize and cuStreamQuery fail
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture.
+// cuStreamWaitEvent joins captures (capture.cpp); outside capture it waits on
+// the host for the kernels the event was recorded behind, as copies wait for
+// their stream's (the driver orders the stream on the device and returns at
+// once: here the call can block, never reorder).
 #include "gate.h"
 #include "state.h"
 
@@ -90,29 +95,55 @@ CUresult event_destroy(CUevent h) {
 }
 
 /// The event completes with the kernels pending on its stream now. Its time
-/// is the host time of the record call.
-CUresult event_record(CUevent h, CUstream s, bool ptsz) {
+/// is the host time of the record call. On a capturing stream it becomes a
+/// captured event instead (capture.cpp).
+CUresult event_record(CUevent h, CUstream s, bool ptsz, unsigned flags) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
   StreamKey key;
-  bool keyed = false;
+  bool keyed = false, captured = false;
   {
     std::lock_guard<std::mutex> l(d.mu);
     auto* e = reinterpret_cast<Event*>(h);
     if (!h || !d.events.count(e) || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    e->recorded = true;
-    e->time_ms = now_ms();
     keyed = resolve_stream(s, ptsz, &key);
+    if (CUresult r = capture_record(keyed ? &key : nullptr, e, flags, &captured)) return r;
+    if (!captured) {
+      e->recorded = true;
+      e->time_ms = now_ms();
+    }
   }
-  event_set_deps(h, keyed ? &key : nullptr);
+  event_set_deps(h, keyed && !captured ? &key : nullptr);
   return CUDA_SUCCESS;
 }
 
-CUresult event_check(CUevent h) {
+/// A valid event that cuEventQuery / cuEventSynchronize may use: not a
+/// captured event (capture_event_use).
+CUresult event_use(CUevent h) {
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
-  return driver().events.count(reinterpret_cast<Event*>(h)) ? CUDA_SUCCESS
-                                                             : CUDA_ERROR_INVALID_HANDLE;
+  auto* e = reinterpret_cast<Event*>(h);
+  if (!h || !driver().events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+  return capture_event_use(e);
+}
+
+/// cuStreamWaitEvent: a join or dependency of a capture, or (an ordinary
+/// wait) a host wait for the kernels the event was recorded behind.
+CUresult stream_wait_event(CUstream s, CUevent h, unsigned flags, bool ptsz) {
+  FC_REQUIRE_INIT();
+  Driver& d = driver();
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    auto* e = reinterpret_cast<Event*>(h);
+    if (!h || !d.events.count(e) || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    StreamKey key;
+    if (!resolve_stream(s, ptsz, &key)) return CUDA_ERROR_INVALID_CONTEXT;
+    bool ordinary = false;
+    if (CUresult r = capture_wait(key, e, flags, &ordinary)) return r;
+    if (!ordinary) return CUDA_SUCCESS;
+  }
+  event_wait(h);
+  return CUDA_SUCCESS;
 }
 
 CUresult elapsed(float* ms, CUevent a, CUevent b) {
@@ -258,30 +289,39 @@ FC_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
 }
 FC_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   FC_ENTER("cuEventRecord");
-  return event_record(hEvent, hStream, false);
+  return event_record(hEvent, hStream, false, 0);
 }
 FC_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   FC_ENTER("cuEventRecord");
-  return event_record(hEvent, hStream, true);
+  return event_record(hEvent, hStream, true, 0);
 }
-FC_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int) {
+FC_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
   FC_ENTER("cuEventRecordWithFlags");
-  return event_record(hEvent, hStream, false);
+  return event_record(hEvent, hStream, false, flags);
 }
-FC_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int) {
+FC_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
+                                               unsigned int flags) {
   FC_ENTER("cuEventRecordWithFlags");
-  return event_record(hEvent, hStream, true);
+  return event_record(hEvent, hStream, true, flags);
 }
 FC_EXPORT CUresult cuEventQuery(CUevent hEvent) {
   FC_ENTER("cuEventQuery");
-  if (CUresult r = event_check(hEvent)) return r;
+  if (CUresult r = event_use(hEvent)) return r;
   return event_busy(hEvent) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
   FC_ENTER("cuEventSynchronize");
-  if (CUresult r = event_check(hEvent)) return r;
+  if (CUresult r = event_use(hEvent)) return r;
   event_wait(hEvent);
   return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FC_ENTER("cuStreamWaitEvent");
+  return stream_wait_event(hStream, hEvent, Flags, false);
+}
+FC_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FC_ENTER("cuStreamWaitEvent");
+  return stream_wait_event(hStream, hEvent, Flags, true);
 }
 FC_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   FC_ENTER("cuEventElapsedTime");

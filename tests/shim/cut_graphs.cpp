@@ -19,6 +19,11 @@
 //     the graph launch holds (outside the gate) while a single launch would
 //     pass; a target they fit under lets it go; release lets a held launch go
 //   - a destroyed instance is forgotten: its handle counts nothing
+//   - PyTorch's capture of an NCCL collective: a second stream joins the
+//     capture through an event and launches the collective there (counts
+//     nothing: that stream reports capturing too), then is joined back
+//     through another event; each launch of the instance counts its
+//     collectives on both streams (2)
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -48,6 +53,9 @@ enum Cmd : uint64_t {
   kBuilt,          // graph: collective node + child graph (the captured one); launch it
   kUpdateA,        // update instance A to a graph of 1 collective + 3 plain; launch it
   kDestroyA,       // destroy instance A, launch its stale handle (must fail)
+  kJoinFork,       // capture on s: plain; stream b joins through an event, collective on b
+  kJoinEnd,        // s waits on an event of b, collective on s, end, instantiate: instance J
+  kLaunchJ,        // launch instance J
   kFinish,
 };
 
@@ -60,11 +68,16 @@ int workload(int sock) {
   CUfunction coll, plain;
   FC_REQ(cuModuleGetFunction(&coll, mod, kCollective) == CUDA_SUCCESS);
   FC_REQ(cuModuleGetFunction(&plain, mod, kPlain) == CUDA_SUCCESS);
-  CUstream s;
+  CUstream s, b;  // b: the collectives' own stream of kJoin*
   FC_REQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  auto launch = [&](CUfunction f) {
-    return cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr);
+  FC_REQ(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUevent fork_ev, join_ev;
+  FC_REQ(cuEventCreate(&fork_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  FC_REQ(cuEventCreate(&join_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  auto launch_on = [&](CUstream st, CUfunction f) {
+    return cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, st, nullptr, nullptr);
   };
+  auto launch = [&](CUfunction f) { return launch_on(s, f); };
   // Captures the sequence of kernels fs (collective: true) into a new graph.
   auto capture = [&](std::initializer_list<bool> fs, CUgraph* g) {
     if (cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) return false;
@@ -76,7 +89,7 @@ int workload(int sock) {
     return cuStreamEndCapture(s, g) == CUDA_SUCCESS;
   };
   CUgraph ga = nullptr;
-  CUgraphExec a = nullptr;
+  CUgraphExec a = nullptr, j = nullptr;
   for (;;) {
     uint64_t cmd = 0;
     if (!recv_u64(sock, &cmd)) return 1;
@@ -135,12 +148,31 @@ int workload(int sock) {
       case kDestroyA:
         ok = cuGraphExecDestroy(a) == CUDA_SUCCESS && cuGraphLaunch(a, s) != CUDA_SUCCESS;
         break;
+      case kJoinFork:
+        // As ProcessGroupNCCL inside torch.cuda.graph: the collective's
+        // stream waits on an event recorded on the capturing stream.
+        ok = cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS &&
+             launch_on(s, plain) == CUDA_SUCCESS && cuEventRecord(fork_ev, s) == CUDA_SUCCESS &&
+             cuStreamWaitEvent(b, fork_ev, 0) == CUDA_SUCCESS && launch_on(b, coll) == CUDA_SUCCESS;
+        break;
+      case kJoinEnd: {
+        CUgraph g;
+        ok = cuEventRecord(join_ev, b) == CUDA_SUCCESS &&
+             cuStreamWaitEvent(s, join_ev, 0) == CUDA_SUCCESS &&
+             launch_on(s, coll) == CUDA_SUCCESS && cuStreamEndCapture(s, &g) == CUDA_SUCCESS &&
+             cuGraphInstantiateWithFlags(&j, g, 0) == CUDA_SUCCESS &&
+             cuGraphDestroy(g) == CUDA_SUCCESS;
+        break;
+      }
+      case kLaunchJ:
+        ok = cuGraphLaunch(j, s) == CUDA_SUCCESS;
+        break;
       case kFinish:
         return cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : 1;
       default:
         return 1;
     }
-    if (ok) ok = cuStreamSynchronize(s) == CUDA_SUCCESS;
+    if (ok && cmd != kJoinFork) ok = cuStreamSynchronize(s) == CUDA_SUCCESS;  // not while capturing
     if (!send_u64(sock, ok ? 0 : 1)) return 1;
   }
 }
@@ -222,6 +254,15 @@ int run() {
   REQ(launched() == 19);  // the updated instance has one collective
   REQ(command(kDestroyA));
   REQ(launched() == 19);
+
+  REQ(command(kJoinFork));
+  REQ(launched() == 19);  // b captures: its collective runs at the instance's launches
+  REQ(command(kJoinEnd));
+  REQ(launched() == 19);
+  REQ(command(kLaunchJ));
+  REQ(launched() == 21);  // b's collective and s's
+  REQ(command(kLaunchJ));
+  REQ(launched() == 23);
   REQ(send_u64(g_job.sock, kFinish));
   REQ(g_job.join() == 0);
   return 0;
