@@ -863,10 +863,11 @@ scenario_nccl_torchrun_1gpu() {
   if [ -n "$why" ]; then result FAIL "$scen" "$why"; return 0; fi
   # Control: what the refusal prevents. With the check off the same job is
   # checkpointed and restored; the driver is expected to fail its kernels.
-  echo "  control: CUSNAP_ALLOW_RANKS_SHARING_GPU=1, checkpoint and restore"
-  CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
+  # The job is launched without the override: cusnap checkpoint sends its own.
+  echo "  control: CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in cusnap checkpoint's environment, checkpoint and restore"
+  start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
   rj=$WORK/$scen.restore.json
-  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.ckpt.json" 2>&1; then
+  if ! CUSNAP_ALLOW_RANKS_SHARING_GPU=1 timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.ckpt.json" 2>&1; then
     result NOTE "$scen" "refused as it should; control: the checkpoint failed: $(json_field "$WORK/$scen.ckpt.json" error | head -1)"
     return 0
   fi
