@@ -100,38 +100,43 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
 
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
   if (!tracking_on() || !active()) return real(dptr);
-  State& s = state();
-  uint64_t id = 0, size = 0;
-  std::vector<CUmemGenericAllocationHandle> rel;
-  std::vector<int> fds;
-  {
-    Lock l(s.mu);
-    auto b = s.legacy_blocks.find(dptr);
-    if (b == s.legacy_blocks.end()) return real(dptr);
-    id = b->second;
-    s.legacy_blocks.erase(b);
-    maybe_shrink(s.legacy_blocks);
-    auto m = s.ranges.find(dptr);
-    if (m != s.ranges.end()) {
-      size = m->second.size;
-      s.ranges.erase(m);
+  // The tables grow and shrink here (allocation): never an exception out.
+  try {
+    State& s = state();
+    uint64_t id = 0, size = 0;
+    std::vector<CUmemGenericAllocationHandle> rel;
+    std::vector<int> fds;
+    {
+      Lock l(s.mu);
+      auto b = s.legacy_blocks.find(dptr);
+      if (b == s.legacy_blocks.end()) return real(dptr);
+      id = b->second;
+      s.legacy_blocks.erase(b);
+      maybe_shrink(s.legacy_blocks);
+      auto m = s.ranges.find(dptr);
+      if (m != s.ranges.end()) {
+        size = m->second.size;
+        s.ranges.erase(m);
+      }
     }
-  }
-  // cuMemFree synchronizes with the device before the memory goes.
-  if (auto sync = REAL(cuCtxSynchronize)) sync();
-  REAL(cuMemUnmap)(dptr, size);
-  REAL(cuMemAddressFree)(dptr, size);
-  {
-    Lock l(s.mu);
-    auto a = s.allocs.find(id);
-    if (a != s.allocs.end()) {
-      if (a->second.mappings) a->second.mappings--;
-      if (a->second.pins) a->second.pins--;
-      settle(s, id, &rel, &fds);
+    // cuMemFree synchronizes with the device before the memory goes.
+    if (auto sync = REAL(cuCtxSynchronize)) sync();
+    REAL(cuMemUnmap)(dptr, size);
+    REAL(cuMemAddressFree)(dptr, size);
+    {
+      Lock l(s.mu);
+      auto a = s.allocs.find(id);
+      if (a != s.allocs.end()) {
+        if (a->second.mappings) a->second.mappings--;
+        if (a->second.pins) a->second.pins--;
+        settle(s, id, &rel, &fds);
+      }
     }
+    finish(rel, fds);
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
   }
-  finish(rel, fds);
-  return CUDA_SUCCESS;
 }
 
 CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
@@ -257,42 +262,47 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
 
 CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noexcept {
   if (!active()) return real(dptr);
-  State& s = state();
-  IpcOpen o;
-  {
-    Lock l(s.mu);
-    auto it = s.ipc.begin();
-    for (; it != s.ipc.end(); ++it)
-      if (it->address == dptr) break;
-    if (it == s.ipc.end()) return real(dptr);
-    if (it->alloc == 0) {  // a foreign open: the driver's own mapping
-      CUresult r = real(dptr);
-      if (r == CUDA_SUCCESS && --it->opens == 0) {
-        s.ipc.erase(it);
-        if (s.foreign_alive) s.foreign_alive--;
+  // The tables grow and shrink here (allocation): never an exception out.
+  try {
+    State& s = state();
+    IpcOpen o;
+    {
+      Lock l(s.mu);
+      auto it = s.ipc.begin();
+      for (; it != s.ipc.end(); ++it)
+        if (it->address == dptr) break;
+      if (it == s.ipc.end()) return real(dptr);
+      if (it->alloc == 0) {  // a foreign open: the driver's own mapping
+        CUresult r = real(dptr);
+        if (r == CUDA_SUCCESS && --it->opens == 0) {
+          s.ipc.erase(it);
+          if (s.foreign_alive) s.foreign_alive--;
+        }
+        return r;
       }
-      return r;
+      if (--it->opens > 0) return CUDA_SUCCESS;
+      o = *it;
+      s.ipc.erase(it);
+      s.ranges.erase(o.address);
     }
-    if (--it->opens > 0) return CUDA_SUCCESS;
-    o = *it;
-    s.ipc.erase(it);
-    s.ranges.erase(o.address);
-  }
-  REAL(cuMemUnmap)(o.address, o.size);
-  REAL(cuMemAddressFree)(o.address, o.size);
-  std::vector<CUmemGenericAllocationHandle> rel;
-  std::vector<int> fds;
-  {
-    Lock l(s.mu);
-    auto a = s.allocs.find(o.alloc);
-    if (a != s.allocs.end()) {
-      if (a->second.mappings) a->second.mappings--;
-      if (a->second.pins) a->second.pins--;
-      settle(s, o.alloc, &rel, &fds);
+    REAL(cuMemUnmap)(o.address, o.size);
+    REAL(cuMemAddressFree)(o.address, o.size);
+    std::vector<CUmemGenericAllocationHandle> rel;
+    std::vector<int> fds;
+    {
+      Lock l(s.mu);
+      auto a = s.allocs.find(o.alloc);
+      if (a != s.allocs.end()) {
+        if (a->second.mappings) a->second.mappings--;
+        if (a->second.pins) a->second.pins--;
+        settle(s, o.alloc, &rel, &fds);
+      }
     }
+    finish(rel, fds);
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
   }
-  finish(rel, fds);
-  return CUDA_SUCCESS;
 }
 
 }  // namespace cusnap::shim::track

@@ -389,7 +389,9 @@ CUresult mem_get_props(decltype(&::cuMemGetAllocationPropertiesFromHandle) real,
     Lock l(s.mu);
     auto it = s.handles.find(handle);
     if (it == s.handles.end()) return CUDA_ERROR_INVALID_HANDLE;
-    d = s.allocs[it->second].driver;
+    auto al = s.allocs.find(it->second);
+    if (al == s.allocs.end()) return CUDA_ERROR_INVALID_HANDLE;
+    d = al->second.driver;
   }
   return real(prop, d);
 }
