@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "shim/entries.h"
+#include "shim/captures.h"
 #include "shim/cut.h"
 #include "shim/gate.h"
 #include "shim/graphs.h"
@@ -43,12 +44,14 @@ void prepare() {
   track::atfork_prepare();
   cut::atfork_prepare();
   graphs::atfork_prepare();
+  captures::atfork_prepare();
   loader_atfork_prepare();
   gate().atfork_prepare();
 }
 void parent() {
   gate().atfork_parent();
   loader_atfork_parent();
+  captures::atfork_parent();
   graphs::atfork_parent();
   cut::atfork_parent();
   track::atfork_parent();
@@ -59,6 +62,7 @@ void child() {
   loader_atfork_child();
   cut::atfork_child();
   graphs::atfork_child();
+  captures::atfork_child();
   track::atfork_child();
 }
 

@@ -43,6 +43,7 @@ void reset_inherited(State& s) {
   s.handles.clear();
   s.ranges.clear();
   s.legacy_blocks.clear();
+  s.deferred_frees.clear();
   s.ipc.clear();
   s.peers.clear();
   s.contexts.clear();

@@ -4,6 +4,7 @@
 
 #include "shim/hooks.h"
 #include "shim/cut.h"
+#include "shim/captures.h"
 #include "shim/graphs.h"
 #include "shim/track.h"
 
@@ -193,5 +194,54 @@ struct Hook<Entry::cuGraphExecDestroy> {
 CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch)
 CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)
 #undef CUSNAP_GRAPH_LAUNCH_HOOK
+
+// Captures under way (captures.h): the shim makes no call a capture forbids.
+#define CUSNAP_BEGIN_CAPTURE_HOOK(entry, ptsz)                          \
+  template <>                                                           \
+  struct Hook<Entry::entry> {                                           \
+    static auto bind(decltype(&::entry) real) noexcept {                \
+      return [real](CUstream s, auto... a) noexcept {                   \
+        CUresult r = real(s, a...);                                     \
+        if (r == CUDA_SUCCESS) captures::began(s, ptsz);                \
+        return r;                                                       \
+      };                                                                \
+    }                                                                   \
+  };
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture, false)
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_ptsz, true)
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_v2, false)
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_v2_ptsz, true)
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCaptureToGraph, false)
+CUSNAP_BEGIN_CAPTURE_HOOK(cuStreamBeginCaptureToGraph_ptsz, true)
+#undef CUSNAP_BEGIN_CAPTURE_HOOK
+#define CUSNAP_END_CAPTURE_HOOK(entry, ptsz)                            \
+  template <>                                                           \
+  struct Hook<Entry::entry> {                                           \
+    static auto bind(decltype(&::entry) real) noexcept {                \
+      return [real](CUstream s, CUgraph* g) noexcept {                  \
+        CUresult r = real(s, g);                                        \
+        captures::ended(s, ptsz, r);                                    \
+        return r;                                                       \
+      };                                                                \
+    }                                                                   \
+  };
+CUSNAP_END_CAPTURE_HOOK(cuStreamEndCapture, false)
+CUSNAP_END_CAPTURE_HOOK(cuStreamEndCapture_ptsz, true)
+#undef CUSNAP_END_CAPTURE_HOOK
+#define CUSNAP_STREAM_DESTROY_HOOK(entry)                               \
+  template <>                                                           \
+  struct Hook<Entry::entry> {                                           \
+    static auto bind(decltype(&::entry) real) noexcept {                \
+      return [real](CUstream s) noexcept {                              \
+        /* Forgotten first: once destroyed, its handle may name a new  \
+           stream. */                                                   \
+        captures::destroyed(s);                                         \
+        return real(s);                                                 \
+      };                                                                \
+    }                                                                   \
+  };
+CUSNAP_STREAM_DESTROY_HOOK(cuStreamDestroy)
+CUSNAP_STREAM_DESTROY_HOOK(cuStreamDestroy_v2)
+#undef CUSNAP_STREAM_DESTROY_HOOK
 
 }  // namespace cusnap::shim

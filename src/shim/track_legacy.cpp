@@ -3,9 +3,11 @@
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
+#include "shim/captures.h"
 #include "shim/real_driver.h"
 #include "shim/track_internal.h"
 
@@ -98,18 +100,19 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   return CUDA_SUCCESS;
 }
 
-CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
-  if (!tracking_on() || !active()) return real(dptr);
-  // The tables grow and shrink here (allocation): never an exception out.
-  try {
-    State& s = state();
-    uint64_t id = 0, size = 0;
-    std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<int> fds;
-    {
-      Lock l(s.mu);
-      auto b = s.legacy_blocks.find(dptr);
-      if (b == s.legacy_blocks.end()) return real(dptr);
+namespace {
+
+/// cuMemFree of a block: the driver's for one that is not the shim's.
+CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
+  uint64_t id = 0, size = 0;
+  std::vector<CUmemGenericAllocationHandle> rel;
+  std::vector<int> fds;
+  bool ours = false;
+  {
+    Lock l(s.mu);
+    auto b = s.legacy_blocks.find(dptr);
+    if (b != s.legacy_blocks.end()) {
+      ours = true;
       id = b->second;
       s.legacy_blocks.erase(b);
       maybe_shrink(s.legacy_blocks);
@@ -119,21 +122,54 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
         s.ranges.erase(m);
       }
     }
-    // cuMemFree synchronizes with the device before the memory goes.
-    if (auto sync = REAL(cuCtxSynchronize)) sync();
-    REAL(cuMemUnmap)(dptr, size);
-    REAL(cuMemAddressFree)(dptr, size);
+  }
+  if (!ours) return real(dptr);
+  // cuMemFree synchronizes with the device before the memory goes.
+  if (auto sync = REAL(cuCtxSynchronize)) sync();
+  REAL(cuMemUnmap)(dptr, size);
+  REAL(cuMemAddressFree)(dptr, size);
+  {
+    Lock l(s.mu);
+    auto a = s.allocs.find(id);
+    if (a != s.allocs.end()) {
+      if (a->second.mappings) a->second.mappings--;
+      if (a->second.pins) a->second.pins--;
+      settle(s, id, &rel, &fds);
+    }
+  }
+  finish(rel, fds);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
+  if (!tracking_on() || !active()) return real(dptr);
+  // The tables grow and shrink here (allocation): never an exception out.
+  try {
+    State& s = state();
+    // A free synchronizes the context first, as cuMemFree does; during a
+    // capture that would fail and invalidate the capture (captures.h), so
+    // the block stays until the first free after the capture.
+    if (captures::any()) {
+      {
+        Lock l(s.mu);
+        if (s.legacy_blocks.count(dptr)) {
+          auto& d = s.deferred_frees;
+          if (std::find(d.begin(), d.end(), dptr) != d.end()) return CUDA_ERROR_INVALID_VALUE;
+          d.push_back(dptr);
+          return CUDA_SUCCESS;
+        }
+      }
+      return real(dptr);
+    }
+    std::vector<uint64_t> deferred;
     {
       Lock l(s.mu);
-      auto a = s.allocs.find(id);
-      if (a != s.allocs.end()) {
-        if (a->second.mappings) a->second.mappings--;
-        if (a->second.pins) a->second.pins--;
-        settle(s, id, &rel, &fds);
-      }
+      deferred.swap(s.deferred_frees);
     }
-    finish(rel, fds);
-    return CUDA_SUCCESS;
+    for (uint64_t p : deferred) free_block(s, real, p);
+    return free_block(s, real, dptr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }

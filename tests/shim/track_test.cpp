@@ -489,6 +489,47 @@ int ipc() {
   return 0;
 }
 
+/// A free during a stream capture (src/shim/captures.h): the shim's
+/// cuMemFree of a block it serves synchronizes the context first, which
+/// during a capture fails and invalidates it, while the driver's cuMemFree in
+/// a RELAXED capture succeeds. So the block stays until the first free after
+/// the capture, and the capture goes on; a second free of it meanwhile is
+/// refused; a capture whose stream is destroyed no longer defers.
+int free_in_capture() {
+  REQ_OK(init_primary());
+  CUdeviceptr d = 0, e = 0, f = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  CUstream s, t;
+  REQ_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQ_OK(cuMemFree(d));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQ_OK(cuStreamIsCapturing(s, &st));
+  REQ(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  REQ(cuMemFree(d) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.allocations[0].legacy);  // deferred
+  CUgraph g = nullptr;
+  REQ_OK(cuStreamEndCapture(s, &g));
+  REQ(g != nullptr);
+  REQ_OK(cuGraphDestroy(g));
+  REQ_OK(cuMemAlloc(&e, 1 << 20));
+  REQ_OK(cuMemFree(e));  // frees the deferred block first
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  // A capture left behind by a destroyed stream defers nothing.
+  REQ_OK(cuMemAlloc(&f, 1 << 20));
+  REQ_OK(cuStreamBeginCapture_v2(t, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQ_OK(cuStreamDestroy(t));
+  REQ_OK(cuMemFree(f));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  REQ_OK(cuStreamDestroy(s));
+  return 0;
+}
+
 /// Flags the records give device `dev` on the mapping at `addr` (0: none).
 uint32_t recorded_access(const proto::ShimRecords& r, uint64_t addr, int32_t dev) {
   for (auto& m : r.mappings)
@@ -910,10 +951,19 @@ int main(int argc, char** argv) {
   setenv("CUSNAP_RUNTIME_DIR", tmpl, 1);
   signal(SIGPIPE, SIG_IGN);
   const std::map<std::string, int (*)()> scenarios = {
-      {"share2", share2},        {"share4", share4},           {"alias", alias},
-      {"access", access_unions}, {"foreign", foreign},         {"ipc", ipc},
-      {"multicast", multicast},  {"fork", forkchild},          {"busy_creator", busy_creator},
-      {"hostile", hostile},      {"passthrough", passthrough}, {"peer", peer},
+      {"share2", share2},
+      {"share4", share4},
+      {"alias", alias},
+      {"access", access_unions},
+      {"foreign", foreign},
+      {"ipc", ipc},
+      {"multicast", multicast},
+      {"fork", forkchild},
+      {"busy_creator", busy_creator},
+      {"hostile", hostile},
+      {"passthrough", passthrough},
+      {"peer", peer},
+      {"free_in_capture", free_in_capture},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();
