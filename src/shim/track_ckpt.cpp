@@ -24,10 +24,10 @@
 #include <map>
 #include <set>
 
+#include "shim/captures.h"
 #include "shim/real_driver.h"
 #include "shim/track_copy.h"
 #include "shim/track_state.h"
-
 
 namespace cusnap::shim::track {
 
@@ -47,7 +47,6 @@ proto::Done fail(const std::string& what) {
   d.error = what;
   return d;
 }
-
 
 /// The primary context of a device, current on this thread while it lives.
 class DeviceContext {
@@ -300,15 +299,16 @@ proto::Done rebuild_multicast(State& s) {
       if (b.address == 0) {
         auto m = members.find(b.allocation);
         if (m == members.end()) return fail(who + "a bound allocation is gone");
-        r = b.abi == 2 ? (bind_mem_v2 ? bind_mem_v2(mc, b.device, b.mc_offset, m->second,
-                                                    b.mem_offset, b.size, 0)
-                                      : CUDA_ERROR_NOT_SUPPORTED)
-                       : bind_mem_v1(mc, b.mc_offset, m->second, b.mem_offset, b.size, 0);
+        r = b.abi == 2
+                ? (bind_mem_v2
+                       ? bind_mem_v2(mc, b.device, b.mc_offset, m->second, b.mem_offset, b.size, 0)
+                       : CUDA_ERROR_NOT_SUPPORTED)
+                : bind_mem_v1(mc, b.mc_offset, m->second, b.mem_offset, b.size, 0);
       } else {
-        r = b.abi == 2 ? (bind_addr_v2 ? bind_addr_v2(mc, b.device, b.mc_offset, b.address,
-                                                      b.size, 0)
-                                       : CUDA_ERROR_NOT_SUPPORTED)
-                       : bind_addr_v1(mc, b.mc_offset, b.address, b.size, 0);
+        r = b.abi == 2
+                ? (bind_addr_v2 ? bind_addr_v2(mc, b.device, b.mc_offset, b.address, b.size, 0)
+                                : CUDA_ERROR_NOT_SUPPORTED)
+                : bind_addr_v1(mc, b.mc_offset, b.address, b.size, 0);
       }
       if (r != CUDA_SUCCESS) return fail(who + driver_error("cuMulticastBind", r));
     }
@@ -336,6 +336,14 @@ std::string driver_error(const char* call, CUresult r) {
 
 proto::Done drain(State& s) noexcept {
   try {
+    // Synchronizing a context while one of its streams captures fails and
+    // invalidates the capture (captures.h): the workload's graph would be
+    // lost. Refused instead; the checkpoint rolls back and can be tried again.
+    if (captures::any())
+      return fail(
+          "a CUDA stream capture (a CUDA graph being recorded) is under way in this process; "
+          "synchronizing its device now would invalidate it, so the device work is not drained: "
+          "try again once the capture has ended");
     std::set<CUcontext> contexts;
     {
       Lock l(s.mu);
@@ -440,7 +448,8 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
           return fail("allocation " + std::to_string(w.id) + ": " + driver_error("cuMemUnmap", r));
       if (w.held)
         if (CUresult r = REAL(cuMemRelease)(w.driver); r != CUDA_SUCCESS)
-          return fail("allocation " + std::to_string(w.id) + ": " + driver_error("cuMemRelease", r));
+          return fail("allocation " + std::to_string(w.id) + ": " +
+                      driver_error("cuMemRelease", r));
       int cached = -1;
       {
         Lock l(s.mu);
@@ -518,8 +527,10 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
           // stopped half way left in the cache: importers must get this one.
           Lock c(s.cache_mu);
           auto [it, inserted] = s.cache.try_emplace(id, exported);
-          if (!inserted) std::swap(it->second, exported);
-          else exported = -1;
+          if (!inserted)
+            std::swap(it->second, exported);
+          else
+            exported = -1;
           s.cache_gen[id] = x.generation;
         }
       }

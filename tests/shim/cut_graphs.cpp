@@ -21,7 +21,8 @@
 //   - a destroyed instance is forgotten: its handle counts nothing
 //   - PyTorch's capture of an NCCL collective: a second stream joins the
 //     capture through an event and launches the collective there (counts
-//     nothing: that stream reports capturing too), then is joined back
+//     nothing: that stream reports capturing too; a drain meanwhile is
+//     refused rather than invalidate the capture), then is joined back
 //     through another event; each launch of the instance counts its
 //     collectives on both streams (2)
 #include <poll.h>
@@ -46,16 +47,16 @@ constexpr const char* kCollective = "_Z24ncclDevKernel_AllReduce_Testv";
 constexpr const char* kPlain = "_Z11plainKernelv";
 
 enum Cmd : uint64_t {
-  kDirect = 1,     // one direct launch of the collective
-  kCapture,        // capture 3 collectives + 1 plain, instantiate: instance A
-  kLaunchA,        // launch instance A
-  kPlainGraph,     // capture 2 plain kernels, instantiate, launch
-  kBuilt,          // graph: collective node + child graph (the captured one); launch it
-  kUpdateA,        // update instance A to a graph of 1 collective + 3 plain; launch it
-  kDestroyA,       // destroy instance A, launch its stale handle (must fail)
-  kJoinFork,       // capture on s: plain; stream b joins through an event, collective on b
-  kJoinEnd,        // s waits on an event of b, collective on s, end, instantiate: instance J
-  kLaunchJ,        // launch instance J
+  kDirect = 1,  // one direct launch of the collective
+  kCapture,     // capture 3 collectives + 1 plain, instantiate: instance A
+  kLaunchA,     // launch instance A
+  kPlainGraph,  // capture 2 plain kernels, instantiate, launch
+  kBuilt,       // graph: collective node + child graph (the captured one); launch it
+  kUpdateA,     // update instance A to a graph of 1 collective + 3 plain; launch it
+  kDestroyA,    // destroy instance A, launch its stale handle (must fail)
+  kJoinFork,    // capture on s: plain; stream b joins through an event, collective on b
+  kJoinEnd,     // s waits on an event of b, collective on s, end, instantiate: instance J
+  kLaunchJ,     // launch instance J
   kFinish,
 };
 
@@ -80,7 +81,8 @@ int workload(int sock) {
   auto launch = [&](CUfunction f) { return launch_on(s, f); };
   // Captures the sequence of kernels fs (collective: true) into a new graph.
   auto capture = [&](std::initializer_list<bool> fs, CUgraph* g) {
-    if (cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) return false;
+    if (cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS)
+      return false;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     if (cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
       return false;
@@ -138,7 +140,8 @@ int workload(int sock) {
         if (ok) {
           const CUresult r = cuGraphExecUpdate_v2(a, g, &info);
           if (r != CUDA_SUCCESS) {
-            fprintf(stderr, "child: cuGraphExecUpdate_v2: %d (result %d)\n", (int)r, (int)info.result);
+            fprintf(stderr, "child: cuGraphExecUpdate_v2: %d (result %d)\n", (int)r,
+                    (int)info.result);
             ok = false;
           }
         }
@@ -257,6 +260,9 @@ int run() {
 
   REQ(command(kJoinFork));
   REQ(launched() == 19);  // b captures: its collective runs at the instance's launches
+  // A drain while the capture is under way is refused: its cuCtxSynchronize
+  // would invalidate the capture (kJoinEnd then fails).
+  REQ(refused_with(g_shim.drain(), "stream capture"));
   REQ(command(kJoinEnd));
   REQ(launched() == 19);
   REQ(command(kLaunchJ));
