@@ -1,6 +1,7 @@
 // cuMemAlloc/cuMemFree (each allocation its own memfd, mapped read-write),
 // memory info, address ranges, pointer attributes and page-locked host memory
-// (plain host memory here).
+// (plain host memory here). cuMemAlloc, cuMemFree and cuMemAllocHost are
+// potentially unsafe calls during a stream capture (capture.cpp).
 #include "gate.h"
 #include "memory.h"
 
@@ -14,13 +15,21 @@ using namespace fc;
 
 namespace {
 
-CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32) {
+/// How a call fares while a stream captures: kUnsafe, a potentially unsafe
+/// call that a capture may prohibit (capture_unsafe_call), measured for
+/// cuMemAlloc, cuMemFree and cuMemAllocHost; kAllowed, not treated so
+/// (the stream-ordered forms, cuMemHostAlloc).
+enum class InCapture { kUnsafe, kAllowed };
+
+CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32, InCapture in_capture) {
   FC_REQUIRE_INIT();
   if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
   std::lock_guard<std::mutex> l(d.mu);
   Context* c = current_ctx();
   if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  if (in_capture == InCapture::kUnsafe)
+    if (CUresult r = capture_unsafe_call()) return r;
   size_t size = round_up(bytes, kGranularity);
   if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t id = 0;
@@ -42,7 +51,7 @@ CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32) {
   return CUDA_SUCCESS;
 }
 
-CUresult mem_free(CUdeviceptr dptr) {
+CUresult mem_free(CUdeviceptr dptr, InCapture in_capture) {
   FC_REQUIRE_INIT();
   Driver& d = driver();
   std::lock_guard<std::mutex> l(d.mu);
@@ -50,6 +59,8 @@ CUresult mem_free(CUdeviceptr dptr) {
   if (m == d.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->second.alloc);
   if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_INVALID_VALUE;
+  if (in_capture == InCapture::kUnsafe)
+    if (CUresult r = capture_unsafe_call()) return r;
   size_t size = m->second.size;
   unmap_range(dptr, size);
   free_va(dptr, size);
@@ -81,12 +92,14 @@ CUresult address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   return CUDA_SUCCESS;
 }
 
-CUresult host_alloc(void** pp, size_t bytes, unsigned flags) {
+CUresult host_alloc(void** pp, size_t bytes, unsigned flags, InCapture in_capture) {
   FC_REQUIRE_INIT();
   if (!pp || bytes == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  if (in_capture == InCapture::kUnsafe)
+    if (CUresult r = capture_unsafe_call()) return r;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  std::lock_guard<std::mutex> l(driver().mu);
   driver().host_allocs[reinterpret_cast<uintptr_t>(p)] = HostAlloc{bytes, flags, false};
   *pp = p;
   return CUDA_SUCCESS;
@@ -164,14 +177,14 @@ CUresult host_register(void* p, size_t bytes, unsigned flags) {
 
 FC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   FC_ENTER("cuMemAlloc");
-  return mem_alloc(dptr, bytesize, false);
+  return mem_alloc(dptr, bytesize, false, InCapture::kUnsafe);
 }
 
 FC_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
   FC_ENTER("cuMemAlloc");
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr p = 0;
-  CUresult r = mem_alloc(&p, bytesize, true);
+  CUresult r = mem_alloc(&p, bytesize, true, InCapture::kUnsafe);
   if (r == CUDA_SUCCESS) *dptr = static_cast<CUdeviceptr_v1>(p);
   return r;
 }
@@ -183,7 +196,7 @@ FC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
     std::lock_guard<std::mutex> l(driver().mu);
     if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   }
-  return mem_alloc(dptr, bytesize, false);
+  return mem_alloc(dptr, bytesize, false, InCapture::kAllowed);
 }
 FC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   FC_ENTER("cuMemAllocAsync");
@@ -191,7 +204,7 @@ FC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
     std::lock_guard<std::mutex> l(driver().mu);
     if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   }
-  return mem_alloc(dptr, bytesize, false);
+  return mem_alloc(dptr, bytesize, false, InCapture::kAllowed);
 }
 FC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   FC_ENTER("cuMemFreeAsync");
@@ -199,7 +212,7 @@ FC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     std::lock_guard<std::mutex> l(driver().mu);
     if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   }
-  return mem_free(dptr);
+  return mem_free(dptr, InCapture::kAllowed);
 }
 FC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   FC_ENTER("cuMemFreeAsync");
@@ -207,17 +220,17 @@ FC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
     std::lock_guard<std::mutex> l(driver().mu);
     if (driver().initialized && !valid_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   }
-  return mem_free(dptr);
+  return mem_free(dptr, InCapture::kAllowed);
 }
 
 FC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FC_ENTER("cuMemFree");
-  return mem_free(dptr);
+  return mem_free(dptr, InCapture::kUnsafe);
 }
 
 FC_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) {
   FC_ENTER("cuMemFree");
-  return mem_free(dptr);
+  return mem_free(dptr, InCapture::kUnsafe);
 }
 
 FC_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
@@ -321,15 +334,15 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
 
 FC_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
   FC_ENTER("cuMemAllocHost");
-  return host_alloc(pp, bytesize, 0);
+  return host_alloc(pp, bytesize, 0, InCapture::kUnsafe);
 }
 FC_EXPORT CUresult cuMemAllocHost(void** pp, unsigned int bytesize) {
   FC_ENTER("cuMemAllocHost");
-  return host_alloc(pp, bytesize, 0);
+  return host_alloc(pp, bytesize, 0, InCapture::kUnsafe);
 }
 FC_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
   FC_ENTER("cuMemHostAlloc");
-  return host_alloc(pp, bytesize, Flags);
+  return host_alloc(pp, bytesize, Flags, InCapture::kAllowed);
 }
 
 FC_EXPORT CUresult cuMemFreeHost(void* p) {

@@ -62,13 +62,50 @@
 // not join; destroying the origin stream ends its capture and frees the graph;
 // unknown flags of cuEventRecordWithFlags fail CUDA_ERROR_INVALID_VALUE, as
 // measured for cuStreamWaitEvent's.
+// Calls that do not go into a capture, made while it is ACTIVE (measured on
+// an H200, driver 580.159.04, from the thread that began it:
+// tests/gpu/probes/capture_sync.cpp, docs/gpu-runs/capture-sync-h200.log):
+// - cuCtxSynchronize of a context with a stream in the capture fails
+//   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture in
+//   every mode, RELAXED included: it necessarily conflicts with the capture,
+//   which no mode permits (cuThreadExchangeStreamCaptureMode: a RELAXED
+//   thread "is still prohibited from API calls which necessarily conflict
+//   with stream capture"), so the calling thread's mode does not matter.
+// - Potentially unsafe calls: cuMemAlloc, cuMemFree (of a block made before
+//   the capture), cuMemAllocHost, cuStreamSynchronize / cuStreamQuery of a
+//   stream outside capture (the legacy NULL stream's synchronize measured as
+//   well) fail CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate a GLOBAL
+//   or THREAD_LOCAL capture; a RELAXED capture permits them.
+// - cuMemCreate / cuMemRelease, a memset on another stream and a
+//   synchronous copy (cuMemcpyHtoD) succeed in every mode.
+// Which captures prohibit a potentially unsafe call on which thread follows
+// cuThreadExchangeStreamCaptureMode's documentation (cuda.h), not measured
+// across threads. Each thread has a capture interaction mode, GLOBAL until
+// exchanged: "GLOBAL: ... If the local thread has an ongoing capture sequence
+// that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED at
+// cuStreamBeginCapture, or if any other thread has a concurrent capture
+// sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is
+// prohibited from potentially unsafe API calls." "THREAD_LOCAL: If the local
+// thread has an ongoing capture sequence not initiated with
+// CU_STREAM_CAPTURE_MODE_RELAXED, it is prohibited from potentially unsafe
+// API calls. Concurrent capture sequences in other threads are ignored."
+// "RELAXED: The local thread is not prohibited from potentially unsafe API
+// calls." A prohibited call invalidates the captures that prohibit it.
+// Chosen where neither measured nor documented: only ACTIVE captures prohibit
+// (an invalidated one, until ended, no longer does; cuCtxSynchronize then
+// waits as usual); cuCtxSynchronize from a thread other than the one that
+// began is refused alike; a call that fails its own argument checks
+// (INVALID_VALUE, INVALID_CONTEXT) does so first and invalidates nothing;
+// cuMemHostAlloc, cuMemFreeHost, cuMemAllocAsync / cuMemFreeAsync and
+// cuEventSynchronize / cuEventQuery of an event outside capture are not
+// treated as potentially unsafe; an invalid mode given to
+// cuThreadExchangeStreamCaptureMode fails CUDA_ERROR_INVALID_VALUE.
 // Not simulated: CU_EVENT_RECORD_EXTERNAL on a capturing stream (event-record
 // nodes; CUDA_ERROR_NOT_SUPPORTED), what an event-wait node waits for when
 // its graph runs (nothing), cuStreamUpdateCaptureDependencies and
-// cuStreamBeginCaptureToGraph (stubs), and the checks that the real driver
-// makes on other streams and threads while a capture is active
-// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for work on the legacy stream,
-// cuCtxSynchronize refused, unsafe calls in GLOBAL mode).
+// cuStreamBeginCaptureToGraph (stubs), and CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+// for work on the legacy stream while a blocking stream of its context
+// captures.
 #include "gate.h"
 #include "state.h"
 
@@ -78,6 +115,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <utility>
 
 using namespace fc;
 
@@ -85,6 +123,15 @@ namespace {
 
 long this_tid() {
   return static_cast<long>(syscall(SYS_gettid));
+}
+
+/// The calling thread's capture interaction mode
+/// (cuThreadExchangeStreamCaptureMode).
+thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+bool valid_mode(CUstreamCaptureMode mode) {
+  return mode == CU_STREAM_CAPTURE_MODE_GLOBAL || mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+         mode == CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
 bool legacy(CUstream s, bool ptsz) {
@@ -132,9 +179,7 @@ bool joined_back(const std::shared_ptr<CaptureSeq>& seq,
 
 CUresult begin(CUstream s, bool ptsz, CUstreamCaptureMode mode) {
   FC_REQUIRE_INIT();
-  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_mode(mode)) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
   std::lock_guard<std::mutex> l(d.mu);
   if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -256,6 +301,34 @@ CUresult capture_refuse(const StreamKey& key) {
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
+CUresult capture_unsafe_call() {
+  if (t_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  const long tid = this_tid();
+  bool prohibited = false;
+  for (auto& [id, c] : driver().captures) {
+    CaptureSeq& seq = *c.seq;
+    if (!live(seq)) continue;
+    const bool own = seq.tid == tid && seq.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    const bool global = seq.tid != tid && seq.mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                        t_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (own || global) {
+      seq.invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult capture_ctx_sync(Context* ctx) {
+  bool capturing = false;
+  for (auto& [id, c] : driver().captures)
+    if (std::get<0>(id) == ctx && live(*c.seq)) {
+      c.seq->invalidated = true;
+      capturing = true;
+    }
+  return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 void capture_forget(const StreamKey& key) {
   auto& m = driver().captures;
   auto it = m.find(stream_key_id(key));
@@ -357,6 +430,14 @@ FC_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
 FC_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
   FC_ENTER("cuStreamBeginCapture");
   return begin(hStream, true, mode);
+}
+/// Swaps the calling thread's capture interaction mode with *mode.
+FC_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  FC_ENTER_UNGATED("cuThreadExchangeStreamCaptureMode");
+  FC_REQUIRE_INIT();
+  if (!mode || !valid_mode(*mode)) return CUDA_ERROR_INVALID_VALUE;
+  std::swap(*mode, t_mode);
+  return CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   FC_ENTER("cuStreamEndCapture");

@@ -416,6 +416,7 @@ CUresult ctx_synchronize(CUcontext ctx) {
     std::lock_guard<std::mutex> l(driver().mu);
     if (!ctx) ctx = reinterpret_cast<CUcontext>(current_ctx());
     if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = capture_ctx_sync(reinterpret_cast<Context*>(ctx))) return r;
   }
   return ctx_wait(reinterpret_cast<Context*>(ctx));
 }

@@ -311,7 +311,8 @@ CUresult ctx_wait(Context* ctx);
 /// On a capturing stream it waits for nothing, invalidates the capture and
 /// returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copies are not captured).
 CUresult stream_order(CUstream s, bool ptsz);
-/// Hook for cuCtxSynchronize: validates ctx (NULL: current) and waits.
+/// Hook for cuCtxSynchronize: validates ctx (NULL: current) and waits; while
+/// ctx has a capturing stream it waits for nothing (capture_ctx_sync).
 CUresult ctx_synchronize(CUcontext ctx);
 /// Events: record the work pending on key; query/wait for it.
 void event_set_deps(const void* event, const StreamKey* key);
@@ -348,6 +349,18 @@ CUresult capture_launch(Capture* c, const StreamKey& key, CUfunction f, const La
 /// invalidates the capture and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 /// otherwise CUDA_SUCCESS.
 CUresult capture_refuse(const StreamKey& key);
+/// A potentially unsafe call (cuThreadExchangeStreamCaptureMode) made by this
+/// thread: cuMemAlloc, cuMemFree, cuMemAllocHost, or cuStreamSynchronize /
+/// cuStreamQuery of a stream outside capture. When an ACTIVE capture
+/// prohibits it (one of this thread's not begun RELAXED; while this thread's
+/// mode is GLOBAL, also another thread's begun GLOBAL), invalidates every
+/// such capture and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; otherwise
+/// CUDA_SUCCESS.
+CUresult capture_unsafe_call();
+/// cuCtxSynchronize of ctx: while a stream of ctx takes part in an ACTIVE
+/// capture, in any mode and from any thread, invalidates each such capture
+/// and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; otherwise CUDA_SUCCESS.
+CUresult capture_ctx_sync(Context* ctx);
 /// A stream is destroyed. The origin's capture ends (every stream leaves it,
 /// its graph is freed); a joined stream leaves its capture, whose end still
 /// requires that stream's work to be joined back.

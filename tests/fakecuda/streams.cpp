@@ -6,7 +6,9 @@
 // On a stream that captures into a graph (capture.cpp) a launch appends a
 // kernel node and runs nothing, an event record makes a captured event, and
 // cuStreamSynchronize and cuStreamQuery fail
-// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture.
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture; on a
+// stream outside capture they are potentially unsafe calls, refused the same
+// way while a GLOBAL or THREAD_LOCAL capture prohibits them.
 // cuStreamWaitEvent joins captures (capture.cpp); outside capture it waits on
 // the host for the kernels the event was recorded behind, as copies wait for
 // their stream's (the driver orders the stream on the device and returns at
@@ -51,6 +53,7 @@ CUresult stream_sync(CUstream h, bool ptsz) {
     if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
     if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
     if (CUresult r = capture_refuse(key)) return r;
+    if (CUresult r = capture_unsafe_call()) return r;
   }
   return stream_wait(key);
 }
@@ -64,6 +67,7 @@ CUresult stream_query(CUstream h, bool ptsz) {
     if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
     if (!resolve_stream(h, ptsz, &key)) return CUDA_SUCCESS;
     if (CUresult r = capture_refuse(key)) return r;
+    if (CUresult r = capture_unsafe_call()) return r;
   }
   if (stream_busy(key)) return CUDA_ERROR_NOT_READY;
   return stream_error(key);
