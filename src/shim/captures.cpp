@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <new>
 
+#include "shim/pthread_lock.h"
 #include "shim/real_driver.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
@@ -32,13 +33,6 @@ uint64_t g_generation = 0;  // under g_mu
 Origin g_origins[kMax];
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 std::atomic<unsigned> g_count{0};
-
-struct Locked {
-  Locked() { pthread_mutex_lock(&g_mu); }
-  ~Locked() { pthread_mutex_unlock(&g_mu); }
-  Locked(const Locked&) = delete;
-  Locked& operator=(const Locked&) = delete;
-};
 
 bool per_thread(CUstream s, bool ptsz) {
   return s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr);
@@ -79,7 +73,7 @@ bool still_capturing(CUstream s, bool ptsz) {
 
 void began(CUstream s, bool ptsz) noexcept {
   const Origin k = key_of(s, ptsz);
-  Locked l;
+  PthreadLock l(&g_mu);
   if (find_locked(k)) return;
   for (Origin& o : g_origins)
     if (!o.used) {
@@ -98,13 +92,13 @@ void ended(CUstream s, bool ptsz, CUresult r) noexcept {
   if (r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD || r == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
     return;
   if (g_count.load(std::memory_order_acquire) == 0) return;
-  Locked l;
+  PthreadLock l(&g_mu);
   if (Origin* o = find_locked(key_of(s, ptsz))) drop_locked(o);
 }
 
 void destroyed(CUstream s) noexcept {
   if (g_count.load(std::memory_order_acquire) == 0 || per_thread(s, false)) return;
-  Locked l;
+  PthreadLock l(&g_mu);
   if (Origin* o = find_locked(key_of(s, false))) drop_locked(o);
 }
 
@@ -116,14 +110,14 @@ bool any() noexcept {
   const long self = static_cast<long>(::syscall(SYS_gettid));
   Origin seen[kMax];
   {
-    Locked l;
+    PthreadLock l(&g_mu);
     for (unsigned i = 0; i < kMax; ++i) seen[i] = g_origins[i];
   }
   for (const Origin& o : seen) {
     if (!o.used || (o.tid != 0 && o.tid != self)) continue;
     CUstream s = o.tid ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(o.stream);
     if (still_capturing(s, false)) continue;
-    Locked l;
+    PthreadLock l(&g_mu);
     Origin* f = find_locked(o);
     if (f && f->generation == o.generation) drop_locked(f);
   }

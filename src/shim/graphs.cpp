@@ -10,6 +10,7 @@
 #include <new>
 
 #include "shim/cut.h"
+#include "shim/pthread_lock.h"
 #include "shim/real_driver.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
@@ -98,11 +99,6 @@ bool insert_locked(uintptr_t key, uint64_t count) {
   return true;
 }
 
-struct Locked {
-  Locked() { pthread_mutex_lock(&g_mu); }
-  ~Locked() { pthread_mutex_unlock(&g_mu); }
-};
-
 constexpr int kMaxDepth = 8;  // child graphs nested deeper are not walked
 
 uint64_t count_in(CUgraph g, int depth) {
@@ -153,7 +149,7 @@ void note_exec(CUgraphExec e, CUgraph g) noexcept {
   const auto key = reinterpret_cast<uintptr_t>(e);
   if (key <= kTomb) return;
   const uint64_t c = count_collectives(g);  // outside the lock: driver calls
-  Locked l;
+  PthreadLock l(&g_mu);
   if (c == 0) {
     erase_locked(key);
     return;
@@ -168,14 +164,14 @@ void note_exec(CUgraphExec e, CUgraph g) noexcept {
 void forget_exec(CUgraphExec e) noexcept {
   const auto key = reinterpret_cast<uintptr_t>(e);
   if (key <= kTomb || g_live.load(std::memory_order_acquire) == 0) return;
-  Locked l;
+  PthreadLock l(&g_mu);
   erase_locked(key);
 }
 
 uint64_t collectives_of(CUgraphExec e) noexcept {
   const auto key = reinterpret_cast<uintptr_t>(e);
   if (key <= kTomb || g_live.load(std::memory_order_acquire) == 0) return 0;
-  Locked l;
+  PthreadLock l(&g_mu);
   const Slot* s = find_locked(key);
   return s ? s->count : 0;
 }
