@@ -216,22 +216,17 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       g->end();
       return ok;
     };
-    auto suspend = ops.suspend;
-    ops.suspend = [g, suspend](const JobInfo& j, std::chrono::milliseconds t,
-                               const proto::Settings& s, ExitCode* c, std::string* e) {
-      g->begin("suspend", j.runtime_dir + "/suspended", false);
-      bool ok = suspend(j, t, s, c, e);
-      g->end();
-      return ok;
+    // Suspend and resume keep their state in the runtime directory.
+    auto guarded = [g](const char* op, auto inner) {
+      return [g, op, inner](const JobInfo& j, auto... a) {
+        g->begin(op, j.runtime_dir + "/suspended", false);
+        bool ok = inner(j, a...);
+        g->end();
+        return ok;
+      };
     };
-    auto resume = ops.resume;
-    ops.resume = [g, resume](const JobInfo& j, std::chrono::milliseconds t, ExitCode* c,
-                             std::string* e) {
-      g->begin("resume", j.runtime_dir + "/suspended", false);
-      bool ok = resume(j, t, c, e);
-      g->end();
-      return ok;
-    };
+    ops.suspend = guarded("suspend", ops.suspend);
+    ops.resume = guarded("resume", ops.resume);
   }
   ControlServer server(&ctx_, std::move(ops), std::move(listen_fd_), cfg_.control_timeout);
   std::string err;
