@@ -102,6 +102,9 @@ int cmd_checkpoint(int argc, char** argv) {
                  std::to_string(n.get<uint64_t>());
     std::printf("collective cut: %s collective launches\n", ranks.c_str());
   }
+  if (int n = d.value("capture_retries", 0); n > 0)
+    std::printf("waited for a CUDA stream capture to end: the device was drained at attempt %d\n",
+                n + 1);
   if (d.value("job_stopped", false))
     std::printf("job %s stopped; restore it with: cusnap restore %s\n", entry.status.name.c_str(),
                 d.value("dir", req.dir).c_str());

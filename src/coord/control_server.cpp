@@ -240,6 +240,7 @@ void ControlServer::serve(UniqueFd conn) {
         for (auto [pid, n] : res.collective_cut) cut[std::to_string(pid)] = n;
         d["collective_cut"] = cut;
       }
+      if (res.capture_retries > 0) d["capture_retries"] = res.capture_retries;
       result = make_result(true, kExitOk, "", d.dump());
     } else {
       result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);

@@ -83,6 +83,8 @@ struct CheckpointResult {
   /// The cut across collective ranks: each process's count of collective
   /// launches when its gate closed (empty when none had launched one).
   std::map<pid_t, uint64_t> collective_cut;
+  /// Quiesces made again because a process's stream capture was under way.
+  int capture_retries = 0;
   /// Set on failure too: kExitRefused when nothing changed because a
   /// precondition failed, kExitFailure when it failed and rolled back (the job
   /// runs on unchanged), kExitJobLost when the job could not be brought back.

@@ -197,6 +197,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     }
     if (shared.active()) out->phases.emplace_back("shared-save", sw.lap());
     out->collective_cut = shared.cut_counts();
+    out->capture_retries = shared.capture_retries();
   }
 
   // The driver: lock every CUDA process, then checkpoint each.

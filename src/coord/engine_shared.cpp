@@ -2,7 +2,9 @@
 // suspend do before the driver checkpoint, and the rebuild after the driver
 // brought a job back in place.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
@@ -102,13 +104,32 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
     return true;
   }
 
-  // From here the job changes: every failure rolls back.
+  // From here the job changes: every failure rolls back. A stream capture
+  // under way must end before the device is drained (its synchronization
+  // would invalidate the capture): a drain refused for one opens the gates
+  // again, keeping the cut, so that the capture goes on and its thread then
+  // holds at its next collective launch; the quiesce is tried again until
+  // the timeout.
   *code = kExitFailure;
   report("quiesce");
-  if (!sm->quiesce(&why)) {
-    sm->disconnect();
-    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
-    return false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(5);
+  for (int attempt = 1;; ++attempt) {
+    bool capturing = false;
+    if (sm->quiesce(&why, &capturing)) break;
+    if (!capturing || std::chrono::steady_clock::now() + pause >= deadline) {
+      if (capturing) {
+        sm->cut_release();
+        why += " (tried " + std::to_string(attempt) + " time" + (attempt == 1 ? "" : "s") +
+               " within the timeout of " + std::to_string(timeout.count()) +
+               " ms; a longer --timeout gives the capture more time to end)";
+      }
+      sm->disconnect();
+      *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
   auto back = [&](const std::string& failure, bool rebuild) {
     std::string rb;

@@ -326,7 +326,8 @@ void SharedMemory::cut_release() {
   }
 }
 
-bool SharedMemory::quiesce(std::string* err) {
+bool SharedMemory::quiesce(std::string* err, bool* capturing) {
+  if (capturing) *capturing = false;
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
   for (auto& p : procs_) {
     if (!p->client.gate_close(wait_ms, err)) {
@@ -342,11 +343,34 @@ bool SharedMemory::quiesce(std::string* err) {
     }
     p->gate_closed = true;
   }
+  // The ranks must still stand at the cut: a collective launched past it
+  // would be left half issued (and its drain would wait for ever).
   for (auto& p : procs_) {
-    if (!p->client.drain(t_.phase, err)) {
-      *err = "quiesce phase: " + *err;
+    auto at = cut_counts_.find(p->pid);
+    if (at == cut_counts_.end()) continue;
+    proto::CutState st;
+    std::string why;
+    bool ok = p->client.cut("status", 0, &st, &why);
+    if (ok && st.reserved != at->second) {
+      ok = false;
+      why = "process " + std::to_string(p->pid) + " launched " + std::to_string(st.reserved) +
+            " collectives, past the cut at " + std::to_string(at->second);
+    }
+    if (!ok) {
+      *err = "quiesce phase: " + why;
       std::string rb;
       open_gates(&rb);
+      return false;
+    }
+  }
+  for (auto& p : procs_) {
+    if (!p->client.drain(t_.phase, err, capturing)) {
+      *err = "quiesce phase: " + *err;
+      // A capture must be let go on, but the ranks stay lined up at the cut:
+      // once the capture has ended, the thread holds at its next collective.
+      std::string rb;
+      if (capturing && *capturing) ++capture_retries_;
+      open_gates(&rb, capturing && *capturing && !cut_counts_.empty());
       return false;
     }
   }
@@ -568,14 +592,14 @@ bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress,
   return true;
 }
 
-bool SharedMemory::open_gates(std::string* err) {
+bool SharedMemory::open_gates(std::string* err, bool keep_cut) {
   bool ok = true;
   for (auto& p : procs_) {
     if (!p->gate_closed || !proc_alive(p->pid)) continue;
     std::string why;
     if (!p->client.connected())
       p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control, &why);
-    if (p->client.connected() && p->client.gate_open(&why)) {
+    if (p->client.connected() && p->client.gate_open(&why, keep_cut)) {
       p->gate_closed = false;
       continue;
     }

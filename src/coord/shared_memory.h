@@ -69,8 +69,14 @@ class SharedMemory {
   void cut_release();
 
   /// Closes every gate and drains device work. On failure opens the gates
-  /// again: nothing changed.
-  bool quiesce(std::string* err);
+  /// again: nothing changed. *capturing (when given): the failure was a
+  /// drain refused because a process's stream capture was under way, which
+  /// may end once the gates are open: the gates are open again but a cut
+  /// stays armed (its held launches stay held), so quiesce may be called
+  /// again; cut_release() lets them go when giving up.
+  bool quiesce(std::string* err, bool* capturing = nullptr);
+  /// How many quiesces a stream capture under way made fail so far.
+  int capture_retries() const { return capture_retries_; }
   /// Writes the records and every shared allocation's bytes into dir (made
   /// private). On failure removes what it wrote; the gates stay closed.
   bool save(const std::string& dir, const ProgressSink& progress, std::string* err);
@@ -87,7 +93,7 @@ class SharedMemory {
   /// shim's records must equal the captured ones.
   bool rebuild(const std::string& dir, const ProgressSink& progress, std::string* err);
   /// Opens every gate. Goes on past failures; *err lists them.
-  bool open_gates(std::string* err);
+  bool open_gates(std::string* err, bool keep_cut = false);
 
  private:
   struct Proc {
@@ -99,6 +105,7 @@ class SharedMemory {
   std::chrono::milliseconds bulk_timeout(uint64_t bytes) const;
 
   std::vector<std::unique_ptr<Proc>> procs_;
+  int capture_retries_ = 0;
   SharedTimeouts t_;
   std::string shim_dir_;
   bool active_ = false;

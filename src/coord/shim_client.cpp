@@ -124,14 +124,18 @@ bool ShimClient::gate_close(uint64_t wait_ms, std::string* err) {
   return false;
 }
 
-bool ShimClient::gate_open(std::string* err) {
+bool ShimClient::gate_open(std::string* err, bool keep_cut) {
   proto::Done d;
-  return call(proto::kMsgGateOpen, proto::Empty{}, -1, timeout_, &d, err);
+  proto::GateOpen req;
+  req.keep_cut = keep_cut;
+  return call(proto::kMsgGateOpen, req, -1, timeout_, &d, err);
 }
 
-bool ShimClient::drain(std::chrono::milliseconds timeout, std::string* err) {
+bool ShimClient::drain(std::chrono::milliseconds timeout, std::string* err, bool* busy) {
   proto::Done d;
-  return call(proto::kMsgShimDrain, proto::Empty{}, -1, timeout, &d, err);
+  const bool ok = call(proto::kMsgShimDrain, proto::Empty{}, -1, timeout, &d, err);
+  if (busy) *busy = !ok && d.code == EBUSY;
+  return ok;
 }
 
 bool ShimClient::parts(const char* type, uint64_t allocation, const std::vector<int>& fds,

@@ -28,8 +28,11 @@ class ShimClient {
   bool inspect(proto::ShimRecords* out, std::string* err);
   /// Closes the gate, waiting up to wait_ms for calls in flight.
   bool gate_close(uint64_t wait_ms, std::string* err);
-  bool gate_open(std::string* err);
-  bool drain(std::chrono::milliseconds timeout, std::string* err);
+  /// Opens the gate; keep_cut: held collective launches stay held (GateOpen).
+  bool gate_open(std::string* err, bool keep_cut = false);
+  /// Waits for the process's device work. *busy (when given): refused because
+  /// a stream capture is under way (kMsgShimDrain).
+  bool drain(std::chrono::milliseconds timeout, std::string* err, bool* busy = nullptr);
   /// Bulk requests, the bytes split over the files (one part each, in
   /// order): the exchange may take up to timeout.
   bool save(uint64_t allocation, const std::vector<int>& fds, std::chrono::milliseconds timeout,

@@ -10,7 +10,7 @@
 //                          ok)
 //   shim-ctl.<pid>.sock    client   -> shim      inspect    Empty
 //                          shim     -> client    records    ShimRecords
-//                          client   -> shim      gate-close GateRequest / gate-open Empty
+//                          client   -> shim      gate-close GateRequest / gate-open GateOpen
 //                          shim     -> client    done       Done
 //   The checkpoint of shared memory (gate closed; docs/shim.md "Checkpoint"):
 //                          client   -> shim      drain      Empty  (device work finished)
@@ -42,6 +42,9 @@ inline constexpr const char* kMsgShimRecords = "records";
 inline constexpr const char* kMsgGateClose = "gate-close";
 inline constexpr const char* kMsgGateOpen = "gate-open";
 inline constexpr const char* kMsgDone = "done";
+/// drain answers done with code EBUSY when a stream capture is under way in
+/// the process (synchronizing would invalidate it): nothing changed, and the
+/// drain may succeed once the gate has been open long enough for it to end.
 inline constexpr const char* kMsgShimDrain = "drain";
 inline constexpr const char* kMsgShimSave = "save";
 inline constexpr const char* kMsgShimRelease = "release";
@@ -80,6 +83,14 @@ struct FetchReply {
 struct GateRequest {
   uint64_t timeout_ms = 10000;
   MSGPACK_DEFINE_MAP(timeout_ms);
+};
+
+/// gate-open: keep_cut keeps the cut across collective ranks armed, so held
+/// collective launches stay held (a retried quiesce); otherwise opening the
+/// gate lets them go. An empty map (older clients) is keep_cut false.
+struct GateOpen {
+  bool keep_cut = false;
+  MSGPACK_DEFINE_MAP(keep_cut);
 };
 
 struct Done {

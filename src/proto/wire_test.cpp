@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "proto/control.h"
+#include "proto/shim_messages.h"
 
 using namespace cusnap;
 using namespace cusnap::proto;
@@ -136,6 +137,23 @@ TEST_CASE("wire: a request without settings, as an older client sends it, decode
   REQUIRE(m.get(&fresh, &err));
   CHECK(fresh.timeout_ms == 3000);
   CHECK(fresh.settings.at("CUSNAP_ALLOW_RANKS_SHARING_GPU") == "1");
+}
+
+TEST_CASE("wire: gate-open without fields, as an older coordinator sends it, lets the cut go") {
+  Pair p;
+  std::string err;
+  REQUIRE(p.a.send(kMsgGateOpen, Empty{}, &err));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  GateOpen g;  // decoded into a fresh request, as the shim does
+  REQUIRE(m.get(&g, &err));
+  CHECK_FALSE(g.keep_cut);
+  GateOpen keep;
+  keep.keep_cut = true;
+  REQUIRE(p.a.send(kMsgGateOpen, keep, &err));
+  REQUIRE(p.b.recv(&m, &err));
+  REQUIRE(m.get(&g, &err));
+  CHECK(g.keep_cut);
 }
 
 TEST_CASE("wire: a payload of the wrong shape fails conversion, not the process") {

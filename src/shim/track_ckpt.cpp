@@ -42,9 +42,10 @@ proto::Done ok_done(uint64_t bytes = 0) {
   return d;
 }
 
-proto::Done fail(const std::string& what) {
+proto::Done fail(const std::string& what, int32_t code = 0) {
   proto::Done d;
   d.error = what;
+  d.code = code;
   return d;
 }
 
@@ -338,12 +339,14 @@ proto::Done drain(State& s) noexcept {
   try {
     // Synchronizing a context while one of its streams captures fails and
     // invalidates the capture (captures.h): the workload's graph would be
-    // lost. Refused instead; the checkpoint rolls back and can be tried again.
+    // lost. Refused instead, with EBUSY: the coordinator opens the gates so
+    // that the capture can end, and tries again (shared_prepare).
     if (captures::any())
       return fail(
           "a CUDA stream capture (a CUDA graph being recorded) is under way in this process; "
           "synchronizing its device now would invalidate it, so the device work is not drained: "
-          "try again once the capture has ended");
+          "try again once the capture has ended",
+          EBUSY);
     std::set<CUcontext> contexts;
     {
       Lock l(s.mu);

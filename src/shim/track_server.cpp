@@ -125,8 +125,11 @@ void serve_control(State& s, UniqueFd conn) {
       sent = ch.send(proto::kMsgDone, d, &err);
     } else if (msg.type == proto::kMsgGateOpen) {
       proto::Done d;
+      proto::GateOpen req;
+      std::string why;
+      const bool keep_cut = msg.get(&req, &why) && req.keep_cut;
       d.code = cusnap_shim_build_info.control->gate_open();
-      cut::release();  // held collective launches go on once the gate is open
+      if (!keep_cut) cut::release();  // held collective launches go on once the gate is open
       d.ok = d.code == 0 || d.code == EALREADY;
       sent = ch.send(proto::kMsgDone, d, &err);
     } else if (msg.type == proto::kMsgShimDrain) {

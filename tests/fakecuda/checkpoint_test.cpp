@@ -457,12 +457,7 @@ TEST_CASE("fakecuda: repeated checkpoint cycles while threads copy through the d
   uint64_t ready = 0;
   REQUIRE(recv_u64(t.sock, &ready));
   for (int cycle = 0; cycle < 10; ++cycle) {
-    CUcheckpointLockArgs la{};
-    la.timeoutMs = 5000;
-    REQUIRE(cuCheckpointProcessLock(t.pid, &la) == CUDA_SUCCESS);
-    REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
-    REQUIRE(cuCheckpointProcessRestore(t.pid, nullptr) == CUDA_SUCCESS);
-    REQUIRE(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
+    REQUIRE(driver_cycle(t.pid, 5000) == CUDA_SUCCESS);
     usleep(10 * 1000);
   }
   REQUIRE(send_u64(t.sock, 0));

@@ -52,6 +52,15 @@ int Child::join() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+CUresult driver_cycle(pid_t pid, unsigned timeout_ms) {
+  CUcheckpointLockArgs la{};
+  la.timeoutMs = timeout_ms;
+  if (CUresult r = cuCheckpointProcessLock(pid, &la)) return r;
+  if (CUresult r = cuCheckpointProcessCheckpoint(pid, nullptr)) return r;
+  if (CUresult r = cuCheckpointProcessRestore(pid, nullptr)) return r;
+  return cuCheckpointProcessUnlock(pid, nullptr);
+}
+
 bool send_u64(int sock, uint64_t v) {
   return send(sock, &v, sizeof v, MSG_NOSIGNAL) == sizeof v;
 }

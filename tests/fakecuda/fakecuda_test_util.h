@@ -45,6 +45,10 @@ struct Child {
 /// Starts fn(sock) in a child; fn's return value is its exit status.
 Child spawn(const std::function<int(int sock)>& fn);
 
+/// The driver's whole checkpoint cycle on pid, as the coordinator runs it:
+/// lock (timeout_ms), checkpoint, restore, unlock. The first failure's result.
+CUresult driver_cycle(pid_t pid, unsigned timeout_ms);
+
 bool send_u64(int sock, uint64_t v);
 bool recv_u64(int sock, uint64_t* v);
 bool send_fd(int sock, int fd);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -516,23 +517,80 @@ int checkpointed_graphs(int sock) {
   return 0;
 }
 
-}  // namespace
-
-TEST_CASE("fakecuda: graph survives the driver checkpoint of its process and replays") {
+/// Runs fn in a child; once it sends 1, runs the driver's checkpoint cycle on
+/// it and sends 1 back; fn then sends 0 when all went well.
+void cycle_while_child_waits(const std::function<int(int sock)>& fn) {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  Child t = spawn(checkpointed_graphs);
+  Child t = spawn(fn);
   uint64_t ready = 0;
   REQUIRE(recv_u64(t.sock, &ready));
   REQUIRE(ready == 1);
-  CUcheckpointLockArgs la{};
-  la.timeoutMs = 2000;
-  REQUIRE(cuCheckpointProcessLock(t.pid, &la) == CUDA_SUCCESS);
-  REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
-  REQUIRE(cuCheckpointProcessRestore(t.pid, nullptr) == CUDA_SUCCESS);
-  REQUIRE(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
+  REQUIRE(driver_cycle(t.pid, 2000) == CUDA_SUCCESS);
   CHECK(send_u64(t.sock, 1));
   uint64_t result = 99;
   CHECK(recv_u64(t.sock, &result));
   CHECK(result == 0);
   CHECK(t.join() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("fakecuda: graph survives the driver checkpoint of its process and replays") {
+  cycle_while_child_waits(checkpointed_graphs);
+}
+
+namespace {
+
+/// A capture under way across the driver checkpoint of its process, as
+/// measured on the H200 (docs/gpu-runs/capture-checkpoint-h200.log): stream sa
+/// begins a capture, sb joins it through an event and captures two handshake
+/// launches of its own; the coordinator locks, checkpoints, restores and
+/// unlocks the process meanwhile. The capture is still active afterwards,
+/// joins back, ends, and its graph replays.
+int checkpointed_capture(int sock, CUstreamCaptureMode mode) {
+  HandshakeSetup k;
+  FC_REQ(k.init(kHandshake) == 0);
+  CUdeviceptr a = k.b.ptr, b = k.b.ptr + 8;
+  CUstream sa, sb, other;
+  FC_REQ(create_streams({{&sa, CU_STREAM_NON_BLOCKING},
+                         {&sb, CU_STREAM_NON_BLOCKING},
+                         {&other, CU_STREAM_NON_BLOCKING}}) == 0);
+  CUevent fork_ev, join_ev;
+  FC_REQ(cuEventCreate(&fork_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  FC_REQ(cuEventCreate(&join_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  FC_REQ(cuStreamBeginCapture(sa, mode) == CUDA_SUCCESS);
+  FC_REQ(cuEventRecord(fork_ev, sa) == CUDA_SUCCESS);
+  FC_REQ(cuStreamWaitEvent(sb, fork_ev, 0) == CUDA_SUCCESS);
+  FC_REQ(launch(k.f, sb, a, b, 0) == CUDA_SUCCESS);
+  FC_REQ(launch(k.f, sb, a, b, 0) == CUDA_SUCCESS);
+  FC_REQ(send_u64(sock, 1));
+  uint64_t go = 0;
+  FC_REQ(recv_u64(sock, &go));  // checkpointed, restored and unlocked meanwhile
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  FC_REQ(cuStreamIsCapturing(sb, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  FC_REQ(cuEventRecord(join_ev, sb) == CUDA_SUCCESS);
+  FC_REQ(cuStreamWaitEvent(sa, join_ev, 0) == CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  FC_REQ(cuStreamEndCapture(sa, &g) == CUDA_SUCCESS && g);
+  FC_REQ(nodes_of(g).size() >= 2);
+  CUgraphExec e;
+  FC_REQ(cuGraphInstantiate(&e, g, 0) == CUDA_SUCCESS);
+  // The peer's half of each handshake comes from a plain launch on another
+  // stream, so the graph's two collectives complete.
+  FC_REQ(cuGraphLaunch(e, sa) == CUDA_SUCCESS);
+  FC_REQ(launch(k.f, other, b, a, 1) == CUDA_SUCCESS);
+  FC_REQ(launch(k.f, other, b, a, 2) == CUDA_SUCCESS);
+  FC_REQ(cuStreamSynchronize(sa) == CUDA_SUCCESS && cuStreamSynchronize(other) == CUDA_SUCCESS);
+  FC_REQ(*word(a) == 2 && *word(b) == 2);
+  FC_REQ(send_u64(sock, 0));
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("fakecuda: a capture under way survives the driver checkpoint of its process") {
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED}) {
+    CAPTURE(int(mode));
+    cycle_while_child_waits([mode](int sock) { return checkpointed_capture(sock, mode); });
+  }
 }

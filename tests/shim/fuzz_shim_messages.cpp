@@ -27,12 +27,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FetchRequest f;
   FetchReply r;
   GateRequest g;
+  GateOpen go;
   Done d;
   ShimRecords s;
   Empty e;
   (void)m.get(&f, &err);
   (void)m.get(&r, &err);
   (void)m.get(&g, &err);
+  (void)m.get(&go, &err);
   (void)m.get(&d, &err);
   (void)m.get(&e, &err);
   if (m.get(&s, &err)) {

@@ -2,7 +2,7 @@
 // step, like two ranks of an NCCL job (for the simulated driver only).
 //
 //   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
-//                          [--print-every K] [--graph G]
+//                          [--print-every K] [--graph G] [--capture-ms C]
 //
 // Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
 // runs on device R (device 0 for both when there is one device), creates an
@@ -33,6 +33,12 @@
 // kernel: the flags advance by G per step, so a rank's collective count is
 // G times its step. The fill and check are as above (the graph's last node
 // completes only once the peer's graph of the same step has begun).
+//
+// --capture-ms C (C >= 1): after each step's check, the rank records a CUDA
+// graph on a second stream for C ms (cuStreamBeginCapture_v2 in global mode,
+// a host sleep of C ms, cuStreamEndCapture, cuGraphDestroy), as a job that
+// captures while it runs (PyTorch tracing a model): a checkpoint then mostly
+// finds a capture under way, during which the device cannot be synchronized.
 //
 // Prints "rank R ready pid P device D", then "rank R count S ok" (S: the step
 // just verified) at step 1, every K steps (default 100) and at the last step,
@@ -72,6 +78,7 @@ struct Options {
   long lag_ms = 0;
   long print_every = 100;
   long graph = 0;  ///< collectives per graph launch; 0: plain launches
+  long capture_ms = 0;  ///< a side capture this long after each step; 0: none
 };
 
 uint32_t value(unsigned rank, long step) {
@@ -185,8 +192,9 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
            who);
   close(in);
   CUdeviceptr peer = map_for(peer_h, size, devs, who);
-  CUstream stream;
+  CUstream stream, side;
   WL_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), who);
+  WL_CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING), who);
   std::printf("rank %u ready pid %d device %d\n", rank, int(getpid()), int(dev));
 
   CUgraphExec exec = nullptr;
@@ -227,6 +235,13 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
     bool last = o.steps != 0 && step == o.steps;
     if (step % o.print_every == 0 || last || step == 1)
       std::printf("rank %u count %ld ok\n", rank, step);
+    if (o.capture_ms > 0) {
+      WL_CHECK(cuStreamBeginCapture_v2(side, CU_STREAM_CAPTURE_MODE_GLOBAL), who);
+      usleep(useconds_t(o.capture_ms * 1000));
+      CUgraph recorded;
+      WL_CHECK(cuStreamEndCapture(side, &recorded), who);
+      WL_CHECK(cuGraphDestroy(recorded), who);
+    }
     const long pause_ms = o.interval_ms + (rank == 0 ? o.lag_ms : 0);
     if (pause_ms > 0) usleep(useconds_t(pause_ms * 1000));
   }
@@ -241,7 +256,8 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
 
 int main(int argc, char** argv) {
   Args args(argc, argv, "cusnap-collective-pair", {},
-            {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph"});
+            {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph",
+             "--capture-ms"});
   Options o;
   o.steps = args.num("--steps", 0);
   o.mib = size_t(args.num("--mib", 1));
@@ -249,10 +265,11 @@ int main(int argc, char** argv) {
   o.lag_ms = args.num("--lag-ms", 0);
   o.print_every = args.num("--print-every", 100);
   o.graph = args.num("--graph", 0);
+  o.capture_ms = args.num("--capture-ms", 0);
   if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0 ||
-      o.graph < 0 || o.graph > 64) {
-    std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms must be >= 0, "
-                         "--print-every >= 1, --graph 0 to 64\n");
+      o.graph < 0 || o.graph > 64 || o.capture_ms < 0) {
+    std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms, "
+                         "--capture-ms must be >= 0, --print-every >= 1, --graph 0 to 64\n");
     return 64;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
