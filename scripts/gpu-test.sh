@@ -36,6 +36,12 @@
 #                (the workload's own check; skipped when torch cannot share on
 #                this machine), then checkpoint/stop/restore under cusnap: main
 #                and worker must both count on.
+#   torch-share-capture
+#                torch_share.py --alloc expandable --capture-ms 200: the worker
+#                records a CUDA graph for 200 ms after each step, so the
+#                checkpoint mostly finds a capture under way; it must wait for
+#                one to end (capture_retries in its report) and never invalidate
+#                one (the worker checks every graph), then restore as above.
 #   e2e-shared   The end-to-end scenarios of jobs that share device memory
 #                (tests/e2e/shared_*.sh) with the real driver.
 #   torch-share-noshim
@@ -117,6 +123,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
+  torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
   nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
   nccl-torchrun-1gpu-graph)
@@ -455,7 +462,10 @@ result() {  # STATUS SCENARIO TEXT
 }
 show_tail() { [ -f "$1" ] && tail -n "${2:-12}" "$1" | sed 's/^/    | /'; return 0; }
 show_phases() {  # TITLE JSON-FILE
+  local retries
   echo "  $1 phases: $(phases "$2" | awk '{printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $2}')"
+  retries=$(json_field "$2" capture_retries)
+  [ -z "$retries" ] || echo "  $1: waited for a stream capture to end ($retries retries)"
 }
 
 # launch_job NAME OUT [LAUNCH-OPTIONS...] -- CMD...: cusnap launch in the
@@ -714,6 +724,12 @@ scenario_torch_share() {  # SCENARIO ALLOC
 }
 scenario_torch_share_default() { scenario_torch_share torch-share-default default; }
 scenario_torch_share_expandable() { scenario_torch_share torch-share-expandable expandable; }
+scenario_torch_share_capture() {
+  echo "gpu-test: torch-share-capture: torch_share.py --alloc expandable --capture-ms 200, a worker that records a CUDA graph after every step"
+  torch_ready torch-share-capture || return 0
+  torch_baseline torch-share-capture expandable || return 0
+  checkpoint_restore torch-share-capture 2 -- "$PY" "$TORCH_SHARE" --alloc expandable --mib "$TORCH_MIB" --capture-ms 200
+}
 # The negative control runs the same job without the shim (--no-shim): the
 # driver alone checkpoints the worker, an importer, and cannot restore it
 # (legacy IPC importer: CUDA_ERROR_INVALID_VALUE on restore, GPU.md).

@@ -4,6 +4,7 @@ clients share device memory (torch.multiprocessing, spawn context).
 
     python3 tests/gpu/torch_share.py [--mib N] [--alloc default|expandable|inherit]
                                      [--interval-ms M] [--check-ms C] [--seconds S]
+                                     [--capture-ms G]
 
 The main process allocates an int64 tensor of N MiB (default 64) on GPU 0 and
 starts a worker process with it. PyTorch sends the worker the tensor's
@@ -25,6 +26,14 @@ checked belonged to step B and must all be right (a seqlock; A != B means the
 worker was mid-step, and the main process reads again). B must never go back.
 It prints "main count N ok" for its N-th consistent check and "main seen B"
 (the worker's step it found in the shared bytes).
+
+--capture-ms G: after each step the worker records a CUDA graph
+(torch.cuda.graph, global capture mode) of one increment of a counter tensor,
+keeping the capture under way G ms (a host sleep inside it, as while PyTorch
+traces a model), then replays the graph once and checks the counter equals the
+number of replays so far. A capture that something invalidated fails its end
+(the worker dies with the error), so a checkpoint that synchronized the device
+during one cannot go unseen.
 
 A wrong element, a header that goes back or stays torn, prints a line with
 MISMATCH and exits 3; a worker that ends makes the main process exit 3 (when
@@ -64,7 +73,7 @@ def first_bad(torch, data, expected):
             f"{int(data[i].item())}, expected {int(expected[i].item())}")
 
 
-def worker(buf, interval_ms, parent_pid):
+def worker(buf, interval_ms, parent_pid, capture_ms=0):
     import torch
 
     who = "worker"
@@ -73,6 +82,8 @@ def worker(buf, interval_ms, parent_pid):
     idx = torch.arange(data.numel(), dtype=torch.int64, device=buf.device)
     expected = torch.empty_like(idx)
     k = int(buf[SLOT_B].item())
+    counter = torch.zeros(1, dtype=torch.int64, device=buf.device)
+    replays = 0
     say(f"worker: pid {os.getpid()}, got {buf.numel() * 8 >> 20} MiB on {buf.device} "
         f"at 0x{buf.data_ptr():x}, starting after step {k}")
     while True:
@@ -92,6 +103,17 @@ def worker(buf, interval_ms, parent_pid):
         buf[SLOT_B].fill_(k)
         torch.cuda.synchronize()
         say(f"worker count {k} ok")
+        if capture_ms > 0:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                counter.add_(1)
+                time.sleep(capture_ms / 1000.0)
+            g.replay()
+            replays += 1
+            torch.cuda.synchronize()
+            if int(counter.item()) != replays:
+                mismatch(who, f"graph counter {int(counter.item())} after {replays} replays")
+            del g
         time.sleep(interval_ms / 1000.0)
 
 
@@ -107,6 +129,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=0,
                     help="exit 0 after this many seconds (default 0: run until killed)")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--capture-ms", type=int, default=0,
+                    help="after each worker step, record a CUDA graph for this long")
     args = ap.parse_args()
 
     # Before torch initialises CUDA; the spawned worker inherits the environment.
@@ -139,7 +163,7 @@ def main():
     torch.cuda.synchronize()
 
     ctx = mp.get_context("spawn")
-    w = ctx.Process(target=worker, args=(buf, args.interval_ms, os.getpid()),
+    w = ctx.Process(target=worker, args=(buf, args.interval_ms, os.getpid(), args.capture_ms),
                     name="torch-share-worker")
     w.start()
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") or "(unset)"
