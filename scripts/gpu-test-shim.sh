@@ -8,6 +8,11 @@
 #     gate hold a real cudaMemcpy),
 #  3. runs tests/shim/gpu/shim_torch_check.py (matmul, synchronize, CUDA graph)
 #     the same two ways and compares,
+#  3b. builds the stream-capture probes (tests/gpu/probes/) with g++ and runs
+#     them without the shim and with it, tracking on (a runtime directory):
+#     the driver's answers, captures invalidated or not, and graphs must be
+#     identical (timings, host addresses and the parent's racing first line
+#     dropped),
 #  4. lists the driver names the runtime asked for that the shim failed closed
 #     on (CUSNAP_SHIM_DEBUG=1), for information,
 #  5. runs bench/shim_overhead against the real driver.
@@ -56,12 +61,18 @@ readelf -d "$shim" | grep -q 'NEEDED.*libcuda' && bad "the shim has NEEDED libcu
 echo "shim: $shim"
 
 run_both() {  # NAME CMD...: runs CMD without and with the shim, compares stdout
+  # (TRACK=1: the shim's tracking on, under a runtime directory of its own)
   local name=$1; shift
+  local track=()
+  if [[ ${TRACK:-0} = 1 ]]; then
+    mkdir -p "$work/rt-$name" && chmod 700 "$work/rt-$name"
+    track=(CUSNAP_RUNTIME_DIR="$work/rt-$name")
+  fi
   say "$name: without the shim"
   "$@" >"$work/$name.plain.out" 2>"$work/$name.plain.err"; local rc1=$?
   cat "$work/$name.plain.err"
-  say "$name: with the shim"
-  CUSNAP_SHIM_DEBUG=1 LD_PRELOAD="$shim" "$@" >"$work/$name.shim.out" 2>"$work/$name.shim.err"; local rc2=$?
+  say "$name: with the shim${track:+, tracking on}"
+  env "${track[@]}" CUSNAP_SHIM_DEBUG=1 LD_PRELOAD="$shim" "$@" >"$work/$name.shim.out" 2>"$work/$name.shim.err"; local rc2=$?
   grep -v '^cusnap-shim:' "$work/$name.shim.err"
   cat "$work/$name.shim.out"
   if [[ $rc1 -ne 0 || $rc2 -ne 0 ]]; then bad "$name exited $rc1 without and $rc2 with the shim"; fi
@@ -97,6 +108,21 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 else
   bad "python3 with a CUDA-enabled torch is not available"
 fi
+
+# 3b. The stream-capture probes, tracking on (cuMemAlloc served by the shim).
+for probe in capture_sync capture_joins capture_checkpoint; do
+  if ! g++ -O1 -isystem "$cuda/include" -o "$work/$probe" "$root/tests/gpu/probes/$probe.cpp" -lcuda; then
+    bad "cannot build the probe $probe"; continue
+  fi
+done
+[[ -x "$work/capture_sync" ]] && TRACK=1 run_both capture_sync "$work/capture_sync"
+[[ -x "$work/capture_joins" ]] &&
+  TRACK=1 run_both capture_joins bash -c \
+    'for c in $(seq 1 19); do "$1" "$c"; done | sed -E "s/0x[0-9a-f]+/0x_/g"' _ "$work/capture_joins"
+[[ -x "$work/capture_checkpoint" ]] &&
+  TRACK=1 run_both capture_checkpoint bash -c \
+    'for m in 0 1 2; do for c in 0 1 2; do "$1" $m $c | sed -e "s/ in [0-9.]* s$//" -e "/parent cuInit/d"; done; done' \
+    _ "$work/capture_checkpoint"
 
 # 4. Benchmark: driver pointers against the shim's, in one process.
 say "building bench/shim_overhead"

@@ -1,6 +1,8 @@
 #include "coord/ports.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +23,22 @@ bool int_option(int fd, int level, int name) {
   int v = 0;
   socklen_t len = sizeof v;
   return ::getsockopt(fd, level, name, &v, &len) == 0 && v != 0;
+}
+
+/// The interface index of the interface that has link-local address a (0:
+/// none has it). /proc/net/tcp6 does not show a socket's interface; a
+/// link-local address is normally one interface's own.
+unsigned link_local_interface(const in6_addr& a) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return 0;
+  unsigned index = 0;
+  for (ifaddrs* i = list; i && !index; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET6 || !i->ifa_name) continue;
+    const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+    if (std::memcmp(&sin6->sin6_addr, &a, sizeof a) == 0) index = ::if_nametoindex(i->ifa_name);
+  }
+  ::freeifaddrs(list);
+  return index;
 }
 
 bool is_wildcard(const std::string& addr) {
@@ -127,9 +145,15 @@ bool tcp_listener_bindable(const TcpListener& l, std::string* err) {
     sin6->sin6_port = htons(l.port);
     parsed = inet_pton(AF_INET6, l.addr.c_str(), &sin6->sin6_addr) == 1;
     len = sizeof *sin6;
-    // A link-local address binds only with its interface, which /proc does
-    // not show: not checked (CRIU restores the interface it recorded).
-    if (parsed && IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) return true;
+    // A link-local address binds only with its interface: the one that has it.
+    if (parsed && IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) {
+      sin6->sin6_scope_id = link_local_interface(sin6->sin6_addr);
+      if (sin6->sin6_scope_id == 0) {
+        *err = what + " cannot be bound here: no network interface of this machine has that "
+                      "link-local address (restore on the machine that has it)";
+        return false;
+      }
+    }
   }
   if (!parsed) {
     *err = what + " has an address that is not a valid IPv" + std::to_string(l.family) + " address";

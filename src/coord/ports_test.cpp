@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -120,6 +122,46 @@ TEST_CASE("ports: an address this machine does not have is refused, saying so") 
         "TCP port 192.0.2.7:8000 that the job listened on cannot be bound here: Cannot assign "
         "requested address (the job listened on an address this machine does not have)");
   CHECK(tcp_endpoint(6, "::1", 80) == "[::1]:80");
+}
+
+TEST_CASE("ports: a link-local listener is checked on the interface that has its address") {
+  std::string err;
+  TcpListener l{6, "fe80::dead:beef:1:2", 8000, false, false, true};
+  CHECK_FALSE(tcp_listener_bindable(l, &err));
+  CHECK(err == "TCP port [fe80::dead:beef:1:2]:8000 that the job listened on cannot be bound "
+               "here: no network interface of this machine has that link-local address (restore "
+               "on the machine that has it)");
+  // Where an interface has a link-local address (most do), a port held on it
+  // is found in use, and a free one binds.
+  ifaddrs* list = nullptr;
+  REQUIRE(getifaddrs(&list) == 0);
+  sockaddr_in6 own{};
+  for (ifaddrs* i = list; i; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)) {
+      own = *reinterpret_cast<sockaddr_in6*>(i->ifa_addr);
+      own.sin6_scope_id = if_nametoindex(i->ifa_name);
+      break;
+    }
+  freeifaddrs(list);
+  if (own.sin6_family != AF_INET6) {
+    MESSAGE("no interface here has a link-local address: only the refusal was checked");
+    return;
+  }
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&own), sizeof own) == 0);
+  REQUIRE(listen(fd, 4) == 0);
+  socklen_t len = sizeof own;
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&own), &len) == 0);
+  char text[INET6_ADDRSTRLEN];
+  REQUIRE(inet_ntop(AF_INET6, &own.sin6_addr, text, sizeof text));
+  l.addr = text;
+  l.port = ntohs(own.sin6_port);
+  CHECK_FALSE(tcp_listener_bindable(l, &err));
+  CHECK(err.find("is in use by pid " + std::to_string(getpid())) != std::string::npos);
+  close(fd);
+  CHECK(tcp_listener_bindable(l, &err));
 }
 
 TEST_CASE("ports: a process's listeners, each once, with their options") {

@@ -21,6 +21,16 @@ namespace cusnap::shim::track {
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!active() || !legacy_vmm()) return real(dptr, bytes);
   if (!dptr || bytes == 0) return real(dptr, bytes);
+  // During a capture in a mode that forbids it, the driver's cuMemAlloc fails
+  // STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, while the calls
+  // that serve a block here are allowed in every mode (capture-sync-h200.log).
+  // The driver's own answer decides: a small allocation of its own, freed at
+  // once (cuMemFree is allowed wherever cuMemAlloc is).
+  if (captures::any()) {
+    CUdeviceptr probe = 0;
+    if (CUresult r = real(&probe, 1); r != CUDA_SUCCESS) return r;
+    if (auto free_real = REAL(cuMemFree_v2)) free_real(probe);
+  }
   CUdevice dev = 0;
   auto get_dev = REAL(cuCtxGetDevice);
   auto gran = REAL(cuMemGetAllocationGranularity);
@@ -302,24 +312,37 @@ CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noex
   try {
     State& s = state();
     IpcOpen o;
-    {
-      Lock l(s.mu);
+    auto find = [&] {
       auto it = s.ipc.begin();
       for (; it != s.ipc.end(); ++it)
         if (it->address == dptr) break;
+      return it;
+    };
+    bool foreign = false;
+    {
+      Lock l(s.mu);
+      auto it = find();
       if (it == s.ipc.end()) return real(dptr);
-      if (it->alloc == 0) {  // a foreign open: the driver's own mapping
-        CUresult r = real(dptr);
-        if (r == CUDA_SUCCESS && --it->opens == 0) {
-          s.ipc.erase(it);
-          if (s.foreign_alive) s.foreign_alive--;
-        }
-        return r;
+      foreign = it->alloc == 0;  // a foreign open: the driver's own mapping
+      if (!foreign && --it->opens > 0) return CUDA_SUCCESS;
+      if (!foreign) {
+        o = *it;
+        s.ipc.erase(it);
+        s.ranges.erase(o.address);
       }
-      if (--it->opens > 0) return CUDA_SUCCESS;
-      o = *it;
-      s.ipc.erase(it);
-      s.ranges.erase(o.address);
+    }
+    if (foreign) {
+      // The driver's close runs outside the table lock (it may wait on the
+      // device); the record is counted down after it succeeded.
+      CUresult r = real(dptr);
+      if (r != CUDA_SUCCESS) return r;
+      Lock l(s.mu);
+      auto it = find();
+      if (it != s.ipc.end() && it->alloc == 0 && --it->opens == 0) {
+        s.ipc.erase(it);
+        if (s.foreign_alive) s.foreign_alive--;
+      }
+      return r;
     }
     REAL(cuMemUnmap)(o.address, o.size);
     REAL(cuMemAddressFree)(o.address, o.size);

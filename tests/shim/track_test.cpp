@@ -530,6 +530,46 @@ int free_in_capture() {
   return 0;
 }
 
+/// cuMemAlloc during a capture fares as the driver's: in GLOBAL and
+/// THREAD_LOCAL mode it fails STREAM_CAPTURE_UNSUPPORTED and the capture is
+/// invalidated (no block served, nothing recorded), in RELAXED mode the shim
+/// serves the block and the capture goes on.
+int alloc_in_capture() {
+  REQ_OK(init_primary());
+  CUstream s;
+  REQ_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  proto::ShimRecords r;
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    REQ_OK(cuStreamBeginCapture_v2(s, mode));
+    CUdeviceptr d = 0;
+    REQ(cuMemAlloc(&d, 1 << 20) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    REQ_OK(cuStreamIsCapturing(s, &st));
+    REQ(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CUgraph g = nullptr;
+    REQ(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    REQ(inspect(getpid(), &r));
+    REQ(r.allocations.empty());
+  }
+  REQ_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUdeviceptr d = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQ_OK(cuStreamIsCapturing(s, &st));
+  REQ(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.allocations[0].legacy);  // served by the shim
+  CUgraph g = nullptr;
+  REQ_OK(cuStreamEndCapture(s, &g));
+  REQ(g != nullptr);
+  REQ_OK(cuGraphDestroy(g));
+  REQ_OK(cuMemFree(d));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  REQ_OK(cuStreamDestroy(s));
+  return 0;
+}
+
 /// Flags the records give device `dev` on the mapping at `addr` (0: none).
 uint32_t recorded_access(const proto::ShimRecords& r, uint64_t addr, int32_t dev) {
   for (auto& m : r.mappings)
@@ -964,6 +1004,7 @@ int main(int argc, char** argv) {
       {"passthrough", passthrough},
       {"peer", peer},
       {"free_in_capture", free_in_capture},
+      {"alloc_in_capture", alloc_in_capture},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();
