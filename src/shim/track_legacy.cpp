@@ -18,19 +18,31 @@ namespace cusnap::shim::track {
 // handle can name the allocation and an opener can import it through the
 // creator's peer socket and map it at an address of its own reservation.
 
+namespace {
+
+/// During a capture, cuMemAlloc and cuMemFree fail STREAM_CAPTURE_UNSUPPORTED
+/// and invalidate the capture in GLOBAL and THREAD_LOCAL mode, while the calls
+/// that serve and release a block here are allowed in every mode
+/// (capture-sync-h200.log). The driver's own answer decides: a small
+/// allocation of its own, freed at once (both are allowed or refused
+/// together). CUDA_SUCCESS when they are allowed.
+CUresult capture_allows_alloc() noexcept {
+  auto alloc = REAL(cuMemAlloc_v2);
+  auto free_real = REAL(cuMemFree_v2);
+  if (!alloc || !free_real) return CUDA_SUCCESS;
+  CUdeviceptr probe = 0;
+  if (CUresult r = alloc(&probe, 1); r != CUDA_SUCCESS) return r;
+  free_real(probe);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!active() || !legacy_vmm()) return real(dptr, bytes);
   if (!dptr || bytes == 0) return real(dptr, bytes);
-  // During a capture in a mode that forbids it, the driver's cuMemAlloc fails
-  // STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, while the calls
-  // that serve a block here are allowed in every mode (capture-sync-h200.log).
-  // The driver's own answer decides: a small allocation of its own, freed at
-  // once (cuMemFree is allowed wherever cuMemAlloc is).
-  if (captures::any()) {
-    CUdeviceptr probe = 0;
-    if (CUresult r = real(&probe, 1); r != CUDA_SUCCESS) return r;
-    if (auto free_real = REAL(cuMemFree_v2)) free_real(probe);
-  }
+  if (captures::any())
+    if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
   CUdevice dev = 0;
   auto get_dev = REAL(cuCtxGetDevice);
   auto gran = REAL(cuMemGetAllocationGranularity);
@@ -160,8 +172,16 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
     State& s = state();
     // A free synchronizes the context first, as cuMemFree does; during a
     // capture that would fail and invalidate the capture (captures.h), so
-    // the block stays until the first free after the capture.
+    // the block stays until the first free after the capture, where the
+    // capture's mode allows a free at all.
     if (captures::any()) {
+      bool ours = false;
+      {
+        Lock l(s.mu);
+        ours = s.legacy_blocks.count(dptr) > 0;
+      }
+      if (ours)
+        if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
       {
         Lock l(s.mu);
         if (s.legacy_blocks.count(dptr)) {

@@ -530,27 +530,37 @@ int free_in_capture() {
   return 0;
 }
 
-/// cuMemAlloc during a capture fares as the driver's: in GLOBAL and
-/// THREAD_LOCAL mode it fails STREAM_CAPTURE_UNSUPPORTED and the capture is
-/// invalidated (no block served, nothing recorded), in RELAXED mode the shim
-/// serves the block and the capture goes on.
+/// cuMemAlloc and cuMemFree during a capture fare as the driver's: in GLOBAL
+/// and THREAD_LOCAL mode they fail STREAM_CAPTURE_UNSUPPORTED and the capture
+/// is invalidated (no block served, none freed or deferred), in RELAXED mode
+/// the shim serves the block and the capture goes on.
 int alloc_in_capture() {
   REQ_OK(init_primary());
   CUstream s;
   REQ_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   proto::ShimRecords r;
+  CUdeviceptr before = 0;
+  REQ_OK(cuMemAlloc(&before, 1 << 20));
   for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
-    REQ_OK(cuStreamBeginCapture_v2(s, mode));
-    CUdeviceptr d = 0;
-    REQ(cuMemAlloc(&d, 1 << 20) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    REQ_OK(cuStreamIsCapturing(s, &st));
-    REQ(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
-    CUgraph g = nullptr;
-    REQ(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-    REQ(inspect(getpid(), &r));
-    REQ(r.allocations.empty());
+    for (bool alloc : {true, false}) {
+      REQ_OK(cuStreamBeginCapture_v2(s, mode));
+      CUdeviceptr d = 0;
+      if (alloc)
+        REQ(cuMemAlloc(&d, 1 << 20) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      else
+        REQ(cuMemFree(before) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+      REQ_OK(cuStreamIsCapturing(s, &st));
+      REQ(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+      CUgraph g = nullptr;
+      REQ(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+      REQ(inspect(getpid(), &r));
+      REQ(r.allocations.size() == 1);  // only the block made before, still there
+    }
   }
+  REQ_OK(cuMemFree(before));  // after the captures: freed
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
   REQ_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
   CUdeviceptr d = 0;
   REQ_OK(cuMemAlloc(&d, 1 << 20));
