@@ -114,13 +114,15 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   report("quiesce");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(5);
-  for (int attempt = 1;; ++attempt) {
-    bool capturing = false;
-    if (sm->quiesce(&why, &capturing)) break;
+  for (;;) {
+    const int retries = sm->capture_retries();
+    if (sm->quiesce(&why)) break;
+    const bool capturing = sm->capture_retries() > retries;
     if (!capturing || std::chrono::steady_clock::now() + pause >= deadline) {
       if (capturing) {
         sm->cut_release();
-        why += " (tried " + std::to_string(attempt) + " time" + (attempt == 1 ? "" : "s") +
+        const int tries = sm->capture_retries();
+        why += " (tried " + std::to_string(tries) + " time" + (tries == 1 ? "" : "s") +
                " within the timeout of " + std::to_string(timeout.count()) +
                " ms; a longer --timeout gives the capture more time to end)";
       }

@@ -326,8 +326,13 @@ void SharedMemory::cut_release() {
   }
 }
 
-bool SharedMemory::quiesce(std::string* err, bool* capturing) {
-  if (capturing) *capturing = false;
+bool SharedMemory::quiesce(std::string* err) {
+  // On failure the gates open again; keep_cut: the cut's held launches stay.
+  auto reopen = [&](bool keep_cut) {
+    std::string rb;
+    open_gates(&rb, keep_cut);
+    return false;
+  };
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
   for (auto& p : procs_) {
     if (!p->client.gate_close(wait_ms, err)) {
@@ -337,9 +342,7 @@ bool SharedMemory::quiesce(std::string* err, bool* capturing) {
           *err += " process " + std::to_string(pid) + ": " + std::to_string(n);
         *err += ")";
       }
-      std::string rb;
-      open_gates(&rb);
-      return false;
+      return reopen(false);
     }
     p->gate_closed = true;
   }
@@ -358,20 +361,17 @@ bool SharedMemory::quiesce(std::string* err, bool* capturing) {
     }
     if (!ok) {
       *err = "quiesce phase: " + why;
-      std::string rb;
-      open_gates(&rb);
-      return false;
+      return reopen(false);
     }
   }
   for (auto& p : procs_) {
-    if (!p->client.drain(t_.phase, err, capturing)) {
+    bool capturing = false;
+    if (!p->client.drain(t_.phase, err, &capturing)) {
       *err = "quiesce phase: " + *err;
       // A capture must be let go on, but the ranks stay lined up at the cut:
       // once the capture has ended, the thread holds at its next collective.
-      std::string rb;
-      if (capturing && *capturing) ++capture_retries_;
-      open_gates(&rb, capturing && *capturing && !cut_counts_.empty());
-      return false;
+      if (capturing) ++capture_retries_;
+      return reopen(capturing && !cut_counts_.empty());
     }
   }
   return true;

@@ -69,12 +69,12 @@ class SharedMemory {
   void cut_release();
 
   /// Closes every gate and drains device work. On failure opens the gates
-  /// again: nothing changed. *capturing (when given): the failure was a
-  /// drain refused because a process's stream capture was under way, which
-  /// may end once the gates are open: the gates are open again but a cut
-  /// stays armed (its held launches stay held), so quiesce may be called
-  /// again; cut_release() lets them go when giving up.
-  bool quiesce(std::string* err, bool* capturing = nullptr);
+  /// again: nothing changed. A failure that counted a capture retry (a drain
+  /// refused because a process's stream capture was under way, which may end
+  /// once the gates are open) keeps a cut armed (its held launches stay
+  /// held), so quiesce may be called again; cut_release() lets them go when
+  /// giving up.
+  bool quiesce(std::string* err);
   /// How many quiesces a stream capture under way made fail so far.
   int capture_retries() const { return capture_retries_; }
   /// Writes the records and every shared allocation's bytes into dir (made

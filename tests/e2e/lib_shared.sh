@@ -193,6 +193,10 @@ drain_rolls_back() {
   [ ! -e "$T/ck-neg$try/manifest.json" ] || fail "a failed checkpoint left a manifest"
 }
 
+# fresh_step OUT SECONDS: waits until rank 0 of a collective pair reports a
+# step after the one it last reported.
+fresh_step() { wait_count "$1" $(($(last_count "$1" "rank 0 ") + 1)) "rank 0 " "$2"; }
+
 # counts_advance OUT: every prefix counts on (3 more).
 counts_advance() {
   local p n

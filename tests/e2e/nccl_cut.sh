@@ -53,7 +53,7 @@ start_job slow "$LAUNCH_OUT" "$PAIR" --print-every 1 --lag-ms 4000
 # machine still let the cut land between two steps (both ranks done, rank 1
 # not launched yet), --leave-running lets the attempt be made again.
 for attempt in 1 2 3; do
-  wait_count "$LAUNCH_OUT" $(($(last_count "$LAUNCH_OUT" "rank 0 ") + 1)) "rank 0 " 15
+  fresh_step "$LAUNCH_OUT" 15
   rc=0
   "$CUSNAP" checkpoint slow -o "$T/ck-slow" --timeout 1 --leave-running >"$T/slow-ckpt.out" 2>&1 || rc=$?
   grep -q "cut phase: the job's processes did not reach a common count" "$T/slow-ckpt.out" && break

@@ -17,14 +17,10 @@
 source "$(dirname "$0")/lib_shared.sh"
 collective_pair_setup 2 || exit 77
 
-# fresh_step OUT: waits until rank 0 reports a step after the current one;
-# both ranks then record for C ms.
-fresh_step() { wait_count "$1" $(($(last_count "$1" "rank 0 ") + 1)) "rank 0 " 30; }
-
 # 1. Captures longer than the timeout.
 LAUNCH_OUT=$T/long.out
 start_job long "$LAUNCH_OUT" "$PAIR" --print-every 1 --capture-ms 1500
-fresh_step "$LAUNCH_OUT"
+fresh_step "$LAUNCH_OUT" 30
 rc=0
 "$CUSNAP" checkpoint long -o "$T/ck-long" --timeout 1 --leave-running >"$T/long-ckpt.out" 2>&1 || rc=$?
 [ "$rc" != 0 ] || fail "a checkpoint during a capture longer than --timeout succeeded: $(cat "$T/long-ckpt.out")"
@@ -43,7 +39,7 @@ LAUNCH_OUT=$T/short.out
 start_job short "$LAUNCH_OUT" "$PAIR" --print-every 1 --capture-ms 200
 retried=0
 for try in 1 2 3; do
-  fresh_step "$LAUNCH_OUT"
+  fresh_step "$LAUNCH_OUT" 30
   "$CUSNAP" checkpoint short -o "$T/ck-short$try" --leave-running --json >"$T/short$try.json" 2>"$T/short$try.err" ||
     fail "checkpoint during short captures failed: $(cat "$T/short$try.err")"
   retried=$(python3 - "$T/short$try.json" <<'PY'
