@@ -94,17 +94,7 @@ int cmd_checkpoint(int argc, char** argv) {
   std::printf("checkpointed job %s to %s (%s)\n", entry.status.name.c_str(),
               d.value("dir", req.dir).c_str(), human_bytes(d.value("bytes", uint64_t{0})).c_str());
   if (d.contains("phases")) print_phases(d["phases"]);
-  if (d.contains("collective_cut") && d["collective_cut"].is_object()) {
-    std::string ranks;
-    for (auto& [pid, n] : d["collective_cut"].items())
-      if (n.is_number_unsigned())
-        ranks += (ranks.empty() ? "" : ", ") + std::string("process ") + pid + " at " +
-                 std::to_string(n.get<uint64_t>());
-    std::printf("collective cut: %s collective launches\n", ranks.c_str());
-  }
-  if (int n = d.value("capture_retries", 0); n > 0)
-    std::printf("waited for a CUDA stream capture to end: the device was drained at attempt %d\n",
-                n + 1);
+  print_cut(d);
   if (d.value("job_stopped", false))
     std::printf("job %s stopped; restore it with: cusnap restore %s\n", entry.status.name.c_str(),
                 d.value("dir", req.dir).c_str());

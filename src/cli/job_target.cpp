@@ -22,4 +22,18 @@ void print_phases(const nlohmann::json& phases) {
   }
 }
 
+void print_cut(const nlohmann::json& d) {
+  if (d.contains("collective_cut") && d["collective_cut"].is_object()) {
+    std::string ranks;
+    for (auto& [pid, n] : d["collective_cut"].items())
+      if (n.is_number_unsigned())
+        ranks += (ranks.empty() ? "" : ", ") + std::string("process ") + pid + " at " +
+                 std::to_string(n.get<uint64_t>());
+    std::printf("collective cut: %s collective launches\n", ranks.c_str());
+  }
+  if (int n = d.value("capture_retries", 0); n > 0)
+    std::printf("waited for a CUDA stream capture to end: the device was drained at attempt %d\n",
+                n + 1);
+}
+
 }  // namespace cusnap::cli

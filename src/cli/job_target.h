@@ -20,4 +20,8 @@ int report_result_failure(bool json, const proto::Result& r);
 /// PhaseTimes-like JSON array [{"name","seconds"}] as text lines.
 void print_phases(const nlohmann::json& phases);
 
+/// A checkpoint's or suspend's details "collective_cut" and
+/// "capture_retries" as text lines (nothing when absent).
+void print_cut(const nlohmann::json& details);
+
 }  // namespace cusnap::cli

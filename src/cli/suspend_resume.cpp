@@ -44,6 +44,8 @@ int run(int argc, char** argv, bool suspend) {
     print_json(d);
   } else {
     std::printf("job %s %s\n", entry.status.name.c_str(), suspend ? "suspended" : "resumed");
+    nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+    if (!d.is_discarded() && d.is_object()) print_cut(d);
   }
   return kExitOk;
 }

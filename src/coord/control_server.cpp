@@ -44,6 +44,18 @@ std::string phases_json_text(const PhaseTimes& phases) {
   return a.dump();
 }
 
+/// The cut a checkpoint or suspend held the collective ranks at, and how
+/// often it waited for a stream capture, in its result's details.
+void add_cut_details(const std::map<pid_t, uint64_t>& cut, int capture_retries,
+                     nlohmann::json* d) {
+  if (!cut.empty()) {
+    nlohmann::json c = nlohmann::json::object();
+    for (auto [pid, n] : cut) c[std::to_string(pid)] = n;
+    (*d)["collective_cut"] = c;
+  }
+  if (capture_retries > 0) (*d)["capture_retries"] = capture_retries;
+}
+
 }  // namespace
 
 void JobContext::set_state_locked(const std::string& state) {
@@ -235,12 +247,7 @@ void ControlServer::serve(UniqueFd conn) {
                           {"phases", nlohmann::json::parse(phases_json_text(res.phases))},
                           {"job_stopped", res.job_stopped},
                           {"job", info.name}};
-      if (!res.collective_cut.empty()) {
-        nlohmann::json cut = nlohmann::json::object();
-        for (auto [pid, n] : res.collective_cut) cut[std::to_string(pid)] = n;
-        d["collective_cut"] = cut;
-      }
-      if (res.capture_retries > 0) d["capture_retries"] = res.capture_retries;
+      add_cut_details(res.collective_cut, res.capture_retries, &d);
       result = make_result(true, kExitOk, "", d.dump());
     } else {
       result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);
@@ -281,16 +288,18 @@ void ControlServer::serve(UniqueFd conn) {
     }
     std::string serr;
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
-    ExitCode code = kExitFailure;
-    bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &code, &serr)
-                      : ops_.resume(info, timeout, &code, &serr);
-    if (!ok && code == kExitOk) code = kExitFailure;
+    SuspendResult sres;
+    sres.code = kExitFailure;
+    bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &sres, &serr)
+                      : ops_.resume(info, timeout, &sres.code, &serr);
+    const ExitCode code = !ok && sres.code == kExitOk ? kExitFailure : sres.code;
     {
       std::lock_guard lk(ctx_->mu);
       ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
     }
     nlohmann::json d = {{"job", info.name},
                         {"state", ok ? (suspend ? "suspended" : "running") : before}};
+    if (ok) add_cut_details(sres.collective_cut, sres.capture_retries, &d);
     end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, d.dump()));
     return;
   }

@@ -52,7 +52,7 @@ struct Fixture {
       return true;
     };
     ops.suspend = [this](const JobInfo&, std::chrono::milliseconds, const proto::Settings& s,
-                         ExitCode*, std::string*) {
+                         SuspendResult*, std::string*) {
       suspend_settings = s;
       return true;
     };

@@ -15,10 +15,10 @@ struct CoordinatorOps {
   std::function<bool(const JobInfo&, const CheckpointOptions&, const ProgressSink&,
                      CheckpointResult*, std::string*)>
       checkpoint;
-  /// On failure *code says kExitRefused (nothing changed) or kExitFailure.
+  /// On failure out->code says kExitRefused (nothing changed) or worse.
   /// settings: what the client sent (settings.h).
-  std::function<bool(const JobInfo&, std::chrono::milliseconds, const proto::Settings&, ExitCode*,
-                     std::string*)>
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, const proto::Settings&,
+                     SuspendResult*, std::string*)>
       suspend;
   std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> resume;
   std::function<std::vector<ProcessInfo>(pid_t)> list_processes;

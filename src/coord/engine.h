@@ -148,11 +148,20 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
 bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
 /// Brings a suspended job's GPU state back (driver restore + unlock).
 bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err);
+/// What a suspend reports beyond success.
+struct SuspendResult {
+  ExitCode code = kExitOk;  ///< on failure: kExitRefused (nothing changed) or worse
+  /// Per shim process: the collective launches it made before the cut (empty
+  /// for a job that has no collective ranks).
+  std::map<pid_t, uint64_t> collective_cut;
+  /// Times the quiesce was tried again because a stream capture was under way.
+  int capture_retries = 0;
+};
 /// The same, with the exit code that fits a failure (kExitRefused when
-/// nothing changed, kExitFailure otherwise); settings: what the client sent
-/// (settings.h), CUSNAP_ALLOW_RANKS_SHARING_GPU.
+/// nothing changed, kExitFailure otherwise) and the cut; settings: what the
+/// client sent (settings.h), CUSNAP_ALLOW_RANKS_SHARING_GPU. out may be null.
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
-                       const proto::Settings& settings, ExitCode* code, std::string* err);
+                       const proto::Settings& settings, SuspendResult* out, std::string* err);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err);
 

@@ -21,7 +21,7 @@ std::string suspend_state_dir(const JobInfo& job) {
 }  // namespace
 
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
-                       const proto::Settings& settings, ExitCode* code, std::string* err) {
+                       const proto::Settings& settings, SuspendResult* out, std::string* err) {
   ExitCode c = kExitRefused;
   Driver driver;
   JobScan scan;
@@ -39,6 +39,10 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     std::filesystem::remove_all(state, ec);
     ok = shared_prepare(job, scan, timeout, settings, "suspend", state, {}, &shared, &c, err);
     if (!ok) std::filesystem::remove_all(state, ec);
+    if (out) {
+      out->collective_cut = shared.cut_counts();
+      out->capture_retries = shared.capture_retries();
+    }
   }
   if (ok) {
     driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
@@ -58,7 +62,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       if (rolled_back) std::filesystem::remove_all(state, ec);
     }
   }
-  if (code) *code = ok ? kExitOk : c;
+  if (out) out->code = ok ? kExitOk : c;
   return ok;
 }
 

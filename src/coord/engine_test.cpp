@@ -305,8 +305,8 @@ TEST_CASE(
   CHECK(procs[0].uses_cuda);
   CHECK(procs[0].cuda_state == "running");
 
-  ExitCode code;
-  bool sok = suspend_job_coded(job, std::chrono::seconds(10), {}, &code, &err);
+  SuspendResult sres;
+  bool sok = suspend_job_coded(job, std::chrono::seconds(10), {}, &sres, &err);
   INFO(err);
   REQUIRE(sok);
   CHECK(list_job_processes(job_pid)[0].cuda_state == "checkpointed");
@@ -320,6 +320,7 @@ TEST_CASE(
   CHECK(res.code == kExitRefused);
   CHECK(err.find("suspended") != std::string::npos);
   CHECK_FALSE(fs::exists(opts.dir));
+  ExitCode code;
   REQUIRE(resume_job_coded(job, std::chrono::seconds(10), &code, &err));
   CHECK(list_job_processes(job_pid)[0].cuda_state == "running");
   REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
@@ -396,9 +397,9 @@ TEST_CASE("engine: two processes with private memory each; shared memory is refu
     CHECK(err.find("shares device memory between processes") != std::string::npos);
     CHECK(err.find("shim") != std::string::npos);
     CHECK_FALSE(fs::exists(opts.dir));
-    ExitCode code;
-    CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), {}, &code, &err));
-    CHECK(code == kExitRefused);
+    SuspendResult sres;
+    CHECK_FALSE(suspend_job_coded(job, std::chrono::seconds(5), {}, &sres, &err));
+    CHECK(sres.code == kExitRefused);
     for (const ProcessInfo& pi : list_job_processes(pid)) CHECK(pi.cuda_state == "running");
     REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
     kill_and_reap(pid);

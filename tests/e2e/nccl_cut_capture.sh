@@ -14,6 +14,9 @@
 #  - Captures of 200 ms: the checkpoint waits for one to end (the report's
 #    capture_retries), the ranks stay at one count at the cut, and after
 #    checkpoint, kill and restore both continue at exactly the next step.
+#  - A suspend goes through the same quiesce: it waits for a capture too,
+#    reports the cut and its retries, holds both ranks, and after resume
+#    both count on with every capture intact.
 source "$(dirname "$0")/lib_shared.sh"
 collective_pair_setup 2 || exit 77
 
@@ -57,6 +60,43 @@ done
 counts_advance "$LAUNCH_OUT"
 no_errors "$LAUNCH_OUT"
 pass "--leave-running checkpoint waited for a capture ($retried retries); the ranks stayed at one count; both count on"
+
+# 3. A suspend during short captures waits the same way.
+retried=0
+for try in 1 2 3; do
+  fresh_step "$LAUNCH_OUT" 30
+  "$CUSNAP" suspend short --json >"$T/susp$try.json" 2>"$T/susp$try.err" ||
+    fail "suspend during short captures failed: $(cat "$T/susp$try.err")"
+  retried=$(python3 - "$T/susp$try.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] and d["state"] == "suspended", d
+cut = d["collective_cut"]
+assert len(cut) == 2 and len(set(cut.values())) == 1 and min(cut.values()) > 0, cut
+print(d.get("capture_retries", 0))
+PY
+) || fail "bad suspend report: $(cat "$T/susp$try.json")"
+  sleep 0.3
+  note_last "$LAUNCH_OUT"
+  sleep 1
+  for k in "${!PREFIXES[@]}"; do
+    n=$(last_count "$LAUNCH_OUT" "${PREFIXES[k]}")
+    [ "$n" = "${LAST[k]}" ] || fail "'${PREFIXES[k]}' counted on while suspended (${LAST[k]} -> $n)"
+  done
+  "$CUSNAP" resume short >"$T/resume$try.out" 2>&1 || fail "resume failed: $(cat "$T/resume$try.out")"
+  counts_advance "$LAUNCH_OUT"
+  [ "$retried" -gt 0 ] && break
+  echo "   try $try: no capture was under way when the gates closed"
+done
+[ "$retried" -gt 0 ] || fail "three suspends never met a capture under way"
+no_errors "$LAUNCH_OUT"
+"$CUSNAP" suspend short >"$T/susp-text.out" 2>&1 || fail "suspend failed: $(cat "$T/susp-text.out")"
+grep -qE "^collective cut: process [0-9]+ at [0-9]+, process [0-9]+ at [0-9]+ collective launches" "$T/susp-text.out" ||
+  fail "the suspend summary does not give the cut: $(cat "$T/susp-text.out")"
+"$CUSNAP" resume short >"$T/resume-text.out" 2>&1 || fail "resume failed: $(cat "$T/resume-text.out")"
+counts_advance "$LAUNCH_OUT"
+no_errors "$LAUNCH_OUT"
+pass "suspend waited for a capture ($retried retries), held both ranks at one cut; resumed, both count on"
 checkpoint_restore_cycle short
 stop_job "$T/restore-short.out"
 echo "PASS"
