@@ -41,7 +41,8 @@
 #                records a CUDA graph for 200 ms after each step, so the
 #                checkpoint mostly finds a capture under way; it must wait for
 #                one to end (capture_retries in its report) and never invalidate
-#                one (the worker checks every graph), then restore as above.
+#                one (the worker checks every graph), then restore as above;
+#                then suspend and resume a fresh launch, which waits the same way.
 #   e2e-shared   The end-to-end scenarios of jobs that share device memory
 #                (tests/e2e/shared_*.sh) with the real driver.
 #   torch-share-noshim
@@ -632,10 +633,12 @@ job_op() {
 suspend_resume() {
   local scen=$1 nproc=$2
   shift 2
-  local name=$scen out=$WORK/$scen.out s_wall r_wall c1 c2 l n why seen2
+  local name=$scen out=$WORK/$scen.out s_wall r_wall c1 c2 l n why seen2 retries
   start_job "$scen" "$name" "$out" "$nproc" "$@" || return 0
   job_op suspend "$scen" "$out" || return 0
   s_wall=$OP_WALL
+  retries=$(json_field "$WORK/$scen.suspend.json" capture_retries)
+  [ -z "$retries" ] || echo "  suspend waited for a stream capture to end ($retries retries)"
   sleep 0.5
   c1=$(counts "$out")
   sleep 2
@@ -729,6 +732,7 @@ scenario_torch_share_capture() {
   torch_ready torch-share-capture || return 0
   torch_baseline torch-share-capture expandable || return 0
   checkpoint_restore torch-share-capture 2 -- "$PY" "$TORCH_SHARE" --alloc expandable --mib "$TORCH_MIB" --capture-ms 200
+  suspend_resume torch-share-capture-suspend 2 -- "$PY" "$TORCH_SHARE" --alloc expandable --mib "$TORCH_MIB" --capture-ms 200
 }
 # The negative control runs the same job without the shim (--no-shim): the
 # driver alone checkpoints the worker, an importer, and cannot restore it
