@@ -52,8 +52,10 @@ struct Fixture {
       return true;
     };
     ops.suspend = [this](const JobInfo&, std::chrono::milliseconds, const proto::Settings& s,
-                         SuspendResult*, std::string*) {
+                         SuspendResult* res, std::string*) {
       suspend_settings = s;
+      res->collective_cut = {{41, 8}, {42, 8}};
+      res->capture_retries = 3;
       return true;
     };
     ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
@@ -173,10 +175,16 @@ TEST_CASE("control server: suspend and resume move the state") {
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "suspended");
   CHECK(f.suspend_settings == sent);
+  // The cut and the capture retries travel in the details, as a checkpoint's.
+  const auto d = nlohmann::json::parse(r.details);
+  CHECK(d.at("state") == "suspended");
+  CHECK(d.at("collective_cut") == nlohmann::json{{"41", 8}, {"42", 8}});
+  CHECK(d.at("capture_retries") == 3);
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "running");
+  CHECK_FALSE(nlohmann::json::parse(r.details).contains("collective_cut"));  // resume: none
 }
 
 TEST_CASE("control server: a silent client is dropped after the timeout") {
