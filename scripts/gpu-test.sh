@@ -35,7 +35,8 @@
 #                VMM with expandable_segments:True). First run without cusnap
 #                (the workload's own check; skipped when torch cannot share on
 #                this machine), then checkpoint/stop/restore under cusnap: main
-#                and worker must both count on.
+#                and worker must both count on; then suspend and resume a fresh
+#                launch.
 #   torch-share-capture
 #                torch_share.py --alloc expandable --capture-ms 200: the worker
 #                records a CUDA graph for 200 ms after each step, so the
@@ -619,7 +620,7 @@ job_op() {
   local t0 j=$WORK/$2.$1.json
   t0=$(date +%s.%N)
   if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" "$1" "$2" --timeout "$PHASE_TIMEOUT" --json >"$j" 2>&1; then
-    result FAIL "$2" "$1 failed: $(tail -1 "$j")${4:+; $4}"
+    result FAIL "$2" "$1 failed: $(json_field "$j" error | tr '\n' ' ')${4:+; $4}"
     show_tail "$3" 6
     stop_job "$2" "$ROOT_PID"
     return 1
@@ -724,6 +725,7 @@ scenario_torch_share() {  # SCENARIO ALLOC
   torch_ready "$1" || return 0
   torch_baseline "$1" "$2" || return 0
   checkpoint_restore "$1" 2 -- "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB"
+  suspend_resume "$1-suspend" 2 -- "$PY" "$TORCH_SHARE" --alloc "$2" --mib "$TORCH_MIB"
 }
 scenario_torch_share_default() { scenario_torch_share torch-share-default default; }
 scenario_torch_share_expandable() { scenario_torch_share torch-share-expandable expandable; }

@@ -201,6 +201,10 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
     if (!p->client.inspect(&p->records, err)) return false;
     procs_.push_back(std::move(p));
   }
+  return check_records(err);
+}
+
+bool SharedMemory::check_records(std::string* err) {
   // Creations by (pid, start, id), and the checks that refuse.
   std::set<std::tuple<int64_t, uint64_t, uint64_t>> created;
   for (auto& p : procs_)
@@ -374,6 +378,17 @@ bool SharedMemory::quiesce(std::string* err) {
       return reopen(capturing && !cut_counts_.empty());
     }
   }
+  // What the shims track stands still only now: the job ran on between
+  // inspect and the gates' closing (and between tries while a capture went
+  // on), allocating, mapping and freeing. What is saved, released and
+  // verified after the rebuild must be what stands at the cut.
+  for (auto& p : procs_) {
+    if (!p->client.inspect(&p->records, err)) {
+      *err = "quiesce phase: " + *err;
+      return reopen(false);
+    }
+  }
+  if (!check_records(err)) return reopen(false);
   return true;
 }
 

@@ -68,7 +68,9 @@ class SharedMemory {
   /// Lets held collective launches go (the gates' opening does it too).
   void cut_release();
 
-  /// Closes every gate and drains device work. On failure opens the gates
+  /// Closes every gate and drains device work, then reads every shim's
+  /// records again (what it tracks changed while the job ran on since
+  /// inspect) and checks them as inspect does. On failure opens the gates
   /// again: nothing changed. A failure that counted a capture retry (a drain
   /// refused because a process's stream capture was under way, which may end
   /// once the gates are open) keeps a cut armed (its held launches stay
@@ -103,6 +105,9 @@ class SharedMemory {
     bool gate_closed = false;
   };
   std::chrono::milliseconds bulk_timeout(uint64_t bytes) const;
+  /// inspect's checks of every process's records; sets active_ when memory
+  /// is shared.
+  bool check_records(std::string* err);
 
   std::vector<std::unique_ptr<Proc>> procs_;
   int capture_retries_ = 0;

@@ -14,6 +14,9 @@
 #  - Captures of 200 ms: the checkpoint waits for one to end (the report's
 #    capture_retries), the ranks stay at one count at the cut, and after
 #    checkpoint, kill and restore both continue at exactly the next step.
+#    Each rank also replaces an allocation after every capture
+#    (--churn), so what its shim tracks changes while the gates are open
+#    between tries: what is saved must be what stands at the final cut.
 #  - A suspend goes through the same quiesce: it waits for a capture too,
 #    reports the cut and its retries, holds both ranks, and after resume
 #    both count on with every capture intact.
@@ -39,7 +42,7 @@ stop_job "$LAUNCH_OUT"
 
 # 2. Short captures: the checkpoint waits for one to end.
 LAUNCH_OUT=$T/short.out
-start_job short "$LAUNCH_OUT" "$PAIR" --print-every 1 --capture-ms 200
+start_job short "$LAUNCH_OUT" "$PAIR" --print-every 1 --capture-ms 200 --churn
 retried=0
 for try in 1 2 3; do
   fresh_step "$LAUNCH_OUT" 30

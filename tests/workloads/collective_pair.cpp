@@ -2,7 +2,7 @@
 // step, like two ranks of an NCCL job (for the simulated driver only).
 //
 //   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
-//                          [--print-every K] [--graph G] [--capture-ms C]
+//                          [--print-every K] [--graph G] [--capture-ms C] [--churn]
 //
 // Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
 // runs on device R (device 0 for both when there is one device), creates an
@@ -39,6 +39,13 @@
 // a host sleep of C ms, cuStreamEndCapture, cuGraphDestroy), as a job that
 // captures while it runs (PyTorch tracing a model): a checkpoint then mostly
 // finds a capture under way, during which the device cannot be synchronized.
+//
+// --churn: at the end of each step (after its capture), the rank replaces a
+// scratch allocation of one granule that it never exports (cuMemCreate with
+// a POSIX descriptor handle type, as PyTorch's expandable segments ask for,
+// mapped; the previous one unmapped and released), as PyTorch's allocator
+// maps and unmaps segments while it runs: what the shim tracks of the rank
+// changes from step to step, between a checkpoint's first look and its cut.
 //
 // Prints "rank R ready pid P device D", then "rank R count S ok" (S: the step
 // just verified) at step 1, every K steps (default 100) and at the last step,
@@ -79,6 +86,7 @@ struct Options {
   long print_every = 100;
   long graph = 0;  ///< collectives per graph launch; 0: plain launches
   long capture_ms = 0;  ///< a side capture this long after each step; 0: none
+  bool churn = false;   ///< replace a private scratch allocation every step
 };
 
 uint32_t value(unsigned rank, long step) {
@@ -100,6 +108,28 @@ CUdeviceptr map_for(CUmemGenericAllocationHandle h, size_t size, const std::vect
   }
   WL_CHECK(cuMemSetAccess(ptr, size, access.data(), access.size()), who);
   return ptr;
+}
+
+/// An exportable allocation of one granule, mapped, never exported; replaced
+/// every step (--churn).
+struct Scratch {
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr ptr = 0;
+  size_t size = 0;
+};
+void replace_scratch(Scratch* s, CUdevice dev, size_t gran, const std::vector<CUdevice>& devs,
+                     const char* who) {
+  Scratch next;
+  CUmemAllocationProp prop = posix_fd_prop(dev);
+  next.size = gran;
+  WL_CHECK(cuMemCreate(&next.h, next.size, &prop, 0), who);
+  next.ptr = map_for(next.h, next.size, devs, who);
+  if (s->ptr) {
+    WL_CHECK(cuMemUnmap(s->ptr, s->size), who);
+    WL_CHECK(cuMemAddressFree(s->ptr, s->size), who);
+    WL_CHECK(cuMemRelease(s->h), who);
+  }
+  *s = next;
 }
 
 /// Rank 0 watches rank 1: exits 4 as soon as it fails (the kernel of rank 0
@@ -211,6 +241,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
     WL_CHECK(cuGraphDestroy(graph), who);
   }
   std::vector<uint32_t> words(slot / 4);
+  Scratch scratch;
   for (long step = 1; o.steps == 0 || step <= o.steps; ++step) {
     size_t off = kSlotsOffset + size_t(step % 2) * slot;
     WL_CHECK(cuMemsetD32(own + off, value(rank, step), slot / 4), who);
@@ -242,6 +273,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
       WL_CHECK(cuStreamEndCapture(side, &recorded), who);
       WL_CHECK(cuGraphDestroy(recorded), who);
     }
+    if (o.churn) replace_scratch(&scratch, dev, gran, devs, who);
     const long pause_ms = o.interval_ms + (rank == 0 ? o.lag_ms : 0);
     if (pause_ms > 0) usleep(useconds_t(pause_ms * 1000));
   }
@@ -255,10 +287,11 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args(argc, argv, "cusnap-collective-pair", {},
+  Args args(argc, argv, "cusnap-collective-pair", {"--churn"},
             {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph",
              "--capture-ms"});
   Options o;
+  o.churn = args.flag("--churn");
   o.steps = args.num("--steps", 0);
   o.mib = size_t(args.num("--mib", 1));
   o.interval_ms = args.num("--interval-ms", 0);
