@@ -86,7 +86,7 @@ struct Options {
   long print_every = 100;
   long graph = 0;  ///< collectives per graph launch; 0: plain launches
   long capture_ms = 0;  ///< a side capture this long after each step; 0: none
-  bool churn = false;   ///< replace a private scratch allocation every step
+  bool churn = false;   ///< replace an unexported scratch allocation every step
 };
 
 uint32_t value(unsigned rank, long step) {
