@@ -197,6 +197,33 @@ drain_rolls_back() {
 # step after the one it last reported.
 fresh_step() { wait_count "$1" $(($(last_count "$1" "rank 0 ") + 1)) "rank 0 " "$2"; }
 
+# cut_even JSON: a checkpoint's or suspend's --json report has both ranks at
+# one count above 0 (collective_cut); prints its capture_retries (0 when
+# absent). Fails (status 1, the reason on stderr) otherwise.
+cut_even() {
+  python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+cut = d["collective_cut"]
+assert len(cut) == 2 and len(set(cut.values())) == 1 and min(cut.values()) > 0, cut
+print(d.get("capture_retries", 0))
+PY
+}
+
+# counts_held OUT SECONDS: a suspended job stands still: once lines already
+# on their way are out (0.3 s), no prefix's count moves for SECONDS. Sets
+# LAST and SEEN (note_last).
+counts_held() {
+  local k n
+  sleep 0.3
+  note_last "$1"
+  sleep "$2"
+  for k in "${!PREFIXES[@]}"; do
+    n=$(last_count "$1" "${PREFIXES[k]}")
+    [ "$n" = "${LAST[k]}" ] || fail "'${PREFIXES[k]}' went on counting while suspended (${LAST[k]} -> $n)"
+  done
+}
+
 # counts_advance OUT: every prefix counts on (3 more).
 counts_advance() {
   local p n

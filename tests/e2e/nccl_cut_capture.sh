@@ -48,14 +48,7 @@ for try in 1 2 3; do
   fresh_step "$LAUNCH_OUT" 30
   "$CUSNAP" checkpoint short -o "$T/ck-short$try" --leave-running --json >"$T/short$try.json" 2>"$T/short$try.err" ||
     fail "checkpoint during short captures failed: $(cat "$T/short$try.err")"
-  retried=$(python3 - "$T/short$try.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-cut = d["collective_cut"]
-assert len(cut) == 2 and len(set(cut.values())) == 1 and min(cut.values()) > 0, cut
-print(d.get("capture_retries", 0))
-PY
-) || fail "bad report: $(cat "$T/short$try.json")"
+  retried=$(cut_even "$T/short$try.json") || fail "bad report: $(cat "$T/short$try.json")"
   [ "$retried" -gt 0 ] && break
   echo "   try $try: no capture was under way when the gates closed"
 done
@@ -70,22 +63,9 @@ for try in 1 2 3; do
   fresh_step "$LAUNCH_OUT" 30
   "$CUSNAP" suspend short --json >"$T/susp$try.json" 2>"$T/susp$try.err" ||
     fail "suspend during short captures failed: $(cat "$T/susp$try.err")"
-  retried=$(python3 - "$T/susp$try.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-assert d["ok"] and d["state"] == "suspended", d
-cut = d["collective_cut"]
-assert len(cut) == 2 and len(set(cut.values())) == 1 and min(cut.values()) > 0, cut
-print(d.get("capture_retries", 0))
-PY
-) || fail "bad suspend report: $(cat "$T/susp$try.json")"
-  sleep 0.3
-  note_last "$LAUNCH_OUT"
-  sleep 1
-  for k in "${!PREFIXES[@]}"; do
-    n=$(last_count "$LAUNCH_OUT" "${PREFIXES[k]}")
-    [ "$n" = "${LAST[k]}" ] || fail "'${PREFIXES[k]}' counted on while suspended (${LAST[k]} -> $n)"
-  done
+  grep -q '"ok": true' "$T/susp$try.json" && grep -q '"state": "suspended"' "$T/susp$try.json" &&
+    retried=$(cut_even "$T/susp$try.json") || fail "bad suspend report: $(cat "$T/susp$try.json")"
+  counts_held "$LAUNCH_OUT" 1
   "$CUSNAP" resume short >"$T/resume$try.out" 2>&1 || fail "resume failed: $(cat "$T/resume$try.out")"
   counts_advance "$LAUNCH_OUT"
   [ "$retried" -gt 0 ] && break

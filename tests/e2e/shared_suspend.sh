@@ -9,13 +9,7 @@ PREFIXES=("" "importer ")
 LAUNCH_OUT=$T/launch.out
 start_job susp "$LAUNCH_OUT" "$SHARE_JOB" --mib 4 --interval-ms 20
 "$CUSNAP" suspend susp >"$T/suspend.out" 2>&1 || fail "suspend failed (exit $?): $(cat "$T/suspend.out")"
-sleep 0.3
-note_last "$LAUNCH_OUT"
-sleep 1.5
-for k in "${!PREFIXES[@]}"; do
-  n2=$(last_count "$LAUNCH_OUT" "${PREFIXES[k]}")
-  [ "$n2" = "${LAST[k]}" ] || fail "'${PREFIXES[k]}' went on counting while suspended (${LAST[k]} -> $n2)"
-done
+counts_held "$LAUNCH_OUT" 1.5
 for p in $(ready_pids "$LAUNCH_OUT"); do kill -0 "$p" || fail "process $p is gone while suspended"; done
 pass "suspended: counts held at ${LAST[*]}"
 
