@@ -239,6 +239,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     return false;
   };
 
+  // A process that began to use the GPU after the scan holds GPU state the
+  // driver phase did not save: roll back rather than dump it.
+  {
+    std::string why;
+    if (!no_new_cuda_processes(job, driver, scan, "checkpoint", &why)) return roll_back(why);
+  }
+
   // CRIU dump.
   report("dump");
   uint64_t rss = 0;
@@ -304,6 +311,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
         pids.push_back(pid);
         pidfds.push_back(open_pidfd(pid));
       }
+    // Stopped, no process can begin to use the GPU now: the last look.
+    if (!no_new_cuda_processes(job, driver, scan, "checkpoint", &why)) return roll_back(why);
   }
 
   if (opts.leave_running) {

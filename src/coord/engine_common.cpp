@@ -78,6 +78,31 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
   return true;
 }
 
+bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& scan,
+                           const char* operation, std::string* err) {
+  for (pid_t pid : process_tree(job.root_pid)) {
+    if (std::find(scan.cuda.begin(), scan.cuda.end(), pid) != scan.cuda.end()) continue;
+    ProcessInfo p;
+    if (!read_process(pid, &p) || !p.uses_cuda) continue;
+    CUprocessState st;
+    std::string why;
+    if (!driver.get_state(pid, &st, &why)) {
+      if (driver.last_result() == CUDA_ERROR_NOT_INITIALIZED) continue;  // no GPU state yet
+      if (read_process(pid, &p)) {  // still there: its state is unknown, so not saved
+        *err = "process " + std::to_string(pid) + " (" + p.exe + ") of the job maps the CUDA "
+               "driver, which cannot tell its GPU state: " + why;
+        return false;
+      }
+      continue;  // it exited meanwhile
+    }
+    *err = "process " + std::to_string(pid) + " (" + p.exe + ") began to use the GPU during the " +
+           operation + ", after the job's processes were listed, so its GPU state would not be " +
+           "saved; run cusnap " + operation + " again";
+    return false;
+  }
+  return true;
+}
+
 bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
                         std::chrono::milliseconds timeout, bool* rolled_back, std::string* err) {
   *rolled_back = true;

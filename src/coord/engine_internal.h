@@ -51,6 +51,14 @@ bool require_root(const char* what, std::string* err);
 bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
               JobScan* out, std::string* err);
 
+/// After the driver locked and checkpointed scan.cuda: true when the job has
+/// no CUDA process outside scan.cuda. A process that began to use the GPU
+/// after the scan (a worker started while the gates waited for a capture)
+/// would have its GPU state neither saved nor released, so the caller rolls
+/// back; *err names the process and says to retry.
+bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& scan,
+                           const char* operation, std::string* err);
+
 /// The shared-memory phases before the driver checkpoint, for checkpoint and
 /// suspend (engine_shared.cpp): inspects the shims of scan.cuda; when memory
 /// is shared through them, closes the gates and drains, saves the shared

@@ -49,6 +49,16 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     bool rolled_back = true;
     c = kExitFailure;
     ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err);
+    if (ok && !no_new_cuda_processes(job, driver, scan, "suspend", err)) {
+      // Suspended but for a process that began to use the GPU after the
+      // scan: bring the others back, as a failed suspend leaves the job.
+      ok = false;
+      std::string rb;
+      if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {
+        rolled_back = false;
+        *err += "; restoring the others' GPU state failed: " + rb;
+      }
+    }
     if (!ok) {
       std::string rb;
       if (rolled_back && !shared_rebuild_in_place(job, &shared, state, timeout, {}, &rb)) {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A process that begins to use the GPU while a checkpoint or suspend is under
+# way (after the job's processes were listed) would keep GPU state that the
+# driver phase never saved: the operation rolls back and the whole job runs
+# on. The driver's lock is slowed (FAKECUDA_DELAY, in the supervisor, which
+# calls it) so that the job starts a CUDA worker inside that window.
+source "$(dirname "$0")/lib_checkpoint.sh"
+fake_only "a delayed driver lock (FAKECUDA_DELAY)" || skip "needs the simulated driver"
+
+# The root (no CUDA) starts one worker now and one more at each trigger file.
+cat >"$T/job.sh" <<EOF
+#!/bin/bash
+"$PATTERN_JOB" --mib 1 --interval-ms 20 &
+for i in 1 2; do
+  while [ ! -e "$T/go\$i" ]; do sleep 0.05; done
+  "$PATTERN_JOB" --mib 1 --interval-ms 20 >"$T/late\$i.out" 2>&1 &
+done
+wait
+EOF
+chmod +x "$T/job.sh"
+
+FAKECUDA_DELAY=cuCheckpointProcessLock:3000 launch newcuda "$T/launch.out" "$T/job.sh"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 5
+PID=$(wait_job newcuda)
+
+# OP TRIGGER: runs `cusnap OP newcuda` and starts a worker during its lock;
+# the operation must roll back and name the new process.
+refused_for_new_worker() {
+  local op=$1 i=$2 rc=0
+  local args=(newcuda)
+  [ "$op" = checkpoint ] && args+=(-o "$T/ckpt$i")
+  "$CUSNAP" "$op" "${args[@]}" >"$T/$op$i.out" 2>&1 &
+  local cmd=$!
+  sleep 0.5
+  touch "$T/go$i"
+  wait_count "$T/late$i.out" 1 "" 10
+  wait "$cmd" || rc=$?
+  [ "$rc" = 1 ] || fail "$op exited $rc, expected 1 (rolled back): $(cat "$T/$op$i.out")"
+  grep -q "began to use the GPU during the $op" "$T/$op$i.out" ||
+    fail "$op did not name the new worker: $(cat "$T/$op$i.out")"
+  grep -q "the job runs on unchanged" "$T/$op$i.out" || fail "$op did not say the job runs on"
+  [ ! -e "$T/ckpt$i" ] || fail "the failed $op left $T/ckpt$i behind"
+  expect_running newcuda "$PID" "$T/launch.out"
+  local n
+  n=$(last_count "$T/late$i.out")
+  wait_count "$T/late$i.out" $((n + 2))
+  pass "$op rolled back for a worker started during it: $(grep -o 'process [0-9]* ([^)]*) began' "$T/$op$i.out")"
+}
+refused_for_new_worker checkpoint 1
+refused_for_new_worker suspend 2
+
+# With no newcomer the same job checkpoints (all three workers) and restores.
+"$CUSNAP" checkpoint newcuda -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+python3 - "$T/ckpt/manifest.json" <<'PY' || fail "the manifest does not list three CUDA processes"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert len([p for p in m["processes"] if p["uses_cuda"]]) == 3, m["processes"]
+PY
+L0=$(last_count "$T/launch.out")
+L1=$(last_count "$T/late1.out")
+L2=$(last_count "$T/late2.out")
+restore_bg "$T/ckpt" "$T/restore.out"
+wait_count "$T/restore.out" $((L0 + 3))
+wait_count "$T/late1.out" $((L1 + 3))
+wait_count "$T/late2.out" $((L2 + 3))
+grep -q "pattern mismatch" "$T/restore.out" "$T/late1.out" "$T/late2.out" &&
+  fail "a restored worker found a wrong byte"
+pass "the job with its two late workers was checkpointed and restored; all three count on"
+echo "PASS"
