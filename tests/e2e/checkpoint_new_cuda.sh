@@ -2,15 +2,22 @@
 # A process that begins to use the GPU while a checkpoint or suspend is under
 # way (after the job's processes were listed) would keep GPU state that the
 # driver phase never saved: the operation rolls back and the whole job runs
-# on. The driver's lock is slowed (FAKECUDA_DELAY, in the supervisor, which
-# calls it) so that the job starts a CUDA worker inside that window.
+# on. The job starts a CUDA worker inside the driver phase, which is made to
+# last seconds: on the simulated driver its lock is slowed (FAKECUDA_DELAY,
+# in the supervisor, which calls it); on the real one the first worker holds
+# 4 GiB of device memory, which its checkpoint copies to host memory.
 source "$(dirname "$0")/lib_checkpoint.sh"
-fake_only "a delayed driver lock (FAKECUDA_DELAY)" || skip "needs the simulated driver"
 
+FIRST_MIB=1
+if fake_only "a delayed driver lock (FAKECUDA_DELAY): the first worker holds 4 GiB"; then
+  export FAKECUDA_DELAY=cuCheckpointProcessLock:3000
+else
+  FIRST_MIB=4096
+fi
 # The root (no CUDA) starts one worker now and one more at each trigger file.
 cat >"$T/job.sh" <<EOF
 #!/bin/bash
-"$PATTERN_JOB" --mib 1 --interval-ms 20 &
+"$PATTERN_JOB" --mib $FIRST_MIB --interval-ms 20 &
 for i in 1 2; do
   while [ ! -e "$T/go\$i" ]; do sleep 0.05; done
   "$PATTERN_JOB" --mib 1 --interval-ms 20 >"$T/late\$i.out" 2>&1 &
@@ -19,7 +26,7 @@ wait
 EOF
 chmod +x "$T/job.sh"
 
-FAKECUDA_DELAY=cuCheckpointProcessLock:3000 launch newcuda "$T/launch.out" "$T/job.sh"
+launch newcuda "$T/launch.out" "$T/job.sh"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job newcuda)
