@@ -825,7 +825,9 @@ nccl_cycles() {
     ck_sum=$(awk -v a="$ck_sum" -v b="$ck_wall" 'BEGIN{print a+b}')
     rs_sum=$(awk -v a="$rs_sum" -v b="$rs_wall" 'BEGIN{print a+b}')
     g0=$(proc_gpu "$r0"); g1=$(proc_gpu "$r1")
-    echo "  cycle $i: checkpoint ${ck_wall} s ($(json_field "$cj" bytes) bytes, cut $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("collective_cut", "none"))' "$cj" 2>/dev/null)), restore ${rs_wall} s; stopped at $(echo "$before" | tr '\n' ' ')-> now $(counts "$log" | tr '\n' ' ')${gaps[*]:+ (gaps: ${gaps[*]})}; rank 0 on ${g0:-?}, rank 1 on ${g1:-?}"
+    on="rank 0 on ${g0:-?}"
+    [ "$nproc" -gt 1 ] && on+=", rank 1 on ${g1:-?}"
+    echo "  cycle $i: checkpoint ${ck_wall} s ($(json_field "$cj" bytes) bytes, cut $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("collective_cut", "none"))' "$cj" 2>/dev/null)), restore ${rs_wall} s; stopped at $(echo "$before" | tr '\n' ' ')-> now $(counts "$log" | tr '\n' ' ')${gaps[*]:+ (gaps: ${gaps[*]})}; $on"
     show_phases "    checkpoint" "$cj"
     show_phases "    restore" "$rj"
     rm -rf "$ck"

@@ -9,7 +9,7 @@
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 FIRST_MIB=1
-if fake_only "a delayed driver lock (FAKECUDA_DELAY): the first worker holds 4 GiB"; then
+if fake_only "the slowed driver lock (FAKECUDA_DELAY); a first worker of 4 GiB makes the driver phase last instead"; then
   export FAKECUDA_DELAY=cuCheckpointProcessLock:3000
 else
   FIRST_MIB=4096
