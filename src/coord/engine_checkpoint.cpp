@@ -204,7 +204,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   out->code = kExitFailure;
   report("driver-checkpoint");
   bool rolled_back = true;
-  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err)) {
+  // A process that began to use the GPU, or to share device memory, after
+  // the scan holds GPU state the driver phase would not save (or could not
+  // restore): checked once every process is locked, before any checkpoint.
+  auto unchanged = [&](std::string* why) {
+    return job_unchanged_since_scan(job, driver, scan, &shared, "checkpoint", why);
+  };
+  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err, unchanged)) {
     std::string rb;
     if (rolled_back && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
       rolled_back = false;
@@ -239,8 +245,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     return false;
   };
 
-  // A process that began to use the GPU after the scan holds GPU state the
-  // driver phase did not save: roll back rather than dump it.
+  // A process that began to use the GPU while the driver checkpointed the
+  // others has GPU state nobody saved.
   {
     std::string why;
     if (!no_new_cuda_processes(job, driver, scan, "checkpoint", &why)) return roll_back(why);

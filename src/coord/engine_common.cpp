@@ -103,8 +103,21 @@ bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& sc
   return true;
 }
 
+bool job_unchanged_since_scan(const JobInfo& job, Driver& driver, const JobScan& scan,
+                              SharedMemory* sm, const char* operation, std::string* err) {
+  if (!no_new_cuda_processes(job, driver, scan, operation, err)) return false;
+  if (sm->active()) return true;  // its records were read again behind closed gates
+  std::string why;
+  if (sm->unshared_since_inspect(&why)) return true;
+  *err = why + "; the driver cannot restore a process that imported shared memory without the " +
+         "cusnap shim rebuilding it, so the " + operation + " is undone: run cusnap " +
+         operation + " again, which then saves the shared memory through the shim";
+  return false;
+}
+
 bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
-                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err) {
+                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err,
+                        const std::function<bool(std::string*)>& when_locked) {
   *rolled_back = true;
   std::vector<pid_t> locked;
   std::string why;
@@ -116,6 +129,10 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
       break;
     }
     locked.push_back(pid);
+  }
+  if (ok && when_locked && !when_locked(&why)) {
+    ok = false;
+    phase = nullptr;
   }
   size_t checkpointed = 0;
   if (ok) {
@@ -129,7 +146,7 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
     }
   }
   if (ok) return true;
-  *err = std::string("driver ") + phase + " phase: " + why;
+  *err = phase ? std::string("driver ") + phase + " phase: " + why : why;
   std::string rb;
   if (!driver_resume_all(d, locked, {}, &rb)) {
     *rolled_back = false;

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,13 +52,19 @@ bool require_root(const char* what, std::string* err);
 bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
               JobScan* out, std::string* err);
 
-/// After the driver locked and checkpointed scan.cuda: true when the job has
-/// no CUDA process outside scan.cuda. A process that began to use the GPU
+/// Once the driver locked (and again once it checkpointed) scan.cuda: true
+/// when the job has no CUDA process outside scan.cuda. A process that began to use the GPU
 /// after the scan (a worker started while the gates waited for a capture)
 /// would have its GPU state neither saved nor released, so the caller rolls
 /// back; *err names the process and says to retry.
 bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& scan,
                            const char* operation, std::string* err);
+/// driver_suspend_all's when_locked for checkpoint and suspend:
+/// no_new_cuda_processes, and for a job that shared no device memory at the
+/// first look (sm not active), that none of its shims began to share since
+/// (SharedMemory::unshared_since_inspect). False: *err says why and to retry.
+bool job_unchanged_since_scan(const JobInfo& job, Driver& driver, const JobScan& scan,
+                              SharedMemory* sm, const char* operation, std::string* err);
 
 /// The shared-memory phases before the driver checkpoint, for checkpoint and
 /// suspend (engine_shared.cpp): inspects the shims of scan.cuda; when memory
@@ -88,11 +95,14 @@ std::string shim_dir_of(const JobInfo& job);
 SharedTimeouts shared_timeouts(std::chrono::milliseconds phase);
 
 /// Locks every process, then checkpoints every process (a consistent cut).
+/// when_locked (if set) runs once all are locked, before any checkpoint (no
+/// process can call the driver then); false with a reason unlocks them all.
 /// On a failure it brings back, in reverse, those already done and returns
 /// false with an error naming the process and the call; *rolled_back says
 /// whether everything came back (else the job's GPU state is lost).
 bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
-                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err);
+                        std::chrono::milliseconds timeout, bool* rolled_back, std::string* err,
+                        const std::function<bool(std::string*)>& when_locked = {});
 
 /// Restores (with pairs) and unlocks every process in reverse order, each
 /// from whatever state it is in (checkpointed -> restore + unlock, locked ->

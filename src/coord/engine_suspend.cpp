@@ -48,10 +48,14 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
     bool rolled_back = true;
     c = kExitFailure;
-    ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err);
+    // Once all are locked: no process began to use the GPU or to share
+    // device memory since the scan (engine_checkpoint.cpp).
+    ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err, [&](std::string* why) {
+      return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why);
+    });
     if (ok && !no_new_cuda_processes(job, driver, scan, "suspend", err)) {
-      // Suspended but for a process that began to use the GPU after the
-      // scan: bring the others back, as a failed suspend leaves the job.
+      // One began to use the GPU while the others were checkpointed: the
+      // job is not suspended; bring the others back.
       ok = false;
       std::string rb;
       if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {

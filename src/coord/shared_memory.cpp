@@ -471,6 +471,38 @@ void SharedMemory::disconnect() {
   for (auto& p : procs_) p->client.disconnect();
 }
 
+bool SharedMemory::unshared_since_inspect(std::string* err) {
+  bool ok = true;
+  for (auto& p : procs_) {
+    if (!proc_alive(p->pid)) continue;  // an exit fails the driver phase, not this check
+    proto::ShimRecords now;
+    std::string why;
+    if (!p->client.connected() &&
+        !p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control,
+                           &why)) {
+      ok = false;
+    } else if (!p->client.inspect(&now, &why)) {
+      ok = false;
+    } else if (now.sharing_calls != p->records.sharing_calls ||
+               now.foreign_imports_alive > 0 || !now.multicast.empty() ||
+               std::any_of(now.allocations.begin(), now.allocations.end(),
+                           [](const proto::AllocationRecord& a) {
+                             return is_shared_creation(a) || a.origin != "created";
+                           })) {
+      ok = false;
+      why = "it began to share device memory (" +
+            std::to_string(now.sharing_calls - p->records.sharing_calls) +
+            " export or import call(s)) after the job was inspected with none shared";
+    }
+    if (!ok) {
+      *err = "process " + std::to_string(p->pid) + ": " + why;
+      break;
+    }
+  }
+  disconnect();
+  return ok;
+}
+
 bool SharedMemory::load_records(const std::string& dir, const std::vector<pid_t>& pids,
                                 std::string* err) {
   procs_.clear();

@@ -86,6 +86,11 @@ class SharedMemory {
   bool release(std::string* err);
   /// Ends the connections (before the driver checkpoint and CRIU dump).
   void disconnect();
+  /// For a job that shared nothing at inspect, once the driver has locked
+  /// its processes: asks every shim again and is true when none began a
+  /// sharing call since (ShimRecords::sharing_calls) nor holds shared
+  /// memory; else false, *err naming the process. Disconnects after.
+  bool unshared_since_inspect(std::string* err);
 
   /// For a restore: reads the records saved in dir for the given processes.
   bool load_records(const std::string& dir, const std::vector<pid_t>& pids, std::string* err);

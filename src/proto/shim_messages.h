@@ -233,8 +233,13 @@ struct ShimRecords {
   std::vector<MulticastRecord> multicast;
   uint64_t foreign_imports_alive = 0;
   uint64_t foreign_imports_total = 0;
+  /// Calls that share device memory (export, import, IPC handle or open,
+  /// multicast create or add device) the application began, counted before
+  /// they reach the driver: once the driver has locked the process, a count
+  /// unchanged since an earlier look means no sharing began in between.
+  uint64_t sharing_calls = 0;
   MSGPACK_DEFINE_MAP(format, pid, start_time, allocations, mappings, ipc, multicast,
-                     foreign_imports_alive, foreign_imports_total);
+                     foreign_imports_alive, foreign_imports_total, sharing_calls);
 };
 
 /// An export ticket: the whole content of the memfd an export returns.

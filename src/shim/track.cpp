@@ -51,6 +51,7 @@ void reset_inherited(State& s) {
   s.mc_driver.clear();
   s.mc_released = false;
   s.foreign_alive = s.foreign_total = 0;
+  s.sharing_calls = 0;
   if (s.peer_listen >= 0) ::close(s.peer_listen);
   if (s.ctl_listen >= 0) ::close(s.ctl_listen);
   s.peer_listen = s.ctl_listen = -1;
@@ -387,6 +388,7 @@ proto::ShimRecords snapshot(State& s) {
   for (auto& [h, m] : s.multicast) r.multicast.push_back(m);
   r.foreign_imports_alive = s.foreign_alive;
   r.foreign_imports_total = s.foreign_total;
+  r.sharing_calls = s.sharing_calls.load();
   return r;
 }
 

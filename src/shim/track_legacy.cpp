@@ -220,6 +220,7 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
       id = m->second.alloc;
       a = s.allocs[id];
     }
+    note_sharing_call(s);
     if (CUresult r = ensure_cached(s, id, a.driver); r != CUDA_SUCCESS) return r;
     proto::IpcHandleBlob b{};
     std::memcpy(b.magic, proto::kIpcMagic, sizeof(b.magic));
@@ -242,6 +243,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
   proto::IpcHandleBlob b;
   std::memcpy(&b, &h, sizeof(b));
   State& s = state();
+  note_sharing_call(s);
   try {
     if (std::memcmp(b.magic, proto::kIpcMagic, sizeof(b.magic)) != 0) {
       CUresult r = real(dptr, h, flags);

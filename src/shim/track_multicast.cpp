@@ -35,6 +35,7 @@ void mc_forget(State& s, CUmemGenericAllocationHandle h) noexcept {
 
 CUresult mc_create(decltype(&::cuMulticastCreate) real, CUmemGenericAllocationHandle* mc,
                    const CUmulticastObjectProp* prop) noexcept {
+  if (active()) note_sharing_call(state());
   CUresult r = real(mc, prop);
   if (r != CUDA_SUCCESS || !active()) return r;
   try {
@@ -53,6 +54,7 @@ CUresult mc_create(decltype(&::cuMulticastCreate) real, CUmemGenericAllocationHa
 
 CUresult mc_add_device(decltype(&::cuMulticastAddDevice) real, CUmemGenericAllocationHandle mc,
                        CUdevice dev) noexcept {
+  if (active()) note_sharing_call(state());
   CUresult r = real(mc_driver_handle(state(), mc), dev);
   if (r != CUDA_SUCCESS || !active()) return r;
   try {

@@ -111,6 +111,8 @@ struct State {
   bool mc_released = false;  ///< multicast objects torn down by a checkpoint
   uint64_t foreign_alive = 0;
   uint64_t foreign_total = 0;
+  /// ShimRecords::sharing_calls; bumped without the lock, before the driver call.
+  std::atomic<uint64_t> sharing_calls{0};
 
   std::mutex cache_mu;  ///< export cache only; the peer listener takes nothing else
   std::unordered_map<uint64_t, int> cache;  ///< local id (created here) -> real descriptor
@@ -126,6 +128,10 @@ struct State {
 };
 
 State& state() noexcept;
+
+/// Counts a sharing call the application began (ShimRecords::sharing_calls);
+/// called before the call reaches the driver.
+inline void note_sharing_call(State& s) noexcept { s.sharing_calls.fetch_add(1); }
 
 /// Start time of this process (clock ticks after boot, /proc/self/stat field 22).
 uint64_t process_start_time(pid_t pid) noexcept;

@@ -150,6 +150,7 @@ CUresult mem_export(decltype(&::cuMemExportToShareableHandle) real, void* sharea
       a = s.allocs[id];
     }
     if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    note_sharing_call(s);
     if (a.origin == Alloc::Origin::kForeign) return real(shareable, a.driver, type, 0);
     if (a.origin == Alloc::Origin::kCreated) {
       if (CUresult r = ensure_cached(s, id, a.driver); r != CUDA_SUCCESS) return r;
@@ -171,6 +172,7 @@ CUresult mem_import(decltype(&::cuMemImportFromShareableHandle) real,
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
   const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  note_sharing_call(s);
   try {
     if (!is_ticket_fd(fd)) {
       CUmemGenericAllocationHandle d = 0;

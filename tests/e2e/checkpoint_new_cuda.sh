@@ -34,25 +34,14 @@ PID=$(wait_job newcuda)
 # OP TRIGGER: runs `cusnap OP newcuda` and starts a worker during its lock;
 # the operation must roll back and name the new process.
 refused_for_new_worker() {
-  local op=$1 i=$2 rc=0
-  local args=(newcuda)
-  [ "$op" = checkpoint ] && args+=(-o "$T/ckpt$i")
-  "$CUSNAP" "$op" "${args[@]}" >"$T/$op$i.out" 2>&1 &
-  local cmd=$!
-  sleep 0.5
-  touch "$T/go$i"
-  wait_count "$T/late$i.out" 1 "" 10
-  wait "$cmd" || rc=$?
-  [ "$rc" = 1 ] || fail "$op exited $rc, expected 1 (rolled back): $(cat "$T/$op$i.out")"
-  grep -q "began to use the GPU during the $op" "$T/$op$i.out" ||
-    fail "$op did not name the new worker: $(cat "$T/$op$i.out")"
-  grep -q "the job runs on unchanged" "$T/$op$i.out" || fail "$op did not say the job runs on"
-  [ ! -e "$T/ckpt$i" ] || fail "the failed $op left $T/ckpt$i behind"
+  local op=$1 i=$2
+  rolls_back_when newcuda "$op" "$T/go$i" "began to use the GPU during the $op" \
+    wait_count "$T/late$i.out" 1 "" 10
   expect_running newcuda "$PID" "$T/launch.out"
   local n
   n=$(last_count "$T/late$i.out")
   wait_count "$T/late$i.out" $((n + 2))
-  pass "$op rolled back for a worker started during it: $(grep -o 'process [0-9]* ([^)]*) began' "$T/$op$i.out")"
+  pass "$op rolled back for a worker started during it: $(grep -o 'process [0-9]* ([^)]*) began' "$T/$op.out")"
 }
 refused_for_new_worker checkpoint 1
 refused_for_new_worker suspend 2

@@ -197,3 +197,25 @@ expect_refused() {
   grep -Eq "$text" "$T/cmd.out" || fail "'$*' did not say /$text/: $(cat "$T/cmd.out")"
   echo "   refused as expected: $(grep -E "$text" "$T/cmd.out" | head -1)"
 }
+
+# rolls_back_when JOB OP TRIGGER TEXT WAITCMD...: runs `cusnap OP JOB`
+# (a checkpoint into $T/ckpt-OP), creates the file TRIGGER half a second in,
+# runs WAITCMD (which waits for what the trigger starts), then expects OP
+# to have rolled back (exit 1) saying TEXT (grep) and that the job runs on,
+# leaving no checkpoint. OP's output is in $T/OP.out.
+rolls_back_when() {
+  local job=$1 op=$2 trigger=$3 text=$4 rc=0
+  shift 4
+  local args=("$job")
+  [ "$op" = checkpoint ] && args+=(-o "$T/ckpt-$op")
+  "$CUSNAP" "$op" "${args[@]}" >"$T/$op.out" 2>&1 &
+  local cmd=$!
+  sleep 0.5
+  touch "$trigger"
+  "$@"
+  wait "$cmd" || rc=$?
+  [ "$rc" = 1 ] || fail "$op exited $rc, expected 1 (rolled back): $(cat "$T/$op.out")"
+  grep -q "$text" "$T/$op.out" || fail "$op did not say '$text': $(cat "$T/$op.out")"
+  grep -q "the job runs on unchanged" "$T/$op.out" || fail "$op did not say the job runs on"
+  [ ! -e "$T/ckpt-$op" ] || fail "the failed $op left $T/ckpt-$op behind"
+}

@@ -282,6 +282,9 @@ int alias() {
     close(t);
     return 0;
   });
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  const uint64_t calls = r.sharing_calls;
   fill(a.ptr, a.size, 0x77);
   int t = export_ticket(a.handle);
   REQ(send_fd(c.sock, t));
@@ -292,9 +295,9 @@ int alias() {
   CUmemGenericAllocationHandle own;
   REQ_OK(import_fd(t, &own));
   close(t);
-  proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 1 && r.allocations[0].handles == 2);
+  REQ(r.sharing_calls == calls + 3);  // two exports and an import, before the driver
   REQ_OK(cuMemRelease(own));
   REQ_OK(vmm_destroy(a));
   return 0;
@@ -385,15 +388,18 @@ int foreign() {
   });
   int fd = recv_fd(c.sock);
   REQ(fd >= 0);
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  const uint64_t calls = r.sharing_calls;  // every import below counts, failed or not
   CUmemGenericAllocationHandle h;
   REQ_OK(import_fd(fd, &h));
   REQ(is_logical(h));
   CUdeviceptr p;
   REQ_OK(vmm_map_handle(h, kMiB2, &p));
   REQ(all(p, kMiB2, 0x5A));
-  proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.foreign_imports_alive == 1 && r.foreign_imports_total == 1);
+  REQ(r.sharing_calls == calls + 1);
   REQ(find_origin(r, "foreign") != nullptr);
   // A memfd named like a ticket with the wrong contents.
   int bad = memfd_create("cusnap-ticket", MFD_CLOEXEC);
@@ -427,6 +433,7 @@ int foreign() {
   close(pipefd[1]);
   REQ(inspect(getpid(), &r));
   REQ(r.foreign_imports_alive == 1 && r.foreign_imports_total == 1);
+  REQ(r.sharing_calls == calls + 7);
   REQ_OK(cuMemUnmap(p, kMiB2));
   REQ_OK(cuMemRelease(h));
   REQ(inspect(getpid(), &r));

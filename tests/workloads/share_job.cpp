@@ -2,7 +2,7 @@
 // driver's process checkpoint cannot restore by itself (cusnap restores it
 // through the shim; without the shim it refuses the job).
 //
-//   cusnap-share-job [--mib N] [--interval-ms M]
+//   cusnap-share-job [--mib N] [--interval-ms M] [--share-after PATH]
 //
 // Forks first (before any driver call). The parent creates an exportable VMM
 // allocation (cuMemCreate, POSIX file descriptor handle), writes a pattern,
@@ -14,7 +14,10 @@
 // importer: "importer count N ok", "importer seen S"), S being the smallest
 // counter value of the other process found in the shared bytes. Exit status
 // 2 when a driver call fails, 3 when a byte is wrong, 4 (parent) when the
-// importer ended.
+// importer ended. --share-after PATH: both processes set up their context
+// (the parent also creates and fills the allocation), print "waiting", and
+// the parent exports it only once PATH exists: a job that begins to share
+// device memory while it runs.
 #include <unistd.h>
 
 #include "share_util.h"
@@ -22,9 +25,10 @@
 using namespace workload::share;
 
 int main(int argc, char** argv) {
-  Args args(argc, argv, "cusnap-share-job", {}, {"--mib", "--interval-ms"});
+  Args args(argc, argv, "cusnap-share-job", {}, {"--mib", "--interval-ms", "--share-after"});
   size_t mib = size_t(args.num("--mib", 4));
   long interval_ms = args.num("--interval-ms", 100);
+  const std::string share_after = args.str("--share-after");
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto [importer, child, sock] = fork_pair();
   const char* who = importer ? "cusnap-share-job importer" : "cusnap-share-job";
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
 
   CUdeviceptr ptr;
   if (importer) {
+    if (!share_after.empty()) std::printf("importer waiting\n");
     int fd = recv_fd(sock);
     if (fd < 0) {
       std::fprintf(stderr, "%s: no descriptor from the exporter\n", who);
@@ -43,6 +48,10 @@ int main(int argc, char** argv) {
   } else {
     CUmemGenericAllocationHandle h = create_exportable(dev, size, &ptr, who);
     Region(ptr, size, 0, who).fill();
+    if (!share_after.empty()) {
+      std::printf("waiting\n");
+      while (access(share_after.c_str(), F_OK) != 0) usleep(10000);
+    }
     int fd = export_fd(h, who);
     send_fd(sock, fd);
     close(fd);

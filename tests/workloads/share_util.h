@@ -316,6 +316,11 @@ struct Args {
       if (k == name) return std::strtol(v.c_str(), nullptr, 10);
     return dflt;
   }
+  std::string str(const std::string& name) const {
+    for (const auto& [k, v] : values)
+      if (k == name) return v;
+    return "";
+  }
   std::vector<std::string> set;
   std::vector<std::pair<std::string, std::string>> values;
 };
