@@ -477,12 +477,12 @@ bool SharedMemory::unshared_since_inspect(std::string* err) {
     if (!proc_alive(p->pid)) continue;  // an exit fails the driver phase, not this check
     proto::ShimRecords now;
     std::string why;
-    if (!p->client.connected() &&
-        !p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control,
-                           &why)) {
+    if ((!p->client.connected() &&
+         !p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control,
+                            &why)) ||
+        !p->client.inspect(&now, &why)) {
       ok = false;
-    } else if (!p->client.inspect(&now, &why)) {
-      ok = false;
+      why = "its shim did not answer a second look, so it may share device memory: " + why;
     } else if (now.sharing_calls != p->records.sharing_calls ||
                now.foreign_imports_alive > 0 || !now.multicast.empty() ||
                std::any_of(now.allocations.begin(), now.allocations.end(),

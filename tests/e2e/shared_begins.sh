@@ -3,10 +3,11 @@
 # and begins to share while the driver phase runs: the driver would save an
 # importer it cannot restore, so the operation rolls back, naming the process,
 # and the job runs on; the next checkpoint sees the sharing, saves it through
-# the shim, and restores. The sharing has to begin before the driver has
-# locked every process (it is checked then, before any driver checkpoint):
-# the simulated driver's lock is slowed (FAKECUDA_DELAY, in the supervisor,
-# which calls it); the real driver's lock takes milliseconds.
+# the shim, and restores. A shim that cannot be asked again counts as
+# sharing. The sharing has to begin before the driver has locked every
+# process (it is checked then, before any driver checkpoint): the simulated
+# driver's lock is slowed (FAKECUDA_DELAY, in the supervisor, which calls
+# it); the real driver's lock takes milliseconds.
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "a slowed driver lock (FAKECUDA_DELAY)" || skip "needs the simulated driver's slowed lock"
 export FAKECUDA_DELAY=cuCheckpointProcessLock:1500
@@ -54,6 +55,16 @@ refused_for_sharing() {
 
 start su
 refused_for_sharing suspend su
+
+# A shim that cannot be asked again (its socket removed during the driver
+# phase) may have begun to share: the checkpoint rolls back as well.
+launch gone "$T/gone.out" "$PATTERN_JOB" --mib 1 --interval-ms 20
+wait_count "$T/gone.out" 5
+GONE=$(wait_job gone)
+rolls_back_when gone checkpoint "$T/go-gone" "its shim did not answer a second look" \
+  bash -c "rm -f '$CUSNAP_RUNTIME_BASE'/gone/shim-ctl.*.sock"
+expect_running gone "$GONE" "$T/gone.out"
+pass "a shim gone silent during the driver phase: rolled back, the job runs on"
 start ck
 refused_for_sharing checkpoint ck
 
