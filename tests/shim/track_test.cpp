@@ -451,23 +451,29 @@ int ipc() {
   CUdeviceptr d;
   REQ_OK(cuMemAlloc(&d, 3 << 20));  // not a multiple of the granularity
   fill(d, 3 << 20, 0x61);
-  CUipcMemHandle h;
-  REQ_OK(cuIpcGetMemHandle(&h, d));
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
+  const uint64_t calls = r.sharing_calls;
+  CUipcMemHandle h;
+  REQ_OK(cuIpcGetMemHandle(&h, d));
+  REQ(inspect(getpid(), &r));
+  REQ(r.sharing_calls == calls + 1);
   REQ(r.allocations.size() == 1 && r.allocations[0].legacy && r.allocations[0].exported);
   REQ(r.allocations[0].size == 4 << 20);
   CUdeviceptr opened_at = 0;
   Child c = spawn([&](int sock) {
     FC_REQ(init_primary() == CUDA_SUCCESS);
+    proto::ShimRecords rr;
+    FC_REQ(inspect(getpid(), &rr));
+    const uint64_t child_calls = rr.sharing_calls;
     CUdeviceptr p1 = 0, p2 = 0;
     FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(p1 == p2 && p1 != 0);
     FC_REQ(all(p1, 3 << 20, 0x61));
     fill(p1, 3 << 20, 0x62);
-    proto::ShimRecords rr;
     FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.sharing_calls == child_calls + 2);
     FC_REQ(rr.ipc.size() == 1 && rr.ipc[0].opens == 2 && rr.ipc[0].address == p1);
     FC_REQ(rr.allocations.size() == 1 && rr.allocations[0].origin == "imported");
     FC_REQ(rr.allocations[0].creator_pid == getppid());
@@ -488,6 +494,8 @@ int ipc() {
   REQ(all(d, 3 << 20, 0x62));
   CUdeviceptr self;
   REQ(cuIpcOpenMemHandle(&self, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+  REQ(inspect(getpid(), &r));
+  REQ(r.sharing_calls == calls + 2);  // a refused open counts too
   REQ(send_u64(c.sock, 1));
   REQ(c.join() == 0);
   REQ_OK(cuMemFree(d));
@@ -699,9 +707,14 @@ int multicast() {
   mp.numDevices = 3;
   mp.size = kMiB2;
   mp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  const uint64_t calls = r.sharing_calls;
   CUmemGenericAllocationHandle mc;
   REQ_OK(cuMulticastCreate(&mc, &mp));
   for (int dev = 0; dev < 3; ++dev) REQ_OK(cuMulticastAddDevice(mc, dev));
+  REQ(inspect(getpid(), &r));
+  REQ(r.sharing_calls == calls + 4);
   CUmemGenericAllocationHandle mem[3];
   for (int dev = 0; dev < 3; ++dev) {
     CUmemAllocationProp prop{};
@@ -720,7 +733,6 @@ int multicast() {
   CUdeviceptr va;
   REQ_OK(cuMemAddressReserve(&va, kMiB2, 0, 0, 0));
   REQ_OK(cuMemMap(va, kMiB2, 0, mc, 0));
-  proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.multicast.size() == 1);
   auto& m = r.multicast[0];
