@@ -206,11 +206,16 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   bool rolled_back = true;
   // A process that began to use the GPU, or to share device memory, after
   // the scan holds GPU state the driver phase would not save (or could not
-  // restore): checked once every process is locked, before any checkpoint.
+  // restore): checked once every process is locked, before any checkpoint,
+  // and for a new CUDA process once more after the checkpoints.
   auto unchanged = [&](std::string* why) {
     return job_unchanged_since_scan(job, driver, scan, &shared, "checkpoint", why);
   };
-  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err, unchanged)) {
+  auto no_newcomer = [&](std::string* why) {
+    return no_new_cuda_processes(job, driver, scan, "checkpoint", why);
+  };
+  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err, unchanged,
+                          no_newcomer)) {
     std::string rb;
     if (rolled_back && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
       rolled_back = false;
@@ -244,13 +249,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     close_pidfds();
     return false;
   };
-
-  // A process that began to use the GPU while the driver checkpointed the
-  // others has GPU state nobody saved.
-  {
-    std::string why;
-    if (!no_new_cuda_processes(job, driver, scan, "checkpoint", &why)) return roll_back(why);
-  }
 
   // CRIU dump.
   report("dump");
@@ -318,7 +316,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
         pidfds.push_back(open_pidfd(pid));
       }
     // Stopped, no process can begin to use the GPU now: the last look.
-    if (!no_new_cuda_processes(job, driver, scan, "checkpoint", &why)) return roll_back(why);
+    if (!no_newcomer(&why)) return roll_back(why);
   }
 
   if (opts.leave_running) {

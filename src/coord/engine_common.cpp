@@ -117,7 +117,8 @@ bool job_unchanged_since_scan(const JobInfo& job, Driver& driver, const JobScan&
 
 bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
                         std::chrono::milliseconds timeout, bool* rolled_back, std::string* err,
-                        const std::function<bool(std::string*)>& when_locked) {
+                        const std::function<bool(std::string*)>& when_locked,
+                        const std::function<bool(std::string*)>& when_checkpointed) {
   *rolled_back = true;
   std::vector<pid_t> locked;
   std::string why;
@@ -144,6 +145,10 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
       }
       ++checkpointed;
     }
+  }
+  if (ok && when_checkpointed && !when_checkpointed(&why)) {
+    ok = false;
+    phase = nullptr;
   }
   if (ok) return true;
   *err = phase ? std::string("driver ") + phase + " phase: " + why : why;

@@ -53,10 +53,10 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
               JobScan* out, std::string* err);
 
 /// Once the driver locked (and again once it checkpointed) scan.cuda: true
-/// when the job has no CUDA process outside scan.cuda. A process that began to use the GPU
-/// after the scan (a worker started while the gates waited for a capture)
-/// would have its GPU state neither saved nor released, so the caller rolls
-/// back; *err names the process and says to retry.
+/// when the job has no CUDA process outside scan.cuda. A process that began
+/// to use the GPU after the scan (a worker started while the gates waited
+/// for a capture) would have its GPU state neither saved nor released, so
+/// the caller rolls back; *err names the process and says to retry.
 bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& scan,
                            const char* operation, std::string* err);
 /// driver_suspend_all's when_locked for checkpoint and suspend:
@@ -96,13 +96,15 @@ SharedTimeouts shared_timeouts(std::chrono::milliseconds phase);
 
 /// Locks every process, then checkpoints every process (a consistent cut).
 /// when_locked (if set) runs once all are locked, before any checkpoint (no
-/// process can call the driver then); false with a reason unlocks them all.
+/// process can call the driver then), when_checkpointed once all are
+/// checkpointed; false with a reason from either brings them all back.
 /// On a failure it brings back, in reverse, those already done and returns
 /// false with an error naming the process and the call; *rolled_back says
 /// whether everything came back (else the job's GPU state is lost).
 bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
                         std::chrono::milliseconds timeout, bool* rolled_back, std::string* err,
-                        const std::function<bool(std::string*)>& when_locked = {});
+                        const std::function<bool(std::string*)>& when_locked = {},
+                        const std::function<bool(std::string*)>& when_checkpointed = {});
 
 /// Restores (with pairs) and unlocks every process in reverse order, each
 /// from whatever state it is in (checkpointed -> restore + unlock, locked ->

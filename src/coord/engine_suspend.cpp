@@ -48,21 +48,15 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
     bool rolled_back = true;
     c = kExitFailure;
-    // Once all are locked: no process began to use the GPU or to share
-    // device memory since the scan (engine_checkpoint.cpp).
-    ok = driver_suspend_all(driver, scan.cuda, timeout, &rolled_back, err, [&](std::string* why) {
-      return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why);
-    });
-    if (ok && !no_new_cuda_processes(job, driver, scan, "suspend", err)) {
-      // One began to use the GPU while the others were checkpointed: the
-      // job is not suspended; bring the others back.
-      ok = false;
-      std::string rb;
-      if (!driver_resume_all(driver, scan.cuda, {}, &rb)) {
-        rolled_back = false;
-        *err += "; restoring the others' GPU state failed: " + rb;
-      }
-    }
+    // No process began to use the GPU or to share device memory since the
+    // scan, once all are locked; none began to use the GPU, once all are
+    // checkpointed (engine_checkpoint.cpp).
+    ok = driver_suspend_all(
+        driver, scan.cuda, timeout, &rolled_back, err,
+        [&](std::string* why) {
+          return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why);
+        },
+        [&](std::string* why) { return no_new_cuda_processes(job, driver, scan, "suspend", why); });
     if (!ok) {
       std::string rb;
       if (rolled_back && !shared_rebuild_in_place(job, &shared, state, timeout, {}, &rb)) {

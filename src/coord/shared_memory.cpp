@@ -154,6 +154,14 @@ bool is_shared_creation(const proto::AllocationRecord& a) {
   return a.origin == "created" && a.exported;
 }
 
+bool records_share(const proto::ShimRecords& r) {
+  return !r.multicast.empty() || r.foreign_imports_alive > 0 ||
+         std::any_of(r.allocations.begin(), r.allocations.end(),
+                     [](const proto::AllocationRecord& a) {
+                       return is_shared_creation(a) || a.origin != "created";
+                     });
+}
+
 std::vector<pid_t> SharedMemory::processes() const {
   std::vector<pid_t> out;
   for (auto& p : procs_) out.push_back(p->pid);
@@ -224,11 +232,9 @@ bool SharedMemory::check_records(std::string* err) {
     // Multicast objects are torn down with the created memory and rebuilt
     // after it (an object imported from another process came as a foreign
     // descriptor and was refused above).
-    if (!r.multicast.empty()) active_ = true;
+    if (records_share(r)) active_ = true;
     for (auto& a : r.allocations) {
-      if (is_shared_creation(a)) active_ = true;
       if (a.origin != "imported") continue;
-      active_ = true;
       if (!created.count({a.creator_pid, a.creator_start, a.creator_id})) {
         *err = who + " imported allocation " + std::to_string(a.creator_id) + " of process " +
                std::to_string(a.creator_pid) +
@@ -483,12 +489,7 @@ bool SharedMemory::unshared_since_inspect(std::string* err) {
         !p->client.inspect(&now, &why)) {
       ok = false;
       why = "its shim did not answer a second look, so it may share device memory: " + why;
-    } else if (now.sharing_calls != p->records.sharing_calls ||
-               now.foreign_imports_alive > 0 || !now.multicast.empty() ||
-               std::any_of(now.allocations.begin(), now.allocations.end(),
-                           [](const proto::AllocationRecord& a) {
-                             return is_shared_creation(a) || a.origin != "created";
-                           })) {
+    } else if (now.sharing_calls != p->records.sharing_calls || records_share(now)) {
       ok = false;
       why = "it began to share device memory (" +
             std::to_string(now.sharing_calls - p->records.sharing_calls) +

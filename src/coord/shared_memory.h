@@ -128,5 +128,8 @@ std::vector<pid_t> saved_shim_processes(const std::string& dir);
 /// Whether a saved allocation needs saving and releasing on its creator:
 /// created there and exported (through a ticket or a legacy IPC handle).
 bool is_shared_creation(const proto::AllocationRecord& a);
+/// Whether one process's records show device memory shared with others:
+/// a shared creation, an import (through a shim or foreign) or multicast.
+bool records_share(const proto::ShimRecords& r);
 
 }  // namespace cusnap
