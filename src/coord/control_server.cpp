@@ -238,7 +238,8 @@ void ControlServer::serve(UniqueFd conn) {
         ctx_->stopped_dir = res.dir.empty() ? r.dir : res.dir;
         ctx_->set_state_locked("stopped");
       } else {
-        ctx_->set_state_locked(before);
+        // A roll back that failed leaves the job suspended (engine.h).
+        ctx_->set_state_locked(res.code == kExitJobLost ? "suspended" : before);
       }
     }
     if (ok) {
@@ -293,12 +294,13 @@ void ControlServer::serve(UniqueFd conn) {
     bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &sres, &serr)
                       : ops_.resume(info, timeout, &sres.code, &serr);
     const ExitCode code = !ok && sres.code == kExitOk ? kExitFailure : sres.code;
+    const std::string after = ok ? (suspend ? "suspended" : "running")
+                                 : code == kExitJobLost ? "suspended" : before;
     {
       std::lock_guard lk(ctx_->mu);
-      ctx_->set_state_locked(ok ? (suspend ? "suspended" : "running") : before);
+      ctx_->set_state_locked(after);
     }
-    nlohmann::json d = {{"job", info.name},
-                        {"state", ok ? (suspend ? "suspended" : "running") : before}};
+    nlohmann::json d = {{"job", info.name}, {"state", after}};
     if (ok) add_cut_details(sres.collective_cut, sres.capture_retries, &d);
     end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, d.dump()));
     return;

@@ -32,7 +32,9 @@ enum ExitCode : int {
   kExitRefused = 3,        ///< refused before anything changed (a precondition failed)
   kExitNotFound = 4,       ///< no such job or checkpoint
   kExitBadCheckpoint = 5,  ///< the checkpoint directory is invalid, corrupted or incomplete
-  kExitJobLost = 6,        ///< a failure after a destructive step left the job not running
+  /// a failure after a destructive step, and its roll back failed too: the
+  /// job is not running; it is left suspended (cusnap resume tries again)
+  kExitJobLost = 6,
 };
 
 /// Progress of a long phase; the CLI renders it on a terminal and stays quiet
@@ -162,6 +164,9 @@ struct SuspendResult {
 /// client sent (settings.h), CUSNAP_ALLOW_RANKS_SHARING_GPU. out may be null.
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                        const proto::Settings& settings, SuspendResult* out, std::string* err);
+/// True when the job is suspended: left so by a failed roll back, or a
+/// process of it has its GPU state locked or checkpointed by the driver.
+bool job_suspended_now(const JobInfo& job);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err);
 
@@ -170,9 +175,15 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
 /// or the runtime directory's suspended/): driver restore + unlock of every
 /// CUDA process from whatever state, SIGCONT, shared memory rebuilt from the
 /// saved bytes, gates opened; with remove_partial a state_dir without a
-/// manifest is removed. *report gets one line per step. (engine_recover.cpp)
+/// manifest is removed once the job is back. A job left suspended by a
+/// failed roll back (its runtime directory's marker) is recovered from the
+/// state directory the marker names, and the marker goes once it is back; a
+/// recovery that fails leaves the job so marked, its saved state in place,
+/// for cusnap resume to try again. timeout: each shared-memory step's.
+/// *report gets one line per step. (engine_recover.cpp)
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
-                 std::string* report);
+                 std::string* report,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

@@ -103,13 +103,21 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
   return true;
 }
 
-void remove_output(const std::string& dir, bool existed) {
+/// Removes what a failed checkpoint wrote. keep_saved: the job is left
+/// suspended and the shared memory saved in shim/ and shared/ is the only
+/// copy (leave_suspended), so those stay.
+void remove_output(const std::string& dir, bool existed, bool keep_saved = false) {
   std::error_code ec;
-  if (!existed) {
+  if (!existed && !keep_saved) {
     fs::remove_all(dir, ec);
     return;
   }
-  for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (keep_saved && (name == "shim" || name == "shared")) continue;
+    fs::remove_all(e.path(), ec);
+  }
+  if (!existed) fs::remove(dir, ec);  // only when empty
 }
 
 }  // namespace
@@ -126,6 +134,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // Preconditions: nothing changes until every one holds.
   report("check");
   if (!require_root("checkpoint", err)) return false;
+  if (!refuse_when_left_suspended(job, "checkpoint", err)) return false;
   // Settings the client sent count before this supervisor's environment.
   auto value = [&](const char* name) { return setting(opts.settings, name); };
   CriuInfo criu;
@@ -191,7 +200,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     if (!shared_prepare(job, scan, opts.timeout, opts.settings, "checkpoint", opts.dir, progress,
                         &shared, &code, err)) {
       out->code = code;
-      remove_output(opts.dir, dir_existed);
+      const bool left = code == kExitJobLost;
+      if (left) *err += leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
+      remove_output(opts.dir, dir_existed, left);
       close_pidfds();
       return false;
     }
@@ -222,9 +233,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       *err += "; bringing its shared memory back failed: " + rb;
     }
     *err = "job " + job.name + ": " + *err +
-           (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
+           (rolled_back ? "; the job runs on unchanged"
+                        : leave_suspended(job, opts.dir, !dir_existed, "checkpoint"));
     if (!rolled_back) out->code = kExitJobLost;
-    remove_output(opts.dir, dir_existed);
+    remove_output(opts.dir, dir_existed, !rolled_back);
     close_pidfds();
     return false;
   }
@@ -236,16 +248,17 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   auto roll_back = [&](const std::string& why) {
     for (int fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
-    bool ok = driver_resume_all(driver, scan.cuda, {}, &rb);
+    bool ok = driver_bring_back(driver, scan.cuda, &rb);
     if (ok && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
       ok = false;
       rb = "shared memory: " + rb;
     }
-    *err =
-        "job " + job.name + ": " + why +
-        (ok ? "\nthe job runs on unchanged" : "\nbringing the job's GPU state back failed: " + rb);
+    *err = "job " + job.name + ": " + why +
+           (ok ? "\nthe job runs on unchanged"
+               : "\nbringing the job's GPU state back failed: " + rb +
+                     leave_suspended(job, opts.dir, !dir_existed, "checkpoint"));
     out->code = ok ? kExitFailure : kExitJobLost;
-    remove_output(opts.dir, dir_existed);
+    remove_output(opts.dir, dir_existed, !ok);
     close_pidfds();
     return false;
   };
@@ -322,21 +335,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (opts.leave_running) {
     report("driver-restore");
     std::string rb;
-    bool resumed = driver_resume_all(driver, scan.cuda, {}, &rb);
-    if (!resumed) {
-      // Each process is still whole, checkpointed or locked: a second pass
-      // takes each on from where the first left it, so one transient driver
-      // failure does not leave the job without its GPU.
-      std::string again;
-      resumed = driver_resume_all(driver, scan.cuda, {}, &again);
-      if (!resumed) rb += "; once more: " + again;
-    }
-    if (!resumed) {
+    if (!driver_bring_back(driver, scan.cuda, &rb)) {
       *err = "job " + job.name +
              ": the dump succeeded but restoring GPU state in place failed: " + rb +
-             "\nthe checkpoint in " + opts.dir + " was not completed";
+             "\nthe checkpoint in " + opts.dir + " was not completed" +
+             leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
       out->code = kExitJobLost;
-      remove_output(opts.dir, dir_existed);
+      remove_output(opts.dir, dir_existed, true);
       close_pidfds();
       return false;
     }
@@ -346,10 +351,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       if (!shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, progress, &rb)) {
         *err = "job " + job.name +
                ": the dump succeeded but rebuilding its shared memory in place failed: " + rb +
-               "\nthe job's processes wait at the cusnap gate; the checkpoint in " + opts.dir +
-               " was not completed";
+               "\nthe checkpoint in " + opts.dir + " was not completed" +
+               leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
         out->code = kExitJobLost;
-        remove_output(opts.dir, dir_existed);
+        remove_output(opts.dir, dir_existed, true);
         close_pidfds();
         return false;
       }

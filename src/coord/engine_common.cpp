@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
+#include <thread>
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
@@ -135,7 +137,6 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
     ok = false;
     phase = nullptr;
   }
-  size_t checkpointed = 0;
   if (ok) {
     phase = "checkpoint";
     for (pid_t pid : pids) {
@@ -143,7 +144,6 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
         ok = false;
         break;
       }
-      ++checkpointed;
     }
   }
   if (ok && when_checkpointed && !when_checkpointed(&why)) {
@@ -153,11 +153,26 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
   if (ok) return true;
   *err = phase ? std::string("driver ") + phase + " phase: " + why : why;
   std::string rb;
-  if (!driver_resume_all(d, locked, {}, &rb)) {
+  if (!driver_bring_back(d, locked, &rb)) {
     *rolled_back = false;
-    *err += "; bringing the others back failed too: " + rb;
+    *err += "; bringing the processes back failed too: " + rb;
   }
-  (void)checkpointed;
+  return false;
+}
+
+bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* err) {
+  const std::chrono::milliseconds pauses[] = {std::chrono::milliseconds(100),
+                                              std::chrono::milliseconds(500)};
+  std::string first, last;
+  for (size_t pass = 0;; ++pass) {
+    last.clear();
+    if (driver_resume_all(d, pids, {}, &last)) return true;
+    if (pass == 0) first = last;
+    if (pass == std::size(pauses)) break;
+    std::this_thread::sleep_for(pauses[pass]);
+  }
+  const std::string tries = std::to_string(std::size(pauses) + 1) + " tries";
+  *err = last == first ? last + " (" + tries + ")" : first + "; at the last of " + tries + ": " + last;
   return false;
 }
 

@@ -112,6 +112,38 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
 bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
                        const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
 
+/// driver_resume_all for a roll back: up to three passes, 100 ms and then
+/// 500 ms apart, each taking every process on from the state the last left
+/// it in, so that a transient driver failure does not leave the job without
+/// its GPU. *err: each pass's failures.
+bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* err);
+
+/// A job whose roll back failed is left suspended (left_suspended.cpp): its
+/// processes wait at the driver's and the shims' gates with their GPU state
+/// kept, and what the operation saved of its shared memory stays in
+/// state_dir. A marker in the runtime directory notes it; cusnap resume then
+/// brings the job back (recover_job), and checkpoint and suspend refuse.
+inline constexpr const char* kLeftSuspendedFile = "left-suspended";
+struct LeftSuspended {
+  std::string operation;  ///< what failed: checkpoint, suspend
+  std::string state_dir;  ///< where the saved shared memory is
+  bool remove_dir = false;  ///< state_dir was made by the operation: removed once empty
+};
+/// Writes the marker (state_dir is kept only when it holds saved shim
+/// records) and returns the sentence for the error: what is kept, where, and
+/// that cusnap resume brings the job back.
+std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
+                            const char* operation);
+/// True when the job carries the marker.
+bool read_left_suspended(const JobInfo& job, LeftSuspended* out);
+/// After the job came back: removes the saved shared memory, the state
+/// directory when the operation made it and it is empty, and the marker.
+void clear_left_suspended(const JobInfo& job, const LeftSuspended& left);
+/// False, saying to run cusnap resume first, when the job carries the marker.
+bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::string* err);
+/// Where a suspend keeps the job's shared memory: private to the supervisor.
+std::string suspend_state_dir(const JobInfo& job);
+
 /// pidfd of a process, -1 when gone; signals through it cannot hit a reused pid.
 int open_pidfd(pid_t pid);
 void signal_pidfd(int pidfd, int sig);

@@ -120,8 +120,13 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 
 }  // namespace
 
-bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
-                 std::string* report) {
+bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
+                 std::string* report, std::chrono::milliseconds timeout) {
+  // A job left suspended by a failed roll back keeps its saved shared memory
+  // where the marker says (the supervisor may die before cusnap resume).
+  LeftSuspended left;
+  const bool was_left = read_left_suspended(job, &left);
+  const std::string state_dir = was_left ? left.state_dir : state_dir_given;
   bool ok = true;
   auto note = [&](const std::string& line) { *report += line + "\n"; };
   std::vector<pid_t> tree = process_tree(job.root_pid);
@@ -154,7 +159,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
     if (!driver.load(&why)) {
       note("the driver: " + why);
       ok = false;
-    } else if (!driver_resume_all(driver, cuda, {}, &why)) {
+    } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
     } else {
@@ -166,7 +171,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
   const std::string shim_dir = shim_dir_of(job);
   std::vector<pid_t> saved;
   std::string why;
-  if (!shared_rebuild_saved(job, state_dir, std::chrono::seconds(60), &saved, &why)) {
+  if (!shared_rebuild_saved(job, state_dir, timeout, &saved, &why)) {
     note("shared memory: " + why);
     ok = false;
   } else if (!saved.empty()) {
@@ -187,6 +192,15 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
     note("gate of process " + std::to_string(pid) + ": " + w);
     ok = false;
   }
+  if (!ok) {
+    // Nothing saved is removed: a later cusnap resume tries again from it.
+    if (!was_left) {
+      const std::string m = leave_suspended(job, state_dir, false, "recovery");
+      note(m.substr(m.find_first_not_of('\n')));
+    }
+    return false;
+  }
+  if (was_left) clear_left_suspended(job, left);
   // A checkpoint without its manifest is only debris.
   std::error_code ec;
   if (remove_partial && !state_dir.empty() &&
@@ -195,7 +209,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_p
       std::filesystem::remove_all(e.path(), ec);
     note("the unfinished checkpoint in " + state_dir + " was removed");
   }
-  return ok;
+  return true;
 }
 
 }  // namespace cusnap

@@ -11,21 +11,12 @@
 namespace cusnap {
 using namespace engine_detail;
 
-namespace {
-
-/// Where a suspended job's shared memory waits: private to the supervisor.
-std::string suspend_state_dir(const JobInfo& job) {
-  return job.runtime_dir + "/suspended";
-}
-
-}  // namespace
-
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                        const proto::Settings& settings, SuspendResult* out, std::string* err) {
   ExitCode c = kExitRefused;
   Driver driver;
   JobScan scan;
-  bool ok = require_root("suspend", err) &&
+  bool ok = require_root("suspend", err) && refuse_when_left_suspended(job, "suspend", err) &&
             scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err);
   if (ok && scan.cuda.empty()) {
     *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
@@ -38,7 +29,8 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     std::error_code ec;
     std::filesystem::remove_all(state, ec);
     ok = shared_prepare(job, scan, timeout, settings, "suspend", state, {}, &shared, &c, err);
-    if (!ok) std::filesystem::remove_all(state, ec);
+    if (!ok && c == kExitJobLost) *err += leave_suspended(job, state, false, "suspend");
+    if (!ok && c != kExitJobLost) std::filesystem::remove_all(state, ec);
     if (out) {
       out->collective_cut = shared.cut_counts();
       out->capture_retries = shared.capture_retries();
@@ -64,7 +56,8 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
         *err += "; bringing its shared memory back failed: " + rb;
       }
       *err = "job " + job.name + ": " + *err +
-             (rolled_back ? "; the job runs on unchanged" : "; the job's GPU state is lost");
+             (rolled_back ? "; the job runs on unchanged"
+                          : leave_suspended(job, state, false, "suspend"));
       if (!rolled_back) c = kExitJobLost;
       std::error_code ec;
       if (rolled_back) std::filesystem::remove_all(state, ec);
@@ -74,10 +67,37 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   return ok;
 }
 
+bool job_suspended_now(const JobInfo& job) {
+  LeftSuspended left;
+  if (read_left_suspended(job, &left)) return true;
+  for (const ProcessInfo& p : list_job_processes(job.root_pid))
+    if (p.cuda_state == "locked" || p.cuda_state == "checkpointed") return true;
+  return false;
+}
+
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
                       std::string* err) {
   ExitCode c = kExitRefused;
   bool ok = require_root("resume", err);
+  // Left suspended by a failed roll back: the recovery takes every process
+  // on from whatever state it is in, and the shared memory from where the
+  // failed operation saved it.
+  LeftSuspended left;
+  if (ok && read_left_suspended(job, &left)) {
+    std::string report;
+    ok = recover_job(job, left.state_dir, false, &report);
+    if (ok) {
+      clear_left_suspended(job, left);
+    } else {
+      while (!report.empty() && report.back() == '\n') report.pop_back();
+      *err = "job " + job.name + ", left suspended by a failed " +
+             (left.operation.empty() ? "operation" : left.operation) +
+             ": bringing it back failed:\n" + report + "\nthe job stays suspended: run cusnap resume " +
+             job.name + " again";
+    }
+    if (code) *code = ok ? kExitOk : kExitFailure;
+    return ok;
+  }
   Driver driver;
   std::vector<pid_t> cuda;
   if (ok) ok = driver.load(err);

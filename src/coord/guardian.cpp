@@ -77,7 +77,9 @@ void write_all(int fd, const char* p, size_t n) {
   } else {
     log("cusnap: the supervisor of job " + job.name + " died; the guardian takes over\n");
   }
-  if (ok && lock_fd >= 0 && !job.runtime_dir.empty() && ::kill(job.root_pid, 0) == 0) {
+  // A job the recovery could not bring back completely is left suspended
+  // (recover_job marks it): supervised, cusnap resume can try again.
+  if (lock_fd >= 0 && !job.runtime_dir.empty() && ::kill(job.root_pid, 0) == 0) {
     // Supervise it from here on: a control socket in the same place, so ps,
     // checkpoint, suspend and resume find the job again.
     SupervisorConfig cfg;
@@ -87,8 +89,12 @@ void write_all(int fd, const char* p, size_t n) {
     std::unique_ptr<SupervisorLoop> loop;
     SuperviseOutcome fail;
     if (SupervisorLoop::adopt(cfg, job.runtime_dir, lock_fd, &loop, &fail)) {
-      log("cusnap: guardian: the job runs on, supervised by process " +
-          std::to_string(::getpid()) + "\n");
+      log(ok ? "cusnap: guardian: the job runs on, supervised by process " +
+                   std::to_string(::getpid()) + "\n"
+             : "cusnap: guardian: the job could not be brought back completely; it is left "
+               "suspended, supervised by process " +
+                   std::to_string(::getpid()) + ": run cusnap resume " + job.name +
+                   " to try again\n");
       ::close(log_fd);
       SuperviseOutcome out =
           loop->run(job, UniqueFd(out_r), UniqueFd(err_r), "", default_coordinator_ops());

@@ -16,8 +16,8 @@
 namespace cusnap {
 namespace {
 
-const char* const kKnownFiles[] = {"control.sock", "job.json", "job.json.tmp", "output.log",
-                                   "lock"};
+const char* const kKnownFiles[] = {"control.sock", "job.json",       "job.json.tmp", "output.log",
+                                   "lock",         "left-suspended", "left-suspended.tmp"};
 
 std::string errno_text(const std::string& what) {
   return what + ": " + std::strerror(errno);

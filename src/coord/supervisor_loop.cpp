@@ -195,7 +195,9 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     s.started = static_cast<int64_t>(::time(nullptr));
     s.runtime_dir = rundir_->path();
     s.restored_from = restored_from;
-    ctx_.set_state_locked("running");
+    // A job taken over from a dead supervisor may be suspended: cusnap
+    // resume must be let through then.
+    ctx_.set_state_locked(adopted_ && job_suspended_now(info) ? "suspended" : "running");
   }
   // The guardian brings the job back if we die during an operation
   // (guardian.h); forked before any thread of ours starts.

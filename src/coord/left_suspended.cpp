@@ -1,0 +1,102 @@
+// A job whose roll back failed is left suspended, not given up: its
+// processes wait at the driver's or the shims' gates with their GPU state
+// kept by the driver, and the shared memory the operation saved stays where
+// it was written. A marker in the job's runtime directory says where, so that
+// cusnap resume brings the job back (recover_job) and checkpoint and suspend
+// refuse until then.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "coord/engine_internal.h"
+#include "coord/shared_memory.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap::engine_detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string marker_path(const JobInfo& job) {
+  return job.runtime_dir + "/" + kLeftSuspendedFile;
+}
+
+}  // namespace
+
+std::string suspend_state_dir(const JobInfo& job) {
+  return job.runtime_dir + "/suspended";
+}
+
+std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
+                            const char* operation) {
+  const bool saved = !state_dir.empty() && !saved_shim_processes(state_dir).empty();
+  nlohmann::json j = {{"operation", operation},
+                      {"state_dir", saved ? state_dir : ""},
+                      {"remove_dir", saved && remove_dir}};
+  const std::string text = j.dump() + "\n", path = marker_path(job), tmp = path + ".tmp";
+  std::string problem;
+  if (job.runtime_dir.empty()) {
+    problem = "the job has no runtime directory";
+  } else {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
+              ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
+    if (!ok) problem = "writing " + path + ": " + std::strerror(errno);
+  }
+  std::string msg = "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
+                    "gates with their GPU state kept";
+  if (saved) msg += ", its shared memory saved in " + state_dir;
+  if (problem.empty()) return msg + "; run cusnap resume " + job.name + " to bring it back";
+  return msg + ", but cusnap could not note it (" + problem +
+         "), so cusnap resume will not find the saved shared memory";
+}
+
+bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
+  if (job.runtime_dir.empty()) return false;
+  UniqueFd fd(::open(marker_path(job).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return false;
+  std::string text;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(fd.get(), buf, sizeof buf)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 || text.size() > 65536) return false;
+    text.append(buf, size_t(r));
+  }
+  // An unreadable marker still says the job is left suspended: its state
+  // directory is then the suspend's own.
+  *out = LeftSuspended{};
+  out->state_dir = suspend_state_dir(job);
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    out->operation = j.value("operation", "");
+    const std::string dir = j.value("state_dir", "");
+    if (!dir.empty()) out->state_dir = dir;
+    out->remove_dir = j.value("remove_dir", false);
+  } catch (const std::exception&) {
+  }
+  return true;
+}
+
+void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {
+  std::error_code ec;
+  fs::remove_all(left.state_dir + "/shim", ec);
+  fs::remove_all(left.state_dir + "/shared", ec);
+  if (left.remove_dir) fs::remove(left.state_dir, ec);  // only when empty
+  ::unlink(marker_path(job).c_str());
+}
+
+bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::string* err) {
+  LeftSuspended left;
+  if (!read_left_suspended(job, &left)) return true;
+  *err = "job " + job.name + " was left suspended by a failed roll back" +
+         (left.operation.empty() ? "" : " of a " + left.operation) +
+         ", so it cannot be " + (std::string(operation) == "suspend" ? "suspended" : "checkpointed") +
+         " now: run cusnap resume " + job.name + " first";
+  return false;
+}
+
+}  // namespace cusnap::engine_detail

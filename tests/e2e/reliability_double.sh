@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# A second fault inside the roll back. The operation's own driver call fails,
+# and then the calls that bring the job back fail too (armed in the
+# supervisor only, through FAKECUDA_FAIL_FILE, at the moment of the
+# operation):
+#   once      the roll back tries again and the job runs on unchanged (exit 1)
+#             (the unlock after a failed driver checkpoint; the driver restore
+#             after a failed CRIU dump)
+#   always    every pass of the roll back fails: exit 6, and the job is left
+#             suspended, not lost: cusnap ps says so, checkpoint and suspend
+#             are refused until cusnap resume brings it back, after which it
+#             counts on with every byte right and checkpoints and restores
+#             (a plain job's checkpoint; a suspend; a job sharing device
+#             memory, whose saved shared memory stays in the checkpoint
+#             directory until the resume rebuilds it from there; and a
+#             supervisor killed while its job is left suspended, whose
+#             guardian takes the job over and resumes it)
+source "$(dirname "$0")/lib_shared.sh"
+source "$(dirname "$0")/lib_reliability.sh"
+fake_only "fault injection (FAKECUDA_FAIL_FILE)" || exit 77
+
+PREFIXES=("" "importer ")
+CK=cuCheckpointProcessCheckpoint
+# unlocks N: the supervisor's next N unlocks fail. A roll back makes three
+# passes over the locked processes, each unlocking those still locked.
+unlocks() { local i; for i in $(seq 1 "$1"); do printf ',cuCheckpointProcessUnlock:%s:999' "$i"; done; }
+
+# start NAME CMD...: launches CMD under a supervisor whose driver calls fail
+# as $T/fail.<supervisor pid> says when it is written; waits for every
+# prefix to count. Sets SUP, PID, LAUNCH_OUT.
+start() {
+  local name=$1 p
+  shift
+  LAUNCH_OUT=$T/$name.out
+  FAKECUDA_FAIL_FILE="$T/fail.%p" "$CUSNAP" launch --name "$name" -- \
+    env -u FAKECUDA_FAIL_FILE "$@" >"$LAUNCH_OUT" 2>&1 &
+  SUPERVISORS+=($!)
+  SUP=$!
+  for p in "${NOW_PREFIXES[@]}"; do wait_count "$LAUNCH_OUT" 5 "$p" 30; done
+  PID=$(wait_job "$name")
+  ready_pids "$LAUNCH_OUT" >>"$T/job-pids" || true
+}
+# arm SPEC: the supervisor's next driver calls fail as SPEC says (counted from now).
+arm() { printf '%s\n' "$1" >"$T/fail.$SUP"; }
+
+# counts_on OUT: every prefix counts on, sees its peers' writes (when it
+# shares memory) and found no wrong byte.
+counts_on() {
+  local p n
+  for p in "${NOW_PREFIXES[@]}"; do
+    n=$(last_count "$1" "$p")
+    wait_count "$1" $((n + 3)) "$p" 30
+    grep -qE "^${p}seen " "$1" && wait_seen "$1" "$p" "$(last_seen "$1" "$p")"
+  done
+  no_errors "$1"
+}
+
+# op_rc OP NAME ARGS...: runs cusnap OP NAME ARGS, output in $T/op.out; sets RC.
+op_rc() {
+  RC=0
+  "$CUSNAP" "$@" >"$T/op.out" 2>&1 || RC=$?
+}
+
+# left_suspended NAME OP: OP (its output in $T/op.out) ended with exit 6,
+# saying the job is left suspended and how to bring it back; ps shows the
+# job suspended and checkpoint and suspend are refused.
+left_suspended() {
+  [ "$RC" = 6 ] || fail "$2 exited $RC, expected 6: $(cat "$T/op.out")"
+  grep -q "the job is left suspended" "$T/op.out" ||
+    fail "$2 did not say the job is left suspended: $(cat "$T/op.out")"
+  grep -q "run cusnap resume $1 to bring it back" "$T/op.out" ||
+    fail "$2 did not say how to bring the job back: $(cat "$T/op.out")"
+  grep -q "failed: CUDA_ERROR_UNKNOWN (999) (3 tries)" "$T/op.out" ||
+    fail "$2 did not say the roll back was tried three times: $(cat "$T/op.out")"
+  [ "$(job_field "$1" state)" = suspended ] ||
+    fail "cusnap ps shows job $1 $(job_field "$1" state), expected suspended"
+  echo "   $2 said: $(tr '\n' ' ' <"$T/op.out")"
+  expect_refused 3 "left suspended by a failed roll back.*run cusnap resume $1 first" \
+    "$CUSNAP" checkpoint "$1" -o "$T/refused.ckpt"
+  [ ! -e "$T/refused.ckpt/manifest.json" ] || fail "a refused checkpoint wrote a manifest"
+  expect_refused 3 "already suspended" "$CUSNAP" suspend "$1"
+}
+
+# resumed NAME: cusnap resume brings the job back; it counts on, intact.
+resumed() {
+  op_rc resume "$1"
+  [ "$RC" = 0 ] || fail "resume of $1 exited $RC: $(cat "$T/op.out")"
+  [ "$(job_field "$1" state)" = running ] ||
+    fail "cusnap ps shows job $1 $(job_field "$1" state) after the resume"
+  [ ! -e "$CUSNAP_RUNTIME_BASE/$1/left-suspended" ] || fail "the resume left the marker behind"
+}
+
+# cycle NAME: a checkpoint that stops the job, and its restore, which counts on.
+cycle() {
+  local pids last
+  pids=$(ready_pids "$LAUNCH_OUT")
+  op_rc checkpoint "$1" -o "$T/$1.final"
+  [ "$RC" = 0 ] || fail "a checkpoint of $1 after the resume exited $RC: $(cat "$T/op.out")"
+  for p in $pids $PID; do wait_gone "$p" 20; done
+  last=$(last_count "$LAUNCH_OUT")
+  restore_bg "$T/$1.final" "$T/$1.restored.out"
+  wait_count "$T/$1.restored.out" $((last + 3)) "" 30
+  [ "$(first_count "$T/$1.restored.out")" = $((last + 1)) ] ||
+    fail "the restored $1 began at $(first_count "$T/$1.restored.out"), not $((last + 1))"
+  counts_on "$T/$1.restored.out"
+  kill -TERM "$LAST_SUPERVISOR"
+  wait_exit "$LAST_SUPERVISOR"
+  for p in $pids $PID; do wait_gone "$p" 20; done
+}
+
+NOW_PREFIXES=("")
+
+# ---- once: the roll back's unlock fails once, its second pass succeeds.
+start once "$PATTERN_JOB" --mib 4 --interval-ms 20
+arm "$CK:1:999,cuCheckpointProcessUnlock:1:999"
+op_rc checkpoint once -o "$T/once.ckpt"
+[ "$RC" = 1 ] || fail "once: checkpoint exited $RC, expected 1: $(cat "$T/op.out")"
+grep -q "the job runs on unchanged" "$T/op.out" || fail "once: $(cat "$T/op.out")"
+[ ! -e "$T/once.ckpt" ] || fail "once: the failed checkpoint left its directory"
+expect_running once "$PID" "$LAUNCH_OUT"
+pass "once: an unlock failing once in the roll back: rolled back"
+
+# ---- once, after CRIU: the dump fails, then the driver restore once.
+REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin command -v criu)
+printf '#!/bin/sh\nif [ "$1" = dump ] && [ ! -e "%s" ]; then\n  : >"%s"\n  echo "injected dump failure" >&2\n  exit 1\nfi\nexec "%s" "$@"\n' \
+  "$T/criu-failed" "$T/criu-failed" "$REAL_CRIU" >"$T/criu-fail"
+chmod 755 "$T/criu-fail"
+kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+CUSNAP_CRIU=$T/criu-fail start criu "$PATTERN_JOB" --mib 4 --interval-ms 20
+arm "cuCheckpointProcessRestore:1:999"
+op_rc checkpoint criu -o "$T/criu.ckpt"
+[ "$RC" = 1 ] || fail "criu: checkpoint exited $RC, expected 1: $(cat "$T/op.out")"
+grep -q "CRIU dump phase" "$T/op.out" && grep -q "the job runs on unchanged" "$T/op.out" ||
+  fail "criu: $(cat "$T/op.out")"
+expect_running criu "$PID" "$LAUNCH_OUT"
+kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+pass "criu: a driver restore failing once after a failed dump: rolled back"
+
+# ---- always: every unlock of the roll back fails; then the guardian.
+start always "$PATTERN_JOB" --mib 4 --interval-ms 20
+arm "$CK:1:999$(unlocks 3)"
+op_rc checkpoint always -o "$T/always.ckpt"
+left_suspended always checkpoint
+[ ! -e "$T/always.ckpt" ] || fail "always: the failed checkpoint left its directory"
+grep -q '"locked"' <("$CUSNAP" inspect always --json) ||
+  fail "always: the job's GPU state is not locked: $("$CUSNAP" inspect always --json)"
+n=$(last_count "$LAUNCH_OUT"); sleep 0.3
+[ "$(last_count "$LAUNCH_OUT")" = "$n" ] || fail "always: the job counted on while left suspended"
+pass "always: checkpoint left the job suspended ($(grep -m1 'left suspended' "$T/op.out"))"
+# The supervisor dies now: its guardian takes the job over, suspended.
+kill -KILL "$SUP"
+wait_exit "$SUP"
+LOG=$CUSNAP_RUNTIME_BASE/always/output.log
+for _ in $(seq 1 200); do
+  g=$(job_field always supervisor_pid)
+  [ -n "$g" ] && [ "$g" != "$SUP" ] && break
+  sleep 0.05
+done
+[ -n "$g" ] && [ "$g" != "$SUP" ] || fail "always: no guardian took the job over: $(cat "$LOG")"
+[ "$(job_field always state)" = suspended ] ||
+  fail "always: the guardian shows the job $(job_field always state), expected suspended"
+resumed always
+counts_on "$LOG"
+expect_running always "$PID" "$LOG"
+kill -TERM "$g"
+wait_gone "$PID" 20
+pass "always: the guardian took the job over suspended and resumed it"
+
+# ---- a suspend whose roll back fails: left suspended; resume; a cycle.
+# Three more unlocks fail: the first resume fails too, and says so; the job
+# stays left suspended, and a second resume brings it back.
+start susp "$PATTERN_JOB" --mib 4 --interval-ms 20
+arm "$CK:1:999$(unlocks 6)"
+op_rc suspend susp
+left_suspended susp suspend
+op_rc resume susp
+[ "$RC" = 1 ] || fail "susp: the first resume exited $RC, expected 1: $(cat "$T/op.out")"
+grep -q "the job stays suspended: run cusnap resume susp again" "$T/op.out" ||
+  fail "susp: the failed resume does not say to run it again: $(cat "$T/op.out")"
+[ "$(job_field susp state)" = suspended ] || fail "susp: a failed resume shows $(job_field susp state)"
+[ -e "$CUSNAP_RUNTIME_BASE/susp/left-suspended" ] || fail "susp: a failed resume dropped the marker"
+resumed susp
+expect_running susp "$PID" "$LAUNCH_OUT"
+cycle susp
+pass "suspend: left suspended, resumed, then checkpointed and restored"
+
+# ---- shared memory: the saved bytes stay in the checkpoint directory.
+NOW_PREFIXES=("" "importer ")
+start shared "$SHARE_JOB" --mib 4 --interval-ms 20
+arm "$CK:1:999$(unlocks 6)"  # two processes, three passes
+op_rc checkpoint shared -o "$T/shared.ckpt"
+left_suspended shared checkpoint
+grep -q "its shared memory saved in $T/shared.ckpt" "$T/op.out" ||
+  fail "shared: the error does not say where the shared memory is: $(cat "$T/op.out")"
+ls "$T/shared.ckpt/shim/"*.records >/dev/null 2>&1 || fail "shared: the saved records are gone"
+[ -n "$(ls "$T/shared.ckpt/shared")" ] || fail "shared: the saved bytes are gone"
+[ ! -e "$T/shared.ckpt/manifest.json" ] && [ ! -e "$T/shared.ckpt/criu" ] ||
+  fail "shared: the failed checkpoint left more than its saved memory: $(ls "$T/shared.ckpt")"
+resumed shared
+[ ! -e "$T/shared.ckpt" ] || fail "shared: the saved memory was not removed after the resume"
+counts_on "$LAUNCH_OUT"
+for p in $(ready_pids "$LAUNCH_OUT"); do kill -0 "$p" || fail "shared: process $p died"; done
+pass "shared: left suspended with its shared memory in the checkpoint directory; resumed"
+PREFIXES=("" "importer ")
+checkpoint_stop shared "$T/shared.final" "$LAUNCH_OUT"
+restore_bg "$T/shared.final" "$T/shared.restored.out"
+SUP=$LAST_SUPERVISOR
+expect_continued "$T/shared.restored.out" 1
+stop_job "$LAUNCH_OUT"
+pass "shared: then checkpointed and restored"
+echo PASS
