@@ -128,6 +128,7 @@ struct LeftSuspended {
   std::string operation;  ///< what failed: checkpoint, suspend
   std::string state_dir;  ///< where the saved shared memory is
   bool remove_dir = false;  ///< state_dir was made by the operation: removed once empty
+  bool saved = false;       ///< shared memory was saved there (and released)
 };
 /// Writes the marker (state_dir is kept only when it holds saved shim
 /// records) and returns the sentence for the error: what is kept, where, and

@@ -171,7 +171,14 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   const std::string shim_dir = shim_dir_of(job);
   std::vector<pid_t> saved;
   std::string why;
-  if (!shared_rebuild_saved(job, state_dir, timeout, &saved, &why)) {
+  bool gates_stay = false;
+  if (was_left && left.saved && saved_shim_processes(state_dir).empty()) {
+    // The gates stay closed: the memory they guard is released.
+    gates_stay = true;
+    note("shared memory: what the failed " + left.operation + " saved in " + state_dir +
+         " is gone, so the job's shared memory cannot be rebuilt");
+    ok = false;
+  } else if (!shared_rebuild_saved(job, state_dir, timeout, &saved, &why)) {
     note("shared memory: " + why);
     ok = false;
   } else if (!saved.empty()) {
@@ -183,7 +190,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   for (pid_t pid : cuda) {
     std::string path = proto::shim_control_socket(shim_dir, pid);
     struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (gates_stay || ::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     if (!ok && std::find(saved.begin(), saved.end(), pid) != saved.end()) continue;
     ShimClient c;
     std::string w;

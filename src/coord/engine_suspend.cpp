@@ -2,6 +2,8 @@
 // back; the processes stay where they are. Shared device memory is saved
 // into the job's runtime directory (suspended/) and released before the
 // driver checkpoint, and rebuilt after the driver restore.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 
@@ -90,10 +92,14 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
       clear_left_suspended(job, left);
     } else {
       while (!report.empty() && report.back() == '\n') report.pop_back();
+      const bool gone = left.saved && saved_shim_processes(left.state_dir).empty();
       *err = "job " + job.name + ", left suspended by a failed " +
              (left.operation.empty() ? "operation" : left.operation) +
-             ": bringing it back failed:\n" + report + "\nthe job stays suspended: run cusnap resume " +
-             job.name + " again";
+             ": bringing it back failed:\n" + report +
+             (gone ? "\nthe job cannot be brought back without its saved shared memory: stop it "
+                     "(SIGTERM to its supervisor, process " +
+                         std::to_string(::getpid()) + ") and restore an earlier checkpoint"
+                   : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
     }
     if (code) *code = ok ? kExitOk : kExitFailure;
     return ok;

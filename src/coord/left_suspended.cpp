@@ -36,6 +36,7 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
   const bool saved = !state_dir.empty() && !saved_shim_processes(state_dir).empty();
   nlohmann::json j = {{"operation", operation},
                       {"state_dir", saved ? state_dir : ""},
+                      {"saved", saved},
                       {"remove_dir", saved && remove_dir}};
   const std::string text = j.dump() + "\n", path = marker_path(job), tmp = path + ".tmp";
   std::string problem;
@@ -76,6 +77,7 @@ bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
     const std::string dir = j.value("state_dir", "");
     if (!dir.empty()) out->state_dir = dir;
     out->remove_dir = j.value("remove_dir", false);
+    out->saved = j.value("saved", false);
   } catch (const std::exception&) {
   }
   return true;

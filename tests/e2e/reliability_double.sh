@@ -14,7 +14,9 @@
 #             memory, whose saved shared memory stays in the checkpoint
 #             directory until the resume rebuilds it from there; and a
 #             supervisor killed while its job is left suspended, whose
-#             guardian takes the job over and resumes it)
+#             guardian takes the job over and resumes it); the saved shared
+#             memory removed by hand: the resume says so and keeps the gates
+#             closed
 source "$(dirname "$0")/lib_shared.sh"
 source "$(dirname "$0")/lib_reliability.sh"
 fake_only "fault injection (FAKECUDA_FAIL_FILE)" || exit 77
@@ -149,7 +151,7 @@ n=$(last_count "$LAUNCH_OUT"); sleep 0.3
 pass "always: checkpoint left the job suspended ($(grep -m1 'left suspended' "$T/op.out"))"
 # The supervisor dies now: its guardian takes the job over, suspended.
 kill -KILL "$SUP"
-wait_exit "$SUP"
+wait_exit "$SUP" 2>/dev/null
 LOG=$CUSNAP_RUNTIME_BASE/always/output.log
 for _ in $(seq 1 200); do
   g=$(job_field always supervisor_pid)
@@ -208,4 +210,25 @@ SUP=$LAST_SUPERVISOR
 expect_continued "$T/shared.restored.out" 1
 stop_job "$LAUNCH_OUT"
 pass "shared: then checkpointed and restored"
+# ---- the saved shared memory removed by hand: the resume cannot rebuild it,
+# says so, and keeps the gates closed (the memory they guard is released).
+NOW_PREFIXES=("" "importer ")
+start gone "$SHARE_JOB" --mib 4 --interval-ms 20
+arm "$CK:1:999$(unlocks 6)"
+op_rc checkpoint gone -o "$T/gone.ckpt"
+[ "$RC" = 6 ] || fail "gone: checkpoint exited $RC, expected 6: $(cat "$T/op.out")"
+rm -rf "$T/gone.ckpt"
+op_rc resume gone
+[ "$RC" = 1 ] || fail "gone: resume exited $RC, expected 1: $(cat "$T/op.out")"
+grep -q "saved in $T/gone.ckpt is gone, so the job's shared memory cannot be rebuilt" "$T/op.out" ||
+  fail "gone: the resume does not say the saved memory is gone: $(cat "$T/op.out")"
+grep -q "cannot be brought back without its saved shared memory: stop it (SIGTERM to its supervisor, process $SUP)" "$T/op.out" ||
+  fail "gone: the resume does not say what to do: $(cat "$T/op.out")"
+[ "$(job_field gone state)" = suspended ] || fail "gone: the job shows $(job_field gone state)"
+n=$(last_count "$LAUNCH_OUT"); m=$(last_count "$LAUNCH_OUT" "importer "); sleep 0.5
+[ "$(last_count "$LAUNCH_OUT")" = "$n" ] && [ "$(last_count "$LAUNCH_OUT" "importer ")" = "$m" ] ||
+  fail "gone: a process went on past its gate with its shared memory released"
+no_errors "$LAUNCH_OUT"
+echo "   resume said: $(tr '\n' ' ' <"$T/op.out")"
+pass "gone: the saved shared memory removed: the resume keeps the gates closed"
 echo PASS
