@@ -332,33 +332,24 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     if (!no_newcomer(&why)) return roll_back(why);
   }
 
+  // After --leave-running, a job that cannot be brought back in place is
+  // left suspended (exit 6); its dump is whole all the same, so the
+  // checkpoint is still completed, and restores.
+  std::string left_behind;  // what failed bringing it back in place
   if (opts.leave_running) {
     report("driver-restore");
     std::string rb;
     if (!driver_bring_back(driver, scan.cuda, &rb)) {
-      *err = "job " + job.name +
-             ": the dump succeeded but restoring GPU state in place failed: " + rb +
-             "\nthe checkpoint in " + opts.dir + " was not completed" +
-             leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
-      out->code = kExitJobLost;
-      remove_output(opts.dir, dir_existed, true);
-      close_pidfds();
-      return false;
-    }
-    out->phases.emplace_back("driver-restore", sw.lap());
-    if (shared.active()) {
-      report("rebuild");
-      if (!shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, progress, &rb)) {
-        *err = "job " + job.name +
-               ": the dump succeeded but rebuilding its shared memory in place failed: " + rb +
-               "\nthe checkpoint in " + opts.dir + " was not completed" +
-               leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
-        out->code = kExitJobLost;
-        remove_output(opts.dir, dir_existed, true);
-        close_pidfds();
-        return false;
+      left_behind = "restoring its GPU state in place failed: " + rb;
+    } else {
+      out->phases.emplace_back("driver-restore", sw.lap());
+      if (shared.active()) {
+        report("rebuild");
+        if (shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, progress, &rb))
+          out->phases.emplace_back("shared-rebuild", sw.lap());
+        else
+          left_behind = "rebuilding its shared memory in place failed: " + rb;
       }
-      out->phases.emplace_back("shared-rebuild", sw.lap());
     }
   }
 
@@ -368,9 +359,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // the checkpoint. After --leave-stopped it rolls the job back.
   auto fail_late = [&](const std::string& why) {
     if (!opts.leave_running) return roll_back(why);
-    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
-    out->code = kExitFailure;
-    remove_output(opts.dir, dir_existed);
+    const bool left = !left_behind.empty();
+    *err = "job " + job.name + ": " +
+           (left ? "the dump succeeded but " + left_behind + "; completing the checkpoint failed "
+                   "too: " + why + leave_suspended(job, opts.dir, !dir_existed, "checkpoint")
+                 : why + "\nthe job runs on unchanged");
+    out->code = left ? kExitJobLost : kExitFailure;
+    remove_output(opts.dir, dir_existed, left);
     close_pidfds();
     return false;
   };
@@ -423,6 +418,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   m.phases.emplace_back("manifest", 0.0);
   if (!write_manifest(opts.dir, m, &why)) return fail_late("manifest phase: " + why);
   out->phases.emplace_back("manifest", sw.lap());
+  if (!left_behind.empty()) {
+    *err = "job " + job.name + ": the dump succeeded but " + left_behind + "\nthe checkpoint in " +
+           opts.dir + " is complete" + leave_suspended(job, opts.dir, false, "checkpoint");
+    out->code = kExitJobLost;
+    close_pidfds();
+    return false;
+  }
 
   if (!opts.leave_running) {
     // The checkpoint is complete: stop the job (the supervisor reaps it).

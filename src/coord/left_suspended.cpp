@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coord/engine_internal.h"
+#include "coord/manifest.h"
 #include "coord/shared_memory.h"
 #include "proto/unique_fd.h"
 
@@ -85,6 +86,11 @@ bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
 
 void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {
   std::error_code ec;
+  // A completed checkpoint (--leave-running) holds its shared memory too.
+  if (fs::exists(left.state_dir + "/" + kManifestName, ec)) {
+    ::unlink(marker_path(job).c_str());
+    return;
+  }
   fs::remove_all(left.state_dir + "/shim", ec);
   fs::remove_all(left.state_dir + "/shared", ec);
   if (left.remove_dir) fs::remove(left.state_dir, ec);  // only when empty

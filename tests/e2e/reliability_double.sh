@@ -16,7 +16,9 @@
 #             supervisor killed while its job is left suspended, whose
 #             guardian takes the job over and resumes it); the saved shared
 #             memory removed by hand: the resume says so and keeps the gates
-#             closed
+#             closed; --leave-running, whose in-place restore fails after
+#             the dump: left suspended, and its checkpoint is completed and
+#             restores
 source "$(dirname "$0")/lib_shared.sh"
 source "$(dirname "$0")/lib_reliability.sh"
 fake_only "fault injection (FAKECUDA_FAIL_FILE)" || exit 77
@@ -185,6 +187,32 @@ resumed susp
 expect_running susp "$PID" "$LAUNCH_OUT"
 cycle susp
 pass "suspend: left suspended, resumed, then checkpointed and restored"
+
+# ---- --leave-running: the in-place driver restore after the dump fails every
+# pass. The job is left suspended, and the checkpoint is completed all the
+# same: it restores once the job is resumed and stopped.
+start lr "$PATTERN_JOB" --mib 4 --interval-ms 20
+before=$(last_count "$LAUNCH_OUT")
+arm "cuCheckpointProcessRestore:1:999,cuCheckpointProcessRestore:2:999,cuCheckpointProcessRestore:3:999"
+op_rc checkpoint lr -o "$T/lr.ckpt" --leave-running
+left_suspended lr "checkpoint --leave-running"
+grep -q "the checkpoint in $T/lr.ckpt is complete" "$T/op.out" ||
+  fail "lr: the error does not say the checkpoint is complete: $(cat "$T/op.out")"
+after=$(last_count "$LAUNCH_OUT")
+"$CUSNAP" inspect "$T/lr.ckpt" >"$T/inspect.out" 2>&1 || fail "lr: inspect of the checkpoint: $(cat "$T/inspect.out")"
+resumed lr
+expect_running lr "$PID" "$LAUNCH_OUT"
+"$CUSNAP" inspect "$T/lr.ckpt" >"$T/inspect.out" 2>&1 ||
+  fail "lr: the resume damaged the checkpoint: $(cat "$T/inspect.out")"
+kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+restore_bg "$T/lr.ckpt" "$T/lr.restored.out"
+wait_count "$T/lr.restored.out" $((after + 3)) "" 30
+first=$(first_count "$T/lr.restored.out")
+[ "$first" -gt "$before" ] && [ "$first" -le $((after + 1)) ] ||
+  fail "lr: the restored job began at $first, not within ($before, $((after + 1))]"
+no_errors "$T/lr.restored.out"
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID" 20
+pass "--leave-running: left suspended with a complete checkpoint; resumed; the checkpoint restored at count $first"
 
 # ---- shared memory: the saved bytes stay in the checkpoint directory.
 NOW_PREFIXES=("" "importer ")
