@@ -189,7 +189,7 @@ bool Driver::checkpoint(pid_t pid, std::string* err) {
 
 bool Driver::restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err) {
   auto fn = cuCheckpointProcessRestore_;
-  return bounded_call(
+  const bool ok = bounded_call(
       [fn, pid, pairs] {
         CUcheckpointRestoreArgs args{};
         if (pairs.empty()) return fn(pid, nullptr);
@@ -198,6 +198,23 @@ bool Driver::restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, s
         return fn(pid, &args);
       },
       "cuCheckpointProcessRestore", pid, err);
+  if (ok) return true;
+  // Measured on an H200 (driver 580.159.04, docs/gpu-runs/restore-full-h200.log):
+  // a restore that finds the GPU's memory taken fails OUT_OF_MEMORY and the
+  // process stays checkpointed for good; every later restore of it fails
+  // OPERATING_SYSTEM, however much memory is free then.
+  if (last_ == CUDA_ERROR_OUT_OF_MEMORY) {
+    restore_refused_ = true;
+    *err +=
+        " (the GPU lacks the free memory to restore it: other processes took it while this "
+        "one's was out; the driver will not restore this process after this failure)";
+  } else if (last_ == CUDA_ERROR_OPERATING_SYSTEM) {
+    restore_refused_ = true;
+    *err +=
+        " (as the driver answers, measured, once a restore of the process failed for lack "
+        "of GPU memory: it will not restore it again)";
+  }
+  return false;
 }
 
 bool Driver::unlock(pid_t pid, std::string* err) {

@@ -62,6 +62,9 @@ class Driver {
   std::string error_name(CUresult r) const;
   /// Result of the last driver call made through this object.
   CUresult last_result() const { return last_; }
+  /// A restore through this object failed for lack of GPU memory (or after
+  /// such a failure): the driver will not restore that process again.
+  bool restore_refused() const { return restore_refused_; }
 
  private:
   bool call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const;
@@ -71,6 +74,7 @@ class Driver {
   std::string path_;
   bool initialized_ = false;
   mutable CUresult last_ = CUDA_SUCCESS;
+  bool restore_refused_ = false;
   std::chrono::milliseconds deadline_{0};
 
   CUresult (*cuInit_)(unsigned int) = nullptr;

@@ -180,10 +180,13 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
 /// state directory the marker names, and the marker goes once it is back; a
 /// recovery that fails leaves the job so marked, its saved state in place,
 /// for cusnap resume to try again. timeout: each shared-memory step's.
-/// *report gets one line per step. (engine_recover.cpp)
+/// *report gets one line per step; *restore_refused (if set) says whether
+/// the driver refused a restore for lack of GPU memory, after which it never
+/// restores that process. (engine_recover.cpp)
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
                  std::string* report,
-                 std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                 std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                 bool* restore_refused = nullptr);
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

@@ -211,6 +211,12 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     out->capture_retries = shared.capture_retries();
   }
 
+  // A roll back that failed leaves the job suspended (engine_internal.h);
+  // remove_dir: the directory was made here, and goes once empty.
+  auto left_suspended = [&](bool remove_dir) {
+    return leave_suspended(job, opts.dir, remove_dir, "checkpoint", driver.restore_refused());
+  };
+
   // The driver: lock every CUDA process, then checkpoint each.
   out->code = kExitFailure;
   report("driver-checkpoint");
@@ -233,8 +239,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       *err += "; bringing its shared memory back failed: " + rb;
     }
     *err = "job " + job.name + ": " + *err +
-           (rolled_back ? "; the job runs on unchanged"
-                        : leave_suspended(job, opts.dir, !dir_existed, "checkpoint"));
+           (rolled_back ? "; the job runs on unchanged" : left_suspended(!dir_existed));
     if (!rolled_back) out->code = kExitJobLost;
     remove_output(opts.dir, dir_existed, !rolled_back);
     close_pidfds();
@@ -253,10 +258,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       ok = false;
       rb = "shared memory: " + rb;
     }
-    *err = "job " + job.name + ": " + why +
-           (ok ? "\nthe job runs on unchanged"
-               : "\nbringing the job's GPU state back failed: " + rb +
-                     leave_suspended(job, opts.dir, !dir_existed, "checkpoint"));
+    *err =
+        "job " + job.name + ": " + why +
+        (ok ? "\nthe job runs on unchanged"
+            : "\nbringing the job's GPU state back failed: " + rb + left_suspended(!dir_existed));
     out->code = ok ? kExitFailure : kExitJobLost;
     remove_output(opts.dir, dir_existed, !ok);
     close_pidfds();
@@ -361,8 +366,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     if (!opts.leave_running) return roll_back(why);
     const bool left = !left_behind.empty();
     *err = "job " + job.name + ": " +
-           (left ? "the dump succeeded but " + left_behind + "; completing the checkpoint failed "
-                   "too: " + why + leave_suspended(job, opts.dir, !dir_existed, "checkpoint")
+           (left ? "the dump succeeded but " + left_behind +
+                       "; completing the checkpoint failed "
+                       "too: " +
+                       why + left_suspended(!dir_existed)
                  : why + "\nthe job runs on unchanged");
     out->code = left ? kExitJobLost : kExitFailure;
     remove_output(opts.dir, dir_existed, left);
@@ -420,7 +427,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   out->phases.emplace_back("manifest", sw.lap());
   if (!left_behind.empty()) {
     *err = "job " + job.name + ": the dump succeeded but " + left_behind + "\nthe checkpoint in " +
-           opts.dir + " is complete" + leave_suspended(job, opts.dir, false, "checkpoint");
+           opts.dir + " is complete" + left_suspended(false);
     out->code = kExitJobLost;
     close_pidfds();
     return false;

@@ -91,8 +91,10 @@ bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& sc
     if (!driver.get_state(pid, &st, &why)) {
       if (driver.last_result() == CUDA_ERROR_NOT_INITIALIZED) continue;  // no GPU state yet
       if (read_process(pid, &p)) {  // still there: its state is unknown, so not saved
-        *err = "process " + std::to_string(pid) + " (" + p.exe + ") of the job maps the CUDA "
-               "driver, which cannot tell its GPU state: " + why;
+        *err = "process " + std::to_string(pid) + " (" + p.exe +
+               ") of the job maps the CUDA "
+               "driver, which cannot tell its GPU state: " +
+               why;
         return false;
       }
       continue;  // it exited meanwhile
@@ -112,8 +114,8 @@ bool job_unchanged_since_scan(const JobInfo& job, Driver& driver, const JobScan&
   std::string why;
   if (sm->unshared_since_inspect(&why)) return true;
   *err = why + "; the driver cannot restore a process that imported shared memory without the " +
-         "cusnap shim rebuilding it, so the " + operation + " is undone: run cusnap " +
-         operation + " again, which then saves the shared memory through the shim";
+         "cusnap shim rebuilding it, so the " + operation + " is undone: run cusnap " + operation +
+         " again, which then saves the shared memory through the shim";
   return false;
 }
 
@@ -168,12 +170,15 @@ bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* e
     last.clear();
     if (driver_resume_all(d, pids, {}, &last)) return true;
     if (pass == 0) first = last;
-    if (pass == std::size(pauses)) break;
+    // Once the driver refused a restore for lack of memory, it never restores
+    // that process: another pass cannot help.
+    if (pass == std::size(pauses) || d.restore_refused()) {
+      *err = pass == 0 || last == first ? last : first + "; then: " + last;
+      if (pass > 0 && last == first) *err += " (" + std::to_string(pass + 1) + " tries)";
+      return false;
+    }
     std::this_thread::sleep_for(pauses[pass]);
   }
-  const std::string tries = std::to_string(std::size(pauses) + 1) + " tries";
-  *err = last == first ? last + " (" + tries + ")" : first + "; at the last of " + tries + ": " + last;
-  return false;
 }
 
 bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,

@@ -132,9 +132,14 @@ struct LeftSuspended {
 };
 /// Writes the marker (state_dir is kept only when it holds saved shim
 /// records) and returns the sentence for the error: what is kept, where, and
-/// that cusnap resume brings the job back.
+/// that cusnap resume brings the job back, or, when the driver refused a
+/// restore for lack of GPU memory (Driver::restore_refused), that it cannot.
 std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
-                            const char* operation);
+                            const char* operation, bool restore_refused = false);
+/// ": stop it (SIGTERM to its supervisor ...) and restore an earlier
+/// checkpoint of JOB": the end of an error for a job that cannot come back
+/// (called in its supervisor).
+std::string cannot_come_back(const JobInfo& job);
 /// True when the job carries the marker.
 bool read_left_suspended(const JobInfo& job, LeftSuspended* out);
 /// After the job came back: removes the saved shared memory, the state

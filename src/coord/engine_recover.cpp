@@ -121,7 +121,7 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 }  // namespace
 
 bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
-                 std::string* report, std::chrono::milliseconds timeout) {
+                 std::string* report, std::chrono::milliseconds timeout, bool* restore_refused) {
   // A job left suspended by a failed roll back keeps its saved shared memory
   // where the marker says (the supervisor may die before cusnap resume).
   LeftSuspended left;
@@ -162,6 +162,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
+      if (restore_refused) *restore_refused = driver.restore_refused();
     } else {
       note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
     }
@@ -194,8 +195,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     if (!ok && std::find(saved.begin(), saved.end(), pid) != saved.end()) continue;
     ShimClient c;
     std::string w;
-    if (c.connect(path, pid, proto::control_timeout_from_env(), &w) && c.gate_open(&w))
-      continue;
+    if (c.connect(path, pid, proto::control_timeout_from_env(), &w) && c.gate_open(&w)) continue;
     note("gate of process " + std::to_string(pid) + ": " + w);
     ok = false;
   }

@@ -2,8 +2,6 @@
 // back; the processes stay where they are. Shared device memory is saved
 // into the job's runtime directory (suspended/) and released before the
 // driver checkpoint, and rebuilt after the driver restore.
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 
@@ -57,9 +55,10 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
         rolled_back = false;
         *err += "; bringing its shared memory back failed: " + rb;
       }
-      *err = "job " + job.name + ": " + *err +
-             (rolled_back ? "; the job runs on unchanged"
-                          : leave_suspended(job, state, false, "suspend"));
+      *err =
+          "job " + job.name + ": " + *err +
+          (rolled_back ? "; the job runs on unchanged"
+                       : leave_suspended(job, state, false, "suspend", driver.restore_refused()));
       if (!rolled_back) c = kExitJobLost;
       std::error_code ec;
       if (rolled_back) std::filesystem::remove_all(state, ec);
@@ -87,7 +86,8 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
   LeftSuspended left;
   if (ok && read_left_suspended(job, &left)) {
     std::string report;
-    ok = recover_job(job, left.state_dir, false, &report);
+    bool refused = false;
+    ok = recover_job(job, left.state_dir, false, &report, timeout, &refused);
     if (ok) {
       clear_left_suspended(job, left);
     } else {
@@ -96,10 +96,10 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
       *err = "job " + job.name + ", left suspended by a failed " +
              (left.operation.empty() ? "operation" : left.operation) +
              ": bringing it back failed:\n" + report +
-             (gone ? "\nthe job cannot be brought back without its saved shared memory: stop it "
-                     "(SIGTERM to its supervisor, process " +
-                         std::to_string(::getpid()) + ") and restore an earlier checkpoint"
-                   : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
+             (gone ? "\nthe job cannot be brought back without its saved shared memory" +
+                         cannot_come_back(job)
+              : refused ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
+                        : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
     }
     if (code) *code = ok ? kExitOk : kExitFailure;
     return ok;
@@ -139,7 +139,11 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
     c = kExitFailure;
     // driver_resume_all goes in reverse: the last suspended comes back first.
     ok = driver_resume_all(driver, cuda, {}, err);
-    if (!ok) *err = "job " + job.name + ": " + *err;
+    if (!ok)
+      *err = "job " + job.name + ": " + *err +
+             (driver.restore_refused()
+                  ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
+                  : "");
   }
   // Shared memory saved by suspend comes back once the driver state did.
   if (ok) {

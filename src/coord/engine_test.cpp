@@ -489,6 +489,9 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     const std::string msg = leave_suspended(job, base + "/ckpt", true, "checkpoint");
     CHECK(msg.find("run cusnap resume j to bring it back") != std::string::npos);
     CHECK(msg.find("shared memory") == std::string::npos);
+    const std::string refused = leave_suspended(job, base + "/ckpt", true, "checkpoint", true);
+    CHECK(refused.find("the driver will not restore its GPU state: stop it") != std::string::npos);
+    CHECK(refused.find("run cusnap resume") == std::string::npos);
     REQUIRE(read_left_suspended(job, &left));
     CHECK(left.operation == "checkpoint");
     CHECK(left.state_dir == suspend_state_dir(job));

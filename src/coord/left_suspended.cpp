@@ -32,8 +32,13 @@ std::string suspend_state_dir(const JobInfo& job) {
   return job.runtime_dir + "/suspended";
 }
 
+std::string cannot_come_back(const JobInfo& job) {
+  return ": stop it (SIGTERM to its supervisor, process " + std::to_string(::getpid()) +
+         ") and restore an earlier checkpoint of " + job.name;
+}
+
 std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
-                            const char* operation) {
+                            const char* operation, bool restore_refused) {
   const bool saved = !state_dir.empty() && !saved_shim_processes(state_dir).empty();
   nlohmann::json j = {{"operation", operation},
                       {"state_dir", saved ? state_dir : ""},
@@ -49,9 +54,12 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
               ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
     if (!ok) problem = "writing " + path + ": " + std::strerror(errno);
   }
-  std::string msg = "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
-                    "gates with their GPU state kept";
+  std::string msg =
+      "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
+      "gates with their GPU state kept";
   if (saved) msg += ", its shared memory saved in " + state_dir;
+  if (restore_refused)
+    return msg + "; but the driver will not restore its GPU state" + cannot_come_back(job);
   if (problem.empty()) return msg + "; run cusnap resume " + job.name + " to bring it back";
   return msg + ", but cusnap could not note it (" + problem +
          "), so cusnap resume will not find the saved shared memory";
@@ -101,8 +109,8 @@ bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::
   LeftSuspended left;
   if (!read_left_suspended(job, &left)) return true;
   *err = "job " + job.name + " was left suspended by a failed roll back" +
-         (left.operation.empty() ? "" : " of a " + left.operation) +
-         ", so it cannot be " + (std::string(operation) == "suspend" ? "suspended" : "checkpointed") +
+         (left.operation.empty() ? "" : " of a " + left.operation) + ", so it cannot be " +
+         (std::string(operation) == "suspend" ? "suspended" : "checkpointed") +
          " now: run cusnap resume " + job.name + " first";
   return false;
 }

@@ -188,8 +188,18 @@ CUresult do_restore(const CtlRequest& req) {
     if (a.imported && a.kind != AllocKind::kIpcImport) return CUDA_ERROR_NOT_SUPPORTED;
   for (auto& [id, a] : d.allocs)
     if (a.kind == AllocKind::kIpcImport) return CUDA_ERROR_INVALID_VALUE;
+  if (d.restore_refused) return CUDA_ERROR_OPERATING_SYSTEM;
   if (CUresult r = remap_devices(req)) return r;
-  if (CUresult r = restore_memory()) {
+  // "restore_memory" (FAKECUDA_FAIL / FAKECUDA_FAIL_FILE of this process, not
+  // a driver entry point): the device memory this restore needs was taken
+  // by another process meanwhile.
+  CUresult r = fault_for("restore_memory");
+  if (r == CUDA_SUCCESS) r = restore_memory();
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    d.restore_refused = true;  // stays CHECKPOINTED, never restores
+    return r;
+  }
+  if (r != CUDA_SUCCESS) {
     g.state = CU_PROCESS_STATE_FAILED;
     return r;
   }

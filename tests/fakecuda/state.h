@@ -233,6 +233,11 @@ struct Driver {
   /// Set by a successful cuCheckpointProcessRestore of this process: its
   /// contexts are no longer time-sliced with other processes' (kernels.cpp).
   bool restored = false;
+  /// Set when a cuCheckpointProcessRestore of this process found no device
+  /// memory for it: as on the real driver (measured on an H200, driver
+  /// 580.159.04), the process stays CHECKPOINTED and every later restore
+  /// fails CUDA_ERROR_OPERATING_SYSTEM, free memory or not.
+  bool restore_refused = false;
 };
 
 /// The one driver state of this process.
