@@ -367,9 +367,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     const bool left = !left_behind.empty();
     *err = "job " + job.name + ": " +
            (left ? "the dump succeeded but " + left_behind +
-                       "; completing the checkpoint failed "
-                       "too: " +
-                       why + left_suspended(!dir_existed)
+                       "; completing the checkpoint failed too: " + why +
+                       left_suspended(!dir_existed)
                  : why + "\nthe job runs on unchanged");
     out->code = left ? kExitJobLost : kExitFailure;
     remove_output(opts.dir, dir_existed, left);

@@ -92,9 +92,7 @@ bool no_new_cuda_processes(const JobInfo& job, Driver& driver, const JobScan& sc
       if (driver.last_result() == CUDA_ERROR_NOT_INITIALIZED) continue;  // no GPU state yet
       if (read_process(pid, &p)) {  // still there: its state is unknown, so not saved
         *err = "process " + std::to_string(pid) + " (" + p.exe +
-               ") of the job maps the CUDA "
-               "driver, which cannot tell its GPU state: " +
-               why;
+               ") of the job maps the CUDA driver, which cannot tell its GPU state: " + why;
         return false;
       }
       continue;  // it exited meanwhile
