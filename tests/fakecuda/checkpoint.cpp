@@ -192,8 +192,8 @@ CUresult do_restore(const CtlRequest& req) {
   if (CUresult r = remap_devices(req)) return r;
   // "restore_memory" (FAKECUDA_FAIL / FAKECUDA_FAIL_FILE of this process, not
   // a driver entry point): the device memory this restore needs was taken
-  // by another process meanwhile.
-  CUresult r = fault_for("restore_memory");
+  // by another process meanwhile. Not logged: FAKECUDA_LOG lists calls.
+  CUresult r = fault_for("restore_memory", false);
   if (r == CUDA_SUCCESS) r = restore_memory();
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     d.restore_refused = true;  // stays CHECKPOINTED, never restores

@@ -121,7 +121,7 @@ void arm_from_file(Faults& f) {
   }
 }
 
-CUresult fault_for(const char* base) {
+CUresult fault_for(const char* base, bool logged) {
   Faults& f = faults();
   long delay = 0;
   int err = 0;
@@ -131,7 +131,7 @@ CUresult fault_for(const char* base) {
     std::lock_guard<std::mutex> l(f.mu);
     parse_locked(f);
     arm_from_file(f);
-    log = f.log;
+    log = f.log && logged;
     if (!f.fail.empty() || !f.delay_ms.empty()) {
       n = ++f.calls[base];
       auto fi = f.fail.find(base);

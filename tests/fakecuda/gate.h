@@ -23,8 +23,10 @@ struct Gate {
 Gate& gate();
 
 /// Injected result for the next call of `base` (FAKECUDA_FAIL), CUDA_SUCCESS if
-/// none; also sleeps for FAKECUDA_DELAY and traces under FAKECUDA_LOG=1.
-CUresult fault_for(const char* base);
+/// none; also sleeps for FAKECUDA_DELAY and traces under FAKECUDA_LOG=1
+/// (unless !logged: a fault point inside the driver, not a call, which tests
+/// that list calls from the trace must not see).
+CUresult fault_for(const char* base, bool logged = true);
 /// Forgets parsed FAKECUDA_FAIL / FAKECUDA_DELAY settings (tests change them).
 void faults_reload();
 /// Fork handlers: hold the fault table's lock across fork.
