@@ -46,6 +46,13 @@
 #                then suspend and resume a fresh launch, which waits the same way.
 #   e2e-shared   The end-to-end scenarios of jobs that share device memory
 #                (tests/e2e/shared_*.sh) with the real driver.
+#   restore-memory-check
+#                tests/e2e/restore_memory_check.sh with the real driver: a 4 GiB
+#                job, a PyTorch hog leaving 1 GiB free; resume, restore and a
+#                roll back are not tried while the memory is taken (exit 3, 3
+#                and 6), the job kept, and come back once the hog is gone; the
+#                control with the check off loses the job (OUT_OF_MEMORY, then
+#                304). Device-map cases with two GPUs.
 #   torch-share-noshim
 #                Negative control: torch_share.py (default allocator) under
 #                `cusnap launch --no-shim`, so only the bare driver sees the
@@ -128,7 +135,7 @@ SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-defaul
   torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
   nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
-  nccl-torchrun-1gpu-graph)
+  nccl-torchrun-1gpu-graph restore-memory-check)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -270,6 +277,7 @@ run_e2e() {  # GLOB-PREFIX SECONDS: tests/e2e/PREFIX*.sh, each under a timeout
 }
 scenario_e2e() { run_e2e checkpoint_ 600; }
 scenario_e2e_shared() { run_e2e shared_ "$CLIENT_TIMEOUT"; }
+scenario_restore_memory_check() { run_e2e restore_memory_check 600; }
 
 # 2. Timing with large device memory.
 declare -A TABLE

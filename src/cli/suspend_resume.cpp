@@ -31,7 +31,7 @@ int run(int argc, char** argv, bool suspend) {
   proto::TimeoutRequest req;
   req.timeout_ms = seconds(timeout_s).count();
   std::string err;
-  if (suspend && !client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
+  if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
   proto::Result r;
   bool ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
                         suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);

@@ -292,7 +292,7 @@ void ControlServer::serve(UniqueFd conn) {
     SuspendResult sres;
     sres.code = kExitFailure;
     bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &sres, &serr)
-                      : ops_.resume(info, timeout, &sres.code, &serr);
+                      : ops_.resume(info, timeout, r.settings, &sres.code, &serr);
     const ExitCode code = !ok && sres.code == kExitOk ? kExitFailure : sres.code;
     const std::string after = ok ? (suspend ? "suspended" : "running")
                                  : code == kExitJobLost ? "suspended" : before;

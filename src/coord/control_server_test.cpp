@@ -58,7 +58,8 @@ struct Fixture {
       res->capture_retries = 3;
       return true;
     };
-    ops.resume = [](const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*) {
+    ops.resume = [](const JobInfo&, std::chrono::milliseconds, const proto::Settings&, ExitCode*,
+                    std::string*) {
       return true;
     };
     ops.list_processes = [](pid_t root) {

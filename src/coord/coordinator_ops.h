@@ -20,7 +20,9 @@ struct CoordinatorOps {
   std::function<bool(const JobInfo&, std::chrono::milliseconds, const proto::Settings&,
                      SuspendResult*, std::string*)>
       suspend;
-  std::function<bool(const JobInfo&, std::chrono::milliseconds, ExitCode*, std::string*)> resume;
+  std::function<bool(const JobInfo&, std::chrono::milliseconds, const proto::Settings&, ExitCode*,
+                     std::string*)>
+      resume;
   std::function<std::vector<ProcessInfo>(pid_t)> list_processes;
 };
 

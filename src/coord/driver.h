@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "coord/gpu_memory.h"
+
 namespace cusnap {
 
 struct GpuDevice {
@@ -23,6 +25,17 @@ struct GpuDevice {
   std::string name;
   std::string uuid;  ///< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   uint64_t total_mem = 0;
+};
+
+/// What a restore through a Driver must find free (gpu_memory.h): each
+/// process's use noted before its suspend, and the check's setting.
+/// driver_resume_all checks before it restores; fell_short says a check
+/// kept it from restoring (the processes are as they were).
+struct RestoreMemory {
+  ProcessGpuUse use;
+  RestoreMemoryPolicy policy;
+  bool fell_short = false;
+  std::string note;  ///< why nothing could be checked, when so
 };
 
 /// "GPU-..." form of a driver UUID, and back.
@@ -65,6 +78,8 @@ class Driver {
   /// A restore through this object failed for lack of GPU memory (or after
   /// such a failure): the driver will not restore that process again.
   bool restore_refused() const { return restore_refused_; }
+  /// The free-memory check of restores through this object.
+  RestoreMemory& restore_memory() { return restore_memory_; }
 
  private:
   bool call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const;
@@ -75,6 +90,7 @@ class Driver {
   bool initialized_ = false;
   mutable CUresult last_ = CUDA_SUCCESS;
   bool restore_refused_ = false;
+  RestoreMemory restore_memory_;
   std::chrono::milliseconds deadline_{0};
 
   CUresult (*cuInit_)(unsigned int) = nullptr;

@@ -167,8 +167,12 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
 /// True when the job is suspended: left so by a failed roll back, or a
 /// process of it has its GPU state locked or checkpointed by the driver.
 bool job_suspended_now(const JobInfo& job);
-bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                      std::string* err);
+/// Resume with the exit code that fits a failure: kExitRefused when nothing
+/// changed (not suspended; the GPU's free memory short of what the job used
+/// before, gpu_memory.h), kExitFailure otherwise. settings: what the client
+/// sent (CUSNAP_RESTORE_MEMORY_MARGIN).
+bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
+                      const proto::Settings& settings, ExitCode* code, std::string* err);
 
 /// Brings a job back to running after its supervisor died during an
 /// operation whose state directory was state_dir (the checkpoint directory,
@@ -182,11 +186,13 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
 /// for cusnap resume to try again. timeout: each shared-memory step's.
 /// *report gets one line per step; *restore_refused (if set) says whether
 /// the driver refused a restore for lack of GPU memory, after which it never
-/// restores that process. (engine_recover.cpp)
+/// restores that process. margin: CUSNAP_RESTORE_MEMORY_MARGIN's value for
+/// the free-memory check (nullptr: this process's environment).
+/// (engine_recover.cpp)
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
                  std::string* report,
                  std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                 bool* restore_refused = nullptr);
+                 bool* restore_refused = nullptr, const char* margin = nullptr);
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

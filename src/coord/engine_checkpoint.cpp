@@ -149,6 +149,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
+  // Before shared memory is released: each process's whole use.
+  if (!note_gpu_use(job, scan.cuda, value(kRestoreMarginSetting), &driver, err)) return false;
   driver.set_call_deadline(driver_deadline(opts.timeout, scan.gpus));
   std::vector<pid_t> pids;
   for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
@@ -406,6 +408,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     mp.uses_cuda = std::find(scan.cuda.begin(), scan.cuda.end(), p.pid) != scan.cuda.end();
     if (mp.uses_cuda) {
       mp.gpus = scan.gpu_uuids[p.pid];
+      const ProcessGpuUse& use = driver.restore_memory().use;
+      if (auto it = use.find(p.pid); it != use.end()) mp.gpu_memory = it->second;
       if (mp.gpus.empty())
         for (const GpuDevice& g : scan.gpus) mp.gpus.push_back(g.uuid);
     }

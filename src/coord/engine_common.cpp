@@ -169,8 +169,9 @@ bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* e
     if (driver_resume_all(d, pids, {}, &last)) return true;
     if (pass == 0) first = last;
     // Once the driver refused a restore for lack of memory, it never restores
-    // that process: another pass cannot help.
-    if (pass == std::size(pauses) || d.restore_refused()) {
+    // that process: another pass cannot help. Memory found short before any
+    // restore is not freed in a second either: the job is left suspended.
+    if (pass == std::size(pauses) || d.restore_refused() || d.restore_memory().fell_short) {
       *err = pass == 0 || last == first ? last : first + "; then: " + last;
       if (pass > 0 && last == first) *err += " (" + std::to_string(pass + 1) + " tries)";
       return false;
@@ -187,21 +188,42 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
     *err += m;
     ok = false;
   };
-  for (auto it = pids.rbegin(); it != pids.rend(); ++it) {
+  // Every state first: the processes to restore need their memory free
+  // together, and none is restored when it is not (gpu_memory.h).
+  std::vector<CUprocessState> states(pids.size(), CU_PROCESS_STATE_FAILED);
+  std::vector<std::string> state_errors(pids.size());
+  std::vector<pid_t> to_restore;
+  for (size_t i = 0; i < pids.size(); ++i)
+    if (d.get_state(pids[i], &states[i], &state_errors[i]) &&
+        states[i] == CU_PROCESS_STATE_CHECKPOINTED)
+      to_restore.push_back(pids[i]);
+  RestoreMemory& rm = d.restore_memory();
+  rm.fell_short = false;
+  if (!to_restore.empty()) {
     std::string why;
-    CUprocessState st;
-    if (!d.get_state(*it, &st, &why)) {
-      add(why);
+    if (!restore_memory_fits(restore_need(rm.use, to_restore, pair_uuid_map(pairs)), rm.policy, &why,
+                             &rm.note)) {
+      rm.fell_short = true;
+      add("driver restore phase: " + why);
+      return false;
+    }
+  }
+  for (size_t k = pids.size(); k-- > 0;) {
+    const pid_t pid = pids[k];
+    std::string why;
+    CUprocessState st = states[k];
+    if (!state_errors[k].empty()) {
+      add(state_errors[k]);
       continue;
     }
     if (st == CU_PROCESS_STATE_CHECKPOINTED) {
-      if (!d.restore(*it, pairs, &why)) {
+      if (!d.restore(pid, pairs, &why)) {
         add("driver restore phase: " + why);
         continue;
       }
       st = CU_PROCESS_STATE_LOCKED;
     }
-    if (st == CU_PROCESS_STATE_LOCKED && !d.unlock(*it, &why)) add("driver unlock phase: " + why);
+    if (st == CU_PROCESS_STATE_LOCKED && !d.unlock(pid, &why)) add("driver unlock phase: " + why);
   }
   return ok;
 }

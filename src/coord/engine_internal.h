@@ -12,6 +12,7 @@
 #include "coord/criu.h"
 #include "coord/driver.h"
 #include "coord/engine.h"
+#include "coord/manifest.h"
 #include "coord/shared_memory.h"
 
 namespace cusnap::engine_detail {
@@ -188,6 +189,21 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
 /// 1.5 GB/s), so a large job is never cut short while a hang still ends.
 std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
                                           const std::vector<GpuDevice>& gpus);
+
+/// The free-memory check of the driver's restore (engine_memory.cpp,
+/// gpu_memory.h). note_gpu_use: before checkpoint or suspend touch the job,
+/// reads the setting `margin` (CUSNAP_RESTORE_MEMORY_MARGIN; false with *err
+/// when invalid) and notes what each process of `cuda` uses on each GPU now,
+/// into driver->restore_memory() and the job's runtime directory for a
+/// later resume. load_gpu_use: the same from that record, for a resume.
+bool note_gpu_use(const JobInfo& job, const std::vector<pid_t>& cuda, const char* margin,
+                  Driver* driver, std::string* err);
+bool load_gpu_use(const JobInfo& job, const char* margin, Driver* driver, std::string* err);
+/// The device map of a restore's pairs: old GPU UUID -> new.
+std::map<std::string, std::string> pair_uuid_map(const std::vector<CUcheckpointGpuPair>& pairs);
+/// Each process's use as the checkpoint recorded it (processes without one
+/// are left out).
+ProcessGpuUse manifest_gpu_use(const Manifest& m);
 
 /// Total size of every file under dir.
 uint64_t directory_bytes(const std::string& dir);

@@ -121,7 +121,8 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 }  // namespace
 
 bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
-                 std::string* report, std::chrono::milliseconds timeout, bool* restore_refused) {
+                 std::string* report, std::chrono::milliseconds timeout, bool* restore_refused,
+                 const char* margin) {
   // A job left suspended by a failed roll back keeps its saved shared memory
   // where the marker says (the supervisor may die before cusnap resume).
   LeftSuspended left;
@@ -156,6 +157,12 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   if (!cuda.empty()) {
     Driver driver;
     std::string why;
+    // The free-memory check as the last checkpoint or suspend noted it; a
+    // bad setting does not stop a recovery: the default stands.
+    if (!load_gpu_use(job, margin ? margin : std::getenv(kRestoreMarginSetting), &driver, &why)) {
+      note(why + ": the default margin is used");
+      why.clear();
+    }
     if (!driver.load(&why)) {
       note("the driver: " + why);
       ok = false;

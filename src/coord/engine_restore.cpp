@@ -239,6 +239,23 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   // here would fail the restore half way.
   for (const TcpListener& l : m.tcp_listeners)
     if (!tcp_listener_bindable(l, err)) return false;
+  // The driver's restore loses a process that finds its GPU's memory taken
+  // (gpu_memory.h): checked before CRIU restores anything, and again by
+  // driver_resume_all just before the driver's restore.
+  {
+    RestoreMemory& rm = driver.restore_memory();
+    if (!restore_memory_policy(std::getenv(kRestoreMarginSetting), &rm.policy, err)) return false;
+    rm.use = manifest_gpu_use(m);
+    std::vector<pid_t> cuda_pids;
+    for (const ManifestProcess& p : m.processes)
+      if (p.uses_cuda) cuda_pids.push_back(p.pid);
+    std::string why;
+    if (!restore_memory_fits(restore_need(rm.use, cuda_pids, pair_uuid_map(pairs)), rm.policy, &why,
+                             &rm.note)) {
+      *err = "checkpoint " + opts.dir + ": " + why + "\nnothing was restored; the checkpoint is unchanged";
+      return false;
+    }
+  }
 
   out->code = kExitFailure;
   report("restore");

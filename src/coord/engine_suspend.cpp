@@ -7,6 +7,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
+#include "coord/settings.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -17,7 +18,8 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   Driver driver;
   JobScan scan;
   bool ok = require_root("suspend", err) && refuse_when_left_suspended(job, "suspend", err) &&
-            scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err);
+            scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err) &&
+            note_gpu_use(job, scan.cuda, setting(settings, kRestoreMarginSetting), &driver, err);
   if (ok && scan.cuda.empty()) {
     *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
     ok = false;
@@ -76,8 +78,8 @@ bool job_suspended_now(const JobInfo& job) {
   return false;
 }
 
-bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, ExitCode* code,
-                      std::string* err) {
+bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
+                      const proto::Settings& settings, ExitCode* code, std::string* err) {
   ExitCode c = kExitRefused;
   bool ok = require_root("resume", err);
   // Left suspended by a failed roll back: the recovery takes every process
@@ -87,10 +89,9 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
   if (ok && read_left_suspended(job, &left)) {
     std::string report;
     bool refused = false;
-    ok = recover_job(job, left.state_dir, false, &report, timeout, &refused);
-    if (ok) {
-      clear_left_suspended(job, left);
-    } else {
+    ok = recover_job(job, left.state_dir, false, &report, timeout, &refused,
+                     setting(settings, kRestoreMarginSetting));
+    if (!ok) {
       while (!report.empty() && report.back() == '\n') report.pop_back();
       const bool gone = left.saved && saved_shim_processes(left.state_dir).empty();
       *err = "job " + job.name + ", left suspended by a failed " +
@@ -107,6 +108,7 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
   Driver driver;
   std::vector<pid_t> cuda;
   if (ok) ok = driver.load(err);
+  if (ok) ok = load_gpu_use(job, setting(settings, kRestoreMarginSetting), &driver, err);
   if (ok) {
     // A state that cannot be read is an error naming the call, not "not
     // suspended": the job may well be suspended.
@@ -139,11 +141,16 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout, Exi
     c = kExitFailure;
     // driver_resume_all goes in reverse: the last suspended comes back first.
     ok = driver_resume_all(driver, cuda, {}, err);
-    if (!ok)
+    if (!ok && driver.restore_memory().fell_short) {
+      c = kExitRefused;  // nothing was restored
+      *err = "job " + job.name + ": " + *err + "\nthe job stays suspended; run cusnap resume " +
+             job.name + " again once the memory is free";
+    } else if (!ok) {
       *err = "job " + job.name + ": " + *err +
              (driver.restore_refused()
                   ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
                   : "");
+    }
   }
   // Shared memory saved by suspend comes back once the driver state did.
   if (ok) {
@@ -170,7 +177,7 @@ bool suspend_job(const JobInfo& job, std::chrono::milliseconds timeout, std::str
 }
 
 bool resume_job(const JobInfo& job, std::chrono::milliseconds timeout, std::string* err) {
-  return resume_job_coded(job, timeout, nullptr, err);
+  return resume_job_coded(job, timeout, {}, nullptr, err);
 }
 
 }  // namespace cusnap

@@ -322,7 +322,7 @@ TEST_CASE(
   CHECK(err.find("suspended") != std::string::npos);
   CHECK_FALSE(fs::exists(opts.dir));
   ExitCode code;
-  REQUIRE(resume_job_coded(job, std::chrono::seconds(10), &code, &err));
+  REQUIRE(resume_job_coded(job, std::chrono::seconds(10), {}, &code, &err));
   CHECK(list_job_processes(job_pid)[0].cuda_state == "running");
   REQUIRE(read_counts(p[0], 2, 20000).size() == 2);
 

@@ -42,13 +42,12 @@ std::string manifest_to_json(const Manifest& m) {
               {"stderr_pipe", m.job.stderr_pipe_id},
               {"shim_dir", m.job.shim_dir}};
   j["processes"] = json::array();
-  for (const ManifestProcess& p : m.processes)
-    j["processes"].push_back({{"pid", p.pid},
-                              {"ppid", p.ppid},
-                              {"exe", p.exe},
-                              {"cmdline", p.cmdline},
-                              {"uses_cuda", p.uses_cuda},
-                              {"gpus", p.gpus}});
+  for (const ManifestProcess& p : m.processes) {
+    json jp = {{"pid", p.pid},         {"ppid", p.ppid},          {"exe", p.exe},
+               {"cmdline", p.cmdline}, {"uses_cuda", p.uses_cuda}, {"gpus", p.gpus}};
+    if (!p.gpu_memory.empty()) jp["gpu_memory"] = p.gpu_memory;
+    j["processes"].push_back(jp);
+  }
   j["driver"] = {{"version", m.driver_version}, {"path", m.driver_path}};
   j["gpus"] = json::array();
   for (const GpuDevice& g : m.gpus)
@@ -252,6 +251,16 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
       r.strings((*procs)[i], w, "cmdline", &p.cmdline);
       r.boolean((*procs)[i], w, "uses_cuda", &p.uses_cuda);
       r.strings((*procs)[i], w, "gpus", &p.gpus);
+      if (r.ok && (*procs)[i].contains("gpu_memory")) {
+        const json& g = (*procs)[i]["gpu_memory"];
+        if (!g.is_object()) r.fail(w + ".gpu_memory is not an object");
+        for (auto it = g.begin(); r.ok && it != g.end(); ++it) {
+          if (!it.key().starts_with("GPU-") || !it.value().is_number_unsigned())
+            r.fail(w + ".gpu_memory." + it.key() + " is not a GPU UUID with a byte count");
+          else
+            p.gpu_memory[it.key()] = it.value().get<uint64_t>();
+        }
+      }
       if (r.ok && p.pid <= 0) r.fail(w + ".pid is not a process id");
       m->processes.push_back(p);
     }

@@ -5,7 +5,9 @@
 //     "job": { "name", "argv": [..], "cwd", "owner_uid", "root_pid",
 //              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]" },
 //     "processes": [ { "pid", "ppid", "exe", "cmdline": [..], "uses_cuda",
-//                      "gpus": ["GPU-..."] } ],          root first
+//                      "gpus": ["GPU-..."],
+//                      "gpu_memory": {"GPU-...": bytes} } ],   root first;
+//                                     gpu_memory optional (NVML's count)
 //     "driver": { "version": 13000, "path" },
 //     "gpus": [ { "index", "name", "uuid", "total_mem" } ],   devices at checkpoint
 //     "criu": { "version": "4.1.1", "path" },
@@ -57,6 +59,10 @@ struct ManifestProcess {
   std::vector<std::string> cmdline;
   bool uses_cuda = false;
   std::vector<std::string> gpus;
+  /// Device memory the process used on each GPU (UUID -> bytes) as NVML
+  /// counted it before the checkpoint; the restore checks that much is free
+  /// (gpu_memory.h). Optional in the file (absent: not counted).
+  GpuUse gpu_memory;
 };
 
 struct ManifestFile {

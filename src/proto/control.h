@@ -65,7 +65,7 @@ struct JobStatus {
 /// (validate).
 inline constexpr const char* kClientSettings[] = {
     "CUSNAP_CRIU_GHOST_LIMIT", "CUSNAP_CRIU_NETWORK_LOCK", "CUSNAP_CRIU_BREAKPOINTS",
-    "CUSNAP_HASH_THREADS", "CUSNAP_ALLOW_RANKS_SHARING_GPU"};
+    "CUSNAP_HASH_THREADS", "CUSNAP_ALLOW_RANKS_SHARING_GPU", "CUSNAP_RESTORE_MEMORY_MARGIN"};
 inline constexpr size_t kMaxSettingBytes = 64;
 using Settings = std::map<std::string, std::string>;
 

@@ -219,3 +219,23 @@ rolls_back_when() {
   grep -q "the job runs on unchanged" "$T/$op.out" || fail "$op did not say the job runs on"
   [ ! -e "$T/ckpt-$op" ] || fail "the failed $op left $T/ckpt-$op behind"
 }
+
+# cuda_states NAME: the driver's state of each CUDA process of the job, comma-separated.
+cuda_states() {
+  "$CUSNAP" inspect "$1" --json | python3 -c '
+import json, sys
+print(",".join(p.get("cuda_state", "") for p in json.load(sys.stdin)["processes"] if p.get("uses_cuda")))'
+}
+
+# expect_held NAME OUTFILE: the job is shown suspended, its GPU state is
+# checkpointed, and it does not count on.
+expect_held() {
+  local st n
+  st=$(job_field "$1" state)
+  [ "$st" = suspended ] || fail "$1 shows $st, not suspended"
+  st=$(cuda_states "$1")
+  [ "$st" = checkpointed ] || fail "$1's GPU state is $st"
+  n=$(last_count "$2")
+  sleep 0.3
+  [ "$(last_count "$2")" = "$n" ] || fail "$1 counted on while its GPU state was out"
+}

@@ -37,17 +37,7 @@ op() {  # op CMD...: cusnap CMD, output in $T/op.out; sets RC
   echo "   cusnap $1 (exit $RC): $(tr '\n' ' ' <"$T/op.out" | cut -c1-400)"
 }
 said() { grep -q "$1" "$T/op.out" || fail "$2 did not say '$1': $(cat "$T/op.out")"; }
-gpu_state() { "$CUSNAP" inspect "$1" --json | python3 -c '
-import json, sys
-print(",".join(p.get("cuda_state", "") for p in json.load(sys.stdin)["processes"] if p.get("uses_cuda")))'; }
-held() {  # held NAME: shown suspended, its GPU state checkpointed, not counting
-  [ "$(job_field "$1" state)" = suspended ] || fail "$1 shows $(job_field "$1" state), not suspended"
-  [ "$(gpu_state "$1")" = checkpointed ] || fail "$1's GPU state is $(gpu_state "$1")"
-  local n
-  n=$(last_count "$OUT")
-  sleep 0.3
-  [ "$(last_count "$OUT")" = "$n" ] || fail "$1 counted on while its GPU state was out"
-}
+held() { expect_held "$1" "$OUT"; }
 
 # ---- resume with the memory taken
 start resume

@@ -1,8 +1,9 @@
 // cuMemAlloc/cuMemFree (each allocation its own memfd, mapped read-write),
-// memory info, address ranges, pointer attributes and page-locked host memory
-// (plain host memory here). cuMemAlloc, cuMemFree and cuMemAllocHost are
+// memory info (system-wide, ledger.h), address ranges, pointer attributes and
+// page-locked host memory (plain host memory here). cuMemAlloc, cuMemFree and cuMemAllocHost are
 // potentially unsafe calls during a stream capture (capture.cpp).
 #include "gate.h"
+#include "ledger.h"
 #include "memory.h"
 
 #include <sys/mman.h>
@@ -67,16 +68,30 @@ CUresult mem_free(CUdeviceptr dptr, InCapture in_capture) {
   return CUDA_SUCCESS;
 }
 
+/// Free memory is system-wide, as on the driver: the device's total less
+/// what every process holds on it (the ledger's scan of /proc, ledger.h), or
+/// less this process's own use where that is more (memory not yet visible as
+/// a memfd). Allocations check this process's use only (new_allocation): a
+/// scan per allocation would be too slow.
 CUresult mem_info(size_t* free_bytes, size_t* total) {
   FC_REQUIRE_INIT();
   if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
+  CUdevice device = 0;
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    Context* c = current_ctx();
+    if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+    device = c->dev;
+  }
+  const LedgerScan scan = ledger_scan();  // without Driver::mu: reading /proc takes a while
   std::lock_guard<std::mutex> l(d.mu);
-  Context* c = current_ctx();
-  if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
-  const Device& dev = d.devices[c->dev];
+  if (!valid_device(device)) return CUDA_ERROR_INVALID_CONTEXT;
+  const Device& dev = d.devices[device];
+  uint64_t used = device < kMaxDevices ? scan.device[device] : 0;
+  if (used < dev.used) used = dev.used;
   *total = dev.total_mem;
-  *free_bytes = dev.total_mem - dev.used;
+  *free_bytes = used >= dev.total_mem ? 0 : dev.total_mem - used;
   return CUDA_SUCCESS;
 }
 

@@ -9,12 +9,16 @@
 // Checkpoint waits until no asynchronous kernel (kernels.cpp) is pending.
 // Graphs and their execs (graphs.cpp) are host memory of the process: both
 // leave them as they are, and they replay after a restore.
+// Restore first checks that the devices have room for the saved bytes beside
+// what other processes hold (the system-wide ledger, ledger.h); when not, it
+// fails CUDA_ERROR_OUT_OF_MEMORY as the restore_memory fault point does.
 // Like the real driver (measured on 580.159.04), a process that still holds an
 // imported POSIX-fd allocation fails restore with CUDA_ERROR_NOT_SUPPORTED and
 // one with an open legacy IPC mapping with CUDA_ERROR_INVALID_VALUE; both stay
 // CHECKPOINTED.
 #include "control.h"
 #include "gate.h"
+#include "ledger.h"
 #include "memory.h"
 
 #include <sys/mman.h>
@@ -97,6 +101,41 @@ CUresult restore_memory() {
 
 bool same_uuid(const CUuuid& a, const CUuuid& b) {
   return memcmp(a.bytes, b.bytes, sizeof a.bytes) == 0;
+}
+
+/// Whether the devices have room for this process's memory, as the real
+/// driver finds out when it restores: per device (after the remap: the
+/// caller's device of the same UUID, whose total the remap took) the bytes
+/// saved at the checkpoint must fit in what the system-wide ledger leaves
+/// free. The process itself holds no memfd while checkpointed.
+/// CUDA_ERROR_OUT_OF_MEMORY when they do not fit anywhere.
+/// Precondition: Driver::mu held, process CHECKPOINTED, devices remapped.
+CUresult check_free_memory(const CtlRequest& req) {
+  Driver& d = driver();
+  uint64_t need[kMaxDevices] = {};
+  uint64_t total[kMaxDevices] = {};
+  bool any = false;
+  for (auto& [id, a] : d.allocs) {
+    if (a.fd >= 0 || !a.saved || a.dev < 0 || static_cast<size_t>(a.dev) >= d.devices.size())
+      continue;
+    const Device& dev = d.devices[a.dev];
+    int where = a.dev;  // the caller's index of that device (its "this machine")
+    for (uint32_t k = 0; k < req.device_count && k < static_cast<uint32_t>(kMaxDevices); ++k)
+      if (same_uuid(req.devices[k].uuid, dev.uuid)) where = static_cast<int>(k);
+    if (where >= kMaxDevices) continue;
+    need[where] += a.size;
+    total[where] = dev.total_mem;
+    any = true;
+  }
+  if (!any) return CUDA_SUCCESS;
+  const LedgerScan scan = ledger_scan();
+  for (int k = 0; k < kMaxDevices; ++k) {
+    if (need[k] == 0) continue;
+    const uint64_t used = scan.device[k];
+    const uint64_t avail = used >= total[k] ? 0 : total[k] - used;
+    if (need[k] > avail) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
 }
 
 /// Maps this process's devices onto the caller's by UUID (pairs remap).
@@ -194,6 +233,8 @@ CUresult do_restore(const CtlRequest& req) {
   // a driver entry point): the device memory this restore needs was taken
   // by another process meanwhile. Not logged: FAKECUDA_LOG lists calls.
   CUresult r = fault_for("restore_memory", false);
+  // The same for real: other processes hold the memory (ledger.h).
+  if (r == CUDA_SUCCESS) r = check_free_memory(req);
   if (r == CUDA_SUCCESS) r = restore_memory();
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     d.restore_refused = true;  // stays CHECKPOINTED, never restores

@@ -10,39 +10,15 @@ using namespace fc;
 
 namespace {
 
-constexpr size_t kDefaultTotalMem = size_t{143771} << 20;  // H200: 143771 MiB
-constexpr const char* kDefaultName = "NVIDIA H200 (simulated)";
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-/// Deterministic UUID of device `index` under FAKECUDA_UUID_SEED.
-CUuuid make_uuid(int index, uint64_t seed) {
-  uint64_t x = seed * 1000003ULL + static_cast<uint64_t>(index) + 0xfa4ec0daULL;
-  uint64_t a = splitmix64(x), b = splitmix64(x);
-  CUuuid u;
-  memcpy(u.bytes, &a, 8);
-  memcpy(u.bytes + 8, &b, 8);
-  u.bytes[6] = static_cast<char>((u.bytes[6] & 0x0f) | 0x40);  // RFC 4122 version 4 shape
-  u.bytes[8] = static_cast<char>((u.bytes[8] & 0x3f) | 0x80);
-  return u;
-}
-
 void load_devices(Driver& d) {
-  int count = static_cast<int>(env_u64("FAKECUDA_DEVICES", 1));
-  if (count > kMaxDevices) count = kMaxDevices;
-  const char* name = getenv("FAKECUDA_DEVICE_NAME");
-  size_t total = env_u64("FAKECUDA_TOTAL_MEM", kDefaultTotalMem);
-  uint64_t seed = env_u64("FAKECUDA_UUID_SEED", 0);
-  for (int i = 0; i < count; ++i) {
+  const DeviceEnv env = read_device_env();
+  for (int i = 0; i < env.count; ++i) {
     Device dev;
-    dev.name = (name && *name) ? name : kDefaultName;
-    dev.uuid = make_uuid(i, seed);
-    dev.total_mem = total;
+    dev.name = env.name;
+    unsigned char u[16];
+    device_uuid(i, env.seed, u);
+    memcpy(dev.uuid.bytes, u, sizeof u);
+    dev.total_mem = env.total_mem;
     d.devices.push_back(dev);
     auto* p = new Context;
     p->dev = i;

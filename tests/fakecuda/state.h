@@ -7,6 +7,7 @@
 
 #define __CUDA_API_VERSION_INTERNAL
 #include "cudaapi/cuda_headers.h"
+#include "device_env.h"
 
 #include <sys/types.h>
 
@@ -27,7 +28,7 @@ namespace fc {
 
 /// Allocation and mapping granularity (minimum and recommended).
 constexpr size_t kGranularity = size_t{2} << 20;
-constexpr int kMaxDevices = 16;
+// kMaxDevices: device_env.h.
 
 struct Device {
   std::string name;

@@ -3,6 +3,8 @@
 // per 100 ms verifies both buffers (through the driver and by reading the
 // device addresses directly) and prints "tick <n> ok". Any mismatch prints
 // "CORRUPT" and exits 1. Usage: fakecuda_holder [MiB] [ticks, 0 = forever]
+// [device]; each buffer is MiB (the VMM one rounded up to the granularity), on
+// that device (0).
 #include <cuda.h>
 #include <unistd.h>
 
@@ -38,11 +40,12 @@ bool verify(const unsigned char* p, size_t n, unsigned salt) {
 int main(int argc, char** argv) {
   size_t mib = argc > 1 ? strtoull(argv[1], nullptr, 10) : 8;
   long ticks = argc > 2 ? strtol(argv[2], nullptr, 10) : 0;
+  int ordinal = argc > 3 ? atoi(argv[3]) : 0;
   size_t n = mib << 20;
   CHECK(cuInit(0));
   CUdevice dev;
   CUcontext ctx;
-  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDeviceGet(&dev, ordinal));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
 

@@ -1,0 +1,63 @@
+// The free-memory check of the driver's restore (gpu_memory.h) as the
+// engine's operations use it: checkpoint and suspend note each CUDA
+// process's use before they touch the job; every restore in place (resume,
+// roll back, --leave-running, recovery) checks against it through
+// driver_resume_all, and cusnap restore against the manifest's record before
+// CRIU restores anything.
+#include "coord/engine_internal.h"
+#include "coord/manifest.h"
+
+namespace cusnap::engine_detail {
+
+namespace {
+
+std::string gpu_use_path(const JobInfo& job) {
+  return job.runtime_dir + "/" + kGpuUseFile;
+}
+
+}  // namespace
+
+bool note_gpu_use(const JobInfo& job, const std::vector<pid_t>& cuda, const char* margin,
+                  Driver* driver, std::string* err) {
+  RestoreMemory& rm = driver->restore_memory();
+  rm = RestoreMemory{};
+  if (!restore_memory_policy(margin, &rm.policy, err)) return false;
+  if (cuda.empty()) return true;
+  std::vector<GpuMemory> gpus;
+  ProcessGpuUse all;
+  std::string why;
+  if (rm.policy.enabled && !nvml_read(&gpus, &all, &why))
+    rm.note = "free device memory will not be checked before a restore: " + why;
+  for (pid_t pid : cuda)
+    if (auto it = all.find(pid); it != all.end()) rm.use[pid] = it->second;
+  // A resume (perhaps in a guardian) reads it back; an older record must not
+  // stand for this job's processes, so it is written even when empty.
+  if (!job.runtime_dir.empty() && !write_gpu_use(gpu_use_path(job), rm.use, &why) &&
+      rm.note.empty())
+    rm.note = "free device memory will not be checked before a resume: " + why;
+  return true;
+}
+
+bool load_gpu_use(const JobInfo& job, const char* margin, Driver* driver, std::string* err) {
+  RestoreMemory& rm = driver->restore_memory();
+  rm = RestoreMemory{};
+  if (!restore_memory_policy(margin, &rm.policy, err)) return false;
+  if (!job.runtime_dir.empty()) read_gpu_use(gpu_use_path(job), &rm.use);
+  return true;
+}
+
+std::map<std::string, std::string> pair_uuid_map(const std::vector<CUcheckpointGpuPair>& pairs) {
+  std::map<std::string, std::string> m;
+  for (const CUcheckpointGpuPair& p : pairs)
+    m[format_gpu_uuid(p.oldUuid)] = format_gpu_uuid(p.newUuid);
+  return m;
+}
+
+ProcessGpuUse manifest_gpu_use(const Manifest& m) {
+  ProcessGpuUse use;
+  for (const ManifestProcess& p : m.processes)
+    if (!p.gpu_memory.empty()) use[p.pid] = p.gpu_memory;
+  return use;
+}
+
+}  // namespace cusnap::engine_detail

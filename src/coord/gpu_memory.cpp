@@ -1,0 +1,244 @@
+#include "coord/gpu_memory.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+
+#include "cudaapi/nvml_api.h"
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+namespace {
+
+/// NVML's functions, resolved once per process; the library stays loaded
+/// (nvmlInit and nvmlShutdown pair around each read).
+struct NvmlApi {
+  std::string path, error;
+  decltype(&nvmlInit_v2) init = nullptr;
+  decltype(&nvmlShutdown) shutdown = nullptr;
+  decltype(&nvmlErrorString) error_string = nullptr;
+  decltype(&nvmlDeviceGetCount_v2) count = nullptr;
+  decltype(&nvmlDeviceGetHandleByIndex_v2) by_index = nullptr;
+  decltype(&nvmlDeviceGetUUID) uuid = nullptr;
+  decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
+  decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
+
+  std::string name(nvmlReturn_t r) const {
+    const char* s = error_string ? error_string(r) : nullptr;
+    return std::string(s && *s ? s : "NVML error") + " (" + std::to_string(r) + ")";
+  }
+};
+
+const NvmlApi& nvml_api() {
+  static NvmlApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* env = std::getenv("CUSNAP_LIBNVML");
+    api.path = env && *env ? env : "libnvidia-ml.so.1";
+    void* h = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = dlerror();
+      api.error = "cannot load NVML (" + api.path + "): " + (e ? e : "unknown error");
+      return;
+    }
+    bool all = true;
+    auto sym = [&](auto* fn, const char* n) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(h, n));
+      if (!*fn && all) {
+        all = false;
+        api.error = "NVML (" + api.path + ") lacks " + n;
+      }
+    };
+    sym(&api.init, "nvmlInit_v2");
+    sym(&api.shutdown, "nvmlShutdown");
+    sym(&api.error_string, "nvmlErrorString");
+    sym(&api.count, "nvmlDeviceGetCount_v2");
+    sym(&api.by_index, "nvmlDeviceGetHandleByIndex_v2");
+    sym(&api.uuid, "nvmlDeviceGetUUID");
+    sym(&api.memory, "nvmlDeviceGetMemoryInfo");
+    sym(&api.processes, "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!all) api.init = nullptr;
+  });
+  return api;
+}
+
+std::string mib(uint64_t b) {
+  return std::to_string((b + (1ull << 19)) >> 20) + " MiB";
+}
+
+}  // namespace
+
+bool nvml_read(std::vector<GpuMemory>* gpus, ProcessGpuUse* use, std::string* err) {
+  const NvmlApi& api = nvml_api();
+  if (!api.init) {
+    *err = api.error;
+    return false;
+  }
+  nvmlReturn_t r = api.init();
+  if (r != NVML_SUCCESS) {
+    *err = "nvmlInit_v2 failed: " + api.name(r);
+    return false;
+  }
+  gpus->clear();
+  use->clear();
+  unsigned n = 0;
+  r = api.count(&n);
+  for (unsigned i = 0; r == NVML_SUCCESS && i < n; ++i) {
+    nvmlDevice_t dev = nullptr;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+    nvmlMemory_t mem{};
+    if ((r = api.by_index(i, &dev)) != NVML_SUCCESS ||
+        (r = api.uuid(dev, uuid, sizeof uuid)) != NVML_SUCCESS ||
+        (r = api.memory(dev, &mem)) != NVML_SUCCESS) {
+      *err = "NVML, GPU " + std::to_string(i) + ": " + api.name(r);
+      break;
+    }
+    uuid[sizeof uuid - 1] = 0;
+    gpus->push_back({i, uuid, mem.total, mem.free});
+    // The list can grow between the two calls: ask again while it is short.
+    // A GPU whose processes cannot be listed gives no counts.
+    std::vector<nvmlProcessInfo_t> procs(16);
+    unsigned count = 0;
+    nvmlReturn_t pr = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int tries = 0; tries < 4 && pr == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
+      count = unsigned(procs.size());
+      pr = api.processes(dev, &count, procs.data());
+      if (pr == NVML_ERROR_INSUFFICIENT_SIZE) procs.resize(size_t(count) + 16);
+    }
+    if (pr != NVML_SUCCESS) count = 0;
+    for (size_t k = 0; k < std::min<size_t>(count, procs.size()); ++k) {
+      const nvmlProcessInfo_t& p = procs[k];
+      if (p.pid > 0 && p.usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
+        (*use)[pid_t(p.pid)][uuid] += p.usedGpuMemory;
+    }
+  }
+  if (r != NVML_SUCCESS && err->empty()) *err = "nvmlDeviceGetCount_v2 failed: " + api.name(r);
+  api.shutdown();
+  return r == NVML_SUCCESS;
+}
+
+bool restore_memory_policy(const char* value, RestoreMemoryPolicy* out, std::string* err) {
+  *out = RestoreMemoryPolicy{};
+  if (!value || !*value) return true;
+  const std::string v = value;
+  if (v == "off") {
+    out->enabled = false;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  int shift = 0;
+  if (end && *end) {
+    if (end[1] == 0 && (*end == 'K' || *end == 'k')) shift = 10;
+    if (end[1] == 0 && (*end == 'M' || *end == 'm')) shift = 20;
+    if (end[1] == 0 && (*end == 'G' || *end == 'g')) shift = 30;
+  }
+  const bool digits = !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]));
+  if (!digits || errno == ERANGE || (end && *end && shift == 0) || (n >> (63 - shift)) != 0) {
+    *err = std::string(kRestoreMarginSetting) + "=\"" + v +
+           "\" is not a size (bytes, or a number followed by K, M or G) or off";
+    return false;
+  }
+  out->margin = uint64_t(n) << shift;
+  return true;
+}
+
+GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
+                    const std::map<std::string, std::string>& uuid_map) {
+  GpuUse need;
+  for (pid_t pid : pids) {
+    auto it = use.find(pid);
+    if (it == use.end()) continue;
+    for (const auto& [uuid, bytes] : it->second) {
+      auto m = uuid_map.find(uuid);
+      need[m == uuid_map.end() ? uuid : m->second] += bytes;
+    }
+  }
+  return need;
+}
+
+bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy, std::string* why,
+                         std::string* note) {
+  if (!policy.enabled || need.empty()) return true;
+  std::vector<GpuMemory> gpus;
+  ProcessGpuUse now;
+  std::string err;
+  if (!nvml_read(&gpus, &now, &err)) {
+    if (note) *note = "free device memory not checked before the restore: " + err;
+    return true;
+  }
+  std::string shortfall;
+  for (const auto& [uuid, bytes] : need) {
+    const GpuMemory* g = nullptr;
+    for (const GpuMemory& x : gpus)
+      if (x.uuid == uuid) g = &x;
+    if (!g) continue;  // the restore itself names a missing GPU
+    if (g->free >= bytes && g->free - bytes >= policy.margin) continue;
+    if (!shortfall.empty()) shortfall += "; ";
+    shortfall += "GPU " + std::to_string(g->index) + " (" + uuid + ") has " + mib(g->free) +
+                 " free, the job needs " + mib(bytes) + " there and a margin of " +
+                 mib(policy.margin);
+  }
+  if (shortfall.empty()) return true;
+  *why = "not enough free device memory for the driver's restore: " + shortfall +
+         ". A restore tried without it loses the job's GPU state for good, so it was not "
+         "tried. Free memory on the GPU (nvidia-smi lists its processes), or set " +
+         kRestoreMarginSetting + " lower.";
+  return false;
+}
+
+bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, std::string* err) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [pid, gpus] : use) j[std::to_string(pid)] = gpus;
+  const std::string text = j.dump() + "\n", tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
+      ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0)
+    return true;
+  *err = "writing " + path + ": " + std::strerror(errno);
+  ::unlink(tmp.c_str());
+  return false;
+}
+
+bool read_gpu_use(const std::string& path, ProcessGpuUse* use) {
+  use->clear();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return false;
+  std::string text;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(fd.get(), buf, sizeof buf)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 || text.size() > (1u << 20)) return false;
+    text.append(buf, size_t(r));
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (!j.is_object()) return false;
+    for (const auto& [key, gpus] : j.items()) {
+      char* end = nullptr;
+      const long pid = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end || pid <= 0 || pid > (1l << 22) || !gpus.is_object()) return false;
+      for (const auto& [uuid, bytes] : gpus.items()) {
+        if (!uuid.starts_with("GPU-") || !bytes.is_number_unsigned()) return false;
+        (*use)[pid_t(pid)][uuid] = bytes.get<uint64_t>();
+      }
+    }
+  } catch (const std::exception&) {
+    use->clear();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace cusnap
