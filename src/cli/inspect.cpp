@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "coord/manifest.h"
 #include "coord/ports.h"
@@ -53,6 +55,16 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   for (const GpuDevice& g : m.gpus)
     std::printf("  gpu %d:    %s %s (%s)\n", g.index, g.name.c_str(), g.uuid.c_str(),
                 human_bytes(g.total_mem).c_str());
+  // What a restore needs free on each GPU (NVML's count at the checkpoint).
+  std::map<std::string, uint64_t> need;
+  for (const ManifestProcess& p : m.processes)
+    for (const auto& [uuid, b] : p.gpu_memory) need[uuid] += b;
+  for (const auto& [uuid, b] : need) {
+    std::string gpu = uuid;
+    for (const GpuDevice& g : m.gpus)
+      if (g.uuid == uuid) gpu = "gpu " + std::to_string(g.index);
+    std::printf("  needs:    %s of device memory on %s\n", human_bytes(b).c_str(), gpu.c_str());
+  }
   std::printf("  processes:\n    %8s %8s %-5s %s\n", "PID", "PPID", "CUDA", "COMMAND");
   for (const ManifestProcess& p : m.processes)
     std::printf("    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",

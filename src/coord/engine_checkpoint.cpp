@@ -247,6 +247,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     close_pidfds();
     return false;
   }
+  complete_gpu_use(job, &driver);
   out->phases.emplace_back("driver-checkpoint", sw.lap());
 
   // Bring the job back after a failure from here on: continue it (it may be

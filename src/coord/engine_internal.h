@@ -199,6 +199,11 @@ std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
 bool note_gpu_use(const JobInfo& job, const std::vector<pid_t>& cuda, const char* margin,
                   Driver* driver, std::string* err);
 bool load_gpu_use(const JobInfo& job, const char* margin, Driver* driver, std::string* err);
+/// Once every process is driver-checkpointed: for processes NVML gave no
+/// count for, the rise of each GPU's free memory since note_gpu_use, less
+/// the counted processes' use, noted as theirs (a stand-in that other
+/// processes' allocations meanwhile make rough).
+void complete_gpu_use(const JobInfo& job, Driver* driver);
 /// The device map of a restore's pairs: old GPU UUID -> new.
 std::map<std::string, std::string> pair_uuid_map(const std::vector<CUcheckpointGpuPair>& pairs);
 /// Each process's use as the checkpoint recorded it (processes without one

@@ -29,13 +29,37 @@ bool note_gpu_use(const JobInfo& job, const std::vector<pid_t>& cuda, const char
   if (rm.policy.enabled && !nvml_read(&gpus, &all, &why))
     rm.note = "free device memory will not be checked before a restore: " + why;
   for (pid_t pid : cuda)
-    if (auto it = all.find(pid); it != all.end()) rm.use[pid] = it->second;
+    if (auto it = all.find(pid); it != all.end())
+      rm.use[pid] = it->second;
+    else if (!gpus.empty())
+      rm.uncounted.push_back(pid);
+  if (!rm.uncounted.empty())
+    for (const GpuMemory& g : gpus) rm.free_before[g.uuid] = g.free;
   // A resume (perhaps in a guardian) reads it back; an older record must not
   // stand for this job's processes, so it is written even when empty.
   if (!job.runtime_dir.empty() && !write_gpu_use(gpu_use_path(job), rm.use, &why) &&
       rm.note.empty())
     rm.note = "free device memory will not be checked before a resume: " + why;
   return true;
+}
+
+void complete_gpu_use(const JobInfo& job, Driver* driver) {
+  RestoreMemory& rm = driver->restore_memory();
+  if (rm.uncounted.empty()) return;
+  std::vector<GpuMemory> gpus;
+  ProcessGpuUse now;
+  std::string why;
+  if (!nvml_read(&gpus, &now, &why)) return;
+  for (const GpuMemory& g : gpus) {
+    auto before = rm.free_before.find(g.uuid);
+    if (before == rm.free_before.end() || g.free <= before->second) continue;
+    uint64_t rise = g.free - before->second, counted = 0;
+    for (const auto& [pid, use] : rm.use)
+      if (auto it = use.find(g.uuid); it != use.end()) counted += it->second;
+    if (rise > counted) rm.use[rm.uncounted.front()][g.uuid] = rise - counted;
+  }
+  rm.uncounted.clear();
+  if (!job.runtime_dir.empty()) write_gpu_use(gpu_use_path(job), rm.use, &why);
 }
 
 bool load_gpu_use(const JobInfo& job, const char* margin, Driver* driver, std::string* err) {

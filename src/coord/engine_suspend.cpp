@@ -51,6 +51,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
           return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why);
         },
         [&](std::string* why) { return no_new_cuda_processes(job, driver, scan, "suspend", why); });
+    if (ok) complete_gpu_use(job, &driver);
     if (!ok) {
       std::string rb;
       if (rolled_back && !shared_rebuild_in_place(job, &shared, state, timeout, {}, &rb)) {

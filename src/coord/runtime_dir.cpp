@@ -16,8 +16,9 @@
 namespace cusnap {
 namespace {
 
-const char* const kKnownFiles[] = {"control.sock", "job.json",       "job.json.tmp", "output.log",
-                                   "lock",         "left-suspended", "left-suspended.tmp"};
+const char* const kKnownFiles[] = {"control.sock",   "job.json",           "job.json.tmp",
+                                   "output.log",     "lock",               "left-suspended",
+                                   "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp"};
 
 std::string errno_text(const std::string& what) {
   return what + ": " + std::strerror(errno);

@@ -92,8 +92,29 @@ op resume resume
 [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
 expect_running resume "$PID" "$OUT"
 pass "resume: refused while the memory is taken, the job kept; resumed once it is free"
+kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+
+# ---- NVML cannot see the job's pids (a container): the rise of the free
+# memory at the driver checkpoint stands for the job's use
+if [ "$REAL_DRIVER" != 1 ]; then
+  start hostpids FAKECUDA_NVML=hostpids
+  op suspend hostpids
+  [ "$RC" = 0 ] || fail "suspend exited $RC"
+  hog_start
+  op resume hostpids
+  [ "$RC" = 3 ] || fail "resume with the hog, NVML not seeing the pids, exited $RC, expected 3"
+  said "GPU 0 (GPU-[0-9a-f-]*) has 16 MiB free, the job needs 24 MiB there" resume
+  held hostpids
+  hog_end
+  op resume hostpids
+  [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
+  expect_running hostpids "$PID" "$OUT"
+  kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+  pass "NVML not seeing the job's pids: the need taken from the free memory's rise; refused, then resumed"
+fi
 
 # ---- the setting
+start resume
 CUSNAP_RESTORE_MEMORY_MARGIN=lots op checkpoint resume -o "$T/bad.ckpt"
 [ "$RC" = 3 ] || fail "checkpoint with a bad margin exited $RC, expected 3"
 said 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' checkpoint
@@ -108,6 +129,9 @@ start disk
 op checkpoint disk -o "$T/disk.ckpt"
 [ "$RC" = 0 ] || fail "checkpoint exited $RC"
 grep -q '"gpu_memory"' "$T/disk.ckpt/manifest.json" || fail "the manifest has no gpu_memory"
+"$CUSNAP" inspect "$T/disk.ckpt" >"$T/inspect.txt" || true
+grep -q "needs: .* of device memory on gpu 0" "$T/inspect.txt" ||
+  fail "inspect does not say what the restore needs: $(cat "$T/inspect.txt")"
 AT=$(last_count "$OUT")
 wait_exit "$SUP"; wait_gone "$PID" 20  # the checkpoint stopped the job
 SUM=$(cd "$T/disk.ckpt" && find . -type f -exec sha256sum {} + | sort)

@@ -5,7 +5,8 @@
 // processes using a device come from a scan of every process's descriptors
 // (ledger.h), system-wide as NVML's are: a driver-checkpointed process holds
 // no device memory and is not listed. FAKECUDA_NVML=off makes nvmlInit fail
-// NVML_ERROR_DRIVER_NOT_LOADED (a machine without NVML).
+// NVML_ERROR_DRIVER_NOT_LOADED (a machine without NVML); =hostpids lists
+// processes under pids of another namespace (a container's view).
 #include "cudaapi/nvml_api.h"
 #include "device_env.h"
 #include "ledger.h"
@@ -52,6 +53,14 @@ nvmlReturn_t check(nvmlDevice_t device, int* index) {
   if (n.init_refs == 0) return NVML_ERROR_UNINITIALIZED;
   *index = index_of(device);
   return *index < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+/// FAKECUDA_NVML=hostpids: processes are listed under pids of another pid
+/// namespace, pid + kHostPidOffset (above the kernel's largest pid).
+constexpr unsigned kHostPidOffset = 1u << 22;
+bool host_pids() {
+  const char* v = getenv("FAKECUDA_NVML");
+  return v && strcmp(v, "hostpids") == 0;
 }
 
 nvmlReturn_t init() {
@@ -199,7 +208,9 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
   for (const auto& [pid, own] : scan.own) {  // by pid
     if (own.device[i] == 0) continue;
     nvmlProcessInfo_t& p = infos[k++];
-    p.pid = static_cast<unsigned>(pid);
+    // FAKECUDA_NVML=hostpids: pids of another pid namespace (beyond any
+    // pid here), as NVML reports them to a process in a container.
+    p.pid = static_cast<unsigned>(pid) + (host_pids() ? kHostPidOffset : 0u);
     p.usedGpuMemory = own.device[i];
     p.gpuInstanceId = 0;
     p.computeInstanceId = 0;
