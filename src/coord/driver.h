@@ -36,12 +36,14 @@ struct RestoreMemory {
   RestoreMemoryPolicy policy;
   bool fell_short = false;
   std::string note;  ///< why nothing could be checked, when so
-  /// Processes NVML gave no count for (it cannot see their pids, e.g. from
-  /// another pid namespace), and each GPU's free memory before the suspend:
-  /// the rise at the driver checkpoint, less the counted processes' use,
-  /// stands for them (complete_gpu_use).
-  std::vector<pid_t> uncounted;
+  /// Each GPU's free memory before the suspend: the margin's cap
+  /// (restore_memory_fits).
   GpuUse free_before;
+  /// Processes NVML gave no count for (it cannot see their pids, e.g. from
+  /// another pid namespace): the rise of the free memory at the driver
+  /// checkpoint, less the counted processes' use, stands for them
+  /// (complete_gpu_use).
+  std::vector<pid_t> uncounted;
 };
 
 /// "GPU-..." form of a driver UUID, and back.

@@ -417,6 +417,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     m.processes.push_back(mp);
   }
   m.driver_version = scan.driver_version;
+  m.gpu_free = driver.restore_memory().free_before;
   m.driver_path = scan.cuda.empty() ? "" : driver.path();
   m.gpus = scan.gpus;
   m.criu_version = criu.version;

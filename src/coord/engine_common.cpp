@@ -201,8 +201,9 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
   rm.fell_short = false;
   if (!to_restore.empty()) {
     std::string why;
-    if (!restore_memory_fits(restore_need(rm.use, to_restore, pair_uuid_map(pairs)), rm.policy, &why,
-                             &rm.note)) {
+    const auto uuid_map = pair_uuid_map(pairs);
+    if (!restore_memory_fits(restore_need(rm.use, to_restore, uuid_map), rm.policy,
+                             map_gpus(rm.free_before, uuid_map), &why, &rm.note)) {
       rm.fell_short = true;
       add("driver restore phase: " + why);
       return false;

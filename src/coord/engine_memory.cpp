@@ -33,11 +33,10 @@ bool note_gpu_use(const JobInfo& job, const std::vector<pid_t>& cuda, const char
       rm.use[pid] = it->second;
     else if (!gpus.empty())
       rm.uncounted.push_back(pid);
-  if (!rm.uncounted.empty())
-    for (const GpuMemory& g : gpus) rm.free_before[g.uuid] = g.free;
+  for (const GpuMemory& g : gpus) rm.free_before[g.uuid] = g.free;
   // A resume (perhaps in a guardian) reads it back; an older record must not
   // stand for this job's processes, so it is written even when empty.
-  if (!job.runtime_dir.empty() && !write_gpu_use(gpu_use_path(job), rm.use, &why) &&
+  if (!job.runtime_dir.empty() && !write_gpu_use(gpu_use_path(job), rm.use, rm.free_before, &why) &&
       rm.note.empty())
     rm.note = "free device memory will not be checked before a resume: " + why;
   return true;
@@ -59,14 +58,14 @@ void complete_gpu_use(const JobInfo& job, Driver* driver) {
     if (rise > counted) rm.use[rm.uncounted.front()][g.uuid] = rise - counted;
   }
   rm.uncounted.clear();
-  if (!job.runtime_dir.empty()) write_gpu_use(gpu_use_path(job), rm.use, &why);
+  if (!job.runtime_dir.empty()) write_gpu_use(gpu_use_path(job), rm.use, rm.free_before, &why);
 }
 
 bool load_gpu_use(const JobInfo& job, const char* margin, Driver* driver, std::string* err) {
   RestoreMemory& rm = driver->restore_memory();
   rm = RestoreMemory{};
   if (!restore_memory_policy(margin, &rm.policy, err)) return false;
-  if (!job.runtime_dir.empty()) read_gpu_use(gpu_use_path(job), &rm.use);
+  if (!job.runtime_dir.empty()) read_gpu_use(gpu_use_path(job), &rm.use, &rm.free_before);
   return true;
 }
 

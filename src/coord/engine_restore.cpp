@@ -246,12 +246,14 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     RestoreMemory& rm = driver.restore_memory();
     if (!restore_memory_policy(std::getenv(kRestoreMarginSetting), &rm.policy, err)) return false;
     rm.use = manifest_gpu_use(m);
+    rm.free_before = m.gpu_free;
     std::vector<pid_t> cuda_pids;
     for (const ManifestProcess& p : m.processes)
       if (p.uses_cuda) cuda_pids.push_back(p.pid);
     std::string why;
-    if (!restore_memory_fits(restore_need(rm.use, cuda_pids, pair_uuid_map(pairs)), rm.policy, &why,
-                             &rm.note)) {
+    const auto uuid_map = pair_uuid_map(pairs);
+    if (!restore_memory_fits(restore_need(rm.use, cuda_pids, uuid_map), rm.policy,
+                             map_gpus(rm.free_before, uuid_map), &why, &rm.note)) {
       *err = "checkpoint " + opts.dir + ": " + why + "\nnothing was restored; the checkpoint is unchanged";
       return false;
     }

@@ -168,8 +168,17 @@ GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
   return need;
 }
 
-bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy, std::string* why,
-                         std::string* note) {
+GpuUse map_gpus(const GpuUse& v, const std::map<std::string, std::string>& uuid_map) {
+  GpuUse out;
+  for (const auto& [uuid, bytes] : v) {
+    auto m = uuid_map.find(uuid);
+    out[m == uuid_map.end() ? uuid : m->second] = bytes;
+  }
+  return out;
+}
+
+bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy,
+                         const GpuUse& margin_cap, std::string* why, std::string* note) {
   if (!policy.enabled || need.empty()) return true;
   std::vector<GpuMemory> gpus;
   ProcessGpuUse now;
@@ -184,11 +193,13 @@ bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy, 
     for (const GpuMemory& x : gpus)
       if (x.uuid == uuid) g = &x;
     if (!g) continue;  // the restore itself names a missing GPU
-    if (g->free >= bytes && g->free - bytes >= policy.margin) continue;
+    uint64_t margin = policy.margin;
+    if (auto cap = margin_cap.find(uuid); cap != margin_cap.end())
+      margin = std::min(margin, cap->second);
+    if (g->free >= bytes && g->free - bytes >= margin) continue;
     if (!shortfall.empty()) shortfall += "; ";
     shortfall += "GPU " + std::to_string(g->index) + " (" + uuid + ") has " + mib(g->free) +
-                 " free, the job needs " + mib(bytes) + " there and a margin of " +
-                 mib(policy.margin);
+                 " free, the job needs " + mib(bytes) + " there and a margin of " + mib(margin);
   }
   if (shortfall.empty()) return true;
   *why = "not enough free device memory for the driver's restore: " + shortfall +
@@ -198,9 +209,24 @@ bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy, 
   return false;
 }
 
-bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, std::string* err) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [pid, gpus] : use) j[std::to_string(pid)] = gpus;
+namespace {
+
+bool gpu_values(const nlohmann::json& j, GpuUse* out) {
+  if (!j.is_object()) return false;
+  for (const auto& [uuid, bytes] : j.items()) {
+    if (!uuid.starts_with("GPU-") || !bytes.is_number_unsigned()) return false;
+    (*out)[uuid] = bytes.get<uint64_t>();
+  }
+  return true;
+}
+
+}  // namespace
+
+bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, const GpuUse& free,
+                   std::string* err) {
+  nlohmann::json procs = nlohmann::json::object();
+  for (const auto& [pid, gpus] : use) procs[std::to_string(pid)] = gpus;
+  const nlohmann::json j = {{"processes", procs}, {"free", free}};
   const std::string text = j.dump() + "\n", tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (fd && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
@@ -211,8 +237,9 @@ bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, std::strin
   return false;
 }
 
-bool read_gpu_use(const std::string& path, ProcessGpuUse* use) {
+bool read_gpu_use(const std::string& path, ProcessGpuUse* use, GpuUse* free) {
   use->clear();
+  free->clear();
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return false;
   std::string text;
@@ -222,23 +249,30 @@ bool read_gpu_use(const std::string& path, ProcessGpuUse* use) {
     if (r < 0 || text.size() > (1u << 20)) return false;
     text.append(buf, size_t(r));
   }
+  bool ok = true;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (!j.is_object()) return false;
-    for (const auto& [key, gpus] : j.items()) {
+    if (!j.is_object() || !j.contains("processes") || !j["processes"].is_object()) return false;
+    ok = !j.contains("free") || gpu_values(j["free"], free);
+    for (const auto& [key, gpus] : j["processes"].items()) {
+      if (!ok) break;
       char* end = nullptr;
       const long pid = std::strtol(key.c_str(), &end, 10);
-      if (key.empty() || *end || pid <= 0 || pid > (1l << 22) || !gpus.is_object()) return false;
-      for (const auto& [uuid, bytes] : gpus.items()) {
-        if (!uuid.starts_with("GPU-") || !bytes.is_number_unsigned()) return false;
-        (*use)[pid_t(pid)][uuid] = bytes.get<uint64_t>();
+      GpuUse g;
+      if (key.empty() || *end || pid <= 0 || pid > (1l << 22) || !gpu_values(gpus, &g)) {
+        ok = false;
+        break;
       }
+      (*use)[pid_t(pid)] = g;
     }
   } catch (const std::exception&) {
-    use->clear();
-    return false;
+    ok = false;
   }
-  return true;
+  if (!ok) {
+    use->clear();
+    free->clear();
+  }
+  return ok;
 }
 
 }  // namespace cusnap

@@ -56,19 +56,27 @@ bool restore_memory_policy(const char* value, RestoreMemoryPolicy* out, std::str
 /// add nothing.
 GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
                     const std::map<std::string, std::string>& uuid_map = {});
+/// The same GPUs' values under their mapped UUIDs.
+GpuUse map_gpus(const GpuUse& v, const std::map<std::string, std::string>& uuid_map);
 
 /// True when every GPU of `need` has at least need + margin free, or when
 /// nothing can be known (check off, nothing needed, NVML missing: *note
-/// then says so when not null). False: *why names each GPU that falls
-/// short, its free memory, the need and the margin.
-bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy, std::string* why,
+/// then says so when not null). The margin of a GPU is at most its
+/// margin_cap entry, the free memory it had before the suspend: a job that
+/// ran with less to spare needs no more to come back (it freed what it
+/// needs). False: *why names each GPU that falls short, its free memory,
+/// the need and the margin.
+bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy,
+                         const GpuUse& margin_cap, std::string* why,
                          std::string* note = nullptr);
 
 /// The record a checkpoint or suspend leaves in the job's runtime directory
-/// for a later resume of the job: JSON {"<pid>": {"GPU-...": bytes}}.
+/// for a later resume of the job: JSON {"processes": {"<pid>": {"GPU-...":
+/// bytes}}, "free": {"GPU-...": bytes}} (each GPU's free memory before).
 inline constexpr const char* kGpuUseFile = "gpu-use.json";
-bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, std::string* err);
+bool write_gpu_use(const std::string& path, const ProcessGpuUse& use, const GpuUse& free,
+                   std::string* err);
 /// False when the file is missing or not such a record.
-bool read_gpu_use(const std::string& path, ProcessGpuUse* use);
+bool read_gpu_use(const std::string& path, ProcessGpuUse* use, GpuUse* free);
 
 }  // namespace cusnap

@@ -62,10 +62,14 @@ TEST_CASE("gpu memory: what a restore needs, per GPU, through a device map") {
   CHECK(restore_need(use, {}).empty());
   // Nothing needed, or the check off: fits without asking NVML.
   std::string why;
-  CHECK(restore_memory_fits({}, RestoreMemoryPolicy{}, &why));
+  CHECK(restore_memory_fits({}, RestoreMemoryPolicy{}, {}, &why));
   RestoreMemoryPolicy off;
   off.enabled = false;
-  CHECK(restore_memory_fits({{kGpu0, ~0ull}}, off, &why));
+  CHECK(restore_memory_fits({{kGpu0, ~0ull}}, off, {}, &why));
+  // The margin's cap follows the GPUs through the map.
+  const GpuUse cap = map_gpus({{kGpu0, 5}, {kGpu1, 6}}, {{kGpu0, kGpu1}, {kGpu1, kGpu0}});
+  CHECK(cap.at(kGpu1) == 5);
+  CHECK(cap.at(kGpu0) == 6);
   CHECK(why.empty());
 }
 
@@ -74,35 +78,46 @@ TEST_CASE("gpu memory: the runtime record, written and read back, bad ones refus
   REQUIRE(mkdtemp(tmpl));
   const std::string dir = tmpl, path = dir + "/" + kGpuUseFile;
   ProcessGpuUse use, back;
+  GpuUse free = {{kGpu0, 123456789ull}}, free_back;
   use[4242][kGpu0] = 4838064128ull;
   use[4243][kGpu1] = 1;
   std::string err;
-  REQUIRE(write_gpu_use(path, use, &err));
-  REQUIRE(read_gpu_use(path, &back));
+  REQUIRE(write_gpu_use(path, use, free, &err));
+  REQUIRE(read_gpu_use(path, &back, &free_back));
   CHECK(back == use);
-  REQUIRE(write_gpu_use(path, {}, &err));  // an empty record stands too
-  REQUIRE(read_gpu_use(path, &back));
+  CHECK(free_back == free);
+  REQUIRE(write_gpu_use(path, {}, {}, &err));  // an empty record stands too
+  REQUIRE(read_gpu_use(path, &back, &free_back));
   CHECK(back.empty());
+  CHECK(free_back.empty());
   auto bad = [&](const std::string& text) {
     std::ofstream(path, std::ios::trunc) << text;
     back[1][kGpu0] = 1;
+    free_back[kGpu0] = 1;
     CAPTURE(text);
-    CHECK_FALSE(read_gpu_use(path, &back));
+    CHECK_FALSE(read_gpu_use(path, &back, &free_back));
+    CHECK(back.empty());
+    CHECK(free_back.empty());
   };
+  auto procs = [](const std::string& p) { return "{\"processes\": " + p + "}"; };
   bad("[1, 2]");
-  bad("{\"x\": {}}");
-  bad("{\"-5\": {}}");
-  bad("{\"12\": {\"not-a-gpu\": 5}}");
-  bad("{\"12\": {\"" + kGpu0 + "\": -5}}");
-  bad("{\"12\": {\"" + kGpu0 + "\": \"5\"}}");
-  bad("{\"12\": ");
+  bad("{\"12\": {}}");  // not under "processes"
+  bad(procs("[]"));
+  bad(procs("{\"x\": {}}"));
+  bad(procs("{\"-5\": {}}"));
+  bad(procs("{\"12\": {\"not-a-gpu\": 5}}"));
+  bad(procs("{\"12\": {\"" + kGpu0 + "\": -5}}"));
+  bad(procs("{\"12\": {\"" + kGpu0 + "\": \"5\"}}"));
+  bad("{\"processes\": {}, \"free\": {\"" + kGpu0 + "\": -1}}");
+  bad("{\"processes\": {}, \"free\": 7}");
+  bad("{\"processes\": ");
   ::unlink(path.c_str());
-  CHECK_FALSE(read_gpu_use(path, &back));
+  CHECK_FALSE(read_gpu_use(path, &back, &free_back));
   // A link is not followed.
   REQUIRE(symlink("/etc/hostname", path.c_str()) == 0);
-  CHECK_FALSE(read_gpu_use(path, &back));
+  CHECK_FALSE(read_gpu_use(path, &back, &free_back));
   ::unlink(path.c_str());
-  CHECK(write_gpu_use(dir + "/missing/" + kGpuUseFile, use, &err) == false);
+  CHECK(write_gpu_use(dir + "/missing/" + kGpuUseFile, use, free, &err) == false);
   CHECK(err.find("missing") != std::string::npos);
   ::rmdir(dir.c_str());
 }
@@ -134,4 +149,16 @@ TEST_CASE("gpu memory: a process's use in the manifest, optional and checked") {
   CHECK_FALSE(manifest_from_json(t.replace(t.find(count), count.size(), "\"" + kGpu0 + "\": -1"),
                                  &back, &err));
   CHECK(err.find("processes[0].gpu_memory") != std::string::npos);
+  // Each GPU's free memory before the checkpoint, optional and checked too.
+  m.gpu_free[kGpu0] = 1ull << 30;
+  text = manifest_to_json(m);
+  REQUIRE(manifest_from_json(text, &back, &err));
+  CHECK(back.gpu_free == m.gpu_free);
+  const std::string freetext = "\"gpu_free\": {\n    \"" + kGpu0 + "\": 1073741824";
+  REQUIRE(text.find(freetext) != std::string::npos);
+  t = text;
+  CHECK_FALSE(manifest_from_json(
+      t.replace(t.find(freetext), freetext.size(), "\"gpu_free\": {\"" + kGpu0 + "\": \"x\""),
+      &back, &err));
+  CHECK(err.find("gpu_free") != std::string::npos);
 }

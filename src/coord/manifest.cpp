@@ -66,6 +66,7 @@ std::string manifest_to_json(const Manifest& m) {
     j["phases"].push_back({{"name", name}, {"seconds", secs}});
   j["leave_running"] = m.leave_running;
   if (m.tcp_established) j["tcp_established"] = true;
+  if (!m.gpu_free.empty()) j["gpu_free"] = m.gpu_free;
   if (!m.tcp_listeners.empty()) {
     json& ls = j["tcp_listeners"] = json::array();
     for (const TcpListener& l : m.tcp_listeners) {
@@ -331,6 +332,16 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   }
   r.boolean(j, "", "leave_running", &m->leave_running);
   if (j.contains("tcp_established")) r.boolean(j, "", "tcp_established", &m->tcp_established);
+  if (r.ok && j.contains("gpu_free")) {
+    const json& g = j["gpu_free"];
+    if (!g.is_object()) r.fail("gpu_free is not an object");
+    for (auto it = g.begin(); r.ok && it != g.end(); ++it) {
+      if (!it.key().starts_with("GPU-") || !it.value().is_number_unsigned())
+        r.fail("gpu_free." + it.key() + " is not a GPU UUID with a byte count");
+      else
+        m->gpu_free[it.key()] = it.value().get<uint64_t>();
+    }
+  }
   if (j.contains("tcp_listeners")) read_tcp_listeners(r, j, &m->tcp_listeners);
   // Version 3: the processes whose shims hold released shared memory.
   if (m->version >= 3) {

@@ -21,6 +21,7 @@
 //                          "v6only": bool (family 6 only, optional) } ],
 //                                     optional: the job's listening TCP sockets,
 //                                     checked free before a restore (ports.h)
+//     "gpu_free": {"GPU-...": bytes}, optional: free device memory before
 //     "shim_processes": [pid, ..] }   processes whose shims released shared
 //                                     memory: their records are shim/<pid>.records,
 //                                     the bytes shared/<pid>-<allocation>.<k>.bin
@@ -94,6 +95,9 @@ struct Manifest {
   /// checked then).
   std::vector<TcpListener> tcp_listeners;
   std::vector<pid_t> shim_processes;
+  /// Each GPU's free device memory before the checkpoint (UUID -> bytes):
+  /// the cap of the restore's margin (gpu_memory.h). Optional in the file.
+  GpuUse gpu_free;
 };
 
 /// JSON text of a manifest.

@@ -21,6 +21,11 @@
 #   control     CUSNAP_RESTORE_MEMORY_MARGIN=off: the resume asks the driver,
 #               which fails CUDA_ERROR_OUT_OF_MEMORY, and the job is lost
 #   the setting a bad value is refused (exit 3 from checkpoint and suspend)
+#   hostpids    NVML listing the processes under other pids (a container):
+#               the rise of the free memory at the driver checkpoint stands
+#               for the job's use, and the resume is refused all the same
+#   tight       a job that ran with less free memory than the margin: the
+#               margin is capped at that, and it resumes and restores
 # On a GPU (scripts/gpu-test.sh restore-memory-check): a 4 GiB job, and a
 # PyTorch hog that leaves 1 GiB free; the device-map case needs two GPUs.
 source "$(dirname "$0")/lib_checkpoint.sh"
@@ -111,6 +116,31 @@ if [ "$REAL_DRIVER" != 1 ]; then
   expect_running hostpids "$PID" "$OUT"
   kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
   pass "NVML not seeing the job's pids: the need taken from the free memory's rise; refused, then resumed"
+fi
+
+# ---- a job that ran with less than the margin free: the margin is capped
+# at what was free before the suspend, so that it comes back
+if [ "$REAL_DRIVER" != 1 ]; then
+  "$CUSNAP_FAKECUDA_DIR/fakecuda_holder" 50 0 0 >"$T/filler.out" 2>&1 &
+  FILLER=$!
+  start tight  # 128 - 100 (the filler) - 24 (the job): 4 MiB free, the margin 8
+  op suspend tight
+  [ "$RC" = 0 ] || fail "suspend exited $RC"
+  op resume tight
+  [ "$RC" = 0 ] || fail "resume of a job that ran with 4 MiB free exited $RC"
+  expect_running tight "$PID" "$OUT"
+  op checkpoint tight -o "$T/tight.ckpt"
+  [ "$RC" = 0 ] || fail "checkpoint exited $RC"
+  wait_exit "$SUP"; wait_gone "$PID" 20
+  grep -q '"gpu_free"' "$T/tight.ckpt/manifest.json" || fail "the manifest has no gpu_free"
+  OUT=$T/tight-restored.out
+  restore_bg "$T/tight.ckpt" "$OUT" --name tight
+  SUP=$LAST_SUPERVISOR
+  wait_count "$OUT" 5
+  expect_running tight "$PID" "$OUT"
+  kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+  kill -9 "$FILLER"; wait "$FILLER" 2>/dev/null || true
+  pass "a job that ran with less free than the margin resumes and restores (the margin capped)"
 fi
 
 # ---- the setting
