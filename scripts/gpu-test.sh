@@ -52,7 +52,9 @@
 #                roll back are not tried while the memory is taken (exit 3, 3
 #                and 6), the job kept, and come back once the hog is gone; the
 #                control with the check off loses the job (OUT_OF_MEMORY, then
-#                304). Device-map cases with two GPUs.
+#                304); a job that ran with 16 MiB free (a filler started
+#                after it) resumes and restores beside the filler. Device-map
+#                cases with two GPUs.
 #   torch-share-noshim
 #                Negative control: torch_share.py (default allocator) under
 #                `cusnap launch --no-shim`, so only the bare driver sees the
