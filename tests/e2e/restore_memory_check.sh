@@ -67,7 +67,10 @@ start() {  # start NAME [SUPERVISOR-ENV...]: a pattern job; sets SUP, PID, OUT
   PID=$(wait_job "$name")
 }
 hog_start() {  # hog_start [DEVICE]: the hog on DEVICE (0), until it holds the memory; sets HOG
-  $(hog_cmd "${1:-0}") >"$T/hog.out" 2>&1 &
+  # Emptied here, not by the redirection of the background command, which
+  # may come after the wait below has read the last hog's "ready".
+  : >"$T/hog.out"
+  $(hog_cmd "${1:-0}") >>"$T/hog.out" 2>&1 &
   HOG=$!
   for _ in $(seq 1 1200); do grep -q "^ready" "$T/hog.out" && return 0; sleep 0.05; done
   fail "the hog did not start: $(cat "$T/hog.out")"
