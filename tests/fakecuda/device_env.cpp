@@ -9,16 +9,6 @@ namespace fc {
 
 namespace {
 
-/// An environment variable parsed as an unsigned number (any base strtoull
-/// takes), or def when unset, empty or not wholly a number.
-unsigned long long env_number(const char* name, unsigned long long def) {
-  const char* v = getenv(name);
-  if (!v || !*v) return def;
-  char* end = nullptr;
-  unsigned long long r = strtoull(v, &end, 0);
-  return (end && *end == '\0') ? r : def;
-}
-
 uint64_t splitmix64(uint64_t& x) {
   uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -28,15 +18,23 @@ uint64_t splitmix64(uint64_t& x) {
 
 }  // namespace
 
+unsigned long long env_u64(const char* name, unsigned long long def) {
+  const char* v = getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  unsigned long long r = strtoull(v, &end, 0);
+  return (end && *end == '\0') ? r : def;
+}
+
 DeviceEnv read_device_env() {
   DeviceEnv e;
-  unsigned long long count = env_number("FAKECUDA_DEVICES", 1);
+  unsigned long long count = env_u64("FAKECUDA_DEVICES", 1);
   e.count =
       count > static_cast<unsigned long long>(kMaxDevices) ? kMaxDevices : static_cast<int>(count);
   const char* name = getenv("FAKECUDA_DEVICE_NAME");
   e.name = (name && *name) ? name : kDefaultDeviceName;
-  e.total_mem = env_number("FAKECUDA_TOTAL_MEM", kDefaultTotalMem);
-  e.seed = env_number("FAKECUDA_UUID_SEED", 0);
+  e.total_mem = env_u64("FAKECUDA_TOTAL_MEM", kDefaultTotalMem);
+  e.seed = env_u64("FAKECUDA_UUID_SEED", 0);
   return e;
 }
 

@@ -23,6 +23,10 @@ struct DeviceEnv {
   uint64_t seed = 0;
 };
 
+/// An environment variable parsed as an unsigned number (any base strtoull
+/// takes), or def when unset, empty or not wholly a number.
+unsigned long long env_u64(const char* name, unsigned long long def);
+
 /// Reads the environment now.
 DeviceEnv read_device_env();
 

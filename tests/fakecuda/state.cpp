@@ -40,14 +40,6 @@ bool valid_stream(CUstream s) {
   return driver().streams.count(reinterpret_cast<Stream*>(s)) != 0;
 }
 
-unsigned long long env_u64(const char* name, unsigned long long def) {
-  const char* v = getenv(name);
-  if (!v || !*v) return def;
-  char* end = nullptr;
-  unsigned long long r = strtoull(v, &end, 0);
-  return (end && *end == '\0') ? r : def;
-}
-
 namespace {
 
 // Same order as the checkpoint handlers: Gate::mu, then Driver::mu.

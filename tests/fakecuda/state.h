@@ -255,9 +255,6 @@ bool valid_ctx(CUcontext ctx);
 /// Stream handle check; NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are valid.
 bool valid_stream(CUstream s);
 
-/// Returns an environment variable parsed as an unsigned number, or def.
-unsigned long long env_u64(const char* name, unsigned long long def);
-
 /// Starts the control server thread (control_server.cpp).
 CUresult start_control_server();
 /// Forgets the control server after fork (the thread did not survive it).
