@@ -11,9 +11,8 @@
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <type_traits>
 
-#include "cudaapi/nvml_api.h"
+#include "cudaapi/nvml_table.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -22,16 +21,8 @@ namespace {
 
 /// NVML's functions, resolved once per process; the library stays loaded
 /// (nvmlInit and nvmlShutdown pair around each read).
-struct NvmlApi {
+struct NvmlApi : NvmlTable {
   std::string path, error;
-  decltype(&nvmlInit_v2) init = nullptr;
-  decltype(&nvmlShutdown) shutdown = nullptr;
-  decltype(&nvmlErrorString) error_string = nullptr;
-  decltype(&nvmlDeviceGetCount_v2) count = nullptr;
-  decltype(&nvmlDeviceGetHandleByIndex_v2) by_index = nullptr;
-  decltype(&nvmlDeviceGetUUID) uuid = nullptr;
-  decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
-  decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
 
   std::string name(nvmlReturn_t r) const {
     const char* s = error_string ? error_string(r) : nullptr;
@@ -51,23 +42,8 @@ const NvmlApi& nvml_api() {
       api.error = "cannot load NVML (" + api.path + "): " + (e ? e : "unknown error");
       return;
     }
-    bool all = true;
-    auto sym = [&](auto* fn, const char* n) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(h, n));
-      if (!*fn && all) {
-        all = false;
-        api.error = "NVML (" + api.path + ") lacks " + n;
-      }
-    };
-    sym(&api.init, "nvmlInit_v2");
-    sym(&api.shutdown, "nvmlShutdown");
-    sym(&api.error_string, "nvmlErrorString");
-    sym(&api.count, "nvmlDeviceGetCount_v2");
-    sym(&api.by_index, "nvmlDeviceGetHandleByIndex_v2");
-    sym(&api.uuid, "nvmlDeviceGetUUID");
-    sym(&api.memory, "nvmlDeviceGetMemoryInfo");
-    sym(&api.processes, "nvmlDeviceGetComputeRunningProcesses_v3");
-    if (!all) api.init = nullptr;
+    if (const char* missing = api.resolve(h))
+      api.error = "NVML (" + api.path + ") lacks " + missing;
   });
   return api;
 }

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "cudaapi/nvml_api.h"
+#include "cudaapi/nvml_table.h"
 #include "fakecuda_test_util.h"
 
 extern char** environ;
@@ -32,39 +32,20 @@ namespace {
 constexpr unsigned long long kMiB = 1ULL << 20;
 using Env = std::vector<std::pair<std::string, std::string>>;
 
-/// The simulated NVML's entry points, resolved once.
-struct NvmlLib {
+/// The simulated NVML's entry points (the coordinator's table, and the
+/// older nvmlInit too), resolved once.
+struct NvmlLib : cusnap::NvmlTable {
   void* handle = nullptr;
-  decltype(&nvmlInit_v2) init_v2 = nullptr;
   decltype(&nvmlInit_v2) init_v1 = nullptr;
-  decltype(&nvmlShutdown) shutdown = nullptr;
-  decltype(&nvmlErrorString) error_string = nullptr;
-  decltype(&nvmlDeviceGetCount_v2) count = nullptr;
-  decltype(&nvmlDeviceGetHandleByIndex_v2) by_index = nullptr;
-  decltype(&nvmlDeviceGetUUID) uuid = nullptr;
-  decltype(&nvmlDeviceGetMemoryInfo) memory = nullptr;
-  decltype(&nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
 };
-
-template <typename F>
-void resolve(void* h, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(h, name));
-}
 
 const NvmlLib& lib() {
   static NvmlLib l = [] {
     NvmlLib n;
     n.handle = dlopen(CUSNAP_FAKECUDA_DIR "/libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!n.handle) return n;
-    resolve(n.handle, "nvmlInit_v2", &n.init_v2);
-    resolve(n.handle, "nvmlInit", &n.init_v1);
-    resolve(n.handle, "nvmlShutdown", &n.shutdown);
-    resolve(n.handle, "nvmlErrorString", &n.error_string);
-    resolve(n.handle, "nvmlDeviceGetCount_v2", &n.count);
-    resolve(n.handle, "nvmlDeviceGetHandleByIndex_v2", &n.by_index);
-    resolve(n.handle, "nvmlDeviceGetUUID", &n.uuid);
-    resolve(n.handle, "nvmlDeviceGetMemoryInfo", &n.memory);
-    resolve(n.handle, "nvmlDeviceGetComputeRunningProcesses_v3", &n.processes);
+    n.resolve(n.handle);
+    n.init_v1 = reinterpret_cast<decltype(&nvmlInit_v2)>(dlsym(n.handle, "nvmlInit"));
     return n;
   }();
   return l;
@@ -72,7 +53,7 @@ const NvmlLib& lib() {
 
 bool lib_complete() {
   const NvmlLib& n = lib();
-  return n.handle && n.init_v2 && n.init_v1 && n.shutdown && n.error_string && n.count &&
+  return n.handle && n.init && n.init_v1 && n.shutdown && n.error_string && n.count &&
          n.by_index && n.uuid && n.memory && n.processes;
 }
 
@@ -263,7 +244,7 @@ struct NvmlSession {
   EnvGuard env;
   explicit NvmlSession(const Env& e = machine_env()) : env(e) {
     REQUIRE(lib_complete());
-    REQUIRE(lib().init_v2() == NVML_SUCCESS);
+    REQUIRE(lib().init() == NVML_SUCCESS);
   }
   ~NvmlSession() { lib().shutdown(); }
 };
@@ -294,7 +275,7 @@ TEST_CASE("fakecuda nvml: devices and UUIDs are the driver's") {
             want[i] = uuid_text(u);
           }
           const NvmlLib& n = lib();
-          FC_REQ(n.init_v2() == NVML_SUCCESS);
+          FC_REQ(n.init() == NVML_SUCCESS);
           unsigned count = 0;
           FC_REQ(n.count(&count) == NVML_SUCCESS && count == 2);
           FC_REQ(n.count(nullptr) == NVML_ERROR_INVALID_ARGUMENT);
@@ -327,7 +308,7 @@ TEST_CASE("fakecuda nvml: devices and UUIDs are the driver's") {
           FC_REQ(n.shutdown() == NVML_SUCCESS);
           // Another seed is another machine: other UUIDs, read at the next init.
           setenv("FAKECUDA_UUID_SEED", "42", 1);
-          FC_REQ(n.init_v2() == NVML_SUCCESS);
+          FC_REQ(n.init() == NVML_SUCCESS);
           FC_REQ(n.by_index(0, &d[0]) == NVML_SUCCESS);
           FC_REQ(n.uuid(d[0], s, sizeof s) == NVML_SUCCESS && s != want[0]);
           FC_REQ(n.shutdown() == NVML_SUCCESS);
@@ -470,7 +451,7 @@ TEST_CASE("fakecuda nvml: calls before nvmlInit, init counting, FAKECUDA_NVML=of
   CHECK(std::string(n.error_string(12345)) == "Unknown Error");
   {
     EnvGuard off(Env{{"FAKECUDA_NVML", "off"}});
-    CHECK(n.init_v2() == NVML_ERROR_DRIVER_NOT_LOADED);
+    CHECK(n.init() == NVML_ERROR_DRIVER_NOT_LOADED);
     CHECK(n.init_v1() == NVML_ERROR_DRIVER_NOT_LOADED);
     CHECK(n.count(&count) == NVML_ERROR_UNINITIALIZED);
     CHECK(n.shutdown() == NVML_ERROR_UNINITIALIZED);
@@ -478,7 +459,7 @@ TEST_CASE("fakecuda nvml: calls before nvmlInit, init counting, FAKECUDA_NVML=of
   // Each nvmlInit needs its nvmlShutdown.
   EnvGuard env(machine_env());
   CHECK(n.init_v1() == NVML_SUCCESS);
-  CHECK(n.init_v2() == NVML_SUCCESS);
+  CHECK(n.init() == NVML_SUCCESS);
   CHECK(n.shutdown() == NVML_SUCCESS);
   CHECK(n.count(&count) == NVML_SUCCESS);
   CHECK(count == 2);
