@@ -239,3 +239,16 @@ expect_held() {
   sleep 0.3
   [ "$(last_count "$2")" = "$n" ] || fail "$1 counted on while its GPU state was out"
 }
+
+# op CMD...: runs cusnap CMD, its output in $T/op.out (shown cut short); sets RC.
+op() {
+  RC=0
+  "$CUSNAP" "$@" >"$T/op.out" 2>&1 || RC=$?
+  echo "   cusnap $1 (exit $RC): $(tr '\n' ' ' <"$T/op.out" | cut -c1-500)"
+}
+
+# said PATTERN WHAT: the last op's output matches PATTERN (grep), or WHAT fails.
+said() { grep -q -- "$1" "$T/op.out" || fail "$2 did not say '$1': $(cat "$T/op.out")"; }
+
+# term_job: stops the supervisor $SUP (SIGTERM) and waits for it and the job's $PID to be gone.
+term_job() { kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20; }

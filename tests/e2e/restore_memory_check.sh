@@ -76,12 +76,6 @@ hog_start() {  # hog_start [DEVICE]: the hog on DEVICE (0), until it holds the m
   fail "the hog did not start: $(cat "$T/hog.out")"
 }
 hog_end() { kill -9 "$HOG" 2>/dev/null || true; wait "$HOG" 2>/dev/null || true; wait_gone "$HOG" 30; }
-op() {  # op CMD...: cusnap CMD, output in $T/op.out; sets RC
-  RC=0
-  "$CUSNAP" "$@" >"$T/op.out" 2>&1 || RC=$?
-  echo "   cusnap $1 (exit $RC): $(tr '\n' ' ' <"$T/op.out" | cut -c1-500)"
-}
-said() { grep -q -- "$1" "$T/op.out" || fail "$2 did not say '$1': $(cat "$T/op.out")"; }
 held() { expect_held "$1" "$OUT"; }
 SHORT="not enough free device memory for the driver's restore: GPU 0 (GPU-[0-9a-f-]*) has $FREE_RE MiB free, the job needs [0-9]* MiB there and a margin of 8 MiB"
 
@@ -101,7 +95,7 @@ op resume resume
 [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
 expect_running resume "$PID" "$OUT"
 pass "resume: refused while the memory is taken, the job kept; resumed once it is free"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 
 # ---- NVML cannot see the job's pids (a container): the rise of the free
 # memory at the driver checkpoint stands for the job's use
@@ -118,7 +112,7 @@ if [ "$REAL_DRIVER" != 1 ]; then
   op resume hostpids
   [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
   expect_running hostpids "$PID" "$OUT"
-  kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+  term_job
   pass "NVML not seeing the job's pids: the need taken from the free memory's rise; refused, then resumed"
 fi
 
@@ -149,7 +143,7 @@ restore_bg "$T/tight.ckpt" "$OUT" --name tight
 SUP=$LAST_SUPERVISOR
 wait_count "$OUT" 5 "" 120
 expect_running tight "$PID" "$OUT"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 kill -9 "$FILLER" 2>/dev/null; wait "$FILLER" 2>/dev/null || true; wait_gone "$FILLER" 30
 pass "a job that ran with less free than the margin resumes and restores beside the filler (the margin capped)"
 
@@ -161,7 +155,7 @@ said 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' checkpoint
 CUSNAP_RESTORE_MEMORY_MARGIN=-1 op suspend resume
 [ "$RC" = 3 ] || fail "suspend with a bad margin exited $RC, expected 3"
 expect_running resume "$PID" "$OUT"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 pass "a bad CUSNAP_RESTORE_MEMORY_MARGIN is refused, the job runs on"
 
 # ---- restore from disk
@@ -190,7 +184,7 @@ restore_bg "$T/disk.ckpt" "$OUT" --device-map 0=1 --name disk
 SUP=$LAST_SUPERVISOR
 wait_count "$OUT" $((AT + 2)) "" 120
 expect_running disk "$PID" "$OUT"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 hog_end
 # The hog on GPU 1: a restore mapped there is refused, naming GPU 1.
 hog_start 1
@@ -206,7 +200,7 @@ restore_bg "$T/disk.ckpt" "$OUT" --name disk
 SUP=$LAST_SUPERVISOR
 wait_count "$OUT" $((AT + 2)) "" 120
 expect_running disk "$PID" "$OUT"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 pass "restore: refused before CRIU while the GPU is full; restored once it is free (one GPU: no device map)"
 fi
 
@@ -242,7 +236,7 @@ kill -9 "$HOG"; wait_gone "$HOG" 20
 op resume rollback
 [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
 expect_running rollback "$PID" "$OUT"
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 pass "roll back: the restore not tried while the memory is taken; left suspended; resumed once free"
 
 # ---- control: the check off, the driver asked

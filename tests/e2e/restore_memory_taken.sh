@@ -31,12 +31,6 @@ start() {
 }
 # take_memory: the job's next restore finds no device memory.
 take_memory() { echo "restore_memory:1:2" >"$T/job.$PID"; }
-op() {  # op CMD...: cusnap CMD, output in $T/op.out; sets RC
-  RC=0
-  "$CUSNAP" "$@" >"$T/op.out" 2>&1 || RC=$?
-  echo "   cusnap $1 (exit $RC): $(tr '\n' ' ' <"$T/op.out" | cut -c1-400)"
-}
-said() { grep -q "$1" "$T/op.out" || fail "$2 did not say '$1': $(cat "$T/op.out")"; }
 held() { expect_held "$1" "$OUT"; }
 
 # ---- resume with the memory taken
@@ -55,7 +49,7 @@ op resume resume
 said "CUDA_ERROR_OPERATING_SYSTEM (304) (as the driver answers" "the second resume"
 said "the driver will not restore its GPU state: stop it" "the second resume"
 held resume
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 pass "resume: refused for memory, then 304; the job said to be lost, shown suspended"
 
 # ---- a roll back with the memory taken
@@ -77,6 +71,6 @@ op resume rollback
 said "CUDA_ERROR_OPERATING_SYSTEM (304)" resume
 said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $SUP)" resume
 held rollback
-kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20
+term_job
 pass "roll back: refused for memory, tried once, left suspended; the resume says the job cannot come back"
 echo PASS
