@@ -88,7 +88,8 @@ CUresult mem_info(size_t* free_bytes, size_t* total) {
   std::lock_guard<std::mutex> l(d.mu);
   if (!valid_device(device)) return CUDA_ERROR_INVALID_CONTEXT;
   const Device& dev = d.devices[device];
-  uint64_t used = device < kMaxDevices ? scan.device[device] : 0;
+  const int k = dev.ledger_index;
+  uint64_t used = k >= 0 && k < kMaxDevices ? scan.device[k] : 0;
   if (used < dev.used) used = dev.used;
   *total = dev.total_mem;
   *free_bytes = used >= dev.total_mem ? 0 : dev.total_mem - used;

@@ -72,7 +72,8 @@ CUresult restore_memory() {
   Driver& d = driver();
   for (auto& [id, a] : d.allocs) {
     if (a.fd >= 0 || !a.saved) continue;
-    int fd = make_memfd(getpid(), a.id, a.size, a.dev);
+    const bool known = a.dev >= 0 && static_cast<size_t>(a.dev) < d.devices.size();
+    int fd = make_memfd(getpid(), a.id, a.size, known ? d.devices[a.dev].ledger_index : a.dev);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!io_full(fd, static_cast<char*>(a.saved), a.size, true)) {
       close(fd);
@@ -110,7 +111,7 @@ bool same_uuid(const CUuuid& a, const CUuuid& b) {
 /// free. The process itself holds no memfd while checkpointed.
 /// CUDA_ERROR_OUT_OF_MEMORY when they do not fit anywhere.
 /// Precondition: Driver::mu held, process CHECKPOINTED, devices remapped.
-CUresult check_free_memory(const CtlRequest& req) {
+CUresult check_free_memory() {
   Driver& d = driver();
   uint64_t need[kMaxDevices] = {};
   uint64_t total[kMaxDevices] = {};
@@ -119,10 +120,8 @@ CUresult check_free_memory(const CtlRequest& req) {
     if (a.fd >= 0 || !a.saved || a.dev < 0 || static_cast<size_t>(a.dev) >= d.devices.size())
       continue;
     const Device& dev = d.devices[a.dev];
-    int where = a.dev;  // the caller's index of that device (its "this machine")
-    for (uint32_t k = 0; k < req.device_count && k < static_cast<uint32_t>(kMaxDevices); ++k)
-      if (same_uuid(req.devices[k].uuid, dev.uuid)) where = static_cast<int>(k);
-    if (where >= kMaxDevices) continue;
+    const int where = dev.ledger_index;  // the machine's index of that device
+    if (where < 0 || where >= kMaxDevices) continue;
     need[where] += a.size;
     total[where] = dev.total_mem;
     any = true;
@@ -169,6 +168,7 @@ CUresult remap_devices(const CtlRequest& req) {
       next[i].uuid = cd.uuid;
       next[i].name.assign(cd.name, strnlen(cd.name, sizeof cd.name));
       next[i].total_mem = cd.total_mem;
+      next[i].ledger_index = static_cast<int>(k);
       present = true;
     }
     if (!present) return CUDA_ERROR_INVALID_VALUE;
@@ -234,7 +234,7 @@ CUresult do_restore(const CtlRequest& req) {
   // by another process meanwhile. Not logged: FAKECUDA_LOG lists calls.
   CUresult r = fault_for("restore_memory", false);
   // The same for real: other processes hold the memory (ledger.h).
-  if (r == CUDA_SUCCESS) r = check_free_memory(req);
+  if (r == CUDA_SUCCESS) r = check_free_memory();
   if (r == CUDA_SUCCESS) r = restore_memory();
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     d.restore_refused = true;  // stays CHECKPOINTED, never restores

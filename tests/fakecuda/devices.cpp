@@ -19,6 +19,7 @@ void load_devices(Driver& d) {
     device_uuid(i, env.seed, u);
     memcpy(dev.uuid.bytes, u, sizeof u);
     dev.total_mem = env.total_mem;
+    dev.ledger_index = i;
     d.devices.push_back(dev);
     auto* p = new Context;
     p->dev = i;

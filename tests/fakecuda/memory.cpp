@@ -28,10 +28,10 @@ Reservation* find_reservation(uintptr_t p, uintptr_t* base) {
 
 }  // namespace
 
-int make_memfd(pid_t creator, uint64_t id, size_t size, CUdevice dev) {
+int make_memfd(pid_t creator, uint64_t id, size_t size, int machine_dev) {
   char name[64];
   snprintf(name, sizeof name, "fakecuda:%d:%llu:dev%d", static_cast<int>(creator),
-           static_cast<unsigned long long>(id), static_cast<int>(dev));
+           static_cast<unsigned long long>(id), machine_dev);
   int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return -1;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -52,7 +52,7 @@ CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id)
   bool charged = kind == AllocKind::kVmm || kind == AllocKind::kLegacy;
   if (charged && size > device.total_mem - device.used) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t nid = d.next_alloc_id++;
-  int fd = make_memfd(getpid(), nid, size, dev);
+  int fd = make_memfd(getpid(), nid, size, device.ledger_index);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st {};
   fstat(fd, &st);
@@ -83,10 +83,20 @@ CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused) {
   int creator = 0, dev = 0;
   unsigned long long cid = 0;
   const int fields = sscanf(target, "/memfd:fakecuda:%d:%llu:dev%d", &creator, &cid, &dev);
-  if (fields < 2 || !valid_device(fields == 3 ? dev : 0)) return CUDA_ERROR_INVALID_VALUE;
+  if (fields < 2) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = driver();
+  // The name carries the machine's index of the device; this process's
+  // ordinal of it differs once a restore remapped its devices.
+  if (fields == 3) {
+    for (size_t i = 0; i < d.devices.size(); ++i)
+      if (d.devices[i].ledger_index == dev) {
+        dev = static_cast<int>(i);
+        break;
+      }
+  }
+  if (!valid_device(fields == 3 ? dev : 0)) return CUDA_ERROR_INVALID_VALUE;
   struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
-  Driver& d = driver();
   for (auto& [aid, a] : d.allocs) {
     if (a.fd >= 0 && a.st_dev == st.st_dev && a.st_ino == st.st_ino) {
       *id = aid;

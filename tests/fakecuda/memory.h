@@ -15,10 +15,11 @@ constexpr size_t round_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
-/// Creates the memfd of allocation `id` owned by `creator` on device `dev`,
-/// named "fakecuda:<creator>:<id>:dev<dev>" (an importer learns the device
-/// from the name); -1 on failure.
-int make_memfd(pid_t creator, uint64_t id, size_t size, CUdevice dev);
+/// Creates the memfd of allocation `id` owned by `creator` on the machine's
+/// device `machine_dev` (Device::ledger_index), named
+/// "fakecuda:<creator>:<id>:dev<machine_dev>" (an importer learns the device
+/// from the name, the ledger counts it there); -1 on failure.
+int make_memfd(pid_t creator, uint64_t id, size_t size, int machine_dev);
 
 /// Creates a new allocation of this process with its memfd; charges the device.
 CUresult new_allocation(AllocKind kind, size_t size, CUdevice dev, uint64_t* id);

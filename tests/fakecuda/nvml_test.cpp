@@ -197,11 +197,14 @@ bool holder_ticks_ok(Proc* h) {
   return true;
 }
 
-/// Runs `fakecuda_ckpt op pid` on this machine (env); returns the CUresult it
-/// reports (0: ok), or -1 when it says nothing readable. For "state": the state.
-int ckpt(const char* op, pid_t pid, const Env& env) {
+/// Runs `fakecuda_ckpt op pid` on this machine (env), with GPU pairs
+/// ("OLD=NEW,...") for a restore; returns the CUresult it reports (0: ok), or
+/// -1 when it says nothing readable. For "state": the state.
+int ckpt(const char* op, pid_t pid, const Env& env, const std::string& pairs = "") {
   Proc c;
-  c.start({"fakecuda_ckpt", op, std::to_string(pid)}, env);
+  std::vector<std::string> args{"fakecuda_ckpt", op, std::to_string(pid)};
+  if (!pairs.empty()) args.insert(args.end(), {"0", pairs});
+  c.start(args, env);
   std::string all;
   c.finish(&all);
   int v = -1;
@@ -390,6 +393,27 @@ TEST_CASE("fakecuda nvml: a restore with room beside another holder succeeds, by
   CHECK(listed(1, b.pid) == 16 * kMiB);
   CHECK(memory_of(1).used == base + 32 * kMiB);
   CHECK(holder_ticks_ok(&b));
+}
+
+TEST_CASE("fakecuda nvml: a restore onto the other device (GPU pairs) is counted there") {
+  NvmlSession nvml;
+  Proc a;
+  REQUIRE(start_holder(&a, 8, 1));
+  CHECK(listed(1, a.pid) == 16 * kMiB);
+  REQUIRE(ckpt("suspend", a.pid, machine_env()) == 0);
+  const unsigned long long used0 = memory_of(0).used, used1 = memory_of(1).used;
+  // Its device 1 onto the machine's device 0 (and 0 onto 1): the memory is
+  // on device 0 now, for NVML and for the next restore's check alike.
+  REQUIRE(ckpt("resume", a.pid, machine_env(), "0=1,1=0") == 0);
+  CHECK(holder_ticks_ok(&a));
+  CHECK(listed(0, a.pid) == 16 * kMiB);
+  CHECK(listed(1, a.pid) == 0);
+  CHECK(memory_of(0).used == used0 + 16 * kMiB);
+  CHECK(memory_of(1).used == used1);
+  // Suspended again, it needs device 0's memory: with device 0 too small for
+  // it beside what is there, the restore fails out of memory.
+  REQUIRE(ckpt("suspend", a.pid, machine_env()) == 0);
+  CHECK(ckpt("restore", a.pid, machine_env(used0 + 8 * kMiB)) == CUDA_ERROR_OUT_OF_MEMORY);
 }
 
 TEST_CASE("fakecuda nvml: the process count protocol") {

@@ -35,6 +35,10 @@ struct Device {
   CUuuid uuid{};
   size_t total_mem = 0;
   size_t used = 0;  ///< bytes of allocations created on this device
+  /// The machine's index of this device: the dev<N> of its memfds, under
+  /// which the ledger and NVML count them (ledger.h). Its ordinal until a
+  /// restore remaps the device onto another of the machine's (by UUID).
+  int ledger_index = 0;
 };
 
 /// A context, primary or created. Handles are pointers to these.

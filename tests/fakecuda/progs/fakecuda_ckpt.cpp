@@ -1,13 +1,16 @@
 // A minimal checkpoint coordinator: drives the driver's process checkpoint API
-// on another process. Usage: fakecuda_ckpt OP PID [TIMEOUT_MS]
+// on another process. Usage: fakecuda_ckpt OP PID [TIMEOUT_MS [PAIRS]]
 // OP: state | tid | lock | checkpoint | restore | unlock
 //     | suspend (lock + checkpoint) | resume (restore + unlock)
+// PAIRS (restore): "OLD=NEW,..." of this machine's device indexes, passed as
+// the restore's GPU pairs (the UUIDs of those devices).
 // Prints "ok" or "error NAME (CODE)"; exits 0 on success, 1 on failure.
 #include <cuda.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -17,6 +20,26 @@ bool report(const char* what, CUresult r) {
   cuGetErrorName(r, &name);
   printf("error %s: %s (%d)\n", what, name ? name : "?", static_cast<int>(r));
   return false;
+}
+
+/// Parses PAIRS into GPU pairs of this machine's UUIDs; false when malformed.
+bool parse_pairs(const char* text, std::vector<CUcheckpointGpuPair>* out) {
+  const char* p = text;
+  while (*p) {
+    char* end = nullptr;
+    long from = strtol(p, &end, 10);
+    if (end == p || *end != '=') return false;
+    p = end + 1;
+    long to = strtol(p, &end, 10);
+    if (end == p || (*end != ',' && *end != '\0')) return false;
+    p = *end == ',' ? end + 1 : end;
+    CUcheckpointGpuPair pair{};
+    if (cuDeviceGetUuid(&pair.oldUuid, static_cast<CUdevice>(from)) != CUDA_SUCCESS ||
+        cuDeviceGetUuid(&pair.newUuid, static_cast<CUdevice>(to)) != CUDA_SUCCESS)
+      return false;
+    out->push_back(pair);
+  }
+  return true;
 }
 
 }  // namespace
@@ -30,6 +53,11 @@ int main(int argc, char** argv) {
   int pid = atoi(argv[2]);
   unsigned timeout = argc > 3 ? static_cast<unsigned>(atoi(argv[3])) : 0;
   if (!report("cuInit", cuInit(0))) return 1;
+  std::vector<CUcheckpointGpuPair> pairs;
+  if (argc > 4 && !parse_pairs(argv[4], &pairs)) {
+    fprintf(stderr, "bad PAIRS %s\n", argv[4]);
+    return 2;
+  }
   bool ok = true;
   bool all = false;
   if (!strcmp(op, "state")) {
@@ -55,7 +83,10 @@ int main(int argc, char** argv) {
     all = true;
   }
   if (ok && (!strcmp(op, "restore") || !strcmp(op, "resume"))) {
-    ok = report("restore", cuCheckpointProcessRestore(pid, nullptr));
+    CUcheckpointRestoreArgs ra{};
+    ra.gpuPairs = pairs.data();
+    ra.gpuPairsCount = static_cast<unsigned>(pairs.size());
+    ok = report("restore", cuCheckpointProcessRestore(pid, pairs.empty() ? nullptr : &ra));
     all = true;
   }
   if (ok && (!strcmp(op, "unlock") || !strcmp(op, "resume"))) {
