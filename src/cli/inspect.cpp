@@ -86,6 +86,26 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   return valid ? kExitOk : code;
 }
 
+/// Why the job is suspended when a failed roll back left it so, and what to do.
+void print_left_suspended(const std::string& name, const nlohmann::json& left) {
+  const std::string op = left.value("operation", std::string());
+  const std::string since = left.value("since", std::string());
+  std::printf("  left suspended by a failed %s%s%s\n", op.empty() ? "operation" : op.c_str(),
+              since.empty() ? "" : " at ", since.c_str());
+  std::string reason = left.value("reason", std::string());
+  for (size_t at = 0; (at = reason.find('\n', at)) != std::string::npos; at += 1)
+    reason.insert(++at, "               ");
+  if (!reason.empty()) std::printf("    because:   %s\n", reason.c_str());
+  const std::string dir = left.value("state_dir", std::string());
+  if (left.value("saved", false) && !dir.empty())
+    std::printf("    kept:      its shared memory, in %s\n", dir.c_str());
+  if (left.value("restore_refused", false))
+    std::printf("    next:      the driver will not restore its GPU state: stop the job and restore "
+                "an earlier checkpoint of it\n");
+  else
+    std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
+}
+
 int inspect_job(const std::string& spec, bool json) {
   JobEntry entry;
   int rc = resolve_job(spec, json, &entry);
@@ -107,6 +127,8 @@ int inspect_job(const std::string& spec, bool json) {
   const auto& job = d["job"];
   std::printf("job %s\n", job.value("name", std::string()).c_str());
   std::printf("  state:       %s\n", job.value("state", std::string()).c_str());
+  if (d.contains("left_suspended") && d["left_suspended"].is_object())
+    print_left_suspended(job.value("name", std::string()), d["left_suspended"]);
   std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL),
               job.value("supervisor_pid", 0LL));
   std::printf("  command:     %s\n", join(job.value("argv", std::vector<std::string>{})).c_str());

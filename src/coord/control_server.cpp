@@ -65,7 +65,8 @@ void JobContext::set_state_locked(const std::string& state) {
 }
 
 std::string inspect_details_json(const proto::JobStatus& status,
-                                 const std::vector<ProcessInfo>& procs) {
+                                 const std::vector<ProcessInfo>& procs,
+                                 const std::string& left_suspended) {
   nlohmann::json p = nlohmann::json::array();
   for (const ProcessInfo& pi : procs)
     p.push_back({{"pid", pi.pid},
@@ -73,7 +74,12 @@ std::string inspect_details_json(const proto::JobStatus& status,
                  {"cmdline", pi.cmdline},
                  {"uses_cuda", pi.uses_cuda},
                  {"cuda_state", pi.cuda_state}});
-  return nlohmann::json{{"job", status_json(status)}, {"processes", p}}.dump();
+  nlohmann::json d{{"job", status_json(status)}, {"processes", p}};
+  if (!left_suspended.empty()) {
+    nlohmann::json left = nlohmann::json::parse(left_suspended, nullptr, false);
+    if (left.is_object()) d["left_suspended"] = left;
+  }
+  return d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 ControlServer::ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd,
@@ -192,7 +198,9 @@ void ControlServer::serve(UniqueFd conn) {
   }
   if (req.type == proto::kMsgInspect) {
     std::vector<ProcessInfo> procs = ops_.list_processes(info.root_pid);
-    ch.send(proto::kMsgResult, make_result(true, kExitOk, "", inspect_details_json(status, procs)),
+    ch.send(proto::kMsgResult,
+            make_result(true, kExitOk, "",
+                        inspect_details_json(status, procs, left_suspended_details(info))),
             &err);
     return;
   }

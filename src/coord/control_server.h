@@ -75,8 +75,11 @@ class ControlServer {
   int active_ = 0;       ///< connection threads (detached) still running
 };
 
-/// The JSON details of an inspect result: {"job": {...}, "processes": [...]}.
+/// The JSON details of an inspect result: {"job": {...}, "processes": [...]},
+/// and "left_suspended": {...} when left_suspended (left_suspended_details)
+/// is not empty.
 std::string inspect_details_json(const proto::JobStatus& status,
-                                 const std::vector<ProcessInfo>& procs);
+                                 const std::vector<ProcessInfo>& procs,
+                                 const std::string& left_suspended = "");
 
 }  // namespace cusnap

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 #include <atomic>
+#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,7 @@ struct Fixture {
     ctx.info.name = "fake";
     ctx.info.root_pid = getpid();
     ctx.info.owner_uid = geteuid();
+    ctx.info.runtime_dir = dir;
     ctx.status.name = "fake";
     ctx.status.state = "running";
     CoordinatorOps ops;
@@ -97,6 +99,20 @@ TEST_CASE("control server: hello and inspect") {
   CHECK(r.ok);
   auto j = nlohmann::json::parse(r.details);
   CHECK(j["processes"][0]["exe"] == "/bin/fake");
+  CHECK_FALSE(j.contains("left_suspended"));
+  // A job a failed roll back left suspended: its marker is in the details.
+  {
+    std::ofstream(f.dir + "/left-suspended")
+        << R"({"operation":"suspend","since":"2026-12-02T09:00:00Z","reason":"driver restore phase: x"})";
+  }
+  REQUIRE(
+      job_request(f.entry, 1000ms, 1000ms, proto::kMsgInspect, proto::Empty{}, nullptr, &r, &err));
+  j = nlohmann::json::parse(r.details);
+  REQUIRE(j.contains("left_suspended"));
+  CHECK(j["left_suspended"]["operation"] == "suspend");
+  CHECK(j["left_suspended"]["since"] == "2026-12-02T09:00:00Z");
+  CHECK(j["left_suspended"]["reason"] == "driver restore phase: x");
+  CHECK(j["left_suspended"]["restore_refused"] == false);
   f.release.set_value();
 }
 

@@ -205,4 +205,10 @@ struct ProcessInfo {
 /// Every process of the tree rooted at root, root first.
 std::vector<ProcessInfo> list_job_processes(pid_t root);
 
+/// What a job left suspended by a failed roll back carries (its runtime
+/// directory's marker), as JSON text for cusnap inspect: {"operation",
+/// "since", "reason", "restore_refused", "saved", "state_dir"}; "" when the
+/// job carries no marker. (left_suspended.cpp)
+std::string left_suspended_details(const JobInfo& job);
+
 }  // namespace cusnap

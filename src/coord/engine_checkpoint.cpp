@@ -52,14 +52,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string utc_now() {
-  char buf[32];
-  time_t t = time(nullptr);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 pid_t read_ppid(pid_t pid) {
   std::string stat;
@@ -203,7 +195,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
                         &shared, &code, err)) {
       out->code = code;
       const bool left = code == kExitJobLost;
-      if (left) *err += leave_suspended(job, opts.dir, !dir_existed, "checkpoint");
+      if (left) *err += leave_suspended(job, opts.dir, !dir_existed, "checkpoint", *err);
       remove_output(opts.dir, dir_existed, left);
       close_pidfds();
       return false;
@@ -215,8 +207,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
 
   // A roll back that failed leaves the job suspended (engine_internal.h);
   // remove_dir: the directory was made here, and goes once empty.
-  auto left_suspended = [&](bool remove_dir) {
-    return leave_suspended(job, opts.dir, remove_dir, "checkpoint", driver.restore_refused());
+  auto left_suspended = [&](bool remove_dir, const std::string& why) {
+    return leave_suspended(job, opts.dir, remove_dir, "checkpoint", why, driver.restore_refused());
   };
 
   // The driver: lock every CUDA process, then checkpoint each.
@@ -241,7 +233,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       *err += "; bringing its shared memory back failed: " + rb;
     }
     *err = "job " + job.name + ": " + *err +
-           (rolled_back ? "; the job runs on unchanged" : left_suspended(!dir_existed));
+           (rolled_back ? "; the job runs on unchanged" : left_suspended(!dir_existed, *err));
     if (!rolled_back) out->code = kExitJobLost;
     remove_output(opts.dir, dir_existed, !rolled_back);
     close_pidfds();
@@ -264,7 +256,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     *err =
         "job " + job.name + ": " + why +
         (ok ? "\nthe job runs on unchanged"
-            : "\nbringing the job's GPU state back failed: " + rb + left_suspended(!dir_existed));
+            : "\nbringing the job's GPU state back failed: " + rb +
+                  left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
     out->code = ok ? kExitFailure : kExitJobLost;
     remove_output(opts.dir, dir_existed, !ok);
     close_pidfds();
@@ -371,7 +364,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     *err = "job " + job.name + ": " +
            (left ? "the dump succeeded but " + left_behind +
                        "; completing the checkpoint failed too: " + why +
-                       left_suspended(!dir_existed)
+                       left_suspended(!dir_existed, left_behind + "; then: " + why)
                  : why + "\nthe job runs on unchanged");
     out->code = left ? kExitJobLost : kExitFailure;
     remove_output(opts.dir, dir_existed, left);
@@ -432,7 +425,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   out->phases.emplace_back("manifest", sw.lap());
   if (!left_behind.empty()) {
     *err = "job " + job.name + ": the dump succeeded but " + left_behind + "\nthe checkpoint in " +
-           opts.dir + " is complete" + left_suspended(false);
+           opts.dir + " is complete" + left_suspended(false, "the dump succeeded but " + left_behind);
     out->code = kExitJobLost;
     close_pidfds();
     return false;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <iterator>
 #include <thread>
@@ -282,6 +283,15 @@ uint64_t directory_bytes(const std::string& dir) {
        !ec && it != std::filesystem::end(it); it.increment(ec))
     if (it->is_regular_file(ec)) total += it->file_size(ec);
   return total;
+}
+
+std::string utc_now() {
+  char buf[32];
+  time_t t = time(nullptr);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace engine_detail

@@ -126,17 +126,22 @@ bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* e
 /// brings the job back (recover_job), and checkpoint and suspend refuse.
 inline constexpr const char* kLeftSuspendedFile = "left-suspended";
 struct LeftSuspended {
-  std::string operation;  ///< what failed: checkpoint, suspend
+  std::string operation;  ///< what failed: checkpoint, suspend, recovery
+  std::string since;      ///< when (UTC, ISO 8601)
+  std::string reason;     ///< the failure that left it suspended
   std::string state_dir;  ///< where the saved shared memory is
   bool remove_dir = false;  ///< state_dir was made by the operation: removed once empty
   bool saved = false;       ///< shared memory was saved there (and released)
+  bool restore_refused = false;  ///< the driver refused a restore: cusnap resume cannot help
 };
 /// Writes the marker (state_dir is kept only when it holds saved shim
-/// records) and returns the sentence for the error: what is kept, where, and
-/// that cusnap resume brings the job back, or, when the driver refused a
-/// restore for lack of GPU memory (Driver::restore_refused), that it cannot.
+/// records; why: the failure, kept for cusnap inspect) and returns the
+/// sentence for the error: what is kept, where, and that cusnap resume brings
+/// the job back, or, when the driver refused a restore for lack of GPU memory
+/// (Driver::restore_refused), that it cannot.
 std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
-                            const char* operation, bool restore_refused = false);
+                            const char* operation, const std::string& why,
+                            bool restore_refused = false);
 /// ": stop it (SIGTERM to its supervisor ...) and restore an earlier
 /// checkpoint of JOB": the end of an error for a job that cannot come back
 /// (called in its supervisor).
@@ -150,6 +155,9 @@ void clear_left_suspended(const JobInfo& job, const LeftSuspended& left);
 bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::string* err);
 /// Where a suspend keeps the job's shared memory: private to the supervisor.
 std::string suspend_state_dir(const JobInfo& job);
+
+/// The time now, UTC, as ISO 8601 ("2026-12-02T09:15:12Z").
+std::string utc_now();
 
 /// pidfd of a process, -1 when gone; signals through it cannot hit a reused pid.
 int open_pidfd(pid_t pid);

@@ -209,7 +209,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   if (!ok) {
     // Nothing saved is removed: a later cusnap resume tries again from it.
     if (!was_left) {
-      const std::string m = leave_suspended(job, state_dir, false, "recovery");
+      const std::string m = leave_suspended(job, state_dir, false, "recovery", *report);
       note(m.substr(m.find_first_not_of('\n')));
     }
     return false;

@@ -31,7 +31,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     std::error_code ec;
     std::filesystem::remove_all(state, ec);
     ok = shared_prepare(job, scan, timeout, settings, "suspend", state, {}, &shared, &c, err);
-    if (!ok && c == kExitJobLost) *err += leave_suspended(job, state, false, "suspend");
+    if (!ok && c == kExitJobLost) *err += leave_suspended(job, state, false, "suspend", *err);
     if (!ok && c != kExitJobLost) std::filesystem::remove_all(state, ec);
     if (out) {
       out->collective_cut = shared.cut_counts();
@@ -61,7 +61,8 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       *err =
           "job " + job.name + ": " + *err +
           (rolled_back ? "; the job runs on unchanged"
-                       : leave_suspended(job, state, false, "suspend", driver.restore_refused()));
+                       : leave_suspended(job, state, false, "suspend", *err,
+                                         driver.restore_refused()));
       if (!rolled_back) c = kExitJobLost;
       std::error_code ec;
       if (rolled_back) std::filesystem::remove_all(state, ec);

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "coord/engine.h"
@@ -483,17 +484,34 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
   std::string err;
   LeftSuspended left;
   CHECK_FALSE(read_left_suspended(job, &left));
+  CHECK(left_suspended_details(job).empty());
   CHECK(refuse_when_left_suspended(job, "checkpoint", &err));
 
   SUBCASE("nothing saved: the suspend's own directory, nothing removed") {
-    const std::string msg = leave_suspended(job, base + "/ckpt", true, "checkpoint");
+    const std::string msg =
+        leave_suspended(job, base + "/ckpt", true, "checkpoint", "\ndriver lock phase: timeout\n");
     CHECK(msg.find("run cusnap resume j to bring it back") != std::string::npos);
     CHECK(msg.find("shared memory") == std::string::npos);
-    const std::string refused = leave_suspended(job, base + "/ckpt", true, "checkpoint", true);
+    REQUIRE(read_left_suspended(job, &left));
+    CHECK(left.operation == "checkpoint");
+    CHECK(left.reason == "driver lock phase: timeout");  // trimmed
+    CHECK(left.since.size() == 20);                       // 2026-12-02T09:15:12Z
+    CHECK(left.since.back() == 'Z');
+    CHECK_FALSE(left.restore_refused);
+    // What inspect shows of it.
+    nlohmann::json shown = nlohmann::json::parse(left_suspended_details(job));
+    CHECK(shown["operation"] == "checkpoint");
+    CHECK(shown["reason"] == "driver lock phase: timeout");
+    CHECK(shown["since"] == left.since);
+    CHECK(shown["saved"] == false);
+    CHECK(shown["state_dir"] == "");
+    const std::string refused = leave_suspended(job, base + "/ckpt", true, "checkpoint",
+                                                std::string(10000, 'x'), true);
     CHECK(refused.find("the driver will not restore its GPU state: stop it") != std::string::npos);
     CHECK(refused.find("run cusnap resume") == std::string::npos);
     REQUIRE(read_left_suspended(job, &left));
-    CHECK(left.operation == "checkpoint");
+    CHECK(left.restore_refused);
+    CHECK(left.reason.size() == 4096 + 3);  // cut short, "..."
     CHECK(left.state_dir == suspend_state_dir(job));
     CHECK_FALSE(left.remove_dir);
   }
@@ -503,8 +521,9 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     REQUIRE(fs::create_directories(dir + "/shared"));
     { std::ofstream(dir + "/shim/42.records") << "x"; }
     { std::ofstream(dir + "/shared/42-1.bin") << "y"; }
-    const std::string msg = leave_suspended(job, dir, true, "checkpoint");
+    const std::string msg = leave_suspended(job, dir, true, "checkpoint", "dump failed");
     CHECK(msg.find("its shared memory saved in " + dir) != std::string::npos);
+    CHECK(nlohmann::json::parse(left_suspended_details(job))["state_dir"] == dir);
     REQUIRE(read_left_suspended(job, &left));
     CHECK(left.state_dir == dir);
     CHECK(left.remove_dir);
@@ -520,7 +539,7 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     REQUIRE(fs::create_directories(dir + "/shim"));
     { std::ofstream(dir + "/shim/7.records") << "x"; }
     { std::ofstream(dir + "/notes.txt") << "keep"; }
-    leave_suspended(job, dir, false, "checkpoint");
+    leave_suspended(job, dir, false, "checkpoint", "");
     REQUIRE(read_left_suspended(job, &left));
     clear_left_suspended(job, left);
     CHECK_FALSE(fs::exists(dir + "/shim"));

@@ -22,6 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// Bytes of the failure kept in the marker.
+constexpr size_t kMaxReason = 4096;
+
 std::string marker_path(const JobInfo& job) {
   return job.runtime_dir + "/" + kLeftSuspendedFile;
 }
@@ -38,13 +41,20 @@ std::string cannot_come_back(const JobInfo& job) {
 }
 
 std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bool remove_dir,
-                            const char* operation, bool restore_refused) {
+                            const char* operation, const std::string& why, bool restore_refused) {
   const bool saved = !state_dir.empty() && !saved_shim_processes(state_dir).empty();
+  const size_t from = why.find_first_not_of(" \n"), to = why.find_last_not_of(" \n");
+  std::string reason = from == std::string::npos ? "" : why.substr(from, to - from + 1);
+  if (reason.size() > kMaxReason) reason = reason.substr(0, kMaxReason) + "...";
   nlohmann::json j = {{"operation", operation},
+                      {"since", utc_now()},
+                      {"reason", reason},
+                      {"restore_refused", restore_refused},
                       {"state_dir", saved ? state_dir : ""},
                       {"saved", saved},
                       {"remove_dir", saved && remove_dir}};
-  const std::string text = j.dump() + "\n", path = marker_path(job), tmp = path + ".tmp";
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                    path = marker_path(job), tmp = path + ".tmp";
   std::string problem;
   if (job.runtime_dir.empty()) {
     problem = "the job has no runtime directory";
@@ -83,6 +93,9 @@ bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
   try {
     nlohmann::json j = nlohmann::json::parse(text);
     out->operation = j.value("operation", "");
+    out->since = j.value("since", "");
+    out->reason = j.value("reason", "");
+    out->restore_refused = j.value("restore_refused", false);
     const std::string dir = j.value("state_dir", "");
     if (!dir.empty()) out->state_dir = dir;
     out->remove_dir = j.value("remove_dir", false);
@@ -116,3 +129,19 @@ bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::
 }
 
 }  // namespace cusnap::engine_detail
+
+namespace cusnap {
+
+std::string left_suspended_details(const JobInfo& job) {
+  engine_detail::LeftSuspended left;
+  if (!engine_detail::read_left_suspended(job, &left)) return "";
+  return nlohmann::json{{"operation", left.operation},
+                        {"since", left.since},
+                        {"reason", left.reason},
+                        {"restore_refused", left.restore_refused},
+                        {"saved", left.saved},
+                        {"state_dir", left.saved ? left.state_dir : ""}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace cusnap

@@ -227,6 +227,10 @@ said "$SHORT" checkpoint
 said "the job is left suspended" checkpoint
 said "run cusnap resume rollback to bring it back" checkpoint
 held rollback
+op inspect rollback
+said "left suspended by a failed checkpoint at 20[0-9-]*T[0-9:]*Z" inspect
+said "because:   .*CRIU dump phase" inspect
+said "next:      cusnap resume rollback brings it back" inspect
 op resume rollback
 [ "$RC" = 1 ] || fail "resume with the hog still there exited $RC, expected 1"
 said "$SHORT" resume
@@ -236,6 +240,9 @@ kill -9 "$HOG"; wait_gone "$HOG" 20
 op resume rollback
 [ "$RC" = 0 ] || fail "resume after the hog exited $RC"
 expect_running rollback "$PID" "$OUT"
+op inspect rollback --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit("left_suspended" in d)' "$T/op.out" ||
+  fail "inspect still shows the resumed job left suspended: $(cat "$T/op.out")"
 term_job
 pass "roll back: the restore not tried while the memory is taken; left suspended; resumed once free"
 

@@ -66,11 +66,21 @@ said "CUDA_ERROR_OUT_OF_MEMORY (2) (the GPU lacks the free memory" checkpoint
 said "the job is left suspended" checkpoint
 grep -q "then:\|tries)" "$T/op.out" && fail "the roll back tried the refused restore again: $(cat "$T/op.out")"
 held rollback
+op inspect rollback
+said "left suspended by a failed checkpoint at " inspect
+said "next:      the driver will not restore its GPU state: stop the job" inspect
+op inspect rollback --json
+python3 -c '
+import json, sys
+left = json.load(open(sys.argv[1]))["left_suspended"]
+assert left["operation"] == "checkpoint" and left["restore_refused"] is True, left
+assert "CRIU dump phase" in left["reason"] and "OUT_OF_MEMORY" in left["reason"], left
+' "$T/op.out" || fail "inspect --json: $(cat "$T/op.out")"
 op resume rollback
 [ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
 said "CUDA_ERROR_OPERATING_SYSTEM (304)" resume
 said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $SUP)" resume
 held rollback
 term_job
-pass "roll back: refused for memory, tried once, left suspended; the resume says the job cannot come back"
+pass "roll back: refused for memory, tried once, left suspended (inspect says why); the resume says the job cannot come back"
 echo PASS
