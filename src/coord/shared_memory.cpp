@@ -1,112 +1,24 @@
-// SharedMemory (shared_memory.h).
+// SharedMemory (shared_memory.h): finding the processes that share device
+// memory, the cut, the quiesce, the release and the gates. What is saved to
+// disk and rebuilt from it is in shared_memory_files.cpp.
 #include "coord/shared_memory.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
+#include <chrono>
 #include <map>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
 #include "coord/driver.h"
 #include "coord/procs.h"
 #include "proto/control.h"
-#include "proto/unique_fd.h"
 
 namespace cusnap {
-namespace fs = std::filesystem;
-
 namespace {
-
-std::string records_path(const std::string& dir, pid_t pid) {
-  return dir + "/shim/" + std::to_string(pid) + ".records";
-}
-/// Part k of an allocation's saved bytes.
-std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id, size_t k) {
-  return dir + "/shared/" + std::to_string(pid) + "-" + std::to_string(id) + "." +
-         std::to_string(k) + ".bin";
-}
-
-/// How many files an allocation's bytes are written to: one per 256 MiB up
-/// to $CUSNAP_SAVE_PARTS (default 8, 1..64), so that the shim's workers
-/// write in parallel (a file system serializes the writes to one file).
-size_t save_parts(uint64_t size) {
-  static const size_t most = [] {
-    const char* e = std::getenv("CUSNAP_SAVE_PARTS");
-    char* end = nullptr;
-    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-    return (e && end && *end == 0 && v >= 1 && v <= proto::kMaxParts) ? size_t(v) : size_t(8);
-  }();
-  size_t n = static_cast<size_t>((size + (256ull << 20) - 1) / (256ull << 20));
-  return n < 1 ? 1 : n > most ? most : n;
-}
-
-std::string pack(const proto::ShimRecords& r) {
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, r);
-  return std::string(buf.data(), buf.size());
-}
-
-bool write_file(const std::string& path, const std::string& data, std::string* err) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd) {
-    *err = "cannot create " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t w = ::write(fd.get(), data.data() + off, data.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      *err = "cannot write " + path + ": " + std::strerror(errno);
-      return false;
-    }
-    off += static_cast<size_t>(w);
-  }
-  if (::fsync(fd.get()) != 0) {
-    *err = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  return true;
-}
-
-bool read_file(const std::string& path, size_t limit, std::string* out, std::string* err) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    *err = "cannot read " + path + ": " + (fd ? "not a regular file" : std::strerror(errno));
-    return false;
-  }
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    *err = path + " is larger than " + std::to_string(limit) + " bytes";
-    return false;
-  }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t off = 0;
-  while (off < out->size()) {
-    ssize_t r = ::read(fd.get(), out->data() + off, out->size() - off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      *err = "cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "file shrank");
-      return false;
-    }
-    off += static_cast<size_t>(r);
-  }
-  return true;
-}
-
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
 
 /// Whether process pid has the shim loaded with tracking on (it started
 /// under cusnap and CUSNAP_SHIM_TRACK is not 0 in its environment).
@@ -137,18 +49,6 @@ bool proc_alive(pid_t pid) {
 }
 
 }  // namespace
-
-std::vector<pid_t> saved_shim_processes(const std::string& dir) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir + "/shim", ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
-      out.push_back(pid_t(std::atoi(name.c_str())));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 bool is_shared_creation(const proto::AllocationRecord& a) {
   return a.origin == "created" && a.exported;
@@ -398,69 +298,6 @@ bool SharedMemory::quiesce(std::string* err) {
   return true;
 }
 
-bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, std::string* err) {
-  std::error_code ec;
-  for (const char* sub : {"/shim", "/shared"}) {
-    fs::create_directories(dir + sub, ec);
-    if (!ec) fs::permissions(dir + sub, fs::perms::owner_all, ec);
-    if (ec) {
-      *err = "save phase: cannot create " + dir + sub + ": " + ec.message();
-      return false;
-    }
-  }
-  auto undo = [&] {
-    fs::remove_all(dir + "/shim", ec);
-    fs::remove_all(dir + "/shared", ec);
-  };
-  const uint64_t total = shared_bytes();
-  uint64_t done = 0;
-  if (progress) progress(Progress{"save", 0, total});
-  for (auto& p : procs_) {
-    try {
-      if (!write_file(records_path(dir, p->pid), pack(p->records), err)) {
-        *err = "save phase: " + *err;
-        undo();
-        return false;
-      }
-    } catch (const std::exception& e) {
-      *err = std::string("save phase: ") + e.what();
-      undo();
-      return false;
-    }
-    for (auto& a : p->records.allocations) {
-      if (!is_shared_creation(a)) continue;
-      std::vector<UniqueFd> files;
-      std::vector<int> fds;
-      for (size_t k = 0; k < save_parts(a.size); ++k) {
-        std::string path = bytes_path(dir, p->pid, a.id, k);
-        // Read-write: the shim may map the file to copy into it directly.
-        files.emplace_back(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-        if (!files.back()) {
-          *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
-          undo();
-          return false;
-        }
-        fds.push_back(files.back().get());
-      }
-      uint64_t bytes = 0;
-      if (!p->client.save(a.id, fds, bulk_timeout(a.size), &bytes, err)) {
-        *err = "save phase: " + *err;
-        undo();
-        return false;
-      }
-      if (bytes != a.size) {
-        *err = "save phase: process " + std::to_string(p->pid) + " saved " + std::to_string(bytes) +
-               " bytes of allocation " + std::to_string(a.id) + ", not " + std::to_string(a.size);
-        undo();
-        return false;
-      }
-      done += bytes;
-      if (progress) progress(Progress{"save", done, total});
-    }
-  }
-  return true;
-}
-
 bool SharedMemory::release(std::string* err) {
   for (const char* origin : {"imported", "created"})
     for (auto& p : procs_)
@@ -504,35 +341,6 @@ bool SharedMemory::unshared_since_inspect(std::string* err) {
   return ok;
 }
 
-bool SharedMemory::load_records(const std::string& dir, const std::vector<pid_t>& pids,
-                                std::string* err) {
-  procs_.clear();
-  for (pid_t pid : pids) {
-    auto p = std::make_unique<Proc>();
-    p->pid = pid;
-    std::string data, path = records_path(dir, pid);
-    if (!read_file(path, proto::kMaxMessageBytes, &data, err)) return false;
-    try {
-      msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
-      oh.get().convert(p->records);
-    } catch (const std::exception& e) {
-      *err = path + " is not a shim record: " + e.what();
-      return false;
-    }
-    if (p->records.format != proto::kShimRecordsFormat || p->records.pid != pid) {
-      *err = path + " holds records of format " + std::to_string(p->records.format) +
-             " for process " + std::to_string(p->records.pid) + ", expected format " +
-             std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid);
-      return false;
-    }
-    // The restored shims' gates are closed as they were dumped.
-    p->gate_closed = true;
-    procs_.push_back(std::move(p));
-  }
-  active_ = !procs_.empty();
-  return true;
-}
-
 bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std::string* err) {
   t_ = t;
   shim_dir_ = shim_dir;
@@ -540,102 +348,6 @@ bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std:
     if (p->client.connected() || !proc_alive(p->pid)) continue;  // the dead are left out
     if (!p->client.connect(proto::shim_control_socket(shim_dir, p->pid), p->pid, t.control, err))
       return false;
-  }
-  return true;
-}
-
-bool SharedMemory::rebuild(const std::string& dir, const ProgressSink& progress, std::string* err) {
-  const uint64_t total = shared_bytes();
-  uint64_t done = 0;
-  if (progress) progress(Progress{"rebuild", 0, total});
-  for (auto& p : procs_)
-    for (auto& a : p->records.allocations) {
-      if (!is_shared_creation(a) || !p->client.connected()) continue;
-      // The parts as saved (their count may differ from what save_parts says now).
-      std::vector<UniqueFd> files;
-      std::vector<int> fds;
-      for (size_t k = 0; k < proto::kMaxParts; ++k) {
-        std::string path = bytes_path(dir, p->pid, a.id, k);
-        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-        if (!fd && errno == ENOENT && k > 0) break;
-        if (!fd) {
-          *err = "rebuild phase: cannot open " + path + ": " + std::strerror(errno);
-          return false;
-        }
-        fds.push_back(fd.get());
-        files.push_back(std::move(fd));
-      }
-      if (!p->client.load(a.id, fds, bulk_timeout(a.size), err)) {
-        *err = "rebuild phase (creators): " + *err;
-        return false;
-      }
-      done += a.size;
-      if (progress) progress(Progress{"rebuild", done, total});
-    }
-  // Importers import again; multicast groups are rebuilt in the same request.
-  for (auto& p : procs_)
-    if (p->client.connected() && !p->client.reimport(t_.phase, err)) {
-      *err = "rebuild phase (importers, multicast): " + *err;
-      return false;
-    }
-  // Verify: every shim's records equal those captured (but for the
-  // generations, which the rebuild moves on), and every importer holds the
-  // incarnation its creator made: the memory is shared again, not merely
-  // mapped where it was.
-  std::map<std::tuple<int64_t, uint64_t, uint64_t>, uint64_t> made;
-  std::vector<std::pair<pid_t, proto::ShimRecords>> after;
-  for (auto& p : procs_) {
-    proto::ShimRecords now;
-    if (!p->client.connected()) {  // a process that died meanwhile: nothing to verify
-      after.emplace_back(p->pid, p->records);
-      continue;
-    }
-    if (!p->client.inspect(&now, err)) {
-      *err = "verify phase: " + *err;
-      return false;
-    }
-    for (auto& a : now.allocations)
-      if (a.origin == "created") made[{now.pid, now.start_time, a.id}] = a.generation;
-    after.emplace_back(p->pid, now);
-  }
-  for (auto& [pid, now] : after)
-    for (auto& a : now.allocations) {
-      if (a.origin != "imported") continue;
-      auto m = made.find({a.creator_pid, a.creator_start, a.creator_id});
-      if (m != made.end() && m->second != a.generation) {
-        *err = "verify phase: process " + std::to_string(pid) + " holds incarnation " +
-               std::to_string(a.generation) + " of allocation " + std::to_string(a.creator_id) +
-               " of process " + std::to_string(a.creator_pid) +
-               ", whose creator made incarnation " + std::to_string(m->second) +
-               ": the memory is not shared again";
-        return false;
-      }
-    }
-  for (size_t k = 0; k < procs_.size(); ++k) {
-    auto& p = procs_[k];
-    proto::ShimRecords now = after[k].second;
-    proto::ShimRecords was = p->records;
-    for (auto* r : {&now, &was})
-      for (auto& a : r->allocations) a.generation = 0;
-    if (pack(now) != pack(was)) {
-      std::string what = "its records differ";
-      if (now.allocations.size() != p->records.allocations.size())
-        what = std::to_string(now.allocations.size()) + " allocations, captured " +
-               std::to_string(p->records.allocations.size());
-      else if (now.mappings.size() != p->records.mappings.size())
-        what = std::to_string(now.mappings.size()) + " mappings, captured " +
-               std::to_string(p->records.mappings.size());
-      else
-        for (size_t i = 0; i < now.mappings.size(); ++i)
-          if (now.mappings[i].address != p->records.mappings[i].address) {
-            what = "a mapping at " + hex(now.mappings[i].address) + ", captured at " +
-                   hex(p->records.mappings[i].address);
-            break;
-          }
-      *err = "verify phase: process " + std::to_string(p->pid) +
-             ": after the rebuild the shim reports " + what;
-      return false;
-    }
   }
   return true;
 }
