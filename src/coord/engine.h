@@ -184,15 +184,23 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
 /// state directory the marker names, and the marker goes once it is back; a
 /// recovery that fails leaves the job so marked, its saved state in place,
 /// for cusnap resume to try again. timeout: each shared-memory step's.
-/// *report gets one line per step; *restore_refused (if set) says whether
-/// the driver refused a restore for lack of GPU memory, after which it never
-/// restores that process. margin: CUSNAP_RESTORE_MEMORY_MARGIN's value for
+/// *report gets one line per step; *blocked (if set) says what keeps a
+/// failed recovery from ever succeeding, when something does. margin: CUSNAP_RESTORE_MEMORY_MARGIN's value for
 /// the free-memory check (nullptr: this process's environment).
 /// (engine_recover.cpp)
+/// What keeps a recovery from ever bringing the job back (recover_job).
+enum class RecoverBlock {
+  kNone,
+  /// The driver refused a restore for lack of GPU memory: it never restores
+  /// that process again.
+  kRestoreRefused,
+  /// The shared memory the failed operation saved (and released) is gone.
+  kSavedMemoryGone,
+};
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
                  std::string* report,
                  std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                 bool* restore_refused = nullptr, const char* margin = nullptr);
+                 RecoverBlock* blocked = nullptr, const char* margin = nullptr);
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

@@ -121,8 +121,9 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 }  // namespace
 
 bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
-                 std::string* report, std::chrono::milliseconds timeout, bool* restore_refused,
+                 std::string* report, std::chrono::milliseconds timeout, RecoverBlock* blocked,
                  const char* margin) {
+  if (blocked) *blocked = RecoverBlock::kNone;
   // A job left suspended by a failed roll back keeps its saved shared memory
   // where the marker says (the supervisor may die before cusnap resume).
   LeftSuspended left;
@@ -169,7 +170,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
-      if (restore_refused) *restore_refused = driver.restore_refused();
+      if (blocked && driver.restore_refused()) *blocked = RecoverBlock::kRestoreRefused;
     } else {
       note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
     }
@@ -183,6 +184,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   if (was_left && left.saved && saved_shim_processes(state_dir).empty()) {
     // The gates stay closed: the memory they guard is released.
     gates_stay = true;
+    if (blocked) *blocked = RecoverBlock::kSavedMemoryGone;
     note("shared memory: what the failed " + left.operation + " saved in " + state_dir +
          " is gone, so the job's shared memory cannot be rebuilt");
     ok = false;

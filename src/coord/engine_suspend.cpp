@@ -90,19 +90,20 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   LeftSuspended left;
   if (ok && read_left_suspended(job, &left)) {
     std::string report;
-    bool refused = false;
-    ok = recover_job(job, left.state_dir, false, &report, timeout, &refused,
+    RecoverBlock blocked = RecoverBlock::kNone;
+    ok = recover_job(job, left.state_dir, false, &report, timeout, &blocked,
                      setting(settings, kRestoreMarginSetting));
     if (!ok) {
       while (!report.empty() && report.back() == '\n') report.pop_back();
-      const bool gone = left.saved && saved_shim_processes(left.state_dir).empty();
       *err = "job " + job.name + ", left suspended by a failed " +
              (left.operation.empty() ? "operation" : left.operation) +
              ": bringing it back failed:\n" + report +
-             (gone ? "\nthe job cannot be brought back without its saved shared memory" +
-                         cannot_come_back(job)
-              : refused ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
-                        : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
+             (blocked == RecoverBlock::kSavedMemoryGone
+                  ? "\nthe job cannot be brought back without its saved shared memory" +
+                        cannot_come_back(job)
+              : blocked == RecoverBlock::kRestoreRefused
+                  ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
+                  : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
     }
     if (code) *code = ok ? kExitOk : kExitFailure;
     return ok;
