@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "coord/engine.h"
 #include "job_target.h"
 
 namespace cusnap::cli {
@@ -19,6 +20,7 @@ int cmd_ps(int argc, char** argv) {
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   nlohmann::json arr = nlohmann::json::array();
   std::vector<proto::JobStatus> jobs;
+  std::vector<bool> left;  // left suspended by a failed roll back (its marker)
   for (JobEntry& e : list_jobs(true)) {
     // The supervisor's own word is fresher than job.json; fall back to the file.
     proto::JobStatus live;
@@ -26,6 +28,9 @@ int cmd_ps(int argc, char** argv) {
     if (job_hello(e, control_timeout(), &live, &err)) e.status = live;
     jobs.push_back(e.status);
     const proto::JobStatus& s = e.status;
+    JobInfo where;
+    where.runtime_dir = s.runtime_dir;
+    left.push_back(!left_suspended_details(where).empty());
     arr.push_back({{"name", s.name},
                    {"pid", s.root_pid},
                    {"supervisor_pid", s.supervisor_pid},
@@ -36,7 +41,8 @@ int cmd_ps(int argc, char** argv) {
                    {"cwd", s.cwd},
                    {"owner_uid", s.owner_uid},
                    {"runtime_dir", s.runtime_dir},
-                   {"restored_from", s.restored_from}});
+                   {"restored_from", s.restored_from},
+                   {"left_suspended", bool(left.back())}});
   }
   if (json) {
     print_json(arr);
@@ -44,14 +50,22 @@ int cmd_ps(int argc, char** argv) {
   }
   std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME",
               "COMMAND");
-  for (const proto::JobStatus& s : jobs) {
+  std::string starred;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const proto::JobStatus& s = jobs[i];
+    const std::string state = left[i] ? s.state + "*" : s.state;
+    if (left[i]) starred += (starred.empty() ? "" : ", ") + s.name;
     std::string cmd;
     for (const std::string& a : s.argv) cmd += (cmd.empty() ? "" : " ") + a;
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
     std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", s.name.c_str(),
                 static_cast<long long>(s.root_pid), static_cast<long long>(s.supervisor_pid),
-                s.state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());
+                state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());
   }
+  if (!starred.empty())
+    std::printf("* left suspended by a failed roll back (%s): cusnap inspect JOB says why, cusnap "
+                "resume JOB brings it back\n",
+                starred.c_str());
   return kExitOk;
 }
 

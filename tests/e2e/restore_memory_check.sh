@@ -231,6 +231,10 @@ op inspect rollback
 said "left suspended by a failed checkpoint at 20[0-9-]*T[0-9:]*Z" inspect
 said "because:   .*CRIU dump phase" inspect
 said "next:      cusnap resume rollback brings it back" inspect
+op ps
+said "^rollback .* suspended\* " ps
+said "^\* left suspended by a failed roll back (rollback): cusnap inspect JOB says why" ps
+[ "$(job_field rollback left_suspended)" = True ] || fail "ps --json: rollback not left_suspended"
 op resume rollback
 [ "$RC" = 1 ] || fail "resume with the hog still there exited $RC, expected 1"
 said "$SHORT" resume
@@ -243,6 +247,7 @@ expect_running rollback "$PID" "$OUT"
 op inspect rollback --json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit("left_suspended" in d)' "$T/op.out" ||
   fail "inspect still shows the resumed job left suspended: $(cat "$T/op.out")"
+[ "$(job_field rollback left_suspended)" = False ] || fail "ps --json: the resumed job still left_suspended"
 term_job
 pass "roll back: the restore not tried while the memory is taken; left suspended; resumed once free"
 
