@@ -271,7 +271,10 @@ run_e2e() {  # GLOB-PREFIX SECONDS: tests/e2e/PREFIX*.sh, each under a timeout
     case $rc in
       0) printf 'PASS %-32s %6.1f s\n' "$name" "$secs" ;;
       77) printf 'SKIP %-32s %s\n' "$name" "$(grep SKIP "/tmp/gpu-test-$name.log" | head -1)" ;;
-      *) printf 'FAIL %-32s (exit %d)\n' "$name" "$rc"; sed 's/^/    /' "/tmp/gpu-test-$name.log" | tail -25
+      *) printf 'FAIL %-32s (exit %d)\n' "$name" "$rc"
+         # Each case's verdict first (the tail is mostly the test's cleanup).
+         grep -E '^(ok|FAIL):' "/tmp/gpu-test-$name.log" | sed 's/^/    /' | cut -c1-600 | tail -20
+         sed 's/^/    /' "/tmp/gpu-test-$name.log" | tail -25
          failed+=("$name") ;;
     esac
     grep '^note:' "/tmp/gpu-test-$name.log" | sed 's/^/    /' || true

@@ -72,6 +72,7 @@ hog_start() {  # hog_start [DEVICE]: the hog on DEVICE (0), until it holds the m
   : >"$T/hog.out"
   $(hog_cmd "${1:-0}") >>"$T/hog.out" 2>&1 &
   HOG=$!
+  echo "$HOG" >>"$T/job-pids"  # killed by the cleanup should the test fail
   for _ in $(seq 1 1200); do grep -q "^ready" "$T/hog.out" && return 0; sleep 0.05; done
   fail "the hog did not start: $(cat "$T/hog.out")"
 }
@@ -127,6 +128,7 @@ else
   "$CUSNAP_FAKECUDA_DIR/fakecuda_holder" 50 0 0 >"$T/filler.out" 2>&1 &
 fi
 FILLER=$!
+echo "$FILLER" >>"$T/job-pids"
 for _ in $(seq 1 1200); do grep -q "^ready" "$T/filler.out" && break; sleep 0.05; done
 grep -q "^ready" "$T/filler.out" || fail "the filler did not start: $(cat "$T/filler.out")"
 op suspend tight
@@ -221,6 +223,7 @@ start rollback CUSNAP_CRIU="$T/criu-hog"
 op checkpoint rollback -o "$T/rollback.ckpt"
 HOG=$(sed -n 's/^ready \([0-9]*\).*/\1/p' "$T/hog-rb.out")
 [ -n "$HOG" ] || fail "the dump did not start the hog"
+echo "$HOG" >>"$T/job-pids"
 [ "$RC" = 6 ] || fail "checkpoint exited $RC, expected 6"
 said "CRIU dump phase" checkpoint
 said "$SHORT" checkpoint
