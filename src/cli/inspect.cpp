@@ -100,8 +100,9 @@ void print_left_suspended(const std::string& name, const nlohmann::json& left) {
   if (left.value("saved", false) && !dir.empty())
     std::printf("    kept:      its shared memory, in %s\n", dir.c_str());
   if (left.value("restore_refused", false))
-    std::printf("    next:      the driver will not restore its GPU state: stop the job and restore "
-                "an earlier checkpoint of it\n");
+    std::printf(
+        "    next:      the driver will not restore its GPU state: stop the job and restore "
+        "an earlier checkpoint of it\n");
   else
     std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
 }

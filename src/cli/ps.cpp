@@ -63,9 +63,10 @@ int cmd_ps(int argc, char** argv) {
                 state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());
   }
   if (!starred.empty())
-    std::printf("* left suspended by a failed roll back (%s): cusnap inspect JOB says why, cusnap "
-                "resume JOB brings it back\n",
-                starred.c_str());
+    std::printf(
+        "* left suspended by a failed roll back (%s): cusnap inspect JOB says why, cusnap "
+        "resume JOB brings it back\n",
+        starred.c_str());
   return kExitOk;
 }
 

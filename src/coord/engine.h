@@ -174,6 +174,16 @@ bool job_suspended_now(const JobInfo& job);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                       const proto::Settings& settings, ExitCode* code, std::string* err);
 
+/// What keeps a recovery from ever bringing the job back (recover_job).
+enum class RecoverBlock {
+  kNone,
+  /// The driver refused a restore for lack of GPU memory: it never restores
+  /// that process again.
+  kRestoreRefused,
+  /// The shared memory the failed operation saved (and released) is gone.
+  kSavedMemoryGone,
+};
+
 /// Brings a job back to running after its supervisor died during an
 /// operation whose state directory was state_dir (the checkpoint directory,
 /// or the runtime directory's suspended/): driver restore + unlock of every
@@ -185,21 +195,12 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
 /// recovery that fails leaves the job so marked, its saved state in place,
 /// for cusnap resume to try again. timeout: each shared-memory step's.
 /// *report gets one line per step; *blocked (if set) says what keeps a
-/// failed recovery from ever succeeding, when something does. margin: CUSNAP_RESTORE_MEMORY_MARGIN's value for
-/// the free-memory check (nullptr: this process's environment).
+/// failed recovery from ever succeeding, when something does. margin:
+/// CUSNAP_RESTORE_MEMORY_MARGIN's value for the free-memory check (nullptr:
+/// this process's environment).
 /// (engine_recover.cpp)
-/// What keeps a recovery from ever bringing the job back (recover_job).
-enum class RecoverBlock {
-  kNone,
-  /// The driver refused a restore for lack of GPU memory: it never restores
-  /// that process again.
-  kRestoreRefused,
-  /// The shared memory the failed operation saved (and released) is gone.
-  kSavedMemoryGone,
-};
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
-                 std::string* report,
-                 std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                 std::string* report, std::chrono::milliseconds timeout = std::chrono::seconds(60),
                  RecoverBlock* blocked = nullptr, const char* margin = nullptr);
 
 /// One process of the job as the engine sees it (for ps/inspect).

@@ -52,7 +52,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 pid_t read_ppid(pid_t pid) {
   std::string stat;
   if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return 0;
@@ -253,11 +252,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       ok = false;
       rb = "shared memory: " + rb;
     }
-    *err =
-        "job " + job.name + ": " + why +
-        (ok ? "\nthe job runs on unchanged"
-            : "\nbringing the job's GPU state back failed: " + rb +
-                  left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
+    *err = "job " + job.name + ": " + why +
+           (ok ? "\nthe job runs on unchanged"
+               : "\nbringing the job's GPU state back failed: " + rb +
+                     left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
     out->code = ok ? kExitFailure : kExitJobLost;
     remove_output(opts.dir, dir_existed, !ok);
     close_pidfds();
@@ -425,7 +423,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   out->phases.emplace_back("manifest", sw.lap());
   if (!left_behind.empty()) {
     *err = "job " + job.name + ": the dump succeeded but " + left_behind + "\nthe checkpoint in " +
-           opts.dir + " is complete" + left_suspended(false, "the dump succeeded but " + left_behind);
+           opts.dir + " is complete" +
+           left_suspended(false, "the dump succeeded but " + left_behind);
     out->code = kExitJobLost;
     close_pidfds();
     return false;

@@ -58,11 +58,10 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
         rolled_back = false;
         *err += "; bringing its shared memory back failed: " + rb;
       }
-      *err =
-          "job " + job.name + ": " + *err +
-          (rolled_back ? "; the job runs on unchanged"
-                       : leave_suspended(job, state, false, "suspend", *err,
-                                         driver.restore_refused()));
+      *err = "job " + job.name + ": " + *err +
+             (rolled_back
+                  ? "; the job runs on unchanged"
+                  : leave_suspended(job, state, false, "suspend", *err, driver.restore_refused()));
       if (!rolled_back) c = kExitJobLost;
       std::error_code ec;
       if (rolled_back) std::filesystem::remove_all(state, ec);

@@ -495,7 +495,7 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     REQUIRE(read_left_suspended(job, &left));
     CHECK(left.operation == "checkpoint");
     CHECK(left.reason == "driver lock phase: timeout");  // trimmed
-    CHECK(left.since.size() == 20);                       // 2026-12-02T09:15:12Z
+    CHECK(left.since.size() == 20);                      // 2026-12-02T09:15:12Z
     CHECK(left.since.back() == 'Z');
     CHECK_FALSE(left.restore_refused);
     // What inspect shows of it.
@@ -505,8 +505,8 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     CHECK(shown["since"] == left.since);
     CHECK(shown["saved"] == false);
     CHECK(shown["state_dir"] == "");
-    const std::string refused = leave_suspended(job, base + "/ckpt", true, "checkpoint",
-                                                std::string(10000, 'x'), true);
+    const std::string refused =
+        leave_suspended(job, base + "/ckpt", true, "checkpoint", std::string(10000, 'x'), true);
     CHECK(refused.find("the driver will not restore its GPU state: stop it") != std::string::npos);
     CHECK(refused.find("run cusnap resume") == std::string::npos);
     REQUIRE(read_left_suspended(job, &left));

@@ -135,12 +135,10 @@ namespace cusnap {
 std::string left_suspended_details(const JobInfo& job) {
   engine_detail::LeftSuspended left;
   if (!engine_detail::read_left_suspended(job, &left)) return "";
-  return nlohmann::json{{"operation", left.operation},
-                        {"since", left.since},
-                        {"reason", left.reason},
-                        {"restore_refused", left.restore_refused},
-                        {"saved", left.saved},
-                        {"state_dir", left.saved ? left.state_dir : ""}}
+  return nlohmann::json{
+      {"operation", left.operation}, {"since", left.since},
+      {"reason", left.reason},       {"restore_refused", left.restore_refused},
+      {"saved", left.saved},         {"state_dir", left.saved ? left.state_dir : ""}}
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

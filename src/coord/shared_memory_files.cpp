@@ -107,7 +107,6 @@ std::string hex(uint64_t v) {
   return b;
 }
 
-
 }  // namespace
 
 std::vector<pid_t> saved_shim_processes(const std::string& dir) {

@@ -53,8 +53,8 @@ const NvmlLib& lib() {
 
 bool lib_complete() {
   const NvmlLib& n = lib();
-  return n.handle && n.init && n.init_v1 && n.shutdown && n.error_string && n.count &&
-         n.by_index && n.uuid && n.memory && n.processes;
+  return n.handle && n.init && n.init_v1 && n.shutdown && n.error_string && n.count && n.by_index &&
+         n.uuid && n.memory && n.processes;
 }
 
 /// Sets environment variables for the scope (NVML reads them at nvmlInit),
