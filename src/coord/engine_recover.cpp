@@ -123,7 +123,8 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
                  std::string* report, std::chrono::milliseconds timeout, RecoverBlock* blocked,
                  const char* margin) {
-  if (blocked) *blocked = RecoverBlock::kNone;
+  RecoverBlock block = RecoverBlock::kNone;
+  if (blocked) *blocked = block;
   // A job left suspended by a failed roll back keeps its saved shared memory
   // where the marker says (the supervisor may die before cusnap resume).
   LeftSuspended left;
@@ -170,7 +171,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
-      if (blocked && driver.restore_refused()) *blocked = RecoverBlock::kRestoreRefused;
+      if (driver.restore_refused()) block = RecoverBlock::kRestoreRefused;
     } else {
       note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
     }
@@ -184,7 +185,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   if (was_left && left.saved && saved_shim_processes(state_dir).empty()) {
     // The gates stay closed: the memory they guard is released.
     gates_stay = true;
-    if (blocked) *blocked = RecoverBlock::kSavedMemoryGone;
+    block = RecoverBlock::kSavedMemoryGone;
     note("shared memory: what the failed " + left.operation + " saved in " + state_dir +
          " is gone, so the job's shared memory cannot be rebuilt");
     ok = false;
@@ -209,9 +210,11 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     ok = false;
   }
   if (!ok) {
+    if (blocked) *blocked = block;
     // Nothing saved is removed: a later cusnap resume tries again from it.
     if (!was_left) {
-      const std::string m = leave_suspended(job, state_dir, false, "recovery", *report);
+      const std::string m = leave_suspended(job, state_dir, false, "recovery", *report,
+                                            block == RecoverBlock::kRestoreRefused);
       note(m.substr(m.find_first_not_of('\n')));
     }
     return false;
