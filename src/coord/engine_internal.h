@@ -148,6 +148,9 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
 std::string cannot_come_back(const JobInfo& job);
 /// True when the job carries the marker.
 bool read_left_suspended(const JobInfo& job, LeftSuspended* out);
+/// The driver refused to restore the job's GPU state (after which it never
+/// does): the marker says so from now on, the rest of it unchanged.
+void note_restore_refused(const JobInfo& job);
 /// After the job came back: removes the saved shared memory, the state
 /// directory when the operation made it and it is empty, and the marker.
 void clear_left_suspended(const JobInfo& job, const LeftSuspended& left);

@@ -216,6 +216,8 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
       const std::string m = leave_suspended(job, state_dir, false, "recovery", *report,
                                             block == RecoverBlock::kRestoreRefused);
       note(m.substr(m.find_first_not_of('\n')));
+    } else if (block == RecoverBlock::kRestoreRefused) {
+      note_restore_refused(job);
     }
     return false;
   }

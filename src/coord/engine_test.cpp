@@ -505,6 +505,14 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     CHECK(shown["since"] == left.since);
     CHECK(shown["saved"] == false);
     CHECK(shown["state_dir"] == "");
+    // A later restore refused by the driver: noted, the rest kept.
+    const std::string since = left.since;
+    note_restore_refused(job);
+    REQUIRE(read_left_suspended(job, &left));
+    CHECK(left.restore_refused);
+    CHECK(left.since == since);
+    CHECK(left.reason == "driver lock phase: timeout");
+    CHECK(left.operation == "checkpoint");
     const std::string refused =
         leave_suspended(job, base + "/ckpt", true, "checkpoint", std::string(10000, 'x'), true);
     CHECK(refused.find("the driver will not restore its GPU state: stop it") != std::string::npos);

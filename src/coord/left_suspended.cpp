@@ -29,6 +29,17 @@ std::string marker_path(const JobInfo& job) {
   return job.runtime_dir + "/" + kLeftSuspendedFile;
 }
 
+/// Writes the marker atomically; "" or what went wrong.
+std::string write_marker(const JobInfo& job, const nlohmann::json& j) {
+  if (job.runtime_dir.empty()) return "the job has no runtime directory";
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                    path = marker_path(job), tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
+            ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
+  return ok ? "" : "writing " + path + ": " + std::strerror(errno);
+}
+
 }  // namespace
 
 std::string suspend_state_dir(const JobInfo& job) {
@@ -53,17 +64,7 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
                       {"state_dir", saved ? state_dir : ""},
                       {"saved", saved},
                       {"remove_dir", saved && remove_dir}};
-  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                    path = marker_path(job), tmp = path + ".tmp";
-  std::string problem;
-  if (job.runtime_dir.empty()) {
-    problem = "the job has no runtime directory";
-  } else {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-    bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
-              ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
-    if (!ok) problem = "writing " + path + ": " + std::strerror(errno);
-  }
+  const std::string problem = write_marker(job, j);
   std::string msg =
       "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
       "gates with their GPU state kept";
@@ -103,6 +104,19 @@ bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
   } catch (const std::exception&) {
   }
   return true;
+}
+
+void note_restore_refused(const JobInfo& job) {
+  LeftSuspended left;
+  if (!read_left_suspended(job, &left) || left.restore_refused) return;
+  nlohmann::json j = {{"operation", left.operation},
+                      {"since", left.since},
+                      {"reason", left.reason},
+                      {"restore_refused", true},
+                      {"state_dir", left.saved ? left.state_dir : ""},
+                      {"saved", left.saved},
+                      {"remove_dir", left.remove_dir}};
+  write_marker(job, j);  // best effort: the resume's error says it too
 }
 
 void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {

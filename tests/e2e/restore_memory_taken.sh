@@ -13,6 +13,8 @@
 #   roll back  a checkpoint whose dump fails: the roll back's restore is
 #              refused; it is not tried three times, and the job is left
 #              suspended (exit 6); its resume says the job cannot come back
+#   leftover   a job left suspended for another reason whose resume is then
+#              refused for memory: inspect says so from then on
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "the simulated driver's restore_memory fault point" || exit 77
 
@@ -83,4 +85,25 @@ said "the driver will not restore its GPU state: stop it (SIGTERM to its supervi
 held rollback
 term_job
 pass "roll back: refused for memory, tried once, left suspended (inspect says why); the resume says the job cannot come back"
+
+# ---- left suspended for another reason (every restore of the roll back
+# fails), then the resume's restore refused for memory: from then on
+# inspect says the job cannot come back, no longer to resume it
+start leftover CUSNAP_CRIU="$T/criu-fail" FAKECUDA_FAIL_FILE="$T/sup.%p"
+printf '%s\n' "cuCheckpointProcessRestore:1:999,cuCheckpointProcessRestore:2:999,cuCheckpointProcessRestore:3:999" >"$T/sup.$SUP"
+op checkpoint leftover -o "$T/leftover.ckpt"
+[ "$RC" = 6 ] || fail "checkpoint exited $RC, expected 6"
+said "run cusnap resume leftover to bring it back" checkpoint
+op inspect leftover
+said "next:      cusnap resume leftover brings it back" inspect
+take_memory
+op resume leftover
+[ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
+said "CUDA_ERROR_OUT_OF_MEMORY (2)" resume
+said "the driver will not restore its GPU state: stop it" resume
+op inspect leftover
+said "next:      the driver will not restore its GPU state: stop the job" inspect
+said "because:   .*CRIU dump phase" inspect
+term_job
+pass "left suspended, then a resume refused for memory: inspect says the job cannot come back"
 echo PASS
