@@ -29,11 +29,26 @@ std::string marker_path(const JobInfo& job) {
   return job.runtime_dir + "/" + kLeftSuspendedFile;
 }
 
+/// The marker's fields; state_dir only where shared memory was saved there.
+nlohmann::json marker_json(const LeftSuspended& left) {
+  return {{"operation", left.operation},
+          {"since", left.since},
+          {"reason", left.reason},
+          {"restore_refused", left.restore_refused},
+          {"state_dir", left.saved ? left.state_dir : ""},
+          {"saved", left.saved},
+          {"remove_dir", left.remove_dir}};
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 /// Writes the marker atomically; "" or what went wrong.
-std::string write_marker(const JobInfo& job, const nlohmann::json& j) {
+std::string write_marker(const JobInfo& job, const LeftSuspended& left) {
   if (job.runtime_dir.empty()) return "the job has no runtime directory";
-  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                    path = marker_path(job), tmp = path + ".tmp";
+  const std::string text = dump_json(marker_json(left)) + "\n", path = marker_path(job),
+                    tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
             ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
@@ -55,16 +70,16 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
                             const char* operation, const std::string& why, bool restore_refused) {
   const bool saved = !state_dir.empty() && !saved_shim_processes(state_dir).empty();
   const size_t from = why.find_first_not_of(" \n"), to = why.find_last_not_of(" \n");
-  std::string reason = from == std::string::npos ? "" : why.substr(from, to - from + 1);
-  if (reason.size() > kMaxReason) reason = reason.substr(0, kMaxReason) + "...";
-  nlohmann::json j = {{"operation", operation},
-                      {"since", utc_now()},
-                      {"reason", reason},
-                      {"restore_refused", restore_refused},
-                      {"state_dir", saved ? state_dir : ""},
-                      {"saved", saved},
-                      {"remove_dir", saved && remove_dir}};
-  const std::string problem = write_marker(job, j);
+  LeftSuspended left;
+  left.operation = operation;
+  left.since = utc_now();
+  left.reason = from == std::string::npos ? "" : why.substr(from, to - from + 1);
+  if (left.reason.size() > kMaxReason) left.reason = left.reason.substr(0, kMaxReason) + "...";
+  left.restore_refused = restore_refused;
+  left.state_dir = state_dir;
+  left.saved = saved;
+  left.remove_dir = saved && remove_dir;
+  const std::string problem = write_marker(job, left);
   std::string msg =
       "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
       "gates with their GPU state kept";
@@ -109,14 +124,8 @@ bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
 void note_restore_refused(const JobInfo& job) {
   LeftSuspended left;
   if (!read_left_suspended(job, &left) || left.restore_refused) return;
-  nlohmann::json j = {{"operation", left.operation},
-                      {"since", left.since},
-                      {"reason", left.reason},
-                      {"restore_refused", true},
-                      {"state_dir", left.saved ? left.state_dir : ""},
-                      {"saved", left.saved},
-                      {"remove_dir", left.remove_dir}};
-  write_marker(job, j);  // best effort: the resume's error says it too
+  left.restore_refused = true;
+  write_marker(job, left);  // best effort: the resume's error says it too
 }
 
 void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {
@@ -149,11 +158,9 @@ namespace cusnap {
 std::string left_suspended_details(const JobInfo& job) {
   engine_detail::LeftSuspended left;
   if (!engine_detail::read_left_suspended(job, &left)) return "";
-  return nlohmann::json{
-      {"operation", left.operation}, {"since", left.since},
-      {"reason", left.reason},       {"restore_refused", left.restore_refused},
-      {"saved", left.saved},         {"state_dir", left.saved ? left.state_dir : ""}}
-      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  nlohmann::json j = engine_detail::marker_json(left);
+  j.erase("remove_dir");  // the marker's own bookkeeping
+  return engine_detail::dump_json(j);
 }
 
 }  // namespace cusnap
