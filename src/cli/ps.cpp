@@ -1,6 +1,7 @@
 // cusnap ps [--json]: every live job.
 #include <cstdio>
 #include <ctime>
+#include <nlohmann/json.hpp>
 
 #include "coord/engine.h"
 #include "job_target.h"
@@ -20,7 +21,9 @@ int cmd_ps(int argc, char** argv) {
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   nlohmann::json arr = nlohmann::json::array();
   std::vector<proto::JobStatus> jobs;
-  std::vector<bool> left;  // left suspended by a failed roll back (its marker)
+  // Left suspended by a failed roll back (its marker), and of those, the
+  // ones whose restore the driver refused: no resume brings them back.
+  std::vector<bool> left, refused;
   for (JobEntry& e : list_jobs(true)) {
     // The supervisor's own word is fresher than job.json; fall back to the file.
     proto::JobStatus live;
@@ -30,7 +33,10 @@ int cmd_ps(int argc, char** argv) {
     const proto::JobStatus& s = e.status;
     JobInfo where;
     where.runtime_dir = s.runtime_dir;
-    left.push_back(!left_suspended_details(where).empty());
+    const std::string details = left_suspended_details(where);
+    left.push_back(!details.empty());
+    const nlohmann::json j = nlohmann::json::parse(details, nullptr, false);
+    refused.push_back(j.is_object() && j.value("restore_refused", false));
     arr.push_back({{"name", s.name},
                    {"pid", s.root_pid},
                    {"supervisor_pid", s.supervisor_pid},
@@ -42,7 +48,8 @@ int cmd_ps(int argc, char** argv) {
                    {"owner_uid", s.owner_uid},
                    {"runtime_dir", s.runtime_dir},
                    {"restored_from", s.restored_from},
-                   {"left_suspended", bool(left.back())}});
+                   {"left_suspended", bool(left.back())},
+                   {"restore_refused", bool(refused.back())}});
   }
   if (json) {
     print_json(arr);
@@ -50,11 +57,12 @@ int cmd_ps(int argc, char** argv) {
   }
   std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME",
               "COMMAND");
-  std::string starred;
+  std::string starred, lost;  // the jobs marked * and !
   for (size_t i = 0; i < jobs.size(); ++i) {
     const proto::JobStatus& s = jobs[i];
-    const std::string state = left[i] ? s.state + "*" : s.state;
-    if (left[i]) starred += (starred.empty() ? "" : ", ") + s.name;
+    const std::string state = refused[i] ? s.state + "!" : left[i] ? s.state + "*" : s.state;
+    std::string& names = refused[i] ? lost : starred;
+    if (left[i]) names += (names.empty() ? "" : ", ") + s.name;
     std::string cmd;
     for (const std::string& a : s.argv) cmd += (cmd.empty() ? "" : " ") + a;
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
@@ -67,6 +75,11 @@ int cmd_ps(int argc, char** argv) {
         "* left suspended by a failed roll back (%s): cusnap inspect JOB says why, cusnap "
         "resume JOB brings it back\n",
         starred.c_str());
+  if (!lost.empty())
+    std::printf(
+        "! left suspended, the driver refusing to restore its GPU state (%s): cusnap inspect "
+        "JOB says why; stop the job and restore an earlier checkpoint\n",
+        lost.c_str());
   return kExitOk;
 }
 

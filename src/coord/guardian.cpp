@@ -67,11 +67,12 @@ void write_all(int fd, const char* p, size_t n) {
   if (dismissed) ::_exit(0);
   auto log = [&](const std::string& s) { write_all(log_fd, s.data(), s.size()); };
   bool ok = true;
+  RecoverBlock blocked = RecoverBlock::kNone;
   if (!op.empty()) {
     log("cusnap: the supervisor of job " + job.name + " died during " + op +
         "; the guardian brings the job back\n");
     std::string report;
-    ok = recover_job(job, state_dir, remove_partial, &report);
+    ok = recover_job(job, state_dir, remove_partial, &report, std::chrono::seconds(60), &blocked);
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
   } else {
@@ -89,12 +90,17 @@ void write_all(int fd, const char* p, size_t n) {
     std::unique_ptr<SupervisorLoop> loop;
     SuperviseOutcome fail;
     if (SupervisorLoop::adopt(cfg, job.runtime_dir, lock_fd, &loop, &fail)) {
-      log(ok ? "cusnap: guardian: the job runs on, supervised by process " +
-                   std::to_string(::getpid()) + "\n"
-             : "cusnap: guardian: the job could not be brought back completely; it is left "
-               "suspended, supervised by process " +
-                   std::to_string(::getpid()) + ": run cusnap resume " + job.name +
-                   " to try again\n");
+      // A recovery that can never succeed (the driver refused the restore,
+      // or the saved shared memory is gone) must not send the user to
+      // cusnap resume: the report above says what to do instead.
+      const std::string by = "supervised by process " + std::to_string(::getpid());
+      log(ok ? "cusnap: guardian: the job runs on, " + by + "\n"
+          : blocked != RecoverBlock::kNone
+              ? "cusnap: guardian: the job cannot be brought back; it is left suspended, " + by +
+                    " (cusnap inspect " + job.name + " says why)\n"
+              : "cusnap: guardian: the job could not be brought back completely; it is left "
+                "suspended, " +
+                    by + ": run cusnap resume " + job.name + " to try again\n");
       ::close(log_fd);
       SuperviseOutcome out =
           loop->run(job, UniqueFd(out_r), UniqueFd(err_r), "", default_coordinator_ops());

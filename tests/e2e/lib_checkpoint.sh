@@ -220,11 +220,36 @@ rolls_back_when() {
   [ ! -e "$T/ckpt-$op" ] || fail "the failed $op left $T/ckpt-$op behind"
 }
 
-# cuda_states NAME: the driver's state of each CUDA process of the job, comma-separated.
+# wait_guardian NAME OLD-SUPERVISOR [STATE]: waits (20 s at most) until a
+# process other than OLD-SUPERVISOR supervises job NAME (its guardian, after
+# the supervisor died), the job shown in STATE when given, or fails. Sets
+# GUARD to the guardian's pid, which the test's cleanup stops.
+wait_guardian() {
+  local name=$1 old=$2 state=${3:-} g=
+  for _ in $(seq 1 400); do
+    g=$(job_field "$name" supervisor_pid)
+    [ -n "$g" ] && [ "$g" != "$old" ] &&
+      { [ -z "$state" ] || [ "$(job_field "$name" state)" = "$state" ]; } && break
+    sleep 0.05
+  done
+  [ -n "$g" ] && [ "$g" != "$old" ] ||
+    fail "no guardian took job $name over: $(cat "$CUSNAP_RUNTIME_BASE/$name/output.log" 2>/dev/null)"
+  SUPERVISORS+=("$g")
+  GUARD=$g
+  [ -z "$state" ] || [ "$(job_field "$name" state)" = "$state" ] ||
+    fail "the guardian shows job $name $(job_field "$name" state), expected $state"
+}
+
+# cuda_states NAME: the driver's state of each CUDA process of the job,
+# comma-separated; empty when inspect cannot tell.
 cuda_states() {
-  "$CUSNAP" inspect "$1" --json | python3 -c '
+  "$CUSNAP" inspect "$1" --json 2>/dev/null | python3 -c '
 import json, sys
-print(",".join(p.get("cuda_state", "") for p in json.load(sys.stdin)["processes"] if p.get("uses_cuda")))'
+try:
+    procs = json.load(sys.stdin)["processes"]
+except (ValueError, KeyError):
+    sys.exit(0)
+print(",".join(p.get("cuda_state", "") for p in procs if p.get("uses_cuda")))'
 }
 
 # expect_held NAME OUTFILE: the job is shown suspended, its GPU state is

@@ -155,18 +155,11 @@ pass "always: checkpoint left the job suspended ($(grep -m1 'left suspended' "$T
 kill -KILL "$SUP"
 wait_exit "$SUP" 2>/dev/null
 LOG=$CUSNAP_RUNTIME_BASE/always/output.log
-for _ in $(seq 1 200); do
-  g=$(job_field always supervisor_pid)
-  [ -n "$g" ] && [ "$g" != "$SUP" ] && break
-  sleep 0.05
-done
-[ -n "$g" ] && [ "$g" != "$SUP" ] || fail "always: no guardian took the job over: $(cat "$LOG")"
-[ "$(job_field always state)" = suspended ] ||
-  fail "always: the guardian shows the job $(job_field always state), expected suspended"
+wait_guardian always "$SUP" suspended
 resumed always
 counts_on "$LOG"
 expect_running always "$PID" "$LOG"
-kill -TERM "$g"
+kill -TERM "$GUARD"
 wait_gone "$PID" 20
 pass "always: the guardian took the job over suspended and resumed it"
 

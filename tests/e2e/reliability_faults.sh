@@ -42,10 +42,6 @@ alive_counting() {
   [ "$(last_count "$3")" -ge $((n + 2)) ] || return 1
   ! grep -q "pattern mismatch" "$3"
 }
-cuda_state() { "$CUSNAP" inspect "$1" --json 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-print(",".join(p.get("cuda_state", "") for p in d["processes"] if p.get("uses_cuda")))'; }
 
 stop_job() {  # stop_job SUPERVISOR PID
   kill -TERM "$1" 2>/dev/null || true
@@ -79,7 +75,7 @@ trial_checkpoint() {  # trial_checkpoint SPEC LEAVE_RUNNING(0/1)
     fi
   elif [ "$RC" = 1 ] || [ "$RC" = 3 ]; then
     if [ -f "$T/$name.ckpt/manifest.json" ]; then OUTCOME="manifest left"
-    elif alive_counting "$name" "$pid" "$TRIAL_OUT" && [ "$(cuda_state "$name")" = running ]; then
+    elif alive_counting "$name" "$pid" "$TRIAL_OUT" && [ "$(cuda_states "$name")" = running ]; then
       OUTCOME="rolled back"
     else OUTCOME="job not running"; fi
     stop_job "$TRIAL_SUP" "$pid"
@@ -105,7 +101,7 @@ trial_suspend() {  # trial_suspend SPEC RESUME(0: test suspend, 1: suspend clean
   "$CUSNAP" $([ "$res" = 1 ] && echo resume || echo suspend) "$name" >"$T/cmd.out" 2>&1 || RC=$?
   AFTER=$(grep -c "^fakecuda\[$TRIAL_SUP\]" "$TRIAL_OUT" || true)
   MSG=$(first_error "$T/cmd.out")
-  local st; st=$(cuda_state "$name")
+  local st; st=$(cuda_states "$name")
   if [ "$res" = 0 ]; then
     if [ "$RC" = 0 ] && [ "$st" = checkpointed ]; then
       "$CUSNAP" resume "$name" >/dev/null 2>&1 && alive_counting "$name" "$pid" "$TRIAL_OUT" &&
@@ -119,8 +115,8 @@ trial_suspend() {  # trial_suspend SPEC RESUME(0: test suspend, 1: suspend clean
     elif { [ "$RC" = 1 ] || [ "$RC" = 3 ]; } && [ -n "$st" ]; then
       # Where it started (suspended) or part way; a second resume must finish it.
       "$CUSNAP" resume "$name" >/dev/null 2>&1 || true
-      [ "$(cuda_state "$name")" = running ] && alive_counting "$name" "$pid" "$TRIAL_OUT" &&
-        OUTCOME="rolled back" || OUTCOME="stuck $(cuda_state "$name")"
+      [ "$(cuda_states "$name")" = running ] && alive_counting "$name" "$pid" "$TRIAL_OUT" &&
+        OUTCOME="rolled back" || OUTCOME="stuck $(cuda_states "$name")"
     else OUTCOME="state $st"; fi
   fi
   stop_job "$TRIAL_SUP" "$pid"

@@ -56,20 +56,12 @@ wait "$RESUME" || RRC=$?
 echo "   cusnap resume (exit $RRC): $(tr '\n' ' ' <"$T/resume.out" | cut -c1-300)"
 
 LOG=$CUSNAP_RUNTIME_BASE/$NAME/output.log
-G=
-for _ in $(seq 1 400); do
-  G=$(job_field "$NAME" supervisor_pid)
-  [ -n "$G" ] && [ "$G" != "$SUP" ] && [ "$(job_field "$NAME" state)" = running ] && break
-  sleep 0.05
-done
-[ -n "$G" ] && [ "$G" != "$SUP" ] || fail "no guardian took the job over: $(cat "$LOG")"
-SUPERVISORS+=("$G")
+wait_guardian "$NAME" "$SUP" running
+G=$GUARD
 grep -q "the supervisor of job $NAME died during resume; the guardian brings the job back" "$LOG" ||
   fail "the guardian did not say it finishes the resume: $(cat "$LOG")"
 grep -q "cusnap: guardian: the job runs on, supervised by process $G" "$LOG" ||
   fail "the guardian did not bring the job back: $(cat "$LOG")"
-[ "$(job_field "$NAME" state)" = running ] ||
-  fail "the guardian shows the job $(job_field "$NAME" state), expected running: $(cat "$LOG")"
 [ ! -e "$CUSNAP_RUNTIME_BASE/$NAME/left-suspended" ] || fail "the recovery left the marker behind"
 expect_running "$NAME" "$PID" "$LOG"
 op inspect "$NAME" --json

@@ -238,6 +238,7 @@ op ps
 said "^rollback .* suspended\* " ps
 said "^\* left suspended by a failed roll back (rollback): cusnap inspect JOB says why" ps
 [ "$(job_field rollback left_suspended)" = True ] || fail "ps --json: rollback not left_suspended"
+[ "$(job_field rollback restore_refused)" = False ] || fail "ps --json: rollback's restore said refused"
 op resume rollback
 [ "$RC" = 1 ] || fail "resume with the hog still there exited $RC, expected 1"
 said "$SHORT" resume

@@ -15,6 +15,11 @@
 #              suspended (exit 6); its resume says the job cannot come back
 #   leftover   a job left suspended for another reason whose resume is then
 #              refused for memory: inspect says so from then on
+#   guardian   the supervisor killed (SIGKILL) during a checkpoint, after the
+#              driver checkpoint: its guardian's restore is refused for
+#              memory; the guardian leaves the job suspended, marked so, and
+#              does not send the user to cusnap resume; inspect and ps say
+#              it cannot come back; the resume, through the guardian, too
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "the simulated driver's restore_memory fault point" || exit 77
 
@@ -34,6 +39,23 @@ start() {
 # take_memory: the job's next restore finds no device memory.
 take_memory() { echo "restore_memory:1:2" >"$T/job.$PID"; }
 held() { expect_held "$1" "$OUT"; }
+# inspect_refused NAME OPERATION TEXT...: inspect shows job NAME left suspended
+# by a failed OPERATION whose restore the driver refused, each TEXT in the
+# reason (text and --json).
+inspect_refused() {
+  local name=$1 operation=$2
+  shift 2
+  op inspect "$name"
+  said "left suspended by a failed $operation at " inspect
+  said "next:      the driver will not restore its GPU state: stop the job" inspect
+  op inspect "$name" --json
+  python3 -c '
+import json, sys
+left = json.load(open(sys.argv[1]))["left_suspended"]
+assert left["operation"] == sys.argv[2] and left["restore_refused"] is True, left
+assert all(t in left["reason"] for t in sys.argv[3:]), left
+' "$T/op.out" "$operation" "$@" || fail "inspect --json: $(cat "$T/op.out")"
+}
 
 # ---- resume with the memory taken
 start resume
@@ -68,16 +90,7 @@ said "CUDA_ERROR_OUT_OF_MEMORY (2) (the GPU lacks the free memory" checkpoint
 said "the job is left suspended" checkpoint
 grep -q "then:\|tries)" "$T/op.out" && fail "the roll back tried the refused restore again: $(cat "$T/op.out")"
 held rollback
-op inspect rollback
-said "left suspended by a failed checkpoint at " inspect
-said "next:      the driver will not restore its GPU state: stop the job" inspect
-op inspect rollback --json
-python3 -c '
-import json, sys
-left = json.load(open(sys.argv[1]))["left_suspended"]
-assert left["operation"] == "checkpoint" and left["restore_refused"] is True, left
-assert "CRIU dump phase" in left["reason"] and "OUT_OF_MEMORY" in left["reason"], left
-' "$T/op.out" || fail "inspect --json: $(cat "$T/op.out")"
+inspect_refused rollback checkpoint "CRIU dump phase" OUT_OF_MEMORY
 op resume rollback
 [ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
 said "CUDA_ERROR_OPERATING_SYSTEM (304)" resume
@@ -104,6 +117,56 @@ said "the driver will not restore its GPU state: stop it" resume
 op inspect leftover
 said "next:      the driver will not restore its GPU state: stop the job" inspect
 said "because:   .*CRIU dump phase" inspect
+op ps
+said "^leftover .* suspended! " ps
 term_job
 pass "left suspended, then a resume refused for memory: inspect says the job cannot come back"
+
+# ---- the guardian's recovery refused for memory. The dump (a CRIU that
+# notes its pid and waits) begins once every driver checkpoint is done: the
+# supervisor is killed there, the memory taken first.
+printf '#!/bin/sh\n[ "$1" = dump ] && { echo $$ >"%s"; exec sleep 60; }\nexec "%s" "$@"\n' \
+  "$T/dump.pid" "$REAL_CRIU" >"$T/criu-slow"
+chmod 755 "$T/criu-slow"
+start guardian CUSNAP_CRIU="$T/criu-slow"
+"$CUSNAP" checkpoint guardian -o "$T/guardian.ckpt" >"$T/guardian-ck.out" 2>&1 &
+CK=$!
+for _ in $(seq 1 200); do [ -s "$T/dump.pid" ] && break; sleep 0.05; done
+[ -s "$T/dump.pid" ] || fail "the checkpoint never reached its dump: $(cat "$T/guardian-ck.out")"
+cat "$T/dump.pid" >>"$T/job-pids"
+[ "$(cuda_states guardian)" = checkpointed ] || fail "at the dump the job's GPU state is $(cuda_states guardian)"
+take_memory
+kill -KILL "$SUP"
+wait_exit "$SUP" 2>/dev/null
+kill -KILL "$(cat "$T/dump.pid")" 2>/dev/null
+RC=0
+wait "$CK" || RC=$?
+[ "$RC" != 0 ] || fail "the checkpoint succeeded though its supervisor was killed"
+wait_guardian guardian "$SUP" suspended
+LOG=$CUSNAP_RUNTIME_BASE/guardian/output.log
+for _ in $(seq 1 100); do grep -q "cusnap: guardian: the job cannot be brought back" "$LOG" && break; sleep 0.05; done
+grep -q "cusnap: guardian: the job cannot be brought back; it is left suspended, supervised by process $GUARD (cusnap inspect guardian says why)" "$LOG" ||
+  fail "the guardian's log does not say the job cannot come back: $(grep cusnap: "$LOG")"
+grep -q "CUDA_ERROR_OUT_OF_MEMORY" "$LOG" || fail "the guardian's log does not name the refusal: $(grep cusnap: "$LOG")"
+grep "cusnap: guardian:" "$LOG" | grep -q "run cusnap resume" &&
+  fail "the guardian sends the user to cusnap resume: $(grep cusnap: "$LOG")"
+SUP=$GUARD
+held guardian
+inspect_refused guardian recovery OUT_OF_MEMORY
+op ps
+said "^guardian .* suspended! " ps
+said "^! left suspended, the driver refusing to restore its GPU state (guardian): cusnap inspect JOB says why; stop the job" ps
+grep -q "^\* " "$T/op.out" && fail "ps sends the user to cusnap resume: $(cat "$T/op.out")"
+"$CUSNAP" ps --json | python3 -c '
+import json, sys
+j = [j for j in json.load(sys.stdin) if j["name"] == "guardian"][0]
+assert j["left_suspended"] is True and j["restore_refused"] is True, j
+' || fail "ps --json does not say the restore was refused"
+op resume guardian
+[ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
+said "CUDA_ERROR_OPERATING_SYSTEM (304)" resume
+said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $GUARD)" resume
+held guardian
+term_job
+pass "the supervisor killed during a checkpoint, the guardian's restore refused for memory: left suspended, marked so; inspect, ps and resume say it cannot come back"
 echo PASS
