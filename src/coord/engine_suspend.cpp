@@ -147,11 +147,15 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       c = kExitRefused;  // nothing was restored
       *err = "job " + job.name + ": " + *err + "\nthe job stays suspended; run cusnap resume " +
              job.name + " again once the memory is free";
+    } else if (!ok && driver.restore_refused()) {
+      // The driver never restores the process again: marked like a job a
+      // failed roll back left suspended, so that ps and inspect say it
+      // cannot come back, and checkpoint and suspend say why they refuse.
+      const std::string why = *err;
+      *err = "job " + job.name + ": " + why +
+             leave_suspended(job, suspend_state_dir(job), false, "resume", why, true);
     } else if (!ok) {
-      *err = "job " + job.name + ": " + *err +
-             (driver.restore_refused()
-                  ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
-                  : "");
+      *err = "job " + job.name + ": " + *err;
     }
   }
   // Shared memory saved by suspend comes back once the driver state did.

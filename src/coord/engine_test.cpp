@@ -522,6 +522,12 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     CHECK(left.reason.size() == 4096 + 3);  // cut short, "..."
     CHECK(left.state_dir == suspend_state_dir(job));
     CHECK_FALSE(left.remove_dir);
+    // Checkpoint and suspend refuse it without sending the user to resume.
+    CHECK_FALSE(refuse_when_left_suspended(job, "checkpoint", &err));
+    CHECK(err.find("job j cannot be checkpointed: the driver refused to restore its GPU state "
+                   "after a failed checkpoint, and will not restore it again: stop it") !=
+          std::string::npos);
+    CHECK(err.find("cusnap resume") == std::string::npos);
   }
   SUBCASE("saved records: their directory, removed once empty") {
     const std::string dir = base + "/ckpt";

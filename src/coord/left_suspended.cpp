@@ -144,6 +144,14 @@ void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {
 bool refuse_when_left_suspended(const JobInfo& job, const char* operation, std::string* err) {
   LeftSuspended left;
   if (!read_left_suspended(job, &left)) return true;
+  if (left.restore_refused) {
+    *err = "job " + job.name + " cannot be " +
+           (std::string(operation) == "suspend" ? "suspended" : "checkpointed") +
+           ": the driver refused to restore its GPU state" +
+           (left.operation.empty() ? "" : " after a failed " + left.operation) +
+           ", and will not restore it again" + cannot_come_back(job);
+    return false;
+  }
   *err = "job " + job.name + " was left suspended by a failed roll back" +
          (left.operation.empty() ? "" : " of a " + left.operation) + ", so it cannot be " +
          (std::string(operation) == "suspend" ? "suspended" : "checkpointed") +

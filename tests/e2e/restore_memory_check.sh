@@ -264,6 +264,8 @@ CUSNAP_RESTORE_MEMORY_MARGIN=off op resume control
 [ "$RC" = 1 ] || fail "resume with the check off exited $RC, expected 1"
 said "CUDA_ERROR_OUT_OF_MEMORY (2)" resume
 said "the driver will not restore its GPU state" resume
+op ps
+said "^control .* suspended! " ps
 hog_end
 op resume control
 [ "$RC" = 1 ] || fail "the resume after the refused restore exited $RC, expected 1"

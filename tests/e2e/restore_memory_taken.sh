@@ -8,8 +8,10 @@
 # (FAKECUDA_FAIL_FILE) at the moment the memory is "taken".
 #   resume     a suspended job: the resume fails (exit 1) naming the call,
 #              saying the GPU lacks the memory and that the driver will not
-#              restore it again, and what to do; a second resume fails the
-#              same way (304), the job still shown suspended
+#              restore it again, and what to do; from then on ps shows it
+#              suspended!, inspect says why, a checkpoint is refused
+#              saying it cannot come back; a second resume fails the same
+#              way (304), the job still shown suspended
 #   roll back  a checkpoint whose dump fails: the roll back's restore is
 #              refused; it is not tried three times, and the job is left
 #              suspended (exit 6); its resume says the job cannot come back
@@ -68,13 +70,19 @@ said "cuCheckpointProcessRestore of process $PID failed: CUDA_ERROR_OUT_OF_MEMOR
 said "the GPU lacks the free memory to restore it" resume
 said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $SUP) and restore an earlier checkpoint of resume" resume
 held resume
+inspect_refused resume resume OUT_OF_MEMORY
+op ps
+said "^resume .* suspended! " ps
+op checkpoint resume -o "$T/resume.ckpt"
+[ "$RC" = 3 ] || fail "the checkpoint of the lost job exited $RC, expected 3"
+said "cannot be checkpointed: the driver refused to restore its GPU state after a failed resume, and will not restore it again: stop it (SIGTERM to its supervisor, process $SUP)" checkpoint
 op resume resume
 [ "$RC" = 1 ] || fail "the second resume exited $RC, expected 1"
 said "CUDA_ERROR_OPERATING_SYSTEM (304) (as the driver answers" "the second resume"
 said "the driver will not restore its GPU state: stop it" "the second resume"
 held resume
 term_job
-pass "resume: refused for memory, then 304; the job said to be lost, shown suspended"
+pass "resume: refused for memory, then 304; the job said to be lost, shown suspended! (inspect says why; a checkpoint refused)"
 
 # ---- a roll back with the memory taken
 REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin command -v criu)
