@@ -39,8 +39,9 @@ void write_all(int fd, const char* p, size_t n) {
   // reach the supervisor's group must not end us before we are needed.
   for (int s : {SIGINT, SIGHUP, SIGPIPE, SIGTERM}) ::signal(s, SIG_IGN);
   ::prctl(PR_SET_NAME, "cusnap-guardian");
-  std::string buf, op, state_dir;
-  bool remove_partial = false, dismissed = false;
+  std::string buf, op, state_dir, margin;
+  bool remove_partial = false, dismissed = false, has_margin = false;
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
   char chunk[512];
   for (;;) {
     ssize_t n = ::read(cmd_r, chunk, sizeof chunk);
@@ -56,11 +57,17 @@ void write_all(int fd, const char* p, size_t n) {
       } else if (line == "end") {
         op.clear();
       } else if (line.rfind("begin ", 0) == 0) {
-        std::istringstream in(line.substr(6));
-        int rp = 0;
-        in >> op >> rp;
-        std::getline(in >> std::ws, state_dir);
-        remove_partial = rp != 0;
+        // One JSON object (Guardian::begin), so that no path can break the
+        // line; what does not parse leaves the last operation as it was.
+        const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
+        if (!j.is_object()) continue;
+        op = j.value("op", "");
+        state_dir = j.value("state_dir", "");
+        remove_partial = j.value("remove_partial", false);
+        const uint64_t ms = j.value("timeout_ms", uint64_t{0});
+        if (ms > 0) timeout = std::chrono::milliseconds(ms);
+        margin = j.value("margin", "");
+        has_margin = j.contains("margin");
       }
     }
   }
@@ -72,7 +79,9 @@ void write_all(int fd, const char* p, size_t n) {
     log("cusnap: the supervisor of job " + job.name + " died during " + op +
         "; the guardian brings the job back\n");
     std::string report;
-    ok = recover_job(job, state_dir, remove_partial, &report, std::chrono::seconds(60), &blocked);
+    // The operation's own timeout and free-memory margin, as its client set them.
+    ok = recover_job(job, state_dir, remove_partial, &report, timeout, &blocked,
+                     has_margin ? margin.c_str() : nullptr);
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
   } else {
@@ -258,8 +267,16 @@ void Guardian::send(const std::string& line) {
   write_all(pipe_w_.get(), l.data(), l.size());
 }
 
-void Guardian::begin(const std::string& op, const std::string& state_dir, bool remove_partial) {
-  send("begin " + op + " " + (remove_partial ? "1 " : "0 ") + state_dir);
+void Guardian::begin(const std::string& op, const std::string& state_dir, bool remove_partial,
+                     std::chrono::milliseconds timeout, const char* margin) {
+  nlohmann::json j = {{"op", op},
+                      {"state_dir", state_dir},
+                      {"remove_partial", remove_partial},
+                      {"timeout_ms", static_cast<uint64_t>(timeout.count())}};
+  if (margin) j["margin"] = margin;
+  // Replaced, not thrown: a setting that is not UTF-8 is the operation's
+  // to refuse, and the guardian must hear of the operation all the same.
+  send("begin " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void Guardian::end() { send("end"); }

@@ -20,6 +20,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 
 #include "coord/engine.h"
@@ -44,8 +45,12 @@ class Guardian {
   bool start(const JobInfo& job, int out_r, int err_r, const std::string& log_path, int lock_fd,
              std::string* err);
   /// An operation begins: state_dir is where it keeps what it saves;
-  /// remove_partial says to remove state_dir when no manifest got written.
-  void begin(const std::string& op, const std::string& state_dir, bool remove_partial);
+  /// remove_partial says to remove state_dir when no manifest got written;
+  /// timeout and margin (CUSNAP_RESTORE_MEMORY_MARGIN's value as the
+  /// client set it, nullptr: none) are the operation's, which a recovery
+  /// after the supervisor's death uses too.
+  void begin(const std::string& op, const std::string& state_dir, bool remove_partial,
+             std::chrono::milliseconds timeout, const char* margin);
   void end();
   /// The supervisor ends normally: the guardian exits without acting.
   void dismiss();

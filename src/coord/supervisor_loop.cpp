@@ -1,6 +1,8 @@
 #include "coord/supervisor_loop.h"
 
+#include "coord/gpu_memory.h"
 #include "coord/guardian.h"
+#include "coord/settings.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -213,16 +215,18 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     auto checkpoint = ops.checkpoint;
     ops.checkpoint = [g, checkpoint](const JobInfo& j, const CheckpointOptions& o,
                                      const ProgressSink& p, CheckpointResult* r, std::string* e) {
-      g->begin("checkpoint", o.dir, true);
+      g->begin("checkpoint", o.dir, true, o.timeout, setting(o.settings, kRestoreMarginSetting));
       bool ok = checkpoint(j, o, p, r, e);
       g->end();
       return ok;
     };
     // Suspend and resume keep their state in the runtime directory.
     auto guarded = [g](const char* op, auto inner) {
-      return [g, op, inner](const JobInfo& j, auto... a) {
-        g->begin(op, j.runtime_dir + "/suspended", false);
-        bool ok = inner(j, a...);
+      return [g, op, inner](const JobInfo& j, std::chrono::milliseconds timeout,
+                            const proto::Settings& settings, auto... a) {
+        g->begin(op, j.runtime_dir + "/suspended", false, timeout,
+                 setting(settings, kRestoreMarginSetting));
+        bool ok = inner(j, timeout, settings, a...);
         g->end();
         return ok;
       };

@@ -18,6 +18,11 @@
 #               the driver checkpoint freed: the roll back does not try the
 #               restore, the job is left suspended (exit 6), and cusnap
 #               resume brings it back once the hog is gone
+#   guardian    the supervisor killed during the dump of a checkpoint,
+#               the hog holding the memory: the guardian's recovery checks
+#               with the margin the checkpoint's client set (the supervisor
+#               has the check off), does not try the restore, leaves the
+#               job suspended; resumed once the hog is gone
 #   control     CUSNAP_RESTORE_MEMORY_MARGIN=off: the resume asks the driver,
 #               which fails CUDA_ERROR_OUT_OF_MEMORY, and the job is lost
 #   the setting a bad value is refused (exit 3 from checkpoint and suspend)
@@ -254,6 +259,52 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit("left_susp
 [ "$(job_field rollback left_suspended)" = False ] || fail "ps --json: the resumed job still left_suspended"
 term_job
 pass "roll back: the restore not tried while the memory is taken; left suspended; resumed once free"
+
+# ---- guardian: the supervisor killed (SIGKILL) during the dump of a
+# checkpoint, once the hog took the memory the driver checkpoint freed. The
+# supervisor runs with the check off, the client with a margin of 8 MiB: the
+# guardian's recovery checks as the operation's client asked, does not try
+# the restore, and leaves the job suspended; resumed once the memory is free.
+cat >"$T/criu-hog-wait" <<SH
+#!/bin/sh
+if [ "\$1" = dump ]; then
+  setsid $(hog_cmd 0) >"$T/hog-g.out" 2>&1 </dev/null &
+  for i in \$(seq 1 1200); do grep -q "^ready" "$T/hog-g.out" && break; sleep 0.05; done
+  echo \$\$ >"$T/dump.pid"
+  exec sleep 120
+fi
+exec "$REAL_CRIU" "\$@"
+SH
+chmod 755 "$T/criu-hog-wait"
+start guardian CUSNAP_CRIU="$T/criu-hog-wait" CUSNAP_RESTORE_MEMORY_MARGIN=off
+"$CUSNAP" checkpoint guardian -o "$T/guardian.ckpt" >"$T/guardian-ck.out" 2>&1 &
+CK=$!
+for _ in $(seq 1 1800); do [ -s "$T/dump.pid" ] && break; sleep 0.05; done
+[ -s "$T/dump.pid" ] || fail "the checkpoint never reached its dump: $(cat "$T/guardian-ck.out")"
+cat "$T/dump.pid" >>"$T/job-pids"
+HOG=$(sed -n 's/^ready \([0-9]*\).*/\1/p' "$T/hog-g.out")
+[ -n "$HOG" ] || fail "the dump did not start the hog: $(cat "$T/hog-g.out")"
+echo "$HOG" >>"$T/job-pids"
+kill -KILL "$SUP"
+wait_exit "$SUP" 2>/dev/null
+kill -KILL "$(cat "$T/dump.pid")" 2>/dev/null
+wait "$CK" && fail "the checkpoint succeeded though its supervisor was killed"
+wait_guardian guardian "$SUP" suspended
+SUP=$GUARD
+LOG=$CUSNAP_RUNTIME_BASE/guardian/output.log
+grep -q "$SHORT" "$LOG" || fail "the guardian did not check the free memory: $(grep cusnap: "$LOG")"
+grep -q "run cusnap resume guardian to try again" "$LOG" ||
+  fail "the guardian did not say to resume the job: $(grep cusnap: "$LOG")"
+expect_held guardian "$LOG"
+op inspect guardian
+said "left suspended by a failed recovery at " inspect
+said "next:      cusnap resume guardian brings it back" inspect
+kill -9 "$HOG"; wait_gone "$HOG" 20
+op resume guardian
+[ "$RC" = 0 ] || fail "resume after the hog exited $RC"
+expect_running guardian "$PID" "$LOG"  # the job's output goes to its log now
+term_job
+pass "guardian: its recovery checked the memory as the client asked (not the supervisor's setting), did not try; resumed once free"
 
 # ---- control: the check off, the driver asked
 start control
