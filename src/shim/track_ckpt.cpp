@@ -14,68 +14,39 @@
 //   reimport   every released imported allocation is imported again from its
 //              creator (peer socket) and mapped as before
 // After load and reimport the records equal those before release, so the
-// coordinator's final inspection can compare them.
+// coordinator's final inspection can compare them. Multicast objects (torn
+// down by release, built again by reimport): track_ckpt_multicast.cpp.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <set>
 
 #include "shim/captures.h"
 #include "shim/real_driver.h"
+#include "shim/track_ckpt_internal.h"
 #include "shim/track_copy.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
 
-namespace {
-
-using Lock = std::lock_guard<std::mutex>;
-
-proto::Done ok_done(uint64_t bytes = 0) {
+proto::Done ok_done(uint64_t bytes) {
   proto::Done d;
   d.ok = true;
   d.bytes = bytes;
   return d;
 }
 
-proto::Done fail(const std::string& what, int32_t code = 0) {
+proto::Done fail(const std::string& what, int32_t code) {
   proto::Done d;
   d.error = what;
   d.code = code;
   return d;
 }
 
-/// The primary context of a device, current on this thread while it lives.
-class DeviceContext {
- public:
-  explicit DeviceContext(int32_t dev) : dev_(dev) {
-    auto retain = REAL(cuDevicePrimaryCtxRetain);
-    auto set = REAL(cuCtxSetCurrent);
-    if (!retain || !set) {
-      result_ = CUDA_ERROR_NOT_SUPPORTED;
-      return;
-    }
-    result_ = retain(&ctx_, dev);
-    if (result_ == CUDA_SUCCESS) result_ = set(ctx_);
-  }
-  ~DeviceContext() {
-    if (auto set = REAL(cuCtxSetCurrent)) set(nullptr);
-    if (ctx_)
-      if (auto rel = REAL(cuDevicePrimaryCtxRelease_v2)) rel(dev_);
-  }
-  DeviceContext(const DeviceContext&) = delete;
-  DeviceContext& operator=(const DeviceContext&) = delete;
-  CUresult result() const { return result_; }
-
- private:
-  int32_t dev_;
-  CUcontext ctx_ = nullptr;
-  CUresult result_ = CUDA_SUCCESS;
-};
+namespace {
 
 /// A second, private mapping of an allocation with read-write access for its
 /// device, for the bulk copies; unmapped and unreserved by the destructor.
@@ -114,31 +85,12 @@ class TempMapping {
   bool mapped_ = false;
 };
 
-struct RangeCopy {
-  uint64_t address, size, offset;
-  std::vector<proto::AccessRecord> access;
-};
-
 /// The mappings of allocation id (s.mu held).
 std::vector<RangeCopy> ranges_of(const State& s, uint64_t id) {
   std::vector<RangeCopy> out;
   for (auto& [addr, m] : s.ranges)
     if (m.alloc == id) out.push_back({addr, m.size, m.offset, m.access});
   return out;
-}
-
-/// The mappings of multicast object h, by the application's handle (s.mu held).
-std::vector<RangeCopy> multicast_ranges_of(const State& s, uint64_t h) {
-  std::vector<RangeCopy> out;
-  for (auto& [addr, m] : s.ranges)
-    if (m.multicast == h) out.push_back({addr, m.size, m.offset, m.access});
-  return out;
-}
-
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
 }
 
 /// Releases the driver handle a half-finished release left behind.
@@ -167,8 +119,34 @@ bool created_here(State& s, uint64_t id, Alloc* a, std::vector<RangeCopy>* range
   return true;
 }
 
-/// Maps d at every recorded range of an allocation with the recorded access;
-/// on failure unmaps what it mapped.
+/// A driver handle for allocation a (its own, or a retained one when the
+/// application released every handle and only mappings keep it).
+CUresult handle_of(const Alloc& a, const std::vector<RangeCopy>& ranges,
+                   CUmemGenericAllocationHandle* h, bool* temporary, std::string* err) {
+  *temporary = false;
+  if (a.driver_held) {
+    *h = a.driver;
+    return CUDA_SUCCESS;
+  }
+  if (ranges.empty()) {
+    *err = "no handle and no mapping left";
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  CUresult r = REAL(cuMemRetainAllocationHandle)(
+      h, reinterpret_cast<void*>(static_cast<uintptr_t>(ranges.front().address)));
+  if (r != CUDA_SUCCESS) *err = driver_error("cuMemRetainAllocationHandle", r);
+  *temporary = r == CUDA_SUCCESS;
+  return r;
+}
+
+}  // namespace
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 CUresult map_ranges(CUmemGenericAllocationHandle d, const std::vector<RangeCopy>& ranges,
                     std::string* err) {
   size_t done = 0;
@@ -199,135 +177,6 @@ CUresult map_ranges(CUmemGenericAllocationHandle d, const std::vector<RangeCopy>
     for (size_t i = 0; i < done; ++i) REAL(cuMemUnmap)(ranges[i].address, ranges[i].size);
   return r;
 }
-
-/// A driver handle for allocation a (its own, or a retained one when the
-/// application released every handle and only mappings keep it).
-CUresult handle_of(const Alloc& a, const std::vector<RangeCopy>& ranges,
-                   CUmemGenericAllocationHandle* h, bool* temporary, std::string* err) {
-  *temporary = false;
-  if (a.driver_held) {
-    *h = a.driver;
-    return CUDA_SUCCESS;
-  }
-  if (ranges.empty()) {
-    *err = "no handle and no mapping left";
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
-  CUresult r = REAL(cuMemRetainAllocationHandle)(
-      h, reinterpret_cast<void*>(static_cast<uintptr_t>(ranges.front().address)));
-  if (r != CUDA_SUCCESS) *err = driver_error("cuMemRetainAllocationHandle", r);
-  *temporary = r == CUDA_SUCCESS;
-  return r;
-}
-
-/// Tears down every multicast object (mappings, bindings, the object); the
-/// records stay for rebuild_multicast.
-proto::Done teardown_multicast(State& s) {
-  struct Work {
-    CUmemGenericAllocationHandle driver;
-    proto::MulticastRecord rec;
-    std::vector<RangeCopy> maps;
-  };
-  std::vector<Work> work;
-  {
-    Lock l(s.mu);
-    if (s.mc_released) return ok_done();
-    for (auto& [h, rec] : s.multicast) {
-      auto t = s.mc_driver.find(h);
-      work.push_back({t == s.mc_driver.end() ? h : t->second, rec, multicast_ranges_of(s, h)});
-    }
-    s.mc_released = true;
-  }
-  for (const Work& w : work) {
-    const std::string who = "multicast object " + hex(w.rec.handle) + ": ";
-    DeviceContext ctx(w.rec.devices.empty() ? 0 : w.rec.devices.front());
-    for (const RangeCopy& m : w.maps)
-      if (CUresult r = REAL(cuMemUnmap)(m.address, m.size); r != CUDA_SUCCESS)
-        return fail(who + driver_error("cuMemUnmap", r));
-    for (const auto& b : w.rec.bindings) {
-      const int32_t dev = b.device < 0 ? 0 : b.device;
-      DeviceContext bind_ctx(dev);
-      if (CUresult r = REAL(cuMulticastUnbind)(w.driver, dev, b.mc_offset, b.size);
-          r != CUDA_SUCCESS)
-        return fail(who + driver_error("cuMulticastUnbind", r));
-    }
-    if (CUresult r = REAL(cuMemRelease)(w.driver); r != CUDA_SUCCESS)
-      return fail(who + driver_error("cuMemRelease", r));
-  }
-  return ok_done();
-}
-
-/// Creates every torn-down multicast object again: its devices, its bindings
-/// (with the ABI they were made with), its mappings; the application's handle
-/// then names the new object.
-proto::Done rebuild_multicast(State& s) {
-  std::vector<proto::MulticastRecord> recs;
-  std::map<uint64_t, std::vector<RangeCopy>> maps;
-  std::map<uint64_t, CUmemGenericAllocationHandle> members;
-  {
-    Lock l(s.mu);
-    if (!s.mc_released) return ok_done();
-    for (auto& [h, rec] : s.multicast) {
-      recs.push_back(rec);
-      maps[h] = multicast_ranges_of(s, h);
-      for (auto& b : rec.bindings) {
-        auto a = s.allocs.find(b.allocation);
-        if (b.address == 0 && a != s.allocs.end()) members[b.allocation] = a->second.driver;
-      }
-    }
-  }
-  auto bind_mem_v1 = REAL(cuMulticastBindMem);
-  auto bind_mem_v2 = REAL(cuMulticastBindMem_v2);
-  auto bind_addr_v1 = REAL(cuMulticastBindAddr);
-  auto bind_addr_v2 = REAL(cuMulticastBindAddr_v2);
-  for (const auto& rec : recs) {
-    const std::string who = "multicast object " + hex(rec.handle) + ": ";
-    DeviceContext ctx(rec.devices.empty() ? 0 : rec.devices.front());
-    CUmulticastObjectProp prop{};
-    prop.numDevices = rec.num_devices;
-    prop.size = rec.size;
-    prop.handleTypes = rec.flags;
-    CUmemGenericAllocationHandle mc = 0;
-    if (CUresult r = REAL(cuMulticastCreate)(&mc, &prop); r != CUDA_SUCCESS)
-      return fail(who + driver_error("cuMulticastCreate", r));
-    for (int32_t dev : rec.devices)
-      if (CUresult r = REAL(cuMulticastAddDevice)(mc, dev); r != CUDA_SUCCESS)
-        return fail(who + driver_error("cuMulticastAddDevice", r));
-    for (const auto& b : rec.bindings) {
-      // The 13.0 ABI binds on the current context's device: the member's.
-      DeviceContext bind_ctx(b.device < 0 ? 0 : b.device);
-      CUresult r;
-      if (b.address == 0) {
-        auto m = members.find(b.allocation);
-        if (m == members.end()) return fail(who + "a bound allocation is gone");
-        r = b.abi == 2
-                ? (bind_mem_v2
-                       ? bind_mem_v2(mc, b.device, b.mc_offset, m->second, b.mem_offset, b.size, 0)
-                       : CUDA_ERROR_NOT_SUPPORTED)
-                : bind_mem_v1(mc, b.mc_offset, m->second, b.mem_offset, b.size, 0);
-      } else {
-        r = b.abi == 2
-                ? (bind_addr_v2 ? bind_addr_v2(mc, b.device, b.mc_offset, b.address, b.size, 0)
-                                : CUDA_ERROR_NOT_SUPPORTED)
-                : bind_addr_v1(mc, b.mc_offset, b.address, b.size, 0);
-      }
-      if (r != CUDA_SUCCESS) return fail(who + driver_error("cuMulticastBind", r));
-    }
-    std::string err;
-    if (map_ranges(mc, maps[rec.handle], &err) != CUDA_SUCCESS) return fail(who + err);
-    Lock l(s.mu);
-    if (mc == rec.handle)
-      s.mc_driver.erase(rec.handle);
-    else
-      s.mc_driver[rec.handle] = mc;
-  }
-  note_mc_translation();
-  Lock l(s.mu);
-  s.mc_released = false;
-  return ok_done();
-}
-
-}  // namespace
 
 std::string driver_error(const char* call, CUresult r) {
   const char* name = nullptr;

@@ -1,0 +1,267 @@
+// shim_track_test scenarios on cuMemAlloc blocks (served by VMM mappings):
+// legacy IPC, frees and allocations during stream captures, and peer access.
+// Helpers: track_test.h.
+#include <cstdint>
+
+#include "tests/shim/track_test.h"
+
+namespace track_test {
+
+/// Legacy IPC on cuMemAlloc memory: the same address on repeated opens in one
+/// context, bytes both ways, records on both sides.
+int ipc() {
+  REQ_OK(init_primary());
+  CUdeviceptr d;
+  REQ_OK(cuMemAlloc(&d, 3 << 20));  // not a multiple of the granularity
+  fill(d, 3 << 20, 0x61);
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  const uint64_t calls = r.sharing_calls;
+  CUipcMemHandle h;
+  REQ_OK(cuIpcGetMemHandle(&h, d));
+  REQ(inspect(getpid(), &r));
+  REQ(r.sharing_calls == calls + 1);
+  REQ(r.allocations.size() == 1 && r.allocations[0].legacy && r.allocations[0].exported);
+  REQ(r.allocations[0].size == 4 << 20);
+  CUdeviceptr opened_at = 0;
+  Child c = spawn([&](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    proto::ShimRecords rr;
+    FC_REQ(inspect(getpid(), &rr));
+    const uint64_t child_calls = rr.sharing_calls;
+    CUdeviceptr p1 = 0, p2 = 0;
+    FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(p1 == p2 && p1 != 0);
+    FC_REQ(all(p1, 3 << 20, 0x61));
+    fill(p1, 3 << 20, 0x62);
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.sharing_calls == child_calls + 2);
+    FC_REQ(rr.ipc.size() == 1 && rr.ipc[0].opens == 2 && rr.ipc[0].address == p1);
+    FC_REQ(rr.allocations.size() == 1 && rr.allocations[0].origin == "imported");
+    FC_REQ(rr.allocations[0].creator_pid == getppid());
+    FC_REQ(send_u64(sock, p1));
+    uint64_t v;
+    FC_REQ(recv_u64(sock, &v));
+    FC_REQ(cuIpcCloseMemHandle(p1) == CUDA_SUCCESS);
+    FC_REQ(all(p1, 3 << 20, 0x62));  // still open once
+    FC_REQ(cuIpcCloseMemHandle(p1) == CUDA_SUCCESS);
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.ipc.empty() && rr.allocations.empty() && rr.mappings.empty());
+    return 0;
+  });
+  uint64_t v = 0;
+  REQ(recv_u64(c.sock, &v));
+  opened_at = v;
+  REQ(opened_at != 0);
+  REQ(all(d, 3 << 20, 0x62));
+  CUdeviceptr self;
+  REQ(cuIpcOpenMemHandle(&self, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+  REQ(inspect(getpid(), &r));
+  REQ(r.sharing_calls == calls + 2);  // a refused open counts too
+  REQ(send_u64(c.sock, 1));
+  REQ(c.join() == 0);
+  REQ_OK(cuMemFree(d));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
+/// A free during a stream capture (src/shim/captures.h): the shim's
+/// cuMemFree of a block it serves synchronizes the context first, which
+/// during a capture fails and invalidates it, while the driver's cuMemFree in
+/// a RELAXED capture succeeds. So the block stays until the first free after
+/// the capture, and the capture goes on; a second free of it meanwhile is
+/// refused; a capture whose stream is destroyed no longer defers.
+int free_in_capture() {
+  REQ_OK(init_primary());
+  CUdeviceptr d = 0, e = 0, f = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  CUstream s, t;
+  REQ_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQ_OK(cuMemFree(d));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQ_OK(cuStreamIsCapturing(s, &st));
+  REQ(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  REQ(cuMemFree(d) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.allocations[0].legacy);  // deferred
+  CUgraph g = nullptr;
+  REQ_OK(cuStreamEndCapture(s, &g));
+  REQ(g != nullptr);
+  REQ_OK(cuGraphDestroy(g));
+  REQ_OK(cuMemAlloc(&e, 1 << 20));
+  REQ_OK(cuMemFree(e));  // frees the deferred block first
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  // A capture left behind by a destroyed stream defers nothing.
+  REQ_OK(cuMemAlloc(&f, 1 << 20));
+  REQ_OK(cuStreamBeginCapture_v2(t, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQ_OK(cuStreamDestroy(t));
+  REQ_OK(cuMemFree(f));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  REQ_OK(cuStreamDestroy(s));
+  return 0;
+}
+
+/// cuMemAlloc and cuMemFree during a capture fare as the driver's: in GLOBAL
+/// and THREAD_LOCAL mode they fail STREAM_CAPTURE_UNSUPPORTED and the capture
+/// is invalidated (no block served, none freed or deferred), in RELAXED mode
+/// the shim serves the block and the capture goes on.
+int alloc_in_capture() {
+  REQ_OK(init_primary());
+  CUstream s;
+  REQ_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  proto::ShimRecords r;
+  CUdeviceptr before = 0;
+  REQ_OK(cuMemAlloc(&before, 1 << 20));
+  for (CUstreamCaptureMode mode :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    for (bool alloc : {true, false}) {
+      REQ_OK(cuStreamBeginCapture_v2(s, mode));
+      CUdeviceptr d = 0;
+      if (alloc)
+        REQ(cuMemAlloc(&d, 1 << 20) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      else
+        REQ(cuMemFree(before) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+      REQ_OK(cuStreamIsCapturing(s, &st));
+      REQ(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+      CUgraph g = nullptr;
+      REQ(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+      REQ(inspect(getpid(), &r));
+      REQ(r.allocations.size() == 1);  // only the block made before, still there
+    }
+  }
+  REQ_OK(cuMemFree(before));  // after the captures: freed
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  REQ_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUdeviceptr d = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQ_OK(cuStreamIsCapturing(s, &st));
+  REQ(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.allocations[0].legacy);  // served by the shim
+  CUgraph g = nullptr;
+  REQ_OK(cuStreamEndCapture(s, &g));
+  REQ(g != nullptr);
+  REQ_OK(cuGraphDestroy(g));
+  REQ_OK(cuMemFree(d));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  REQ_OK(cuStreamDestroy(s));
+  return 0;
+}
+
+namespace {
+
+/// Flags the records give device `dev` on the mapping at `addr` (0: none).
+uint32_t recorded_access(const proto::ShimRecords& r, uint64_t addr, int32_t dev) {
+  for (auto& m : r.mappings)
+    if (m.address == addr)
+      for (auto& a : m.access)
+        if (a.type == CU_MEM_LOCATION_TYPE_DEVICE && a.id == dev) return a.flags;
+  return 0;
+}
+
+unsigned long long driver_access(CUdeviceptr p, int dev) {
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  unsigned long long f = ~0ull;
+  if (cuMemGetAccess(&f, &loc, p) != CUDA_SUCCESS) return ~0ull;
+  return f;
+}
+
+}  // namespace
+
+/// Peer access reaches cuMemAlloc blocks served by VMM mappings: device 1's
+/// context enables access to device 0's context; device 0's blocks (existing
+/// and new) get read-write for device 1, in the driver and in the records;
+/// disabling revokes what peer access alone granted, never what the
+/// application set itself. The enable also goes through the pointer
+/// cuGetProcAddress hands out (the runtime's cudaDeviceEnablePeerAccess path).
+int peer() {
+  REQ_OK(cuInit(0));
+  CUdevice dev0, dev1;
+  REQ_OK(cuDeviceGet(&dev0, 0));
+  REQ_OK(cuDeviceGet(&dev1, 1));
+  CUcontext c0, c1;
+  REQ_OK(cuDevicePrimaryCtxRetain(&c0, dev0));
+  REQ_OK(cuDevicePrimaryCtxRetain(&c1, dev1));
+  const unsigned long long RW = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const size_t n = 1 << 20;
+
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr before;  // a block of device 0 made before peer access
+  REQ_OK(cuMemAlloc(&before, n));
+  fill(before, n, 0x31);
+  REQ(driver_access(before, 0) == RW && driver_access(before, 1) == 0);
+
+  REQ_OK(cuCtxSetCurrent(c1));
+  CUdeviceptr own1;  // device 1's own block: device 0 never enables access
+  REQ_OK(cuMemAlloc(&own1, n));
+  REQ(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_INVALID_DEVICE);
+  REQ_OK(cuCtxEnablePeerAccess(c0, 0));
+  REQ(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  REQ(driver_access(before, 1) == RW);
+  REQ(driver_access(own1, 0) == 0);
+  REQ(all(before, n, 0x31));  // read from device 1's context
+  fill(before, n, 0x32);      // and written
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == RW && recorded_access(r, before, 0) == RW);
+  REQ(recorded_access(r, own1, 0) == 0);
+
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr after, kept;  // blocks of device 0 made while peer access is on
+  REQ_OK(cuMemAlloc(&after, n));
+  REQ_OK(cuMemAlloc(&kept, n));
+  REQ(driver_access(after, 1) == RW && driver_access(kept, 1) == RW);
+  CUmemAccessDesc mine{};  // the application grants `kept` itself as well
+  mine.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  mine.location.id = 1;
+  mine.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQ_OK(cuMemSetAccess(kept, 2 << 20, &mine, 1));
+  REQ(all(before, n, 0x32));
+
+  REQ_OK(cuCtxSetCurrent(c1));
+  REQ_OK(cuCtxDisablePeerAccess(c0));
+  REQ(cuCtxDisablePeerAccess(c0) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  REQ(driver_access(before, 1) == 0 && driver_access(after, 1) == 0);
+  REQ(driver_access(before, 0) == RW && driver_access(after, 0) == RW);
+  REQ(driver_access(kept, 1) == RW);
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == 0 && recorded_access(r, after, 1) == 0);
+  REQ(recorded_access(r, kept, 1) == RW && recorded_access(r, before, 0) == RW);
+
+  // Enabled again through the resolver's pointer, as the runtime calls it.
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st;
+  REQ_OK(cuGetProcAddress_v2("cuCtxEnablePeerAccess", &fn, 12000, 0, &st));
+  REQ(fn != nullptr);
+  auto enable = reinterpret_cast<CUresult (*)(CUcontext, unsigned)>(fn);
+  REQ_OK(enable(c0, 0));
+  REQ(driver_access(before, 1) == RW && driver_access(after, 1) == RW);
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, before, 1) == RW && recorded_access(r, after, 1) == RW);
+  REQ_OK(cuCtxDisablePeerAccess(c0));
+  REQ(driver_access(before, 1) == 0 && driver_access(kept, 1) == RW);
+
+  REQ_OK(cuMemFree(own1));
+  REQ_OK(cuCtxSetCurrent(c0));
+  REQ_OK(cuMemFree(before));
+  REQ_OK(cuMemFree(after));
+  REQ_OK(cuMemFree(kept));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
+}  // namespace track_test
