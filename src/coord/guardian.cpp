@@ -39,9 +39,9 @@ void write_all(int fd, const char* p, size_t n) {
   // reach the supervisor's group must not end us before we are needed.
   for (int s : {SIGINT, SIGHUP, SIGPIPE, SIGTERM}) ::signal(s, SIG_IGN);
   ::prctl(PR_SET_NAME, "cusnap-guardian");
-  std::string buf, op, state_dir, margin;
-  bool remove_partial = false, dismissed = false, has_margin = false;
-  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  std::string buf;
+  GuardedOperation op;
+  bool dismissed = false;
   char chunk[512];
   for (;;) {
     ssize_t n = ::read(cmd_r, chunk, sizeof chunk);
@@ -55,19 +55,11 @@ void write_all(int fd, const char* p, size_t n) {
       if (line == "dismiss") {
         dismissed = true;
       } else if (line == "end") {
-        op.clear();
-      } else if (line.rfind("begin ", 0) == 0) {
-        // One JSON object (Guardian::begin), so that no path can break the
-        // line; what does not parse leaves the last operation as it was.
-        const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
-        if (!j.is_object()) continue;
-        op = j.value("op", "");
-        state_dir = j.value("state_dir", "");
-        remove_partial = j.value("remove_partial", false);
-        const uint64_t ms = j.value("timeout_ms", uint64_t{0});
-        if (ms > 0) timeout = std::chrono::milliseconds(ms);
-        margin = j.value("margin", "");
-        has_margin = j.contains("margin");
+        op = GuardedOperation();
+      } else {
+        // What does not parse leaves the last operation as it was.
+        GuardedOperation next;
+        if (parse_guardian_begin(line, &next)) op = next;
       }
     }
   }
@@ -75,13 +67,13 @@ void write_all(int fd, const char* p, size_t n) {
   auto log = [&](const std::string& s) { write_all(log_fd, s.data(), s.size()); };
   bool ok = true;
   RecoverBlock blocked = RecoverBlock::kNone;
-  if (!op.empty()) {
-    log("cusnap: the supervisor of job " + job.name + " died during " + op +
+  if (!op.op.empty()) {
+    log("cusnap: the supervisor of job " + job.name + " died during " + op.op +
         "; the guardian brings the job back\n");
     std::string report;
     // The operation's own timeout and free-memory margin, as its client set them.
-    ok = recover_job(job, state_dir, remove_partial, &report, timeout, &blocked,
-                     has_margin ? margin.c_str() : nullptr);
+    ok = recover_job(job, op.state_dir, op.remove_partial, &report, op.timeout, &blocked,
+                     op.margin ? op.margin->c_str() : nullptr);
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
   } else {
@@ -267,16 +259,75 @@ void Guardian::send(const std::string& line) {
   write_all(pipe_w_.get(), l.data(), l.size());
 }
 
-void Guardian::begin(const std::string& op, const std::string& state_dir, bool remove_partial,
-                     std::chrono::milliseconds timeout, const char* margin) {
-  nlohmann::json j = {{"op", op},
-                      {"state_dir", state_dir},
-                      {"remove_partial", remove_partial},
-                      {"timeout_ms", static_cast<uint64_t>(timeout.count())}};
-  if (margin) j["margin"] = margin;
-  // Replaced, not thrown: a setting that is not UTF-8 is the operation's
-  // to refuse, and the guardian must hear of the operation all the same.
-  send("begin " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+namespace {
+
+/// Bytes as hex: a path is any bytes but NUL, and JSON text carries only UTF-8.
+std::string to_hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+/// The bytes of hex text; false for anything else.
+bool from_hex(const std::string& hex, std::string* out) {
+  if (hex.size() % 2) return false;
+  auto digit = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::string bytes;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    bytes += static_cast<char>(hi << 4 | lo);
+  }
+  *out = std::move(bytes);
+  return true;
+}
+
+}  // namespace
+
+std::string guardian_begin_line(const GuardedOperation& op) {
+  nlohmann::json j = {{"op", to_hex(op.op)},
+                      {"state_dir", to_hex(op.state_dir)},
+                      {"remove_partial", op.remove_partial},
+                      {"timeout_ms", static_cast<uint64_t>(op.timeout.count())}};
+  if (op.margin) j["margin"] = to_hex(*op.margin);
+  return "begin " + j.dump();
+}
+
+bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexcept {
+  try {
+    if (line.rfind("begin ", 0) != 0) return false;
+    const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
+    if (!j.is_object()) return false;
+    // Every string field is hex (guardian_begin_line); a field of the
+    // wrong type throws, which refuses the line.
+    GuardedOperation op;
+    if (!from_hex(j.value("op", ""), &op.op) || op.op.empty()) return false;
+    if (!from_hex(j.value("state_dir", ""), &op.state_dir)) return false;
+    op.remove_partial = j.value("remove_partial", false);
+    if (j.contains("timeout_ms") && !j["timeout_ms"].is_number_unsigned()) return false;
+    const uint64_t ms = j.value("timeout_ms", uint64_t{0});
+    // Zero, or beyond a day: the default stands.
+    if (ms > 0 && ms <= 24ull * 3600 * 1000) op.timeout = std::chrono::milliseconds(ms);
+    if (j.contains("margin")) {
+      op.margin.emplace();
+      if (!from_hex(j["margin"].get<std::string>(), &*op.margin)) return false;
+    }
+    *out = std::move(op);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void Guardian::begin(const GuardedOperation& op) {
+  send(guardian_begin_line(op));
 }
 
 void Guardian::end() { send("end"); }

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "coord/engine.h"
@@ -35,6 +36,28 @@ namespace cusnap {
 /// --job JSON. Never returns.
 [[noreturn]] void guardian_command(int argc, char** argv);
 
+/// An engine operation under way, as the supervisor tells its guardian.
+struct GuardedOperation {
+  std::string op;         ///< "checkpoint", "suspend", "resume"; empty: none
+  std::string state_dir;  ///< where it keeps what it saves
+  /// Remove state_dir after a recovery when no manifest got written.
+  bool remove_partial = false;
+  /// The operation's timeout, which a recovery uses too.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// CUSNAP_RESTORE_MEMORY_MARGIN as the operation's client set it (or the
+  /// supervisor's environment had it); absent: neither did.
+  std::optional<std::string> margin;
+};
+
+/// The line that announces op on the guardian's pipe: "begin " and one JSON
+/// object whose strings are hex, so that a path of any bytes (a newline, or
+/// what is not UTF-8) crosses whole and cannot break the line.
+std::string guardian_begin_line(const GuardedOperation& op);
+/// Reads such a line; false, *out unchanged, for anything else (not a
+/// "begin", not JSON, no operation, a field of the wrong type). A timeout
+/// of zero or above a day leaves the default.
+bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexcept;
+
 class Guardian {
  public:
   /// Forks the guardian. log_path: the job's output log (appended to);
@@ -44,13 +67,8 @@ class Guardian {
   /// is then supervised without one).
   bool start(const JobInfo& job, int out_r, int err_r, const std::string& log_path, int lock_fd,
              std::string* err);
-  /// An operation begins: state_dir is where it keeps what it saves;
-  /// remove_partial says to remove state_dir when no manifest got written;
-  /// timeout and margin (CUSNAP_RESTORE_MEMORY_MARGIN's value as the
-  /// client set it, nullptr: none) are the operation's, which a recovery
-  /// after the supervisor's death uses too.
-  void begin(const std::string& op, const std::string& state_dir, bool remove_partial,
-             std::chrono::milliseconds timeout, const char* margin);
+  /// An operation begins (GuardedOperation says what the guardian needs).
+  void begin(const GuardedOperation& op);
   void end();
   /// The supervisor ends normally: the guardian exits without acting.
   void dismiss();

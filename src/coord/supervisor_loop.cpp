@@ -20,6 +20,20 @@
 namespace cusnap {
 namespace {
 
+/// What the guardian needs of an operation: where it keeps what it saves,
+/// its timeout and the free-memory margin its client set.
+GuardedOperation guarded_operation(const char* op, const std::string& state_dir,
+                                   bool remove_partial, std::chrono::milliseconds timeout,
+                                   const proto::Settings& settings) {
+  GuardedOperation g;
+  g.op = op;
+  g.state_dir = state_dir;
+  g.remove_partial = remove_partial;
+  g.timeout = timeout;
+  if (const char* margin = setting(settings, kRestoreMarginSetting)) g.margin = margin;
+  return g;
+}
+
 int g_signal_pipe = -1;  // write end of the self-pipe; set once by prepare()
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
 
@@ -215,7 +229,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     auto checkpoint = ops.checkpoint;
     ops.checkpoint = [g, checkpoint](const JobInfo& j, const CheckpointOptions& o,
                                      const ProgressSink& p, CheckpointResult* r, std::string* e) {
-      g->begin("checkpoint", o.dir, true, o.timeout, setting(o.settings, kRestoreMarginSetting));
+      g->begin(guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings));
       bool ok = checkpoint(j, o, p, r, e);
       g->end();
       return ok;
@@ -224,8 +238,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     auto guarded = [g](const char* op, auto inner) {
       return [g, op, inner](const JobInfo& j, std::chrono::milliseconds timeout,
                             const proto::Settings& settings, auto... a) {
-        g->begin(op, j.runtime_dir + "/suspended", false, timeout,
-                 setting(settings, kRestoreMarginSetting));
+        g->begin(guarded_operation(op, j.runtime_dir + "/suspended", false, timeout, settings));
         bool ok = inner(j, timeout, settings, a...);
         g->end();
         return ok;

@@ -1,0 +1,87 @@
+#include "coord/guardian.h"
+
+#include <doctest/doctest.h>
+
+using namespace cusnap;
+
+TEST_CASE("guardian: the operation's line carries every field, whatever the path") {
+  GuardedOperation op;
+  op.op = "checkpoint";
+  op.state_dir = "/ckpt/with\nnewline and \"quotes\"";
+  op.remove_partial = true;
+  op.timeout = std::chrono::milliseconds(2500);
+  op.margin = "8M";
+  const std::string line = guardian_begin_line(op);
+  CHECK(line.find('\n') == std::string::npos);  // one line on the pipe
+  GuardedOperation back;
+  REQUIRE(parse_guardian_begin(line, &back));
+  CHECK(back.op == "checkpoint");
+  CHECK(back.state_dir == op.state_dir);
+  CHECK(back.remove_partial);
+  CHECK(back.timeout == std::chrono::milliseconds(2500));
+  REQUIRE(back.margin);
+  CHECK(*back.margin == "8M");
+
+  SUBCASE("no margin set: none read back") {
+    op.margin.reset();
+    REQUIRE(parse_guardian_begin(guardian_begin_line(op), &back));
+    CHECK_FALSE(back.margin);
+  }
+  SUBCASE("a path and a setting that are not UTF-8 cross whole") {
+    op.state_dir = std::string("/ckpt/\xff\xfe/x");
+    op.margin = std::string("\xc3");
+    REQUIRE(parse_guardian_begin(guardian_begin_line(op), &back));
+    CHECK(back.state_dir == op.state_dir);
+    REQUIRE(back.margin);
+    CHECK(*back.margin == "\xc3");
+  }
+}
+
+TEST_CASE("guardian: what is not an operation's line is refused, the last one kept") {
+  GuardedOperation kept;
+  kept.op = "suspend";
+  kept.state_dir = "/run/j/suspended";
+  // "726573756d65" is "resume" in hex.
+  for (const char* bad : {"",
+                          "dismiss",
+                          "end",
+                          "begin",
+                          "begin ",
+                          "begin checkpoint 1 /ckpt",  // the old form
+                          "begin {",
+                          "begin []",
+                          "begin {}",
+                          "begin {\"op\": \"\"}",
+                          "begin {\"op\": 7}",
+                          "begin {\"op\": \"resume\"}",  // not hex
+                          "begin {\"op\": \"726573756d6\"}",
+                          "begin {\"op\": \"726573756d65\", \"state_dir\": 1}",
+                          "begin {\"op\": \"726573756d65\", \"state_dir\": \"2F\"}",  // upper case
+                          "begin {\"op\": \"726573756d65\", \"remove_partial\": \"yes\"}",
+                          "begin {\"op\": \"726573756d65\", \"timeout_ms\": -1}",
+                          "begin {\"op\": \"726573756d65\", \"timeout_ms\": 1.5}",
+                          "begin {\"op\": \"726573756d65\", \"timeout_ms\": \"60\"}",
+                          "begin {\"op\": \"726573756d65\", \"margin\": null}",
+                          "begin {\"op\": \"726573756d65\", \"margin\": \"8M\"}",
+                          "x begin {\"op\": \"726573756d65\"}"}) {
+    CAPTURE(bad);
+    GuardedOperation op = kept;
+    CHECK_FALSE(parse_guardian_begin(bad, &op));
+    CHECK(op.op == "suspend");
+    CHECK(op.state_dir == "/run/j/suspended");
+  }
+}
+
+TEST_CASE("guardian: a timeout of zero or beyond a day leaves the default") {
+  GuardedOperation op;
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 0}", &op));
+  CHECK(op.timeout == std::chrono::seconds(60));
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 86400001}", &op));
+  CHECK(op.timeout == std::chrono::seconds(60));
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 86400000}", &op));
+  CHECK(op.timeout == std::chrono::hours(24));
+  CHECK(op.op == "resume");
+  CHECK(op.state_dir.empty());
+  CHECK_FALSE(op.remove_partial);
+  CHECK_FALSE(op.margin);
+}
