@@ -2,6 +2,7 @@
 #include "coord/guardian.h"
 
 #include "coord/coordinator_ops.h"
+#include "coord/hex.h"
 #include "coord/supervisor_loop.h"
 
 #include <fcntl.h>
@@ -259,44 +260,12 @@ void Guardian::send(const std::string& line) {
   write_all(pipe_w_.get(), l.data(), l.size());
 }
 
-namespace {
-
-/// Bytes as hex: a path is any bytes but NUL, and JSON text carries only UTF-8.
-std::string to_hex(const std::string& bytes) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-/// The bytes of hex text; false for anything else.
-bool from_hex(const std::string& hex, std::string* out) {
-  if (hex.size() % 2) return false;
-  auto digit = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-  };
-  std::string bytes;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    bytes += static_cast<char>(hi << 4 | lo);
-  }
-  *out = std::move(bytes);
-  return true;
-}
-
-}  // namespace
-
 std::string guardian_begin_line(const GuardedOperation& op) {
-  nlohmann::json j = {{"op", to_hex(op.op)},
-                      {"state_dir", to_hex(op.state_dir)},
+  nlohmann::json j = {{"op", hex_encode(op.op)},
+                      {"state_dir", hex_encode(op.state_dir)},
                       {"remove_partial", op.remove_partial},
                       {"timeout_ms", static_cast<uint64_t>(op.timeout.count())}};
-  if (op.margin) j["margin"] = to_hex(*op.margin);
+  if (op.margin) j["margin"] = hex_encode(*op.margin);
   return "begin " + j.dump();
 }
 
@@ -308,8 +277,8 @@ bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexce
     // Every string field is hex (guardian_begin_line); a field of the
     // wrong type throws, which refuses the line.
     GuardedOperation op;
-    if (!from_hex(j.value("op", ""), &op.op) || op.op.empty()) return false;
-    if (!from_hex(j.value("state_dir", ""), &op.state_dir)) return false;
+    if (!hex_decode(j.value("op", ""), &op.op) || op.op.empty()) return false;
+    if (!hex_decode(j.value("state_dir", ""), &op.state_dir)) return false;
     op.remove_partial = j.value("remove_partial", false);
     if (j.contains("timeout_ms") && !j["timeout_ms"].is_number_unsigned()) return false;
     const uint64_t ms = j.value("timeout_ms", uint64_t{0});
@@ -317,7 +286,7 @@ bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexce
     if (ms > 0 && ms <= 24ull * 3600 * 1000) op.timeout = std::chrono::milliseconds(ms);
     if (j.contains("margin")) {
       op.margin.emplace();
-      if (!from_hex(j["margin"].get<std::string>(), &*op.margin)) return false;
+      if (!hex_decode(j["margin"].get<std::string>(), &*op.margin)) return false;
     }
     *out = std::move(op);
     return true;

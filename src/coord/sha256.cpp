@@ -1,8 +1,11 @@
 #include "coord/sha256.h"
 
+#include "coord/hex.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -190,28 +193,13 @@ std::string Sha256::hex_digest() {
 }
 
 std::string to_hex(const Sha256Digest& d) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  out.reserve(64);
-  for (uint8_t b : d) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 0xf]);
-  }
-  return out;
+  return hex_encode(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
 }
 
 bool from_hex(std::string_view hex, Sha256Digest* d) {
-  if (hex.size() != 64) return false;
-  auto nibble = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < 32; ++i) {
-    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    (*d)[i] = uint8_t(hi << 4 | lo);
-  }
+  std::string bytes;
+  if (hex.size() != 2 * d->size() || !hex_decode(hex, &bytes)) return false;
+  std::copy(bytes.begin(), bytes.end(), d->begin());
   return true;
 }
 
