@@ -33,10 +33,9 @@ int cmd_ps(int argc, char** argv) {
     const proto::JobStatus& s = e.status;
     JobInfo where;
     where.runtime_dir = s.runtime_dir;
-    const std::string details = left_suspended_details(where);
-    left.push_back(!details.empty());
-    const nlohmann::json j = nlohmann::json::parse(details, nullptr, false);
-    refused.push_back(j.is_object() && j.value("restore_refused", false));
+    const LeftSuspendedState marked = left_suspended_state(where);
+    left.push_back(marked != LeftSuspendedState::kNo);
+    refused.push_back(marked == LeftSuspendedState::kRestoreRefused);
     arr.push_back({{"name", s.name},
                    {"pid", s.root_pid},
                    {"supervisor_pid", s.supervisor_pid},

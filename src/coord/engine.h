@@ -219,5 +219,10 @@ std::vector<ProcessInfo> list_job_processes(pid_t root);
 /// "since", "reason", "restore_refused", "saved", "state_dir"}; "" when the
 /// job carries no marker. (left_suspended.cpp)
 std::string left_suspended_details(const JobInfo& job);
+/// Whether the job carries that marker and, if so, whether the driver refused
+/// to restore its GPU state (then no cusnap resume brings it back), for
+/// cusnap ps. (left_suspended.cpp)
+enum class LeftSuspendedState { kNo, kResumable, kRestoreRefused };
+LeftSuspendedState left_suspended_state(const JobInfo& job);
 
 }  // namespace cusnap

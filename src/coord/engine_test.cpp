@@ -485,6 +485,7 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
   LeftSuspended left;
   CHECK_FALSE(read_left_suspended(job, &left));
   CHECK(left_suspended_details(job).empty());
+  CHECK(left_suspended_state(job) == LeftSuspendedState::kNo);
   CHECK(refuse_when_left_suspended(job, "checkpoint", &err));
 
   SUBCASE("nothing saved: the suspend's own directory, nothing removed") {
@@ -498,6 +499,7 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     CHECK(left.since.size() == 20);                      // 2026-12-02T09:15:12Z
     CHECK(left.since.back() == 'Z');
     CHECK_FALSE(left.restore_refused);
+    CHECK(left_suspended_state(job) == LeftSuspendedState::kResumable);
     // What inspect shows of it.
     nlohmann::json shown = nlohmann::json::parse(left_suspended_details(job));
     CHECK(shown["operation"] == "checkpoint");
@@ -510,6 +512,7 @@ TEST_CASE("engine: the left-suspended marker names the saved state and refuses u
     note_restore_refused(job);
     REQUIRE(read_left_suspended(job, &left));
     CHECK(left.restore_refused);
+    CHECK(left_suspended_state(job) == LeftSuspendedState::kRestoreRefused);
     CHECK(left.since == since);
     CHECK(left.reason == "driver lock phase: timeout");
     CHECK(left.operation == "checkpoint");

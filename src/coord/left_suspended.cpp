@@ -171,4 +171,11 @@ std::string left_suspended_details(const JobInfo& job) {
   return engine_detail::dump_json(j);
 }
 
+LeftSuspendedState left_suspended_state(const JobInfo& job) {
+  engine_detail::LeftSuspended left;
+  if (!engine_detail::read_left_suspended(job, &left)) return LeftSuspendedState::kNo;
+  return left.restore_refused ? LeftSuspendedState::kRestoreRefused
+                              : LeftSuspendedState::kResumable;
+}
+
 }  // namespace cusnap
