@@ -98,8 +98,10 @@ pid_t start_counter(int out_fd) {
                    out_fd);
 }
 
-// Reads lines "count N ok" until n arrived; returns those n (fewer on timeout).
-std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
+// Reads lines until n of them started with prefix ("count " for "count N
+// ok"; "" for bare numbers) or timeout; returns the numbers after the prefix
+// (fewer on timeout).
+std::vector<long> read_numbers(int fd, size_t n, int timeout_ms, const std::string& prefix = "") {
   std::vector<long> out;
   std::string buf;
   while (out.size() < n) {
@@ -113,11 +115,16 @@ std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
     while ((nl = buf.find('\n')) != std::string::npos) {
       std::string line = buf.substr(0, nl);
       buf.erase(0, nl + 1);
-      if (line.starts_with("count ")) out.push_back(std::atol(line.c_str() + 6));
+      if (line.starts_with(prefix)) out.push_back(std::atol(line.c_str() + prefix.size()));
       if (out.size() == n) break;  // what came with it is not asked for
     }
   }
   return out;
+}
+
+// Reads lines "count N ok" until n arrived; returns those n (fewer on timeout).
+std::vector<long> read_counts(int fd, size_t n, int timeout_ms) {
+  return read_numbers(fd, n, timeout_ms, "count ");
 }
 
 // Reaps the given processes (our children, or orphans of them that this
@@ -151,26 +158,6 @@ void kill_and_reap(pid_t root) {
     pids.push_back(pi.pid);
   }
   reap(pids);
-}
-
-// Reads whole lines from fd until n numbers arrived or timeout; returns them.
-std::vector<long> read_numbers(int fd, size_t n, int timeout_ms) {
-  std::vector<long> out;
-  std::string buf;
-  while (out.size() < n) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0) break;
-    char tmp[256];
-    ssize_t r = read(fd, tmp, sizeof tmp);
-    if (r <= 0) break;
-    buf.append(tmp, size_t(r));
-    size_t nl;
-    while ((nl = buf.find('\n')) != std::string::npos) {
-      out.push_back(std::atol(buf.substr(0, nl).c_str()));
-      buf.erase(0, nl + 1);
-    }
-  }
-  return out;
 }
 
 std::string pipe_id(int fd) {
