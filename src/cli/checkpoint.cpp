@@ -39,16 +39,12 @@ int cmd_checkpoint(int argc, char** argv) {
   std::string job, dir;
   bool leave_running = false, json = false;
   double timeout_s = 60;
-  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")
-      ->required()
-      ->type_name("");
+  add_job_argument(app, &job);
   app.add_option("-o,--output", dir,
                  "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
       ->type_name("DIR");
   app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
-  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
-      ->check(positive())
-      ->type_name("SECONDS");
+  add_timeout_option(app, &timeout_s, "each phase");
   app.add_flag("--json", json, "Print the result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

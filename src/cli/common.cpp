@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "coord/supervisor.h"
 #include "proto/wire.h"
 
 namespace cusnap::cli {
@@ -26,6 +27,35 @@ int parse(CLI::App& app, int argc, char** argv) {
                  app.get_name().c_str());
     return kExitUsage;
   }
+}
+
+void add_timeout_option(CLI::App& app, double* seconds, const char* bounds) {
+  app.add_option("--timeout", *seconds,
+                 std::string("Seconds allowed for ") + bounds + " (default: 60)")
+      ->check(positive())
+      ->type_name("SECONDS");
+}
+
+void add_control_timeout_option(CLI::App& app, double* seconds) {
+  *seconds = std::chrono::duration<double>(control_timeout()).count();
+  app.add_option("--control-timeout", *seconds,
+                 "Seconds allowed for each exchange on the control socket")
+      ->check(positive())
+      ->type_name("SECONDS");
+}
+
+void add_runtime_dir_option(CLI::App& app, std::string* dir) {
+  app.add_option("--runtime-dir", *dir,
+                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")
+      ->type_name("DIR");
+}
+
+int finish_supervised(const SuperviseOutcome& out) {
+  if (!out.warning.empty()) std::fprintf(stderr, "cusnap: warning: %s\n", out.warning.c_str());
+  if (!out.stopped_dir.empty())
+    std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", out.name.c_str(),
+                 out.stopped_dir.c_str());
+  return out.exit_code;
 }
 
 int fail(int code, const std::string& msg) {

@@ -13,6 +13,10 @@
 #include "coord/engine.h"
 #include "proto/control.h"
 
+namespace cusnap {
+struct SuperviseOutcome;
+}
+
 namespace cusnap::cli {
 
 /// One subcommand: parses its own options and returns the exit code.
@@ -48,6 +52,19 @@ inline CLI::Validator positive() {
       },
       "", "positive");
 }
+
+/// "--timeout SECONDS" (default 60): help says what it bounds, "each phase"
+/// or "the operation".
+void add_timeout_option(CLI::App& app, double* seconds, const char* bounds);
+/// "--control-timeout SECONDS", for commands that supervise the job; *seconds
+/// starts as control_timeout().
+void add_control_timeout_option(CLI::App& app, double* seconds);
+/// "--runtime-dir DIR", for commands that supervise the job.
+void add_runtime_dir_option(CLI::App& app, std::string* dir);
+
+/// The end of a supervising command (launch, restore): its warning and a
+/// checkpoint that stopped the job on stderr; returns what cusnap exits with.
+int finish_supervised(const SuperviseOutcome& out);
 
 /// "cusnap: error: MSG" on stderr; returns code.
 int fail(int code, const std::string& msg);

@@ -4,6 +4,12 @@
 
 namespace cusnap::cli {
 
+void add_job_argument(CLI::App& app, std::string* job) {
+  app.add_option("JOB", *job, "Job name, supervisor pid or runtime directory")
+      ->required()
+      ->type_name("");
+}
+
 int resolve_job(const std::string& spec, bool json, JobEntry* out) {
   std::string err;
   if (!find_job(spec, out, &err)) return fail_json(json, kExitNotFound, err);

@@ -10,6 +10,9 @@
 
 namespace cusnap::cli {
 
+/// The JOB argument of the commands that act on a running job.
+void add_job_argument(CLI::App& app, std::string* job);
+
 /// Finds job spec; on failure prints the error (and JSON when asked) and
 /// returns the exit code, else -1.
 int resolve_job(const std::string& spec, bool json, JobEntry* out);

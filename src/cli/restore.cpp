@@ -40,7 +40,7 @@ int cmd_restore(int argc, char** argv) {
   std::string dir, device_map;
   bool json = false;
   double timeout_s = 60;
-  double control_s = std::chrono::duration<double>(control_timeout()).count();
+  double control_s = 0;
   RestoreRequest req;
   app.add_option("DIR", dir, "Checkpoint directory")->required()->type_name("");
   app.add_option("-n,--name", req.cfg.name,
@@ -51,16 +51,9 @@ int cmd_restore(int argc, char** argv) {
   app.add_option("--device-map", device_map,
                  "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated")
       ->type_name("OLD=NEW,...");
-  app.add_option("--runtime-dir", req.cfg.runtime_dir,
-                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")
-      ->type_name("DIR");
-  app.add_option("--timeout", timeout_s, "Seconds allowed for each phase (default: 60)")
-      ->check(positive())
-      ->type_name("SECONDS");
-  app.add_option("--control-timeout", control_s,
-                 "Seconds allowed for each exchange on the control socket")
-      ->check(positive())
-      ->type_name("SECONDS");
+  add_runtime_dir_option(app, &req.cfg.runtime_dir);
+  add_timeout_option(app, &timeout_s, "each phase");
+  add_control_timeout_option(app, &control_s);
   app.add_flag("--json", json, "Print the restore's result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
@@ -100,11 +93,7 @@ int cmd_restore(int argc, char** argv) {
   progress.finish();
   if (!out.error.empty()) return fail_json(json && !out.detached, out.exit_code, out.error);
   if (out.detached) return kExitOk;
-  if (!out.warning.empty()) std::fprintf(stderr, "cusnap: warning: %s\n", out.warning.c_str());
-  if (!out.stopped_dir.empty())
-    std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", out.name.c_str(),
-                 out.stopped_dir.c_str());
-  return out.exit_code;
+  return finish_supervised(out);
 }
 
 }  // namespace cusnap::cli

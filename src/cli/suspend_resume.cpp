@@ -16,12 +16,8 @@ int run(int argc, char** argv, bool suspend) {
   std::string job;
   bool json = false;
   double timeout_s = 60;
-  app.add_option("JOB", job, "Job name, supervisor pid or runtime directory")
-      ->required()
-      ->type_name("");
-  app.add_option("--timeout", timeout_s, "Seconds allowed for the operation (default: 60)")
-      ->check(positive())
-      ->type_name("SECONDS");
+  add_job_argument(app, &job);
+  add_timeout_option(app, &timeout_s, "the operation");
   app.add_flag("--json", json, "Print the result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
