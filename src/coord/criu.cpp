@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "proto/unique_fd.h"
+
 namespace cusnap {
 namespace {
 
@@ -245,24 +247,21 @@ bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints) {
            "or point CUSNAP_CRIU at it";
     return false;
   }
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    *err = std::string("pipe failed: ") + std::strerror(errno);
-    return false;
-  }
+  UniqueFd version_r, version_w;
+  if (!make_pipe(&version_r, &version_w, 0, "pipe failed", err)) return false;
   Spawned s;
-  bool ok = spawn(path, {"--version"}, fds[1], {}, &s, err);
-  close(fds[1]);
+  bool ok = spawn(path, {"--version"}, version_w.get(), {}, &s, err);
+  version_w.reset();
   std::string text;
   if (ok) {
     char buf[4096];
     ssize_t n;
-    while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+    while ((n = read(version_r.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
       if (n > 0) text.append(buf, size_t(n));
     int status = 0;
     wait_child(s.pid, std::chrono::seconds(10), nullptr, &status);
   }
-  close(fds[0]);
+  version_r.reset();
   if (!ok) return false;
   out->path = path;
   if (!parse_criu_version(text, out)) {

@@ -186,24 +186,17 @@ void guardian_command(int argc, char** argv) {
 
 bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string& log_path,
                      int lock_fd, std::string* err) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) {
-    *err = std::string("guardian pipe: ") + std::strerror(errno);
-    return false;
-  }
-  int log_fd = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
-  if (log_fd < 0) {
+  UniqueFd cmd_r, cmd_w;
+  if (!make_pipe(&cmd_r, &cmd_w, 0, "guardian pipe", err)) return false;
+  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (!log) {
     *err = "guardian: opening " + log_path + ": " + std::strerror(errno);
-    ::close(p[0]);
-    ::close(p[1]);
     return false;
   }
+  const int p[2] = {cmd_r.get(), cmd_w.get()}, log_fd = log.get();
   pid_t pid = ::fork();
   if (pid < 0) {
     *err = std::string("guardian: fork: ") + std::strerror(errno);
-    ::close(p[0]);
-    ::close(p[1]);
-    ::close(log_fd);
     return false;
   }
   if (pid == 0) {
@@ -247,9 +240,7 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     // below polls and takes EAGAIN in its stride.
     guardian_main(job, p[0], out_r, err_r, log_fd, lock_fd);
   }
-  ::close(p[0]);
-  ::close(log_fd);
-  pipe_w_.reset(p[1]);
+  pipe_w_ = std::move(cmd_w);  // the read end and the log are the guardian's alone now
   pid_ = pid;
   return true;
 }

@@ -83,16 +83,12 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
     fail.error = std::move(msg);
     return fail;
   };
-  int out[2], errp[2], report[2];
-  if (::pipe2(out, O_CLOEXEC) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  UniqueFd out_r(out[0]), out_w(out[1]);
-  if (::pipe2(errp, O_CLOEXEC) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  UniqueFd err_r(errp[0]), err_w(errp[1]);
-  if (::pipe2(report, O_CLOEXEC) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  UniqueFd report_r(report[0]), report_w(report[1]);
+  UniqueFd out_r, out_w, err_r, err_w, report_r, report_w;
+  std::string perr;
+  if (!make_pipe(&out_r, &out_w, 0, "pipe", &perr) ||
+      !make_pipe(&err_r, &err_w, 0, "pipe", &perr) ||
+      !make_pipe(&report_r, &report_w, 0, "pipe", &perr))
+    return failed(kExitFailure, perr);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) return failed(kExitFailure, std::string("/dev/null: ") + std::strerror(errno));
 

@@ -127,13 +127,9 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.error = std::move(msg);
     return fail;
   };
-  int out[2], errp[2];
-  if (::pipe2(out, O_CLOEXEC) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  UniqueFd out_r(out[0]), out_w(out[1]);
-  if (::pipe2(errp, O_CLOEXEC) != 0)
-    return failed(kExitFailure, std::string("pipe: ") + std::strerror(errno));
-  UniqueFd err_r(errp[0]), err_w(errp[1]);
+  UniqueFd out_r, out_w, err_r, err_w;
+  if (!make_pipe(&out_r, &out_w, 0, "pipe", &err) || !make_pipe(&err_r, &err_w, 0, "pipe", &err))
+    return failed(kExitFailure, err);
 
   ShimDirLink shim_link;
   if (!shim_link.make(m.job.shim_dir, sup->rundir().path(), &err))

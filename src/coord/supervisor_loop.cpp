@@ -139,14 +139,10 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
 }
 
 bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (!make_pipe(&sig_r_, &sig_w_, O_NONBLOCK, "pipe", &fail->error)) {
     fail->exit_code = kExitFailure;
-    fail->error = std::string("pipe: ") + std::strerror(errno);
     return false;
   }
-  sig_r_.reset(p[0]);
-  sig_w_.reset(p[1]);
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) {
     fail->exit_code = kExitFailure;

@@ -1,8 +1,12 @@
 // An owned file descriptor: closed exactly once, when its owner goes away.
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <string>
 #include <utility>
 
 namespace cusnap {
@@ -34,5 +38,19 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+/// A pipe whose ends are owned from the start (pipe2 with flags, O_CLOEXEC
+/// always); false and *err ("WHAT: strerror") when the kernel refuses one.
+inline bool make_pipe(UniqueFd* read_end, UniqueFd* write_end, int flags, const char* what,
+                      std::string* err) {
+  int p[2];
+  if (::pipe2(p, flags | O_CLOEXEC) != 0) {
+    *err = std::string(what) + ": " + std::strerror(errno);
+    return false;
+  }
+  read_end->reset(p[0]);
+  write_end->reset(p[1]);
+  return true;
+}
 
 }  // namespace cusnap
