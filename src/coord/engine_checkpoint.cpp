@@ -178,12 +178,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     remove_output(opts.dir, dir_existed);
     return false;
   }
-  std::vector<int> pidfds;
+  std::vector<UniqueFd> pidfds;
   for (pid_t pid : pids) pidfds.push_back(open_pidfd(pid));
-  auto close_pidfds = [&] {
-    for (int fd : pidfds)
-      if (fd >= 0) close(fd);
-  };
   out->phases.emplace_back("check", sw.lap());
 
   // Shared memory: quiesce, save, release (a no-op for a job that shares none).
@@ -196,7 +192,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       const bool left = code == kExitJobLost;
       if (left) *err += leave_suspended(job, opts.dir, !dir_existed, "checkpoint", *err);
       remove_output(opts.dir, dir_existed, left);
-      close_pidfds();
       return false;
     }
     if (shared.active()) out->phases.emplace_back("shared-save", sw.lap());
@@ -235,7 +230,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
            (rolled_back ? "; the job runs on unchanged" : left_suspended(!dir_existed, *err));
     if (!rolled_back) out->code = kExitJobLost;
     remove_output(opts.dir, dir_existed, !rolled_back);
-    close_pidfds();
     return false;
   }
   complete_gpu_use(job, &driver);
@@ -245,7 +239,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // stopped by --leave-stopped), then restore and unlock its GPU state and
   // rebuild its shared memory.
   auto roll_back = [&](const std::string& why) {
-    for (int fd : pidfds) signal_pidfd(fd, SIGCONT);
+    for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
     bool ok = driver_bring_back(driver, scan.cuda, &rb);
     if (ok && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
@@ -258,7 +252,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
                      left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
     out->code = ok ? kExitFailure : kExitJobLost;
     remove_output(opts.dir, dir_existed, !ok);
-    close_pidfds();
     return false;
   };
 
@@ -366,7 +359,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
                  : why + "\nthe job runs on unchanged");
     out->code = left ? kExitJobLost : kExitFailure;
     remove_output(opts.dir, dir_existed, left);
-    close_pidfds();
     return false;
   };
   if (!hash_directory(opts.dir, &m.files, progress, &why))
@@ -426,7 +418,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
            opts.dir + " is complete" +
            left_suspended(false, "the dump succeeded but " + left_behind);
     out->code = kExitJobLost;
-    close_pidfds();
     return false;
   }
 
@@ -436,7 +427,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     // Connections CRIU saved must not be torn down on the wire: a restore
     // binds the same addresses again.
     if (tcp > 0) silence_tcp_sockets(pids);
-    for (int fd : pidfds) signal_pidfd(fd, SIGKILL);
+    for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGKILL);
     // "Stopped" means gone: a killed CUDA process spends a moment in the
     // driver's teardown, and a restore started right after this returns
     // needs its pids free. (Killed, they go in the end even past the limit.)
@@ -444,7 +435,6 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     out->job_stopped = true;
     out->phases.emplace_back("stop", sw.lap());
   }
-  close_pidfds();
   out->bytes = directory_bytes(opts.dir);
   out->code = kExitOk;
   return true;

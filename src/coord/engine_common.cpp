@@ -237,19 +237,20 @@ std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
   return base + std::chrono::milliseconds(bytes / 500000);
 }
 
-int open_pidfd(pid_t pid) {
-  return int(syscall(SYS_pidfd_open, pid, 0));
+UniqueFd open_pidfd(pid_t pid) {
+  return UniqueFd(int(syscall(SYS_pidfd_open, pid, 0)));
 }
 
-void signal_pidfd(int pidfd, int sig) {
-  if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0);
+void signal_pidfd(const UniqueFd& pidfd, int sig) {
+  if (pidfd) syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0);
 }
 
-bool wait_pidfds_exited(const std::vector<int>& pidfds, std::chrono::milliseconds limit) {
+bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
   bool all = true;
-  for (int fd : pidfds) {
-    if (fd < 0) continue;
+  for (const UniqueFd& pidfd : pidfds) {
+    if (!pidfd) continue;
+    const int fd = pidfd.get();
     for (;;) {  // a pidfd polls readable once its process has exited
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           until - std::chrono::steady_clock::now());

@@ -14,6 +14,7 @@
 #include "coord/engine.h"
 #include "coord/manifest.h"
 #include "coord/shared_memory.h"
+#include "proto/unique_fd.h"
 
 namespace cusnap::engine_detail {
 
@@ -162,12 +163,13 @@ std::string suspend_state_dir(const JobInfo& job);
 /// The time now, UTC, as ISO 8601 ("2026-12-02T09:15:12Z").
 std::string utc_now();
 
-/// pidfd of a process, -1 when gone; signals through it cannot hit a reused pid.
-int open_pidfd(pid_t pid);
-void signal_pidfd(int pidfd, int sig);
-/// Waits until every process of pidfds (-1 entries skipped) has exited, at
-/// most `limit` in all; true if they all did.
-bool wait_pidfds_exited(const std::vector<int>& pidfds, std::chrono::milliseconds limit);
+/// pidfd of a process, none when gone; signals through it cannot hit a reused pid.
+UniqueFd open_pidfd(pid_t pid);
+/// Sends sig through pidfd; nothing when it holds none.
+void signal_pidfd(const UniqueFd& pidfd, int sig);
+/// Waits until every process of pidfds (empty entries skipped) has exited,
+/// at most `limit` in all; true if they all did.
+bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::milliseconds limit);
 
 /// A private empty directory under $TMPDIR (or /tmp); removed by the destructor.
 class TempDir {

@@ -76,14 +76,9 @@ std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
 /// Waits until every process of `pids` has ended, at most `limit`; true if
 /// they all did. Not their parent: it watches them through pidfds.
 bool wait_ended(const std::set<pid_t>& pids, std::chrono::milliseconds limit) {
-  std::vector<int> fds;
-  for (pid_t pid : pids) {
-    int fd = open_pidfd(pid);
-    if (fd >= 0) fds.push_back(fd);
-  }
-  const bool all = wait_pidfds_exited(fds, limit);
-  for (int fd : fds) ::close(fd);
-  return all;
+  std::vector<UniqueFd> fds;
+  for (pid_t pid : pids) fds.push_back(open_pidfd(pid));
+  return wait_pidfds_exited(fds, limit);
 }
 
 /// The CRIU of a dead supervisor: it may still be dumping the job, its tasks
@@ -105,13 +100,7 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
     note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");
     return true;
   }
-  for (pid_t pid : criu) {
-    int fd = open_pidfd(pid);
-    if (fd >= 0) {
-      signal_pidfd(fd, SIGKILL);
-      ::close(fd);
-    }
-  }
+  for (pid_t pid : criu) signal_pidfd(open_pidfd(pid), SIGKILL);
   bool gone = wait_ended(criu, std::chrono::seconds(10));
   note("CRIU (process " + list + ") of the dead supervisor still ran after " +
        std::to_string(wait_ms) + " ms: killed" + (gone ? "" : ", but it did not end"));
@@ -150,11 +139,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   // GetState asks the process itself; it found a stopped one unanswering).
   // The application's threads still wait at the driver's and the shim's
   // gates until the steps below open them.
-  for (pid_t pid : tree) {
-    int fd = open_pidfd(pid);
-    signal_pidfd(fd, SIGCONT);
-    if (fd >= 0) close(fd);
-  }
+  for (pid_t pid : tree) signal_pidfd(open_pidfd(pid), SIGCONT);
   // Then the driver: every process from whatever state it is in.
   if (!cuda.empty()) {
     Driver driver;

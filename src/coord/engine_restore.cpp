@@ -153,19 +153,19 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
 /// zombie left behind would hold a pid that the next restore of this
 /// checkpoint needs (where pid 1 does not reap, for ever).
 void kill_tree(pid_t root) {
-  std::vector<std::pair<pid_t, int>> procs;
+  std::vector<std::pair<pid_t, UniqueFd>> procs;
   for (pid_t pid : process_tree(root)) {
-    int fd = open_pidfd(pid);
+    UniqueFd fd = open_pidfd(pid);
     signal_pidfd(fd, SIGKILL);
-    procs.emplace_back(pid, fd);
+    procs.emplace_back(pid, std::move(fd));
   }
   for (auto& [pid, fd] : procs) {
-    if (fd < 0) continue;
+    if (!fd) continue;
     // The pidfd turns readable when the process has exited; then it is a
     // zombie, ours once its parent (if not us) is gone too.
-    pollfd p{fd, POLLIN, 0};
+    pollfd p{fd.get(), POLLIN, 0};
     poll(&p, 1, 5000);
-    close(fd);
+    fd.reset();
   }
   for (int round = 0; round < 50; ++round) {
     bool left = false;

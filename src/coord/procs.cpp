@@ -19,6 +19,8 @@
 #include <set>
 #include <sstream>
 
+#include "proto/unique_fd.h"
+
 namespace cusnap {
 
 std::vector<std::string> list_dir(const std::string& path) {
@@ -280,11 +282,12 @@ std::map<int, std::string> socket_fds(pid_t pid) {
 }
 
 void for_each_tcp_socket(pid_t pid, const std::function<void(const std::string&, int)>& fn) {
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0) return;
+  const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) return;
   for (const auto& [target, inode] : socket_fds(pid)) {
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target, 0));
-    if (fd < 0) continue;
+    const UniqueFd copy(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
+    if (!copy) continue;
+    const int fd = copy.get();
     int domain = 0, protocol = 0;
     socklen_t len = sizeof(int);
     const bool tcp =
@@ -293,9 +296,7 @@ void for_each_tcp_socket(pid_t pid, const std::function<void(const std::string&,
         (len = sizeof(int), ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0) &&
         protocol == IPPROTO_TCP;
     if (tcp) fn(inode, fd);
-    ::close(fd);
   }
-  ::close(pidfd);
 }
 
 size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {

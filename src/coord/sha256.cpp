@@ -1,6 +1,7 @@
 #include "coord/sha256.h"
 
 #include "coord/hex.h"
+#include "proto/unique_fd.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -210,8 +211,8 @@ std::string sha256_hex(std::string_view data) {
 }
 
 bool sha256_file(const std::string& path, std::string* hex, uint64_t* size, std::string* err) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  const UniqueFd file(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!file) {
     *err = path + ": cannot open: " + std::strerror(errno);
     return false;
   }
@@ -220,18 +221,16 @@ bool sha256_file(const std::string& path, std::string* hex, uint64_t* size, std:
   Sha256 h;
   uint64_t total = 0;
   for (;;) {
-    ssize_t n = read(fd, buf.get(), kChunk);
+    ssize_t n = read(file.get(), buf.get(), kChunk);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       *err = path + ": read failed: " + std::strerror(errno);
-      close(fd);
       return false;
     }
     if (n == 0) break;
     h.update(buf.get(), size_t(n));
     total += uint64_t(n);
   }
-  close(fd);
   *hex = h.hex_digest();
   if (size) *size = total;
   return true;

@@ -15,6 +15,8 @@
 #include <system_error>
 #include <thread>
 
+#include "proto/unique_fd.h"
+
 namespace cusnap {
 
 Sha256Digest chunked_root(const std::vector<Sha256Digest>& chunks) {
@@ -83,11 +85,12 @@ struct Pool {
   // Hashes one chunk into out; false after recording an error.
   bool hash_chunk(const Task& t, uint8_t* buf) {
     const std::string& path = targets[t.target].path;
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
+    const UniqueFd file(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!file) {
       fail(path + ": cannot open: " + std::strerror(errno));
       return false;
     }
+    const int fd = file.get();
     posix_fadvise(fd, off_t(t.offset), off_t(t.length), POSIX_FADV_SEQUENTIAL);
     Sha256 h;
     uint64_t pos = t.offset, end = t.offset + t.length;
@@ -109,7 +112,6 @@ struct Pool {
       pos += uint64_t(n);
       done += uint64_t(n);
     }
-    close(fd);
     if (pos < end) return false;
     out[t.target].chunks[t.chunk] = h.digest();
     return true;
