@@ -404,10 +404,10 @@ std::string log_errors(const std::string& path, int max_errors, int context) {
 
 bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   std::string action = run.args.empty() ? "?" : run.args[0];
-  int out_fd = -1;
+  UniqueFd out_fd;
   if (!run.output_path.empty()) {
-    out_fd = open(run.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (out_fd < 0) {
+    out_fd.reset(open(run.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!out_fd) {
       *err = "cannot create " + run.output_path + ": " + std::strerror(errno);
       return false;
     }
@@ -415,8 +415,8 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   Spawned s;
   std::vector<std::string> env;
   if (criu.no_breakpoints) env.push_back(kCriuNoBreakpoints);
-  bool ok = spawn(criu.path, run.args, out_fd, run.inherit_fds, &s, err, env);
-  if (out_fd >= 0) close(out_fd);
+  bool ok = spawn(criu.path, run.args, out_fd.get(), run.inherit_fds, &s, err, env);
+  out_fd.reset();  // CRIU holds its own copy
   if (!ok) return false;
   int status = 0;
   int w = wait_child(s.pid, run.timeout, run.on_tick, &status);

@@ -363,13 +363,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   };
   if (!hash_directory(opts.dir, &m.files, progress, &why))
     return fail_late("checksum phase: " + why);
-  {
-    int dfd = open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      syncfs(dfd);
-      close(dfd);
-    }
-  }
+  if (const UniqueFd dfd(open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dfd)
+    syncfs(dfd.get());
   out->phases.emplace_back("checksum", sw.lap());
   m.created = utc_now();
   m.cusnap_version = cusnap_version();

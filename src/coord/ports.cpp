@@ -12,6 +12,7 @@
 #include <map>
 
 #include "coord/procs.h"
+#include "proto/unique_fd.h"
 
 namespace cusnap {
 namespace {
@@ -160,16 +161,16 @@ bool tcp_listener_bindable(const TcpListener& l, std::string* err) {
     return false;
   }
   int e = 0;
-  const int fd = ::socket(af, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
+  const UniqueFd probe(::socket(af, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!probe) {
     e = errno;
   } else {
+    const int fd = probe.get();
     const int one = 1, v6only = l.v6only ? 1 : 0;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (l.reuseport) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     if (af == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
     if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) e = errno;
-    ::close(fd);
   }
   if (e == 0) return true;
   if (e == EADDRINUSE) {
