@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "coord/supervisor.h"
+#include "proto/json_text.h"
 #include "proto/wire.h"
 
 namespace cusnap::cli {
@@ -69,7 +70,7 @@ int fail_json(bool json, int code, const std::string& msg) {
 }
 
 void print_json(const nlohmann::json& j) {
-  std::string s = j.dump(2) + "\n";
+  std::string s = json_text(j, 2) + "\n";
   std::fwrite(s.data(), 1, s.size(), stdout);
   std::fflush(stdout);
 }

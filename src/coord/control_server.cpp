@@ -9,8 +9,11 @@
 
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <system_error>
+#include <thread>
 
 #include "coord/runtime_dir.h"
+#include "proto/json_text.h"
 #include "proto/wire.h"
 
 namespace cusnap {
@@ -41,7 +44,7 @@ proto::Result make_result(bool ok, int code, std::string message, std::string de
 std::string phases_json_text(const PhaseTimes& phases) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& [name, secs] : phases) a.push_back({{"name", name}, {"seconds", secs}});
-  return a.dump();
+  return json_text(a);
 }
 
 /// The cut a checkpoint or suspend held the collective ranks at, and how
@@ -79,7 +82,7 @@ std::string inspect_details_json(const proto::JobStatus& status,
     nlohmann::json left = nlohmann::json::parse(left_suspended, nullptr, false);
     if (left.is_object()) d["left_suspended"] = left;
   }
-  return d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return json_text(d);
 }
 
 ControlServer::ControlServer(JobContext* ctx, CoordinatorOps ops, UniqueFd listen_fd,
@@ -123,16 +126,25 @@ void ControlServer::accept_loop() {
     if (!proto::accept_unix(listen_fd_.get(), &conn, &err)) continue;
     std::lock_guard lk(conns_mu_);
     if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
+    const int fd = conn.get();
     ++active_;
-    conns_.insert(conn.get());
-    std::thread([this, c = std::move(conn)]() mutable {
-      int fd = c.get();
-      serve(std::move(c));
-      std::lock_guard lk2(conns_mu_);
+    conns_.insert(fd);
+    try {
+      std::thread([this, c = std::move(conn)]() mutable {
+        const int cfd = c.get();
+        serve(std::move(c));
+        std::lock_guard lk2(conns_mu_);
+        conns_.erase(cfd);
+        --active_;
+        conns_cv_.notify_all();
+      }).detach();
+    } catch (const std::system_error&) {
+      // No thread to be had (the job may have filled the cgroup's pids.max):
+      // the connection is closed with the thread's arguments, so the client
+      // sees it end; the job and its supervision go on.
       conns_.erase(fd);
       --active_;
-      conns_cv_.notify_all();
-    }).detach();
+    }
   }
 }
 
@@ -257,7 +269,7 @@ void ControlServer::serve(UniqueFd conn) {
                           {"job_stopped", res.job_stopped},
                           {"job", info.name}};
       add_cut_details(res.collective_cut, res.capture_retries, &d);
-      result = make_result(true, kExitOk, "", d.dump());
+      result = make_result(true, kExitOk, "", json_text(d));
     } else {
       result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);
     }
@@ -310,7 +322,7 @@ void ControlServer::serve(UniqueFd conn) {
     }
     nlohmann::json d = {{"job", info.name}, {"state", after}};
     if (ok) add_cut_details(sres.collective_cut, sres.capture_retries, &d);
-    end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, d.dump()));
+    end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, json_text(d)));
     return;
   }
   ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"),

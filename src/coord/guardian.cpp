@@ -4,6 +4,7 @@
 #include "coord/coordinator_ops.h"
 #include "coord/hex.h"
 #include "coord/supervisor_loop.h"
+#include "proto/json_text.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -218,7 +219,7 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     // (a restore does), which a forked child cannot use.
     for (int fd : {p[0], out_r, err_r, log_fd, lock_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
-    std::string j = job_to_json(job).dump();
+    std::string j = json_text(job_to_json(job));
     std::string a[] = {std::to_string(p[0]), std::to_string(out_r), std::to_string(err_r),
                        std::to_string(log_fd), std::to_string(lock_fd)};
     const char* args[] = {"cusnap", "__guardian", "--cmd-fd", a[0].c_str(), "--out-fd",

@@ -15,6 +15,7 @@
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
 #include "proto/control.h"
+#include "proto/json_text.h"
 
 namespace cusnap {
 namespace {
@@ -22,12 +23,11 @@ namespace {
 std::string summary_to_json(const RestoreSummary& s) {
   nlohmann::json phases = nlohmann::json::array();
   for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
-  return nlohmann::json{{"name", s.name},
-                        {"dir", s.dir},
-                        {"runtime_dir", s.runtime_dir},
-                        {"root_pid", s.root_pid},
-                        {"phases", phases}}
-      .dump();
+  return json_text(nlohmann::json{{"name", s.name},
+                                  {"dir", s.dir},
+                                  {"runtime_dir", s.runtime_dir},
+                                  {"root_pid", s.root_pid},
+                                  {"phases", phases}});
 }
 
 bool summary_from_json(const std::string& text, RestoreSummary* s) {

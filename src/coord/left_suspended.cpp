@@ -15,6 +15,7 @@
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/shared_memory.h"
+#include "proto/json_text.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap::engine_detail {
@@ -40,14 +41,10 @@ nlohmann::json marker_json(const LeftSuspended& left) {
           {"remove_dir", left.remove_dir}};
 }
 
-std::string dump_json(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 /// Writes the marker atomically; "" or what went wrong.
 std::string write_marker(const JobInfo& job, const LeftSuspended& left) {
   if (job.runtime_dir.empty()) return "the job has no runtime directory";
-  const std::string text = dump_json(marker_json(left)) + "\n", path = marker_path(job),
+  const std::string text = json_text(marker_json(left)) + "\n", path = marker_path(job),
                     tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
@@ -168,7 +165,7 @@ std::string left_suspended_details(const JobInfo& job) {
   if (!engine_detail::read_left_suspended(job, &left)) return "";
   nlohmann::json j = engine_detail::marker_json(left);
   j.erase("remove_dir");  // the marker's own bookkeeping
-  return engine_detail::dump_json(j);
+  return json_text(j);
 }
 
 LeftSuspendedState left_suspended_state(const JobInfo& job) {

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "coord/procs.h"
+#include "proto/json_text.h"
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"
@@ -80,7 +81,7 @@ std::string manifest_to_json(const Manifest& m) {
     }
   }
   j["shim_processes"] = m.shim_processes;
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 namespace {

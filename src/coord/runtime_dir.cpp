@@ -1,4 +1,6 @@
 #include "coord/runtime_dir.h"
+#include "proto/json_text.h"
+#include "proto/utf8.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -191,7 +193,7 @@ std::string job_status_to_json(const proto::JobStatus& s) {
                       {"state", s.state},
                       {"runtime_dir", s.runtime_dir},
                       {"restored_from", s.restored_from}};
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::string* err) {
@@ -234,6 +236,14 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     }
   }
   const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
+  // Kept in job.json and read back by ps, inspect and the guardian: a path
+  // JSON cannot carry whole would name another directory.
+  if (!valid_utf8(dir)) {
+    *err = "the runtime directory " + dir +
+           " is not valid UTF-8, which cusnap cannot record: choose another with --runtime-dir "
+           "or CUSNAP_RUNTIME_BASE";
+    return false;
+  }
   if (!ensure_private_dir(dir, true, err)) return false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;

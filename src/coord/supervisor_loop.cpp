@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 
 namespace cusnap {
 namespace {
@@ -225,7 +226,13 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     auto checkpoint = ops.checkpoint;
     ops.checkpoint = [g, checkpoint](const JobInfo& j, const CheckpointOptions& o,
                                      const ProgressSink& p, CheckpointResult* r, std::string* e) {
-      g->begin(guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings));
+      // What a guardian may remove if this supervisor dies before the
+      // manifest: only a directory the checkpoint makes or finds empty (it
+      // refuses any other), never the entries of a user's directory.
+      std::error_code ec;
+      const bool fresh =
+          !std::filesystem::exists(o.dir, ec) || std::filesystem::is_empty(o.dir, ec);
+      g->begin(guarded_operation("checkpoint", o.dir, fresh && !ec, o.timeout, o.settings));
       bool ok = checkpoint(j, o, p, r, e);
       g->end();
       return ok;

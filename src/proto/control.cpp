@@ -1,4 +1,5 @@
 #include "proto/control.h"
+#include "proto/utf8.h"
 
 #include <iterator>
 
@@ -40,6 +41,12 @@ bool validate(const CheckpointRequest& r, std::string* err) {
   if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > 4096 ||
       r.dir.find('\0') != std::string::npos) {
     *err = "checkpoint directory must be an absolute path";
+    return false;
+  }
+  // The manifest, the guardian and the results record it as JSON text.
+  if (!valid_utf8(r.dir)) {
+    *err = "the checkpoint directory " + r.dir +
+           " is not valid UTF-8, which cusnap cannot record: choose another with -o";
     return false;
   }
   return validate_settings(r.settings, err) && validate_timeout(r.timeout_ms, err);

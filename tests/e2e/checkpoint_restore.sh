@@ -30,13 +30,7 @@ assert sys.argv[2] in text and "pj" in text, text
 PY
 
 for round in 1 2; do
-  restore_bg "$T/ckpt" "$T/restore$round.out"
-  SUP=$LAST_SUPERVISOR
-  wait_count "$T/restore$round.out" $((LAST + 3))
-  FIRST=$(first_count "$T/restore$round.out")
-  [ "$FIRST" = $((LAST + 1)) ] || fail "restore $round began at count $FIRST, expected $((LAST + 1))"
-  [ "$(job_field pj pid)" = "$PID" ] || fail "the restored job does not run as pid $PID"
-  grep -q "pattern mismatch" "$T/restore$round.out" && fail "restore $round: pattern damaged"
+  restore_continues "$T/ckpt" "$T/restore$round.out" pj "$PID" "$LAST"
   pass "restore $round continued at count $FIRST with the pattern intact"
   # Stop it through its supervisor (which forwards SIGTERM) and wait until
   # the pid is free again.

@@ -106,6 +106,21 @@ restore_bg() {
   LAST_SUPERVISOR=$!
 }
 
+# restore_continues DIR OUTFILE NAME PID LAST: restores DIR in the background
+# and expects job NAME back as PID, counting on from exactly LAST + 1 with
+# its pattern intact; sets SUP (the restore's supervisor) and FIRST.
+restore_continues() {
+  local dir=$1 out=$2 name=$3 pid=$4 last=$5
+  restore_bg "$dir" "$out"
+  SUP=$LAST_SUPERVISOR
+  wait_count "$out" $((last + 3))
+  FIRST=$(first_count "$out")
+  [ "$FIRST" = $((last + 1)) ] || fail "the restore of $dir began at count $FIRST, expected $((last + 1))"
+  [ "$(job_field "$name" pid)" = "$pid" ] || fail "the restored job $name does not run as pid $pid"
+  grep -q "pattern mismatch" "$out" && fail "the restore of $dir: pattern damaged"
+  return 0
+}
+
 # last_count FILE [PREFIX]: the last N of "PREFIXcount N ok" in FILE (0 if none).
 last_count() {
   local n
@@ -194,8 +209,8 @@ expect_refused() {
   shift 2
   "$@" >"$T/cmd.out" 2>&1 || rc=$?
   [ "$rc" = "$code" ] || fail "'$*' exited $rc, expected $code: $(cat "$T/cmd.out")"
-  grep -Eq "$text" "$T/cmd.out" || fail "'$*' did not say /$text/: $(cat "$T/cmd.out")"
-  echo "   refused as expected: $(grep -E "$text" "$T/cmd.out" | head -1)"
+  grep -aEq "$text" "$T/cmd.out" || fail "'$*' did not say /$text/: $(cat "$T/cmd.out")"
+  echo "   refused as expected: $(grep -aE "$text" "$T/cmd.out" | head -1)"
 }
 
 # rolls_back_when JOB OP TRIGGER TEXT WAITCMD...: runs `cusnap OP JOB`
