@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -162,10 +163,30 @@ bool job_from_json(const std::string& text, JobInfo* j) {
 
 }  // namespace
 
+/// The job's description from the memory file the supervisor wrote it to
+/// (Guardian::start); the descriptor is closed. Its size is bounded: a job's
+/// argv and environment cannot exceed what exec takes, far below this.
+bool job_from_fd(int fd, JobInfo* job) {
+  constexpr size_t kMax = 64u << 20;
+  std::string text;
+  char chunk[1 << 16];
+  for (off_t off = 0;;) {
+    ssize_t n = ::pread(fd, chunk, sizeof chunk, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || text.size() + static_cast<size_t>(n) > kMax) {
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    text.append(chunk, static_cast<size_t>(n));
+    off += n;
+  }
+  ::close(fd);
+  return job_from_json(text, job);
+}
+
 void guardian_command(int argc, char** argv) {
-  int cmd = -1, out = -1, err = -1, log = -1, lock = -1;
-  JobInfo job;
-  bool have_job = false;
+  int cmd = -1, out = -1, err = -1, log = -1, lock = -1, job_fd = -1;
   for (int i = 0; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
@@ -174,9 +195,11 @@ void guardian_command(int argc, char** argv) {
     else if (k == "--err-fd") err = v;
     else if (k == "--log-fd") log = v;
     else if (k == "--lock-fd") lock = v;
-    else if (k == "--job") have_job = job_from_json(argv[i + 1], &job);
+    else if (k == "--job-fd")
+      job_fd = v;
   }
-  if (cmd < 0 || log < 0 || !have_job) {
+  JobInfo job;
+  if (cmd < 0 || log < 0 || job_fd < 0 || !job_from_fd(job_fd, &job)) {
     std::fprintf(stderr, "cusnap: __guardian is internal to the supervisor\n");
     ::_exit(kExitUsage);
   }
@@ -194,7 +217,30 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     *err = "guardian: opening " + log_path + ": " + std::strerror(errno);
     return false;
   }
-  const int p[2] = {cmd_r.get(), cmd_w.get()}, log_fd = log.get();
+  // The job's description goes by a memory file, not by argv: one argument
+  // is limited to 128 KiB, and a job's own argv may be longer than that
+  // (exec would fail with E2BIG and the guardian would be left in the
+  // supervisor's image, where the driver cannot be used).
+  UniqueFd job_mem(::memfd_create("cusnap-guardian-job", MFD_CLOEXEC));
+  if (!job_mem) {
+    *err = std::string("guardian: memfd_create: ") + std::strerror(errno);
+    return false;
+  }
+  {
+    const std::string j = json_text(job_to_json(job));
+    size_t done = 0;
+    while (done < j.size()) {
+      ssize_t w = ::write(job_mem.get(), j.data() + done, j.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        *err = std::string("guardian: writing the job's description: ") +
+               (w < 0 ? std::strerror(errno) : "short write");
+        return false;
+      }
+      done += static_cast<size_t>(w);
+    }
+  }
+  const int p[2] = {cmd_r.get(), cmd_w.get()}, log_fd = log.get(), job_fd = job_mem.get();
   pid_t pid = ::fork();
   if (pid < 0) {
     *err = std::string("guardian: fork: ") + std::strerror(errno);
@@ -204,7 +250,8 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     ::close(p[1]);
     // Everything else the supervisor holds is not ours.
     for (int fd = 3; fd < 1024; ++fd)
-      if (fd != p[0] && fd != out_r && fd != err_r && fd != log_fd && fd != lock_fd) ::close(fd);
+      if (fd != p[0] && fd != out_r && fd != err_r && fd != log_fd && fd != lock_fd && fd != job_fd)
+        ::close(fd);
     // Out of the supervisor's process group and session: a signal to them
     // must not reach the guardian.
     ::setsid();
@@ -217,14 +264,13 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     }
     // A fresh image: the supervisor may have initialized the CUDA driver
     // (a restore does), which a forked child cannot use.
-    for (int fd : {p[0], out_r, err_r, log_fd, lock_fd})
+    for (int fd : {p[0], out_r, err_r, log_fd, lock_fd, job_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
-    std::string j = json_text(job_to_json(job));
-    std::string a[] = {std::to_string(p[0]), std::to_string(out_r), std::to_string(err_r),
-                       std::to_string(log_fd), std::to_string(lock_fd)};
-    const char* args[] = {"cusnap", "__guardian", "--cmd-fd", a[0].c_str(), "--out-fd",
-                          a[1].c_str(), "--err-fd", a[2].c_str(), "--log-fd", a[3].c_str(),
-                          "--lock-fd", a[4].c_str(), "--job", j.c_str(), nullptr};
+    std::string a[] = {std::to_string(p[0]),   std::to_string(out_r),   std::to_string(err_r),
+                       std::to_string(log_fd), std::to_string(lock_fd), std::to_string(job_fd)};
+    const char* args[] = {"cusnap",     "__guardian", "--cmd-fd",   a[0].c_str(), "--out-fd",
+                          a[1].c_str(), "--err-fd",   a[2].c_str(), "--log-fd",   a[3].c_str(),
+                          "--lock-fd",  a[4].c_str(), "--job-fd",   a[5].c_str(), nullptr};
     char self[4096];
     ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
@@ -236,6 +282,7 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     }
     // No exec (no /proc?): carry on in this image, which a launch's
     // supervisor left without driver state.
+    ::close(job_fd);
     // out_r and err_r share their file status flags with the supervisor's
     // (O_NONBLOCK, which its loop needs): never change them here; the drain
     // below polls and takes EAGAIN in its stride.

@@ -33,7 +33,8 @@ namespace cusnap {
 /// forked child executes, so that it starts without the supervisor's driver
 /// state: a CUDA driver initialized before a fork cannot be used after it).
 /// Arguments: --cmd-fd N --out-fd N --err-fd N --log-fd N --lock-fd N
-/// --job JSON. Never returns.
+/// --job-fd N (a memory file holding the job's description as JSON, which
+/// may be longer than one argument can be). Never returns.
 [[noreturn]] void guardian_command(int argc, char** argv);
 
 /// An engine operation under way, as the supervisor tells its guardian.

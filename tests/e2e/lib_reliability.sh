@@ -8,6 +8,11 @@
 # driver_calls PID FILE: the driver calls process PID made, in order, from
 #   the FAKECUDA_LOG=1 lines in FILE.
 # nth_of NAME INDEX LIST...: how many times NAME occurs in LIST up to INDEX.
+# expect_guardian_brought_back NAME PID: after the supervisor of job NAME
+#   (process PID) died mid-operation, its guardian says in the job's log that
+#   it brought the job back and supervises it, the driver state is running and
+#   the job counts on in the log with every byte right. Sets LOG and N (the
+#   count when the guardian had reported).
 
 launch_env() {
   local name=$1 out=$2
@@ -39,3 +44,17 @@ nth_of() {
 # rss_kb PID / fd_count PID: resident set (kB) and open descriptors.
 rss_kb() { sed -n 's/^VmRSS:\s*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
 fd_count() { ls "/proc/$1/fd" | wc -l; }
+
+expect_guardian_brought_back() {
+  local name=$1 pid=$2 state
+  LOG=$CUSNAP_RUNTIME_BASE/$name/output.log
+  for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
+  grep -q "guardian: the job runs on, supervised by process" "$LOG" ||
+    fail "the guardian did not report bringing the job back: $(grep cusnap: "$LOG" 2>/dev/null)"
+  state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$pid" 2>&1 || true)
+  case $state in *"state 0"*) ;; *) fail "after the guardian's recovery the driver state is '$state'" ;; esac
+  N=$(last_count "$LOG")
+  wait_count "$LOG" $((N + 5)) "" 20
+  grep -q "pattern mismatch" "$LOG" && fail "the recovered job found a wrong byte"
+  return 0
+}

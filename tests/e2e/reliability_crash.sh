@@ -131,15 +131,7 @@ wait "$SUP" 2>/dev/null || true
 kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
 # The guardian brings the job back: driver state running again, the job's
 # output flowing into its log, the unfinished checkpoint removed.
-LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
-for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
-grep -q "guardian: the job runs on, supervised by process" "$LOG" ||
-  fail "the guardian did not report bringing the job back: $(grep cusnap: "$LOG" 2>/dev/null)"
-STATE=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
-case $STATE in *"state 0"*) ;; *) fail "after the guardian's recovery the driver state is '$STATE'" ;; esac
-N=$(last_count "$LOG")
-wait_count "$LOG" $((N + 5)) "" 20
-grep -q "pattern mismatch" "$LOG" && fail "the recovered job found a wrong byte"
+expect_guardian_brought_back orphan "$PID"
 [ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
 echo "   after the supervisor's death: job $PID running (driver state 0), counting on in its log ($N -> $(last_count "$LOG")), client exit $RC"
 grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
