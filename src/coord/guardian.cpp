@@ -25,16 +25,6 @@ namespace cusnap {
 
 namespace {
 
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 /// The guardian process. Never returns.
 [[noreturn]] void guardian_main(const JobInfo& job, int cmd_r, int out_r, int err_r, int log_fd,
                                 int lock_fd) {

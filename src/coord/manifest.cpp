@@ -1,5 +1,7 @@
 #include "coord/manifest.h"
 
+#include "proto/unique_fd.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -196,17 +198,6 @@ void read_tcp_listeners(Reader& r, const json& j, std::vector<TcpListener>* out)
   }
 }
 
-bool write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += size_t(n);
-  }
-  return true;
-}
-
 }  // namespace
 
 bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) {
@@ -369,7 +360,8 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
     *err = "cannot create " + tmp + ": " + std::strerror(errno);
     return false;
   }
-  bool ok = write_all(fd, manifest_to_json(m)) && fsync(fd) == 0;
+  const std::string text = manifest_to_json(m);
+  bool ok = write_all(fd, text.data(), text.size()) && fsync(fd) == 0;
   int saved = errno;
   ok = (close(fd) == 0) && ok;
   if (!ok) {

@@ -2,6 +2,7 @@
 
 #include "coord/gpu_memory.h"
 #include "coord/guardian.h"
+#include "coord/output_echo.h"
 #include "coord/settings.h"
 
 #include <errno.h>
@@ -48,21 +49,9 @@ void on_signal(int sig) {
 
 void on_sigpipe(int) {}  // writes report EPIPE instead
 
-bool write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EAGAIN) {
-      pollfd pf{fd, POLLOUT, 0};
-      ::poll(&pf, 1, 1000);
-      continue;
-    }
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
+/// The most job output the echo to our stdout and stderr holds while their
+/// reader does not read; beyond it the job's pipes are not read either.
+constexpr size_t kEchoCapacity = 1u << 20;
 
 }  // namespace
 
@@ -258,7 +247,12 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   }
   if (on_started) on_started();
 
-  bool root_done = false, echo_out = cfg_.echo_output, echo_err = cfg_.echo_output;
+  // The echo writes from a thread of its own (output_echo.h): a reader that
+  // stops reading holds the job back but never this loop.
+  OutputEcho echo(wake_fd_.get(), kEchoCapacity);
+  if (cfg_.echo_output && !echo.start(&err) && outcome.warning.empty())
+    outcome.warning = "the job's output is echoed in the supervisor's loop: " + err;
+  bool root_done = false;
   int root_status = 0;
   Clock::time_point drain_deadline{};
   std::vector<char> buf(1 << 16);
@@ -276,14 +270,15 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       std::lock_guard lk(ctx_.mu);
       idle = ctx_.engine_op.empty() && ctx_.replies_pending == 0;
     }
-    if (root_done && drain_deadline == Clock::time_point{})
-      drain_deadline = Clock::now() + cfg_.drain_grace;
+    const bool echo_full = cfg_.echo_output && echo.full();
+    if (root_done && (drain_deadline == Clock::time_point{} || echo_full))
+      drain_deadline = Clock::now() + cfg_.drain_grace;  // the grace runs while we can read
     if (root_done && idle && ((!out_r && !err_r) || Clock::now() >= drain_deadline)) break;
 
     pollfd p[4] = {{sig_r_.get(), POLLIN, 0},
                    {wake_fd_.get(), POLLIN, 0},
-                   {out_r.get(), POLLIN, 0},
-                   {err_r.get(), POLLIN, 0}};
+                   {echo_full ? -1 : out_r.get(), POLLIN, 0},
+                   {echo_full ? -1 : err_r.get(), POLLIN, 0}};
     int timeout_ms = adopted_ ? 200 : 1000;
     if (root_done) {
       auto left =
@@ -313,9 +308,10 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     }
     for (int i = 0; i < 2; ++i) {
       UniqueFd& src = i == 0 ? out_r : err_r;
-      bool& echo = i == 0 ? echo_out : echo_err;
+      const int echo_fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
       if (!src || !(p[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       for (int rounds = 0; rounds < 16; ++rounds) {
+        if (cfg_.echo_output && echo.full()) break;  // its reader is behind: so is the job
         ssize_t n = ::read(src.get(), buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) break;  // EAGAIN: drained for now
@@ -324,12 +320,13 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
           break;
         }
         write_all(log_fd_.get(), buf.data(), static_cast<size_t>(n));
-        if (echo &&
-            !write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf.data(), static_cast<size_t>(n)))
-          echo = false;  // our reader went away; the log keeps everything
+        // A reader that went away ends only its echo; the log keeps everything.
+        if (cfg_.echo_output) echo.push(echo_fd, buf.data(), static_cast<size_t>(n));
       }
     }
   }
+  // What the echo still holds goes out while the job stays listed (exited).
+  echo.finish();
   server.stop();
   guardian.dismiss();
   reap(root, &root_done, &root_status);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +51,25 @@ inline bool make_pipe(UniqueFd* read_end, UniqueFd* write_end, int flags, const 
   }
   read_end->reset(p[0]);
   write_end->reset(p[1]);
+  return true;
+}
+
+/// Writes all n bytes to fd, through EINTR, short writes and EAGAIN (a
+/// descriptor someone made non-blocking: waits until it takes more). False
+/// when the write fails (errno says why), a reader that went away included.
+inline bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      ::poll(&pf, 1, 1000);
+      continue;
+    }
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
   return true;
 }
 
