@@ -210,7 +210,8 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
   // The job's description goes by a memory file, not by argv: one argument
   // is limited to 128 KiB, and a job's own argv may be longer than that
   // (exec would fail with E2BIG and the guardian would be left in the
-  // supervisor's image, where the driver cannot be used).
+  // supervisor's image, where after a restore the driver answers only its
+  // checkpoint API).
   UniqueFd job_mem(::memfd_create("cusnap-guardian-job", MFD_CLOEXEC));
   if (!job_mem) {
     *err = std::string("guardian: memfd_create: ") + std::strerror(errno);
@@ -253,7 +254,8 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
       if (devnull > 2) ::close(devnull);
     }
     // A fresh image: the supervisor may have initialized the CUDA driver
-    // (a restore does), which a forked child cannot use.
+    // (a restore does), after which a forked child's cuInit and device
+    // queries fail (the free-memory check needs them).
     for (int fd : {p[0], out_r, err_r, log_fd, lock_fd, job_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     std::string a[] = {std::to_string(p[0]),   std::to_string(out_r),   std::to_string(err_r),

@@ -31,7 +31,9 @@ namespace cusnap {
 
 /// The guardian process's entry (the hidden `cusnap __guardian` command the
 /// forked child executes, so that it starts without the supervisor's driver
-/// state: a CUDA driver initialized before a fork cannot be used after it).
+/// state: in a process forked after cuInit, cuInit and every device query
+/// fail CUDA_ERROR_NOT_INITIALIZED; only the checkpoint API answers, measured
+/// by tests/gpu/probes/fork_after_init.cpp).
 /// Arguments: --cmd-fd N --out-fd N --err-fd N --log-fd N --lock-fd N
 /// --job-fd N (a memory file holding the job's description as JSON, which
 /// may be longer than one argument can be). Never returns.

@@ -3,8 +3,8 @@
 # keeps a working guardian. The supervisor hands the guardian the job's
 # description in a memory file; it used to pass it as one argument, which
 # exec refused (E2BIG), leaving the guardian in the supervisor's image — after
-# a restore, a process forked from one that initialized the driver, which
-# cannot use the driver (tests/gpu/probes/fork_after_init.cpp):
+# a restore, a process forked from one that initialized the driver, where
+# cuInit and device queries fail (tests/gpu/probes/fork_after_init.cpp):
 #   - launch a job with about 160 KiB of arguments; its guardian runs as
 #     `cusnap __guardian`;
 #   - checkpoint it, restore it: the restore's guardian runs as

@@ -4,7 +4,7 @@
 # where they stopped with their patterns intact. First with a child that
 # re-executes itself before its cuInit, then with a plain fork (the child's
 # cuInit follows the fork directly; the real driver refuses that, and the
-# workload then re-executes the child).
+# simulated one likewise, and the workload then re-executes the child).
 source "$(dirname "$0")/lib_shared.sh"
 
 PREFIXES=("parent " "child ")

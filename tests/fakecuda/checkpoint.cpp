@@ -324,7 +324,7 @@ CtlReply ctl_handle(const CtlRequest& req, int* fd_send) {
 
 FC_EXPORT CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
   FC_ENTER_UNGATED("cuCheckpointProcessGetState");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   if (!state) return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
   req.op = CtlOp::kGetState;
@@ -336,7 +336,7 @@ FC_EXPORT CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
 
 FC_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
   FC_ENTER_UNGATED("cuCheckpointProcessGetRestoreThreadId");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   if (!tid) return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
   req.op = CtlOp::kRestoreThreadId;
@@ -348,7 +348,7 @@ FC_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
 
 FC_EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
   FC_ENTER_UNGATED("cuCheckpointProcessLock");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1)))
     return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
@@ -359,7 +359,7 @@ FC_EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) 
 
 FC_EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
   FC_ENTER_UNGATED("cuCheckpointProcessCheckpoint");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   if (args && !all_zero(args->reserved, sizeof args->reserved)) return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
   req.op = CtlOp::kCheckpoint;
@@ -368,7 +368,7 @@ FC_EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
 
 FC_EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
   FC_ENTER_UNGATED("cuCheckpointProcessRestore");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   CtlRequest req{};
   req.op = CtlOp::kRestore;
   if (args) {
@@ -394,7 +394,7 @@ FC_EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
 
 FC_EXPORT CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {
   FC_ENTER_UNGATED("cuCheckpointProcessUnlock");
-  FC_REQUIRE_INIT();
+  FC_REQUIRE_INIT_OR_FORKED();
   if (args && !all_zero(args->reserved, sizeof args->reserved)) return CUDA_ERROR_INVALID_VALUE;
   CtlRequest req{};
   req.op = CtlOp::kUnlock;

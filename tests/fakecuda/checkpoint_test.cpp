@@ -196,6 +196,38 @@ TEST_CASE("fakecuda: lock times out while a call stays inside the driver") {
   CHECK(t.join() == 0);
 }
 
+TEST_CASE("fakecuda: a child forked after cuInit cannot initialise; the checkpoint API works") {
+  // As the real driver (tests/gpu/probes/fork_after_init.cpp, H200 580.159.04):
+  // cuInit and device queries fail CUDA_ERROR_NOT_INITIALIZED, the version
+  // and the checkpoint API on another process answer; a grandchild likewise.
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  Child t = spawn_target();
+  pid_t target = t.pid;
+  auto forked_child = [target] {
+    unsetenv("FAKECUDA_FORK_REINIT");
+    int n = -1, v = 0;
+    FC_REQ(cuInit(0) == CUDA_ERROR_NOT_INITIALIZED);
+    FC_REQ(cuDeviceGetCount(&n) == CUDA_ERROR_NOT_INITIALIZED);
+    FC_REQ(cuDriverGetVersion(&v) == CUDA_SUCCESS && v > 0);
+    FC_REQ(state_of(target) == CU_PROCESS_STATE_RUNNING);
+    FC_REQ(cuCheckpointProcessLock(target, nullptr) == CUDA_SUCCESS);
+    FC_REQ(state_of(target) == CU_PROCESS_STATE_LOCKED);
+    FC_REQ(cuCheckpointProcessUnlock(target, nullptr) == CUDA_SUCCESS);
+    return 0;
+  };
+  CHECK(run_child(forked_child) == 0);
+  CHECK(run_child([&] { return run_child(forked_child); }) == 0);
+  // With FAKECUDA_FORK_REINIT=1 (the other tests' setting) it initialises.
+  CHECK(run_child([] {
+          setenv("FAKECUDA_FORK_REINIT", "1", 1);
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+  CHECK(ask(t, kVerify) == 0);
+  send_u64(t.sock, kExit);
+  CHECK(t.join() == 0);
+}
+
 TEST_CASE("fakecuda: injected checkpoint failure in the coordinator") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   Child t = spawn_target();

@@ -130,6 +130,14 @@ FC_EXPORT CUresult cuInit(unsigned int Flags) {
   FC_ENTER("cuInit");
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
+  // A child forked after its parent's cuInit cannot initialise (measured:
+  // CUDA_ERROR_NOT_INITIALIZED; device queries fail alike, the checkpoint
+  // API on other processes works). FAKECUDA_FORK_REINIT=1 lets it, for tests
+  // that fork their processes from an initialised one for convenience.
+  if (d.forked_after_init) {
+    const char* reinit = getenv("FAKECUDA_FORK_REINIT");
+    if (!reinit || std::strcmp(reinit, "1") != 0) return CUDA_ERROR_NOT_INITIALIZED;
+  }
   {
     std::lock_guard<std::mutex> l(d.mu);
     if (d.devices.empty()) load_devices(d);  // once per process (and per forked child)

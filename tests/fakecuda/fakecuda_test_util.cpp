@@ -8,6 +8,14 @@
 
 namespace fctest {
 
+namespace {
+// The tests fork their processes (targets, coordinators, peers) from this
+// one, which has called cuInit; the real driver refuses cuInit in such a
+// child, so they ask the simulated one to allow it. "fakecuda: a child forked
+// after cuInit" checks the rule itself with the variable unset.
+[[maybe_unused]] const int kForkReinit = setenv("FAKECUDA_FORK_REINIT", "1", 0);
+}  // namespace
+
 CUresult init_primary(CUcontext* out) {
   CUresult r = cuInit(0);
   if (r != CUDA_SUCCESS) return r;

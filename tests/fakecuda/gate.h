@@ -61,6 +61,15 @@ class GateGuard {
     if (fc_injected_ != CUDA_SUCCESS) return fc_injected_; \
   } while (0)
 
+/// For the checkpoint API, which acts on other processes: the same, except
+/// in a child forked after its parent's cuInit, where the real driver
+/// answers it though cuInit fails (tests/gpu/probes/fork_after_init.cpp).
+#define FC_REQUIRE_INIT_OR_FORKED()                                       \
+  do {                                                                    \
+    if (!::fc::driver().initialized && !::fc::driver().forked_after_init) \
+      return CUDA_ERROR_NOT_INITIALIZED;                                  \
+  } while (0)
+
 /// Returns CUDA_ERROR_NOT_INITIALIZED before cuInit.
 #define FC_REQUIRE_INIT()                                               \
   do {                                                                  \

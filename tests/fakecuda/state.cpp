@@ -1,6 +1,8 @@
 // Process-wide driver state, context stacks and the fork rule: a forked child
-// starts with a fresh, uninitialised driver (it must call cuInit again); the
-// parent's device mappings stay mapped in the child but are not its records.
+// starts with an uninitialised driver; if its parent had called cuInit, the
+// child's cuInit fails (the real driver's rule, measured on an H200), else it
+// initialises afresh. The parent's device mappings stay mapped in the child
+// but are not its records.
 #include "state.h"
 #include "gate.h"
 
@@ -77,6 +79,7 @@ void after_fork_child() {
   d.contexts.clear();
   d.primary.clear();
   d.devices.clear();
+  d.forked_after_init = d.forked_after_init || d.initialized;
   d.initialized = false;
   ctx_stack().clear();
   Gate& g = gate();

@@ -214,6 +214,11 @@ struct HostAlloc {
 struct Driver {
   std::mutex mu;
   std::atomic<bool> initialized{false};
+  /// This process was forked from one that had called cuInit (or from such a
+  /// child): cuInit fails CUDA_ERROR_NOT_INITIALIZED here for good, as the
+  /// real driver's does (tests/gpu/probes/fork_after_init.cpp), unless
+  /// FAKECUDA_FORK_REINIT=1. The checkpoint API works all the same.
+  bool forked_after_init = false;
   bool multicast = false;
   std::vector<Device> devices;
   std::vector<Context*> primary;  ///< one per device, never freed

@@ -13,8 +13,8 @@
 // --exec-child: the child re-executes this program before touching the
 // driver. Without it the child re-executes only when its cuInit fails
 // CUDA_ERROR_NOT_INITIALIZED, as the real driver's does in a child forked from
-// a process that initialised it (the simulated driver allows it: there the
-// child also keeps the parent's device memory mapped).
+// a process that initialised it (measured on an H200,
+// tests/gpu/probes/fork_after_init.cpp; the simulated driver does the same).
 //
 // Exit status: 2 a driver call failed, 3 a byte was wrong, 4 the other
 // process ended, 64 bad usage.
