@@ -1,6 +1,7 @@
 #include "coord/control_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -108,7 +109,7 @@ void ControlServer::stop() {
   wake(stop_fd_.get());
   thread_.join();
   std::unique_lock lk(conns_mu_);
-  for (int fd : conns_) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [id, fd] : conns_) ::shutdown(fd.get(), SHUT_RDWR);
   conns_cv_.wait(lk, [this] { return active_ == 0; });
 }
 
@@ -126,15 +127,16 @@ void ControlServer::accept_loop() {
     if (!proto::accept_unix(listen_fd_.get(), &conn, &err)) continue;
     std::lock_guard lk(conns_mu_);
     if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
-    const int fd = conn.get();
+    UniqueFd watch(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));
+    if (!watch) continue;  // no descriptor to spare: closes conn
+    const uint64_t id = next_conn_++;
+    conns_.emplace(id, std::move(watch));
     ++active_;
-    conns_.insert(fd);
     try {
-      std::thread([this, c = std::move(conn)]() mutable {
-        const int cfd = c.get();
+      std::thread([this, id, c = std::move(conn)]() mutable {
         serve(std::move(c));
         std::lock_guard lk2(conns_mu_);
-        conns_.erase(cfd);
+        conns_.erase(id);
         --active_;
         conns_cv_.notify_all();
       }).detach();
@@ -142,7 +144,7 @@ void ControlServer::accept_loop() {
       // No thread to be had (the job may have filled the cgroup's pids.max):
       // the connection is closed with the thread's arguments, so the client
       // sees it end; the job and its supervision go on.
-      conns_.erase(fd);
+      conns_.erase(id);
       --active_;
     }
   }

@@ -12,8 +12,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,8 +71,12 @@ class ControlServer {
   std::thread thread_;
   std::mutex conns_mu_;  ///< guards conns_ and active_
   std::condition_variable conns_cv_;
-  std::set<int> conns_;  ///< sockets being served, shut down by stop()
-  int active_ = 0;       ///< connection threads (detached) still running
+  /// Sockets being served, each as our own duplicate, shut down by stop().
+  /// The duplicate's number stays ours until its thread is done, so stop()
+  /// never shuts down a descriptor that was closed and reused meanwhile.
+  std::map<uint64_t, UniqueFd> conns_;
+  uint64_t next_conn_ = 0;
+  int active_ = 0;  ///< connection threads (detached) still running
 };
 
 /// The JSON details of an inspect result: {"job": {...}, "processes": [...]},
