@@ -10,7 +10,8 @@
 # nth_of NAME INDEX LIST...: how many times NAME occurs in LIST up to INDEX.
 # expect_guardian_brought_back NAME PID: after the supervisor of job NAME
 #   (process PID) died mid-operation, its guardian says in the job's log that
-#   it brought the job back and supervises it, the driver state is running and
+#   it brought the job back and supervises it, the driver state is running
+#   (asked of the simulated driver; on the real one the counting shows it) and
 #   the job counts on in the log with every byte right. Sets LOG and N (the
 #   count when the guardian had reported).
 
@@ -51,8 +52,11 @@ expect_guardian_brought_back() {
   for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
   grep -q "guardian: the job runs on, supervised by process" "$LOG" ||
     fail "the guardian did not report bringing the job back: $(grep cusnap: "$LOG" 2>/dev/null)"
-  state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$pid" 2>&1 || true)
-  case $state in *"state 0"*) ;; *) fail "after the guardian's recovery the driver state is '$state'" ;; esac
+  # (On the real driver the job counting on below shows its GPU state back.)
+  if [ "$REAL_DRIVER" != 1 ]; then
+    state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$pid" 2>&1 || true)
+    case $state in *"state 0"*) ;; *) fail "after the guardian's recovery the driver state is '$state'" ;; esac
+  fi
   N=$(last_count "$LOG")
   wait_count "$LOG" $((N + 5)) "" 20
   grep -q "pattern mismatch" "$LOG" && fail "the recovered job found a wrong byte"

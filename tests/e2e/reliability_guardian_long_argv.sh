@@ -9,9 +9,11 @@
 #     `cusnap __guardian`;
 #   - checkpoint it, restore it: the restore's guardian runs as
 #     `cusnap __guardian` too, and the job counts on from the next count;
-#   - (simulated driver) the restore's supervisor is killed in the middle of a
-#     checkpoint (FAKECUDA_DELAY): its guardian brings the job back, driver
-#     state running, the job counting on in its log, supervised by the guardian.
+#   - the restore's supervisor is killed in the middle of a checkpoint, in its
+#     CRIU dump (a CRIU that waits there), the job's GPU state checkpointed:
+#     its guardian brings the job back, driver state running, the job
+#     counting on in its log with every byte right, supervised by the
+#     guardian, the unfinished checkpoint removed.
 source "$(dirname "$0")/lib_checkpoint.sh"
 source "$(dirname "$0")/lib_reliability.sh"
 
@@ -58,27 +60,34 @@ pass "a job with $BYTES bytes of command line: its guardian runs as cusnap __gua
 wait_exit "$SUP"
 wait_gone "$PID"
 LAST=$(last_count "$OUT")
-# On the simulated driver, the restore's supervisor is slowed in every driver
-# checkpoint it calls (the checkpoint below), so that it can be killed inside one.
-if [ "$REAL_DRIVER" != 1 ]; then
-  FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 restore_continues "$T/ck" "$T/r.out" "$NAME" "$PID" "$LAST"
-else
-  restore_continues "$T/ck" "$T/r.out" "$NAME" "$PID" "$LAST"
-fi
+# The restore's CRIU: the real one, except that a dump waits, so that the
+# supervisor can be killed in the middle of a checkpoint whose driver
+# checkpoint is done (the job's GPU state out of the GPU).
+REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
+cat >"$T/criu-wait" <<SH
+#!/bin/sh
+if [ "\$1" = dump ]; then echo \$\$ >"$T/dump.pid"; exec sleep 120; fi
+exec "$REAL_CRIU" "\$@"
+SH
+chmod 755 "$T/criu-wait"
+CUSNAP_CRIU="$T/criu-wait" restore_continues "$T/ck" "$T/r.out" "$NAME" "$PID" "$LAST"
 expect_exec_guardian "$SUP"
 pass "restored from count $FIRST: the restore's guardian runs as cusnap __guardian"
 
-if fake_only "the supervisor killed mid-checkpoint (needs FAKECUDA_DELAY)"; then
-  "$CUSNAP" checkpoint "$NAME" -o "$T/ck2" >"$T/ck2.out" 2>&1 &
-  CK=$!
-  sleep 1
-  kill -KILL "$SUP"
-  RC=0; wait "$CK" || RC=$?
-  wait "$SUP" 2>/dev/null || true
-  [ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor was killed"
-  kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
-  expect_guardian_brought_back "$NAME" "$PID"
-  [ "$(job_field "$NAME" pid)" = "$PID" ] || fail "cusnap ps does not list the job the guardian supervises"
-  pass "the restore's supervisor killed mid-checkpoint: its guardian brought the job back (count $N -> $(last_count "$LOG"))"
-fi
+"$CUSNAP" checkpoint "$NAME" -o "$T/ck2" >"$T/ck2.out" 2>&1 &
+CK=$!
+for _ in $(seq 1 1200); do [ -s "$T/dump.pid" ] && break; sleep 0.05; done
+[ -s "$T/dump.pid" ] || fail "the checkpoint never reached its dump: $(cat "$T/ck2.out")"
+cat "$T/dump.pid" >>"$T/job-pids"
+kill -KILL "$SUP"
+wait "$SUP" 2>/dev/null || true
+kill -KILL "$(cat "$T/dump.pid")" 2>/dev/null || true
+RC=0; wait "$CK" || RC=$?
+[ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor was killed"
+kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
+expect_guardian_brought_back "$NAME" "$PID"
+[ "$(job_field "$NAME" pid)" = "$PID" ] || fail "cusnap ps does not list the job the guardian supervises"
+[ -z "$(ls -A "$T/ck2" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/ck2")"
+grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
+pass "the restore's supervisor killed in the dump: its guardian brought the job back (count $N -> $(last_count "$LOG"))"
 echo "PASS"
