@@ -129,7 +129,7 @@ void ControlServer::accept_loop() {
     if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
     UniqueFd watch(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));
     if (!watch) continue;  // no descriptor to spare: closes conn
-    const uint64_t id = next_conn_++;
+    const int id = watch.get();
     conns_.emplace(id, std::move(watch));
     ++active_;
     try {

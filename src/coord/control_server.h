@@ -71,11 +71,11 @@ class ControlServer {
   std::thread thread_;
   std::mutex conns_mu_;  ///< guards conns_ and active_
   std::condition_variable conns_cv_;
-  /// Sockets being served, each as our own duplicate, shut down by stop().
-  /// The duplicate's number stays ours until its thread is done, so stop()
-  /// never shuts down a descriptor that was closed and reused meanwhile.
-  std::map<uint64_t, UniqueFd> conns_;
-  uint64_t next_conn_ = 0;
+  /// Sockets being served, each as our own duplicate (keyed by its number),
+  /// shut down by stop(). The duplicate's number stays ours until its thread
+  /// is done, so stop() never shuts down a descriptor closed and reused
+  /// meanwhile.
+  std::map<int, UniqueFd> conns_;
   int active_ = 0;  ///< connection threads (detached) still running
 };
 

@@ -151,29 +151,25 @@ bool job_from_json(const std::string& text, JobInfo* j) {
   }
 }
 
-}  // namespace
-
 /// The job's description from the memory file the supervisor wrote it to
-/// (Guardian::start); the descriptor is closed. Its size is bounded: a job's
-/// argv and environment cannot exceed what exec takes, far below this.
-bool job_from_fd(int fd, JobInfo* job) {
+/// (Guardian::start), which is closed. Its size is bounded: a job's argv and
+/// environment cannot exceed what exec takes, far below this.
+bool job_from_fd(UniqueFd fd, JobInfo* job) {
   constexpr size_t kMax = 64u << 20;
   std::string text;
   char chunk[1 << 16];
   for (off_t off = 0;;) {
-    ssize_t n = ::pread(fd, chunk, sizeof chunk, off);
+    ssize_t n = ::pread(fd.get(), chunk, sizeof chunk, off);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || text.size() + static_cast<size_t>(n) > kMax) {
-      ::close(fd);
-      return false;
-    }
+    if (n < 0 || text.size() + static_cast<size_t>(n) > kMax) return false;
     if (n == 0) break;
     text.append(chunk, static_cast<size_t>(n));
     off += n;
   }
-  ::close(fd);
   return job_from_json(text, job);
 }
+
+}  // namespace
 
 void guardian_command(int argc, char** argv) {
   int cmd = -1, out = -1, err = -1, log = -1, lock = -1, job_fd = -1;
@@ -189,7 +185,7 @@ void guardian_command(int argc, char** argv) {
       job_fd = v;
   }
   JobInfo job;
-  if (cmd < 0 || log < 0 || job_fd < 0 || !job_from_fd(job_fd, &job)) {
+  if (cmd < 0 || log < 0 || job_fd < 0 || !job_from_fd(UniqueFd(job_fd), &job)) {
     std::fprintf(stderr, "cusnap: __guardian is internal to the supervisor\n");
     ::_exit(kExitUsage);
   }
@@ -217,19 +213,10 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     *err = std::string("guardian: memfd_create: ") + std::strerror(errno);
     return false;
   }
-  {
-    const std::string j = json_text(job_to_json(job));
-    size_t done = 0;
-    while (done < j.size()) {
-      ssize_t w = ::write(job_mem.get(), j.data() + done, j.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        *err = std::string("guardian: writing the job's description: ") +
-               (w < 0 ? std::strerror(errno) : "short write");
-        return false;
-      }
-      done += static_cast<size_t>(w);
-    }
+  const std::string j = json_text(job_to_json(job));
+  if (!write_all(job_mem.get(), j.data(), j.size())) {
+    *err = std::string("guardian: writing the job's description: ") + std::strerror(errno);
+    return false;
   }
   const int p[2] = {cmd_r.get(), cmd_w.get()}, log_fd = log.get(), job_fd = job_mem.get();
   pid_t pid = ::fork();

@@ -3,8 +3,6 @@
 
 #include "proto/unique_fd.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -270,7 +270,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       std::lock_guard lk(ctx_.mu);
       idle = ctx_.engine_op.empty() && ctx_.replies_pending == 0;
     }
-    const bool echo_full = cfg_.echo_output && echo.full();
+    const bool echo_full = echo.full();  // never, when nothing is echoed
     if (root_done && (drain_deadline == Clock::time_point{} || echo_full))
       drain_deadline = Clock::now() + cfg_.drain_grace;  // the grace runs while we can read
     if (root_done && idle && ((!out_r && !err_r) || Clock::now() >= drain_deadline)) break;
@@ -311,7 +311,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       const int echo_fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
       if (!src || !(p[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       for (int rounds = 0; rounds < 16; ++rounds) {
-        if (cfg_.echo_output && echo.full()) break;  // its reader is behind: so is the job
+        if (echo.full()) break;  // its reader is behind: so is the job
         ssize_t n = ::read(src.get(), buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) break;  // EAGAIN: drained for now
