@@ -187,6 +187,7 @@ void ControlServer::serve(UniqueFd conn) {
   ucred cred{};
   if (!proto::peer_credentials(conn.get(), &cred, &err)) return;
   proto::Channel ch(std::move(conn), timeout_);
+  ch.set_max_body(proto::kMaxRequestBytes);
   JobInfo info;
   proto::JobStatus status;
   {

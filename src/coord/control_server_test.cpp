@@ -204,16 +204,40 @@ TEST_CASE("control server: suspend and resume move the state") {
   CHECK_FALSE(nlohmann::json::parse(r.details).contains("collective_cut"));  // resume: none
 }
 
-TEST_CASE("control server: a silent client is dropped after the timeout") {
-  Fixture f;
+// A released fixture's control socket, connected, with a 4 s channel timeout.
+static proto::Channel connect_released(Fixture& f) {
   f.release.set_value();
   UniqueFd c;
   std::string err;
   REQUIRE(proto::connect_unix(f.dir + "/control.sock", 1000ms, &c, &err));
-  proto::Channel ch(std::move(c), 4000ms);
+  return proto::Channel(std::move(c), 4000ms);
+}
+
+TEST_CASE("control server: a silent client is dropped after the timeout") {
+  Fixture f;
+  proto::Channel ch = connect_released(f);
+  std::string err;
   proto::Message m;
   CHECK(!ch.recv(&m, &err));  // the server's 2 s timeout closes it first
   CHECK(err == "connection closed");
+}
+
+TEST_CASE("control server: a request longer than kMaxRequestBytes is refused unread") {
+  Fixture f;
+  proto::Channel ch = connect_released(f);
+  std::string err;
+  // A well-formed request one byte over the limit: [1, "hello", "xx..."].
+  const std::string pad(proto::kMaxRequestBytes, 'x');
+  const std::string body = proto::encode_body(proto::kMsgHello, pad);
+  REQUIRE(body.size() > proto::kMaxRequestBytes);
+  REQUIRE(ch.send_body(body, -1, &err));
+  proto::Message m;
+  CHECK(!ch.recv(&m, &err));  // closed, or reset: the server left the body unread
+  CHECK((err == "connection closed" || err.find("reset") != std::string::npos));
+  // The server goes on serving.
+  proto::JobStatus st;
+  REQUIRE(job_hello(f.entry, 1000ms, &st, &err));
+  CHECK(st.state == "running");
 }
 
 TEST_CASE("control server: a peer that is neither root nor the owner is refused") {

@@ -239,9 +239,9 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
   }
   uint32_t n =
       uint32_t(hdr[0]) | uint32_t(hdr[1]) << 8 | uint32_t(hdr[2]) << 16 | uint32_t(hdr[3]) << 24;
-  if (n == 0 || n > kMaxMessageBytes) {
+  if (n == 0 || n > max_body_) {
     *err = "message length " + std::to_string(n) + " is out of range (1 to " +
-           std::to_string(kMaxMessageBytes) + " bytes)";
+           std::to_string(max_body_) + " bytes)";
     fd_.reset();  // the stream cannot be resynchronised
     return false;
   }

@@ -3,10 +3,12 @@
 // A message is a u32 little-endian length followed by a MessagePack body: the
 // array [version, type, payload], where version is kProtocolVersion, type a
 // string naming the message and payload any MessagePack value (usually a map
-// made with MSGPACK_DEFINE_MAP). Bodies are at most kMaxMessageBytes; a body
+// made with MSGPACK_DEFINE_MAP). Bodies are at most kMaxMessageBytes, and a
+// server's requests at most kMaxRequestBytes (Channel::set_max_body); a body
 // with trailing bytes, another version or another shape is rejected, and so is
 // one nested deeper than kMaxNesting or whose array or map counts exceed what
-// its bytes can hold (decoding never allocates much more than the body). At most
+// its bytes can hold (decoding allocates at most one 24-byte object per byte
+// of the body, which is why servers take short requests only). At most
 // one descriptor travels with a message, through SCM_RIGHTS attached to its
 // first byte; it is received close-on-exec, and a message that carries more,
 // other control data, or truncated control data is rejected with every
@@ -34,6 +36,12 @@ inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxMessageBytes = 32u << 20;  ///< body limit: 32 MiB
 inline constexpr std::chrono::milliseconds kDefaultTimeout{10000};
 inline constexpr size_t kMaxNesting = 32;  ///< arrays and maps in a body nest at most this deep
+/// The most a server (a shim's sockets, a supervisor's control socket) takes
+/// in one request: the largest it serves, a checkpoint request with a
+/// PATH_MAX directory and every setting, is under 6 KiB. A decoded body takes
+/// up to 24 bytes of memory per byte (one object per nil), so a full-size
+/// body sent to a shim would cost the workload's process some 768 MiB.
+inline constexpr size_t kMaxRequestBytes = 64u << 10;
 
 /// A received message. payload owns its memory; fd is the descriptor that came
 /// with it, if any.
@@ -94,6 +102,9 @@ class Channel {
   bool recv(Message* out, std::string* err);
 
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// The longest body recv accepts (at most kMaxMessageBytes); a longer one
+  /// is refused from its length, unread, and closes the channel.
+  void set_max_body(size_t n) { max_body_ = n < kMaxMessageBytes ? n : kMaxMessageBytes; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   int fd() const { return fd_.get(); }
   bool valid() const { return static_cast<bool>(fd_); }
@@ -101,6 +112,7 @@ class Channel {
  private:
   UniqueFd fd_;
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  size_t max_body_ = kMaxMessageBytes;
 };
 
 /// Connects to a listening Unix socket within timeout. The socket is

@@ -181,6 +181,48 @@ TEST_CASE("wire: a length over the limit is rejected before reading the body") {
   CHECK(!p.a.send_body(body, -1, &err));
 }
 
+TEST_CASE("wire: a channel's own limit refuses a longer body unread and closes") {
+  Pair p;
+  p.b.set_max_body(64);
+  std::string err;
+  const std::string fits = encode_body("t", std::string(50, 'x'));
+  REQUIRE(fits.size() <= 64);
+  REQUIRE(p.a.send_body(fits, -1, &err));
+  Message m;
+  REQUIRE(p.b.recv(&m, &err));
+  CHECK(m.type == "t");
+  // One byte over: refused from the length, before the body is read.
+  REQUIRE(p.a.send_body(std::string(65, '\x90'), -1, &err));
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err == "message length 65 is out of range (1 to 64 bytes)");
+  CHECK(!p.b.valid());
+  // The limit never exceeds the protocol's.
+  Pair q;
+  q.b.set_max_body(kMaxMessageBytes * 2);
+  std::string hdr(4, '\0');
+  uint32_t n = kMaxMessageBytes + 1;
+  std::memcpy(hdr.data(), &n, 4);  // little-endian host
+  send_raw(q.a.fd(), hdr, {});
+  CHECK(!q.b.recv(&m, &err));
+  CHECK(err.find("out of range (1 to " + std::to_string(kMaxMessageBytes) + " bytes)") !=
+        std::string::npos);
+}
+
+TEST_CASE("wire: the largest request a server takes fits its limit with room") {
+  // A checkpoint request with a PATH_MAX directory and every client setting
+  // at its longest: well under kMaxRequestBytes.
+  CheckpointRequest r;
+  r.dir = "/" + std::string(4095, 'd');  // the longest validate accepts
+  r.leave_running = true;
+  r.timeout_ms = int64_t(7) * 24 * 3600 * 1000;
+  for (const char* k : kClientSettings) r.settings[k] = std::string(kMaxSettingBytes, '9');
+  const std::string body = encode_body(kMsgCheckpoint, r);
+  CHECK(body.size() < 6 * 1024);
+  CHECK(body.size() * 8 < kMaxRequestBytes);
+  std::string err;
+  CHECK(validate(r, &err));
+}
+
 TEST_CASE("wire: one descriptor passes, close-on-exec") {
   Pair p;
   int pfd[2];

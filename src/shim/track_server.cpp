@@ -45,6 +45,7 @@ bool allowed(int fd, uid_t owner) {
 void serve_peer(State& s, UniqueFd conn) {
   if (!allowed(conn.get(), s.uid)) return;
   proto::Channel ch(std::move(conn), timeout());
+  ch.set_max_body(proto::kMaxRequestBytes);
   proto::Message msg;
   std::string err;
   if (!ch.recv(&msg, &err)) return;
@@ -102,6 +103,7 @@ bool gate_closed() {
 void serve_control(State& s, UniqueFd conn) {
   if (!allowed(conn.get(), s.uid)) return;
   proto::Channel ch(std::move(conn), timeout());
+  ch.set_max_body(proto::kMaxRequestBytes);
   std::vector<UniqueFd> parts;  // of a save or load still arriving
   uint64_t parts_of = 0;
   std::string parts_type;
@@ -292,6 +294,7 @@ int fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generat
       return -1;
     }
     proto::Channel ch(std::move(fd), timeout());
+    ch.set_max_body(proto::kMaxRequestBytes);  // a fetched reply is as small
     proto::FetchRequest req{t.creator_start, t.allocation};
     if (!ch.send(proto::kMsgFetch, req, err)) return -1;
     proto::Message msg;

@@ -5,6 +5,9 @@
 # client running as uid 65534 that asks the importer's shim to close its gate
 # (and to inspect) gets the connection closed unanswered, the job keeps
 # counting; the same request from root is answered (so the probe can tell).
+# A request longer than the shims take (8 MiB of nils, which would decode to
+# some 200 MiB inside the workload) is refused unread, even from root: the
+# importer's peak memory does not grow by it and the job counts on.
 source "$(dirname "$0")/lib_shared.sh"
 command -v setpriv >/dev/null || skip "no setpriv: cannot act as another uid"
 # A Python every uid can run (root's may live in a private directory).
@@ -31,6 +34,10 @@ def s(x):
     return bytes([0xa0 | len(b)]) + b
 if kind == "gate-close":
     payload = bytes([0x81]) + s("timeout_ms") + bytes([0xcd]) + struct.pack(">H", 5000)
+elif kind == "big":
+    kind = "inspect"
+    n = 8 << 20
+    payload = bytes([0xdd]) + struct.pack(">I", n) + bytes([0xc0]) * n
 else:
     payload = bytes([0x80])
 body = bytes([0x93, 0x01]) + s(kind) + payload
@@ -78,6 +85,19 @@ pass "uid 65534 through an opened socket: gate-close and inspect closed unanswer
 OUT=$("$PY" "$T/probe.py" "$SOCK" inspect)
 [ "$OUT" = records ] || fail "root's inspect got '$OUT', not records"
 pass "root's inspect is answered (records)"
+hwm() { sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$IMPORTER/status"; }
+HWM0=$(hwm)
+OUT=$("$PY" "$T/probe.py" "$SOCK" big)
+[ "$OUT" = closed ] || fail "the shim answered an 8 MiB request: $OUT"
+n=$(last_count "$LAUNCH_OUT" "importer ")
+wait_count "$LAUNCH_OUT" $((n + 5)) "importer " 20
+HWM1=$(hwm)
+[ -n "$HWM0" ] && [ -n "$HWM1" ] || fail "cannot read the importer's VmHWM"
+[ $((HWM1 - HWM0)) -lt 32768 ] || fail "the importer's peak memory grew by $(((HWM1 - HWM0) / 1024)) MiB on an oversized request"
+OUT=$("$PY" "$T/probe.py" "$SOCK" inspect)
+[ "$OUT" = records ] || fail "after the oversized request root's inspect got '$OUT', not records"
+no_errors "$LAUNCH_OUT"
+pass "an 8 MiB request is refused unread (peak memory +$((HWM1 - HWM0)) KiB), the shim answers on, the job counts on"
 chmod 700 "$RUNDIR"
 chmod "$BASE_MODE" "$CUSNAP_RUNTIME_BASE"
 stop_job "$LAUNCH_OUT"
