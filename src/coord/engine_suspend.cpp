@@ -164,10 +164,13 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     std::vector<pid_t> shim_pids;
     std::string why;
     if (!shared_rebuild_saved(job, state, timeout, &shim_pids, &why)) {
+      // The driver state is back, the shared memory not: marked left
+      // suspended, so that the next resume takes the job on from here
+      // (recover_job rebuilds from the saved bytes and opens the gates)
+      // instead of finding nothing suspended.
       *err = "job " + job.name + ", shared memory: " + why +
-             "\nits GPU state is back but its processes wait at the cusnap gate; the saved "
-             "bytes stay in " +
-             state;
+             leave_suspended(job, state, false, "resume", why);
+      c = kExitJobLost;
       ok = false;
     } else if (!shim_pids.empty()) {
       std::error_code ec;
