@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 namespace cusnap {
@@ -21,6 +22,9 @@ namespace {
 const char* const kKnownFiles[] = {"control.sock",   "job.json",           "job.json.tmp",
                                    "output.log",     "lock",               "left-suspended",
                                    "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp"};
+
+/// Where a suspended job's shared memory is saved (suspend_state_dir).
+constexpr const char* kSuspendedDir = "suspended";
 
 std::string errno_text(const std::string& what) {
   return what + ": " + std::strerror(errno);
@@ -57,6 +61,15 @@ void remove_job_dir(const std::string& dir) {
   struct stat st;
   if (::fstat(d.get(), &st) != 0 || st.st_uid != ::geteuid()) return;
   for (const char* f : kKnownFiles) ::unlinkat(d.get(), f, 0);
+  // The shared memory a suspend saved (engine_suspend.cpp): worth nothing
+  // once the job is gone, and it may hold gigabytes on a tmpfs. Only a real
+  // directory of ours; the runtime directory (0700) admits no one else.
+  struct stat sst;
+  if (::fstatat(d.get(), kSuspendedDir, &sst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sst.st_mode) &&
+      sst.st_uid == ::geteuid()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir + "/" + kSuspendedDir, ec);
+  }
   // The shims' peer and control sockets (src/proto/shim_messages.h), which a
   // killed process leaves behind.
   if (DIR* ds = ::fdopendir(::dup(d.get()))) {

@@ -134,6 +134,48 @@ TEST_CASE("runtime dir: the directory of a dead supervisor is stale and cleaned"
   rd->remove();
 }
 
+TEST_CASE("runtime dir: a suspended job's saved shared memory goes with its directory") {
+  TempBase b;
+  std::string err;
+  for (bool stale : {false, true}) {
+    CAPTURE(stale);
+    std::unique_ptr<RuntimeDir> rd;
+    REQUIRE(RuntimeDir::reserve("susp", "", &rd, &err));
+    proto::JobStatus s;
+    s.name = "susp";
+    REQUIRE(rd->write_status(s, &err));
+    const std::string dir = rd->path();
+    REQUIRE(mkdir((dir + "/suspended").c_str(), 0700) == 0);
+    REQUIRE(mkdir((dir + "/suspended/shared").c_str(), 0700) == 0);
+    REQUIRE(close(creat((dir + "/suspended/shared/alloc-1.bin").c_str(), 0600)) == 0);
+    // A link inside is removed, not followed.
+    const std::string outside = b.path + "/outside";
+    REQUIRE(close(creat(outside.c_str(), 0600)) == 0);
+    REQUIRE(symlink(outside.c_str(), (dir + "/suspended/shared/link").c_str()) == 0);
+    if (stale) {
+      rd.reset();  // the supervisor died
+      CHECK(list_jobs(true).empty());
+    } else {
+      rd->remove();
+    }
+    CHECK(access(dir.c_str(), F_OK) != 0);
+    CHECK(access(outside.c_str(), F_OK) == 0);
+  }
+}
+
+TEST_CASE("runtime dir: a link named suspended is not followed") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  REQUIRE(RuntimeDir::reserve("susp", "", &rd, &err));
+  const std::string dir = rd->path(), outside = b.path + "/keep";
+  REQUIRE(mkdir(outside.c_str(), 0700) == 0);
+  REQUIRE(close(creat((outside + "/file").c_str(), 0600)) == 0);
+  REQUIRE(symlink(outside.c_str(), (dir + "/suspended").c_str()) == 0);
+  rd->remove();
+  CHECK(access((outside + "/file").c_str(), F_OK) == 0);
+}
+
 TEST_CASE("runtime dir: an explicit directory is found through a link in the base") {
   TempBase b;
   std::string err;
