@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -384,17 +385,72 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
   return true;
 }
 
+namespace {
+
+/// The largest manifest read: its file list and chunk digests take some
+/// kilobytes per gigabyte checkpointed.
+constexpr off_t kMaxManifestBytes = off_t(256) << 20;
+
+/// Reads a manifest: a regular file (a FIFO or a device would stall or never
+/// end) of at most kMaxManifestBytes. false with *err naming the problem,
+/// and *missing set when there is no such file.
+bool read_manifest_file(const std::string& path, std::string* text, bool* missing,
+                        std::string* err) {
+  *missing = false;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat st;
+  if (!fd || ::fstat(fd.get(), &st) != 0) {
+    *missing = errno == ENOENT;
+    *err = "cannot read " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *err = path + " is not a regular file";
+    return false;
+  }
+  if (st.st_size > kMaxManifestBytes) {
+    *err = path + " is " + std::to_string(st.st_size) + " bytes, more than a manifest can be (" +
+           std::to_string(kMaxManifestBytes) + ")";
+    return false;
+  }
+  text->clear();
+  char buf[65536];
+  for (;;) {
+    const ssize_t r = ::read(fd.get(), buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      *err = "cannot read " + path + ": " + std::strerror(errno);
+      return false;
+    }
+    if (r == 0) return true;
+    text->append(buf, size_t(r));
+    if (off_t(text->size()) > kMaxManifestBytes) {
+      *err = path + " grows past " + std::to_string(kMaxManifestBytes) + " bytes while read";
+      return false;
+    }
+  }
+}
+
+}  // namespace
+
 bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    *err = dir + " is not a checkpoint directory (it does not exist or is not a directory)";
+  struct stat dst;
+  if (::stat(dir.c_str(), &dst) != 0) {
+    *err = errno == ENOENT ? dir + " is not a checkpoint directory: it does not exist"
+                           : "cannot reach " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISDIR(dst.st_mode)) {
+    *err = dir + " is not a checkpoint directory: it is not a directory";
     return false;
   }
   std::string path = dir + "/" + kManifestName;
   std::string text;
-  if (!read_text_file(path, &text)) {
-    *err = dir + " has no " + kManifestName +
-           ": it is not a checkpoint or the checkpoint did not finish";
+  bool missing = false;
+  if (!read_manifest_file(path, &text, &missing, err)) {
+    if (missing)
+      *err = dir + " has no " + kManifestName +
+             ": it is not a checkpoint or the checkpoint did not finish";
     return false;
   }
   std::string why;

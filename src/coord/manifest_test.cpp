@@ -1,6 +1,8 @@
 #include "coord/manifest.h"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -323,5 +325,64 @@ TEST_CASE("manifest: chunked verification names the corrupted region") {
     setenv("CUSNAP_HASH_THREADS", "1", 1);
     CHECK(verify_manifest_files(d.path, back, nullptr, &err));
     unsetenv("CUSNAP_HASH_THREADS");
+  }
+}
+
+TEST_CASE("manifest: the reader refuses what is not a manifest file, saying what it is") {
+  TempDir d;
+  Manifest m;
+  std::string err;
+  const std::string path = d.path + "/manifest.json";
+  SUBCASE("no directory") {
+    CHECK_FALSE(read_manifest(d.path + "/nope", &m, &err));
+    CHECK(err.find("does not exist") != std::string::npos);
+  }
+  SUBCASE("a file for the directory") {
+    write_file(d.path + "/f", "x");
+    CHECK_FALSE(read_manifest(d.path + "/f", &m, &err));
+    CHECK(err.find("is not a directory") != std::string::npos);
+  }
+  SUBCASE("no manifest") {
+    CHECK_FALSE(read_manifest(d.path, &m, &err));
+    CHECK(err.find("has no manifest.json") != std::string::npos);
+  }
+  SUBCASE("a FIFO is refused without waiting for a writer") {
+    REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+    CHECK_FALSE(read_manifest(d.path, &m, &err));
+    CHECK(err == path + " is not a regular file");
+  }
+  SUBCASE("a directory") {
+    fs::create_directory(path);
+    CHECK_FALSE(read_manifest(d.path, &m, &err));
+    CHECK(err == path + " is not a regular file");
+  }
+  SUBCASE("a link to a device that never ends") {
+    fs::create_symlink("/dev/zero", path);
+    CHECK_FALSE(read_manifest(d.path, &m, &err));
+    CHECK(err == path + " is not a regular file");
+  }
+  SUBCASE("a file larger than any manifest is refused unread") {
+    write_file(path, "");
+    fs::resize_file(path, uintmax_t(1) << 30);  // sparse
+    CHECK_FALSE(read_manifest(d.path, &m, &err));
+    CHECK(err.find("more than a manifest can be") != std::string::npos);
+  }
+  SUBCASE("an unreadable checkpoint says so, not that it is none") {
+    write_file(path, "{}");
+    REQUIRE(::chmod(path.c_str(), 0) == 0);
+    // As uid 65534 where the test runs as root (root reads any file).
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(10);
+      std::string e;
+      Manifest mm;
+      const bool ok = read_manifest(d.path, &mm, &e);
+      _exit(ok ? 11 : e.find("Permission denied") == std::string::npos ? 12 : 0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
 }
