@@ -1,6 +1,7 @@
 #include "coord/criu.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
@@ -232,7 +233,8 @@ bool parse_criu_version(std::string_view text, CriuInfo* out) {
   return true;
 }
 
-bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints) {
+bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints,
+               std::chrono::milliseconds version_timeout) {
   const char* env = getenv("CUSNAP_CRIU");
   std::string path = env && *env ? env : search_path("criu");
   if (path.empty()) {
@@ -254,12 +256,40 @@ bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints) {
   version_w.reset();
   std::string text;
   if (ok) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(version_r.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-      if (n > 0) text.append(buf, size_t(n));
+    // Read until the end of its output, within the time limit: a CRIU (or
+    // whatever CUSNAP_CRIU names) that hangs must not hang cusnap.
+    const auto until = std::chrono::steady_clock::now() + version_timeout;
+    bool ended = false;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || text.size() > 65536) break;
+      pollfd p{version_r.get(), POLLIN, 0};
+      const int r = poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      char buf[4096];
+      const ssize_t n = read(version_r.get(), buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ended = true;
+        break;
+      }
+      text.append(buf, size_t(n));
+    }
     int status = 0;
-    wait_child(s.pid, std::chrono::seconds(10), nullptr, &status);
+    const auto wait_left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    const bool killed = wait_child(s.pid,
+                                   ended ? std::max(wait_left, std::chrono::milliseconds(0))
+                                         : std::chrono::milliseconds(0),
+                                   nullptr, &status) == 1;
+    if (!ended || killed) {
+      *err = "`" + path + " --version` did not finish within " +
+             std::to_string(version_timeout.count()) +
+             " ms: it was killed; check that CRIU runs (or set CUSNAP_CRIU to a working one)";
+      ok = false;
+    }
   }
   version_r.reset();
   if (!ok) return false;

@@ -45,8 +45,11 @@ bool parse_criu_version(std::string_view text, CriuInfo* out);
 /// Finds CRIU, runs `criu --version`, requires >= 4.1, and decides about
 /// breakpoints (criu_breakpoints of `breakpoints`, the value of
 /// CUSNAP_CRIU_BREAKPOINTS). The error says what was found and how to install
-/// or point at a newer one.
-bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints);
+/// or point at a newer one. A `criu --version` that has not ended within
+/// version_timeout (or prints more than 64 KiB) is killed and refused.
+constexpr std::chrono::milliseconds kCriuVersionTimeout{10000};
+bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints,
+               std::chrono::milliseconds version_timeout = kCriuVersionTimeout);
 
 /// The --ghost-limit CRIU's dump gets: how big a deleted file the job holds
 /// (open or mapped, e.g. NCCL's host buffers in /dev/shm, or tensors PyTorch

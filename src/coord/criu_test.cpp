@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -39,6 +40,27 @@ TEST_CASE("criu: too old and missing are refused with what to do") {
   setenv("CUSNAP_CRIU", "/nonexistent/criu", 1);
   CHECK_FALSE(find_criu(&c, &err, nullptr));
   CHECK(err.find("not an executable") != std::string::npos);
+  unsetenv("CUSNAP_CRIU");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("criu: a `criu --version` that hangs is killed and refused") {
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string fake = std::string(dir) + "/criu";
+  std::ofstream(fake) << "#!/bin/sh\necho 'Version: 4.1.1'\nexec sleep 30\n";
+  chmod(fake.c_str(), 0755);
+  setenv("CUSNAP_CRIU", fake.c_str(), 1);
+  CriuInfo c;
+  std::string err;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(find_criu(&c, &err, nullptr, std::chrono::milliseconds(300)));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(err.find("did not finish within 300 ms") != std::string::npos);
+  // One that answers in time is taken.
+  std::ofstream(fake) << "#!/bin/sh\necho 'Version: 4.1.1'\n";
+  CHECK(find_criu(&c, &err, "0", std::chrono::milliseconds(5000)));
+  CHECK(c.version == "4.1.1");
   unsetenv("CUSNAP_CRIU");
   std::filesystem::remove_all(dir);
 }
