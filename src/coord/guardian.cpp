@@ -4,6 +4,7 @@
 #include "coord/coordinator_ops.h"
 #include "coord/hex.h"
 #include "coord/supervisor_loop.h"
+#include "proto/control.h"
 #include "proto/json_text.h"
 
 #include <fcntl.h>
@@ -300,8 +301,8 @@ bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexce
     op.remove_partial = j.value("remove_partial", false);
     if (j.contains("timeout_ms") && !j["timeout_ms"].is_number_unsigned()) return false;
     const uint64_t ms = j.value("timeout_ms", uint64_t{0});
-    // Zero, or beyond a day: the default stands.
-    if (ms > 0 && ms <= 24ull * 3600 * 1000) op.timeout = std::chrono::milliseconds(ms);
+    // Zero, or beyond what a request may carry: the default stands.
+    if (ms > 0 && ms <= uint64_t(proto::kMaxTimeoutMs)) op.timeout = std::chrono::milliseconds(ms);
     if (j.contains("margin")) {
       op.margin.emplace();
       if (!hex_decode(j["margin"].get<std::string>(), &*op.margin)) return false;

@@ -1,6 +1,14 @@
 #include "coord/guardian.h"
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <doctest/doctest.h>
+
+#include "coord/runtime_dir.h"
+#include "coord/supervisor_loop.h"
 
 using namespace cusnap;
 
@@ -72,16 +80,50 @@ TEST_CASE("guardian: what is not an operation's line is refused, the last one ke
   }
 }
 
-TEST_CASE("guardian: a timeout of zero or beyond a day leaves the default") {
+TEST_CASE("guardian: a timeout of zero or beyond a week (a request's limit) leaves the default") {
   GuardedOperation op;
   REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 0}", &op));
   CHECK(op.timeout == std::chrono::seconds(60));
-  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 86400001}", &op));
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 604800001}", &op));
   CHECK(op.timeout == std::chrono::seconds(60));
-  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 86400000}", &op));
-  CHECK(op.timeout == std::chrono::hours(24));
+  // Two days, as a client may ask: kept.
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 172800000}", &op));
+  CHECK(op.timeout == std::chrono::hours(48));
+  REQUIRE(parse_guardian_begin("begin {\"op\": \"726573756d65\", \"timeout_ms\": 604800000}", &op));
+  CHECK(op.timeout == std::chrono::hours(24 * 7));
   CHECK(op.op == "resume");
   CHECK(op.state_dir.empty());
   CHECK_FALSE(op.remove_partial);
   CHECK_FALSE(op.margin);
+}
+
+TEST_CASE("guardian: an adoption that fails keeps the runtime directory's lock") {
+  char t[] = "/tmp/cusnap-guardian-XXXXXX";
+  REQUIRE(mkdtemp(t));
+  const std::string base = t;
+  setenv("CUSNAP_RUNTIME_BASE", (base + "/base").c_str(), 1);
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  REQUIRE(RuntimeDir::reserve("adopted", "", &rd, &err));
+  const std::string dir = rd->path();
+  // The guardian's own descriptor of the lock (guardian.start dups it).
+  const int lock_fd = ::fcntl(rd->lock_fd(), F_DUPFD_CLOEXEC, 3);
+  REQUIRE(lock_fd >= 0);
+  rd.reset();  // the dead supervisor's
+  REQUIRE(runtime_dir_live(dir));
+  // A directory where the control socket goes: binding it fails.
+  REQUIRE(::mkdir((dir + "/control.sock").c_str(), 0700) == 0);
+  SupervisorConfig cfg;
+  cfg.name = "adopted";
+  cfg.runtime_dir = dir;
+  std::unique_ptr<SupervisorLoop> loop;
+  SuperviseOutcome fail;
+  CHECK_FALSE(SupervisorLoop::adopt(cfg, dir, lock_fd, &loop, &fail));
+  CHECK_FALSE(fail.error.empty());
+  CHECK(::fcntl(lock_fd, F_GETFD) >= 0);  // still open
+  CHECK(runtime_dir_live(dir));           // still held: ps leaves it alone
+  ::close(lock_fd);
+  CHECK_FALSE(runtime_dir_live(dir));
+  unsetenv("CUSNAP_RUNTIME_BASE");
+  (void)!system(("rm -rf " + base).c_str());
 }

@@ -108,7 +108,16 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
   s->cfg_ = cfg;
   s->adopted_ = true;
   fail->name = cfg.name;
-  s->rundir_ = RuntimeDir::adopt(path, UniqueFd(lock_fd));
+  // A duplicate: lock_fd stays the caller's, so that an adoption that fails
+  // does not let the lock go (the runtime directory of a live job would
+  // then look stale to ps, which removes it, output.log included).
+  UniqueFd lock(::fcntl(lock_fd, F_DUPFD_CLOEXEC, 3));
+  if (!lock) {
+    fail->exit_code = kExitFailure;
+    fail->error = std::string("duplicating the runtime directory's lock: ") + std::strerror(errno);
+    return false;
+  }
+  s->rundir_ = RuntimeDir::adopt(path, std::move(lock));
   std::string err;
   ::unlink(s->rundir_->socket_path().c_str());  // the dead supervisor's
   if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err)) {

@@ -23,7 +23,8 @@ class SupervisorLoop {
   static bool prepare(const SupervisorConfig& cfg, const std::string& name,
                       std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail);
   /// The same for a job whose supervisor died (guardian.h): takes over its
-  /// runtime directory, whose lock lock_fd already holds, binds a new
+  /// runtime directory, whose lock lock_fd already holds (it stays the
+  /// caller's: the loop holds a duplicate), binds a new
   /// control.sock and appends to output.log. run() then watches the job's
   /// root through a pidfd (it is not our child) and cannot know its status.
   static bool adopt(const SupervisorConfig& cfg, const std::string& path, int lock_fd,

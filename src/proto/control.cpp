@@ -5,7 +5,6 @@
 
 namespace cusnap::proto {
 namespace {
-constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // a week
 
 bool validate_timeout(int64_t ms, std::string* err) {
   if (ms <= 0 || ms > kMaxTimeoutMs) {
