@@ -8,7 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
@@ -31,6 +34,55 @@ void wake(int fd) {
 
 nlohmann::json status_json(const proto::JobStatus& s) {
   return nlohmann::json::parse(job_status_to_json(s));
+}
+
+/// While an operation runs, an empty progress event every interval tells
+/// the client the supervisor is at work (job_client.cpp skips them): the
+/// client waits for the next message its own timeout long, while the driver
+/// and CRIU steps get more than the request's timeout on a large job
+/// (driver_deadline). send_mu is the connection's, shared with the engine's
+/// progress; client_gone is set, under it, once a send fails.
+class Heartbeat {
+ public:
+  Heartbeat(proto::Channel& ch, std::mutex& send_mu, bool& client_gone,
+            std::chrono::milliseconds every)
+      : thread_([this, &ch, &send_mu, &client_gone, every] {
+          std::unique_lock lk(mu_);
+          while (!cv_.wait_for(lk, every, [this] { return stop_; })) {
+            std::lock_guard sl(send_mu);
+            std::string e;
+            if (client_gone) return;
+            if (!ch.send(proto::kMsgProgress, proto::ProgressEvent{}, &e)) client_gone = true;
+          }
+        }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is built
+};
+
+/// A quarter of the server's timeout, within 10 ms to 1 s.
+std::chrono::milliseconds heartbeat_every(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+}
+
+/// The state an operation that did not complete leaves: what it was before,
+/// unless the job exited meanwhile (the supervisor's loop said so).
+std::string state_after(const std::string& now, const std::string& before, bool job_lost) {
+  if (now == "exited") return now;
+  return job_lost ? "suspended" : before;
 }
 
 proto::Result make_result(bool ok, int code, std::string message, std::string details = "") {
@@ -122,9 +174,19 @@ void ControlServer::accept_loop() {
     }
     if (p[1].revents) return;
     if (!(p[0].revents & POLLIN)) continue;
-    UniqueFd conn;
-    std::string err;
-    if (!proto::accept_unix(listen_fd_.get(), &conn, &err)) continue;
+    const int c = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED)
+        continue;
+      // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the
+      // connection stays pending and poll reports it again at once; wait
+      // 100 ms (stop() still wakes the wait) rather than spin on a core
+      // until descriptors are freed, then take it.
+      pollfd s{stop_fd_.get(), POLLIN, 0};
+      if (::poll(&s, 1, 100) > 0) return;
+      continue;
+    }
+    UniqueFd conn(c);
     std::lock_guard lk(conns_mu_);
     if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
     UniqueFd watch(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));
@@ -253,7 +315,11 @@ void ControlServer::serve(UniqueFd conn) {
     };
     CheckpointResult res;
     std::string cerr;
-    bool ok = ops_.checkpoint(info, opts, sink, &res, &cerr);
+    bool ok;
+    {
+      Heartbeat beat(ch, send_mu, client_gone, heartbeat_every(timeout_));
+      ok = ops_.checkpoint(info, opts, sink, &res, &cerr);
+    }
     proto::Result result;
     {
       std::lock_guard lk(ctx_->mu);
@@ -262,7 +328,7 @@ void ControlServer::serve(UniqueFd conn) {
         ctx_->set_state_locked("stopped");
       } else {
         // A roll back that failed leaves the job suspended (engine.h).
-        ctx_->set_state_locked(res.code == kExitJobLost ? "suspended" : before);
+        ctx_->set_state_locked(state_after(ctx_->status.state, before, res.code == kExitJobLost));
       }
     }
     if (ok) {
@@ -314,13 +380,20 @@ void ControlServer::serve(UniqueFd conn) {
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
     SuspendResult sres;
     sres.code = kExitFailure;
-    bool ok = suspend ? ops_.suspend(info, timeout, r.settings, &sres, &serr)
-                      : ops_.resume(info, timeout, r.settings, &sres.code, &serr);
+    std::mutex send_mu;
+    bool client_gone = false;
+    bool ok;
+    {
+      Heartbeat beat(ch, send_mu, client_gone, heartbeat_every(timeout_));
+      ok = suspend ? ops_.suspend(info, timeout, r.settings, &sres, &serr)
+                   : ops_.resume(info, timeout, r.settings, &sres.code, &serr);
+    }
     const ExitCode code = !ok && sres.code == kExitOk ? kExitFailure : sres.code;
-    const std::string after = ok ? (suspend ? "suspended" : "running")
-                                 : code == kExitJobLost ? "suspended" : before;
+    std::string after;
     {
       std::lock_guard lk(ctx_->mu);
+      after = ok ? (suspend ? "suspended" : "running")
+                 : state_after(ctx_->status.state, before, code == kExitJobLost);
       ctx_->set_state_locked(after);
     }
     nlohmann::json d = {{"job", info.name}, {"state", after}};

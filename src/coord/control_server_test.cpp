@@ -10,6 +10,7 @@
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "coord/job_client.h"
 #include "proto/wire.h"
@@ -28,6 +29,8 @@ struct Fixture {
   std::shared_future<void> released{release.get_future().share()};
   std::atomic<int> checkpoints{0};
   proto::Settings suspend_settings;  ///< what the fake suspend was given
+  std::chrono::milliseconds suspend_takes{0};  ///< how long the fake suspend works
+  bool suspend_job_exits = false;              ///< the job exits while the fake suspend fails
   JobEntry entry;
 
   explicit Fixture(mode_t sock_mode = 0600) {
@@ -54,8 +57,15 @@ struct Fixture {
       return true;
     };
     ops.suspend = [this](const JobInfo&, std::chrono::milliseconds, const proto::Settings& s,
-                         SuspendResult* res, std::string*) {
+                         SuspendResult* res, std::string* err) {
       suspend_settings = s;
+      std::this_thread::sleep_for(suspend_takes);
+      if (suspend_job_exits) {
+        std::lock_guard lk(ctx.mu);
+        ctx.set_state_locked("exited");
+        *err = "the job exited";
+        return false;
+      }
       res->collective_cut = {{41, 8}, {42, 8}};
       res->capture_retries = 3;
       return true;
@@ -211,6 +221,54 @@ static proto::Channel connect_released(Fixture& f) {
   std::string err;
   REQUIRE(proto::connect_unix(f.dir + "/control.sock", 1000ms, &c, &err));
   return proto::Channel(std::move(c), 4000ms);
+}
+
+TEST_CASE("control server: heartbeats keep a client waiting through a long operation") {
+  Fixture f;
+  f.release.set_value();
+  f.suspend_takes = 1500ms;  // three heartbeats at the fixture's 2 s timeout
+  proto::Result r;
+  std::string err;
+  int events = 0;
+  // The client waits 800 ms for each message: without heartbeats it gives up.
+  REQUIRE(job_request(
+      f.entry, 1000ms, 800ms, proto::kMsgSuspend, proto::TimeoutRequest{5000, {}},
+      [&](const proto::ProgressEvent&) { ++events; }, &r, &err));
+  CHECK(r.ok);
+  CHECK(events == 0);  // heartbeats do not reach the progress handler
+  CHECK(f.ctx.status.state == "suspended");
+}
+
+TEST_CASE("control server: a client that waits too little is told the outcome is unknown") {
+  Fixture f;
+  f.release.set_value();
+  f.suspend_takes = 1500ms;
+  proto::Result r;
+  std::string err;
+  // The client's wait is shorter than a heartbeat's interval (500 ms).
+  CHECK_FALSE(job_request(f.entry, 1000ms, 200ms, proto::kMsgSuspend,
+                          proto::TimeoutRequest{5000, {}}, nullptr, &r, &err));
+  CHECK(err.find("no answer from the supervisor") != std::string::npos);
+  CHECK(err.find("cusnap ps") != std::string::npos);
+  // The operation goes on without the client, and completes.
+  for (int i = 0; i < 100 && f.ctx.status.state != "suspended"; ++i)
+    std::this_thread::sleep_for(50ms);
+  std::lock_guard lk(f.ctx.mu);
+  CHECK(f.ctx.status.state == "suspended");
+}
+
+TEST_CASE("control server: a job that exits during a failed operation stays exited") {
+  Fixture f;
+  f.release.set_value();
+  f.suspend_job_exits = true;
+  proto::Result r;
+  std::string err;
+  REQUIRE(job_request(f.entry, 1000ms, 2000ms, proto::kMsgSuspend, proto::TimeoutRequest{5000, {}},
+                      nullptr, &r, &err));
+  CHECK_FALSE(r.ok);
+  CHECK(nlohmann::json::parse(r.details).at("state") == "exited");
+  std::lock_guard lk(f.ctx.mu);
+  CHECK(f.ctx.status.state == "exited");  // not "running" again
 }
 
 TEST_CASE("control server: a silent client is dropped after the timeout") {

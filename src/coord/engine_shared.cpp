@@ -126,8 +126,13 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
                " within the timeout of " + std::to_string(timeout.count()) +
                " ms; a longer --timeout gives the capture more time to end)";
       }
+      // A gate that would not open again holds that process's CUDA calls:
+      // the job did not run on unchanged. The caller marks it left
+      // suspended, so that cusnap resume opens the gate (recover_job).
+      const bool gate_closed = !sm->gates_left_closed().empty();
       sm->disconnect();
-      *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+      if (gate_closed) *code = kExitJobLost;
+      *err = "job " + job.name + ": " + why + (gate_closed ? "" : "\nthe job runs on unchanged");
       return false;
     }
     std::this_thread::sleep_for(pause);

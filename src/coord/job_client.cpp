@@ -50,13 +50,15 @@ bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
   for (;;) {
     proto::Message m;
     if (!ch.recv(&m, err)) {
-      *err = "no answer from the supervisor: " + *err;
+      *err = "no answer from the supervisor: " + *err +
+             "\nwhat became of the request is not known: cusnap ps shows the job's state";
       return false;
     }
     if (m.type == proto::kMsgProgress) {
       proto::ProgressEvent ev;
       if (!m.get(&ev, err)) return false;
-      if (on_progress) on_progress(ev);
+      // An empty event is the supervisor's heartbeat: it only keeps the wait going.
+      if (on_progress && !ev.phase.empty()) on_progress(ev);
       continue;
     }
     if (m.type != proto::kMsgResult) {

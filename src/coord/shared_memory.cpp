@@ -236,11 +236,39 @@ void SharedMemory::cut_release() {
   }
 }
 
+bool SharedMemory::reopen_gates(bool keep_cut, std::string* err) {
+  std::string why;
+  for (int attempt = 0;; ++attempt) {
+    why.clear();
+    if (open_gates(&why, keep_cut)) return true;
+    if (attempt + 1 >= kReopenAttempts) break;
+    // A shim busy with the request that failed (its control listener serves
+    // one connection at a time) takes the next one once it is done.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100) * (attempt + 1));
+  }
+  const std::vector<pid_t> closed = gates_left_closed();
+  if (closed.empty()) return true;  // the processes still closed have exited meanwhile
+  std::string who;
+  for (pid_t pid : closed) who += (who.empty() ? "" : ", ") + std::to_string(pid);
+  *err += "; then opening the gates again failed " + std::to_string(kReopenAttempts) + " times (" +
+          why + "), so the gate of process" + (closed.size() == 1 ? " " : "es ") + who +
+          " may still be closed (its CUDA calls wait until it opens): the job does not run on "
+          "unchanged";
+  return false;
+}
+
+std::vector<pid_t> SharedMemory::gates_left_closed() const {
+  std::vector<pid_t> out;
+  for (auto& p : procs_)
+    if (p->gate_closed && proc_alive(p->pid)) out.push_back(p->pid);
+  return out;
+}
+
 bool SharedMemory::quiesce(std::string* err) {
   // On failure the gates open again; keep_cut: the cut's held launches stay.
+  // A gate that does not open is said in *err (gates_left_closed()).
   auto reopen = [&](bool keep_cut) {
-    std::string rb;
-    open_gates(&rb, keep_cut);
+    reopen_gates(keep_cut, err);
     return false;
   };
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());

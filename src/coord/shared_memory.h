@@ -71,12 +71,19 @@ class SharedMemory {
   /// Closes every gate and drains device work, then reads every shim's
   /// records again (what it tracks changed while the job ran on since
   /// inspect) and checks them as inspect does. On failure opens the gates
-  /// again: nothing changed. A failure that counted a capture retry (a drain
-  /// refused because a process's stream capture was under way, which may end
-  /// once the gates are open) keeps a cut armed (its held launches stay
-  /// held), so quiesce may be called again; cut_release() lets them go when
-  /// giving up.
+  /// again (kReopenAttempts tries): nothing changed. When a gate still does
+  /// not open (its shim does not answer, e.g. still busy with a drain that
+  /// timed out), *err says which processes' gates may still be closed and
+  /// gates_left_closed() names them: the job did not run on unchanged. A
+  /// failure that counted a capture retry (a drain refused because a
+  /// process's stream capture was under way, which may end once the gates
+  /// are open) keeps a cut armed (its held launches stay held), so quiesce
+  /// may be called again; cut_release() lets them go when giving up.
   bool quiesce(std::string* err);
+  /// The live processes whose gate this object closed and could not open
+  /// again (after a failed quiesce, or open_gates); empty when every gate
+  /// it closed is open.
+  std::vector<pid_t> gates_left_closed() const;
   /// How many quiesces a stream capture under way made fail so far.
   int capture_retries() const { return capture_retries_; }
   /// Writes the records and every shared allocation's bytes into dir (made
@@ -109,7 +116,12 @@ class SharedMemory {
     ShimClient client;
     bool gate_closed = false;
   };
+  /// How often a failed quiesce tries to open the gates again.
+  static constexpr int kReopenAttempts = 3;
   std::chrono::milliseconds bulk_timeout(uint64_t bytes) const;
+  /// open_gates, tried kReopenAttempts times; when gates stay closed, appends
+  /// to *err which processes' gates may still be closed and returns false.
+  bool reopen_gates(bool keep_cut, std::string* err);
   /// inspect's checks of every process's records; sets active_ when memory
   /// is shared.
   bool check_records(std::string* err);

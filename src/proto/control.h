@@ -83,6 +83,9 @@ struct TimeoutRequest {
   MSGPACK_DEFINE_MAP(timeout_ms, settings);
 };
 
+/// Progress of a long operation; one with an empty phase is the supervisor's
+/// heartbeat (sent every quarter of its control timeout, at most 1 s, while
+/// an operation runs) and carries nothing else.
 struct ProgressEvent {
   std::string phase;
   uint64_t bytes_done = 0;
@@ -102,6 +105,9 @@ struct Result {
 
 /// Checks the values of a request beyond their types; false + *err when one
 /// is out of range.
+/// The longest timeout a request may carry (a week).
+constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;
+
 bool validate(const CheckpointRequest& r, std::string* err);
 bool validate(const TimeoutRequest& r, std::string* err);
 

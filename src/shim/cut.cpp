@@ -83,9 +83,11 @@ uint8_t classify(CUfunction f) {
       name = nullptr;
   }
   const uint8_t v = name && name_is_collective(name) ? kYes : kNo;
-  if (debug_on())
+  if (debug_on()) {
+    const NoCancel no_cancel;  // stdio's write is a cancellation point (gate.h)
     std::fprintf(stderr, "cusnap-shim[%d]: kernel %s: %s\n", static_cast<int>(::getpid()),
                  name ? name : "(no name)", v == kYes ? "collective" : "not collective");
+  }
   return v;
 }
 
@@ -197,6 +199,36 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
   return state_locked();
 }
 
+/// Holds a launch of n collectives (outside the gate) until it may pass, or
+/// for hold_ms() at most.
+void hold(uint64_t n) {
+  Locked l;
+  ++g_cut.held;
+  timespec deadline{};
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  const uint64_t ms = hold_ms();
+  deadline.tv_sec += static_cast<time_t>(ms / 1000);
+  deadline.tv_nsec += static_cast<long>(ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  while (!may_pass(n)) {
+    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass(n)) {
+      // Nobody finished the cut: drop it rather than stall the application.
+      g_cut.armed = false;
+      pthread_cond_broadcast(&g_cut.cv);
+      std::fprintf(stderr,
+                   "cusnap-shim[%d]: a collective launch held %llu ms at a checkpoint's cut; "
+                   "the cut is dropped and the application goes on\n",
+                   static_cast<int>(::getpid()), static_cast<unsigned long long>(ms));
+      break;
+    }
+  }
+  --g_cut.held;
+  g_cut.reserved += n;
+}
+
 }  // namespace
 
 bool is_collective(CUfunction f) noexcept {
@@ -222,42 +254,22 @@ bool is_collective(CUfunction f) noexcept {
 }
 
 void before(uint64_t n) noexcept {
-  Locked l;
-  if (may_pass(n) || gate().nested()) {
-    g_cut.reserved += n;
-    return;
-  }
-  // Hold outside the gate, so that it can close while this launch waits.
-  pthread_mutex_unlock(&g_cut.mu);
-  gate().leave();
-  pthread_mutex_lock(&g_cut.mu);
-  ++g_cut.held;
-  timespec deadline{};
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  const uint64_t ms = hold_ms();
-  deadline.tv_sec += static_cast<time_t>(ms / 1000);
-  deadline.tv_nsec += static_cast<long>(ms % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  while (!may_pass(n)) {
-    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass(n)) {
-      // Nobody finished the cut: drop it rather than stall the application.
-      g_cut.armed = false;
-      pthread_cond_broadcast(&g_cut.cv);
-      std::fprintf(stderr,
-                   "cusnap-shim[%d]: a collective launch held %llu ms at a checkpoint's cut; "
-                   "the cut is dropped and the application goes on\n",
-                   static_cast<int>(::getpid()), static_cast<unsigned long long>(ms));
-      break;
+  {
+    Locked l;
+    if (may_pass(n) || gate().nested()) {
+      g_cut.reserved += n;
+      return;
     }
   }
-  --g_cut.held;
-  g_cut.reserved += n;
-  pthread_mutex_unlock(&g_cut.mu);
+  // The wait below is a cancellation point: a pthread_cancel acted on there
+  // would unwind with the cut's lock held, out of the gate and out of this
+  // noexcept function (std::terminate). It stays pending until the launch
+  // went through (gate.h, NoCancel).
+  const NoCancel no_cancel;
+  // Hold outside the gate, so that it can close while this launch waits.
+  gate().leave();
+  hold(n);
   gate().enter();  // waits here if the gate closed meanwhile
-  pthread_mutex_lock(&g_cut.mu);
 }
 
 void after(bool launched, uint64_t n) noexcept {

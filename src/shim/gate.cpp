@@ -86,7 +86,14 @@ void closer_fence() {
 void Gate::release_thread_slot(void* v) noexcept {
   const auto i = static_cast<unsigned>(reinterpret_cast<uintptr_t>(v) - 1);
   t_slot_ = -1;  // thread-exit destructors that call the driver use the shared counter
-  if (i < kMaxThreads) g_used[i].store(0, std::memory_order_release);
+  if (i >= kMaxThreads) return;
+  // A thread that left a driver call by unwinding (pthread_cancel acted on
+  // inside the driver, pthread_exit from a callback) never ran the wrapper's
+  // leave(): its depth would keep every later close from draining, and pass
+  // the next owner of the slot through a closed gate as a nested call. The
+  // exiting thread is in no call.
+  detail::g_process_gate.slots_[i].depth.store(0, std::memory_order_release);
+  g_used[i].store(0, std::memory_order_release);
 }
 
 int Gate::claim_slot() noexcept {
@@ -134,6 +141,13 @@ size_t Gate::in_flight_calls(uint32_t* out, size_t max) const noexcept {
 }
 
 void Gate::enter_slow(int slot) noexcept {
+  // pthread_cond_wait is a cancellation point: a pthread_cancel acted on here
+  // would unwind with mu_ held (the wait takes it again first) and the ticket
+  // never served, stalling every later arrival and open(), or abort the
+  // process where the unwinding meets a noexcept frame. Cancellation waits
+  // until the thread is through; the application's next cancellation point
+  // acts on a request that came meanwhile.
+  const NoCancel no_cancel;
   pthread_mutex_lock(&mu_);
   const uint64_t ticket = next_ticket_++;
   word_.fetch_or(kQueued, std::memory_order_relaxed);

@@ -60,7 +60,8 @@ class Gate {
 
   /// Enters the gate; waits while it is closed. Never fails. what (0: not
   /// said) names the call for in_flight_calls(): the wrappers pass their
-  /// entry index plus one.
+  /// entry index plus one. The wait is no cancellation point: a
+  /// pthread_cancel meanwhile is acted on at the thread's next one.
   __attribute__((always_inline)) void enter(uint32_t what = 0) noexcept {
     const int t = thread_slot();
     if (__builtin_expect(t >= 0, 1)) {
@@ -135,7 +136,9 @@ class Gate {
   }
 
   /// Thread-exit handler of the slot registry (a pthread key destructor):
-  /// frees the index; later calls on this thread use the shared counter.
+  /// frees the index, its depth in the process gate set to 0 (a thread that
+  /// unwound out of a driver call never left it); later calls on this
+  /// thread use the shared counter.
   static void release_thread_slot(void* index_plus_one) noexcept;
 
  private:
@@ -174,6 +177,23 @@ extern Gate g_process_gate;
 inline Gate& gate() noexcept {
   return detail::g_process_gate;
 }
+
+/// Holds off pthread_cancel for the lifetime of the object (restoring the
+/// thread's state after), around the shim's own blocking waits inside a hook:
+/// a cancellation acted on there would unwind with the shim's locks held,
+/// through noexcept frames (std::terminate) or into a catch (...) that does
+/// not rethrow (glibc aborts). A request made meanwhile stays pending until
+/// the application's next cancellation point.
+class NoCancel {
+ public:
+  NoCancel() noexcept { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_); }
+  ~NoCancel() { pthread_setcancelstate(old_, nullptr); }
+  NoCancel(const NoCancel&) = delete;
+  NoCancel& operator=(const NoCancel&) = delete;
+
+ private:
+  int old_ = PTHREAD_CANCEL_ENABLE;
+};
 
 /// Enters the process gate for the lifetime of the object.
 class GateGuard {

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -209,10 +210,26 @@ struct ListenerArg {
 /// C library or a sanitizer runtime may hold a lock the child would inherit).
 std::atomic<int> g_running{0};
 
+/// After an accept that failed for want of resources (EMFILE or ENFILE: the
+/// application holds every descriptor it may; ENOBUFS, ENOMEM): the
+/// connection stays pending, so poll reports it again at once, and the
+/// listener would spin on a core of the application's until descriptors are
+/// freed. Waits 100 ms instead; the connection is taken once accept works.
+void back_off() {
+  struct timespec ts {
+    0, 100 * 1000 * 1000
+  };
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
 void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
   (void)timeout();  // initialise the static before any fork can copy it half-done
+  // Not the application's to cancel: unwinding into the catch below would
+  // abort the process.
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
   g_running.fetch_add(1, std::memory_order_release);
   for (;;) {
     struct pollfd pfd {
@@ -222,9 +239,13 @@ void* listener_main(void* p) {
     if (n < 0 && errno != EINTR) return nullptr;
     if (n <= 0) continue;
     if (pfd.revents & (POLLNVAL)) return nullptr;
-    UniqueFd conn;
-    std::string err;
-    if (!proto::accept_unix(arg.fd, &conn, &err)) continue;
+    const int c = ::accept4(arg.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
+        back_off();
+      continue;
+    }
+    UniqueFd conn(c);
     try {
       if (arg.peer)
         serve_peer(*arg.s, std::move(conn));
@@ -284,6 +305,10 @@ bool start_servers(State& s) noexcept {
 }
 
 int fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation) noexcept {
+  // Called from an import hook: connect, poll and recvmsg are cancellation
+  // points, and a cancellation unwinding into the catch below (which does not
+  // rethrow) makes the C library abort the process (gate.h, NoCancel).
+  const NoCancel no_cancel;
   try {
     UniqueFd fd;
     if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return -1;

@@ -1,6 +1,9 @@
 // The gate on its own (linked from the shim's static gate library).
 #include <doctest/doctest.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +26,30 @@ bool wait_for(Pred p, std::chrono::milliseconds limit = 2000ms) {
     std::this_thread::sleep_for(1ms);
   }
   return true;
+}
+
+struct CancelProbe {
+  Gate* g;
+  std::atomic<bool> through{false};
+};
+
+/// Enters and leaves g (waiting at the closed gate), then waits to be
+/// cancelled (usleep is a cancellation point).
+void* enter_then_await_cancel(void* p) {
+  auto* probe = static_cast<CancelProbe*>(p);
+  probe->g->enter();
+  probe->g->leave();
+  probe->through = true;
+  for (;;) {
+    pthread_testcancel();
+    usleep(1000);
+  }
+  return nullptr;
+}
+
+void* enter_process_gate_and_exit(void*) {
+  cusnap::shim::gate().enter();
+  pthread_exit(nullptr);
 }
 }  // namespace
 
@@ -206,5 +233,83 @@ TEST_SUITE("shim.gate") {
     for (auto& t : ts) t.join();
     CHECK(calls.load() == 80000);
     CHECK(g.in_flight() == 0);
+  }
+
+  TEST_CASE("pthread_cancel of a thread waiting at the closed gate acts once it is through") {
+    // Leaked if the cancellation broke it: the thread would have died holding
+    // the gate's lock, and opening or destroying it would hang.
+    auto* g = new Gate;
+    REQUIRE(g->close(1000) == 0);
+    CancelProbe probe{g};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, nullptr, enter_then_await_cancel, &probe) == 0);
+    REQUIRE(wait_for([&] { return g->waiting() == 1; }));
+    REQUIRE(pthread_cancel(t) == 0);
+    std::this_thread::sleep_for(100ms);
+    void* ret = nullptr;
+    const bool ended_waiting = pthread_tryjoin_np(t, &ret) == 0;
+    CHECK_FALSE(ended_waiting);  // cancelled inside the wait
+    if (ended_waiting) return;
+    CHECK(g->waiting() == 1);
+    CHECK_FALSE(probe.through.load());
+    CHECK(g->open() == 0);
+    // Once through, the pending cancellation ends it at its next cancellation point.
+    timespec until{};
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    REQUIRE(pthread_timedjoin_np(t, &ret, &until) == 0);
+    CHECK(ret == PTHREAD_CANCELED);
+    CHECK(probe.through.load());
+    // The gate goes on: nothing in flight or waiting, it closes and opens.
+    CHECK(g->waiting() == 0);
+    CHECK(g->in_flight() == 0);
+    CHECK(g->close(1000) == 0);
+    CHECK(g->open() == 0);
+    g->enter();
+    g->leave();
+    delete g;
+  }
+
+  TEST_CASE("the cancellation state a thread had is restored after the gate's wait") {
+    auto gp = std::make_unique<Gate>();
+    Gate& g = *gp;
+    REQUIRE(g.close(1000) == 0);
+    int state_after = -1;
+    std::thread t([&] {
+      int old = -1;
+      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+      g.enter();  // waits, then restores DISABLE
+      g.leave();
+      pthread_setcancelstate(old, &state_after);
+    });
+    REQUIRE(wait_for([&] { return g.waiting() == 1; }));
+    CHECK(g.open() == 0);
+    t.join();
+    CHECK(state_after == PTHREAD_CANCEL_DISABLE);
+  }
+
+  TEST_CASE("a thread that exits inside the process gate does not keep it from draining") {
+    // As when pthread_cancel is acted on inside the driver: the wrapper's
+    // leave() never runs, the thread's exit handler clears its depth.
+    Gate& g = cusnap::shim::gate();
+    pthread_t t;
+    REQUIRE(pthread_create(&t, nullptr, enter_process_gate_and_exit, nullptr) == 0);
+    REQUIRE(pthread_join(t, nullptr) == 0);
+    CHECK(g.in_flight() == 0);
+    CHECK(g.close(200) == 0);
+    CHECK(g.open() == 0);
+    // The slot's next owner starts outside the gate: a closed gate holds it.
+    REQUIRE(g.close(200) == 0);
+    std::atomic<bool> entered{false};
+    std::thread next([&] {
+      g.enter();
+      entered = true;
+      g.leave();
+    });
+    std::this_thread::sleep_for(50ms);
+    CHECK_FALSE(entered.load());
+    CHECK(g.open() == 0);
+    next.join();
+    CHECK(entered.load());
   }
 }
