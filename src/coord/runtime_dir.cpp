@@ -338,10 +338,15 @@ bool runtime_dir_live(const std::string& dir) {
   return errno == EWOULDBLOCK;
 }
 
-std::vector<JobEntry> list_jobs(bool clean_stale) {
+std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err) {
   const std::string base = runtime_base();
-  std::string err;
-  if (!ensure_private_dir(base, false, &err)) return {};
+  std::string why;
+  if (err) err->clear();
+  if (!ensure_private_dir(base, false, &why)) {
+    struct stat st;
+    if (err && (::lstat(base.c_str(), &st) == 0 || errno != ENOENT)) *err = why;
+    return {};
+  }
   UniqueFd base_lock;
   if (clean_stale) {
     base_lock = lock_base(base);

@@ -83,8 +83,10 @@ struct JobEntry {
 /// Whether the supervisor of the runtime directory dir is alive (holds its lock).
 bool runtime_dir_live(const std::string& dir);
 /// Every live job under the base, by name; directories of dead supervisors
-/// are removed on the way when clean_stale is set.
-std::vector<JobEntry> list_jobs(bool clean_stale);
+/// are removed on the way when clean_stale is set. *err (when given): why the runtime base was
+/// refused (a link, not a directory, another owner, unreadable); empty when it is fine or does not
+/// exist yet (no jobs).
+std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr);
 /// Finds a live job by name, supervisor pid or runtime directory path.
 /// false + *err ("no job named X") when there is none.
 bool find_job(const std::string& spec, JobEntry* out, std::string* err);

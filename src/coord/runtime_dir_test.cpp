@@ -176,6 +176,22 @@ TEST_CASE("runtime dir: a link named suspended is not followed") {
   CHECK(access((outside + "/file").c_str(), F_OK) == 0);
 }
 
+TEST_CASE("runtime dir: a refused base is an error for the job list, a missing one is none") {
+  TempBase b;
+  std::string err = "x";
+  CHECK(list_jobs(false, &err).empty());
+  CHECK(err.empty());  // no base yet: no jobs
+  const std::string base = b.path + "/base", real = b.path + "/real";
+  REQUIRE(mkdir(real.c_str(), 0700) == 0);
+  REQUIRE(symlink(real.c_str(), base.c_str()) == 0);
+  CHECK(list_jobs(true, &err).empty());
+  CHECK(err.find("symbolic link") != std::string::npos);
+  REQUIRE(unlink(base.c_str()) == 0);
+  REQUIRE(close(creat(base.c_str(), 0600)) == 0);
+  CHECK(list_jobs(false, &err).empty());
+  CHECK(err.find("not a directory") != std::string::npos);
+}
+
 TEST_CASE("runtime dir: an explicit directory is found through a link in the base") {
   TempBase b;
   std::string err;
