@@ -10,6 +10,7 @@
 #include <new>
 
 #include "shim/cut.h"
+#include "shim/gate.h"
 #include "shim/pthread_lock.h"
 #include "shim/real_driver.h"
 
@@ -154,11 +155,13 @@ void note_exec(CUgraphExec e, CUgraph g) noexcept {
     erase_locked(key);
     return;
   }
-  if (!insert_locked(key, c) && !g_full_reported.exchange(true))
+  if (!insert_locked(key, c) && !g_full_reported.exchange(true)) {
+    const NoCancel no_cancel;  // fprintf is a cancellation point; this is noexcept
     std::fprintf(stderr,
                  "cusnap-shim[%d]: more than %u CUDA graph instances hold collective kernels; "
                  "launches of the others are not counted at a checkpoint's cut\n",
                  static_cast<int>(::getpid()), kSlots);
+  }
 }
 
 void forget_exec(CUgraphExec e) noexcept {

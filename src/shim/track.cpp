@@ -60,6 +60,9 @@ void reset_inherited(State& s) {
 }
 
 void start_slow() noexcept {
+  // Once per process, from whichever hook came first: opens, reads, binds and
+  // waits for the listeners (nanosleep) inside the catch below.
+  const NoCancel no_cancel;
   try {
     Lock l(g_start_mu);
     State& s = state();

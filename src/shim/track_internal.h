@@ -9,11 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "shim/gate.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
 
 using Lock = std::lock_guard<std::mutex>;
+
+// Cancellation. A hook that may reach a cancellation point (read, pread,
+// pwrite, close, connect, poll, recvmsg, nanosleep, stdio) holds a NoCancel
+// (gate.h) from its entry: these hooks are noexcept and most catch (...)
+// without rethrowing, so a pending pthread_cancel acted on inside would
+// unwind into std::terminate or make the C library abort the process
+// ("exception not rethrown"). The request stays pending and is acted on at
+// the application's next cancellation point. Hooks that reach none (map,
+// set-access, properties, the launches) go without, to stay cheap.
 
 /// Whether tracking is on in this process; unlike active(), never starts it.
 bool tracking_on() noexcept;

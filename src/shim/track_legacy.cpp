@@ -166,6 +166,7 @@ CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) 
 }  // namespace
 
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
+  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
   if (!tracking_on() || !active()) return real(dptr);
   // The tables grow and shrink here (allocation): never an exception out.
   try {
@@ -207,6 +208,7 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
 
 CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
                  CUdeviceptr dptr) noexcept {
+  const NoCancel no_cancel;  // close (track_internal.h)
   if (!active()) return real(h, dptr);
   if (!h) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
@@ -238,6 +240,7 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
 
 CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
                   unsigned int flags) noexcept {
+  const NoCancel no_cancel;  // the fetch, close, log (track_internal.h)
   if (!active()) return real(dptr, h, flags);
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   proto::IpcHandleBlob b;
@@ -329,6 +332,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
 }
 
 CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noexcept {
+  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
   if (!active()) return real(dptr);
   // The tables grow and shrink here (allocation): never an exception out.
   try {

@@ -99,6 +99,7 @@ CUresult mem_create(decltype(&::cuMemCreate) real, CUmemGenericAllocationHandle*
 }
 
 CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandle handle) noexcept {
+  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
   if (!is_logical(handle)) {
     CUresult r = real(mc_driver_handle(state(), handle));
     if (r == CUDA_SUCCESS && tracking_on()) {
@@ -135,6 +136,7 @@ CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandl
 CUresult mem_export(decltype(&::cuMemExportToShareableHandle) real, void* shareable,
                     CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
                     unsigned long long flags) noexcept {
+  const NoCancel no_cancel;  // pwrite, close (track_internal.h)
   if (!is_logical(handle)) return real(shareable, mc_driver_handle(state(), handle), type, flags);
   if (!shareable || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!active()) return CUDA_ERROR_INVALID_HANDLE;
@@ -167,6 +169,7 @@ CUresult mem_export(decltype(&::cuMemExportToShareableHandle) real, void* sharea
 CUresult mem_import(decltype(&::cuMemImportFromShareableHandle) real,
                     CUmemGenericAllocationHandle* handle, void* os_handle,
                     CUmemAllocationHandleType type) noexcept {
+  const NoCancel no_cancel;  // pread, the fetch, close, log (track_internal.h)
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !active())
     return real(handle, os_handle, type);
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
@@ -315,6 +318,7 @@ CUresult mem_map(decltype(&::cuMemMap) real, CUdeviceptr ptr, size_t size, size_
 }
 
 CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) noexcept {
+  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
   if (!active()) return real(ptr, size);
   State& s = state();
   try {

@@ -11,6 +11,13 @@
 //   - pthread_cancel of a collective launch held at the cut: the same, once
 //     the cut is released (without the fix the C++ runtime terminated the
 //     process: the cancellation unwound out of a noexcept function)
+//   - a thread with a deferred cancellation pending when it makes the
+//     sharing calls (export as a ticket, import of it, release, unmap and
+//     release of the last handle: hooks that pwrite, pread and close inside a
+//     catch (...) or a noexcept function): every call succeeds, the thread is
+//     cancelled at its own next cancellation point after them, and the
+//     process goes on (without the fix the C library aborted the process:
+//     "FATAL: exception not rethrown")
 //   - the workload out of descriptors (EMFILE) with a connection pending on
 //     the shim's control socket: the listener does not spin (the workload's
 //     CPU time stays low over 1 s) and serves the connection once
@@ -24,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -44,14 +52,15 @@ namespace {
 constexpr const char* kCollective = "_Z24ncclDevKernel_AllReduce_Testv";
 
 enum Cmd : uint64_t {
-  kInit = 1,   // context, module, stream
-  kGateWait,   // a thread calls the driver at the closed gate; cancel it; still waiting?
-  kGateJoin,   // (gate open) the thread ended cancelled; the driver still answers
-  kCutWait,    // a thread launches a collective (held at the cut)
-  kCutCancel,  // cancel it; still held?
-  kCutJoin,    // (cut released) the thread ended cancelled; a launch of ours passes
-  kFdsOut,     // take every descriptor the process may open
-  kFdsBack,    // give them back
+  kInit = 1,     // context, module, stream
+  kGateWait,     // a thread calls the driver at the closed gate; cancel it; still waiting?
+  kGateJoin,     // (gate open) the thread ended cancelled; the driver still answers
+  kCutWait,      // a thread launches a collective (held at the cut)
+  kCutCancel,    // cancel it; still held?
+  kCutJoin,      // (cut released) the thread ended cancelled; a launch of ours passes
+  kShareCancel,  // a thread makes the sharing calls with a cancellation pending
+  kFdsOut,       // take every descriptor the process may open
+  kFdsBack,      // give them back
   kFinish,
 };
 
@@ -86,6 +95,41 @@ void* gate_thread(void*) {
 void* cut_thread(void*) {
   cuCtxSetCurrent(g_ctx);
   cuLaunchKernel(g_coll, 1, 1, 1, 32, 1, 1, 0, g_stream, nullptr, nullptr);  // held at the cut
+  wait_for_cancel();
+}
+
+// The sharing thread: its buffer, pipes and what its calls returned.
+VmmBuffer g_buf;
+int g_ready[2] = {-1, -1}, g_go[2] = {-1, -1};
+int g_ticket = -1;
+CUresult g_share_r[4] = {CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN,
+                         CUDA_ERROR_UNKNOWN};
+std::atomic<bool> g_share_done{false};
+
+/// Disables cancellation, says it is ready, and blocks on the go pipe (a
+/// cancellation point, but disabled) while the test cancels it; then enables
+/// cancellation again (deferred: the pending request is not acted on there)
+/// and makes its calls with the cancellation pending.
+void* share_thread(void*) {
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+  pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, nullptr);
+  cuCtxSetCurrent(g_ctx);
+  char c = 1;
+  if (write(g_ready[1], &c, 1) != 1 || read(g_go[0], &c, 1) != 1) return nullptr;
+  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, nullptr);
+  // A ticket (pwrite), its import (pread), the release of the imported
+  // handle, and the last unmap and release (the export cache's descriptor
+  // closed). The ticket is closed by the workload after the join: close is
+  // a cancellation point of the application's own.
+  g_share_r[0] = cuMemExportToShareableHandle(&g_ticket, g_buf.handle,
+                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  CUmemGenericAllocationHandle h = 0;
+  g_share_r[1] =
+      cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(g_ticket)),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  g_share_r[2] = cuMemRelease(h);
+  g_share_r[3] = vmm_destroy(g_buf);
+  g_share_done = true;
   wait_for_cancel();
 }
 
@@ -162,6 +206,33 @@ int workload(int sock) {
                CUDA_SUCCESS);
         FC_REQ(cuStreamSynchronize(g_stream) == CUDA_SUCCESS);
         break;
+      case kShareCancel: {
+        constexpr size_t kSize = 2ull << 20;
+        pthread_t t{};
+        char c = 0;
+        FC_REQ(vmm_create(kSize, &g_buf) == CUDA_SUCCESS);
+        FC_REQ(pipe2(g_ready, O_CLOEXEC) == 0 && pipe2(g_go, O_CLOEXEC) == 0);
+        FC_REQ(pthread_create(&t, nullptr, share_thread, nullptr) == 0);
+        FC_REQ(read(g_ready[0], &c, 1) == 1);
+        FC_REQ(pthread_cancel(t) == 0);  // pending: the thread has cancellation disabled
+        FC_REQ(write(g_go[1], &c, 1) == 1);
+        FC_REQ(ended_cancelled(t, 5000));
+        FC_REQ(g_share_done.load());
+        for (CUresult r : g_share_r) FC_REQ(r == CUDA_SUCCESS);
+        for (int* p : {g_ready, g_go})
+          for (int i = 0; i < 2; ++i) close(p[i]);
+        close(g_ticket);
+        // The process goes on: the tables and the driver still answer.
+        VmmBuffer again;
+        FC_REQ(vmm_create(kSize, &again) == CUDA_SUCCESS);
+        int t2 = -1;
+        FC_REQ(cuMemExportToShareableHandle(
+                   &t2, again.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+        close(t2);
+        FC_REQ(vmm_destroy(again) == CUDA_SUCCESS);
+        FC_REQ(cuCtxSynchronize() == CUDA_SUCCESS);
+        break;
+      }
       case kFdsOut: {
         getrlimit(RLIMIT_NOFILE, &old_limit);
         rlimit low = old_limit;
@@ -257,6 +328,9 @@ int run() {
   REQ(cut(g_shim, "release", 0, &st));
   REQ(command(kCutJoin));
   REQ(cut(g_shim, "status", 0, &st) && st.held == 0 && st.launched == at + 2);
+
+  // Sharing calls with a cancellation pending.
+  REQ(command(kShareCancel));
 
   // Out of descriptors: the control listener, back at its accept, has a
   // connection pending that it cannot take.
