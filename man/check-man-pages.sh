@@ -20,6 +20,9 @@ for cmd in launch checkpoint restore suspend resume ps inspect; do
     echo "cusnap $cmd: --help (<) and $(basename "$page") (>) differ:"; cat /tmp/man-diff.$$; status=1
   fi
   grep -q "^\.B.* $cmd\b\|^\.B $cmd$\|^\.BR .*$cmd" "$mandir/cusnap.1" || { echo "cusnap.1 lacks $cmd"; status=1; }
+  # Every command exits 2 for a bad command line; its page says so.
+  sed -n '/^\.SH EXIT STATUS/,/^\.SH /p' "$page" | grep -qw 2 ||
+    { echo "$(basename "$page") does not list exit status 2 (bad command line)"; status=1; }
 done
 rm -f /tmp/man-diff.$$
 # Every exit code of the enum is documented.

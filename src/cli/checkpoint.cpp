@@ -42,9 +42,10 @@ int cmd_checkpoint(int argc, char** argv) {
   add_job_argument(app, &job);
   app.add_option("-o,--output", dir,
                  "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
+      ->check(not_empty())
       ->type_name("DIR");
   app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
-  add_timeout_option(app, &timeout_s, "each phase");
+  add_timeout_option(app, &timeout_s, "each phase", true);
   app.add_flag("--json", json, "Print the result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

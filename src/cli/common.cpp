@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
+#include "coord/runtime_dir.h"
 #include "coord/supervisor.h"
 #include "proto/json_text.h"
 #include "proto/wire.h"
@@ -16,6 +18,21 @@ void init_app(CLI::App& app, const std::string& name) {
   app.set_help_flag("-h,--help", "Print this help message and exit");
 }
 
+namespace {
+
+/// --json among the arguments (before a "--"), for a command that has it.
+bool wants_json(const CLI::App& app, int argc, char** argv) {
+  if (app.get_option_no_throw("--json") == nullptr) return false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--json" || a.starts_with("--json=")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 int parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
@@ -24,15 +41,20 @@ int parse(CLI::App& app, int argc, char** argv) {
     app.exit(e);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
+    if (wants_json(app, argc, argv))
+      print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", e.what()}});
     std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", e.what(),
                  app.get_name().c_str());
     return kExitUsage;
   }
 }
 
-void add_timeout_option(CLI::App& app, double* seconds, const char* bounds) {
+void add_timeout_option(CLI::App& app, double* seconds, const char* bounds, bool criu) {
   app.add_option("--timeout", *seconds,
-                 std::string("Seconds allowed for ") + bounds + " (default: 60)")
+                 std::string("Seconds allowed for ") + bounds +
+                     " (default: 60); the supervisor adds an allowance that grows with memory "
+                     "to each driver call" +
+                     (criu ? " and to CRIU" : "") + " (see the man page)")
       ->check(positive())
       ->type_name("SECONDS");
 }
@@ -40,15 +62,47 @@ void add_timeout_option(CLI::App& app, double* seconds, const char* bounds) {
 void add_control_timeout_option(CLI::App& app, double* seconds) {
   *seconds = std::chrono::duration<double>(control_timeout()).count();
   app.add_option("--control-timeout", *seconds,
-                 "Seconds allowed for each exchange on the control socket")
+                 "Seconds allowed for each exchange on the control socket (default: "
+                 "$CUSNAP_CONTROL_TIMEOUT or 10)")
       ->check(positive())
       ->type_name("SECONDS");
 }
 
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; }, "",
+      "not empty");
+}
+
 void add_runtime_dir_option(CLI::App& app, std::string* dir) {
   app.add_option("--runtime-dir", *dir,
-                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME)")
+                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME); a relative "
+                 "DIR is taken from the current directory")
+      ->check(not_empty())
+      ->transform(CLI::Validator(
+          [](std::string& text) -> std::string {
+            if (text.empty() || text[0] == '/') return "";
+            std::error_code ec;
+            std::filesystem::path p = std::filesystem::absolute(text, ec).lexically_normal();
+            if (ec) return "cannot make '" + text + "' absolute: " + ec.message();
+            std::string abs = p.string();
+            while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
+            text = abs;
+            return "";
+          },
+          "", "absolute"))
       ->type_name("DIR");
+}
+
+void add_name_option(CLI::App& app, std::string* name, const std::string& help) {
+  app.add_option("-n,--name", *name, help)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            std::string err;
+            return valid_job_name(text, &err) ? "" : err;
+          },
+          "", "job name"))
+      ->type_name("NAME");
 }
 
 int finish_supervised(const SuperviseOutcome& out) {

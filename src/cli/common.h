@@ -37,30 +37,44 @@ int cmd_inspect(int argc, char** argv);
 /// A CLI11 app named "cusnap NAME" with the options every command shares.
 void init_app(CLI::App& app, const std::string& name);
 /// Parses; returns -1 when the command should go on, else the exit code
-/// (0 after --help, kExitUsage after a bad command line).
+/// (0 after --help, kExitUsage after a bad command line). A bad command line
+/// of a command that has --json, given among the arguments, also prints
+/// {"ok": false, "exit_code": 2, "error"} on stdout (fail_json).
 int parse(CLI::App& app, int argc, char** argv);
 
-/// A positive number, without a note in --help (the option says "Seconds").
+/// A number of seconds that is a whole number of milliseconds from 1 ms to a
+/// week once rounded (what the supervisor accepts), without a note in --help
+/// (the option says "Seconds"). CLI11 puts the option's name before the
+/// message.
 inline CLI::Validator positive() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         char* end = nullptr;
         double v = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0' || !(v > 0) || v > 604800)
-          return "'" + text + "' is not a number of seconds between 0 and 604800";
+        if (end == text.c_str() || *end != '\0' || !(v * 1000.0 + 0.5 >= 1) || !(v <= 604800))
+          return "'" + text + "' is not a number of seconds from 0.001 to 604800 (a week)";
         return "";
       },
       "", "positive");
 }
 
 /// "--timeout SECONDS" (default 60): help says what it bounds, "each phase"
-/// or "the operation".
-void add_timeout_option(CLI::App& app, double* seconds, const char* bounds);
+/// or "the operation", and that the driver's calls (and with criu, CRIU) get
+/// more in proportion to memory (driver_deadline, and the CRIU run's bound in
+/// engine_checkpoint.cpp and engine_restore.cpp).
+void add_timeout_option(CLI::App& app, double* seconds, const char* bounds, bool criu);
 /// "--control-timeout SECONDS", for commands that supervise the job; *seconds
 /// starts as control_timeout().
 void add_control_timeout_option(CLI::App& app, double* seconds);
-/// "--runtime-dir DIR", for commands that supervise the job.
+/// "--runtime-dir DIR", for commands that supervise the job: not empty, and
+/// made absolute against the current directory as it is parsed (the job's
+/// link in the runtime base, and everything else that reads it later, run
+/// elsewhere).
 void add_runtime_dir_option(CLI::App& app, std::string* dir);
+/// "-n,--name NAME": a valid job name (valid_job_name), else a usage error.
+void add_name_option(CLI::App& app, std::string* name, const std::string& help);
+/// A check that refuses an empty value ("-o ''").
+CLI::Validator not_empty();
 
 /// The end of a supervising command (launch, restore): its warning and a
 /// checkpoint that stopped the job on stderr; returns what cusnap exits with.

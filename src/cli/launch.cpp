@@ -1,8 +1,22 @@
 // cusnap launch [--name N] [--runtime-dir D] [--no-shim] [--strict] -- CMD...
+#include <memory>
+
 #include "common.h"
 #include "coord/supervisor.h"
 
 namespace cusnap::cli {
+namespace {
+
+/// The usage line names CMD, which CLI11 does not see as a positional.
+class LaunchFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    (void)app;
+    return get_label("Usage") + ": " + name + " [OPTIONS] -- CMD [ARGS...]\n";
+  }
+};
+
+}  // namespace
 
 int cmd_launch(int argc, char** argv) {
   CLI::App app{
@@ -10,12 +24,11 @@ int cmd_launch(int argc, char** argv) {
       "the job's runtime directory, signals are forwarded, and cusnap exits with the job's "
       "status."};
   init_app(app, "launch");
+  app.formatter(std::make_shared<LaunchFormatter>());
   LaunchRequest req;
   double control_s = 0;
   bool no_shim = false;
-  app.add_option("-n,--name", req.cfg.name,
-                 "Job name (default: the command's name and a random suffix)")
-      ->type_name("NAME");
+  add_name_option(app, &req.cfg.name, "Job name (default: the command's name and a random suffix)");
   add_runtime_dir_option(app, &req.cfg.runtime_dir);
   app.add_flag("--no-shim", no_shim, "Do not preload libcusnap_shim.so into the job");
   app.add_flag("--strict", req.strict,

@@ -61,6 +61,17 @@ void usage(FILE* out) {
                "exit codes and environment variables.\n");
 }
 
+/// "unknown command" on stderr, with the likely one; returns kExitUsage.
+int unknown_command(const std::string& cmd) {
+  if (const char* s = suggest(cmd))
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
+                 s);
+  else
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n",
+                 cmd.c_str());
+  return cusnap::kExitUsage;
+}
+
 }  // namespace
 }  // namespace cusnap::cli
 
@@ -79,6 +90,7 @@ int main(int argc, char** argv) {
           char* args[] = {argv[2], help, nullptr};
           return c.run(2, args);
         }
+      return unknown_command(argv[2]);
     }
     usage(stdout);
     return cusnap::kExitOk;
@@ -91,11 +103,5 @@ int main(int argc, char** argv) {
     if (cmd == c.name) return c.run(argc - 1, argv + 1);
   // Internal: the guardian a supervisor starts (src/coord/guardian.h).
   if (cmd == "__guardian") cusnap::guardian_command(argc - 2, argv + 2);
-  if (const char* s = suggest(cmd))
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
-                 s);
-  else
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n",
-                 cmd.c_str());
-  return cusnap::kExitUsage;
+  return unknown_command(cmd);
 }

@@ -24,7 +24,14 @@ int cmd_ps(int argc, char** argv) {
   // Left suspended by a failed roll back (its marker), and of those, the
   // ones whose restore the driver refused: no resume brings them back.
   std::vector<bool> left, refused;
-  for (JobEntry& e : list_jobs(true)) {
+  std::string base_err;
+  std::vector<JobEntry> entries = list_jobs(true, &base_err);
+  if (!base_err.empty())
+    return fail_json(json, kExitFailure,
+                     base_err +
+                         ": cusnap cannot list its jobs; move it away or set "
+                         "CUSNAP_RUNTIME_BASE to another directory");
+  for (JobEntry& e : entries) {
     // The supervisor's own word is fresher than job.json; fall back to the file.
     proto::JobStatus live;
     std::string err;

@@ -2,27 +2,74 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
+#include "coord/driver.h"
 #include "coord/supervisor.h"
 #include "job_target.h"
 
 namespace cusnap::cli {
 namespace {
 
+/// One side of an OLD=NEW pair in canonical form: an index without leading
+/// zeros, or a UUID as the driver writes it; false when it is neither.
+bool device_key(const std::string& text, std::string* out) {
+  if (!text.empty() && text.size() <= 4 &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    *out = std::to_string(std::stoi(text));
+    return true;
+  }
+  CUuuid uuid;
+  if (!parse_gpu_uuid(text, &uuid)) return false;
+  *out = format_gpu_uuid(uuid);
+  return true;
+}
+
+/// --device-map OLD=NEW,...: each OLD once, each NEW once, each side a GPU
+/// index or UUID. Whether an index and a UUID name the same GPU only the
+/// restore knows (plan_device_pairs checks that too).
 bool parse_device_map(const std::string& text, std::map<std::string, std::string>* out,
                       std::string* err) {
+  const std::string expected =
+      ": expected OLD=NEW pairs separated by commas, each side a GPU index (such as 0) or a GPU "
+      "UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L shows)";
+  if (text.empty()) {
+    *err = "--device-map is empty" + expected;
+    return false;
+  }
+  std::map<std::string, std::string> item_of_old, item_of_new;  // key -> the entry naming it
   size_t pos = 0;
-  while (pos <= text.size() && !text.empty()) {
+  for (;;) {
     size_t comma = text.find(',', pos);
     std::string item =
         text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
-      *err = "--device-map: '" + item + "' is not OLD=NEW";
+    std::string from, to;
+    if (eq == std::string::npos || item.find('=', eq + 1) != std::string::npos) {
+      *err = "--device-map: '" + item + "' is not OLD=NEW" + expected;
       return false;
     }
-    (*out)[item.substr(0, eq)] = item.substr(eq + 1);
+    const std::string old_text = item.substr(0, eq), new_text = item.substr(eq + 1);
+    const bool old_ok = device_key(old_text, &from);
+    if (!old_ok || !device_key(new_text, &to)) {
+      *err = "--device-map: '" + (old_ok ? new_text : old_text) + "' in '" + item +
+             "' is neither a GPU index nor a GPU UUID" + expected;
+      return false;
+    }
+    if (auto it = item_of_old.find(from); it != item_of_old.end()) {
+      *err = "--device-map: '" + it->second + "' and '" + item + "' both map GPU " + from +
+             ": map each OLD GPU once";
+      return false;
+    }
+    if (auto it = item_of_new.find(to); it != item_of_new.end()) {
+      *err = "--device-map: '" + it->second + "' and '" + item + "' both map to GPU " + to +
+             ": map each OLD GPU to a different NEW GPU";
+      return false;
+    }
+    item_of_old[from] = item;
+    item_of_new[to] = item;
+    (*out)[from] = to;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -43,23 +90,23 @@ int cmd_restore(int argc, char** argv) {
   double control_s = 0;
   RestoreRequest req;
   app.add_option("DIR", dir, "Checkpoint directory")->required()->type_name("");
-  app.add_option("-n,--name", req.cfg.name,
-                 "Job name (default: the name recorded in the checkpoint)")
-      ->type_name("NAME");
+  add_name_option(app, &req.cfg.name, "Job name (default: the name recorded in the checkpoint)");
   app.add_flag("--detach", req.detach,
                "Supervise the restored job in the background; output goes only to its log");
-  app.add_option("--device-map", device_map,
-                 "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated")
-      ->type_name("OLD=NEW,...");
+  CLI::Option* map_opt =
+      app.add_option("--device-map", device_map,
+                     "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated; "
+                     "each OLD and each NEW at most once")
+          ->type_name("OLD=NEW,...");
   add_runtime_dir_option(app, &req.cfg.runtime_dir);
-  add_timeout_option(app, &timeout_s, "each phase");
+  add_timeout_option(app, &timeout_s, "each phase", true);
   add_control_timeout_option(app, &control_s);
   app.add_flag("--json", json, "Print the restore's result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
 
   std::string err;
-  if (!parse_device_map(device_map, &req.engine.device_map, &err))
+  if (map_opt->count() > 0 && !parse_device_map(device_map, &req.engine.device_map, &err))
     return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
   if (::realpath(dir.c_str(), abs) == nullptr)

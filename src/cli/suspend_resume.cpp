@@ -17,7 +17,7 @@ int run(int argc, char** argv, bool suspend) {
   bool json = false;
   double timeout_s = 60;
   add_job_argument(app, &job);
-  add_timeout_option(app, &timeout_s, "the operation");
+  add_timeout_option(app, &timeout_s, "the operation", false);
   app.add_flag("--json", json, "Print the result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

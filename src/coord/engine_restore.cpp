@@ -34,11 +34,12 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
       if (g.uuid == key || std::to_string(g.index) == key) return &g;
     return nullptr;
   };
-  std::set<std::string> claimed;
+  auto entry = [](const auto& m) { return "'" + m->first + "=" + m->second + "'"; };
+  std::map<std::string, std::string> claimed;             // new uuid -> old uuid sent there
   std::vector<std::pair<std::string, std::string>> plan;  // old uuid -> new uuid
-  // Explicit and same-UUID choices first, so the model fallback takes only
-  // devices nobody asked for.
-  std::vector<const GpuDevice*> pending;
+  // Explicit choices first, then same-UUID ones, so that neither takes a
+  // device the other chose and the model fallback takes only devices nobody
+  // asked for.
   for (const std::string& uuid : used) {
     auto it = std::find_if(recorded.begin(), recorded.end(),
                            [&](const GpuDevice& g) { return g.uuid == uuid; });
@@ -47,28 +48,46 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
       old = *it;
     else
       old.uuid = uuid, old.index = -1;
+    plan.emplace_back(old.uuid, "");
     auto m = device_map.find(old.uuid);
-    if (m == device_map.end() && old.index >= 0) m = device_map.find(std::to_string(old.index));
-    if (m != device_map.end()) {
-      const GpuDevice* to = find_present(m->second);
-      if (!to) {
-        *err = "the device map sends GPU " + old.uuid + " to " + m->second +
-               ", which is not a GPU here (see cusnap inspect for the GPUs the checkpoint used)";
+    auto by_index = old.index >= 0 ? device_map.find(std::to_string(old.index)) : device_map.end();
+    if (m != device_map.end() && by_index != device_map.end()) {
+      *err = "the device map maps GPU " + old.uuid + " twice, by UUID (" + entry(m) +
+             ") and by index (" + entry(by_index) + "): map each GPU once";
+      return false;
+    }
+    if (m == device_map.end()) m = by_index;
+    if (m == device_map.end()) continue;
+    const GpuDevice* to = find_present(m->second);
+    if (!to) {
+      *err = "the device map sends GPU " + old.uuid + " to " + m->second +
+             ", which is not a GPU here (see cusnap inspect for the GPUs the checkpoint used)";
+      return false;
+    }
+    if (!old.name.empty() && to->name != old.name) {
+      *err = "the device map sends GPU " + old.uuid + " (" + old.name + ") to GPU " + to->uuid +
+             " (" + to->name + "): a checkpoint restores only onto the same GPU model";
+      return false;
+    }
+    if (auto c = claimed.find(to->uuid); c != claimed.end()) {
+      *err = "the device map sends both GPU " + c->second + " and GPU " + old.uuid + " to GPU " +
+             to->uuid + ": map each GPU of the checkpoint to a different GPU";
+      return false;
+    }
+    plan.back().second = to->uuid;
+    claimed[to->uuid] = old.uuid;
+  }
+  for (auto& [from, to] : plan) {
+    if (!to.empty()) continue;
+    if (const GpuDevice* same = find_present(from)) {
+      if (auto c = claimed.find(same->uuid); c != claimed.end()) {
+        *err = "the device map sends GPU " + c->second + " to GPU " + same->uuid +
+               ", which the checkpoint also used and the map does not move: map that GPU too "
+               "(to swap two GPUs, map each to the other)";
         return false;
       }
-      if (!old.name.empty() && to->name != old.name) {
-        *err = "the device map sends GPU " + old.uuid + " (" + old.name + ") to GPU " + to->uuid +
-               " (" + to->name + "): a checkpoint restores only onto the same GPU model";
-        return false;
-      }
-      plan.emplace_back(old.uuid, to->uuid);
-      claimed.insert(to->uuid);
-    } else if (const GpuDevice* same = find_present(old.uuid)) {
-      plan.emplace_back(old.uuid, same->uuid);
-      claimed.insert(same->uuid);
-    } else {
-      pending.push_back(it != recorded.end() ? &*it : nullptr);
-      plan.emplace_back(old.uuid, "");
+      to = same->uuid;
+      claimed[same->uuid] = from;
     }
   }
   for (auto& [from, to] : plan) {
@@ -79,7 +98,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     for (const GpuDevice& g : present)
       if (!claimed.count(g.uuid) && (model.empty() || g.name == model)) {
         to = g.uuid;
-        claimed.insert(g.uuid);
+        claimed[g.uuid] = from;
         break;
       }
     if (to.empty()) {

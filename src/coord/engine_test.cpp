@@ -51,6 +51,42 @@ TEST_CASE("engine: device plan keeps the same GPU, else the same model, else ref
   CHECK(err.find("same GPU model") != std::string::npos);
 }
 
+TEST_CASE("engine: device plan refuses two GPUs sent to one, or one GPU mapped twice") {
+  using engine_detail::plan_device_pairs;
+  std::vector<GpuDevice> recorded = {{0, "H200", kUuidA, 1}, {1, "H200", kUuidB, 1}};
+  std::vector<GpuDevice> present = {
+      {0, "H200", kUuidA, 1}, {1, "H200", kUuidB, 1}, {2, "H200", kUuidC, 1}};
+  std::vector<CUcheckpointGpuPair> pairs;
+  std::string err;
+  // Both used GPUs sent to one, named once by index and once by UUID.
+  CHECK_FALSE(plan_device_pairs(recorded, {kUuidA, kUuidB}, present, {{"0", "2"}, {kUuidB, kUuidC}},
+                                &pairs, &err));
+  CHECK(err.find("sends both GPU") != std::string::npos);
+  CHECK(err.find(kUuidC) != std::string::npos);
+  // A GPU sent onto another the job used, which the map leaves in place (in
+  // either order of the used GPUs).
+  for (auto used : {std::vector<std::string>{kUuidA, kUuidB}, {kUuidB, kUuidA}}) {
+    CHECK_FALSE(plan_device_pairs(recorded, used, present, {{"0", "1"}}, &pairs, &err));
+    CHECK(err.find("map that GPU too") != std::string::npos);
+  }
+  // One GPU mapped twice, by index and by UUID.
+  CHECK_FALSE(
+      plan_device_pairs(recorded, {kUuidA}, present, {{"0", "2"}, {kUuidA, "1"}}, &pairs, &err));
+  CHECK(err.find("twice") != std::string::npos);
+  // A swap is fine.
+  REQUIRE(plan_device_pairs(recorded, {kUuidA, kUuidB}, present, {{"0", "1"}, {"1", "0"}}, &pairs,
+                            &err));
+  REQUIRE(pairs.size() == 2);
+  CHECK(format_gpu_uuid(pairs[0].newUuid) == kUuidB);
+  CHECK(format_gpu_uuid(pairs[1].newUuid) == kUuidA);
+  // So is moving one GPU while the other stays, and the model fallback
+  // takes only a GPU nobody asked for.
+  REQUIRE(plan_device_pairs(recorded, {kUuidA, kUuidB}, present, {{"0", "2"}}, &pairs, &err));
+  REQUIRE(pairs.size() == 2);
+  CHECK(format_gpu_uuid(pairs[0].newUuid) == kUuidC);
+  CHECK(format_gpu_uuid(pairs[1].newUuid) == kUuidB);
+}
+
 TEST_CASE("engine: GPU UUID text round trip") {
   CUuuid u;
   REQUIRE(parse_gpu_uuid(kUuidB, &u));

@@ -11,6 +11,6 @@ rc=$(run_status "$CUSNAP" launch -- /nonexistent/cmd 2>"$SCRATCH/err")
 expect_eq "missing command" 127 "$rc"
 grep -q "cannot run '/nonexistent/cmd'" "$SCRATCH/err" || fail "no clear error: $(cat "$SCRATCH/err")"
 expect_eq "no command" 2 "$(run_status "$CUSNAP" launch 2>/dev/null)"
-expect_eq "bad name" 1 "$(run_status "$CUSNAP" launch --name ../x -- true 2>/dev/null)"
+expect_eq "bad name" 2 "$(run_status "$CUSNAP" launch --name ../x -- true 2>/dev/null)"
 [ -z "$(ls -A "$CUSNAP_RUNTIME_BASE" | grep -v '^\.lock$' || true)" ] || fail "runtime dirs left: $(ls -A "$CUSNAP_RUNTIME_BASE")"
 pass "no runtime directory left behind"

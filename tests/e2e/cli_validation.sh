@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The command line is checked before anything runs: bad values are usage
+# errors (exit status 2) that name the option or the entry and say what is
+# expected, with a JSON object on stdout when --json was asked for; a
+# relative --runtime-dir is taken from the current directory, so that the
+# job's link in the runtime base works from anywhere (ps from another
+# directory keeps it, a restore finds it).
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+# expect_usage WHAT WORD... -- CMD...: CMD exits 2 and its error names each WORD.
+expect_usage() {
+  local what=$1 words=() rc=0
+  shift
+  while [ "$1" != -- ]; do words+=("$1"); shift; done
+  shift
+  "$@" >"$T/usage.out" 2>"$T/usage.err" || rc=$?
+  [ "$rc" = 2 ] || fail "$what: exit status $rc, expected 2 (stderr: $(cat "$T/usage.err"))"
+  for w in "${words[@]}"; do
+    grep -qF -- "$w" "$T/usage.err" || fail "$what: the error does not say '$w': $(cat "$T/usage.err")"
+  done
+  pass "$what"
+}
+
+# --device-map: each entry OLD=NEW, each side an index or a GPU UUID, each
+# OLD and each NEW once. (Checked before the directory is looked at.)
+expect_usage "--device-map a=b" "'a'" "GPU index" "GPU UUID" -- "$CUSNAP" restore "$T/none" --device-map a=b
+expect_usage "--device-map 0=0=0" "'0=0=0'" "OLD=NEW" -- "$CUSNAP" restore "$T/none" --device-map 0=0=0
+expect_usage "--device-map with OLD twice" "'0=1'" "'0=2'" "each OLD GPU once" -- \
+  "$CUSNAP" restore "$T/none" --device-map 0=1,0=2
+expect_usage "--device-map with OLD twice, by another spelling" "'0=1'" "'00=2'" -- \
+  "$CUSNAP" restore "$T/none" --device-map 0=1,00=2
+expect_usage "--device-map with two OLD onto one NEW" "'0=2'" "'1=2'" "different NEW" -- \
+  "$CUSNAP" restore "$T/none" --device-map 0=2,1=2
+expect_usage "--device-map with a malformed UUID" "'GPU-12'" -- \
+  "$CUSNAP" restore "$T/none" --device-map GPU-12=0
+expect_usage "an empty --device-map" "--device-map" -- "$CUSNAP" restore "$T/none" --device-map ''
+rc=0
+"$CUSNAP" restore "$T/none" --device-map 0=1,1=0,GPU-00000000-0000-0000-0000-00000000000A=2 \
+  2>"$T/usage.err" || rc=$?
+[ "$rc" = 4 ] || fail "a valid --device-map: exit status $rc, expected 4 (no such directory): $(cat "$T/usage.err")"
+pass "a valid --device-map (a swap and an upper-case UUID) passes the command line"
+
+# --timeout and --control-timeout: a value that rounds to 0 ms names the option and the range.
+expect_usage "checkpoint --timeout 0.0001" "--timeout" "0.001" "604800" -- "$CUSNAP" checkpoint nosuch --timeout 0.0001
+expect_usage "suspend --timeout 0" "--timeout" "0.001" -- "$CUSNAP" suspend nosuch --timeout 0
+expect_usage "restore --timeout 1e9" "--timeout" "604800" -- "$CUSNAP" restore "$T/none" --timeout 1e9
+expect_usage "launch --control-timeout 0.0001" "--control-timeout" -- "$CUSNAP" launch --control-timeout 0.0001 -- true
+[ "$("$CUSNAP" checkpoint nosuch --timeout 0.001 2>/dev/null; echo $?)" = 4 ] ||
+  fail "checkpoint --timeout 0.001 is refused"
+pass "checkpoint --timeout 0.001 is accepted"
+
+# Names and directories.
+expect_usage "launch --name with a space" "invalid job name 'a b'" -- "$CUSNAP" launch --name 'a b' -- true
+expect_usage "launch --name ''" "--name" "invalid job name ''" -- "$CUSNAP" launch --name '' -- true
+expect_usage "restore --name ''" "--name" -- "$CUSNAP" restore "$T/none" --name ''
+expect_usage "restore -n .x" "invalid job name '.x'" -- "$CUSNAP" restore "$T/none" -n .x
+expect_usage "checkpoint -o ''" "--output" "empty" -- "$CUSNAP" checkpoint nosuch -o ''
+expect_usage "launch --runtime-dir ''" "--runtime-dir" "empty" -- "$CUSNAP" launch --runtime-dir '' -- true
+[ -z "$(ls -A "$CUSNAP_RUNTIME_BASE" 2>/dev/null | grep -v '^\.lock$')" ] ||
+  fail "a refused launch left $(ls -A "$CUSNAP_RUNTIME_BASE") in the runtime base"
+
+# cusnap help COMMAND.
+expect_usage "help of an unknown command" "'nosuch'" -- "$CUSNAP" help nosuch
+"$CUSNAP" help ps >/dev/null || fail "cusnap help ps failed"
+"$CUSNAP" launch --help >"$T/help.out" || fail "launch --help failed"
+grep -q '^Usage: cusnap launch \[OPTIONS\] -- CMD \[ARGS...\]' "$T/help.out" ||
+  fail "launch's usage line lacks '-- CMD': $(head -3 "$T/help.out")"
+grep -q -- '--control-timeout.*default: \$CUSNAP_CONTROL_TIMEOUT or 10' "$T/help.out" ||
+  fail "launch --help lacks the --control-timeout default"
+"$CUSNAP" checkpoint --help | grep -q -- '--timeout.*allowance that grows with memory' ||
+  fail "checkpoint --help does not mention the memory-scaled allowance"
+pass "help: unknown command refused, launch's usage names CMD, defaults shown"
+
+# --json: a bad command line prints the failure object too.
+# json_usage WHAT CMD...: CMD exits 2 with {"ok": false, "exit_code": 2, "error"} on stdout.
+json_usage() {
+  local what=$1 rc=0
+  shift
+  "$@" >"$T/json.out" 2>"$T/json.err" || rc=$?
+  [ "$rc" = 2 ] || fail "$what: exit status $rc, expected 2"
+  python3 - "$T/json.out" <<'PY' || fail "$what: no JSON failure on stdout: $(cat "$T/json.out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is False and d["exit_code"] == 2 and d["error"], d
+PY
+  pass "$what"
+}
+json_usage "checkpoint --json without JOB" "$CUSNAP" checkpoint --json
+json_usage "ps --json with an unknown option" "$CUSNAP" ps --json --bogus
+json_usage "inspect --json with two targets" "$CUSNAP" inspect --json a b
+json_usage "suspend --json --timeout 0" "$CUSNAP" suspend x --json --timeout 0
+json_usage "restore --json --device-map a=b" "$CUSNAP" restore "$T/none" --json --device-map a=b
+rc=0
+"$CUSNAP" ps --bogus >"$T/json.out" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] && [ ! -s "$T/json.out" ] || fail "ps --bogus without --json: status $rc, stdout $(cat "$T/json.out")"
+pass "without --json a bad command line prints nothing on stdout"
+
+# A relative --runtime-dir, from launch and from restore: the link in the
+# runtime base points to the absolute directory, ps run elsewhere keeps it,
+# and the job can be checkpointed and restored.
+mkdir -p "$T/cwd1" "$T/cwd2"
+CWD1=$(cd "$T/cwd1" && pwd -P)
+CWD2=$(cd "$T/cwd2" && pwd -P)
+(cd "$CWD1" && exec "$CUSNAP" launch --name rel --runtime-dir ./rd/ -- "$PATTERN_JOB" --mib 8 \
+  --interval-ms 20) >"$T/launch.out" 2>&1 &
+SUP=$!
+SUPERVISORS+=("$SUP")
+PID=$(cd "$CWD2" && wait_job rel)
+wait_count "$T/launch.out" 3
+[ "$(readlink "$CUSNAP_RUNTIME_BASE/rel")" = "$CWD1/rd" ] ||
+  fail "the link of a relative --runtime-dir points to '$(readlink "$CUSNAP_RUNTIME_BASE/rel")', expected $CWD1/rd"
+(cd "$CWD2" && "$CUSNAP" ps) | grep -q '^rel ' || fail "ps from another directory does not list the job"
+[ -L "$CUSNAP_RUNTIME_BASE/rel" ] || fail "ps from another directory removed the job's link"
+[ "$(job_field rel runtime_dir)" = "$CWD1/rd" ] || fail "runtime_dir is $(job_field rel runtime_dir)"
+pass "launch --runtime-dir ./rd/ is $CWD1/rd, and ps from elsewhere keeps its link"
+
+(cd "$CWD2" && "$CUSNAP" checkpoint rel -o "$T/ckpt") >"$T/ckpt.out" 2>&1 ||
+  fail "checkpoint of a job with a relative --runtime-dir failed: $(cat "$T/ckpt.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+(cd "$CWD2" && exec "$CUSNAP" restore "$T/ckpt" --name rel2 --runtime-dir rd2) >"$T/restore.out" 2>&1 &
+SUP=$!
+SUPERVISORS+=("$SUP")
+wait_count "$T/restore.out" $((LAST + 3))
+[ "$(readlink "$CUSNAP_RUNTIME_BASE/rel2")" = "$CWD2/rd2" ] ||
+  fail "the restore's link points to '$(readlink "$CUSNAP_RUNTIME_BASE/rel2")', expected $CWD2/rd2"
+(cd "$CWD1" && "$CUSNAP" ps) | grep -q '^rel2 ' || fail "ps from another directory does not list the restored job"
+[ -L "$CUSNAP_RUNTIME_BASE/rel2" ] || fail "ps from another directory removed the restored job's link"
+PID=$(wait_job rel2)
+(cd "$CWD1" && "$CUSNAP" checkpoint rel2 -o "$T/ckpt2") >"$T/ckpt2.out" 2>&1 ||
+  fail "checkpoint of the restored job failed: $(cat "$T/ckpt2.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+pass "restore --runtime-dir rd2 is $CWD2/rd2; the restored job is found and checkpointed from elsewhere"
+
+# A runtime base cusnap refuses (a link) is an error for ps, not an empty list.
+mkdir -p "$T/realbase" && chmod 700 "$T/realbase"
+ln -s "$T/realbase" "$T/linkbase"
+rc=0
+CUSNAP_RUNTIME_BASE=$T/linkbase "$CUSNAP" ps >"$T/ps.out" 2>"$T/ps.err" || rc=$?
+[ "$rc" = 1 ] || fail "ps with a linked runtime base: exit status $rc, expected 1: $(cat "$T/ps.out" "$T/ps.err")"
+grep -q "symbolic link" "$T/ps.err" || fail "ps does not say why: $(cat "$T/ps.err")"
+rc=0
+CUSNAP_RUNTIME_BASE=$T/linkbase "$CUSNAP" ps --json >"$T/ps.json" 2>/dev/null || rc=$?
+[ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "symbolic link" in d["error"]' "$T/ps.json" ||
+  fail "ps --json with a linked runtime base: exit $rc, $(cat "$T/ps.json")"
+pass "ps refuses a linked runtime base, saying so (exit 1, and as JSON)"
+echo "PASS"
