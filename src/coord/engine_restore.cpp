@@ -102,10 +102,21 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
         break;
       }
     if (to.empty()) {
+      // --device-map only moves a job between GPUs of one model: name it
+      // only where a GPU of that model is here.
+      const bool model_here =
+          model.empty() || std::any_of(present.begin(), present.end(),
+                                       [&](const GpuDevice& g) { return g.name == model; });
+      std::string here;
+      for (const GpuDevice& g : present) here += (here.empty() ? "" : ", ") + g.name;
       *err = "the checkpoint ran on GPU " + from + (model.empty() ? "" : " (" + model + ")") +
-             " and no " + (model.empty() ? "free GPU" : model) +
-             " is available here: restore it on a machine with the same GPU model, or map it "
-             "with --device-map OLD=NEW";
+             " and no " + (model.empty() ? "free GPU" : model) + " is available here" +
+             (model_here ? ": every one is taken by the job's other GPUs; map it with "
+                           "--device-map OLD=NEW, or restore it on a machine with more " +
+                               (model.empty() ? std::string("GPUs") : model + " GPUs")
+                         : " (this machine has " + (here.empty() ? std::string("none") : here) +
+                               "): restore it on a machine with that GPU model; --device-map "
+                               "moves a job only between GPUs of the same model");
       return false;
     }
   }

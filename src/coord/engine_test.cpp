@@ -42,6 +42,14 @@ TEST_CASE("engine: device plan keeps the same GPU, else the same model, else ref
   std::vector<GpuDevice> a100 = {{0, "A100", kUuidC, 1}};
   CHECK_FALSE(plan_device_pairs(recorded, {kUuidA}, a100, {}, &pairs, &err));
   CHECK(err.find("no H200 is available") != std::string::npos);
+  // ... without sending the user to --device-map, which cannot change models.
+  CHECK(err.find("this machine has A100") != std::string::npos);
+  CHECK(err.find("only between GPUs of the same model") != std::string::npos);
+  CHECK(err.find("map it with") == std::string::npos);
+  // Two H200 used, one here: the other is taken; a map or more GPUs may do.
+  CHECK_FALSE(plan_device_pairs(recorded, {kUuidA, kUuidB}, other, {}, &pairs, &err));
+  CHECK(err.find("every one is taken") != std::string::npos);
+  CHECK(err.find("--device-map OLD=NEW") != std::string::npos);
   // An explicit map by index.
   REQUIRE(plan_device_pairs(recorded, {kUuidA}, recorded, {{"0", "1"}}, &pairs, &err));
   REQUIRE(pairs.size() == 1);

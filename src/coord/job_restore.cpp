@@ -73,9 +73,30 @@ class ShimDirLink {
     if (::lstat(shim_dir.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) return true;  // CRIU binds the sockets inside it
       if (S_ISLNK(st.st_mode) && points_to(shim_dir, rundir)) return true;
-      *err = "the job's shims had their sockets in " + shim_dir +
-             ", which exists and is not a directory; remove it or restore elsewhere";
-      return false;
+      if (!S_ISLNK(st.st_mode)) {
+        *err = "the job's shims had their sockets in " + shim_dir +
+               ", which exists and is not a directory; remove it or restore elsewhere";
+        return false;
+      }
+      // A link another restore made: while its job runs, its shims listen
+      // through it (the same checkpoint, restored and still running, whose
+      // processes also hold the pids this restore needs); a dead one's is
+      // replaced.
+      char target[4096];
+      const ssize_t n = ::readlink(shim_dir.c_str(), target, sizeof target - 1);
+      const std::string to = n > 0 ? std::string(target, size_t(n)) : "";
+      if (!to.empty() && runtime_dir_live(to)) {
+        *err = "the job's shims had their sockets in " + shim_dir +
+               ", which links to the runtime directory of a running job (" + to +
+               "), likely restored from this checkpoint too: stop that job before restoring "
+               "this checkpoint again (removing the link would cut its shims off)";
+        return false;
+      }
+      if (::unlink(shim_dir.c_str()) != 0 && errno != ENOENT) {
+        *err = "cannot remove the stale link " + shim_dir +
+               " for the shims' sockets: " + std::strerror(errno);
+        return false;
+      }
     }
     for (size_t pos = 1; (pos = shim_dir.find('/', pos)) != std::string::npos; ++pos) {
       std::string parent = shim_dir.substr(0, pos);

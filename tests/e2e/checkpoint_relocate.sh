@@ -5,7 +5,9 @@
 # the shims' sockets were bound in: the restoring supervisor links it to the
 # new runtime directory while it supervises the job, and removes the link at
 # the end. The restored job is checkpointed again and restored under a third
-# name, which needs the same original path again.
+# name, which needs the same original path again; restoring that checkpoint
+# once more while it runs is refused, naming the running job; a stale link
+# (its supervisor gone) is replaced.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 BASE1=$CUSNAP_RUNTIME_BASE
@@ -44,8 +46,32 @@ wait_count "$T/restore2.out" $((LAST + 3))
 [ "$(first_count "$T/restore2.out")" = $((LAST + 1)) ] || fail "second restore began at $(first_count "$T/restore2.out")"
 names=$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(" ".join(sorted(j["name"] for j in json.load(sys.stdin))))')
 [ "$names" = "third" ] || fail "cusnap ps lists '$names', expected only 'third'"
+pass "restored again as 'third' from the second checkpoint"
+
+# The same checkpoint again while 'third' runs: the shims' path links to
+# third's runtime directory; the restore says so and leaves the link alone.
+rc=0
+"$CUSNAP" restore "$T/ckpt2" --name fourth >"$T/restore3.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] || fail "a second restore of a running checkpoint succeeded"
+grep -q "links to the runtime directory of a running job" "$T/restore3.out" ||
+  fail "the refusal does not name the running job: $(cat "$T/restore3.out")"
+[ "$(readlink "$BASE1/orig")" = "$CUSNAP_RUNTIME_BASE/third" ] || fail "the refused restore changed the running job's link"
+kill -0 "$PID" || fail "the running job is gone"
+pass "restoring it again while it runs is refused, naming the running job (exit $rc); its link kept"
 kill -TERM "$SUP"
 wait_exit "$SUP"
 wait_gone "$PID"
-pass "restored again as 'third' from the second checkpoint"
+
+# A link left by a supervisor that died (pointing nowhere) is replaced.
+mkdir -p "$BASE1" && chmod 700 "$BASE1"
+ln -s "$T/gone" "$BASE1/orig"
+restore_bg "$T/ckpt2" "$T/restore4.out" --name fifth
+SUP=$LAST_SUPERVISOR
+wait_count "$T/restore4.out" $((LAST + 3))
+[ "$(readlink "$BASE1/orig")" = "$CUSNAP_RUNTIME_BASE/fifth" ] || fail "the stale link was not replaced: $(readlink "$BASE1/orig")"
+PID=$(wait_job fifth)
+kill -TERM "$SUP"
+wait_exit "$SUP"
+wait_gone "$PID"
+pass "a stale link in the shims' path is replaced by the restore"
 echo "PASS"
