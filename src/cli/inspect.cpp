@@ -38,10 +38,13 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   uint64_t bytes = 0;
   for (const ManifestFile& f : m.files) bytes += f.size;
   if (json) {
-    nlohmann::json j = {
-        {"kind", "checkpoint"}, {"dir", dir},
-        {"valid", valid},       {"error", valid ? "" : verr},
-        {"bytes", bytes},       {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
+    nlohmann::json j = {{"ok", valid},
+                        {"kind", "checkpoint"},
+                        {"dir", dir},
+                        {"valid", valid},
+                        {"error", valid ? "" : verr},
+                        {"bytes", bytes},
+                        {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
     print_json(j);
     return valid ? kExitOk : code;
   }
@@ -121,7 +124,11 @@ int inspect_job(const std::string& spec, bool json) {
   if (d.is_discarded())
     return fail_json(json, kExitFailure, "the supervisor sent malformed details");
   if (json) {
+    d["ok"] = true;
     d["kind"] = "job";
+    // The job's root as ps --json names it (job.json calls it root_pid).
+    if (d.contains("job") && d["job"].is_object() && d["job"].contains("root_pid"))
+      d["job"]["pid"] = d["job"]["root_pid"];
     print_json(d);
     return kExitOk;
   }

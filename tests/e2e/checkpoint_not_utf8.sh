@@ -32,7 +32,11 @@ assert len(jobs) == 1, jobs
 assert jobs[0]["argv"][-1] == "caf\ufffd", jobs[0]["argv"]
 assert jobs[0]["cwd"].endswith("dir-caf\ufffd"), jobs[0]["cwd"]
 text = open(sys.argv[2], encoding="utf-8").read()
-json.loads(text)
+ins = json.loads(text)
+# The same job, named the same way as ps names it.
+assert ins["ok"] is True and ins["kind"] == "job", ins
+assert ins["job"]["pid"] == jobs[0]["pid"] == ins["job"]["root_pid"], (ins["job"], jobs[0])
+assert ins["job"]["name"] == jobs[0]["name"], ins["job"]
 assert "caf\ufffd" in text, text
 PY
 pass "ps and inspect show the bytes, replaced, as valid JSON"

@@ -27,6 +27,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 text = json.dumps(d)
 assert sys.argv[2] in text and "pj" in text, text
+assert d["ok"] is True and d["valid"] is True and d["kind"] == "checkpoint", d
 PY
 
 for round in 1 2; do
