@@ -12,8 +12,9 @@
 #               once the hog is gone and it is resumed
 #   restore     a checkpoint on disk, with the hog: refused (exit 3) before
 #               CRIU restores anything, the checkpoint unchanged; with
-#               --device-map onto the other GPU, where the memory is free,
-#               it restores
+#               --device-map 0=1,1=0 onto the other GPU, where the memory is
+#               free, it restores (the job's processes have both GPUs open,
+#               so the map swaps them: sending two onto one is refused)
 #   roll back   a checkpoint whose dump fails while the hog takes the memory
 #               the driver checkpoint freed: the roll back does not try the
 #               restore, the job is left suspended (exit 6), and cusnap
@@ -187,7 +188,7 @@ kill -0 "$PID" 2>/dev/null && fail "the job's process runs after a refused resto
 if [ "$GPUS" -ge 2 ]; then
 # The other GPU is free: restored there, it fits.
 OUT=$T/disk-moved.out
-restore_bg "$T/disk.ckpt" "$OUT" --device-map 0=1 --name disk
+restore_bg "$T/disk.ckpt" "$OUT" --device-map 0=1,1=0 --name disk
 SUP=$LAST_SUPERVISOR
 wait_count "$OUT" $((AT + 2)) "" 120
 expect_running disk "$PID" "$OUT"
@@ -195,7 +196,7 @@ term_job
 hog_end
 # The hog on GPU 1: a restore mapped there is refused, naming GPU 1.
 hog_start 1
-op restore "$T/disk.ckpt" --detach --name disk --device-map 0=1
+op restore "$T/disk.ckpt" --detach --name disk --device-map 0=1,1=0
 [ "$RC" = 3 ] || fail "restore onto GPU 1 with the hog there exited $RC, expected 3"
 said "GPU 1 (GPU-[0-9a-f-]*) has $FREE_RE MiB free" restore
 hog_end
