@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -173,6 +174,13 @@ int cmd_inspect(int argc, char** argv) {
   app.add_flag("--json", json, "Print the description as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
+  // A path that is not there: neither a checkpoint nor a job's runtime
+  // directory, said as such (a name without a slash is looked up as a job).
+  struct stat st;
+  if (target.find('/') != std::string::npos && ::stat(target.c_str(), &st) != 0)
+    return fail_json(json, kExitNotFound,
+                     "cannot inspect " + target + ": " + std::strerror(errno) +
+                         " (a checkpoint directory, or a job's runtime directory, was expected)");
   return is_checkpoint_dir(target) ? inspect_checkpoint(target, json) : inspect_job(target, json);
 }
 

@@ -73,14 +73,25 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
   }
   auto st = fs::symlink_status(dir, ec);
   *exists = fs::exists(st);
+  // Where the checkpoint's files go must take them: a read-only file system
+  // or a directory without write permission is said here, before the job is
+  // touched, not later by CRIU for a subdirectory.
+  auto writable = [&](const std::string& where) {
+    if (::access(where.c_str(), W_OK | X_OK) == 0) return true;
+    *err = "cannot write the checkpoint into " + where + ": " + std::strerror(errno) +
+           ": choose another -o DIR";
+    return false;
+  };
   if (!*exists) {
     fs::path parent = fs::absolute(dir, ec).parent_path();
     if (!fs::is_directory(parent, ec)) {
+      const bool there = fs::exists(fs::symlink_status(parent, ec));
       *err = "the parent of the checkpoint directory " + dir + " (" + parent.string() +
-             ") does not exist: create it or choose another -o DIR";
+             (there ? ") is not a directory: choose another -o DIR"
+                    : ") does not exist: create it or choose another -o DIR");
       return false;
     }
-    return true;
+    return writable(parent.string());
   }
   if (!fs::is_directory(st)) {
     *err = dir + " exists and is not a directory: choose another -o DIR";
@@ -91,7 +102,7 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
            " is not empty: choose a new or empty directory (-o DIR), or remove what is in it";
     return false;
   }
-  return true;
+  return writable(dir);
 }
 
 /// Removes what a failed checkpoint wrote. keep_saved: the job is left

@@ -44,6 +44,22 @@ echo keep >"$T/full/something"
 DIR=$T/full check_refusal fulldir "not empty"
 [ "$(ls "$T/full")" = something ] || fail "the refused checkpoint changed $T/full"
 
+# The output directory's parent is a file: said so, not "does not exist".
+echo x >"$T/afile"
+DIR=$T/afile/sub check_refusal parentfile "afile\) is not a directory"
+
+# A read-only file system: said before the job is touched, naming the
+# directory given, not a subdirectory CRIU would have made.
+RO=$T/ro
+mkdir -p "$RO"
+trap 'st=$?; set +e; mountpoint -q "$RO" && umount -l "$RO"; (exit $st); cleanup_checkpoint_test' EXIT
+if mount -t tmpfs -o ro,size=1m tmpfs "$RO" 2>/dev/null; then
+  DIR=$RO/ck check_refusal readonly "cannot write the checkpoint into $RO: Read-only file system"
+  umount -l "$RO"
+else
+  echo "note: cannot mount a tmpfs here; the read-only case was not run"
+fi
+
 # A second checkpoint while one is running (the first is slowed down in the
 # simulated driver; it then completes with --leave-running).
 if fake_only "a second checkpoint while one runs (needs FAKECUDA_DELAY)"; then

@@ -134,6 +134,18 @@ wait_exit "$SUP"
 wait_gone "$PID"
 pass "restore --runtime-dir rd2 is $CWD2/rd2; the restored job is found and checkpointed from elsewhere"
 
+# inspect of a path that is not there says what it expected (exit 4), as JSON too.
+rc=0
+"$CUSNAP" inspect "$T/nowhere/ckpt" >"$T/ins.out" 2>"$T/ins.err" || rc=$?
+[ "$rc" = 4 ] || fail "inspect of a missing path: exit $rc, expected 4"
+grep -q "cannot inspect $T/nowhere/ckpt: No such file or directory (a checkpoint directory" "$T/ins.err" ||
+  fail "inspect of a missing path does not say so: $(cat "$T/ins.err")"
+rc=0
+"$CUSNAP" inspect "$T/nowhere/ckpt" --json >"$T/ins.json" 2>/dev/null || rc=$?
+[ "$rc" = 4 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "No such file" in d["error"]' "$T/ins.json" ||
+  fail "inspect --json of a missing path: exit $rc, $(cat "$T/ins.json")"
+pass "inspect of a missing path names it and what was expected (exit 4)"
+
 # A runtime base cusnap refuses (a link) is an error for ps, not an empty list.
 mkdir -p "$T/realbase" && chmod 700 "$T/realbase"
 ln -s "$T/realbase" "$T/linkbase"
