@@ -174,10 +174,10 @@ void ControlServer::accept_loop() {
     }
     if (p[1].revents) return;
     if (!(p[0].revents & POLLIN)) continue;
-    const int c = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED)
-        continue;
+    UniqueFd conn;
+    std::string err;
+    if (!proto::accept_unix(listen_fd_.get(), &conn, &err)) {
+      if (err.empty()) continue;  // nothing pending any more
       // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the
       // connection stays pending and poll reports it again at once; wait
       // 100 ms (stop() still wakes the wait) rather than spin on a core
@@ -186,7 +186,6 @@ void ControlServer::accept_loop() {
       if (::poll(&s, 1, 100) > 0) return;
       continue;
     }
-    UniqueFd conn(c);
     std::lock_guard lk(conns_mu_);
     if (active_ >= kMaxConnections) continue;  // closes conn: the client sees the connection end
     UniqueFd watch(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));

@@ -123,7 +123,9 @@ bool connect_unix(const std::string& path, std::chrono::milliseconds timeout, Un
 /// socket is close-on-exec and non-blocking.
 bool listen_unix(const std::string& path, mode_t mode, UniqueFd* out, std::string* err);
 /// Accepts one connection (close-on-exec, non-blocking). false with *err empty
-/// when nothing is pending.
+/// when nothing is pending; with *err set when accept failed otherwise (out
+/// of descriptors or memory among others: a caller's loop should wait before
+/// trying again, the connection stays pending).
 bool accept_unix(int listen_fd, UniqueFd* out, std::string* err);
 /// A connected pair (close-on-exec, non-blocking), for tests and helpers.
 bool socket_pair(UniqueFd* a, UniqueFd* b, std::string* err);

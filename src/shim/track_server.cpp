@@ -10,7 +10,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -239,13 +238,12 @@ void* listener_main(void* p) {
     if (n < 0 && errno != EINTR) return nullptr;
     if (n <= 0) continue;
     if (pfd.revents & (POLLNVAL)) return nullptr;
-    const int c = ::accept4(arg.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
-      if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
-        back_off();
+    UniqueFd conn;
+    std::string err;
+    if (!proto::accept_unix(arg.fd, &conn, &err)) {
+      if (!err.empty()) back_off();  // empty: nothing pending any more
       continue;
     }
-    UniqueFd conn(c);
     try {
       if (arg.peer)
         serve_peer(*arg.s, std::move(conn));
