@@ -445,8 +445,7 @@ TEST_CASE(
   CHECK(state_of(opener.pid) == CU_PROCESS_STATE_CHECKPOINTED);
   CHECK(cuCheckpointProcessUnlock(opener.pid, nullptr) == CUDA_ERROR_ILLEGAL_STATE);
   full_cycle_ok(creator.pid);
-  kill(opener.pid, SIGKILL);
-  opener.join();
+  opener.kill();
   send_u64(creator.sock, 0);
   CHECK(creator.join() == 0);
 }

@@ -1,5 +1,6 @@
 #include "fakecuda_test_util.h"
 
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +59,12 @@ int Child::join() {
   if (pid > 0) waitpid(pid, &status, 0);
   pid = -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void Child::kill() {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  join();
 }
 
 CUresult driver_cycle(pid_t pid, unsigned timeout_ms) {

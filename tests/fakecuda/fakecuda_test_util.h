@@ -41,6 +41,8 @@ struct Child {
   int sock = -1;  ///< parent's end
   /// Waits for the child; returns its exit status.
   int join();
+  /// Ends a child still there (SIGKILL) and reaps it; nothing once joined.
+  void kill();
 };
 /// Starts fn(sock) in a child; fn's return value is its exit status.
 Child spawn(const std::function<int(int sock)>& fn);

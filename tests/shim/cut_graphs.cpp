@@ -277,10 +277,5 @@ int run() {
 }  // namespace
 
 int main() {
-  return coordinator_main("shim.track.cut_graphs", "cutgraphs", run, [] {
-    if (g_job.pid > 0) {
-      kill(g_job.pid, SIGKILL);
-      g_job.join();
-    }
-  });
+  return coordinator_main("shim.track.cut_graphs", "cutgraphs", run, [] { g_job.kill(); });
 }

@@ -148,12 +148,7 @@ bool run_scenario(const Scenario& sc) {
   unsetenv("CUSNAP_SHIM_COPY_LOG");
   struct Reap {
     Child& c;
-    ~Reap() {
-      if (c.pid > 0) {
-        kill(c.pid, SIGKILL);
-        c.join();
-      }
-    }
+    ~Reap() { c.kill(); }
   } reap{c};
   REQB(c.pid > 0);
   uint64_t addr = 0;

@@ -354,10 +354,5 @@ int run() {
 }  // namespace
 
 int main() {
-  return coordinator_main("shim.track.robust", "robust", run, [] {
-    if (g_job.pid > 0) {
-      kill(g_job.pid, SIGKILL);
-      g_job.join();
-    }
-  });
+  return coordinator_main("shim.track.robust", "robust", run, [] { g_job.kill(); });
 }
