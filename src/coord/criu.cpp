@@ -101,9 +101,10 @@ bool spawn(const std::string& prog, const std::vector<std::string>& args, int ou
 }
 
 // Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out
-// (killed), 2 reaped by someone else (status unknown).
+// (before_kill called, then killed), 2 reaped by someone else (status
+// unknown).
 int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function<void()>& tick,
-               int* status) {
+               int* status, const std::function<void()>& before_kill = {}) {
   auto start = std::chrono::steady_clock::now();
   auto last_tick = start;
   for (int sleep_us = 1000;; sleep_us = std::min(sleep_us * 2, 50000)) {
@@ -112,6 +113,7 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function
     if (r < 0 && errno == ECHILD) return 2;
     auto now = std::chrono::steady_clock::now();
     if (now - start > timeout) {
+      if (before_kill) before_kill();
       kill(pid, SIGKILL);
       waitpid(pid, status, 0);
       return 1;
@@ -449,7 +451,7 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   out_fd.reset();  // CRIU holds its own copy
   if (!ok) return false;
   int status = 0;
-  int w = wait_child(s.pid, run.timeout, run.on_tick, &status);
+  int w = wait_child(s.pid, run.timeout, run.on_tick, &status, run.before_kill);
   std::string why;
   if (w == 1) {
     why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";

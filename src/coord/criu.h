@@ -75,6 +75,10 @@ struct CriuRun {
   std::string success_line;       ///< log line that proves success if our wait lost the status
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   std::function<void()> on_tick;  ///< called about every 250 ms while CRIU runs
+  /// Called when the timeout has passed, just before CRIU is killed (a dump
+  /// stops the job here, so that no process of it runs on between CRIU's
+  /// end, which lets go of the tasks it held, and the roll back).
+  std::function<void()> before_kill;
 };
 
 /// Runs CRIU and waits for it. On failure *err says "criu ACTION failed (...)"

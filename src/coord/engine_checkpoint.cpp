@@ -39,6 +39,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "coord/criu_leftovers.h"
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/ports.h"
@@ -249,7 +250,14 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // Bring the job back after a failure from here on: continue it (it may be
   // stopped by --leave-stopped), then restore and unlock its GPU state and
   // rebuild its shared memory.
+  // The dump's established TCP connections (set at the dump): CRIU may have
+  // left them locked (criu_leftovers.h), which the roll back undoes before
+  // the job runs again.
+  size_t tcp = 0;
+  const std::string dump_log = work.path() + "/dump.log";
   auto roll_back = [&](const std::string& why) {
+    std::string unlocked;
+    if (tcp > 0) unlocked = lift_criu_network_lock(pids, network_lock, dump_log);
     for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
     bool ok = driver_bring_back(driver, scan.cuda, &rb);
@@ -257,7 +265,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       ok = false;
       rb = "shared memory: " + rb;
     }
-    *err = "job " + job.name + ": " + why +
+    *err = "job " + job.name + ": " + why + (unlocked.empty() ? "" : "\n" + unlocked) +
            (ok ? "\nthe job runs on unchanged"
                : "\nbringing the job's GPU state back failed: " + rb +
                      left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
@@ -298,20 +306,25 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // Established TCP connections (torchrun's store, NCCL's bootstrap between
   // ranks): CRIU saves them in repair mode; the network is locked meanwhile.
   const std::vector<JobTcpSocket> sockets = job_tcp_sockets(pids);
-  const size_t tcp =
-      size_t(std::count_if(sockets.begin(), sockets.end(),
-                           [](const JobTcpSocket& s) { return s.entry.state == kTcpEstablished; }));
+  tcp = size_t(std::count_if(sockets.begin(), sockets.end(), [](const JobTcpSocket& s) {
+    return s.entry.state == kTcpEstablished;
+  }));
   if (tcp > 0) {
     run.args.insert(run.args.end(), {"--tcp-established", "--network-lock", network_lock});
   }
   // The ports the job listens on, which a restore checks are free first.
   const std::vector<TcpListener> listeners = job_tcp_listeners(sockets);
   run.output_path = work.path() + "/criu-output.txt";
-  run.log_path = work.path() + "/dump.log";
+  run.log_path = dump_log;
   run.success_line = "Dumping finished successfully";
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
+  // Killed, CRIU lets go of the tasks it held, which would run on at once:
+  // stopped first, they wait for the roll back (which continues them).
+  run.before_kill = [&] {
+    for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGSTOP);
+  };
   std::string why;
   if (!run_criu(criu, run, &why)) {
     work.keep();

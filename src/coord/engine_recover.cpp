@@ -18,6 +18,7 @@
 #include <functional>
 #include <set>
 
+#include "coord/criu_leftovers.h"
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/procs.h"
@@ -28,6 +29,20 @@ namespace cusnap {
 using namespace engine_detail;
 
 namespace {
+
+/// A process's arguments (/proc/PID/cmdline); empty when it cannot be read.
+std::vector<std::string> process_argv(pid_t pid) {
+  std::string cmdline;
+  std::vector<std::string> argv;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/cmdline", &cmdline)) return argv;
+  for (size_t b = 0; b < cmdline.size();) {
+    size_t z = cmdline.find('\0', b);
+    if (z == std::string::npos) z = cmdline.size();
+    argv.push_back(cmdline.substr(b, z - b));
+    b = z + 1;
+  }
+  return argv;
+}
 
 /// The processes that trace a task of `tree` (TracerPid of any thread) and
 /// the processes whose arguments are a CRIU dump of `root` ("dump ... -t
@@ -54,15 +69,7 @@ std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
   while (dirent* e = ::readdir(d)) {
     pid_t pid = pid_t(std::atoi(e->d_name));
     if (pid <= 0 || pid == self) continue;
-    std::string cmdline;
-    if (!read_text_file(std::string("/proc/") + e->d_name + "/cmdline", &cmdline)) continue;
-    std::vector<std::string> argv;
-    for (size_t b = 0; b < cmdline.size();) {
-      size_t z = cmdline.find('\0', b);
-      if (z == std::string::npos) z = cmdline.size();
-      argv.push_back(cmdline.substr(b, z - b));
-      b = z + 1;
-    }
+    const std::vector<std::string> argv = process_argv(pid);
     bool dump = false, of_root = false;
     for (size_t i = 0; i < argv.size(); ++i) {
       if (argv[i] == "dump") dump = true;
@@ -82,16 +89,45 @@ bool wait_ended(const std::set<pid_t>& pids, std::chrono::milliseconds limit) {
   return wait_pidfds_exited(fds, limit);
 }
 
+/// How a CRIU dump was run, from its arguments (/proc/PID/cmdline): its
+/// --network-lock method where it saved established TCP connections (empty
+/// otherwise), and its log (-o, under -W where relative).
+struct DumpRun {
+  std::string network_lock, log_path;
+};
+DumpRun dump_run_of(pid_t pid) {
+  DumpRun run;
+  std::string work, log;
+  const std::vector<std::string> argv = process_argv(pid);
+  bool tcp = false;
+  std::string method = "nftables";  // CRIU's default under --tcp-established
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const bool has_value = i + 1 < argv.size();
+    if (argv[i] == "--tcp-established") tcp = true;
+    if (argv[i] == "--network-lock" && has_value) method = argv[i + 1];
+    if (argv[i] == "-W" && has_value) work = argv[i + 1];
+    if (argv[i] == "-o" && has_value) log = argv[i + 1];
+  }
+  if (tcp) run.network_lock = method;
+  run.log_path = log.empty() || log[0] == '/' || work.empty() ? log : work + "/" + log;
+  return run;
+}
+
 /// The CRIU of a dead supervisor: it may still be dumping the job, its tasks
 /// seized (ptrace), their memory visited by its parasite. Left alone it
 /// finishes (the tree then stays stopped under --leave-stopped, which the
 /// recovery continues); the recovery must not work on the tasks meanwhile.
 /// So: wait for it, at most CUSNAP_GUARDIAN_CRIU_WAIT_MS (default 60 s),
-/// then kill it (the kernel detaches its tracees). true when none is left.
+/// then stop the tree and kill it (the kernel detaches its tracees, which
+/// then stay stopped). true when none is left. Either way it may have left
+/// the job's TCP connections locked (criu_leftovers.h): *dump says how it
+/// ran, so that the recovery lifts that lock.
 bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
-                 const std::function<void(const std::string&)>& note) {
+                 const std::function<void(const std::string&)>& note, DumpRun* dump) {
   std::set<pid_t> criu = orphaned_criu(job.root_pid, tree);
   if (criu.empty()) return true;
+  for (pid_t pid : criu)
+    if (DumpRun r = dump_run_of(pid); !r.log_path.empty() && dump->log_path.empty()) *dump = r;
   std::string list;
   for (pid_t pid : criu) list += (list.empty() ? "" : ", ") + std::to_string(pid);
   long wait_ms = 60000;
@@ -110,6 +146,7 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
     note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");
     return true;
   }
+  for (pid_t pid : tree) signal_pidfd(open_pidfd(pid), SIGSTOP);
   for (pid_t pid : criu) signal_pidfd(open_pidfd(pid), SIGKILL);
   bool gone = wait_ended(criu, std::chrono::seconds(10));
   note("CRIU (process " + list + ") of the dead supervisor still ran after " +
@@ -137,8 +174,16 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     return true;
   }
   // CRIU first: nothing touches the tasks while it holds them.
-  if (!settle_criu(job, tree, note)) ok = false;
+  DumpRun dump;
+  if (!settle_criu(job, tree, note, &dump)) ok = false;
   tree = process_tree(job.root_pid);
+  // A dump that succeeded (--leave-stopped) or was killed leaves the job's
+  // TCP connections locked; lifted before the tree runs again. Sockets in
+  // repair mode are taken out of it even where no CRIU was seen (it may have
+  // ended before the guardian looked).
+  if (const std::string lifted = lift_criu_network_lock(tree, dump.network_lock, dump.log_path);
+      !lifted.empty())
+    note(lifted);
   std::vector<pid_t> cuda;
   for (pid_t pid : tree) {
     ProcessInfo p;

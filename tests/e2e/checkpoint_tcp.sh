@@ -10,56 +10,6 @@
 # binds again): after the restore both listeners are there again and accept.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
-cat >"$T/tcp_pair.py" <<'PY'
-import os, socket, sys, threading, time
-
-def ras_listen(port):  # NCCL's RAS listener: one port shared by every process
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(("127.0.0.1", port))
-    s.listen(16)
-    return s
-
-def ras_serve(s, who):  # answers each connection with who accepted it
-    while True:
-        c, _ = s.accept()
-        c.sendall(f"{who}\n".encode())
-        c.close()
-
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen(1)
-port = srv.getsockname()[1]
-ras = ras_listen(0)
-ras_port = ras.getsockname()[1]
-print(f"ras port {ras_port}", flush=True)
-if os.fork() == 0:  # the client: echoes every number it gets, plus one
-    srv.close()
-    ras.close()
-    ras = ras_listen(ras_port)
-    threading.Thread(target=ras_serve, args=(ras, "child"), daemon=True).start()
-    c = socket.create_connection(("127.0.0.1", port))
-    f = c.makefile("rw")
-    for line in f:
-        f.write(f"{int(line) + 1}\n")
-        f.flush()
-    sys.exit(0)
-threading.Thread(target=ras_serve, args=(ras, "parent"), daemon=True).start()
-s, _ = srv.accept()
-f = s.makefile("rw")
-n = 0
-while True:
-    n += 1
-    f.write(f"{n * 2}\n")
-    f.flush()
-    got = int(f.readline())
-    if got != n * 2 + 1:
-        print(f"mismatch: sent {n * 2}, got {got}", flush=True)
-        sys.exit(3)
-    print(f"count {n} ok", flush=True)
-    time.sleep(0.02)
-PY
 
 # listeners PORT: how many sockets listen on 127.0.0.1:PORT, from
 # /proc/net/tcp (state 0A; address and port in hex, the address in host byte
@@ -95,7 +45,7 @@ PY
   [ "$who" = "child parent" ] || fail "$2: only '$who' accepted on 127.0.0.1:$1"
 }
 
-launch tcp "$T/launch.out" python3 "$T/tcp_pair.py"
+launch tcp "$T/launch.out" python3 "$(dirname "$0")/tcp_pair.py"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job tcp)

@@ -1,0 +1,65 @@
+// What a CRIU dump of a job with established TCP connections leaves in place
+// when it does not end in its own unlock, and taking it away again.
+//
+// Dumping such a job (--tcp-established), CRIU puts each connection's socket
+// into repair mode (TCP_REPAIR: the socket neither sends nor accepts data)
+// and, with --network-lock nftables, drops the connections' packets through
+// an nftables table "inet CRIU-<run id>" (run id: a UUID CRIU logs as "CRIU
+// run id = ...", cut short in the name: criu_nft_tables). CRIU lifts both itself when a dump fails,
+// or when the job is to run on (--leave-running). It leaves both in place when
+//   - it succeeded under --leave-stopped (the job is to be killed and
+//     restored: a restore of the checkpoint removes the table), or
+//   - it was killed (a timeout, or a guardian ending the CRIU of a dead
+//     supervisor).
+// A job that then runs on anyway (a checkpoint rolled back after the dump, a
+// guardian's recovery) would find every connection dead: a send fails with
+// EINVAL and nothing arrives. lift_criu_network_lock undoes both.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cusnap {
+
+/// The run id in the text of a CRIU log ("CRIU run id = <UUID>", logged at
+/// level info near its start); empty when there is none or it is not a UUID.
+std::string criu_run_id_from_log(std::string_view log_text);
+
+/// The same from the log file at path (its first MiB); empty when the file
+/// cannot be read or holds no run id.
+std::string criu_run_id(const std::string& path);
+
+/// The names the nftables table of CRIU's run run_id may have: CRIU 4.1
+/// truncates "inet CRIU-<run id>" to 31 characters ("CRIU-" and 21 of the
+/// id's 36), first; then the whole name, which a CRIU without that limit
+/// would use.
+std::vector<std::string> criu_nft_tables(const std::string& run_id);
+
+/// Removes the nftables table of CRIU's run run_id (criu_nft_tables) through
+/// libnftables (loaded at run time: CRIU needs it for its nftables lock, so
+/// it is there wherever that lock was taken). True when no such table is left,
+/// *removed naming the one removed (empty when there was none); false with
+/// *err saying why (libnftables missing, no permission).
+bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err);
+
+/// Takes the processes' TCP sockets that are in repair mode out of it
+/// (TCP_REPAIR off, through a duplicate taken with pidfd_getfd; needs
+/// CAP_NET_ADMIN), which also sends a window probe so that the peer resumes
+/// at once. Sockets not in repair mode are not touched (TCP_REPAIR_WINDOW,
+/// which only a socket in repair mode answers, tells them apart). Returns how
+/// many it took out.
+size_t tcp_repair_off(const std::vector<pid_t>& pids);
+
+/// For a job that runs on after a dump that did not unlock: removes CRIU's
+/// lock (method: the --network-lock given; for nftables the table named by
+/// the run id in the dump's log at log_path) and takes the job's sockets out
+/// of repair mode. Returns what it did or could not do, one line each (empty
+/// when there was nothing to do); a line that begins with "warning: " says
+/// what is left for the user.
+std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::string& method,
+                                   const std::string& log_path);
+
+}  // namespace cusnap

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# A checkpoint of a job whose two processes talk over an established TCP
+# connection fails after CRIU has locked that connection, and the job runs on
+# with the connection working (criu_leftovers.h). Dumping it, CRIU puts the
+# sockets into repair mode (a send fails with EINVAL) and drops their packets
+# through an nftables table "inet CRIU-<run id>"; it lifts neither when it is
+# killed, nor after a successful dump under --leave-stopped. Two cases:
+#   timeout    CRIU is held at post-dump (an action script) past the
+#              checkpoint's --timeout and killed: the job is stopped before
+#              the kill, the roll back removes the table, takes the sockets
+#              out of repair mode and continues the job
+#   disk full  at post-dump the action script fills the file system the
+#              checkpoint is written to: CRIU succeeds (the lock stays, the
+#              job stopped), the manifest cannot be written, and the roll
+#              back lifts the lock the same way
+# In both the checkpoint exits 1 saying the job runs on and what was lifted,
+# the job counts on over its connection with nothing lost, and the table
+# CRIU named is gone. Then the same where the supervisor is killed while CRIU
+# is held at post-dump, so that its guardian recovers the job:
+#   guardian finish  CRIU is let go 2 s later and succeeds (the lock stays)
+#   guardian hung    CRIU is held until the guardian kills it (after
+#                    CUSNAP_GUARDIAN_CRIU_WAIT_MS=2000)
+# the guardian lifts the lock before the job runs again, and says so.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
+SMALL=$T/small
+mkdir -p "$SMALL"
+cat >"$T/hook.sh" <<SH
+#!/bin/sh
+[ "\$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
+case \$(cat "$T/mode" 2>/dev/null) in
+hold)
+  : >"$T/held"
+  while [ -e "$T/hold" ]; do sleep 0.1; done ;;
+fill)
+  dd if=/dev/zero of="$SMALL/fill" bs=1M 2>/dev/null
+  : >"$T/filled" ;;
+esac
+exit 0
+SH
+cat >"$T/criu" <<SH
+#!/bin/sh
+[ "\$1" = dump ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
+exec "$REAL_CRIU" "\$@"
+SH
+chmod 755 "$T/hook.sh" "$T/criu"
+export CUSNAP_CRIU=$T/criu
+
+TCP_PAIR=$(dirname "$0")/tcp_pair.py  # counts over its connection
+
+# nft_has_table NAME: whether an nftables table "inet NAME" exists here,
+# through libnftables (which CRIU's nftables lock needs; the nft program may
+# be missing).
+nft_has_table() {
+  python3 - "$1" <<'PY'
+import ctypes, sys
+n = ctypes.CDLL("libnftables.so.1")
+n.nft_ctx_new.restype = ctypes.c_void_p
+n.nft_ctx_new.argtypes = [ctypes.c_uint32]
+for f in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+    getattr(n, f).argtypes = [ctypes.c_void_p]
+n.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+n.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+n.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+ctx = n.nft_ctx_new(0)
+n.nft_ctx_buffer_output(ctx)
+n.nft_ctx_buffer_error(ctx)
+if n.nft_run_cmd_from_buffer(ctx, b"list tables") != 0:
+    sys.exit(2)
+tables = n.nft_ctx_get_output_buffer(ctx).decode().split("\n")
+sys.exit(0 if f"table inet {sys.argv[1]}" in tables else 1)
+PY
+}
+
+# lifted CASE FILE OUT: FILE (the checkpoint's output, or the guardian's
+# log) says CRIU's lock was lifted: the table removed, the sockets out of
+# repair mode; the table is gone, and the job (counting into OUT) counts on
+# over its connection with nothing lost.
+lifted() {
+  local name=$1 file=$2 out=$3 id last rc=0
+  id=$(sed -n 's/.*nftables table inet CRIU-\([0-9a-f-]*\)) removed.*/\1/p' "$file" | head -1)
+  [ -n "$id" ] || fail "$name: nothing says CRIU's nftables lock was removed: $(grep 'cusnap' "$file")"
+  grep -q "TCP socket(s) of the job taken out of repair mode" "$file" ||
+    fail "$name: nothing says the sockets left repair mode: $(grep 'cusnap' "$file")"
+  nft_has_table "CRIU-$id" || rc=$?
+  [ "$rc" = 1 ] || fail "$name: the table inet CRIU-$id is still there (or nftables cannot be listed: $rc)"
+  last=$(last_count "$out")
+  wait_count "$out" $((last + 20)) "" 20
+  grep -q mismatch "$out" && fail "$name: a number was lost on the connection"
+  LIFTED="table CRIU-$id removed, the job counts on past $((last + 20)) over its connection"
+}
+
+# rolled_back CASE OUT: the checkpoint (output OUT) failed, said the job runs
+# on and that CRIU's lock was lifted (lifted).
+rolled_back() {
+  grep -q "the job runs on unchanged" "$2" || fail "$1: the job does not run on: $(cat "$2")"
+  lifted "$1" "$2" "$T/launch.out"
+  kill -0 "$PID" 2>/dev/null || fail "$1: the job is gone"
+  pass "$1: checkpoint failed, $LIFTED"
+}
+
+launch tcp "$T/launch.out" python3 "$TCP_PAIR"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 5
+PID=$(wait_job tcp)
+
+# timeout: CRIU held at post-dump past --timeout 3, then killed.
+echo hold >"$T/mode"
+: >"$T/hold"
+rc=0
+"$CUSNAP" checkpoint tcp -o "$T/ck1" --timeout 3 >"$T/ck1.out" 2>&1 || rc=$?
+rm -f "$T/hold"
+[ -e "$T/held" ] || fail "timeout: CRIU's dump did not reach post-dump: $(cat "$T/ck1.out")"
+[ "$rc" = 1 ] || fail "timeout: the checkpoint exited $rc, expected 1: $(cat "$T/ck1.out")"
+grep -q "timed out after .* and was killed" "$T/ck1.out" ||
+  fail "timeout: the checkpoint does not say CRIU was killed: $(cat "$T/ck1.out")"
+rolled_back timeout "$T/ck1.out"
+
+# disk full: the checkpoint's file system filled once CRIU has written it.
+if mount -t tmpfs -o size=256m tmpfs "$SMALL" 2>/dev/null; then
+  trap 'st=$?; set +e; mountpoint -q "$SMALL" && umount -l "$SMALL"; (exit $st); cleanup_checkpoint_test' EXIT
+  echo fill >"$T/mode"
+  rc=0
+  "$CUSNAP" checkpoint tcp -o "$SMALL/ck2" >"$T/ck2.out" 2>&1 || rc=$?
+  [ -e "$T/filled" ] || fail "disk full: CRIU's dump did not reach post-dump: $(cat "$T/ck2.out")"
+  [ "$rc" = 1 ] || fail "disk full: the checkpoint exited $rc, expected 1: $(cat "$T/ck2.out")"
+  grep -q "manifest phase: .*No space left on device" "$T/ck2.out" ||
+    fail "disk full: the checkpoint does not say the manifest could not be written: $(cat "$T/ck2.out")"
+  [ ! -e "$SMALL/ck2" ] || fail "disk full: the unfinished checkpoint $SMALL/ck2 was left"
+  rolled_back "disk full" "$T/ck2.out"
+else
+  echo "note: cannot mount a tmpfs here; the disk-full case was not run"
+fi
+
+# guardian_case NAME WAIT_MS: a job of its own whose supervisor is killed
+# while CRIU is held at post-dump; the guardian recovers it.
+guardian_case() {
+  local name=$1 out=$T/$1.out log=$CUSNAP_RUNTIME_BASE/$1/output.log sup pid ck rc=0
+  CUSNAP_GUARDIAN_CRIU_WAIT_MS=$2 "$CUSNAP" launch --name "$name" -- python3 "$TCP_PAIR" >"$out" 2>&1 &
+  sup=$!
+  SUPERVISORS+=($sup)
+  wait_count "$out" 5
+  pid=$(wait_job "$name")
+  echo hold >"$T/mode"
+  rm -f "$T/held"
+  : >"$T/hold"
+  "$CUSNAP" checkpoint "$name" -o "$T/$name.ck" >"$T/$name.ck.out" 2>&1 &
+  ck=$!
+  for _ in $(seq 1 600); do [ -e "$T/held" ] && break; sleep 0.05; done
+  [ -e "$T/held" ] || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
+  kill -KILL "$sup"
+  wait "$sup" 2>/dev/null || true
+  [ "$2" -gt 10000 ] && { sleep 2; rm -f "$T/hold"; }
+  wait "$ck" || rc=$?
+  [ "$rc" != 0 ] || fail "$name: the checkpoint reported success after its supervisor was killed"
+  for _ in $(seq 1 600); do grep -q "guardian: the job runs on" "$log" 2>/dev/null && break; sleep 0.05; done
+  rm -f "$T/hold"
+  grep -q "guardian: the job runs on, supervised by process" "$log" ||
+    fail "$name: the guardian did not bring the job back: $(grep 'cusnap:' "$log" 2>/dev/null)"
+  lifted "$name" "$log" "$log"
+  kill -0 "$pid" 2>/dev/null || fail "$name: the job is gone"
+  pass "$name: supervisor killed mid-dump; the guardian lifted the lock: $LIFTED"
+  kill -TERM "$pid" 2>/dev/null || true
+}
+guardian_case guardian-finish 60000
+guardian_case guardian-hung 2000
+
+# And the job still checkpoints and restores.
+rm -f "$T/mode" "$SMALL/fill"
+"$CUSNAP" checkpoint tcp -o "$T/ck3" >"$T/ck3.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ck3.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+restore_bg "$T/ck3" "$T/restore.out"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/restore.out" $((LAST + 5)) "" 30
+FIRST=$(first_count "$T/restore.out")
+[ "$FIRST" = $((LAST + 1)) ] || fail "continued at $FIRST, expected $((LAST + 1))"
+pass "then checkpointed at $LAST and restored, counting on from $FIRST"
+kill -TERM "$SUP"
+wait_exit "$SUP"
+echo "PASS"

@@ -1,0 +1,57 @@
+# A job of two processes that talk over an established TCP connection on the
+# loopback (as torchrun's store and NCCL's bootstrap do): the parent sends
+# numbers, the forked child answers each plus one, and the parent prints
+# "count N ok" for every answer that is right ("mismatch: ..." and exit 3
+# otherwise). Both also listen on one port of 127.0.0.1 with SO_REUSEADDR and
+# SO_REUSEPORT, as NCCL's RAS subsystem does in every NCCL process (on its
+# fixed port 28028; here a free port the parent picks and prints as "ras port
+# N", which the child binds again); each answers a connection with its name.
+# Used by checkpoint_tcp.sh and checkpoint_tcp_rollback.sh.
+import os, socket, sys, threading, time
+
+def ras_listen(port):  # NCCL's RAS listener: one port shared by every process
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+def ras_serve(s, who):  # answers each connection with who accepted it
+    while True:
+        c, _ = s.accept()
+        c.sendall(f"{who}\n".encode())
+        c.close()
+
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+port = srv.getsockname()[1]
+ras = ras_listen(0)
+ras_port = ras.getsockname()[1]
+print(f"ras port {ras_port}", flush=True)
+if os.fork() == 0:  # the client: echoes every number it gets, plus one
+    srv.close()
+    ras.close()
+    ras = ras_listen(ras_port)
+    threading.Thread(target=ras_serve, args=(ras, "child"), daemon=True).start()
+    c = socket.create_connection(("127.0.0.1", port))
+    f = c.makefile("rw")
+    for line in f:
+        f.write(f"{int(line) + 1}\n")
+        f.flush()
+    sys.exit(0)
+threading.Thread(target=ras_serve, args=(ras, "parent"), daemon=True).start()
+s, _ = srv.accept()
+f = s.makefile("rw")
+n = 0
+while True:
+    n += 1
+    f.write(f"{n * 2}\n")
+    f.flush()
+    got = int(f.readline())
+    if got != n * 2 + 1:
+        print(f"mismatch: sent {n * 2}, got {got}", flush=True)
+        sys.exit(3)
+    print(f"count {n} ok", flush=True)
+    time.sleep(0.02)
