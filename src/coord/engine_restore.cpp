@@ -35,6 +35,30 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     return nullptr;
   };
   auto entry = [](const auto& m) { return "'" + m->first + "=" + m->second + "'"; };
+  // Every OLD names a GPU the checkpoint's processes used: a map entry that
+  // matched none would be ignored, and the job restored where the user did
+  // not ask.
+  std::string used_list;
+  for (const std::string& uuid : used) {
+    auto it = std::find_if(recorded.begin(), recorded.end(),
+                           [&](const GpuDevice& g) { return g.uuid == uuid; });
+    used_list += (used_list.empty() ? "" : ", ") +
+                 (it != recorded.end() ? std::to_string(it->index) + " (" + uuid + ")" : uuid);
+  }
+  for (auto m = device_map.begin(); m != device_map.end(); ++m) {
+    auto rec = std::find_if(recorded.begin(), recorded.end(), [&](const GpuDevice& g) {
+      return g.uuid == m->first || std::to_string(g.index) == m->first;
+    });
+    const std::string uuid = rec != recorded.end() ? rec->uuid : m->first;
+    if (std::find(used.begin(), used.end(), uuid) != used.end()) continue;
+    *err = "the device map moves GPU " + m->first + " (" + entry(m) + "), which the checkpoint " +
+           (rec != recorded.end() ? "recorded but its processes did not use" : "does not name") +
+           ": " +
+           (used.empty() ? std::string("its processes used no GPU")
+                         : "its processes used GPU " + used_list) +
+           " (see cusnap inspect)";
+    return false;
+  }
   std::map<std::string, std::string> claimed;             // new uuid -> old uuid sent there
   std::vector<std::pair<std::string, std::string>> plan;  // old uuid -> new uuid
   // Explicit choices first, then same-UUID ones, so that neither takes a
@@ -167,6 +191,13 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   if (!verify_manifest_files(dir, *m, progress, err)) return false;
   bool any_cuda = std::any_of(m->processes.begin(), m->processes.end(),
                               [](const ManifestProcess& p) { return p.uses_cuda; });
+  if (!any_cuda && !device_map.empty()) {
+    *code = kExitRefused;
+    *err =
+        "--device-map was given, but no process of the checkpoint used a GPU: restore it "
+        "without --device-map";
+    return false;
+  }
   if (!any_cuda) return true;
   *code = kExitRefused;
   std::vector<GpuDevice> present;

@@ -95,6 +95,26 @@ TEST_CASE("engine: device plan refuses two GPUs sent to one, or one GPU mapped t
   CHECK(format_gpu_uuid(pairs[1].newUuid) == kUuidB);
 }
 
+TEST_CASE("engine: device plan refuses a map entry for a GPU the job did not use") {
+  using engine_detail::plan_device_pairs;
+  std::vector<GpuDevice> recorded = {{0, "H200", kUuidA, 1}, {1, "H200", kUuidB, 1}};
+  std::vector<CUcheckpointGpuPair> pairs;
+  std::string err;
+  // Recorded (the machine had it) but unused: by index and by UUID.
+  for (const std::string& old : {std::string("1"), std::string(kUuidB)}) {
+    CAPTURE(old);
+    CHECK_FALSE(plan_device_pairs(recorded, {kUuidA}, recorded, {{old, "0"}}, &pairs, &err));
+    CHECK(err.find("recorded but its processes did not use") != std::string::npos);
+    CHECK(err.find(std::string("used GPU 0 (") + kUuidA + ")") != std::string::npos);
+  }
+  // Not a GPU of the checkpoint at all.
+  CHECK_FALSE(
+      plan_device_pairs(recorded, {kUuidA}, recorded, {{"0", "1"}, {"7", "0"}}, &pairs, &err));
+  CHECK(err.find("GPU 7 ('7=0'), which the checkpoint does not name") != std::string::npos);
+  // The used one, mapped: fine.
+  CHECK(plan_device_pairs(recorded, {kUuidA}, recorded, {{"0", "1"}}, &pairs, &err));
+}
+
 TEST_CASE("engine: GPU UUID text round trip") {
   CUuuid u;
   REQUIRE(parse_gpu_uuid(kUuidB, &u));

@@ -25,6 +25,10 @@ pass "another GPU model: refused"
 
 # A device map naming a GPU that is not there.
 expect_refused 3 "not a GPU here" "$CUSNAP" restore "$T/ckpt" --device-map 0=5
+# A device map moving a GPU the checkpoint does not have: refused, not ignored.
+FAKECUDA_DEVICES=2 expect_refused 3 "GPU 1 \\('1=0'\\), which the checkpoint does not name: its processes used GPU 0 \\(" \
+  "$CUSNAP" restore "$T/ckpt" --device-map 1=0
+pass "a device map naming a GPU the checkpoint did not use: refused"
 
 # Another GPU of the same model (another UUID): restored onto it.
 FAKECUDA_UUID_SEED=7 "$CUSNAP" restore "$T/ckpt" >"$T/restore1.out" 2>&1 &

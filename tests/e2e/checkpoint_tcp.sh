@@ -65,6 +65,9 @@ wait_gone "$PID"
 LAST=$(last_count "$T/launch.out")
 pass "checkpointed at count $LAST with its TCP connection; stopped"
 
+# A job without GPUs: a device map has nothing to move, and is refused.
+expect_refused 3 "no process of the checkpoint used a GPU" "$CUSNAP" restore "$T/ckpt" --device-map 0=0
+pass "a device map for a checkpoint without GPUs: refused"
 restore_bg "$T/ckpt" "$T/restore.out"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/restore.out" $((LAST + 5)) "" 30
