@@ -85,6 +85,10 @@ int cmd_checkpoint(int argc, char** argv) {
   }
   if (json) {
     d["ok"] = true;
+    // The job's name and root, as ps and restore name them ("job" is the
+    // name too, as earlier versions gave it).
+    d["name"] = entry.status.name;
+    d["pid"] = entry.status.root_pid;
     print_json(d);
     return kExitOk;
   }

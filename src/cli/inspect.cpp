@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -36,16 +37,23 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   ExitCode code = kExitOk;
   bool valid = verify_checkpoint_coded(dir, {}, &code, &verr);
   if (!valid && code == kExitOk) code = kExitBadCheckpoint;
+  // The checkpoint's size as `cusnap checkpoint` gives it: its files and
+  // the manifest.
   uint64_t bytes = 0;
   for (const ManifestFile& f : m.files) bytes += f.size;
+  if (struct stat st{}; ::stat((dir + "/manifest.json").c_str(), &st) == 0) bytes += st.st_size;
   if (json) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
     nlohmann::json j = {{"ok", valid},
                         {"kind", "checkpoint"},
-                        {"dir", dir},
+                        {"dir", ec ? dir : abs.lexically_normal().string()},
+                        {"name", m.job.name},
                         {"valid", valid},
                         {"error", valid ? "" : verr},
                         {"bytes", bytes},
                         {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
+    if (!valid) j["exit_code"] = int(code);  // as every failed command's JSON has it
     print_json(j);
     return valid ? kExitOk : code;
   }
@@ -130,6 +138,9 @@ int inspect_job(const std::string& spec, bool json) {
     // The job's root as ps --json names it (job.json calls it root_pid).
     if (d.contains("job") && d["job"].is_object() && d["job"].contains("root_pid"))
       d["job"]["pid"] = d["job"]["root_pid"];
+    // Its name and root, as every command's JSON about a job has them.
+    d["name"] = entry.status.name;
+    d["pid"] = entry.status.root_pid;
     print_json(d);
     return kExitOk;
   }

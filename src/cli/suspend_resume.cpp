@@ -37,6 +37,10 @@ int run(int argc, char** argv, bool suspend) {
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
     if (d.is_discarded()) d = nlohmann::json::object();
     d["ok"] = true;
+    // The job's name and root, as ps and restore name them ("job" is the
+    // name too, as earlier versions gave it).
+    d["name"] = entry.status.name;
+    d["pid"] = entry.status.root_pid;
     print_json(d);
   } else {
     std::printf("job %s %s\n", entry.status.name.c_str(), suspend ? "suspended" : "resumed");

@@ -28,6 +28,17 @@ expect_bad() {
 variant flipped
 printf '\x5a' | dd of="$T/flipped/$PAGES" bs=1 seek=4096 conv=notrunc status=none
 expect_bad flipped "SHA-256"
+rc=0
+"$CUSNAP" inspect "$T/flipped" --json >"$T/flipped.json" 2>/dev/null || rc=$?
+[ "$rc" = 5 ] || fail "inspect --json of the flipped checkpoint exited $rc, expected 5"
+python3 - "$T/flipped.json" <<'PY' || fail "inspect --json of the flipped checkpoint: $(cat "$T/flipped.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+# A failure's shape, as every command gives it, plus the description.
+assert d["ok"] is False and d["exit_code"] == 5 and "SHA-256" in d["error"], d
+assert d["valid"] is False and d["kind"] == "checkpoint" and d["name"] == "cj", d
+PY
+pass "inspect --json of the flipped checkpoint: ok false, exit_code 5, the error"
 
 variant truncated
 truncate -s -4096 "$T/truncated/$PAGES"

@@ -48,11 +48,29 @@ expect_eq "restore under a live name" 3 "$rc"
 
 "$CUSNAP" checkpoint pj -o "$SCRATCH/ck2" --leave-running --json >"$SCRATCH/ck2.json" || fail "leave-running"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] and not d["job_stopped"], d' "$SCRATCH/ck2.json"
+# The JSON of checkpoint, inspect, suspend and ps name the job alike, and
+# checkpoint and inspect give the same size and directory.
+"$CUSNAP" inspect "$SCRATCH/ck2" --json >"$SCRATCH/ck2.inspect.json" || fail "inspect ck2"
+"$CUSNAP" ps --json >"$SCRATCH/ps.json" || fail "ps --json"
+python3 - "$SCRATCH/ck2.json" "$SCRATCH/ck2.inspect.json" "$SCRATCH/ps.json" <<'PY' || fail "the JSON outputs disagree"
+import json, os, sys
+ck, ins, ps = (json.load(open(f)) for f in sys.argv[1:])
+job = [j for j in ps if j["name"] == "pj"][0]
+assert ck["name"] == ck["job"] == "pj" and ck["pid"] == job["pid"], (ck, job)
+assert ins["name"] == "pj" and ins["bytes"] == ck["bytes"], (ins["bytes"], ck["bytes"])
+assert ins["dir"] == ck["dir"] and os.path.isabs(ins["dir"]), (ins["dir"], ck["dir"])
+PY
+pass "checkpoint, inspect and ps --json agree on the job, the size and the directory"
 n=$(count_of "$log")
 wait_for 10 grep -q "^count $((n + 2)) ok" "$log" || fail "job stopped counting after --leave-running"
 pass "checkpoint --leave-running keeps the restored job running"
 
-"$CUSNAP" suspend pj >/dev/null || fail "suspend"
+"$CUSNAP" suspend pj --json >"$SCRATCH/suspend.json" || fail "suspend"
+python3 - "$SCRATCH/suspend.json" "$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["pid"])')" <<'PY' || fail "suspend --json: $(cat "$SCRATCH/suspend.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] and d["name"] == "pj" and d["pid"] == int(sys.argv[2]) and d["state"] == "suspended", d
+PY
 expect_eq "state after suspend" suspended "$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["state"])')"
 expect_eq "second suspend refused" 3 "$(run_status "$CUSNAP" suspend pj 2>/dev/null)"
 "$CUSNAP" resume pj >/dev/null || fail "resume"

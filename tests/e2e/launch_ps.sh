@@ -29,6 +29,7 @@ grep -q "already running" "$SCRATCH/dup.err" || fail "unclear refusal: $(cat "$S
 import json, sys
 d = json.load(sys.stdin)
 assert d["kind"] == "job" and d["job"]["name"] == "psjob", d
+assert d["name"] == "psjob" and d["pid"] == d["job"]["pid"], d
 assert d["processes"] and d["processes"][0]["cmdline"][0] == "sleep", d
 ' || fail "inspect --json"
 pass "inspect JOB lists the processes"
