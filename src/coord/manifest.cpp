@@ -1,7 +1,5 @@
 #include "coord/manifest.h"
 
-#include "proto/unique_fd.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,8 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "coord/file_read.h"
 #include "coord/procs.h"
 #include "proto/json_text.h"
+#include "proto/unique_fd.h"
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"
@@ -396,39 +396,11 @@ constexpr off_t kMaxManifestBytes = off_t(256) << 20;
 /// and *missing set when there is no such file.
 bool read_manifest_file(const std::string& path, std::string* text, bool* missing,
                         std::string* err) {
-  *missing = false;
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  struct stat st;
-  if (!fd || ::fstat(fd.get(), &st) != 0) {
-    *missing = errno == ENOENT;
-    *err = "cannot read " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    *err = path + " is not a regular file";
-    return false;
-  }
-  if (st.st_size > kMaxManifestBytes) {
-    *err = path + " is " + std::to_string(st.st_size) + " bytes, more than a manifest can be (" +
-           std::to_string(kMaxManifestBytes) + ")";
-    return false;
-  }
-  text->clear();
-  char buf[65536];
-  for (;;) {
-    const ssize_t r = ::read(fd.get(), buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      *err = "cannot read " + path + ": " + std::strerror(errno);
-      return false;
-    }
-    if (r == 0) return true;
-    text->append(buf, size_t(r));
-    if (off_t(text->size()) > kMaxManifestBytes) {
-      *err = path + " grows past " + std::to_string(kMaxManifestBytes) + " bytes while read";
-      return false;
-    }
-  }
+  int e = 0;
+  const bool ok = read_file_bounded(
+      path, {.max_bytes = size_t(kMaxManifestBytes), .kind = "a manifest"}, text, err, &e);
+  *missing = !ok && e == ENOENT;
+  return ok;
 }
 
 }  // namespace

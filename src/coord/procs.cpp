@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "coord/file_read.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -43,12 +44,7 @@ std::string read_link(const std::string& path) {
 }
 
 bool read_text_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
+  return read_file_bounded(path, {.max_bytes = kMaxTextFileBytes}, out);
 }
 
 std::vector<pid_t> process_tree(pid_t root) {

@@ -139,7 +139,10 @@ std::vector<std::string> process_gpu_uuids(pid_t pid);
 /// dump a job holding a terminal of a session outside the job) in *what.
 bool find_terminal_fd(const std::vector<pid_t>& pids, std::string* what);
 
-/// Reads a whole (small) file; false when it cannot be read.
+/// Reads a whole file of at most kMaxTextFileBytes (a /proc file: a large
+/// process's maps run to a few MiB) through read_file_bounded; false when it
+/// cannot be read or is larger.
+inline constexpr size_t kMaxTextFileBytes = size_t(64) << 20;
 bool read_text_file(const std::string& path, std::string* out);
 
 }  // namespace cusnap

@@ -1,4 +1,5 @@
 #include "coord/runtime_dir.h"
+#include "coord/file_read.h"
 #include "proto/json_text.h"
 #include "proto/utf8.h"
 
@@ -30,19 +31,9 @@ std::string errno_text(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
 
+/// job.json and the like: small, never a link.
 bool read_file(const std::string& path, std::string* out) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) return false;
-  out->clear();
-  char buf[4096];
-  for (;;) {
-    ssize_t r = ::read(fd.get(), buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return false;
-    if (r == 0) return true;
-    out->append(buf, static_cast<size_t>(r));
-    if (out->size() > (1u << 20)) return false;
-  }
+  return read_file_bounded(path, {.max_bytes = size_t(1) << 20, .no_follow = true}, out);
 }
 
 /// Takes an exclusive flock, waiting.
