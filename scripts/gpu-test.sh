@@ -85,6 +85,15 @@
 #                The nccl-torchrun job with one rank (one GPU): torchrun's agent
 #                and store, NCCL's threads and sockets (RAS listener, proxy),
 #                CUSNAP_GPU_TEST_NCCL_CYCLES cycles.
+#   nccl-torchrun-1rank-rollback
+#                The one-rank job with torch_allreduce.py --store-every 1 (a
+#                round trip to torchrun's store over TCP every step). Its CRIU
+#                (CUSNAP_CRIU, a wrapper) is held at post-dump past the
+#                checkpoint's --timeout 5 and killed: the checkpoint must exit 1,
+#                saying the job runs on and that CRIU's network lock was lifted
+#                (nftables table removed, sockets out of repair mode); the rank
+#                must step on 20 more times with its store answering; then a
+#                checkpoint and restore must work as usual.
 #   nccl-torchrun-1gpu
 #                Two NCCL ranks on one GPU (torch_allreduce.py --share-gpu: each
 #                rank presents itself as its own host, so NCCL connects them
@@ -138,7 +147,7 @@ ROOT=$PWD
 SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
   torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
+  nccl-torchrun-1rank nccl-torchrun-1rank-rollback nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
   nccl-torchrun-1gpu-graph restore-memory-check)
 SELECTED=()
 for a in "$@"; do
@@ -873,6 +882,69 @@ scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
+# nccl-torchrun-1rank-rollback: see the scenarios above.
+scenario_nccl_torchrun_1rank_rollback() {
+  local scen=nccl-torchrun-1rank-rollback out=$WORK/nccl-torchrun-1rank-rollback.out \
+    ck=$WORK/nccl-torchrun-1rank-rollback.ckpt cj rj rc why= before log real
+  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
+  torch_ready "$scen" || return 0
+  real=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
+  cat >"$WORK/$scen.hook" <<SH
+#!/bin/sh
+[ "\$CRTOOLS_SCRIPT_ACTION" = post-dump ] && [ -e "$WORK/$scen.hold" ] || exit 0
+: >"$WORK/$scen.held"
+while [ -e "$WORK/$scen.hold" ]; do sleep 0.1; done
+SH
+  cat >"$WORK/$scen.criu" <<SH
+#!/bin/sh
+[ "\$1" = dump ] && exec "$real" "\$@" --action-script "$WORK/$scen.hook"
+exec "$real" "\$@"
+SH
+  chmod 755 "$WORK/$scen.hook" "$WORK/$scen.criu"
+  echo "gpu-test: $scen: torchrun --nproc-per-node 1 torch_allreduce.py --store-every 1; CRIU held at post-dump past --timeout 5, killed; the job must run on"
+  CUSNAP_CRIU=$WORK/$scen.criu start_job "$scen" "$scen" "$out" 1 --strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
+    "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node 1 \
+    "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" --store-every 1 || return 0
+  cj=$WORK/$scen.held.json
+  : >"$WORK/$scen.hold"
+  rc=0
+  timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout 5 --json >"$cj" 2>&1 || rc=$?
+  rm -f "$WORK/$scen.hold"
+  echo "  checkpoint held past its timeout: exit $rc: $(json_field "$cj" error | tr '\n' '|' | cut -c1-400)"
+  if [ ! -e "$WORK/$scen.held" ]; then why="CRIU's dump did not reach post-dump (exit $rc)"
+  elif [ "$rc" != 1 ]; then why="the checkpoint exited $rc, expected 1"
+  elif ! grep -q "the job runs on unchanged" "$cj"; then why="the checkpoint does not say the job runs on"
+  elif ! grep -q "nftables table inet CRIU-[0-9a-f-]*) removed" "$cj"; then why="the checkpoint does not say CRIU's nftables lock was removed"
+  elif ! grep -q "TCP socket(s) of the job taken out of repair mode" "$cj"; then why="the checkpoint does not say the sockets left repair mode"
+  fi
+  before=$(counts "$out" | grep -E '^rank_0 ' || true)
+  if [ -z "$why" ] && ! wait_beyond "$out" 60 20 "$before"; then why="after the roll back: $WHY"; fi
+  if [ -z "$why" ] && [ -n "$(error_lines "$out")" ]; then why="$(error_lines "$out" | head -1)"; fi
+  if [ -n "$why" ]; then
+    result FAIL "$scen" "$why"; show_tail "$cj"; show_tail "$out" 8
+    stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
+  fi
+  echo "  rolled back: $(echo "$before" | tr '\n' ' ')-> $(counts "$out" | tr '\n' ' ')"
+  # And as usual afterwards: checkpoint (stops), restore, the rank steps on.
+  cj=$WORK/$scen.ckpt.json rj=$WORK/$scen.restore.json
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+    result FAIL "$scen" "the checkpoint after the roll back failed: $(json_field "$cj" error | head -2)"
+    stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
+  fi
+  for _ in $(seq 1 600); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
+  before=$(counts "$out" | grep -E '^rank_0 ' || true)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
+    result FAIL "$scen" "the restore after the roll back failed: $(json_field "$rj" error | head -2)"
+    rm -rf "$ck"; return 0
+  fi
+  log=$(json_field "$rj" runtime_dir)/output.log
+  if ! wait_beyond "$log" 120 20 "$before"; then why="after the restore: $WHY"
+  elif [ -n "$(error_lines "$log")" ]; then why="after the restore: $(error_lines "$log" | head -1)"; fi
+  if [ -n "$why" ]; then result FAIL "$scen" "$why"; show_tail "$log"
+  else result PASS "$scen" "CRIU killed mid-dump: lock lifted, the rank stepped on with its store; then checkpoint and restore: $(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')"; fi
+  stop_job "$scen" "$(job_field "$scen" pid)"
+  rm -rf "$ck"
+}
 # nccl-torchrun-1gpu: see the scenarios above.
 scenario_nccl_torchrun_1gpu() {
   local scen=nccl-torchrun-1gpu out=$WORK/nccl-torchrun-1gpu.out ck=$WORK/nccl-torchrun-1gpu.ckpt \

@@ -5,7 +5,7 @@
                                                              [--print-every K]
                                                              [--backend nccl|gloo]
                                                              [--share-gpu] [--sleep-ms M]
-                                                             [--graph G]
+                                                             [--graph G] [--store-every K]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -32,6 +32,11 @@ the k-th tensor holding the fill times (R + 1 + k), and each step sets the step
 number in a device tensor and replays the graph; every element of every
 tensor is checked (expected (i + s * 1000003) * (W (W + 1) / 2 + W k)). A step
 launches G collective kernels through one cuGraphLaunch, none directly.
+
+--store-every K: every K steps each rank adds 1 to its counter in torchrun's
+store (a round trip over its TCP connection to the agent's store) and checks
+the count it gets back (step / K): a connection that stopped working, or a
+store that lost its state, shows as an exception or a MISMATCH line.
 
 --share-gpu lets the NCCL ranks share the GPUs they see (two ranks on one
 GPU). NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
@@ -63,6 +68,7 @@ def main():
     ap.add_argument("--share-gpu", action="store_true")
     ap.add_argument("--sleep-ms", type=int, default=0)
     ap.add_argument("--graph", type=int, default=0)
+    ap.add_argument("--store-every", type=int, default=0)
     a = ap.parse_args()
     if a.graph and a.backend != "nccl":
         ap.error("--graph needs the nccl backend")
@@ -104,6 +110,7 @@ def main():
             for t in outs:
                 dist.all_reduce(t)
         torch.cuda.synchronize()
+    store = dist.distributed_c10d._get_default_store() if a.store_every else None
     say(f"rank {rank} ready pid {os.getpid()} device {where}")
     while a.steps == 0 or step < a.steps:
         step += 1
@@ -121,6 +128,12 @@ def main():
                 bad = (t != want).nonzero()[0].item()
                 say(f"rank {rank} MISMATCH at step {step}: element {bad} is {t[bad].item()}, "
                     f"expected {want[bad].item()}")
+                sys.exit(3)
+        if store is not None and step % a.store_every == 0:
+            got = store.add(f"cusnap_steps_{rank}", 1)
+            if got != step // a.store_every:
+                say(f"rank {rank} MISMATCH at step {step}: the store counts {got}, "
+                    f"expected {step // a.store_every}")
                 sys.exit(3)
         if step % a.print_every == 0 or step == 1:
             say(f"rank {rank} count {step} ok")
