@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "coord/criu_leftovers.h"
 #include "coord/manifest.h"
 #include "coord/ports.h"
 #include "job_target.h"
@@ -88,6 +89,18 @@ int inspect_checkpoint(const std::string& dir, bool json) {
     std::printf("  tcp:      %s%s%s\n",
                 m.tcp_established ? "established connections saved" : "no established connections",
                 ports.empty() ? "" : "; listening on ", ports.c_str());
+    // The lock CRIU left on the machine it ran on (criu_leftovers.h).
+    if (m.criu_network_lock == "nftables" && !m.criu_run_id.empty())
+      std::printf(
+          "  lock:     on the machine it was taken on, nftables table inet %s drops those "
+          "connections until a restore removes it; if the checkpoint will never be restored "
+          "there: nft delete table inet %s\n",
+          criu_nft_tables(m.criu_run_id).front().c_str(),
+          criu_nft_tables(m.criu_run_id).front().c_str());
+    else if (m.criu_network_lock == "iptables")
+      std::printf(
+          "  lock:     on the machine it was taken on, CRIU's iptables rules (mark 0xC114) drop "
+          "those connections until a restore removes them\n");
   }
   std::printf("  phases:\n");
   for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);

@@ -424,6 +424,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   m.gpus = scan.gpus;
   m.criu_version = criu.version;
   m.criu_path = criu.path;
+  m.criu_run_id = criu_run_id(dump_log);
+  if (tcp > 0 && !opts.leave_running && network_lock != "skip") m.criu_network_lock = network_lock;
   m.leave_running = opts.leave_running;
   m.tcp_established = tcp > 0;
   m.tcp_listeners = listeners;

@@ -58,6 +58,8 @@ std::string manifest_to_json(const Manifest& m) {
     j["gpus"].push_back(
         {{"index", g.index}, {"name", g.name}, {"uuid", g.uuid}, {"total_mem", g.total_mem}});
   j["criu"] = {{"version", m.criu_version}, {"path", m.criu_path}};
+  if (!m.criu_run_id.empty()) j["criu"]["run_id"] = m.criu_run_id;
+  if (!m.criu_network_lock.empty()) j["criu"]["network_lock"] = m.criu_network_lock;
   j["files"] = json::array();
   for (const ManifestFile& f : m.files)
     j["files"].push_back({{"path", f.path},
@@ -281,6 +283,9 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   if (const json* c = r.field(j, "", "criu")) {
     r.str(*c, "criu", "version", &m->criu_version);
     r.str(*c, "criu", "path", &m->criu_path);
+    if (r.ok && c->contains("run_id")) r.str(*c, "criu", "run_id", &m->criu_run_id);
+    if (r.ok && c->contains("network_lock"))
+      r.str(*c, "criu", "network_lock", &m->criu_network_lock);
   }
   if (const json* files = r.array(j, "", "files")) {
     m->files.clear();

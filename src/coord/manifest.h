@@ -10,7 +10,10 @@
 //                                     gpu_memory optional (NVML's count)
 //     "driver": { "version": 13000, "path" },
 //     "gpus": [ { "index", "name", "uuid", "total_mem" } ],   devices at checkpoint
-//     "criu": { "version": "4.1.1", "path" },
+//     "criu": { "version": "4.1.1", "path",
+//               "run_id": "<UUID>", optional: the dump's run id (criu_leftovers.h)
+//               "network_lock": "nftables" },  optional: its lock of tcp_established
+//                                     connections, left until a restore lifts it
 //     "files": [ { "path": "criu/pages-1.img", "size", "chunk_size",
 //                  "sha256", "chunks": ["<sha256 of each chunk>", ..] } ],
 //     "phases": [ { "name", "seconds" } ],
@@ -84,6 +87,12 @@ struct Manifest {
   std::string driver_path;
   std::vector<GpuDevice> gpus;
   std::string criu_version, criu_path;
+  /// The dump's CRIU run id (from its log), which names its network lock;
+  /// and that lock's method (--network-lock) where the dump saved
+  /// established TCP connections and stopped the job: CRIU leaves the lock
+  /// in place until a restore removes it. Optional in the file (absent:
+  /// empty).
+  std::string criu_run_id, criu_network_lock;
   std::vector<ManifestFile> files;
   PhaseTimes phases;
   bool leave_running = false;

@@ -82,6 +82,19 @@ TEST_CASE("manifest: round trip keeps every field") {
   m.tcp_established = true;
   REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
   CHECK(back.tcp_established);
+  // CRIU's run id and lock: optional, kept when there.
+  CHECK(back.criu_run_id.empty());
+  CHECK(back.criu_network_lock.empty());
+  CHECK(manifest_to_json(m).find("run_id") == std::string::npos);
+  m.criu_run_id = "cf42bc17-ed7f-461d-92b0-8195dd73b201";
+  m.criu_network_lock = "nftables";
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(back.criu_run_id == m.criu_run_id);
+  CHECK(back.criu_network_lock == "nftables");
+  std::string text = manifest_to_json(m);
+  text.replace(text.find("\"nftables\""), 10, "7");
+  CHECK_FALSE(manifest_from_json(text, &back, &err));
+  CHECK(err.find("criu.network_lock is not a string") != std::string::npos);
 }
 
 TEST_CASE("manifest: the loader rejects what it does not understand, saying which field") {

@@ -57,6 +57,15 @@ import json, sys
 assert json.load(open(sys.argv[1])).get("tcp_established") is True
 PY
 "$CUSNAP" inspect "$T/ckpt" >"$T/inspect.out" 2>&1 || fail "inspect failed: $(cat "$T/inspect.out")"
+# The lock CRIU leaves until the restore, named by the run id its log gave.
+python3 - "$T/ckpt/manifest.json" "$T/ckpt/criu/dump.log" <<'PY' || fail "the manifest does not record CRIU's run id and lock"
+import json, re, sys
+c = json.load(open(sys.argv[1]))["criu"]
+run_id = re.search(r"CRIU run id = ([0-9a-f-]{36})", open(sys.argv[2]).read()).group(1)
+assert c.get("run_id") == run_id and c.get("network_lock") == "nftables", (c, run_id)
+PY
+grep -q "lock: .*nftables table inet CRIU-[0-9a-f-]\{21\} drops those connections until a restore removes it" "$T/inspect.out" ||
+  fail "inspect does not name CRIU's lock: $(grep -A1 tcp "$T/inspect.out")"
 line=$(grep "tcp: *established connections saved; listening on " "$T/inspect.out" || true)
 [ "$(grep -o "127.0.0.1:$RAS_PORT\b" <<<"$line" | wc -l)" = 2 ] ||
   fail "inspect does not show the saved connections and both listeners: $(grep tcp "$T/inspect.out")"
@@ -64,6 +73,9 @@ wait_exit "$SUP"
 wait_gone "$PID"
 LAST=$(last_count "$T/launch.out")
 pass "checkpointed at count $LAST with its TCP connection; stopped"
+# CRIU leaves its lock on the connections until the restore.
+lock=$(sed -n 's/.*nftables table inet \(CRIU-[0-9a-f-]*\) drops.*/\1/p' "$T/inspect.out")
+nft_has_table "$lock" || fail "CRIU's lock $lock is not there after the checkpoint, as inspect says"
 
 # A job without GPUs: a device map has nothing to move, and is refused.
 expect_refused 3 "no process of the checkpoint used a GPU" "$CUSNAP" restore "$T/ckpt" --device-map 0=0
@@ -75,6 +87,10 @@ FIRST=$(first_count "$T/restore.out")
 [ "$FIRST" = $((LAST + 1)) ] || fail "continued at $FIRST, expected $((LAST + 1))"
 if grep -q mismatch "$T/restore.out"; then fail "a number was lost on the connection"; fi
 pass "restored: counts on from $FIRST over the same connection"
+rc=0
+nft_has_table "$lock" || rc=$?
+[ "$rc" = 1 ] || fail "CRIU's lock $lock is still there after the restore (or nftables cannot be listed: $rc)"
+pass "restored: CRIU's lock ($lock) is gone"
 ras_check "$RAS_PORT" "after the restore"
 pass "restored: both processes listen on 127.0.0.1:$RAS_PORT again (SO_REUSEPORT) and accept"
 kill -TERM "$SUP"

@@ -49,30 +49,6 @@ export CUSNAP_CRIU=$T/criu
 
 TCP_PAIR=$(dirname "$0")/tcp_pair.py  # counts over its connection
 
-# nft_has_table NAME: whether an nftables table "inet NAME" exists here,
-# through libnftables (which CRIU's nftables lock needs; the nft program may
-# be missing).
-nft_has_table() {
-  python3 - "$1" <<'PY'
-import ctypes, sys
-n = ctypes.CDLL("libnftables.so.1")
-n.nft_ctx_new.restype = ctypes.c_void_p
-n.nft_ctx_new.argtypes = [ctypes.c_uint32]
-for f in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
-    getattr(n, f).argtypes = [ctypes.c_void_p]
-n.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-n.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-n.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-ctx = n.nft_ctx_new(0)
-n.nft_ctx_buffer_output(ctx)
-n.nft_ctx_buffer_error(ctx)
-if n.nft_run_cmd_from_buffer(ctx, b"list tables") != 0:
-    sys.exit(2)
-tables = n.nft_ctx_get_output_buffer(ctx).decode().split("\n")
-sys.exit(0 if f"table inet {sys.argv[1]}" in tables else 1)
-PY
-}
-
 # lifted CASE FILE OUT: FILE (the checkpoint's output, or the guardian's
 # log) says CRIU's lock was lifted: the table removed, the sockets out of
 # repair mode; the table is gone, and the job (counting into OUT) counts on

@@ -202,6 +202,30 @@ expect_running() {
   return 0
 }
 
+# nft_has_table NAME: whether an nftables table "inet NAME" exists here,
+# through libnftables (which CRIU's nftables lock needs; the nft program may
+# be missing).
+nft_has_table() {
+  python3 - "$1" <<'PY'
+import ctypes, sys
+n = ctypes.CDLL("libnftables.so.1")
+n.nft_ctx_new.restype = ctypes.c_void_p
+n.nft_ctx_new.argtypes = [ctypes.c_uint32]
+for f in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+    getattr(n, f).argtypes = [ctypes.c_void_p]
+n.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+n.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+n.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+ctx = n.nft_ctx_new(0)
+n.nft_ctx_buffer_output(ctx)
+n.nft_ctx_buffer_error(ctx)
+if n.nft_run_cmd_from_buffer(ctx, b"list tables") != 0:
+    sys.exit(2)
+tables = n.nft_ctx_get_output_buffer(ctx).decode().split("\n")
+sys.exit(0 if f"table inet {sys.argv[1]}" in tables else 1)
+PY
+}
+
 # expect_refused CODE TEXT CMD...: runs CMD, which must fail with exit CODE
 # and print TEXT (a grep -E pattern).
 expect_refused() {
