@@ -38,11 +38,24 @@ struct Nft {
   const char* (*error_buffer)(void*) = nullptr;
   int (*run)(void*, const char*) = nullptr;
 
-  bool load(std::string* err) {
+  bool load(const std::string& criu_path, std::string* err) {
+    // The system's, else one beside the CRIU that made the table (a CRIU
+    // installed with its libraries: BIN/../lib, as scripts/gpu-bundle.sh
+    // lays it out).
+    std::string tried = "libnftables.so.1";
     lib = ::dlopen("libnftables.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib && !criu_path.empty()) {
+      const size_t slash = criu_path.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : criu_path.substr(0, slash);
+      const std::string beside = dir + "/../lib/libnftables.so.1";
+      if (::access(beside.c_str(), F_OK) == 0) {
+        lib = ::dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
+        tried += " or " + beside;
+      }
+    }
     if (!lib) {
       const char* e = ::dlerror();
-      *err = std::string("cannot load libnftables.so.1: ") + (e ? e : "unknown error");
+      *err = "cannot load " + tried + ": " + (e ? e : "unknown error");
       return false;
     }
     ctx_new = reinterpret_cast<decltype(ctx_new)>(::dlsym(lib, "nft_ctx_new"));
@@ -100,7 +113,8 @@ std::vector<std::string> criu_nft_tables(const std::string& run_id) {
   return {full.substr(0, 31 - 5), full};
 }
 
-bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err) {
+bool remove_criu_nft_table(const std::string& run_id, const std::string& criu_path,
+                           std::string* removed, std::string* err) {
   removed->clear();
   if (!is_uuid(run_id)) {
     // (Appended piece by piece: GCC 12 at -O3 warns, wrongly, of an overlap
@@ -109,7 +123,7 @@ bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std:
     return false;
   }
   Nft nft;
-  if (!nft.load(err)) return false;
+  if (!nft.load(criu_path, err)) return false;
   void* ctx = nft.ctx_new(0);
   if (!ctx) {
     *err = "libnftables could not make a context";
@@ -150,7 +164,7 @@ size_t tcp_repair_off(const std::vector<pid_t>& pids) {
 }
 
 std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::string& method,
-                                   const std::string& log_path) {
+                                   const std::string& log_path, const std::string& criu_path) {
   std::string out;
   auto line = [&](const std::string& s) { out += (out.empty() ? "" : "\n") + s; };
   // The table first, so that the window probes of the sockets get through.
@@ -165,7 +179,7 @@ std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::st
            " names no run id, so its nftables table \"inet CRIU-<run id>\", which drops the "
            "job's TCP connections, may be left: list it with `nft list tables` and remove it "
            "with `nft delete table inet CRIU-...`");
-    else if (!remove_criu_nft_table(id, &removed, &why))
+    else if (!remove_criu_nft_table(id, criu_path, &removed, &why))
       line("warning: CRIU's nftables table that drops the job's TCP connections is left: " + why +
            "; remove it with `nft delete table inet " + criu_nft_tables(id).front() + "`");
     else if (!removed.empty())
