@@ -1,15 +1,22 @@
 #include "coord/criu_leftovers.h"
 
-#include <dlfcn.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netlink.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 
 #include "coord/procs.h"
 #include "proto/unique_fd.h"
@@ -28,54 +35,77 @@ bool is_uuid(std::string_view s) {
   return true;
 }
 
-// libnftables' entry points (nftables/libnftables.h, API 1: libnftables.so.1).
-struct Nft {
-  void* lib = nullptr;
-  void* (*ctx_new)(uint32_t) = nullptr;
-  void (*ctx_free)(void*) = nullptr;
-  int (*buffer_output)(void*) = nullptr;
-  int (*buffer_error)(void*) = nullptr;
-  const char* (*error_buffer)(void*) = nullptr;
-  int (*run)(void*, const char*) = nullptr;
+// A message to nf_tables over netlink: header, nfgenmsg, attributes.
+class NftMessage {
+ public:
+  NftMessage(uint16_t type, uint16_t flags, uint32_t seq, uint8_t family, uint16_t res_id) {
+    nlmsghdr h{};
+    h.nlmsg_type = type;
+    h.nlmsg_flags = flags;
+    h.nlmsg_seq = seq;
+    put(&h, sizeof h);
+    nfgenmsg g{};
+    g.nfgen_family = family;
+    g.version = NFNETLINK_V0;
+    g.res_id = htons(res_id);
+    put(&g, sizeof g);
+  }
+  void attr_string(uint16_t type, const std::string& value) {
+    nlattr a{};
+    a.nla_type = type;
+    a.nla_len = uint16_t(NLA_HDRLEN + value.size() + 1);
+    put(&a, sizeof a);
+    put(value.c_str(), value.size() + 1);
+  }
+  /// The message, its length set, padded to 4 bytes.
+  std::string done() {
+    reinterpret_cast<nlmsghdr*>(buf_.data())->nlmsg_len = uint32_t(buf_.size());
+    return buf_;
+  }
 
-  bool load(const std::string& criu_path, std::string* err) {
-    // The system's, else one beside the CRIU that made the table (a CRIU
-    // installed with its libraries: BIN/../lib, as scripts/gpu-bundle.sh
-    // lays it out).
-    std::string tried = "libnftables.so.1";
-    lib = ::dlopen("libnftables.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib && !criu_path.empty()) {
-      const size_t slash = criu_path.rfind('/');
-      const std::string dir = slash == std::string::npos ? "." : criu_path.substr(0, slash);
-      const std::string beside = dir + "/../lib/libnftables.so.1";
-      if (::access(beside.c_str(), F_OK) == 0) {
-        lib = ::dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
-        tried += " or " + beside;
-      }
-    }
-    if (!lib) {
-      const char* e = ::dlerror();
-      *err = "cannot load " + tried + ": " + (e ? e : "unknown error");
-      return false;
-    }
-    ctx_new = reinterpret_cast<decltype(ctx_new)>(::dlsym(lib, "nft_ctx_new"));
-    ctx_free = reinterpret_cast<decltype(ctx_free)>(::dlsym(lib, "nft_ctx_free"));
-    buffer_output =
-        reinterpret_cast<decltype(buffer_output)>(::dlsym(lib, "nft_ctx_buffer_output"));
-    buffer_error = reinterpret_cast<decltype(buffer_error)>(::dlsym(lib, "nft_ctx_buffer_error"));
-    error_buffer =
-        reinterpret_cast<decltype(error_buffer)>(::dlsym(lib, "nft_ctx_get_error_buffer"));
-    run = reinterpret_cast<decltype(run)>(::dlsym(lib, "nft_run_cmd_from_buffer"));
-    if (!ctx_new || !ctx_free || !buffer_output || !buffer_error || !error_buffer || !run) {
-      *err = "libnftables.so.1 lacks the functions of its API 1";
-      return false;
-    }
-    return true;
+ private:
+  void put(const void* p, size_t n) {
+    buf_.append(static_cast<const char*>(p), n);
+    buf_.append((4 - buf_.size() % 4) % 4, '\0');
   }
-  ~Nft() {
-    if (lib) ::dlclose(lib);
-  }
+  std::string buf_;
 };
+
+// Deletes the table "inet NAME" in one nf_tables batch; 0, or the negative
+// errno the kernel answered (-ENOENT: no such table), or of the socket.
+int nft_delete_inet_table(const std::string& name) {
+  const UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER));
+  if (!fd) return -errno;
+  timeval tv{5, 0};  // the kernel answers at once; never wait for ever
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const uint32_t seq = uint32_t(::time(nullptr));
+  std::string batch =
+      NftMessage(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, AF_UNSPEC, NFNL_SUBSYS_NFTABLES).done();
+  NftMessage del((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELTABLE, NLM_F_REQUEST | NLM_F_ACK, seq + 1,
+                 NFPROTO_INET, 0);
+  del.attr_string(NFTA_TABLE_NAME, name);
+  batch += del.done();
+  batch += NftMessage(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq + 2, AF_UNSPEC, NFNL_SUBSYS_NFTABLES)
+               .done();
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(fd.get(), batch.data(), batch.size(), 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof kernel) != ssize_t(batch.size()))
+    return -errno;
+  // The answer to the deletion: an error message (0 is the acknowledgement).
+  alignas(nlmsghdr) char buf[8192];
+  for (;;) {
+    const ssize_t got = ::recv(fd.get(), buf, sizeof buf, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -errno;
+    size_t left = size_t(got);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_type != NLMSG_ERROR || h->nlmsg_seq != seq + 1) continue;
+      if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) return -EPROTO;
+      return static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
+    }
+  }
+}
 
 }  // namespace
 
@@ -113,8 +143,7 @@ std::vector<std::string> criu_nft_tables(const std::string& run_id) {
   return {full.substr(0, 31 - 5), full};
 }
 
-bool remove_criu_nft_table(const std::string& run_id, const std::string& criu_path,
-                           std::string* removed, std::string* err) {
+bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err) {
   removed->clear();
   if (!is_uuid(run_id)) {
     // (Appended piece by piece: GCC 12 at -O3 warns, wrongly, of an overlap
@@ -122,32 +151,17 @@ bool remove_criu_nft_table(const std::string& run_id, const std::string& criu_pa
     err->assign(1, '"').append(run_id, 0, 64).append("\" is not a CRIU run id");
     return false;
   }
-  Nft nft;
-  if (!nft.load(criu_path, err)) return false;
-  void* ctx = nft.ctx_new(0);
-  if (!ctx) {
-    *err = "libnftables could not make a context";
-    return false;
-  }
-  nft.buffer_output(ctx);  // quiet: its messages are read, not printed
-  nft.buffer_error(ctx);
-  bool ok = true;
   for (const std::string& name : criu_nft_tables(run_id)) {
-    const std::string cmd = "delete table inet " + name;
-    if (nft.run(ctx, cmd.c_str()) == 0) {
-      *removed = "inet " + name;
-      break;
+    const int rc = nft_delete_inet_table(name);
+    if (rc == -ENOENT) continue;  // not this one
+    if (rc != 0) {
+      *err = "deleting nftables table inet " + name + ": " + std::strerror(-rc);
+      return false;
     }
-    const char* text = nft.error_buffer(ctx);  // (which also empties it)
-    std::string msg = text ? text : "";
-    if (msg.find("No such file or directory") != std::string::npos) continue;  // not this one
-    if (size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    *err = "nft " + cmd + ": " + (msg.empty() ? "failed" : msg);
-    ok = false;
-    break;
+    *removed = "inet " + name;
+    return true;
   }
-  nft.ctx_free(ctx);
-  return ok;
+  return true;
 }
 
 size_t tcp_repair_off(const std::vector<pid_t>& pids) {
@@ -164,7 +178,7 @@ size_t tcp_repair_off(const std::vector<pid_t>& pids) {
 }
 
 std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::string& method,
-                                   const std::string& log_path, const std::string& criu_path) {
+                                   const std::string& log_path) {
   std::string out;
   auto line = [&](const std::string& s) { out += (out.empty() ? "" : "\n") + s; };
   // The table first, so that the window probes of the sockets get through.
@@ -179,7 +193,7 @@ std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::st
            " names no run id, so its nftables table \"inet CRIU-<run id>\", which drops the "
            "job's TCP connections, may be left: list it with `nft list tables` and remove it "
            "with `nft delete table inet CRIU-...`");
-    else if (!remove_criu_nft_table(id, criu_path, &removed, &why))
+    else if (!remove_criu_nft_table(id, &removed, &why))
       line("warning: CRIU's nftables table that drops the job's TCP connections is left: " + why +
            "; remove it with `nft delete table inet " + criu_nft_tables(id).front() + "`");
     else if (!removed.empty())

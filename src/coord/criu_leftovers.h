@@ -38,14 +38,13 @@ std::string criu_run_id(const std::string& path);
 /// would use.
 std::vector<std::string> criu_nft_tables(const std::string& run_id);
 
-/// Removes the nftables table of CRIU's run run_id (criu_nft_tables) through
-/// libnftables, loaded at run time: CRIU needs it for its nftables lock, so
-/// it is there wherever that lock was taken, on the system or beside the
-/// CRIU at criu_path (its ../lib). True when no such table is left, *removed
-/// naming the one removed (empty when there was none); false with *err
-/// saying why (libnftables missing, no permission).
-bool remove_criu_nft_table(const std::string& run_id, const std::string& criu_path,
-                           std::string* removed, std::string* err);
+/// Removes the nftables table of CRIU's run run_id (criu_nft_tables), asking
+/// nf_tables over netlink itself (no nft program or libnftables needed: a
+/// CRIU may bring its own, as scripts/gpu-bundle.sh's does). True when no
+/// such table is left, *removed naming the one removed (empty when there was
+/// none); false with *err saying why (no permission: CAP_NET_ADMIN is
+/// needed).
+bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err);
 
 /// Takes the processes' TCP sockets that are in repair mode out of it
 /// (TCP_REPAIR off, through a duplicate taken with pidfd_getfd; needs
@@ -58,11 +57,10 @@ size_t tcp_repair_off(const std::vector<pid_t>& pids);
 /// For a job that runs on after a dump that did not unlock: removes CRIU's
 /// lock (method: the --network-lock given; for nftables the table named by
 /// the run id in the dump's log at log_path) and takes the job's sockets out
-/// of repair mode. criu_path: the CRIU that ran (remove_criu_nft_table).
-/// Returns what it did or could not do, one line each (empty when there was
-/// nothing to do); a line that begins with "warning: " says what is left for
-/// the user.
+/// of repair mode. Returns what it did or could not do, one line each (empty
+/// when there was nothing to do); a line that begins with "warning: " says
+/// what is left for the user.
 std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::string& method,
-                                   const std::string& log_path, const std::string& criu_path = {});
+                                   const std::string& log_path);
 
 }  // namespace cusnap

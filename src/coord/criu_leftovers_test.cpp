@@ -83,7 +83,7 @@ TEST_CASE("criu leftovers: the table's name is cut as CRIU cuts it") {
   CHECK(names[0] == "CRIU-cf42bc17-ed7f-461d-92");  // "inet CRIU-..." in 32 bytes
   CHECK(names[1] == std::string("CRIU-") + kId);
   std::string removed, err;
-  CHECK_FALSE(remove_criu_nft_table("x; delete table inet filter", "", &removed, &err));
+  CHECK_FALSE(remove_criu_nft_table("x; delete table inet filter", &removed, &err));
   CHECK(err.find("is not a CRIU run id") != std::string::npos);
 }
 
@@ -111,11 +111,11 @@ TEST_CASE("criu leftovers: CRIU's nftables table is removed, under either name" 
     CAPTURE(name);
     REQUIRE(nft("add table inet " + name) == 0);
     std::string removed, err;
-    CHECK(remove_criu_nft_table(kId, "", &removed, &err));
+    CHECK(remove_criu_nft_table(kId, &removed, &err));
     CHECK(removed == "inet " + name);
     CHECK(nft("delete table inet " + name) != 0);  // gone
     // None left: nothing to remove, and that is no error.
-    CHECK(remove_criu_nft_table(kId, "", &removed, &err));
+    CHECK(remove_criu_nft_table(kId, &removed, &err));
     CHECK(removed.empty());
     CHECK(err.empty());
   }

@@ -257,7 +257,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   const std::string dump_log = work.path() + "/dump.log";
   auto roll_back = [&](const std::string& why) {
     std::string unlocked;
-    if (tcp > 0) unlocked = lift_criu_network_lock(pids, network_lock, dump_log, criu.path);
+    if (tcp > 0) unlocked = lift_criu_network_lock(pids, network_lock, dump_log);
     for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGCONT);
     std::string rb;
     bool ok = driver_bring_back(driver, scan.cuda, &rb);

@@ -93,7 +93,7 @@ bool wait_ended(const std::set<pid_t>& pids, std::chrono::milliseconds limit) {
 /// --network-lock method where it saved established TCP connections (empty
 /// otherwise), and its log (-o, under -W where relative).
 struct DumpRun {
-  std::string network_lock, log_path, criu_path;
+  std::string network_lock, log_path;
 };
 DumpRun dump_run_of(pid_t pid) {
   DumpRun run;
@@ -109,7 +109,6 @@ DumpRun dump_run_of(pid_t pid) {
     if (argv[i] == "-o" && has_value) log = argv[i + 1];
   }
   if (tcp) run.network_lock = method;
-  if (!argv.empty()) run.criu_path = argv[0];
   run.log_path = log.empty() || log[0] == '/' || work.empty() ? log : work + "/" + log;
   return run;
 }
@@ -182,8 +181,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   // TCP connections locked; lifted before the tree runs again. Sockets in
   // repair mode are taken out of it even where no CRIU was seen (it may have
   // ended before the guardian looked).
-  if (const std::string lifted =
-          lift_criu_network_lock(tree, dump.network_lock, dump.log_path, dump.criu_path);
+  if (const std::string lifted = lift_criu_network_lock(tree, dump.network_lock, dump.log_path);
       !lifted.empty())
     note(lifted);
   std::vector<pid_t> cuda;

@@ -203,26 +203,35 @@ expect_running() {
 }
 
 # nft_has_table NAME: whether an nftables table "inet NAME" exists here,
-# through libnftables (which CRIU's nftables lock needs; the nft program may
-# be missing).
+# asked of nf_tables over netlink (the nft program and libnftables may both be
+# missing: the GPU machine's CRIU brings its own). Exit 0 yes, 1 no, 2 error.
 nft_has_table() {
   python3 - "$1" <<'PY'
-import ctypes, sys
-n = ctypes.CDLL("libnftables.so.1")
-n.nft_ctx_new.restype = ctypes.c_void_p
-n.nft_ctx_new.argtypes = [ctypes.c_uint32]
-for f in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
-    getattr(n, f).argtypes = [ctypes.c_void_p]
-n.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-n.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-n.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-ctx = n.nft_ctx_new(0)
-n.nft_ctx_buffer_output(ctx)
-n.nft_ctx_buffer_error(ctx)
-if n.nft_run_cmd_from_buffer(ctx, b"list tables") != 0:
-    sys.exit(2)
-tables = n.nft_ctx_get_output_buffer(ctx).decode().split("\n")
-sys.exit(0 if f"table inet {sys.argv[1]}" in tables else 1)
+import socket, struct, sys
+NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWTABLE, NFT_MSG_GETTABLE = 10, 0, 1
+name = sys.argv[1].encode() + b"\0"
+attr = struct.pack("HH", 4 + len(name), 1) + name  # NFTA_TABLE_NAME
+attr += b"\0" * (-len(attr) % 4)
+body = struct.pack("BBH", 1, 0, 0) + attr  # nfgenmsg: NFPROTO_INET
+hdr = struct.pack("IHHII", 16 + len(body), NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE,
+                  1 | 4, 1, 0)  # NLM_F_REQUEST | NLM_F_ACK
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+s.settimeout(5)
+s.sendto(hdr + body, (0, 0))
+found = False
+while True:
+    data = s.recv(65536)
+    off = 0
+    while off + 16 <= len(data):
+        ln, typ = struct.unpack_from("IH", data, off)
+        if typ == NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWTABLE:
+            found = True
+        elif typ == 2:  # NLMSG_ERROR: the acknowledgement (0) or the error
+            err = struct.unpack_from("i", data, off + 16)[0]
+            if err not in (0, -2):  # -ENOENT: no such table
+                sys.exit(2)
+            sys.exit(0 if found and err == 0 else 1)
+        off += (ln + 3) & ~3
 PY
 }
 
