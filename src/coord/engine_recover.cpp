@@ -126,8 +126,14 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
                  const std::function<void(const std::string&)>& note, DumpRun* dump) {
   std::set<pid_t> criu = orphaned_criu(job.root_pid, tree);
   if (criu.empty()) return true;
-  for (pid_t pid : criu)
+  // Only a CRIU of our own user names the log to read (anyone can run a
+  // process with such arguments).
+  for (pid_t pid : criu) {
+    struct stat st {};
+    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0 || st.st_uid != ::geteuid())
+      continue;
     if (DumpRun r = dump_run_of(pid); !r.log_path.empty() && dump->log_path.empty()) *dump = r;
+  }
   std::string list;
   for (pid_t pid : criu) list += (list.empty() ? "" : ", ") + std::to_string(pid);
   long wait_ms = 60000;
