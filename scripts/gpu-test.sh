@@ -910,7 +910,8 @@ SH
   rc=0
   timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout 5 --json >"$cj" 2>&1 || rc=$?
   rm -f "$WORK/$scen.hold"
-  echo "  checkpoint held past its timeout: exit $rc: $(json_field "$cj" error | tr '\n' '|' | cut -c1-400)"
+  echo "  checkpoint held past its timeout: exit $rc: $(json_field "$cj" error | head -1 | cut -c1-200)"
+  json_field "$cj" error | grep -E "network lock|repair mode|warning|runs on" | sed 's/^/    /' || true
   if [ ! -e "$WORK/$scen.held" ]; then why="CRIU's dump did not reach post-dump (exit $rc)"
   elif [ "$rc" != 1 ]; then why="the checkpoint exited $rc, expected 1"
   elif ! grep -q "the job runs on unchanged" "$cj"; then why="the checkpoint does not say the job runs on"
