@@ -331,6 +331,12 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     if (why.find("Can't dump ghost file") != std::string::npos)
       why += "the job holds a deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=" + ghost_limit +
              ": raise the limit or unset it\n";
+    if (tcp > 0 && (why.find("Locking network failed") != std::string::npos ||
+                    why.find("Locking connection failed") != std::string::npos))
+      why += "CRIU could not lock the job's TCP connections with " + network_lock +
+             " (CUSNAP_CRIU_NETWORK_LOCK): where this machine has no nftables, set it to "
+             "iptables (needs the iptables programs) or skip (no lock: a packet from outside "
+             "the job during the dump may reset a connection)\n";
     return roll_back("CRIU dump phase: " + why + "(CRIU's log and output are kept in " +
                      work.path() + ")");
   }

@@ -20,7 +20,9 @@
 #   guardian finish  CRIU is let go 2 s later and succeeds (the lock stays)
 #   guardian hung    CRIU is held until the guardian kills it (after
 #                    CUSNAP_GUARDIAN_CRIU_WAIT_MS=2000)
-# the guardian lifts the lock before the job runs again, and says so.
+# the guardian lifts the lock before the job runs again, and says so. And a
+# CRIU that fails to take its lock (no nftables here): the checkpoint says
+# which variable to set.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
@@ -41,6 +43,15 @@ exit 0
 SH
 cat >"$T/criu" <<SH
 #!/bin/sh
+if [ "\$1" = dump ] && [ "\$(cat "$T/mode" 2>/dev/null)" = nolock ]; then
+  # As CRIU fails where the kernel has no nftables: its log, exit 1.
+  while [ \$# -gt 0 ]; do
+    case \$1 in -W) work=\$2 ;; -o) log=\$2 ;; esac
+    shift
+  done
+  printf '(00.000000) CRIU run id = 00000000-1111-2222-3333-444444444444\\n(00.040606) net: Lock network\\n(00.040700) Error (criu/netfilter.c:214): Locking network failed using nftables\\n' >"\$work/\$log"
+  exit 1
+fi
 [ "\$1" = dump ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
 exec "$REAL_CRIU" "\$@"
 SH
@@ -108,6 +119,19 @@ if mount -t tmpfs -o size=256m tmpfs "$SMALL" 2>/dev/null; then
 else
   echo "note: cannot mount a tmpfs here; the disk-full case was not run"
 fi
+
+# A CRIU that cannot take its lock (no nftables): the checkpoint says what
+# to set, and the job runs on.
+echo nolock >"$T/mode"
+rc=0
+"$CUSNAP" checkpoint tcp -o "$T/ck-nolock" >"$T/nolock.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "no lock: the checkpoint exited $rc, expected 1: $(cat "$T/nolock.out")"
+grep -q "could not lock the job's TCP connections with nftables (CUSNAP_CRIU_NETWORK_LOCK)" "$T/nolock.out" ||
+  fail "no lock: the checkpoint does not say what to set: $(cat "$T/nolock.out")"
+grep -q "the job runs on unchanged" "$T/nolock.out" || fail "no lock: the job does not run on: $(cat "$T/nolock.out")"
+last=$(last_count "$T/launch.out")
+wait_count "$T/launch.out" $((last + 10)) "" 20
+pass "no lock: the checkpoint names CUSNAP_CRIU_NETWORK_LOCK, the job counts on"
 
 # guardian_case NAME WAIT_MS: a job of its own whose supervisor is killed
 # while CRIU is held at post-dump; the guardian recovers it.
