@@ -92,7 +92,8 @@ int nft_delete_inet_table(const std::string& name) {
   if (::sendto(fd.get(), batch.data(), batch.size(), 0, reinterpret_cast<sockaddr*>(&kernel),
                sizeof kernel) != ssize_t(batch.size()))
     return -errno;
-  // The answer to the deletion: an error message (0 is the acknowledgement).
+  // The answer to the deletion: an error message (0 is the acknowledgement);
+  // an error about the batch itself (EPERM without CAP_NET_ADMIN) ends it too.
   alignas(nlmsghdr) char buf[8192];
   for (;;) {
     const ssize_t got = ::recv(fd.get(), buf, sizeof buf, 0);
@@ -100,9 +101,10 @@ int nft_delete_inet_table(const std::string& name) {
     if (got < 0) return -errno;
     size_t left = size_t(got);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-      if (h->nlmsg_type != NLMSG_ERROR || h->nlmsg_seq != seq + 1) continue;
+      if (h->nlmsg_type != NLMSG_ERROR) continue;
       if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) return -EPROTO;
-      return static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
+      const int error = static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
+      if (h->nlmsg_seq == seq + 1 || error != 0) return error;
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -119,6 +120,22 @@ TEST_CASE("criu leftovers: CRIU's nftables table is removed, under either name" 
     CHECK(removed.empty());
     CHECK(err.empty());
   }
+}
+
+TEST_CASE("criu leftovers: without CAP_NET_ADMIN the table is not removed, and that is said") {
+  // In a child that drops to uid 65534 (or is not root already).
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(10);
+    std::string removed, err;
+    const bool ok = remove_criu_nft_table(kId, &removed, &err);
+    ::_exit(!ok && err.find("Operation not permitted") != std::string::npos ? 0 : 11);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("criu leftovers: the lift says what it did" * doctest::skip(geteuid() != 0)) {
