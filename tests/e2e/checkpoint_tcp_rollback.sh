@@ -92,11 +92,11 @@ SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job tcp)
 
-# timeout: CRIU held at post-dump past --timeout 3, then killed.
+# timeout: CRIU held at post-dump past --timeout 5, then killed.
 echo hold >"$T/mode"
 : >"$T/hold"
 rc=0
-"$CUSNAP" checkpoint tcp -o "$T/ck1" --timeout 3 >"$T/ck1.out" 2>&1 || rc=$?
+"$CUSNAP" checkpoint tcp -o "$T/ck1" --timeout 5 >"$T/ck1.out" 2>&1 || rc=$?
 rm -f "$T/hold"
 [ -e "$T/held" ] || fail "timeout: CRIU's dump did not reach post-dump: $(cat "$T/ck1.out")"
 [ "$rc" = 1 ] || fail "timeout: the checkpoint exited $rc, expected 1: $(cat "$T/ck1.out")"
