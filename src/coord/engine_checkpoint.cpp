@@ -247,14 +247,14 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   complete_gpu_use(job, &driver);
   out->phases.emplace_back("driver-checkpoint", sw.lap());
 
-  // Bring the job back after a failure from here on: continue it (it may be
-  // stopped by --leave-stopped), then restore and unlock its GPU state and
-  // rebuild its shared memory.
-  // The dump's established TCP connections (set at the dump): CRIU may have
-  // left them locked (criu_leftovers.h), which the roll back undoes before
-  // the job runs again.
+  // The dump's established TCP connections (counted at the dump) and its
+  // log, which names CRIU's run.
   size_t tcp = 0;
   const std::string dump_log = work.path() + "/dump.log";
+  // Bring the job back after a failure from here on: lift the lock CRIU may
+  // have left on its TCP connections (criu_leftovers.h), continue it (it may
+  // be stopped by --leave-stopped, or before a CRIU killed at its timeout),
+  // then restore and unlock its GPU state and rebuild its shared memory.
   auto roll_back = [&](const std::string& why) {
     std::string unlocked;
     if (tcp > 0) unlocked = lift_criu_network_lock(pids, network_lock, dump_log);
