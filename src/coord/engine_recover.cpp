@@ -30,20 +30,6 @@ using namespace engine_detail;
 
 namespace {
 
-/// A process's arguments (/proc/PID/cmdline); empty when it cannot be read.
-std::vector<std::string> process_argv(pid_t pid) {
-  std::string cmdline;
-  std::vector<std::string> argv;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/cmdline", &cmdline)) return argv;
-  for (size_t b = 0; b < cmdline.size();) {
-    size_t z = cmdline.find('\0', b);
-    if (z == std::string::npos) z = cmdline.size();
-    argv.push_back(cmdline.substr(b, z - b));
-    b = z + 1;
-  }
-  return argv;
-}
-
 /// The processes that trace a task of `tree` (TracerPid of any thread) and
 /// the processes whose arguments are a CRIU dump of `root` ("dump ... -t
 /// ROOT", a wrapper through CUSNAP_CRIU included): the CRIU that the dead
@@ -69,7 +55,8 @@ std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
   while (dirent* e = ::readdir(d)) {
     pid_t pid = pid_t(std::atoi(e->d_name));
     if (pid <= 0 || pid == self) continue;
-    const std::vector<std::string> argv = process_argv(pid);
+    std::vector<std::string> argv;
+    if (!read_process_argv(pid, &argv)) continue;
     bool dump = false, of_root = false;
     for (size_t i = 0; i < argv.size(); ++i) {
       if (argv[i] == "dump") dump = true;
@@ -98,7 +85,8 @@ struct DumpRun {
 DumpRun dump_run_of(pid_t pid) {
   DumpRun run;
   std::string work, log;
-  const std::vector<std::string> argv = process_argv(pid);
+  std::vector<std::string> argv;
+  read_process_argv(pid, &argv);
   bool tcp = false;
   std::string method = "nftables";  // CRIU's default under --tcp-established
   for (size_t i = 0; i < argv.size(); ++i) {

@@ -14,7 +14,6 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -87,20 +86,25 @@ bool maps_use_cuda(std::string_view maps) {
   return false;
 }
 
-bool read_process(pid_t pid, ProcessInfo* out) {
-  std::string base = "/proc/" + std::to_string(pid);
+bool read_process_argv(pid_t pid, std::vector<std::string>* argv) {
   std::string cmdline;
-  if (!read_text_file(base + "/cmdline", &cmdline)) return false;
-  out->pid = pid;
-  out->exe = read_link(base + "/exe");
-  out->cmdline.clear();
+  argv->clear();
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/cmdline", &cmdline)) return false;
   size_t start = 0;
   while (start < cmdline.size()) {
     size_t end = cmdline.find('\0', start);
     if (end == std::string::npos) end = cmdline.size();
-    out->cmdline.push_back(cmdline.substr(start, end - start));
+    argv->push_back(cmdline.substr(start, end - start));
     start = end + 1;
   }
+  return true;
+}
+
+bool read_process(pid_t pid, ProcessInfo* out) {
+  std::string base = "/proc/" + std::to_string(pid);
+  if (!read_process_argv(pid, &out->cmdline)) return false;
+  out->pid = pid;
+  out->exe = read_link(base + "/exe");
   std::string maps;
   out->uses_cuda = read_text_file(base + "/maps", &maps) && maps_use_cuda(maps);
   if (!out->uses_cuda) {

@@ -26,6 +26,10 @@ namespace cusnap {
 /// Empty when root does not exist.
 std::vector<pid_t> process_tree(pid_t root);
 
+/// A process's arguments (/proc/PID/cmdline, split at its NULs); false when
+/// it cannot be read (gone).
+bool read_process_argv(pid_t pid, std::vector<std::string>* argv);
+
 /// exe, cmdline and uses_cuda of one process; false when it is gone.
 bool read_process(pid_t pid, ProcessInfo* out);
 
