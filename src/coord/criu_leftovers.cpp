@@ -1,7 +1,6 @@
 #include "coord/criu_leftovers.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <linux/netfilter.h>
 #include <linux/netfilter/nf_tables.h>
 #include <linux/netfilter/nfnetlink.h>
@@ -18,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "coord/file_read.h"
 #include "coord/procs.h"
 #include "proto/unique_fd.h"
 
@@ -123,18 +123,9 @@ std::string criu_run_id_from_log(std::string_view text) {
 }
 
 std::string criu_run_id(const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (!fd) return {};
-  std::string text(1 << 20, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += size_t(n);
-  }
-  text.resize(got);
-  return criu_run_id_from_log(text);
+  std::string head;
+  if (!read_file_bounded(path, {.max_bytes = size_t(1) << 20, .prefix = true}, &head)) return {};
+  return criu_run_id_from_log(head);
 }
 
 std::vector<std::string> criu_nft_tables(const std::string& run_id) {

@@ -28,7 +28,7 @@ bool read_file_bounded(const std::string& path, const FileReadLimits& limits, st
   if (!S_ISREG(st.st_mode)) return fail(0, path + " is not a regular file");
   const std::string limit =
       std::string(limits.kind) + " can be (" + std::to_string(limits.max_bytes) + " bytes)";
-  if (st.st_size > 0 && size_t(st.st_size) > limits.max_bytes)
+  if (!limits.prefix && st.st_size > 0 && size_t(st.st_size) > limits.max_bytes)
     return fail(0, path + " is " + std::to_string(st.st_size) + " bytes, more than " + limit);
   out->clear();
   char buf[65536];
@@ -41,6 +41,10 @@ bool read_file_bounded(const std::string& path, const FileReadLimits& limits, st
     }
     if (r == 0) break;
     out->append(buf, size_t(r));
+    if (out->size() > limits.max_bytes && limits.prefix) {
+      out->resize(limits.max_bytes);
+      break;
+    }
     if (out->size() > limits.max_bytes)
       return fail(0, path + " grows past what " + limit + " while it is read");
   }

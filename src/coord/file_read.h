@@ -19,6 +19,9 @@ struct FileReadLimits {
   /// What the file is, for the message of one too large: "... more than
   /// KIND can be (N bytes)".
   const char* kind = "such a file";
+  /// Read only the first max_bytes of a larger file (a log's head) instead
+  /// of refusing it.
+  bool prefix = false;
 };
 
 /// Reads the whole file at path into *out. False when it cannot be opened or

@@ -30,6 +30,9 @@ TEST_CASE("file read: whole files, bounded, regular only") {
   CHECK(err == file + " is 10 bytes, more than a test file can be (9 bytes)");
   CHECK(e == 0);
   CHECK(read_file_bounded(file, {.max_bytes = 10}, &out));
+  // Or only its head.
+  CHECK(read_file_bounded(file, {.max_bytes = 4, .prefix = true}, &out));
+  CHECK(out == "0123");
   // Missing: the errno says so.
   CHECK_FALSE(read_file_bounded(d + "/none", {}, &out, &err, &e));
   CHECK(e == ENOENT);
