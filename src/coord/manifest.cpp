@@ -17,7 +17,7 @@
 #include "coord/file_read.h"
 #include "coord/procs.h"
 #include "proto/json_text.h"
-#include "proto/unique_fd.h"
+#include "proto/unique_fd.h"  // write_all
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"

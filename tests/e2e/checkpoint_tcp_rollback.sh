@@ -172,11 +172,7 @@ rm -f "$T/mode" "$SMALL/fill"
 wait_exit "$SUP"
 wait_gone "$PID"
 LAST=$(last_count "$T/launch.out")
-restore_bg "$T/ck3" "$T/restore.out"
-SUP=$LAST_SUPERVISOR
-wait_count "$T/restore.out" $((LAST + 5)) "" 30
-FIRST=$(first_count "$T/restore.out")
-[ "$FIRST" = $((LAST + 1)) ] || fail "continued at $FIRST, expected $((LAST + 1))"
+restore_continues "$T/ck3" "$T/restore.out" tcp "$PID" "$LAST"
 pass "then checkpointed at $LAST and restored, counting on from $FIRST"
 kill -TERM "$SUP"
 wait_exit "$SUP"
