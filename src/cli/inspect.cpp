@@ -90,14 +90,14 @@ int inspect_checkpoint(const std::string& dir, bool json) {
                 m.tcp_established ? "established connections saved" : "no established connections",
                 ports.empty() ? "" : "; listening on ", ports.c_str());
     // The lock CRIU left on the machine it ran on (criu_leftovers.h).
-    if (m.criu_network_lock == "nftables" && !m.criu_run_id.empty())
+    if (m.criu_network_lock == "nftables" && !m.criu_run_id.empty()) {
+      const std::string table = criu_nft_tables(m.criu_run_id).front();
       std::printf(
           "  lock:     on the machine it was taken on, nftables table inet %s drops those "
           "connections until a restore removes it; if the checkpoint will never be restored "
           "there: nft delete table inet %s\n",
-          criu_nft_tables(m.criu_run_id).front().c_str(),
-          criu_nft_tables(m.criu_run_id).front().c_str());
-    else if (m.criu_network_lock == "iptables")
+          table.c_str(), table.c_str());
+    } else if (m.criu_network_lock == "iptables")
       std::printf(
           "  lock:     on the machine it was taken on, CRIU's iptables rules (mark 0xC114) drop "
           "those connections until a restore removes them\n");
