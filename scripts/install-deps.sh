@@ -20,6 +20,8 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
       python3 clang-14 libclang-rt-14-dev clang-format xxd
       # the e2e test torchrun_gloo runs a real torchrun job (torch for /usr/bin/python3)
       python3-torch
+      # CUSNAP_CRIU_NETWORK_LOCK=iptables (e2e.checkpoint_tcp_rollback)
+      iptables
       # CRIU build dependencies
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev

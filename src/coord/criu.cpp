@@ -491,4 +491,27 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   return false;
 }
 
+int run_program(const std::string& name, const std::vector<std::string>& args,
+                std::chrono::milliseconds timeout, std::string* err) {
+  const std::string path = search_path(name);
+  if (path.empty()) {
+    *err = name + " is not installed (not found on PATH, /usr/local/sbin, /usr/sbin or /sbin)";
+    return -1;
+  }
+  const UniqueFd null_fd(open("/dev/null", O_WRONLY | O_CLOEXEC));
+  Spawned s;
+  if (!spawn(path, args, null_fd.get(), {}, &s, err)) return -1;
+  int status = 0;
+  const int w = wait_child(s.pid, timeout, {}, &status);
+  if (w == 1) {
+    *err = path + " did not end within " + std::to_string(timeout.count()) + " ms and was killed";
+    return -1;
+  }
+  if (w == 2 || !WIFEXITED(status)) {
+    *err = path + (w == 2 ? ": exit status lost" : ": killed by a signal");
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
 }  // namespace cusnap

@@ -86,6 +86,13 @@ struct CriuRun {
 /// log when it has none.
 bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err);
 
+/// Runs a helper program (name found like CRIU: on PATH, then the sbin
+/// directories) with args, its input and output /dev/null, and waits up to
+/// timeout (then kills it). Returns its exit status, or -1 with *err when it
+/// is not installed, could not start, was killed or did not end in time.
+int run_program(const std::string& name, const std::vector<std::string>& args,
+                std::chrono::milliseconds timeout, std::string* err);
+
 /// The last n lines of a text file, each indented, for error messages.
 std::string log_tail(const std::string& path, int n);
 

@@ -6,17 +6,18 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netlink.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
 
+#include "coord/criu.h"
 #include "coord/file_read.h"
 #include "coord/procs.h"
 #include "proto/unique_fd.h"
@@ -157,18 +158,90 @@ bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std:
   return true;
 }
 
-size_t tcp_repair_off(const std::vector<pid_t>& pids) {
-  size_t n = 0;
-  for (pid_t pid : pids)
-    for_each_tcp_socket(pid, [&](const std::string&, int fd) {
-      tcp_repair_window w{};
-      socklen_t len = sizeof w;
-      if (::getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, &w, &len) != 0) return;  // not in repair
-      const int off = 0;  // TCP_REPAIR_OFF: and a window probe to the peer
-      if (::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &off, sizeof off) == 0) ++n;
-    });
-  return n;
+std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
+    const std::vector<TcpTableEntry>& sockets) {
+  std::vector<std::vector<std::string>> out;
+  // An IPv4-mapped IPv6 address ("::ffff:a.b.c.d"), as the IPv4 one.
+  auto v4 = [](const std::string& a) {
+    return a.rfind("::ffff:", 0) == 0 && a.find('.') != std::string::npos ? a.substr(7) : a;
+  };
+  for (const TcpTableEntry& e : sockets) {
+    if (e.state != kTcpEstablished) continue;
+    const bool mapped = e.family == 6 && v4(e.peer_addr) != e.peer_addr;
+    const std::string prog = e.family == 6 && !mapped ? "ip6tables" : "iptables";
+    const std::string local = mapped ? v4(e.addr) : e.addr;
+    const std::string peer = mapped ? v4(e.peer_addr) : e.peer_addr;
+    // CRIU: "-I INPUT ... --source PEER --sport P --destination LOCAL
+    // --dport L" and the OUTPUT rule the other way round.
+    auto rule = [&](const char* chain, const std::string& src, uint16_t sport,
+                    const std::string& dst, uint16_t dport) {
+      out.push_back({prog,
+                     "-w",
+                     "5",
+                     "-t",
+                     "filter",
+                     "-D",
+                     chain,
+                     "--protocol",
+                     "tcp",
+                     "-m",
+                     "mark",
+                     "!",
+                     "--mark",
+                     "0xC114",
+                     "--source",
+                     src,
+                     "--sport",
+                     std::to_string(sport),
+                     "--destination",
+                     dst,
+                     "--dport",
+                     std::to_string(dport),
+                     "-j",
+                     "DROP"});
+    };
+    rule("INPUT", peer, e.peer_port, local, e.port);
+    rule("OUTPUT", local, e.port, peer, e.peer_port);
+  }
+  return out;
 }
+
+namespace {
+
+// Deletes the rules CRIU's iptables lock inserted for the job's connections;
+// what it did or could not do, one line each.
+std::string remove_criu_iptables_rules(const std::vector<pid_t>& pids) {
+  std::vector<TcpTableEntry> sockets;
+  for (JobTcpSocket& s : job_tcp_sockets(pids)) sockets.push_back(std::move(s.entry));
+  const auto commands = criu_iptables_unlock_commands(sockets);
+  size_t removed = 0, absent = 0;
+  std::string why;
+  for (const auto& cmd : commands) {
+    std::string err;
+    const int rc =
+        run_program(cmd[0], {cmd.begin() + 1, cmd.end()}, std::chrono::seconds(10), &err);
+    if (rc == 0)
+      ++removed;
+    else if (rc == 1)  // no such rule: CRIU had not locked that one
+      ++absent;
+    else
+      why = rc < 0 ? err : cmd[0] + " -D exited " + std::to_string(rc);
+    if (rc < 0) break;  // not installed, or hung: the others would fare the same
+  }
+  std::string out;
+  if (removed > 0)
+    out = "CRIU's network lock (" + std::to_string(removed) + " iptables rule(s)) removed";
+  if (!why.empty())
+    out += std::string(out.empty() ? "" : "\n") +
+           "warning: " + std::to_string(commands.size() - removed - absent) + " of " +
+           std::to_string(commands.size()) +
+           " iptables rules by which CRIU may drop the job's TCP connections (mark 0xC114) "
+           "could not be removed: " +
+           why + "; see `iptables -S` and `ip6tables -S`";
+  return out;
+}
+
+}  // namespace
 
 std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::string& method,
                                    const std::string& log_path) {
@@ -192,11 +265,9 @@ std::string lift_criu_network_lock(const std::vector<pid_t>& pids, const std::st
     else if (!removed.empty())
       line("CRIU's network lock (nftables table " + removed + ") removed");
   } else if (method == "iptables") {
-    line(
-        "warning: CRIU's iptables rules that drop the job's TCP connections (mark 0xC114) may be "
-        "left: see `iptables -S` and `ip6tables -S`");
+    if (const std::string done = remove_criu_iptables_rules(pids); !done.empty()) line(done);
   }
-  if (const size_t n = tcp_repair_off(pids); n > 0)
+  if (const size_t n = set_tcp_repair(pids, TcpRepair::kOff); n > 0)
     line(std::to_string(n) + " TCP socket(s) of the job taken out of repair mode");
   return out;
 }

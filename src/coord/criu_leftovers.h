@@ -3,12 +3,14 @@
 //
 // Dumping such a job (--tcp-established), CRIU puts each connection's socket
 // into repair mode (TCP_REPAIR: the socket neither sends nor accepts data)
-// and, with --network-lock nftables, drops the connections' packets through
-// an nftables table "inet CRIU-<run id>" (run id: a UUID CRIU logs as "CRIU
-// run id = ...", cut short in the name: criu_nft_tables). CRIU lifts both itself when a dump fails,
-// or when the job is to run on (--leave-running). It leaves both in place when
+// and drops the connections' packets: with --network-lock nftables through an
+// nftables table "inet CRIU-<run id>" (run id: a UUID CRIU logs as "CRIU run
+// id = ...", cut short in the name: criu_nft_tables), with iptables through
+// two rules per connection (criu_iptables_unlock_commands). CRIU lifts both
+// itself when a dump fails, or when the job is to run on (--leave-running).
+// It leaves both in place when
 //   - it succeeded under --leave-stopped (the job is to be killed and
-//     restored: a restore of the checkpoint removes the table), or
+//     restored: a restore of the checkpoint removes the lock), or
 //   - it was killed (a timeout, or a guardian ending the CRIU of a dead
 //     supervisor).
 // A job that then runs on anyway (a checkpoint rolled back after the dump, a
@@ -21,6 +23,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "coord/procs.h"
 
 namespace cusnap {
 
@@ -46,13 +50,15 @@ std::vector<std::string> criu_nft_tables(const std::string& run_id);
 /// needed).
 bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err);
 
-/// Takes the processes' TCP sockets that are in repair mode out of it
-/// (TCP_REPAIR off, through a duplicate taken with pidfd_getfd; needs
-/// CAP_NET_ADMIN), which also sends a window probe so that the peer resumes
-/// at once. Sockets not in repair mode are not touched (TCP_REPAIR_WINDOW,
-/// which only a socket in repair mode answers, tells them apart). Returns how
-/// many it took out.
-size_t tcp_repair_off(const std::vector<pid_t>& pids);
+/// The commands (program, then arguments) that delete the rules CRIU's
+/// --network-lock iptables inserted for these sockets: for each established
+/// one, a rule in INPUT dropping the peer's packets and one in OUTPUT
+/// dropping its own, except those marked 0xC114 (CRIU's), as CRIU's
+/// netfilter.c writes them, with -D for its -I. ip6tables for IPv6, except
+/// between IPv4-mapped addresses, which CRIU locks through iptables. Sockets
+/// in other states are not locked and get none.
+std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
+    const std::vector<TcpTableEntry>& sockets);
 
 /// For a job that runs on after a dump that did not unlock: removes CRIU's
 /// lock (method: the --network-lock given; for nftables the table named by

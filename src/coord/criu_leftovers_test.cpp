@@ -4,14 +4,17 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
+#include "coord/procs.h"
 #include "proto/unique_fd.h"
 
 using namespace cusnap;
@@ -88,7 +91,7 @@ TEST_CASE("criu leftovers: the table's name is cut as CRIU cuts it") {
   CHECK(err.find("is not a CRIU run id") != std::string::npos);
 }
 
-TEST_CASE("criu leftovers: sockets left in repair mode are taken out of it" *
+TEST_CASE("criu leftovers: sockets left in repair mode are taken out of it, and only those" *
           doctest::skip(geteuid() != 0)) {  // TCP_REPAIR needs CAP_NET_ADMIN
   UniqueFd a, b;
   REQUIRE(loopback_pair(&a, &b));
@@ -96,14 +99,25 @@ TEST_CASE("criu leftovers: sockets left in repair mode are taken out of it" *
   REQUIRE(::setsockopt(a.get(), IPPROTO_TCP, TCP_REPAIR, &on, sizeof on) == 0);
   REQUIRE(in_repair(a.get()));
   CHECK(::send(a.get(), "x", 1, MSG_NOSIGNAL) == -1);  // as a job finds it: EINVAL
-  CHECK(tcp_repair_off({::getpid()}) == 1);
+  CHECK(set_tcp_repair({::getpid()}, TcpRepair::kOff) == 1);
   CHECK_FALSE(in_repair(a.get()));
   CHECK_FALSE(in_repair(b.get()));  // never in repair: not touched
   CHECK(::send(a.get(), "y", 1, MSG_NOSIGNAL) == 1);
   char c = 0;
   CHECK(::recv(b.get(), &c, 1, 0) == 1);
   CHECK(c == 'y');
-  CHECK(tcp_repair_off({::getpid()}) == 0);
+  CHECK(set_tcp_repair({::getpid()}, TcpRepair::kOff) == 0);
+
+  // On, as before a job is killed: both ends (established), not a listener.
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(listener);
+  REQUIRE(::listen(listener.get(), 1) == 0);
+  CHECK(set_tcp_repair({::getpid()}, TcpRepair::kOn) == 2);
+  CHECK(in_repair(a.get()));
+  CHECK(in_repair(b.get()));
+  CHECK_FALSE(in_repair(listener.get()));
+  CHECK(set_tcp_repair({::getpid()}, TcpRepair::kOff) == 2);
+  CHECK_FALSE(in_repair(a.get()));
 }
 
 TEST_CASE("criu leftovers: CRIU's nftables table is removed, under either name" *
@@ -171,5 +185,84 @@ TEST_CASE("criu leftovers: the lift says what it did" * doctest::skip(geteuid() 
   ::unlink(log.c_str());
   ::rmdir(dir);
   CHECK(lift_criu_network_lock({::getpid()}, "nftables", log).empty());
-  CHECK(lift_criu_network_lock({::getpid()}, "iptables", log).starts_with("warning: "));
+}
+
+TEST_CASE("criu leftovers: the iptables rules of CRIU's lock, as CRIU writes them") {
+  const std::vector<TcpTableEntry> sockets{
+      {4, "127.0.0.1", 40000, kTcpEstablished, "11", "127.0.0.1", 29500},
+      {4, "0.0.0.0", 29500, kTcpListen, "12", "0.0.0.0", 0},           // not locked
+      {4, "127.0.0.1", 40001, kTcpTimeWait, "0", "127.0.0.1", 29500},  // nor this
+      {6, "2001:db8::1", 443, kTcpEstablished, "13", "2001:db8::2", 50000},
+      {6, "::ffff:10.0.0.1", 8080, kTcpEstablished, "14", "::ffff:10.0.0.2", 50001}};
+  const auto cmds = criu_iptables_unlock_commands(sockets);
+  auto text = [](const std::vector<std::string>& c) {
+    std::string t;
+    for (const std::string& w : c) t += (t.empty() ? "" : " ") + w;
+    return t;
+  };
+  REQUIRE(cmds.size() == 6);
+  // CRIU's "PROG -w -t filter -I CHAIN --protocol tcp -m mark ! --mark
+  // 0xC114 --source S --sport SP --destination D --dport DP -j DROP".
+  auto rule = [](const char* prog, const char* chain, const char* src, const char* dst) {
+    return std::string(prog) + " -w 5 -t filter -D " + chain +
+           " --protocol tcp -m mark ! --mark 0xC114 " + src + " " + dst + " -j DROP";
+  };
+  CHECK(text(cmds[0]) == rule("iptables", "INPUT", "--source 127.0.0.1 --sport 29500",
+                              "--destination 127.0.0.1 --dport 40000"));
+  CHECK(text(cmds[1]) == rule("iptables", "OUTPUT", "--source 127.0.0.1 --sport 40000",
+                              "--destination 127.0.0.1 --dport 29500"));
+  CHECK(text(cmds[2]) == rule("ip6tables", "INPUT", "--source 2001:db8::2 --sport 50000",
+                              "--destination 2001:db8::1 --dport 443"));
+  // IPv4-mapped: CRIU locks it through iptables, with the IPv4 addresses.
+  CHECK(text(cmds[5]) == rule("iptables", "OUTPUT", "--source 10.0.0.1 --sport 8080",
+                              "--destination 10.0.0.2 --dport 50001"));
+}
+
+// Runs `iptables ARGS` quietly; its exit status.
+int iptables(const std::string& args) {
+  const int st = std::system(("iptables -w 5 " + args + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool have_iptables() {
+  return std::system("command -v iptables >/dev/null 2>&1") == 0;
+}
+
+// A command of criu_iptables_unlock_commands as arguments for iptables(),
+// with `verb` (-I: as CRIU inserts it, -C: check it is there) for its -D.
+std::string rule_args(const std::vector<std::string>& cmd, const char* verb) {
+  std::string t;
+  for (size_t i = 3; i < cmd.size(); ++i)  // after "iptables -w 5"
+    t += " " + (cmd[i] == "-D" ? std::string(verb) : cmd[i] == "!" ? "'!'" : cmd[i]);
+  return t;
+}
+
+TEST_CASE("criu leftovers: CRIU's iptables rules are removed, and only those" *
+          doctest::skip(geteuid() != 0 || !have_iptables())) {  // install-deps installs it
+  UniqueFd a, b;
+  REQUIRE(loopback_pair(&a, &b));
+  std::vector<TcpTableEntry> sockets;
+  for (JobTcpSocket& s : job_tcp_sockets({::getpid()})) sockets.push_back(s.entry);
+  const auto cmds = criu_iptables_unlock_commands(sockets);
+  REQUIRE(cmds.size() == 4);  // a and b: established, two rules each
+  // The lock as CRIU takes it, and a rule of someone else's that differs
+  // only in its mark.
+  for (const auto& c : cmds) REQUIRE(iptables(rule_args(c, "-I")) == 0);
+  const std::string other =
+      " INPUT --protocol tcp -m mark '!' --mark 0x1 --source 127.0.0.1 -j DROP";
+  REQUIRE(iptables("-t filter -I" + other) == 0);
+  CHECK(::send(a.get(), "z", 1, MSG_NOSIGNAL) == 1);  // dropped, retransmitted later
+  const std::string said = lift_criu_network_lock({::getpid()}, "iptables", "");
+  CHECK(said == "CRIU's network lock (4 iptables rule(s)) removed");
+  for (const auto& c : cmds) CHECK(iptables(rule_args(c, "-C")) == 1);  // gone
+  CHECK(iptables("-t filter -C" + other) == 0);                         // not CRIU's: kept
+  REQUIRE(iptables("-t filter -D" + other) == 0);
+  // The byte sent meanwhile gets through (the socket's retransmission).
+  pollfd p{b.get(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 5000) == 1);
+  char c = 0;
+  CHECK(::recv(b.get(), &c, 1, MSG_DONTWAIT) == 1);
+  CHECK(c == 'z');
+  // Done again: no rule left, nothing said.
+  CHECK(lift_criu_network_lock({::getpid()}, "iptables", "").empty());
 }

@@ -210,3 +210,15 @@ TEST_CASE(
   CHECK(fault_seen(true) == "fault=130");
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("criu: a helper program's exit status; missing or hung ones say so") {
+  std::string err;
+  CHECK(run_program("true", {}, std::chrono::seconds(5), &err) == 0);
+  CHECK(run_program("sh", {"-c", "echo noise; exit 3"}, std::chrono::seconds(5), &err) == 3);
+  CHECK(run_program("cusnap-no-such-program", {}, std::chrono::seconds(5), &err) == -1);
+  CHECK(err.find("cusnap-no-such-program is not installed") != std::string::npos);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(run_program("sleep", {"30"}, std::chrono::milliseconds(200), &err) == -1);
+  CHECK(err.find("did not end within 200 ms and was killed") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}

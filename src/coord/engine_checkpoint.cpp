@@ -453,7 +453,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     report("stop");
     // Connections CRIU saved must not be torn down on the wire: a restore
     // binds the same addresses again.
-    if (tcp > 0) silence_tcp_sockets(pids);
+    if (tcp > 0) set_tcp_repair(pids, TcpRepair::kOn);
     for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGKILL);
     // "Stopped" means gone: a killed CUDA process spends a moment in the
     // driver's teardown, and a restore started right after this returns

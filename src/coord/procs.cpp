@@ -299,13 +299,19 @@ void for_each_tcp_socket(pid_t pid, const std::function<void(const std::string&,
   }
 }
 
-size_t silence_tcp_sockets(const std::vector<pid_t>& pids) {
+size_t set_tcp_repair(const std::vector<pid_t>& pids, TcpRepair mode) {
   size_t n = 0;
-  const int one = 1;
+  const int value = mode == TcpRepair::kOn ? 1 : 0;
   for (pid_t pid : pids)
     for_each_tcp_socket(pid, [&](const std::string&, int fd) {
-      // The kernel allows repair of established (and closed) sockets only.
-      if (::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &one, sizeof one) == 0) ++n;
+      if (mode == TcpRepair::kOff) {
+        tcp_repair_window w{};
+        socklen_t len = sizeof w;
+        if (::getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, &w, &len) != 0)
+          return;  // not in repair
+      }
+      // On: the kernel refuses it for sockets neither established nor closed.
+      if (::setsockopt(fd, IPPROTO_TCP, TCP_REPAIR, &value, sizeof value) == 0) ++n;
     });
   return n;
 }
@@ -319,11 +325,26 @@ bool parse_hex(std::string_view s, T* v) {
   return ec == std::errc() && p == s.data() + s.size() && !s.empty();
 }
 
+// "ADDRESS:PORT" of /proc/net/tcp or tcp6: the address as network-order
+// 32-bit words, each printed as a host integer (%08X); the port in hex.
+bool parse_tcp_address(std::string_view field, int family, std::string* addr, uint16_t* port) {
+  const size_t words = family == 6 ? 4 : 1;
+  const size_t colon = field.find(':');
+  uint32_t raw[4] = {};
+  bool ok = colon == words * 8;
+  for (size_t w = 0; ok && w < words; ++w) ok = parse_hex(field.substr(w * 8, 8), &raw[w]);
+  char buf[INET6_ADDRSTRLEN];
+  if (!ok || !parse_hex(field.substr(colon + 1), port) ||
+      !inet_ntop(family == 6 ? AF_INET6 : AF_INET, raw, buf, sizeof buf))
+    return false;
+  *addr = buf;
+  return true;
+}
+
 }  // namespace
 
 std::vector<TcpTableEntry> parse_tcp_table(std::string_view text, int family) {
   std::vector<TcpTableEntry> out;
-  const size_t words = family == 6 ? 4 : 1;
   std::istringstream in{std::string(text)};
   std::string line;
   std::getline(in, line);  // header
@@ -332,21 +353,12 @@ std::vector<TcpTableEntry> parse_tcp_table(std::string_view text, int family) {
     std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
     if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode))
       continue;
-    // The address: network-order 32-bit words, each printed as a host
-    // integer (%08X); then the port.
-    const size_t colon = local.find(':');
-    uint32_t raw[4] = {};
-    bool ok = colon == words * 8;
-    for (size_t w = 0; ok && w < words; ++w)
-      ok = parse_hex(std::string_view(local).substr(w * 8, 8), &raw[w]);
     TcpTableEntry e;
     e.family = family;
     e.inode = inode;
-    ok = ok && parse_hex(std::string_view(local).substr(colon + 1), &e.port) &&
-         parse_hex(st, &e.state);
-    char buf[INET6_ADDRSTRLEN];
-    if (!ok || !inet_ntop(family == 6 ? AF_INET6 : AF_INET, raw, buf, sizeof buf)) continue;
-    e.addr = buf;
+    if (!parse_tcp_address(local, family, &e.addr, &e.port) ||
+        !parse_tcp_address(remote, family, &e.peer_addr, &e.peer_port) || !parse_hex(st, &e.state))
+      continue;
     out.push_back(std::move(e));
   }
   return out;

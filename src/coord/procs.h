@@ -99,6 +99,8 @@ struct TcpTableEntry {
   uint16_t port = 0;  ///< local port
   int state = 0;      ///< the kernel's TCP state (kTcpEstablished, ...)
   std::string inode;  ///< "0" for sockets no descriptor holds (TIME_WAIT, orphans)
+  std::string peer_addr;  ///< remote address ("0.0.0.0" or "::" when not connected)
+  uint16_t peer_port = 0;
   bool operator==(const TcpTableEntry&) const = default;
 };
 inline constexpr int kTcpEstablished = 0x01;
@@ -113,13 +115,20 @@ std::vector<TcpTableEntry> parse_tcp_table(std::string_view text, int family);
 /// namespace, "/proc/self" for ours).
 std::vector<TcpTableEntry> read_tcp_tables(const std::string& proc_dir);
 
-/// Puts the processes' established TCP sockets into repair mode (TCP_REPAIR,
-/// through a duplicate taken with pidfd_getfd; needs CAP_NET_ADMIN), so that
-/// they close silently when the processes die: no FIN or RST reaches the
-/// peer and no TIME_WAIT keeps the address, which a restore of the same
-/// connections binds again (CRIU does the same when it kills what it dumped).
-/// Only for a job about to be killed. Returns how many sockets it set.
-size_t silence_tcp_sockets(const std::vector<pid_t>& pids);
+/// Switches TCP repair mode (TCP_REPAIR, through a duplicate taken with
+/// pidfd_getfd; needs CAP_NET_ADMIN) of the processes' TCP sockets:
+///  - on: every socket the kernel allows it for (established and closed
+///    ones). They then close silently when the processes die: no FIN or RST
+///    reaches the peer and no TIME_WAIT keeps the address, which a restore of
+///    the same connections binds again (CRIU does the same when it kills what
+///    it dumped). Only for a job about to be killed.
+///  - off: only the sockets in repair mode (TCP_REPAIR_WINDOW, which only
+///    such a socket answers, tells them apart), as a dump that did not unlock
+///    them leaves them; leaving repair mode also sends a window probe, so the
+///    peer resumes at once.
+/// Returns how many sockets it switched.
+enum class TcpRepair { kOn, kOff };
+size_t set_tcp_repair(const std::vector<pid_t>& pids, TcpRepair mode);
 
 /// A TCP socket of a job, as the /proc/PID/net/tcp or tcp6 of the process
 /// holding it shows it (that process's network namespace).

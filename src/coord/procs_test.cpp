@@ -105,9 +105,9 @@ TEST_CASE("procs: /proc/net/tcp and tcp6 tables parsed") {
                           tcp_line("00000000:0050", "00000000:0000", "0A", "4243") +
                           tcp_line("0100007F:6D7C", "0100007F:A000", "06", "0") + "   3: garbage\n";
   CHECK(parse_tcp_table(tcp, 4) ==
-        std::vector<TcpTableEntry>{{4, "127.0.0.1", 28028, kTcpListen, "4242"},
-                                   {4, "0.0.0.0", 80, kTcpListen, "4243"},
-                                   {4, "127.0.0.1", 28028, kTcpTimeWait, "0"}});
+        std::vector<TcpTableEntry>{{4, "127.0.0.1", 28028, kTcpListen, "4242", "0.0.0.0", 0},
+                                   {4, "0.0.0.0", 80, kTcpListen, "4243", "0.0.0.0", 0},
+                                   {4, "127.0.0.1", 28028, kTcpTimeWait, "0", "127.0.0.1", 40960}});
   const std::string zero6(32, '0');
   const std::string tcp6 =
       header + tcp_line((zero6 + ":1F90").c_str(), (zero6 + ":0000").c_str(), "0A", "777") +
@@ -115,9 +115,11 @@ TEST_CASE("procs: /proc/net/tcp and tcp6 tables parsed") {
                "01", "778") +
       tcp_line("0000000000000000FFFF00000100007F:1F92", (zero6 + ":0000").c_str(), "0A", "779");
   CHECK(parse_tcp_table(tcp6, 6) ==
-        std::vector<TcpTableEntry>{{6, "::", 8080, kTcpListen, "777"},
-                                   {6, "::1", 8081, kTcpEstablished, "778"},
-                                   {6, "::ffff:127.0.0.1", 8082, kTcpListen, "779"}});
+        std::vector<TcpTableEntry>{{6, "::", 8080, kTcpListen, "777", "::", 0},
+                                   {6, "::1", 8081, kTcpEstablished, "778", "::1", 49152},
+                                   {6, "::ffff:127.0.0.1", 8082, kTcpListen, "779", "::", 0}});
+  // A line whose peer cannot be read is skipped like any other.
+  CHECK(parse_tcp_table(header + tcp_line("0100007F:6D7C", "0100007F", "01", "5"), 4).empty());
   // A table of the other family's width is not misread.
   CHECK(parse_tcp_table(tcp6, 4).empty());
   CHECK(parse_tcp_table(tcp, 6).empty());

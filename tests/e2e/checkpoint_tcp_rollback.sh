@@ -20,7 +20,8 @@
 #   guardian finish  CRIU is let go 2 s later and succeeds (the lock stays)
 #   guardian hung    CRIU is held until the guardian kills it (after
 #                    CUSNAP_GUARDIAN_CRIU_WAIT_MS=2000)
-# the guardian lifts the lock before the job runs again, and says so. And a
+# the guardian lifts the lock before the job runs again, and says so. The
+# timeout case again with CRIU's iptables lock. And a
 # CRIU that fails to take its lock (no nftables here): the checkpoint says
 # which variable to set.
 source "$(dirname "$0")/lib_checkpoint.sh"
@@ -103,6 +104,32 @@ rm -f "$T/hold"
 grep -q "timed out after .* and was killed" "$T/ck1.out" ||
   fail "timeout: the checkpoint does not say CRIU was killed: $(cat "$T/ck1.out")"
 rolled_back timeout "$T/ck1.out"
+
+# iptables: the same under CUSNAP_CRIU_NETWORK_LOCK=iptables, whose lock is
+# two rules per connection (mark 0xC114) that the roll back deletes.
+if command -v iptables >/dev/null 2>&1; then
+  rm -f "$T/held"
+  : >"$T/hold"
+  rc=0
+  CUSNAP_CRIU_NETWORK_LOCK=iptables "$CUSNAP" checkpoint tcp -o "$T/ck-ipt" --timeout 5 >"$T/ipt.out" 2>&1 || rc=$?
+  rm -f "$T/hold"
+  [ -e "$T/held" ] || fail "iptables: CRIU's dump did not reach post-dump: $(cat "$T/ipt.out")"
+  [ "$rc" = 1 ] || fail "iptables: the checkpoint exited $rc, expected 1: $(cat "$T/ipt.out")"
+  grep -q "the job runs on unchanged" "$T/ipt.out" || fail "iptables: the job does not run on: $(cat "$T/ipt.out")"
+  # The two sockets of the connection, two rules each.
+  grep -q "CRIU's network lock (4 iptables rule(s)) removed" "$T/ipt.out" ||
+    fail "iptables: nothing says CRIU's 4 iptables rules were removed: $(grep 'cusnap' "$T/ipt.out")"
+  grep -q "TCP socket(s) of the job taken out of repair mode" "$T/ipt.out" ||
+    fail "iptables: nothing says the sockets left repair mode: $(grep 'cusnap' "$T/ipt.out")"
+  left=$( (iptables -S; ip6tables -S) 2>/dev/null | grep -ic "mark 0xc114" || true)
+  [ "$left" = 0 ] || fail "iptables: $left rules of CRIU's are left: $( (iptables -S; ip6tables -S) | grep -i 0xc114)"
+  last=$(last_count "$T/launch.out")
+  wait_count "$T/launch.out" $((last + 20)) "" 20
+  grep -q mismatch "$T/launch.out" && fail "iptables: a number was lost on the connection"
+  pass "iptables: checkpoint failed, CRIU's 4 rules removed, the job counts on past $((last + 20)) over its connection"
+else
+  fail "iptables is not installed (scripts/install-deps.sh installs it): the iptables case cannot run"
+fi
 
 # disk full: the checkpoint's file system filled once CRIU has written it.
 if mount -t tmpfs -o size=256m tmpfs "$SMALL" 2>/dev/null; then
