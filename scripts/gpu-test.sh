@@ -483,6 +483,33 @@ stop_job() {
   wait_pids_gone 15 $(session_pids "$2") || echo "  note: processes of job $1 are still there"
   return 0
 }
+# Waits up to SECONDS (60) until `cusnap ps` no longer lists job NAME.
+wait_job_gone() {  # NAME [SECONDS]
+  local _
+  for _ in $(seq 1 $((${2:-60} * 10))); do [ -z "$(job_field "$1" pid)" ] && return 0; sleep 0.1; done
+  return 1
+}
+# Checkpoints the running job NAME to CK (which stops it), waits until it is
+# gone and restores CK detached. Sets BEFORE (the counts in OUT, of the ranks
+# matching RANKS, just before the restore) and LOG (the restored job's
+# output.log). On failure sets WHY and returns 1; the job is stopped and CK
+# removed. VAR=VALUE arguments go into cusnap checkpoint's environment.
+stop_and_restore() {  # NAME CK OUT RANKS [VAR=VALUE ...]
+  local name=$1 ck=$2 out=$3 ranks=$4 cj=$WORK/$1.ckpt.json rj=$WORK/$1.restore.json
+  shift 4
+  BEFORE='' LOG='' WHY=''
+  if ! env "$@" timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+    WHY="the checkpoint failed: $(json_field "$cj" error | head -2)"
+    stop_job "$name" "$ROOT_PID"; rm -rf "$ck"; return 1
+  fi
+  wait_job_gone "$name" || true
+  BEFORE=$(counts "$out" | grep -E "^($ranks) " || true)
+  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
+    WHY="the restore failed: $(json_field "$rj" error | head -2)"
+    stop_job "$name" "$(job_field "$name" pid)"; rm -rf "$ck"; return 1
+  fi
+  LOG=$(json_field "$rj" runtime_dir)/output.log
+}
 result() {  # STATUS SCENARIO TEXT
   printf '%s %-28s %s\n' "$1" "$2" "$3"
   SUMMARY+=("$(printf '%-5s %-28s %s' "$1" "$2" "$3")")
@@ -793,7 +820,7 @@ nccl_cycles() {
   local scen=$1 cycles=$2 map=$3
   shift 3
   local name=$scen out=$WORK/$scen.out ck=$WORK/$scen.ckpt cj rj log rdir before l n \
-    first back gaps t0 ck_wall rs_wall i why= pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
+    first back gaps t0 ck_wall rs_wall i why='' pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
     nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
   [ "$backend" = gloo ] && mib=4
   if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
@@ -827,7 +854,7 @@ nccl_cycles() {
     ck_wall=$(since "$t0")
     # shellcheck disable=SC2086
     if ! wait_pids_gone 60 $pids $r0 $r1; then kill "$tailpid" 2>/dev/null || true; why="cycle $i: processes still there after the checkpoint"; break; fi
-    for _ in $(seq 1 600); do [ -z "$(job_field "$name" pid)" ] && break; sleep 0.1; done
+    wait_job_gone "$name" || true
     sleep 0.5
     kill "$tailpid" 2>/dev/null || true
     wait "$tailpid" 2>/dev/null || true
@@ -885,7 +912,7 @@ scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSN
 # nccl-torchrun-1rank-rollback: see the scenarios above.
 scenario_nccl_torchrun_1rank_rollback() {
   local scen=nccl-torchrun-1rank-rollback out=$WORK/nccl-torchrun-1rank-rollback.out \
-    ck=$WORK/nccl-torchrun-1rank-rollback.ckpt cj rj rc why= before log real
+    ck=$WORK/nccl-torchrun-1rank-rollback.ckpt cj rc why='' before log real
   if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
   torch_ready "$scen" || return 0
   real=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
@@ -927,18 +954,10 @@ SH
   fi
   echo "  rolled back: $(echo "$before" | tr '\n' ' ')-> $(counts "$out" | tr '\n' ' ')"
   # And as usual afterwards: checkpoint (stops), restore, the rank steps on.
-  cj=$WORK/$scen.ckpt.json rj=$WORK/$scen.restore.json
-  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
-    result FAIL "$scen" "the checkpoint after the roll back failed: $(json_field "$cj" error | head -2)"
-    stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
+  if ! stop_and_restore "$scen" "$ck" "$out" 'rank_0'; then
+    result FAIL "$scen" "after the roll back, $WHY"; return 0
   fi
-  for _ in $(seq 1 600); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
-  before=$(counts "$out" | grep -E '^rank_0 ' || true)
-  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
-    result FAIL "$scen" "the restore after the roll back failed: $(json_field "$rj" error | head -2)"
-    rm -rf "$ck"; return 0
-  fi
-  log=$(json_field "$rj" runtime_dir)/output.log
+  before=$BEFORE log=$LOG
   if ! wait_beyond "$log" 120 20 "$before"; then why="after the restore: $WHY"
   elif [ -n "$(error_lines "$log")" ]; then why="after the restore: $(error_lines "$log" | head -1)"; fi
   if [ -n "$why" ]; then result FAIL "$scen" "$why"; show_tail "$log"
@@ -949,7 +968,7 @@ SH
 # nccl-torchrun-1gpu: see the scenarios above.
 scenario_nccl_torchrun_1gpu() {
   local scen=nccl-torchrun-1gpu out=$WORK/nccl-torchrun-1gpu.out ck=$WORK/nccl-torchrun-1gpu.ckpt \
-    op rc why= before rj log
+    op rc why='' before log
   if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
   torch_ready "$scen" || return 0
   local job=(--strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 "$PY" -m torch.distributed.run
@@ -981,18 +1000,10 @@ scenario_nccl_torchrun_1gpu() {
   # The job is launched without the override: cusnap checkpoint sends its own.
   echo "  control: CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in cusnap checkpoint's environment, checkpoint and restore"
   start_job "$scen" "$scen" "$out" 2 "${job[@]}" || return 0
-  rj=$WORK/$scen.restore.json
-  if ! CUSNAP_ALLOW_RANKS_SHARING_GPU=1 timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$WORK/$scen.ckpt.json" 2>&1; then
-    result NOTE "$scen" "refused as it should; control: the checkpoint failed: $(json_field "$WORK/$scen.ckpt.json" error | head -1)"
-    return 0
+  if ! stop_and_restore "$scen" "$ck" "$out" 'rank_[01]' CUSNAP_ALLOW_RANKS_SHARING_GPU=1; then
+    result NOTE "$scen" "refused as it should; control: $WHY"; return 0
   fi
-  for _ in $(seq 1 600); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
-  before=$(counts "$out" | grep -E '^rank_[01] ' || true)
-  if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
-    result NOTE "$scen" "refused as it should; control: the restore failed: $(json_field "$rj" error | head -1)"
-    rm -rf "$ck"; return 0
-  fi
-  log=$(json_field "$rj" runtime_dir)/output.log
+  before=$BEFORE log=$LOG
   if wait_beyond "$log" 60 20 "$before"; then
     result NOTE "$scen" "refused as it should, but the control restored and ran on ($(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')): the driver may time-slice restored contexts now"
   else
@@ -1058,7 +1069,7 @@ scenario_nccl_torchrun_1gpu_graph() {
     show_phases checkpoint "$cj"
     result PASS "$scen" "checkpoint in $wall s ($(json_field "$cj" bytes) bytes) with both ranks at collective $vals ($cut); $ctl"
   fi
-  for _ in $(seq 1 300); do [ -z "$(job_field "$scen" pid)" ] && break; sleep 0.1; done
+  wait_job_gone "$scen" 30
   rm -rf "$ck" "$ck.ctl"
 }
 
