@@ -205,6 +205,12 @@ int cmd_inspect(int argc, char** argv) {
     return fail_json(json, kExitNotFound,
                      "cannot inspect " + target + ": " + std::strerror(errno) +
                          " (a checkpoint directory, or a job's runtime directory, was expected)");
+  // A path to something else (a file): not a checkpoint, as restore says.
+  if (target.find('/') != std::string::npos && !S_ISDIR(st.st_mode))
+    return fail_json(json, kExitBadCheckpoint,
+                     "cannot inspect " + target +
+                         ": it is not a directory (a checkpoint directory, or a job's runtime "
+                         "directory, was expected)");
   return is_checkpoint_dir(target) ? inspect_checkpoint(target, json) : inspect_job(target, json);
 }
 

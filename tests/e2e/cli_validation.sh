@@ -145,6 +145,14 @@ rc=0
 [ "$rc" = 4 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "No such file" in d["error"]' "$T/ins.json" ||
   fail "inspect --json of a missing path: exit $rc, $(cat "$T/ins.json")"
 pass "inspect of a missing path names it and what was expected (exit 4)"
+# Of a file: not a checkpoint (exit 5, as restore), said as such.
+: >"$T/afile"
+rc=0
+"$CUSNAP" inspect "$T/afile" >"$T/ins.out" 2>"$T/ins.err" || rc=$?
+[ "$rc" = 5 ] || fail "inspect of a file: exit $rc, expected 5: $(cat "$T/ins.err")"
+grep -q "cannot inspect $T/afile: it is not a directory (a checkpoint directory" "$T/ins.err" ||
+  fail "inspect of a file does not say so: $(cat "$T/ins.err")"
+pass "inspect of a file says it is not a directory (exit 5)"
 
 # A runtime base cusnap refuses (a link) is an error for ps, not an empty list.
 mkdir -p "$T/realbase" && chmod 700 "$T/realbase"
