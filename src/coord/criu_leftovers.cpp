@@ -175,30 +175,12 @@ std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
     // --dport L" and the OUTPUT rule the other way round.
     auto rule = [&](const char* chain, const std::string& src, uint16_t sport,
                     const std::string& dst, uint16_t dport) {
-      out.push_back({prog,
-                     "-w",
-                     "5",
-                     "-t",
-                     "filter",
-                     "-D",
-                     chain,
-                     "--protocol",
-                     "tcp",
-                     "-m",
-                     "mark",
-                     "!",
-                     "--mark",
-                     "0xC114",
-                     "--source",
-                     src,
-                     "--sport",
-                     std::to_string(sport),
-                     "--destination",
-                     dst,
-                     "--dport",
-                     std::to_string(dport),
-                     "-j",
-                     "DROP"});
+      std::vector<std::string> c{prog, "-w", "5", "-t", "filter", "-D", chain};
+      c.insert(c.end(), {"--protocol", "tcp", "-m", "mark", "!", "--mark", "0xC114"});
+      c.insert(c.end(), {"--source", src, "--sport", std::to_string(sport)});
+      c.insert(c.end(), {"--destination", dst, "--dport", std::to_string(dport)});
+      c.insert(c.end(), {"-j", "DROP"});
+      out.push_back(std::move(c));
     };
     rule("INPUT", peer, e.peer_port, local, e.port);
     rule("OUTPUT", local, e.port, peer, e.peer_port);
