@@ -94,6 +94,13 @@
 #                (nftables table removed, sockets out of repair mode); the rank
 #                must step on 20 more times with its store answering; then a
 #                checkpoint and restore must work as usual.
+#   nccl-torchrun-1rank-guardian
+#                The same job; its CRIU is held at post-dump and its supervisor
+#                killed (SIGKILL): the checkpoint must fail, the guardian must
+#                kill CRIU (CUSNAP_GUARDIAN_CRIU_WAIT_MS=5000), restore the
+#                driver state, lift CRIU's network lock and supervise the job;
+#                the rank must step on 20 more times with its store answering;
+#                then a checkpoint and restore through the guardian must work.
 #   nccl-torchrun-1gpu
 #                Two NCCL ranks on one GPU (torch_allreduce.py --share-gpu: each
 #                rank presents itself as its own host, so NCCL connects them
@@ -147,7 +154,7 @@ ROOT=$PWD
 SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
   torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank nccl-torchrun-1rank-rollback nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
+  nccl-torchrun-1rank nccl-torchrun-1rank-rollback nccl-torchrun-1rank-guardian nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
   nccl-torchrun-1gpu-graph restore-memory-check)
 SELECTED=()
 for a in "$@"; do
@@ -448,6 +455,8 @@ wait_past() {
 wait_beyond() {
   local file=$1 secs=$2 k=$3 l n targets=()
   while read -r l n; do [ -n "$l" ] && targets+=("$l $((n + k))"); done <<<"$4"
+  # No count to go beyond would pass without looking.
+  if [ ${#targets[@]} = 0 ]; then WHY="no counts were seen before"; return 1; fi
   wait_past "$file" "$secs" "${targets[@]}"
 }
 job_field() {  # NAME FIELD (empty when the job is not listed)
@@ -491,19 +500,31 @@ wait_job_gone() {  # NAME [SECONDS]
 }
 # Checkpoints the running job NAME to CK (which stops it), waits until it is
 # gone and restores CK detached. Sets BEFORE (the counts in OUT, of the ranks
-# matching RANKS, just before the restore) and LOG (the restored job's
+# matching RANKS, where the job stopped; none is a failure) and LOG (the restored job's
 # output.log). On failure sets WHY and returns 1; the job is stopped and CK
 # removed. VAR=VALUE arguments go into cusnap checkpoint's environment.
 stop_and_restore() {  # NAME CK OUT RANKS [VAR=VALUE ...]
-  local name=$1 ck=$2 out=$3 ranks=$4 cj=$WORK/$1.ckpt.json rj=$WORK/$1.restore.json
+  local name=$1 ck=$2 out=$3 ranks=$4 cj=$WORK/$1.ckpt.json rj=$WORK/$1.restore.json \
+    copy=$WORK/$1.stopped.log tailpid
   shift 4
   BEFORE='' LOG='' WHY=''
+  # OUT may be the job's output.log, which goes with its runtime directory
+  # when the checkpoint stops the job: read it through a held descriptor.
+  tail -n +1 -f "$out" >"$copy" 2>/dev/null &
+  tailpid=$!
   if ! env "$@" timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$name" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1; then
+    kill "$tailpid" 2>/dev/null || true
     WHY="the checkpoint failed: $(json_field "$cj" error | head -2)"
     stop_job "$name" "$ROOT_PID"; rm -rf "$ck"; return 1
   fi
   wait_job_gone "$name" || true
-  BEFORE=$(counts "$out" | grep -E "^($ranks) " || true)
+  sleep 0.5
+  kill "$tailpid" 2>/dev/null || true
+  wait "$tailpid" 2>/dev/null || true
+  BEFORE=$(counts "$copy" | grep -E "^($ranks) " || true)
+  if [ -z "$BEFORE" ]; then
+    WHY="no count of $ranks in $out before the checkpoint"; rm -rf "$ck"; return 1
+  fi
   if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
     WHY="the restore failed: $(json_field "$rj" error | head -2)"
     stop_job "$name" "$(job_field "$name" pid)"; rm -rf "$ck"; return 1
@@ -909,12 +930,40 @@ scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
-# nccl-torchrun-1rank-rollback: see the scenarios above.
-scenario_nccl_torchrun_1rank_rollback() {
-  local scen=nccl-torchrun-1rank-rollback out=$WORK/nccl-torchrun-1rank-rollback.out \
-    ck=$WORK/nccl-torchrun-1rank-rollback.ckpt cj rc why='' before log real
-  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
-  torch_ready "$scen" || return 0
+# lifted_and_on SAID LOG WHO AFTER: SAID (what WHO, the checkpoint or the
+# guardian, printed) says CRIU's nftables lock was removed and the job's
+# sockets left repair mode, and rank 0 then counts 20 more in LOG with no
+# error. Sets BEFORE (its count when looked at) and, on failure, WHY.
+lifted_and_on() {
+  BEFORE='' WHY=''
+  if ! grep -q "nftables table inet CRIU-[0-9a-f-]*) removed" "$1" 2>/dev/null; then WHY="$3 does not say CRIU's nftables lock was removed"
+  elif ! grep -q "TCP socket(s) of the job taken out of repair mode" "$1"; then WHY="$3 does not say the sockets left repair mode"
+  else
+    BEFORE=$(counts "$2" | grep -E '^rank_0 ' || true)
+    if ! wait_beyond "$2" 60 20 "$BEFORE"; then WHY="after $4: $WHY"
+    elif [ -n "$(error_lines "$2")" ]; then WHY="$(error_lines "$2" | head -1)"; fi
+  fi
+  [ -z "$WHY" ]
+}
+# then_restored SCEN CK OUT AFTER TEXT: the end of a scenario whose job runs
+# on after a fault (AFTER): checkpoint it (which stops it), restore it, rank 0
+# must count 20 more; PASS with TEXT and the counts, or FAIL. The job is then
+# stopped and CK removed.
+then_restored() {
+  local scen=$1 ck=$2 why=''
+  if ! stop_and_restore "$scen" "$ck" "$3" 'rank_0'; then result FAIL "$scen" "after $4, $WHY"; return 0; fi
+  if ! wait_beyond "$LOG" 120 20 "$BEFORE"; then why="after the restore: $WHY"
+  elif [ -n "$(error_lines "$LOG")" ]; then why="after the restore: $(error_lines "$LOG" | head -1)"; fi
+  if [ -n "$why" ]; then result FAIL "$scen" "$why"; show_tail "$LOG"
+  else result PASS "$scen" "$5; then checkpoint and restore: $(echo "$BEFORE" | tr '\n' ' ')-> $(counts "$LOG" | tr '\n' ' ')"; fi
+  stop_job "$scen" "$(job_field "$scen" pid)"
+  rm -rf "$ck"
+}
+# criu_hold_wrapper SCEN: $WORK/SCEN.criu, a CRIU (for CUSNAP_CRIU) whose
+# dump waits at post-dump while $WORK/SCEN.hold exists, having created
+# $WORK/SCEN.held: CRIU has then saved the job and locked its connections.
+criu_hold_wrapper() {
+  local scen=$1 real
   real=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
   cat >"$WORK/$scen.hook" <<SH
 #!/bin/sh
@@ -928,6 +977,14 @@ SH
 exec "$real" "\$@"
 SH
   chmod 755 "$WORK/$scen.hook" "$WORK/$scen.criu"
+}
+# nccl-torchrun-1rank-rollback: see the scenarios above.
+scenario_nccl_torchrun_1rank_rollback() {
+  local scen=nccl-torchrun-1rank-rollback out=$WORK/nccl-torchrun-1rank-rollback.out \
+    ck=$WORK/nccl-torchrun-1rank-rollback.ckpt cj rc why='' before
+  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
+  torch_ready "$scen" || return 0
+  criu_hold_wrapper "$scen"
   echo "gpu-test: $scen: torchrun --nproc-per-node 1 torch_allreduce.py --store-every 1; CRIU held at post-dump past --timeout 5, killed; the job must run on"
   CUSNAP_CRIU=$WORK/$scen.criu start_job "$scen" "$scen" "$out" 1 --strict -- env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 \
     "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 --nproc-per-node 1 \
@@ -942,28 +999,61 @@ SH
   if [ ! -e "$WORK/$scen.held" ]; then why="CRIU's dump did not reach post-dump (exit $rc)"
   elif [ "$rc" != 1 ]; then why="the checkpoint exited $rc, expected 1"
   elif ! grep -q "the job runs on unchanged" "$cj"; then why="the checkpoint does not say the job runs on"
-  elif ! grep -q "nftables table inet CRIU-[0-9a-f-]*) removed" "$cj"; then why="the checkpoint does not say CRIU's nftables lock was removed"
-  elif ! grep -q "TCP socket(s) of the job taken out of repair mode" "$cj"; then why="the checkpoint does not say the sockets left repair mode"
+  elif ! lifted_and_on "$cj" "$out" "the checkpoint" "the roll back"; then why=$WHY
   fi
-  before=$(counts "$out" | grep -E '^rank_0 ' || true)
-  if [ -z "$why" ] && ! wait_beyond "$out" 60 20 "$before"; then why="after the roll back: $WHY"; fi
-  if [ -z "$why" ] && [ -n "$(error_lines "$out")" ]; then why="$(error_lines "$out" | head -1)"; fi
+  before=$BEFORE
   if [ -n "$why" ]; then
     result FAIL "$scen" "$why"; show_tail "$cj"; show_tail "$out" 8
     stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
   fi
   echo "  rolled back: $(echo "$before" | tr '\n' ' ')-> $(counts "$out" | tr '\n' ' ')"
   # And as usual afterwards: checkpoint (stops), restore, the rank steps on.
-  if ! stop_and_restore "$scen" "$ck" "$out" 'rank_0'; then
-    result FAIL "$scen" "after the roll back, $WHY"; return 0
+  then_restored "$scen" "$ck" "$out" "the roll back" \
+    "CRIU killed mid-dump: lock lifted, the rank stepped on with its store"
+}
+# nccl-torchrun-1rank-guardian: see the scenarios above.
+scenario_nccl_torchrun_1rank_guardian() {
+  local scen=nccl-torchrun-1rank-guardian out=$WORK/nccl-torchrun-1rank-guardian.out \
+    ck=$WORK/nccl-torchrun-1rank-guardian.ckpt log=$CUSNAP_RUNTIME_BASE/nccl-torchrun-1rank-guardian/output.log \
+    cj sup ckpid rc=0 why='' before
+  if [ "$(gpu_count)" -lt 1 ]; then result SKIP "$scen" "needs a GPU"; return 0; fi
+  torch_ready "$scen" || return 0
+  criu_hold_wrapper "$scen"
+  echo "gpu-test: $scen: torchrun --nproc-per-node 1 torch_allreduce.py --store-every 1; CRIU held at post-dump, the supervisor killed: its guardian must bring the rank back"
+  CUSNAP_GUARDIAN_CRIU_WAIT_MS=5000 CUSNAP_CRIU=$WORK/$scen.criu start_job "$scen" "$scen" "$out" 1 --strict -- \
+    env NCCL_SOCKET_IFNAME=lo USE_LIBUV=0 "$PY" -m torch.distributed.run --standalone --rdzv-conf use_libuv=0 \
+    --nproc-per-node 1 "$TORCH_ALLREDUCE" --mib "$NCCL_MIB" --store-every 1 || return 0
+  sup=$SUP cj=$WORK/$scen.ckpt.json
+  : >"$WORK/$scen.hold"
+  timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" checkpoint "$scen" -o "$ck" --timeout "$PHASE_TIMEOUT" --json >"$cj" 2>&1 &
+  ckpid=$!
+  for _ in $(seq 1 1200); do [ -e "$WORK/$scen.held" ] && break; sleep 0.1; done
+  if [ ! -e "$WORK/$scen.held" ]; then
+    rm -f "$WORK/$scen.hold"; wait "$ckpid" || true
+    result FAIL "$scen" "CRIU's dump did not reach post-dump: $(json_field "$cj" error | head -2)"
+    stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
   fi
-  before=$BEFORE log=$LOG
-  if ! wait_beyond "$log" 120 20 "$before"; then why="after the restore: $WHY"
-  elif [ -n "$(error_lines "$log")" ]; then why="after the restore: $(error_lines "$log" | head -1)"; fi
-  if [ -n "$why" ]; then result FAIL "$scen" "$why"; show_tail "$log"
-  else result PASS "$scen" "CRIU killed mid-dump: lock lifted, the rank stepped on with its store; then checkpoint and restore: $(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')"; fi
-  stop_job "$scen" "$(job_field "$scen" pid)"
+  kill -KILL "$sup"
+  wait "$sup" 2>/dev/null || true
+  wait "$ckpid" || rc=$?
+  for _ in $(seq 1 1200); do grep -q "guardian: the job runs on" "$log" 2>/dev/null && break; sleep 0.1; done
+  rm -f "$WORK/$scen.hold"
+  echo "  checkpoint with its supervisor killed: exit $rc: $(json_field "$cj" error | head -1 | cut -c1-160)"
+  grep -E "cusnap: guardian|network lock|repair mode" "$log" 2>/dev/null | sed 's/^/    /' | cut -c1-240 || true
+  if [ "$rc" = 0 ]; then why="the checkpoint reported success after its supervisor was killed"
+  elif ! grep -q "guardian: the job runs on, supervised by process" "$log" 2>/dev/null; then why="the guardian did not bring the job back"
+  elif ! lifted_and_on "$log" "$log" "the guardian" "the guardian's recovery"; then why=$WHY
+  fi
+  before=$BEFORE
+  if [ -n "$why" ]; then
+    result FAIL "$scen" "$why"; show_tail "$log" 10
+    stop_job "$scen" "$ROOT_PID"; rm -rf "$ck"; return 0
+  fi
+  echo "  recovered by the guardian: $(echo "$before" | tr '\n' ' ')-> $(counts "$log" | tr '\n' ' ')"
+  # Supervised by the guardian now: checkpoint (stops), restore, steps on.
   rm -rf "$ck"
+  then_restored "$scen" "$ck" "$log" "the guardian's recovery" \
+    "supervisor killed mid-dump: the guardian restored the driver state, lifted CRIU's lock, the rank stepped on with its store"
 }
 # nccl-torchrun-1gpu: see the scenarios above.
 scenario_nccl_torchrun_1gpu() {
