@@ -218,6 +218,8 @@ TEST_CASE("criu leftovers: the iptables rules of CRIU's lock, as CRIU writes the
                               "--destination 10.0.0.2 --dport 50001"));
 }
 
+namespace {
+
 // Runs `iptables ARGS` quietly; its exit status.
 int iptables(const std::string& args) {
   const int st = std::system(("iptables -w 5 " + args + " >/dev/null 2>&1").c_str());
@@ -236,6 +238,8 @@ std::string rule_args(const std::vector<std::string>& cmd, const char* verb) {
     t += " " + (cmd[i] == "-D" ? std::string(verb) : cmd[i] == "!" ? "'!'" : cmd[i]);
   return t;
 }
+
+}  // namespace
 
 TEST_CASE("criu leftovers: CRIU's iptables rules are removed, and only those" *
           doctest::skip(geteuid() != 0 || !have_iptables())) {  // install-deps installs it

@@ -98,7 +98,6 @@ pass "restored: both processes listen on 127.0.0.1:$RAS_PORT again (SO_REUSEPORT
 # Again under CUSNAP_CRIU_NETWORK_LOCK=iptables: CRIU's lock is then two
 # rules per connection (mark 0xC114), recorded in the manifest and named by
 # inspect; the restore (CRIU takes the method from its images) deletes them.
-criu_rules() { (iptables -S; ip6tables -S) 2>/dev/null | grep -ic "mark 0xc114" || true; }
 command -v iptables >/dev/null 2>&1 || fail "iptables is not installed (scripts/install-deps.sh installs it)"
 PID=$(wait_job tcp)
 CUSNAP_CRIU_NETWORK_LOCK=iptables "$CUSNAP" checkpoint tcp -o "$T/ckpt-ipt" >"$T/ckpt-ipt.out" 2>&1 ||
@@ -110,12 +109,12 @@ python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["criu"]["networ
 "$CUSNAP" inspect "$T/ckpt-ipt" >"$T/inspect-ipt.out" 2>&1 || fail "inspect failed: $(cat "$T/inspect-ipt.out")"
 grep -q "lock: .*CRIU's iptables rules (mark 0xC114) drop those connections until a restore removes them" \
   "$T/inspect-ipt.out" || fail "inspect does not name the iptables lock: $(grep -A1 tcp "$T/inspect-ipt.out")"
-[ "$(criu_rules)" = 4 ] || fail "$(criu_rules) rules of CRIU's after the checkpoint, expected 4 (two sockets)"
+[ "$(criu_iptables_rules)" = 4 ] || fail "$(criu_iptables_rules) rules of CRIU's after the checkpoint, expected 4 (two sockets)"
 LAST=$(last_count "$T/restore.out")
 restore_continues "$T/ckpt-ipt" "$T/restore-ipt.out" tcp "$PID" "$LAST"
 wait_count "$T/restore-ipt.out" $((LAST + 10)) "" 30
 grep -q mismatch "$T/restore-ipt.out" && fail "iptables lock: a number was lost on the connection"
-[ "$(criu_rules)" = 0 ] || fail "$(criu_rules) rules of CRIU's left after the restore"
+[ "$(criu_iptables_rules)" = 0 ] || fail "$(criu_iptables_rules) rules of CRIU's left after the restore"
 pass "iptables lock: checkpointed at $LAST with 4 rules in place, restored from $FIRST, the rules gone"
 kill -TERM "$SUP"
 wait_exit "$SUP"

@@ -61,29 +61,38 @@ export CUSNAP_CRIU=$T/criu
 
 TCP_PAIR=$(dirname "$0")/tcp_pair.py  # counts over its connection
 
-# lifted CASE FILE OUT: FILE (the checkpoint's output, or the guardian's
-# log) says CRIU's lock was lifted: the table removed, the sockets out of
-# repair mode; the table is gone, and the job (counting into OUT) counts on
-# over its connection with nothing lost.
+# lifted CASE FILE OUT [iptables]: FILE (the checkpoint's output, or the
+# guardian's log) says CRIU's lock was lifted: the nftables table (or with
+# iptables, CRIU's 4 rules: two sockets, two each) removed, the sockets out
+# of repair mode; none of it is left, and the job (counting into OUT) counts
+# on over its connection with nothing lost.
 lifted() {
   local name=$1 file=$2 out=$3 id last rc=0
-  id=$(sed -n 's/.*nftables table inet CRIU-\([0-9a-f-]*\)) removed.*/\1/p' "$file" | head -1)
-  [ -n "$id" ] || fail "$name: nothing says CRIU's nftables lock was removed: $(grep 'cusnap' "$file")"
+  if [ "${4:-nftables}" = iptables ]; then
+    grep -q "CRIU's network lock (4 iptables rule(s)) removed" "$file" ||
+      fail "$name: nothing says CRIU's 4 iptables rules were removed: $(grep 'cusnap' "$file")"
+    [ "$(criu_iptables_rules)" = 0 ] || fail "$name: $(criu_iptables_rules) rules of CRIU's are left"
+    LIFTED="CRIU's 4 rules removed"
+  else
+    id=$(sed -n 's/.*nftables table inet CRIU-\([0-9a-f-]*\)) removed.*/\1/p' "$file" | head -1)
+    [ -n "$id" ] || fail "$name: nothing says CRIU's nftables lock was removed: $(grep 'cusnap' "$file")"
+    nft_has_table "CRIU-$id" || rc=$?
+    [ "$rc" = 1 ] || fail "$name: the table inet CRIU-$id is still there (or nftables cannot be listed: $rc)"
+    LIFTED="table CRIU-$id removed"
+  fi
   grep -q "TCP socket(s) of the job taken out of repair mode" "$file" ||
     fail "$name: nothing says the sockets left repair mode: $(grep 'cusnap' "$file")"
-  nft_has_table "CRIU-$id" || rc=$?
-  [ "$rc" = 1 ] || fail "$name: the table inet CRIU-$id is still there (or nftables cannot be listed: $rc)"
   last=$(last_count "$out")
   wait_count "$out" $((last + 20)) "" 20
   grep -q mismatch "$out" && fail "$name: a number was lost on the connection"
-  LIFTED="table CRIU-$id removed, the job counts on past $((last + 20)) over its connection"
+  LIFTED="$LIFTED, the job counts on past $((last + 20)) over its connection"
 }
 
-# rolled_back CASE OUT: the checkpoint (output OUT) failed, said the job runs
-# on and that CRIU's lock was lifted (lifted).
+# rolled_back CASE OUT [iptables]: the checkpoint (output OUT) failed, said
+# the job runs on and that CRIU's lock was lifted (lifted).
 rolled_back() {
   grep -q "the job runs on unchanged" "$2" || fail "$1: the job does not run on: $(cat "$2")"
-  lifted "$1" "$2" "$T/launch.out"
+  lifted "$1" "$2" "$T/launch.out" "${3:-nftables}"
   kill -0 "$PID" 2>/dev/null || fail "$1: the job is gone"
   pass "$1: checkpoint failed, $LIFTED"
 }
@@ -93,43 +102,32 @@ SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job tcp)
 
+# timed_out CASE OUT [VAR=VALUE...]: a checkpoint (output OUT, in that
+# environment) whose CRIU is held at post-dump past --timeout 5 and killed.
+timed_out() {
+  local name=$1 out=$2 rc=0
+  shift 2
+  echo hold >"$T/mode"
+  rm -f "$T/held"
+  : >"$T/hold"
+  env "$@" "$CUSNAP" checkpoint tcp -o "$T/$name.ck" --timeout 5 >"$out" 2>&1 || rc=$?
+  rm -f "$T/hold"
+  [ -e "$T/held" ] || fail "$name: CRIU's dump did not reach post-dump: $(cat "$out")"
+  [ "$rc" = 1 ] || fail "$name: the checkpoint exited $rc, expected 1: $(cat "$out")"
+  grep -q "timed out after .* and was killed" "$out" ||
+    fail "$name: the checkpoint does not say CRIU was killed: $(cat "$out")"
+}
+
 # timeout: CRIU held at post-dump past --timeout 5, then killed.
-echo hold >"$T/mode"
-: >"$T/hold"
-rc=0
-"$CUSNAP" checkpoint tcp -o "$T/ck1" --timeout 5 >"$T/ck1.out" 2>&1 || rc=$?
-rm -f "$T/hold"
-[ -e "$T/held" ] || fail "timeout: CRIU's dump did not reach post-dump: $(cat "$T/ck1.out")"
-[ "$rc" = 1 ] || fail "timeout: the checkpoint exited $rc, expected 1: $(cat "$T/ck1.out")"
-grep -q "timed out after .* and was killed" "$T/ck1.out" ||
-  fail "timeout: the checkpoint does not say CRIU was killed: $(cat "$T/ck1.out")"
+timed_out timeout "$T/ck1.out"
 rolled_back timeout "$T/ck1.out"
 
 # iptables: the same under CUSNAP_CRIU_NETWORK_LOCK=iptables, whose lock is
 # two rules per connection (mark 0xC114) that the roll back deletes.
-if command -v iptables >/dev/null 2>&1; then
-  rm -f "$T/held"
-  : >"$T/hold"
-  rc=0
-  CUSNAP_CRIU_NETWORK_LOCK=iptables "$CUSNAP" checkpoint tcp -o "$T/ck-ipt" --timeout 5 >"$T/ipt.out" 2>&1 || rc=$?
-  rm -f "$T/hold"
-  [ -e "$T/held" ] || fail "iptables: CRIU's dump did not reach post-dump: $(cat "$T/ipt.out")"
-  [ "$rc" = 1 ] || fail "iptables: the checkpoint exited $rc, expected 1: $(cat "$T/ipt.out")"
-  grep -q "the job runs on unchanged" "$T/ipt.out" || fail "iptables: the job does not run on: $(cat "$T/ipt.out")"
-  # The two sockets of the connection, two rules each.
-  grep -q "CRIU's network lock (4 iptables rule(s)) removed" "$T/ipt.out" ||
-    fail "iptables: nothing says CRIU's 4 iptables rules were removed: $(grep 'cusnap' "$T/ipt.out")"
-  grep -q "TCP socket(s) of the job taken out of repair mode" "$T/ipt.out" ||
-    fail "iptables: nothing says the sockets left repair mode: $(grep 'cusnap' "$T/ipt.out")"
-  left=$( (iptables -S; ip6tables -S) 2>/dev/null | grep -ic "mark 0xc114" || true)
-  [ "$left" = 0 ] || fail "iptables: $left rules of CRIU's are left: $( (iptables -S; ip6tables -S) | grep -i 0xc114)"
-  last=$(last_count "$T/launch.out")
-  wait_count "$T/launch.out" $((last + 20)) "" 20
-  grep -q mismatch "$T/launch.out" && fail "iptables: a number was lost on the connection"
-  pass "iptables: checkpoint failed, CRIU's 4 rules removed, the job counts on past $((last + 20)) over its connection"
-else
+command -v iptables >/dev/null 2>&1 ||
   fail "iptables is not installed (scripts/install-deps.sh installs it): the iptables case cannot run"
-fi
+timed_out iptables "$T/ipt.out" CUSNAP_CRIU_NETWORK_LOCK=iptables
+rolled_back iptables "$T/ipt.out" iptables
 
 # disk full: the checkpoint's file system filled once CRIU has written it.
 if mount -t tmpfs -o size=256m tmpfs "$SMALL" 2>/dev/null; then

@@ -202,6 +202,10 @@ expect_running() {
   return 0
 }
 
+# criu_iptables_rules: how many iptables and ip6tables rules of CRIU's
+# network lock (mark 0xC114) there are here.
+criu_iptables_rules() { (iptables -S; ip6tables -S) 2>/dev/null | grep -ic "mark 0xc114" || true; }
+
 # nft_has_table NAME: whether an nftables table "inet NAME" exists here,
 # asked of nf_tables over netlink (the nft program and libnftables may both be
 # missing: the GPU machine's CRIU brings its own). Exit 0 yes, 1 no, 2 error.
