@@ -1,11 +1,11 @@
 // cusnap checkpoint JOB [-o DIR] [--leave-running] [--timeout S] [--json]
-#include <limits.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <thread>
 
 #include "job_target.h"
@@ -22,11 +22,14 @@ std::string default_dir(const std::string& name) {
   return name + "-" + stamp;
 }
 
+/// p from the current directory, without '.', '..' or a trailing '/' (the
+/// directory's parent is then what it names, and --json says it plainly).
 std::string absolute(const std::string& p) {
-  if (!p.empty() && p[0] == '/') return p;
-  char cwd[PATH_MAX];
-  if (!::getcwd(cwd, sizeof cwd)) return p;
-  return std::string(cwd) + "/" + p;
+  std::error_code ec;
+  std::string abs = std::filesystem::absolute(p, ec).lexically_normal().string();
+  if (ec) return p;
+  while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
+  return abs;
 }
 
 }  // namespace

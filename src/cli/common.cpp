@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,12 +24,19 @@ namespace {
 /// --json among the arguments (before a "--"), for a command that has it.
 bool wants_json(const CLI::App& app, int argc, char** argv) {
   if (app.get_option_no_throw("--json") == nullptr) return false;
+  bool json = false;  // the last one counts, as for CLI11
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--") break;
-    if (a == "--json" || a.starts_with("--json=")) return true;
+    if (a == "--json") json = true;
+    // --json=VALUE: CLI11 reads false, 0, no, off and disable (any case) as false.
+    if (a.starts_with("--json=")) {
+      std::string v = a.substr(7);
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      json = !(v == "false" || v == "0" || v == "no" || v == "off" || v == "disable");
+    }
   }
-  return false;
+  return json;
 }
 
 }  // namespace
@@ -77,7 +85,8 @@ CLI::Validator not_empty() {
 void add_runtime_dir_option(CLI::App& app, std::string* dir) {
   app.add_option("--runtime-dir", *dir,
                  "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME); a relative "
-                 "DIR is taken from the current directory")
+                 "DIR is taken from the current directory; new, empty, or left by a dead "
+                 "supervisor; made private (0700)")
       ->check(not_empty())
       ->transform(CLI::Validator(
           [](std::string& text) -> std::string {

@@ -191,8 +191,9 @@ int cmd_inspect(int argc, char** argv) {
   init_app(app, "inspect");
   std::string target;
   bool json = false;
-  app.add_option("TARGET", target,
-                 "Checkpoint directory, or job name, supervisor pid or runtime directory")
+  app.add_option(
+         "TARGET", target,
+         "Checkpoint directory, or job name, pid (PID or SUPERV of cusnap ps) or runtime directory")
       ->required()
       ->type_name("");
   app.add_flag("--json", json, "Print the description as JSON");

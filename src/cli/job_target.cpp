@@ -5,7 +5,7 @@
 namespace cusnap::cli {
 
 void add_job_argument(CLI::App& app, std::string* job) {
-  app.add_option("JOB", *job, "Job name, supervisor pid or runtime directory")
+  app.add_option("JOB", *job, "Job name, pid (PID or SUPERV of cusnap ps) or runtime directory")
       ->required()
       ->type_name("");
 }

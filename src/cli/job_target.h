@@ -1,4 +1,4 @@
-// Finding the job a command names (by name, supervisor pid or runtime
+// Finding the job a command names (by name, pid or runtime
 // directory) and asking its supervisor for something.
 #pragma once
 

@@ -40,6 +40,11 @@ int cmd_launch(int argc, char** argv) {
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
   req.argv = app.remaining();
+  // CLI11 takes the first argument it does not know as CMD: a mistyped option
+  // before '--' would be run as a program.
+  if (!req.argv.empty() && req.argv[0].starts_with("-") && req.argv[0] != "--")
+    return fail(kExitUsage, "unknown option '" + req.argv[0] +
+                                "' (see cusnap launch --help; the command follows '--')");
   if (!req.argv.empty() && req.argv[0] == "--") req.argv.erase(req.argv.begin());
   if (req.argv.empty())
     return fail(kExitUsage, "no command given: cusnap launch [OPTIONS] -- CMD...");

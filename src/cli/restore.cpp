@@ -89,7 +89,7 @@ int cmd_restore(int argc, char** argv) {
   double timeout_s = 60;
   double control_s = 0;
   RestoreRequest req;
-  app.add_option("DIR", dir, "Checkpoint directory")->required()->type_name("");
+  app.add_option("DIR", dir, "Checkpoint directory")->required()->check(not_empty())->type_name("");
   add_name_option(app, &req.cfg.name, "Job name (default: the name recorded in the checkpoint)");
   app.add_flag("--detach", req.detach,
                "Supervise the restored job in the background; output goes only to its log");

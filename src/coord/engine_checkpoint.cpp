@@ -94,6 +94,12 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     }
     return writable(parent.string());
   }
+  if (fs::is_symlink(st)) {
+    // Written by root, a link could send the checkpoint anywhere it points.
+    *err = dir + " is a symbolic link (to " + fs::read_symlink(dir, ec).string() +
+           "): give the directory itself, or another -o DIR";
+    return false;
+  }
   if (!fs::is_directory(st)) {
     *err = dir + " exists and is not a directory: choose another -o DIR";
     return false;

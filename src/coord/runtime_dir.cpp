@@ -27,6 +27,19 @@ const char* const kKnownFiles[] = {"control.sock",   "job.json",           "job.
 /// Where a suspended job's shared memory is saved (suspend_state_dir).
 constexpr const char* kSuspendedDir = "suspended";
 
+/// The shims' peer and control sockets (src/proto/shim_messages.h).
+bool shim_socket_name(std::string_view n) {
+  return (n.starts_with("shim-peer.") || n.starts_with("shim-ctl.")) && n.ends_with(".sock");
+}
+
+/// True for the names a supervisor leaves in its directory (remove_job_dir
+/// removes exactly these).
+bool known_entry(std::string_view n) {
+  for (const char* f : kKnownFiles)
+    if (n == f) return true;
+  return n == kSuspendedDir || shim_socket_name(n);
+}
+
 std::string errno_text(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
@@ -66,16 +79,61 @@ void remove_job_dir(const std::string& dir) {
   if (DIR* ds = ::fdopendir(::dup(d.get()))) {
     while (const dirent* e = ::readdir(ds)) {
       const std::string_view n = e->d_name;
-      const bool shim_sock =
-          (n.starts_with("shim-peer.") || n.starts_with("shim-ctl.")) && n.ends_with(".sock");
       struct stat fst;
-      if (shim_sock && ::fstatat(d.get(), e->d_name, &fst, AT_SYMLINK_NOFOLLOW) == 0 &&
+      if (shim_socket_name(n) && ::fstatat(d.get(), e->d_name, &fst, AT_SYMLINK_NOFOLLOW) == 0 &&
           S_ISSOCK(fst.st_mode))
         ::unlinkat(d.get(), e->d_name, 0);
     }
     ::closedir(ds);
   }
   ::rmdir(dir.c_str());
+}
+
+/// An explicit --runtime-dir: made when absent (its parent must exist, as for
+/// checkpoint -o), else taken when empty or when it is a runtime directory a
+/// supervisor left (its lock, and only names cusnap writes there): anything
+/// else in it is the user's, which the job's end would remove or expose.
+bool prepare_explicit_dir(const std::string& dir, std::string* err) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      *err = errno_text("runtime directory " + dir);
+      return false;
+    }
+    const size_t slash = dir.rfind('/');
+    const std::string parent =
+        slash == std::string::npos ? "." : dir.substr(0, std::max<size_t>(slash, 1));
+    struct stat pst;
+    const bool there = ::stat(parent.c_str(), &pst) == 0;
+    if (!there || !S_ISDIR(pst.st_mode)) {
+      *err = "the parent of the runtime directory " + dir + " (" + parent + ") " +
+             (there ? "is not a directory" : "does not exist") +
+             ": create it or choose another --runtime-dir";
+      return false;
+    }
+    return ensure_private_dir(dir, true, err);
+  }
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  std::string foreign, first;
+  bool has_lock = false;
+  if (DIR* ds = d ? ::fdopendir(::dup(d.get())) : nullptr) {
+    while (const dirent* e = ::readdir(ds)) {
+      const std::string_view n = e->d_name;
+      if (n == "." || n == "..") continue;
+      if (first.empty()) first = n;
+      has_lock = has_lock || n == "lock";
+      if (!known_entry(n) && foreign.empty()) foreign = n;
+    }
+    ::closedir(ds);
+  }
+  // Type, owner and links are refused by ensure_private_dir, which says why.
+  if (!first.empty() && (!foreign.empty() || !has_lock)) {
+    *err = "refusing runtime directory " + dir + ": it holds '" +
+           (foreign.empty() ? first : foreign) +
+           "' and is not one cusnap left; give a new or empty directory to --runtime-dir";
+    return false;
+  }
+  return ensure_private_dir(dir, true, err);
 }
 
 }  // namespace
@@ -177,6 +235,14 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err) 
     return false;
   }
   if ((st.st_mode & 07777) != 0700) {
+    // Only a directory cusnap makes is tightened; a lookup changes nothing.
+    if (!create) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+      *err = "refusing runtime directory " + path + ": its mode is " + mode +
+             ", and cusnap's runtime directories are private (0700)";
+      return false;
+    }
     UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!d || ::fchmod(d.get(), 0700) != 0) {
       *err = errno_text("making runtime directory " + path + " private");
@@ -248,7 +314,8 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
            "or CUSNAP_RUNTIME_BASE";
     return false;
   }
-  if (!ensure_private_dir(dir, true, err)) return false;
+  if (!(explicit_dir.empty() ? ensure_private_dir(dir, true, err) : prepare_explicit_dir(dir, err)))
+    return false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;
     return false;
@@ -410,14 +477,18 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err) {
     out->dir = spec;
     return job_status_from_json(text, &out->status, err);
   }
+  // A number is a supervisor's pid or the job's root process's (both in ps).
   bool numeric = !spec.empty() && std::all_of(spec.begin(), spec.end(), ::isdigit);
-  for (JobEntry& e : list_jobs(false)) {
-    if (e.status.name == spec || (numeric && std::to_string(e.status.supervisor_pid) == spec)) {
+  std::string why;
+  for (JobEntry& e : list_jobs(false, &why)) {
+    if (e.status.name == spec || (numeric && (std::to_string(e.status.supervisor_pid) == spec ||
+                                              std::to_string(e.status.root_pid) == spec))) {
       *out = std::move(e);
       return true;
     }
   }
-  *err = "no job named '" + spec + "' is running (see cusnap ps)";
+  *err = why.empty() ? "no job named '" + spec + "' is running (see cusnap ps)"
+                     : "cannot look for job '" + spec + "': " + why;
   return false;
 }
 

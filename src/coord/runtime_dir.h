@@ -87,7 +87,7 @@ bool runtime_dir_live(const std::string& dir);
 /// refused (a link, not a directory, another owner, unreadable); empty when it is fine or does not
 /// exist yet (no jobs).
 std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr);
-/// Finds a live job by name, supervisor pid or runtime directory path.
+/// Finds a live job by name, supervisor or root pid, or runtime directory path.
 /// false + *err ("no job named X") when there is none.
 bool find_job(const std::string& spec, JobEntry* out, std::string* err);
 

@@ -61,9 +61,14 @@ TEST_CASE("runtime dir: private directories are created 0700 and checked") {
   REQUIRE(ensure_private_dir(d, true, &err));
   CHECK(mode_of(d) == 0700);
   CHECK(mode_of(b.path + "/a") == 0700);
-  REQUIRE(chmod(d.c_str(), 0755) == 0);
-  REQUIRE(ensure_private_dir(d, false, &err));
+  // A lookup (create unset) checks and changes nothing; creation tightens.
+  REQUIRE(chmod(d.c_str(), 01777) == 0);
+  CHECK(!ensure_private_dir(d, false, &err));
+  CHECK(err.find("its mode is 1777") != std::string::npos);
+  CHECK(mode_of(d) == 01777);
+  REQUIRE(ensure_private_dir(d, true, &err));
   CHECK(mode_of(d) == 0700);
+  REQUIRE(ensure_private_dir(d, false, &err));
   std::string link = b.path + "/link";
   REQUIRE(symlink(d.c_str(), link.c_str()) == 0);
   CHECK(!ensure_private_dir(link, true, &err));
@@ -105,8 +110,12 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(e.status.root_pid == 42);
   CHECK(e.status.argv == std::vector<std::string>{"sleep", "1"});
   REQUIRE(find_job(std::to_string(getpid()), &e, &err));
+  REQUIRE(find_job("42", &e, &err));  // the job's root process, ps's PID
+  CHECK(e.status.name == "job1");
+  CHECK(!find_job("43", &e, &err));
   REQUIRE(find_job(rd->path(), &e, &err));
   CHECK(!find_job("nope", &e, &err));
+  CHECK(err.find("no job named 'nope'") != std::string::npos);
   CHECK(list_jobs(true).size() == 1);
 
   rd->remove();
@@ -186,6 +195,9 @@ TEST_CASE("runtime dir: a refused base is an error for the job list, a missing o
   REQUIRE(symlink(real.c_str(), base.c_str()) == 0);
   CHECK(list_jobs(true, &err).empty());
   CHECK(err.find("symbolic link") != std::string::npos);
+  JobEntry e;
+  CHECK(!find_job("x", &e, &err));  // the reason, not "no job named"
+  CHECK(err.find("cannot look for job 'x': refusing runtime directory") != std::string::npos);
   REQUIRE(unlink(base.c_str()) == 0);
   REQUIRE(close(creat(base.c_str(), 0600)) == 0);
   CHECK(list_jobs(false, &err).empty());
@@ -208,6 +220,51 @@ TEST_CASE("runtime dir: an explicit directory is found through a link in the bas
   rd->remove();
   struct stat st;
   CHECK(lstat((b.path + "/base/ext").c_str(), &st) != 0);
+}
+
+TEST_CASE("runtime dir: an explicit directory holding the user's files is refused, unchanged") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  const std::string dir = b.path + "/mine";
+  REQUIRE(mkdir(dir.c_str(), 0755) == 0);
+  REQUIRE(close(creat((dir + "/notes.txt").c_str(), 0644)) == 0);
+  REQUIRE(close(creat((dir + "/output.log").c_str(), 0644)) == 0);
+  CHECK(!RuntimeDir::reserve("mine", dir, &rd, &err));
+  CHECK(err.find("refusing runtime directory " + dir + ": it holds 'notes.txt'") !=
+        std::string::npos);
+  // cusnap's names alone, without the lock of a supervisor, are not enough.
+  REQUIRE(unlink((dir + "/notes.txt").c_str()) == 0);
+  CHECK(!RuntimeDir::reserve("mine", dir, &rd, &err));
+  CHECK(err.find("it holds 'output.log'") != std::string::npos);
+  CHECK(mode_of(dir) == 0755);
+  CHECK(access((dir + "/output.log").c_str(), F_OK) == 0);
+  struct stat st;
+  CHECK(lstat((b.path + "/base/mine").c_str(), &st) != 0);  // no link either
+  // A missing parent is not made.
+  CHECK(!RuntimeDir::reserve("deep", b.path + "/no/such/rd", &rd, &err));
+  CHECK(err.find("(" + b.path + "/no/such) does not exist") != std::string::npos);
+  CHECK(access((b.path + "/no").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("runtime dir: an explicit directory may be empty, or one a dead supervisor left") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  const std::string dir = b.path + "/rd";
+  REQUIRE(mkdir(dir.c_str(), 0755) == 0);
+  REQUIRE(RuntimeDir::reserve("rd", dir, &rd, &err));
+  CHECK(mode_of(dir) == 0700);
+  proto::JobStatus s;
+  s.name = "rd";
+  REQUIRE(rd->write_status(s, &err));
+  REQUIRE(close(creat((dir + "/output.log").c_str(), 0600)) == 0);
+  REQUIRE(mkdir((dir + "/suspended").c_str(), 0700) == 0);
+  rd.reset();  // the supervisor died, its files stay
+  REQUIRE(RuntimeDir::reserve("rd", dir, &rd, &err));
+  CHECK(access((dir + "/job.json").c_str(), F_OK) != 0);  // cleaned for the new job
+  rd->remove();
+  CHECK(access(dir.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("runtime dir: job.json round-trips") {

@@ -48,6 +48,11 @@ DIR=$T/full check_refusal fulldir "not empty"
 echo x >"$T/afile"
 DIR=$T/afile/sub check_refusal parentfile "afile\) is not a directory"
 
+# A symbolic link, even to an empty directory: named as one, with its target.
+mkdir -p "$T/linked"
+ln -s "$T/linked" "$T/alink"
+DIR=$T/alink check_refusal symlinkdir "alink is a symbolic link \(to $T/linked\)"
+
 # A read-only file system: said before the job is touched, naming the
 # directory given, not a subdirectory CRIU would have made.
 RO=$T/ro

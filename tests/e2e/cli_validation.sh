@@ -128,11 +128,55 @@ wait_count "$T/restore.out" $((LAST + 3))
 (cd "$CWD1" && "$CUSNAP" ps) | grep -q '^rel2 ' || fail "ps from another directory does not list the restored job"
 [ -L "$CUSNAP_RUNTIME_BASE/rel2" ] || fail "ps from another directory removed the restored job's link"
 PID=$(wait_job rel2)
-(cd "$CWD1" && "$CUSNAP" checkpoint rel2 -o "$T/ckpt2") >"$T/ckpt2.out" 2>&1 ||
-  fail "checkpoint of the restored job failed: $(cat "$T/ckpt2.out")"
+# Named by its root process's pid (ps's PID column), into ../ckpt2/: the
+# directory is $T/ckpt2, and --json says so plainly.
+(cd "$CWD1" && "$CUSNAP" checkpoint "$PID" -o ../ckpt2/ --json) >"$T/ckpt2.out" 2>&1 ||
+  fail "checkpoint of the restored job by its pid, into ../ckpt2/, failed: $(cat "$T/ckpt2.out")"
+TREAL=$(cd "$T" && pwd -P)
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["dir"] == sys.argv[2], d["dir"]' \
+  "$T/ckpt2.out" "$TREAL/ckpt2" || fail "checkpoint --json names the directory as: $(cat "$T/ckpt2.out")"
 wait_exit "$SUP"
 wait_gone "$PID"
-pass "restore --runtime-dir rd2 is $CWD2/rd2; the restored job is found and checkpointed from elsewhere"
+pass "restore --runtime-dir rd2 is $CWD2/rd2; the restored job is found by its pid and checkpointed from elsewhere into ../ckpt2/ ($TREAL/ckpt2)"
+
+# An option launch does not know is a usage error, never run as the command.
+expect_usage "launch --bogus -- true" "unknown option '--bogus'" -- "$CUSNAP" launch --bogus -- true
+expect_usage "launch --json -- true" "unknown option '--json'" -- "$CUSNAP" launch --json -- true
+expect_usage "restore ''" "DIR" "empty" -- "$CUSNAP" restore ''
+rc=0
+"$CUSNAP" ps --json=false --bogus >"$T/json.out" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] && [ ! -s "$T/json.out" ] || fail "ps --json=false --bogus: status $rc, stdout $(cat "$T/json.out")"
+pass "--json=false prints no JSON"
+
+# --runtime-dir never takes, nor removes at the job's end, what a user keeps
+# there; a missing parent is not made.
+mkdir -p "$T/mine/suspended" && echo keep >"$T/mine/suspended/results.csv" && echo keep >"$T/mine/output.log"
+chmod 755 "$T/mine"
+rc=0
+"$CUSNAP" launch --name mine --runtime-dir "$T/mine" -- true 2>"$T/mine.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "refusing runtime directory $T/mine: it holds '" "$T/mine.err" ||
+  fail "launch into a directory of the user's: exit $rc: $(cat "$T/mine.err")"
+[ "$(cat "$T/mine/suspended/results.csv" "$T/mine/output.log")" = "$(printf 'keep\nkeep')" ] &&
+  [ "$(stat -c %a "$T/mine")" = 755 ] || fail "a refused --runtime-dir was changed: $(ls -la "$T/mine")"
+rc=0
+"$CUSNAP" launch --name deep --runtime-dir "$T/nowhere/x/rd" -- true 2>"$T/deep.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "($T/nowhere/x) does not exist" "$T/deep.err" && [ ! -e "$T/nowhere" ] ||
+  fail "launch --runtime-dir with missing parents: exit $rc: $(cat "$T/deep.err"); $(ls "$T")"
+mkdir "$T/empty" && chmod 755 "$T/empty"
+"$CUSNAP" launch --name empty --runtime-dir "$T/empty" -- true 2>"$T/empty.err" ||
+  fail "launch into an empty directory: $(cat "$T/empty.err")"
+[ ! -e "$T/empty" ] || fail "the job's end left its runtime directory: $(ls -la "$T/empty")"
+pass "--runtime-dir refuses a directory holding the user's files (unchanged) and a missing parent; takes an empty one"
+
+# Looking a job up by a directory changes nothing in it.
+mkdir "$T/shared" && chmod 1777 "$T/shared"
+for cmd in checkpoint suspend resume inspect; do
+  rc=0
+  "$CUSNAP" "$cmd" "$T/shared" >/dev/null 2>"$T/shared.err" || rc=$?
+  [ "$rc" != 0 ] && [ "$(stat -c %a "$T/shared")" = 1777 ] ||
+    fail "$cmd of a directory: exit $rc, its mode now $(stat -c %a "$T/shared"): $(cat "$T/shared.err")"
+done
+pass "checkpoint, suspend, resume and inspect of a directory that is no job's leave its mode as it was"
 
 # inspect of a path that is not there says what it expected (exit 4), as JSON too.
 rc=0
