@@ -197,9 +197,11 @@ SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
   r.cfg.echo_output = false;
   std::string err;
   r.progress = [&](const Progress& p) {
-    if (ch.valid())
-      ch.send(proto::kMsgProgress, proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total},
-              &err);
+    // A send that failed (the command gone, or stopped past the control
+    // timeout) ends the reports: the next would each wait as long.
+    if (ch.valid() && !ch.send(proto::kMsgProgress,
+                               proto::ProgressEvent{p.phase, p.bytes_done, p.bytes_total}, &err))
+      ch = proto::Channel();
   };
   r.on_restored = [&](const RestoreSummary& s) {
     ch.send(proto::kMsgResult, proto::Result{true, kExitOk, "", summary_to_json(s)}, &err);
