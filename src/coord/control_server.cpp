@@ -114,10 +114,12 @@ void add_cut_details(const std::map<pid_t, uint64_t>& cut, int capture_retries,
 
 }  // namespace
 
-void JobContext::set_state_locked(const std::string& state) {
+bool JobContext::set_state_locked(const std::string& state, std::string* err) {
   status.state = state;
-  std::string err;
-  if (rundir) rundir->write_status(status, &err);  // best effort: ps shows the old state
+  std::string why;
+  if (!rundir || rundir->write_status(status, &why)) return true;
+  if (err) *err = why;
+  return false;
 }
 
 std::string inspect_details_json(const proto::JobStatus& status,

@@ -42,8 +42,9 @@ struct JobContext {
   RuntimeDir* rundir = nullptr;  ///< job.json is rewritten on every state change
   int wake_fd = -1;              ///< eventfd the main loop polls: written when engine_op clears
 
-  /// Sets status.state and rewrites job.json. Precondition: mu held.
-  void set_state_locked(const std::string& state);
+  /// Sets status.state and rewrites job.json (false, and *err, when that
+  /// failed: ps then shows the old state). Precondition: mu held.
+  bool set_state_locked(const std::string& state, std::string* err = nullptr);
 };
 
 class ControlServer {

@@ -46,6 +46,7 @@
 #include "coord/procs.h"
 #include "coord/settings.h"
 #include "coord/sha256_chunked.h"
+#include "coord/write_probe.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -110,6 +111,46 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     return false;
   }
   return writable(dir);
+}
+
+/// Held in a checkpoint directory from its claim until criu/ is made there.
+constexpr const char* kClaimFile = ".cusnap-claim";
+
+/// Makes the checkpoint directory this run's alone, after check_output_dir:
+/// another checkpoint (of another job) given the same -o DIR meanwhile must
+/// be refused, not write its images among these, nor have its roll back
+/// remove them. The directory (made here if absent) is claimed through a file
+/// only one run can create, and must then hold nothing else; a run that loses
+/// leaves it to the winner. A directory made here is private to its owner, as
+/// a checkpoint holds the job's whole memory (one given empty keeps the mode
+/// it has).
+bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
+  if (!*existed && ::mkdir(dir.c_str(), 0700) != 0) {
+    if (errno != EEXIST) {
+      *err = "cannot create the checkpoint directory " + dir + ": " + std::strerror(errno);
+      return false;
+    }
+    *existed = true;  // another run made it since the check: not ours to remove
+  }
+  const std::string claim = dir + "/" + kClaimFile;
+  UniqueFd fd(::open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) {
+    if (!*existed) ::rmdir(dir.c_str());  // only while it is empty
+    *err = errno == EEXIST
+               ? "another checkpoint is being written into " + dir + ": choose another -o DIR"
+               : "cannot write the checkpoint into " + dir + ": " + std::strerror(errno) +
+                     ": choose another -o DIR";
+    return false;
+  }
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() == kClaimFile) continue;
+    ::unlink(claim.c_str());
+    *err = "the checkpoint directory " + dir +
+           " is no longer empty (another checkpoint wrote into it): choose another -o DIR";
+    return false;
+  }
+  return true;
 }
 
 /// Removes what a failed checkpoint wrote. keep_saved: the job is left
@@ -184,13 +225,16 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
     return false;
   }
+  // CRIU's log and work files go there (its errors would be lost with them).
+  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
+    *err += ": free space there, or set TMPDIR to another directory";
+    return false;
+  }
+  if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
   std::string criu_dir = opts.dir + "/criu";
   std::error_code ec;
-  // A checkpoint holds the job's whole memory: a directory made here is
-  // private to its owner (one given empty keeps the mode it has).
-  if (!dir_existed) fs::create_directory(opts.dir, ec);
-  if (!ec && !dir_existed) fs::permissions(opts.dir, fs::perms::owner_all, ec);
-  if (!ec) fs::create_directory(criu_dir, ec);
+  fs::create_directory(criu_dir, ec);
+  ::unlink((opts.dir + "/" + kClaimFile).c_str());  // criu/ now marks it taken
   if (ec) {
     *err = "cannot create the checkpoint directory " + criu_dir + ": " + ec.message();
     remove_output(opts.dir, dir_existed);

@@ -19,6 +19,7 @@
 #include "coord/ports.h"
 #include "coord/procs.h"
 #include "coord/sha256_chunked.h"
+#include "coord/write_probe.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -326,6 +327,11 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   TempDir no_plugins("cusnap-noplugins-");
   if (!work.ok() || !no_plugins.ok()) {
     *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
+    return false;
+  }
+  // CRIU's log and work files go there (its errors would be lost with them).
+  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
+    *err += ": free space there, or set TMPDIR to another directory";
     return false;
   }
   std::string pidfile = work.path() + "/root.pid";

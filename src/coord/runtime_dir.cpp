@@ -1,5 +1,6 @@
 #include "coord/runtime_dir.h"
 #include "coord/file_read.h"
+#include "coord/write_probe.h"
 #include "proto/json_text.h"
 #include "proto/utf8.h"
 
@@ -370,6 +371,10 @@ bool RuntimeDir::write_status(const proto::JobStatus& s, std::string* err) {
     return false;
   }
   return true;
+}
+
+bool RuntimeDir::can_write(std::string* err) {
+  return probe_write(path_ + "/job.json.tmp", "the runtime directory " + path_, err);
 }
 
 void RuntimeDir::remove() {

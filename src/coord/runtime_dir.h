@@ -63,6 +63,10 @@ class RuntimeDir {
 
   /// Writes job.json atomically (temp file, fsync, rename).
   bool write_status(const proto::JobStatus& s, std::string* err);
+  /// Whether a page can be written to the directory now (through
+  /// job.json.tmp, removed again): the job is found through job.json, so a
+  /// directory that cannot take it is refused before the job starts.
+  bool can_write(std::string* err);
   /// Removes everything in the directory and the directory (at exit).
   void remove();
 

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -87,6 +88,11 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
                   err);
   if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err))
     return failed(kExitFailure, err);
+  if (!s->rundir_->can_write(&err))
+    return failed(kExitFailure, err +
+                                    ": the job could not be found by cusnap ps, checkpoint or "
+                                    "inspect; free space there or choose another "
+                                    "CUSNAP_RUNTIME_BASE or --runtime-dir");
   s->log_fd_.reset(::open(s->rundir_->log_path().c_str(),
                           O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!s->log_fd_)
@@ -208,7 +214,13 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     s.restored_from = restored_from;
     // A job taken over from a dead supervisor may be suspended: cusnap
     // resume must be let through then.
-    ctx_.set_state_locked(adopted_ && job_suspended_now(info) ? "suspended" : "running");
+    std::string err;
+    // Checked writable before the job started (prepare); filled since.
+    if (!ctx_.set_state_locked(adopted_ && job_suspended_now(info) ? "suspended" : "running", &err))
+      std::fprintf(stderr,
+                   "cusnap: warning: %s: cusnap ps, checkpoint and inspect cannot find job %s "
+                   "until its state is written again\n",
+                   err.c_str(), info.name.c_str());
   }
   // The guardian brings the job back if we die during an operation
   // (guardian.h); forked before any thread of ours starts.

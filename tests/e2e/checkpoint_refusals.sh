@@ -57,7 +57,6 @@ DIR=$T/alink check_refusal symlinkdir "alink is a symbolic link \(to $T/linked\)
 # directory given, not a subdirectory CRIU would have made.
 RO=$T/ro
 mkdir -p "$RO"
-trap 'st=$?; set +e; mountpoint -q "$RO" && umount -l "$RO"; (exit $st); cleanup_checkpoint_test' EXIT
 if mount -t tmpfs -o ro,size=1m tmpfs "$RO" 2>/dev/null; then
   DIR=$RO/ck check_refusal readonly "cannot write the checkpoint into $RO: Read-only file system"
   umount -l "$RO"
@@ -82,6 +81,37 @@ wait "$FIRST" || fail "the first checkpoint failed: $(cat "$T/busy1.out")"
 [ ! -e "$T/busy2/manifest.json" ] || fail "the refused second checkpoint wrote a manifest"
 expect_running busy "$BUSY_PID" "$T/busy.out"
 pass "busy: a second checkpoint refused while the first ran"
+
+# Two jobs checkpointed into one new directory at once: raceb's checkpoint
+# is slowed between its check of the directory (absent) and its first write,
+# and racea's takes the directory meanwhile. raceb's is refused; racea's
+# checkpoint is whole and its own (before the claim, both wrote their images
+# into it and one's roll back removed the other's).
+"$CUSNAP" launch --name racea -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/racea.out" 2>&1 &
+SUPERVISORS+=($!)
+FAKECUDA_DELAY=cuCheckpointProcessGetState:3000 "$CUSNAP" launch --name raceb -- \
+  "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/raceb.out" 2>&1 &
+SUPERVISORS+=($!)
+wait_count "$T/racea.out" 3
+wait_count "$T/raceb.out" 3
+RACEA_PID=$(wait_job racea)
+RACEB_PID=$(wait_job raceb)
+"$CUSNAP" checkpoint raceb -o "$T/race" --leave-running >"$T/raceb.ck" 2>&1 &
+SECOND=$!
+sleep 1
+"$CUSNAP" checkpoint racea -o "$T/race" --leave-running --json >"$T/racea.ck" 2>&1 ||
+  fail "racea's checkpoint failed: $(cat "$T/racea.ck")"
+rc=0
+wait "$SECOND" || rc=$?
+[ "$rc" = 3 ] && grep -q "another checkpoint" "$T/raceb.ck" ||
+  fail "raceb's checkpoint into racea's directory: exit $rc: $(cat "$T/raceb.ck")"
+"$CUSNAP" inspect "$T/race" --json >"$T/race.json" || fail "racea's checkpoint does not verify"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["valid"] and d["name"] == "racea", d["name"]' \
+  "$T/race.json" || fail "the directory holds: $(cat "$T/race.json")"
+[ ! -e "$T/race/.cusnap-claim" ] || fail "the claim was left in the checkpoint"
+expect_running racea "$RACEA_PID" "$T/racea.out"
+expect_running raceb "$RACEB_PID" "$T/raceb.out"
+pass "race: of two checkpoints into one directory, the second is refused, the first whole"
 fi
 
 # Two processes sharing device memory without the shim's tracking: refused,

@@ -168,6 +168,38 @@ mkdir "$T/empty" && chmod 755 "$T/empty"
 [ ! -e "$T/empty" ] || fail "the job's end left its runtime directory: $(ls -la "$T/empty")"
 pass "--runtime-dir refuses a directory holding the user's files (unchanged) and a missing parent; takes an empty one"
 
+# A runtime base with no room for job.json: refused before the job starts
+# (exit 1, naming why), not a job that cusnap ps, checkpoint and inspect
+# cannot find.
+# full_tmpfs DIR: a 64 KiB tmpfs on DIR, filled.
+full_tmpfs() {
+  mkdir -p "$1"
+  mount -t tmpfs -o size=64k tmpfs "$1" || fail "cannot mount a tmpfs to fill (root is needed for this test)"
+  dd if=/dev/zero of="$1/fill" bs=4k count=64 2>/dev/null || true
+}
+full_tmpfs "$T/fullbase"
+rc=0
+CUSNAP_RUNTIME_BASE=$T/fullbase/run "$CUSNAP" launch --name full -- \
+  sh -c "echo started >'$T/full.started'" 2>"$T/full.err" || rc=$?
+left=$(find "$T/fullbase/run" -mindepth 1 -maxdepth 1 ! -name .lock 2>/dev/null)
+umount -l "$T/fullbase"
+[ "$rc" = 1 ] && grep -q "cannot write the runtime directory $T/fullbase/run/full: No space left on device" "$T/full.err" &&
+  [ ! -e "$T/full.started" ] && [ -z "$left" ] ||
+  fail "launch with a full runtime base: exit $rc, started: $(cat "$T/full.started" 2>&1), left: $left: $(cat "$T/full.err")"
+pass "a full runtime base is refused before the job starts (exit 1), leaving nothing"
+
+# A full TMPDIR (CRIU's log and work files): said before CRIU runs, the
+# checkpoint unchanged, nothing started.
+full_tmpfs "$T/fulltmp"
+rc=0
+TMPDIR=$T/fulltmp "$CUSNAP" restore "$T/ckpt" --name fulltmp >"$T/fulltmp.out" 2>&1 || rc=$?
+umount -l "$T/fulltmp"
+[ "$rc" = 1 ] && grep -q "cannot write the temporary directory $T/fulltmp/cusnap-restore-.*: No space left on device: free space there, or set TMPDIR" "$T/fulltmp.out" ||
+  fail "restore with a full TMPDIR: exit $rc: $(cat "$T/fulltmp.out")"
+[ -z "$(job_field fulltmp pid)" ] || fail "the refused restore left a job"
+"$CUSNAP" inspect "$T/ckpt" >/dev/null || fail "the checkpoint does not verify after the refused restore"
+pass "a full TMPDIR is said before CRIU runs (exit 1); the checkpoint is unchanged"
+
 # Looking a job up by a directory changes nothing in it.
 mkdir "$T/shared" && chmod 1777 "$T/shared"
 for cmd in checkpoint suspend resume inspect; do

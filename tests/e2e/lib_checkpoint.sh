@@ -61,6 +61,8 @@ cleanup_checkpoint_test() {
   if [ $rc != 0 ] && [ $rc != 77 ]; then
     for f in "$T"/*.out; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -8 "$f"; }; done
   fi
+  # File systems a test mounted under $T (a full or read-only tmpfs).
+  awk -v t="$T/" 'index($2, t) == 1 {print $2}' /proc/mounts | while read -r m; do umount -l "$m"; done
   if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
   exit $rc
 }
