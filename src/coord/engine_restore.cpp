@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
@@ -211,6 +212,59 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
 }
 
+/// Every process and thread id the checkpoint gives back: its processes', and
+/// each thread's of CRIU's images (one criu/core-ID.img per thread, among the
+/// files the manifest lists and verify checked), sorted.
+std::vector<pid_t> restored_ids(const Manifest& m) {
+  std::set<pid_t> ids;
+  for (const ManifestProcess& p : m.processes) ids.insert(p.pid);
+  for (const ManifestFile& f : m.files) {
+    const std::string& name = f.path;
+    if (!name.starts_with("criu/core-") || !name.ends_with(".img")) continue;
+    const std::string digits = name.substr(10, name.size() - 14);
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    ids.insert(pid_t(std::stol(digits)));
+  }
+  return {ids.begin(), ids.end()};
+}
+
+/// The first id of ids that a process or thread of this machine holds, with
+/// what holds it ("process 123 (sleep)", or "a thread of process 120
+/// (python3)"); 0 when none.
+pid_t id_in_use(const std::vector<pid_t>& ids, std::string* holder) {
+  for (pid_t id : ids) {
+    std::string status;
+    if (!read_text_file("/proc/" + std::to_string(id) + "/status", &status)) continue;
+    std::istringstream lines(status);
+    std::string line, name, tgid;
+    while (std::getline(lines, line)) {
+      if (line.starts_with("Name:\t")) name = line.substr(6);
+      if (line.starts_with("Tgid:\t")) tgid = line.substr(6);
+    }
+    *holder = (tgid == std::to_string(id) ? "process " : "a thread of process ") + tgid + " (" +
+              name + ")";
+    return id;
+  }
+  return 0;
+}
+
+/// Whether pid is a child of this process: a restored root that a failed
+/// CRIU left is (the restore runs in its supervisor, a subreaper); the job
+/// of another restore of the same checkpoint, which took the pid, is not.
+bool child_of_ours(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
+  const size_t close = stat.rfind(')');  // the name may hold anything
+  if (close == std::string::npos) return false;
+  std::istringstream fields(stat.substr(close + 1));
+  char state = 0;
+  pid_t ppid = 0;
+  fields >> state >> ppid;
+  return ppid == ::getpid();
+}
+
 /// Kills the restored tree and reaps it: the caller is its subreaper, and a
 /// zombie left behind would hold a pid that the next restore of this
 /// checkpoint needs (where pid 1 does not reap, for ever).
@@ -289,14 +343,16 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   }
   out->phases.emplace_back("verify", sw.lap());
   driver.set_call_deadline(driver_deadline(opts.timeout, m.gpus));
-  // CRIU gives every process its old pid back.
-  for (const ManifestProcess& p : m.processes)
-    if (access(("/proc/" + std::to_string(p.pid)).c_str(), F_OK) == 0) {
-      *err = "process id " + std::to_string(p.pid) +
-             " that the checkpoint restores is in use (the original job still running, or not "
-             "yet reaped?): stop it first, e.g. cusnap ps / kill it, then restore";
-      return false;
-    }
+  // CRIU gives every process and thread its old id back.
+  const std::vector<pid_t> ids = restored_ids(m);
+  std::string holder;
+  if (const pid_t id = id_in_use(ids, &holder)) {
+    *err = "process id " + std::to_string(id) + " that the checkpoint restores is in use, by " +
+           holder +
+           " (the original job still running, another restore of this checkpoint, or a process "
+           "not yet reaped?): stop it first (cusnap ps lists jobs), then restore";
+    return false;
+  }
   // CRIU binds the job's listening sockets again; one whose port is taken
   // here would fail the restore half way.
   for (const TcpListener& l : m.tcp_listeners)
@@ -356,8 +412,15 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   if (!run_criu(criu, run, &why)) {
     work.keep();
     *err = "CRIU restore phase: " + why + "(its files are kept in " + work.path() + ")";
-    // CRIU kills what it restored when it fails; make sure.
-    kill_tree(m.job.root_pid);
+    // CRIU kills what it restored when it fails; make sure, but only of a
+    // tree it left to us: another restore may hold the pid by now.
+    if (child_of_ours(m.job.root_pid)) kill_tree(m.job.root_pid);
+    if (const pid_t id = id_in_use(ids, &holder); id && !child_of_ours(id)) {
+      out->code = kExitRefused;
+      *err = "process id " + std::to_string(id) +
+             " that the checkpoint restores was taken while CRIU ran, by " + holder +
+             " (another restore of this checkpoint?); nothing was restored: " + *err;
+    }
     return false;
   }
   std::string text;

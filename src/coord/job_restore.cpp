@@ -71,7 +71,15 @@ class ShimDirLink {
     }
     struct stat st;
     if (::lstat(shim_dir.c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode)) return true;  // CRIU binds the sockets inside it
+      // CRIU binds the sockets inside it; a live job's would remove them
+      // when that job ends (remove_job_dir), cutting this one's shims off.
+      if (S_ISDIR(st.st_mode) && runtime_dir_live(shim_dir)) {
+        *err = "the job's shims had their sockets in " + shim_dir +
+               ", the runtime directory of a running job (the original, or another with its "
+               "name): stop that job, or restore this checkpoint once it has ended";
+        return false;
+      }
+      if (S_ISDIR(st.st_mode)) return true;
       if (S_ISLNK(st.st_mode) && points_to(shim_dir, rundir)) return true;
       if (!S_ISLNK(st.st_mode)) {
         *err = "the job's shims had their sockets in " + shim_dir +

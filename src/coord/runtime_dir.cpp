@@ -306,6 +306,23 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
       return false;
     }
   }
+  // BASE/NAME may be the link through which a job restored under another
+  // name reaches its shims' sockets (job_restore.cpp): the name is taken.
+  if (struct stat lst; ::lstat((base + "/" + name).c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    char target[4096];
+    const ssize_t n = ::readlink((base + "/" + name).c_str(), target, sizeof target - 1);
+    const std::string to = n > 0 ? std::string(target, size_t(n)) : "";
+    std::string text;
+    proto::JobStatus other;
+    if (!to.empty() && runtime_dir_live(to) && read_file(to + "/job.json", &text) &&
+        job_status_from_json(text, &other, err) && other.name != name) {
+      *err = "the name '" + name + "' is taken: job '" + other.name +
+             "', restored from a checkpoint of job " + name +
+             ", is already running (supervisor pid " + std::to_string(other.supervisor_pid) +
+             ") and reaches its shims through " + base + "/" + name + "; choose another --name";
+      return false;
+    }
+  }
   const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
   // Kept in job.json and read back by ps, inspect and the guardian: a path
   // JSON cannot carry whole would name another directory.
@@ -454,6 +471,9 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
     std::string text;
     bool live = runtime_dir_live(dir) && read_file(dir + "/job.json", &text) &&
                 job_status_from_json(text, &je.status, &err);
+    // A link named for another job: the way a job restored under a new name
+    // reaches its shims (job_restore.cpp); that job is listed by its own entry.
+    if (live && is_link && je.status.name != n) continue;
     if (!live) {
       if (clean_stale && !runtime_dir_live(dir)) {
         // Through a link only the link goes: its target is cleaned by the

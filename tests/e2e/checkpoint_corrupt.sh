@@ -5,14 +5,7 @@
 # directory are gone.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
-launch cj "$T/launch.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
-SUP=$LAST_SUPERVISOR
-wait_count "$T/launch.out" 3
-PID=$(wait_job cj)
-"$CUSNAP" checkpoint cj -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
-wait_exit "$SUP"
-wait_gone "$PID"
-LAST=$(last_count "$T/launch.out")
+checkpointed_job cj "$T/launch.out" "$T/ckpt"
 PAGES=$(cd "$T/ckpt" && ls criu/pages-*.img | head -1)
 [ -n "$PAGES" ] || fail "no CRIU page image in the checkpoint"
 

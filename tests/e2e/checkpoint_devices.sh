@@ -7,14 +7,7 @@
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "other GPUs are simulated through the simulated driver" || exit 77
 
-launch dev "$T/launch.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
-SUP=$LAST_SUPERVISOR
-wait_count "$T/launch.out" 3
-PID=$(wait_job dev)
-"$CUSNAP" checkpoint dev -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
-wait_exit "$SUP"
-wait_gone "$PID"
-LAST=$(last_count "$T/launch.out")
+checkpointed_job dev "$T/launch.out" "$T/ckpt"
 
 # No GPU of the recorded model: refused before anything starts.
 FAKECUDA_DEVICE_NAME="Some Other GPU" FAKECUDA_UUID_SEED=9 expect_refused 3 "no .* is available here" \

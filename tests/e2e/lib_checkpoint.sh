@@ -108,6 +108,19 @@ restore_bg() {
   LAST_SUPERVISOR=$!
 }
 
+# checkpointed_job NAME OUTFILE DIR: launches a pattern job (4 MiB) as NAME,
+# checkpoints it into DIR once it counts, and waits until it has stopped;
+# sets PID (the job's, now gone) and LAST (its last count).
+checkpointed_job() {
+  launch "$1" "$2" "$PATTERN_JOB" --mib 4 --interval-ms 20
+  wait_count "$2" 3
+  PID=$(wait_job "$1")
+  "$CUSNAP" checkpoint "$1" -o "$3" >"$T/$1.ckpt.out" 2>&1 || fail "checkpoint of $1 failed: $(cat "$T/$1.ckpt.out")"
+  wait_exit "$LAST_SUPERVISOR"
+  wait_gone "$PID"
+  LAST=$(last_count "$2")
+}
+
 # restore_continues DIR OUTFILE NAME PID LAST: restores DIR in the background
 # and expects job NAME back as PID, counting on from exactly LAST + 1 with
 # its pattern intact; sets SUP (the restore's supervisor) and FIRST.

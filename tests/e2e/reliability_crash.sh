@@ -35,13 +35,7 @@ else
 fi
 
 # --- a checkpoint to restore from
-launch base "$T/base.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
-wait_count "$T/base.out" 3
-PID=$(wait_job base)
-"$CUSNAP" checkpoint base -o "$T/ck" >"$T/ck.out" 2>&1 || fail "checkpoint: $(cat "$T/ck.out")"
-wait_exit "$LAST_SUPERVISOR"
-wait_gone "$PID"
-LAST=$(last_count "$T/base.out")
+checkpointed_job base "$T/base.out" "$T/ck"
 
 # --- CRIU fails the restore
 mkdir -p "$T/badcriu"

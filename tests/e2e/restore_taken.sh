@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# What a restore needs that may be taken here: ids, the job's name, the
+# directory of its shims' sockets.
+#
+# CRIU gives every process and thread of a checkpoint its old id back. A
+# thread id taken by another process here is refused before CRIU runs (exit
+# 3), naming what holds it. Two restores of one checkpoint at once: both pass
+# that check, the first restores, the second's CRIU fails on the ids the first
+# took; the second says so (exit 3) and leaves the first's job alone (its roll
+# back killed whatever held the checkpoint's root pid: the first's job).
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+checkpointed_job pat "$T/launch.out" "$T/ckpt"
+TID=$(python3 -c '
+import json, re, sys
+m = json.load(open(sys.argv[1]))
+root = m["job"]["root_pid"]
+tids = [int(x) for f in m["files"] for x in re.findall(r"^criu/core-(\d+)\.img$", f["path"])]
+print(max(t for t in tids if t != root))' "$T/ckpt/manifest.json") ||
+  fail "the checkpoint holds no thread besides the root: $(grep -o 'criu/core-[0-9]*' "$T/ckpt/manifest.json")"
+
+# A process on the thread's id: the next pid is set through ns_last_pid
+# (other processes may fork in between: tried until it lands).
+HOLDER=
+for _ in $(seq 1 50); do
+  echo $((TID - 1)) >/proc/sys/kernel/ns_last_pid
+  sleep 600 &
+  if [ $! = "$TID" ]; then HOLDER=$!; break; fi
+  kill $! 2>/dev/null; wait $! 2>/dev/null || true
+done
+[ -n "$HOLDER" ] || fail "could not start a process with pid $TID"
+echo "$HOLDER" >>"$T/job-pids"
+expect_refused 3 "process id $TID that the checkpoint restores is in use, by process $TID \(sleep\)" \
+  timeout 60 "$CUSNAP" restore "$T/ckpt"
+if ls -d "$T"/cusnap-restore-* >/dev/null 2>&1; then fail "a CRIU restore ran"; fi
+kill "$HOLDER"; wait "$HOLDER" 2>/dev/null || true
+sed -i "/^$HOLDER\$/d" "$T/job-pids"
+pass "a thread id of the checkpoint held by process $TID (sleep): refused before CRIU ran"
+
+# Two restores at once, each CRIU started late by a wrapper (the first's
+# after 1 s, the second's after 3 s): the second is refused (exit 3), the
+# first's job counts on. (The second finds the first's runtime directory
+# holding the shims' sockets; were it let through, its CRIU would fail on the
+# ids the first took, and its roll back killed what then held the root pid:
+# the first's job.)
+REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
+cat >"$T/criu-late" <<SH
+#!/bin/sh
+[ "\$1" = restore ] && sleep "\$CRIU_DELAY"
+exec ${CUSNAP_CRIU:-$REAL_CRIU} "\$@"
+SH
+chmod +x "$T/criu-late"
+CUSNAP_CRIU=$T/criu-late CRIU_DELAY=1 "$CUSNAP" restore "$T/ckpt" >"$T/first.out" 2>&1 &
+FIRST=$!
+SUPERVISORS+=("$FIRST")
+sleep 0.3
+rc=0
+CUSNAP_CRIU=$T/criu-late CRIU_DELAY=3 timeout 60 "$CUSNAP" restore "$T/ckpt" --name second \
+  >"$T/second.out" 2>&1 || rc=$?
+[ "$rc" = 3 ] && grep -Eq "the runtime directory of a running job|was taken while CRIU ran, by .*another restore of this checkpoint" "$T/second.out" ||
+  fail "the second restore: exit $rc: $(cat "$T/second.out")"
+wait_count "$T/first.out" $((LAST + 3))
+kill -0 "$FIRST" 2>/dev/null || fail "the first restore's job is gone: $(cat "$T/first.out")"
+N=$(last_count "$T/first.out")
+wait_count "$T/first.out" $((N + 5))
+[ "$(first_count "$T/first.out")" = $((LAST + 1)) ] ||
+  fail "the first restore continued at $(first_count "$T/first.out"), expected $((LAST + 1))"
+[ -z "$(job_field second pid)" ] || fail "cusnap ps shows the second restore's job"
+pass "two restores at once: the second is refused (exit 3), the first's job counts on past $((N + 5))"
+kill -TERM "$FIRST"
+wait_exit "$FIRST"
+wait_gone "$PID"
+
+# Restored under another name, the job reaches its shims' sockets through
+# BASE/pat, a link to its runtime directory: ps lists it once, by its name,
+# and the name pat is taken while it runs (exit 3, naming the job).
+restore_bg "$T/ckpt" "$T/ra.out" --name ra
+RA=$LAST_SUPERVISOR
+wait_count "$T/ra.out" $((LAST + 3))
+[ -L "$CUSNAP_RUNTIME_BASE/pat" ] || fail "no link $CUSNAP_RUNTIME_BASE/pat for the shims of job ra"
+"$CUSNAP" ps --json >"$T/ps.json"
+python3 -c 'import json,sys; n=[j["name"] for j in json.load(open(sys.argv[1]))]; assert n == ["ra"], n' "$T/ps.json" ||
+  fail "cusnap ps lists: $(cat "$T/ps.json")"
+expect_refused 3 "the name 'pat' is taken: job 'ra', restored from a checkpoint of job pat, is already running" \
+  "$CUSNAP" launch --name pat -- true
+expect_refused 3 "the name 'pat' is taken: job 'ra'" "$CUSNAP" launch --name pat --runtime-dir "$T/elsewhere" -- true
+[ "$(readlink "$CUSNAP_RUNTIME_BASE/pat")" = "$(job_field ra runtime_dir)" ] || fail "the shims' link was replaced"
+wait_count "$T/ra.out" $(($(last_count "$T/ra.out") + 3))
+pass "restored as ra: listed once, and the name pat is refused while it runs (the shims' link kept)"
+kill -TERM "$RA"
+wait_exit "$RA"
+
+# A job of another kind now runs under the name pat: its runtime directory is
+# where the checkpoint's shims had their sockets. A restore under another
+# name is refused before CRIU runs (the other job's end would remove them).
+launch pat "$T/other.out" sleep 600
+OTHER=$LAST_SUPERVISOR
+wait_job pat >/dev/null
+expect_refused 3 "the job's shims had their sockets in $CUSNAP_RUNTIME_BASE/pat, the runtime directory of a running job" \
+  "$CUSNAP" restore "$T/ckpt" --name rb
+[ -z "$(job_field rb pid)" ] || fail "the refused restore left job rb"
+pass "with another job named pat running, a restore as rb is refused before CRIU runs"
+kill -TERM "$OTHER"
+wait_exit "$OTHER"
+echo "PASS"
