@@ -58,6 +58,15 @@ namespace {
     }
   }
   if (dismissed) ::_exit(0);
+  // The log the supervisor wrote last: past its cap it started a new one.
+  if (!job.runtime_dir.empty()) {
+    const int now = ::open((job.runtime_dir + "/output.log").c_str(),
+                           O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+    if (now >= 0) {
+      ::dup3(now, log_fd, O_CLOEXEC);
+      ::close(now);
+    }
+  }
   auto log = [&](const std::string& s) { write_all(log_fd, s.data(), s.size()); };
   bool ok = true;
   RecoverBlock blocked = RecoverBlock::kNone;

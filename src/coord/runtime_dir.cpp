@@ -21,9 +21,9 @@
 namespace cusnap {
 namespace {
 
-const char* const kKnownFiles[] = {"control.sock",   "job.json",           "job.json.tmp",
-                                   "output.log",     "lock",               "left-suspended",
-                                   "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp"};
+const char* const kKnownFiles[] = {
+    "control.sock", "job.json",       "job.json.tmp",       "output.log",   "output.log.1",
+    "lock",         "left-suspended", "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp"};
 
 /// Where a suspended job's shared memory is saved (suspend_state_dir).
 constexpr const char* kSuspendedDir = "suspended";

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -71,6 +72,44 @@ void SupervisorLoop::reset_signals_in_child() {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
+/// $CUSNAP_OUTPUT_LOG_MIB: output.log's cap in MiB (0: none; default 64).
+static bool output_log_cap(uint64_t* cap, std::string* err) {
+  constexpr uint64_t kDefaultMib = 64, kMaxMib = uint64_t(1) << 20;
+  const char* e = std::getenv("CUSNAP_OUTPUT_LOG_MIB");
+  uint64_t mib = kDefaultMib;
+  if (e && *e) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(e, &end, 10);
+    if (errno != 0 || *end != '\0' || e[0] == '-' || v > kMaxMib) {
+      *err = std::string("CUSNAP_OUTPUT_LOG_MIB=\"") + std::string(e).substr(0, 32) +
+             "\" is not a number of MiB from 0 (no cap) to 1048576";
+      return false;
+    }
+    mib = v;
+  }
+  *cap = mib << 20;
+  return true;
+}
+
+void SupervisorLoop::log_output(const char* data, size_t n) {
+  write_all(log_fd_.get(), data, n);
+  log_size_ += n;
+  if (log_cap_ == 0 || log_size_ < log_cap_) return;
+  // The older half goes to output.log.1 (replacing the one before); when the
+  // new file cannot be made, the output goes on into the old one.
+  const std::string path = rundir_->log_path(), old = path + ".1";
+  if (::rename(path.c_str(), old.c_str()) != 0) return;
+  UniqueFd fresh(
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fresh) {
+    ::rename(old.c_str(), path.c_str());
+    return;
+  }
+  log_fd_ = std::move(fresh);
+  log_size_ = 0;
+}
+
 bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& name,
                              std::unique_ptr<SupervisorLoop>* out, SuperviseOutcome* fail) {
   std::unique_ptr<SupervisorLoop> s(new SupervisorLoop());
@@ -83,6 +122,7 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
     return false;
   };
   std::string err;
+  if (!output_log_cap(&s->log_cap_, &err)) return failed(kExitUsage, err);
   if (!RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err))
     return failed(err.find("already running") != std::string::npos ? kExitRefused : kExitFailure,
                   err);
@@ -138,6 +178,9 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
     fail->error = "opening " + s->rundir_->log_path() + ": " + std::strerror(errno);
     return false;
   }
+  // The dead supervisor's cap, from the environment it left the guardian.
+  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = uint64_t(64) << 20;
+  if (struct stat st; ::fstat(s->log_fd_.get(), &st) == 0) s->log_size_ = uint64_t(st.st_size);
   if (!s->install_handlers(fail)) return false;
   *out = std::move(s);
   return true;
@@ -340,8 +383,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
           src.reset();
           break;
         }
-        write_all(log_fd_.get(), buf.data(), static_cast<size_t>(n));
-        // A reader that went away ends only its echo; the log keeps everything.
+        log_output(buf.data(), static_cast<size_t>(n));
+        // A reader that went away ends only its echo; the log keeps the rest.
         if (cfg_.echo_output) echo.push(echo_fd, buf.data(), static_cast<size_t>(n));
       }
     }

@@ -50,11 +50,17 @@ class SupervisorLoop {
 
   /// Sets the handlers prepare() and adopt() install.
   bool install_handlers(SuperviseOutcome* fail);
+  /// Appends the job's output to output.log; past the cap
+  /// ($CUSNAP_OUTPUT_LOG_MIB) it becomes output.log.1 and a new one starts,
+  /// so that a chatty job does not fill the runtime base (a tmpfs in RAM).
+  void log_output(const char* data, size_t n);
 
   SupervisorConfig cfg_;
   bool adopted_ = false;
   std::unique_ptr<RuntimeDir> rundir_;
   UniqueFd listen_fd_, log_fd_, sig_r_, sig_w_, wake_fd_;
+  uint64_t log_size_ = 0;  ///< bytes in output.log
+  uint64_t log_cap_ = 0;   ///< 0: no cap
   JobContext ctx_;
 };
 
