@@ -312,10 +312,10 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     char target[4096];
     const ssize_t n = ::readlink((base + "/" + name).c_str(), target, sizeof target - 1);
     const std::string to = n > 0 ? std::string(target, size_t(n)) : "";
-    std::string text;
+    std::string text, why;
     proto::JobStatus other;
     if (!to.empty() && runtime_dir_live(to) && read_file(to + "/job.json", &text) &&
-        job_status_from_json(text, &other, err) && other.name != name) {
+        job_status_from_json(text, &other, &why) && other.name != name) {
       *err = "the name '" + name + "' is taken: job '" + other.name +
              "', restored from a checkpoint of job " + name +
              ", is already running (supervisor pid " + std::to_string(other.supervisor_pid) +
