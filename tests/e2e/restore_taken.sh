@@ -8,6 +8,12 @@
 # that check, the first restores, the second's CRIU fails on the ids the first
 # took; the second says so (exit 3) and leaves the first's job alone (its roll
 # back killed whatever held the checkpoint's root pid: the first's job).
+# In a pid namespace of its own: the thread-id case steers the next pid
+# through ns_last_pid, which would steer the pids of tests running beside it
+# (CTest runs several at once; gpu-test.sh, on the real driver, one at a time).
+if [ -z "${CUSNAP_TEST_PIDNS:-}" ] && [ "${CUSNAP_REAL_DRIVER:-0}" != 1 ]; then
+  exec env CUSNAP_TEST_PIDNS=1 unshare --pid --fork --mount-proc bash "$0" "$@"
+fi
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 checkpointed_job pat "$T/launch.out" "$T/ckpt"
@@ -20,20 +26,36 @@ print(max(t for t in tids if t != root))' "$T/ckpt/manifest.json") ||
   fail "the checkpoint holds no thread besides the root: $(grep -o 'criu/core-[0-9]*' "$T/ckpt/manifest.json")"
 
 # A process on the thread's id: the next pid is set through ns_last_pid
-# (other processes may fork in between: tried until it lands).
-HOLDER=
-for _ in $(seq 1 50); do
-  echo $((TID - 1)) >/proc/sys/kernel/ns_last_pid
-  sleep 600 &
-  if [ $! = "$TID" ]; then HOLDER=$!; break; fi
-  kill $! 2>/dev/null; wait $! 2>/dev/null || true
-done
-[ -n "$HOLDER" ] || fail "could not start a process with pid $TID"
+# (other processes may fork in between: tried until it lands). Python forks
+# and reaps the misses: bash, its background jobs given the same pid again
+# and again, lost track of them and hung in wait.
+HOLDER=$(python3 - "$TID" <<'PY'
+import os, signal, sys
+want = int(sys.argv[1])
+for _ in range(200):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(want - 1))
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        devnull = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.execvp("sleep", ["sleep", "600"])
+    if pid == want:
+        print(pid)
+        sys.exit(0)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+sys.exit(1)
+PY
+) || fail "could not start a process with pid $TID"
 echo "$HOLDER" >>"$T/job-pids"
 expect_refused 3 "process id $TID that the checkpoint restores is in use, by process $TID \(sleep\)" \
   timeout 60 "$CUSNAP" restore "$T/ckpt"
 if ls -d "$T"/cusnap-restore-* >/dev/null 2>&1; then fail "a CRIU restore ran"; fi
-kill "$HOLDER"; wait "$HOLDER" 2>/dev/null || true
+kill "$HOLDER"
+wait_gone "$HOLDER"
 sed -i "/^$HOLDER\$/d" "$T/job-pids"
 pass "a thread id of the checkpoint held by process $TID (sleep): refused before CRIU ran"
 
@@ -53,7 +75,12 @@ chmod +x "$T/criu-late"
 CUSNAP_CRIU=$T/criu-late CRIU_DELAY=1 "$CUSNAP" restore "$T/ckpt" >"$T/first.out" 2>&1 &
 FIRST=$!
 SUPERVISORS+=("$FIRST")
-sleep 0.3
+# The second starts once the first holds the job's runtime directory.
+for _ in $(seq 1 200); do
+  [ -e "$CUSNAP_RUNTIME_BASE/pat/lock" ] && break
+  sleep 0.05
+done
+[ -e "$CUSNAP_RUNTIME_BASE/pat/lock" ] || fail "the first restore made no runtime directory: $(cat "$T/first.out")"
 rc=0
 CUSNAP_CRIU=$T/criu-late CRIU_DELAY=3 timeout 60 "$CUSNAP" restore "$T/ckpt" --name second \
   >"$T/second.out" 2>&1 || rc=$?
