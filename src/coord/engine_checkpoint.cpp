@@ -54,17 +54,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-pid_t read_ppid(pid_t pid) {
-  std::string stat;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return 0;
-  size_t p = stat.rfind(')');
-  if (p == std::string::npos) return 0;
-  char state;
-  int ppid = 0;
-  if (std::sscanf(stat.c_str() + p + 1, " %c %d", &state, &ppid) != 2) return 0;
-  return ppid;
-}
-
 // Checks opts.dir without changing anything: absent (its parent must exist)
 // or an empty directory.
 bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {

@@ -254,15 +254,7 @@ pid_t id_in_use(const std::vector<pid_t>& ids, std::string* holder) {
 /// CRIU left is (the restore runs in its supervisor, a subreaper); the job
 /// of another restore of the same checkpoint, which took the pid, is not.
 bool child_of_ours(pid_t pid) {
-  std::string stat;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
-  const size_t close = stat.rfind(')');  // the name may hold anything
-  if (close == std::string::npos) return false;
-  std::istringstream fields(stat.substr(close + 1));
-  char state = 0;
-  pid_t ppid = 0;
-  fields >> state >> ppid;
-  return ppid == ::getpid();
+  return read_ppid(pid) == ::getpid();
 }
 
 /// Kills the restored tree and reaps it: the caller is its subreaper, and a

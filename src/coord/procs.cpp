@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -66,6 +67,17 @@ std::vector<pid_t> process_tree(pid_t root) {
     }
   }
   return out;
+}
+
+pid_t read_ppid(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return 0;
+  size_t p = stat.rfind(')');  // the name may hold anything
+  if (p == std::string::npos) return 0;
+  char state;
+  int ppid = 0;
+  if (std::sscanf(stat.c_str() + p + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return ppid;
 }
 
 bool maps_use_cuda(std::string_view maps) {

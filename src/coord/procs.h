@@ -26,6 +26,9 @@ namespace cusnap {
 /// Empty when root does not exist.
 std::vector<pid_t> process_tree(pid_t root);
 
+/// A process's parent (/proc/PID/stat); 0 when it cannot be read (gone).
+pid_t read_ppid(pid_t pid);
+
 /// A process's arguments (/proc/PID/cmdline, split at its NULs); false when
 /// it cannot be read (gone).
 bool read_process_argv(pid_t pid, std::vector<std::string>* argv);
