@@ -72,11 +72,14 @@ void SupervisorLoop::reset_signals_in_child() {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-/// $CUSNAP_OUTPUT_LOG_MIB: output.log's cap in MiB (0: none; default 64).
+/// output.log's cap without $CUSNAP_OUTPUT_LOG_MIB.
+constexpr uint64_t kDefaultOutputLogMib = 64;
+
+/// $CUSNAP_OUTPUT_LOG_MIB: output.log's cap in MiB (0: none).
 static bool output_log_cap(uint64_t* cap, std::string* err) {
-  constexpr uint64_t kDefaultMib = 64, kMaxMib = uint64_t(1) << 20;
+  constexpr uint64_t kMaxMib = uint64_t(1) << 20;
   const char* e = std::getenv("CUSNAP_OUTPUT_LOG_MIB");
-  uint64_t mib = kDefaultMib;
+  uint64_t mib = kDefaultOutputLogMib;
   if (e && *e) {
     char* end = nullptr;
     errno = 0;
@@ -179,7 +182,7 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
     return false;
   }
   // The dead supervisor's cap, from the environment it left the guardian.
-  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = uint64_t(64) << 20;
+  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = kDefaultOutputLogMib << 20;
   if (struct stat st; ::fstat(s->log_fd_.get(), &st) == 0) s->log_size_ = uint64_t(st.st_size);
   if (!s->install_handlers(fail)) return false;
   *out = std::move(s);
