@@ -2,7 +2,9 @@
 // CUDA_ERROR_NOT_SUPPORTED and the device attribute reads 0). A simple model:
 // the object is an allocation with its own memfd (mapping its handle maps
 // those bytes); devices and bindings are recorded and checked, no data flows
-// between the object and bound memory.
+// between the object and bound memory. Unlike a real object's bytes (its
+// members'), these do not outlive the object: the shim's teardown and rebuild
+// at a checkpoint start them afresh, zero.
 #include "gate.h"
 #include "memory.h"
 
