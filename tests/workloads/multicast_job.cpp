@@ -13,8 +13,9 @@
 // parent checks every member's pattern through its own mapping, writes its
 // counter through the multicast mapping and reads it back (once more when a
 // checkpoint between the two left the object's bytes zero: the simulated
-// object keeps its own); the child checks its member. Both print "PREFIXcount N ok". Exit 2 on a
-// driver error, 3 on a wrong byte, 4 when the other process ended.
+// object keeps its own); the child checks its member. Both print
+// "PREFIXcount N ok". Exit 2 on a driver error, 3 on a wrong byte, 4 when the
+// other process ended.
 #include <unistd.h>
 
 #include <algorithm>
