@@ -9,6 +9,7 @@
 
 #include "coord/runtime_dir.h"
 #include "coord/supervisor.h"
+#include "proto/env_settings.h"
 #include "proto/json_text.h"
 #include "proto/wire.h"
 
@@ -44,6 +45,14 @@ bool wants_json(const CLI::App& app, int argc, char** argv) {
 int parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
+    // Every command reads it, and so do the supervisor and the job's shims.
+    int64_t ms = 0;
+    if (std::string err; !proto::control_timeout_checked(&ms, &err)) {
+      if (wants_json(app, argc, argv))
+        print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", err}});
+      std::fprintf(stderr, "cusnap: error: %s\n", err.c_str());
+      return kExitUsage;
+    }
     return -1;
   } catch (const CLI::CallForHelp& e) {
     app.exit(e);

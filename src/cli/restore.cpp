@@ -8,6 +8,7 @@
 #include "coord/driver.h"
 #include "coord/supervisor.h"
 #include "job_target.h"
+#include "proto/env_settings.h"
 
 namespace cusnap::cli {
 namespace {
@@ -108,6 +109,7 @@ int cmd_restore(int argc, char** argv) {
   std::string err;
   if (map_opt->count() > 0 && !parse_device_map(device_map, &req.engine.device_map, &err))
     return fail_json(json, kExitUsage, err);
+  if (!proto::check_env_settings(false, true, &err)) return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
   if (::realpath(dir.c_str(), abs) == nullptr)
     return fail_json(json, kExitNotFound, "no checkpoint directory " + dir);

@@ -23,6 +23,7 @@
 #include "coord/manifest.h"
 #include "coord/procs.h"
 #include "proto/control.h"
+#include "proto/env_settings.h"
 #include "proto/wire.h"
 
 namespace cusnap {
@@ -124,17 +125,12 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
   }
   std::string list;
   for (pid_t pid : criu) list += (list.empty() ? "" : ", ") + std::to_string(pid);
-  long wait_ms = 60000;
-  if (const char* e = std::getenv("CUSNAP_GUARDIAN_CRIU_WAIT_MS"); e && *e) {
-    // Milliseconds, 0 to a week; anything else leaves the default, said.
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(e, &end, 10);
-    if (errno == 0 && end != e && *end == '\0' && v >= 0 && v <= proto::kMaxTimeoutMs)
-      wait_ms = v;
-    else
-      note(std::string("CUSNAP_GUARDIAN_CRIU_WAIT_MS=\"") + std::string(e).substr(0, 32) +
-           "\" is not a number of milliseconds from 0 to 604800000: 60000 is used");
+  // Checked by launch and restore; another value here (a supervisor of an
+  // older cusnap) leaves the default, said.
+  uint64_t wait_ms = 0;
+  if (std::string why; !proto::env_number_checked(proto::kGuardianCriuWaitMs, &wait_ms, &why)) {
+    wait_ms = proto::kGuardianCriuWaitMs.fallback;
+    note(why + ": " + std::to_string(wait_ms) + " is used");
   }
   if (wait_ended(criu, std::chrono::milliseconds(wait_ms))) {
     note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");

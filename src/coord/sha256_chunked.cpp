@@ -15,6 +15,7 @@
 #include <system_error>
 #include <thread>
 
+#include "proto/env_settings.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -31,11 +32,8 @@ bool hash_thread_count(unsigned* n, std::string* err) {
 
 bool hash_thread_count(const char* env, unsigned* n, std::string* err) {
   if (env) {
-    char* end = nullptr;
-    errno = 0;
-    unsigned long v = std::strtoul(env, &end, 10);
-    if (errno != 0 || end == env || *end != '\0' || env[0] == '-' || v < 1 ||
-        v > kMaxHashThreadsEnv) {
+    uint64_t v = 0;
+    if (!proto::parse_whole(env, 1, kMaxHashThreadsEnv, &v)) {
       *err = "CUSNAP_HASH_THREADS=\"" + std::string(env) +
              "\" is not a number of threads from 1 to " + std::to_string(kMaxHashThreadsEnv) +
              " (unset it to use every core)";

@@ -17,6 +17,7 @@
 
 #include "coord/shared_memory.h"
 #include "proto/control.h"
+#include "proto/env_settings.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -34,15 +35,12 @@ std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id, size_t k)
 }
 
 /// How many files an allocation's bytes are written to: one per 256 MiB up
-/// to $CUSNAP_SAVE_PARTS (default 8, 1..64), so that the shim's workers
+/// to $CUSNAP_SAVE_PARTS (default 8, 1..64; launch and restore refuse
+/// another value), so that the shim's workers
 /// write in parallel (a file system serializes the writes to one file).
 size_t save_parts(uint64_t size) {
-  static const size_t most = [] {
-    const char* e = std::getenv("CUSNAP_SAVE_PARTS");
-    char* end = nullptr;
-    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-    return (e && end && *end == 0 && v >= 1 && v <= proto::kMaxParts) ? size_t(v) : size_t(8);
-  }();
+  static_assert(proto::kSaveParts.hi <= proto::kMaxParts);
+  static const size_t most = size_t(proto::env_number(proto::kSaveParts));
   size_t n = static_cast<size_t>((size + (256ull << 20) - 1) / (256ull << 20));
   return n < 1 ? 1 : n > most ? most : n;
 }

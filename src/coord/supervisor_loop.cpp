@@ -4,6 +4,7 @@
 #include "coord/guardian.h"
 #include "coord/output_echo.h"
 #include "coord/settings.h"
+#include "proto/env_settings.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -72,25 +73,10 @@ void SupervisorLoop::reset_signals_in_child() {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-/// output.log's cap without $CUSNAP_OUTPUT_LOG_MIB.
-constexpr uint64_t kDefaultOutputLogMib = 64;
-
-/// $CUSNAP_OUTPUT_LOG_MIB: output.log's cap in MiB (0: none).
+/// $CUSNAP_OUTPUT_LOG_MIB: output.log's cap in bytes (0: none).
 static bool output_log_cap(uint64_t* cap, std::string* err) {
-  constexpr uint64_t kMaxMib = uint64_t(1) << 20;
-  const char* e = std::getenv("CUSNAP_OUTPUT_LOG_MIB");
-  uint64_t mib = kDefaultOutputLogMib;
-  if (e && *e) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(e, &end, 10);
-    if (errno != 0 || *end != '\0' || e[0] == '-' || v > kMaxMib) {
-      *err = std::string("CUSNAP_OUTPUT_LOG_MIB=\"") + std::string(e).substr(0, 32) +
-             "\" is not a number of MiB from 0 (no cap) to 1048576";
-      return false;
-    }
-    mib = v;
-  }
+  uint64_t mib = 0;
+  if (!proto::env_number_checked(proto::kOutputLogMib, &mib, err)) return false;
   *cap = mib << 20;
   return true;
 }
@@ -182,7 +168,7 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
     return false;
   }
   // The dead supervisor's cap, from the environment it left the guardian.
-  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = kDefaultOutputLogMib << 20;
+  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = proto::kOutputLogMib.fallback << 20;
   if (struct stat st; ::fstat(s->log_fd_.get(), &st) == 0) s->log_size_ = uint64_t(st.st_size);
   if (!s->install_handlers(fail)) return false;
   *out = std::move(s);

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "proto/env_settings.h"
+
 namespace cusnap::proto {
 namespace {
 
@@ -375,12 +377,10 @@ bool peer_credentials(int fd, struct ucred* out, std::string* err) {
 }
 
 std::chrono::milliseconds control_timeout_from_env(std::chrono::milliseconds fallback) {
-  const char* v = std::getenv("CUSNAP_CONTROL_TIMEOUT");
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s > 0) || s > 86400.0 * 365) return fallback;
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
+  int64_t ms = 0;
+  return parse_timeout_seconds(std::getenv("CUSNAP_CONTROL_TIMEOUT"), &ms)
+             ? std::chrono::milliseconds(ms)
+             : fallback;
 }
 
 }  // namespace cusnap::proto

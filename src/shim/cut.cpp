@@ -13,6 +13,7 @@
 #include <ctime>
 #include <new>
 
+#include "proto/env_settings.h"
 #include "shim/entries.h"
 #include "shim/gate.h"
 #include "shim/real_driver.h"
@@ -117,12 +118,7 @@ void init_cv() {
 }
 
 uint64_t hold_ms() {
-  static const uint64_t ms = [] {
-    const char* e = std::getenv("CUSNAP_CUT_HOLD_MS");
-    char* end = nullptr;
-    unsigned long long v = e && *e ? std::strtoull(e, &end, 10) : 0;
-    return (e && *e && end && *end == '\0' && v > 0) ? static_cast<uint64_t>(v) : 120000ull;
-  }();
+  static const uint64_t ms = proto::env_number(proto::kCutHoldMs);
   return ms;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "proto/env_settings.h"
 #include "shim/real_driver.h"
 #include "shim/track_state.h"
 
@@ -28,24 +29,13 @@
 
 namespace cusnap::shim::track {
 
-namespace {
-
-uint64_t mib_env(const char* name, unsigned long lo, unsigned long hi, unsigned long def) {
-  const char* e = std::getenv(name);
-  char* end = nullptr;
-  unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-  return (e && end && *end == 0 && v >= lo && v <= hi) ? v : def;
-}
-
-}  // namespace
-
 uint64_t chunk_bytes() {
-  static const uint64_t mib = mib_env("CUSNAP_SHIM_STAGING_MIB", 1, 1024, 32);
+  static const uint64_t mib = proto::env_number(proto::kShimStagingMib);
   return mib << 20;
 }
 
 uint64_t window_bytes() {
-  static const uint64_t mib = mib_env("CUSNAP_SHIM_DIRECT_MIB", 1, 4096, 128);
+  static const uint64_t mib = proto::env_number(proto::kShimDirectMib);
   return mib << 20;
 }
 
@@ -97,10 +87,7 @@ bool read_all(int fd, void* p, uint64_t n, uint64_t off, std::string* err) {
 
 unsigned worker_count() {
   static const unsigned n = [] {
-    const char* e = std::getenv("CUSNAP_SHIM_COPY_THREADS");
-    char* end = nullptr;
-    unsigned long v = e ? std::strtoul(e, &end, 10) : 0;
-    if (e && end && *end == 0 && v >= 1 && v <= 64) return static_cast<unsigned>(v);
+    if (const uint64_t v = proto::env_number(proto::kShimCopyThreads)) return unsigned(v);
     long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
     return static_cast<unsigned>(cpus >= 16 ? 8 : cpus >= 4 ? cpus / 2 : 1);
   }();

@@ -56,6 +56,28 @@ expect_usage "restore --name ''" "--name" -- "$CUSNAP" restore "$T/none" --name 
 expect_usage "restore -n .x" "invalid job name '.x'" -- "$CUSNAP" restore "$T/none" -n .x
 expect_usage "checkpoint -o ''" "--output" "empty" -- "$CUSNAP" checkpoint nosuch -o ''
 expect_usage "launch --runtime-dir ''" "--runtime-dir" "empty" -- "$CUSNAP" launch --runtime-dir '' -- true
+# Settings of the environment: what the shim would quietly replace by its
+# default, and what any command or supervisor reads, are refused up front.
+CUSNAP_SHIM_COPY_THREADS=100 expect_usage "launch with CUSNAP_SHIM_COPY_THREADS=100" \
+  'CUSNAP_SHIM_COPY_THREADS="100"' "from 1 to 64" -- "$CUSNAP" launch -- true
+CUSNAP_SHIM_STAGING_MIB=32M expect_usage "launch with CUSNAP_SHIM_STAGING_MIB=32M" \
+  'CUSNAP_SHIM_STAGING_MIB="32M"' "MiB from 1 to 1024" -- "$CUSNAP" launch -- true
+CUSNAP_CUT_HOLD_MS=-5 expect_usage "launch with CUSNAP_CUT_HOLD_MS=-5" 'CUSNAP_CUT_HOLD_MS="-5"' -- \
+  "$CUSNAP" launch -- true
+CUSNAP_SHIM_DIRECT_IO=yes expect_usage "launch with CUSNAP_SHIM_DIRECT_IO=yes" \
+  "off, auto and on" -- "$CUSNAP" launch -- true
+CUSNAP_SAVE_PARTS=0 expect_usage "launch --no-shim with CUSNAP_SAVE_PARTS=0" \
+  'CUSNAP_SAVE_PARTS="0"' "from 1 to 64" -- "$CUSNAP" launch --no-shim -- true
+CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m expect_usage "restore with CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m" \
+  'CUSNAP_GUARDIAN_CRIU_WAIT_MS="1m"' -- "$CUSNAP" restore "$T/none"
+CUSNAP_CONTROL_TIMEOUT=30s expect_usage "ps with CUSNAP_CONTROL_TIMEOUT=30s" \
+  'CUSNAP_CONTROL_TIMEOUT="30s"' "seconds" -- "$CUSNAP" ps
+CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --json >"$T/ct.json" 2>/dev/null || true
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["exit_code"]==2 and "CUSNAP_CONTROL_TIMEOUT" in j["error"], j' \
+  "$T/ct.json" || fail "ps --json with a bad CUSNAP_CONTROL_TIMEOUT printed no failure object: $(cat "$T/ct.json")"
+CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --help >/dev/null || fail "ps --help refused for a bad CUSNAP_CONTROL_TIMEOUT"
+CUSNAP_SHIM_COPY_THREADS=100 "$CUSNAP" launch --no-shim -- true ||
+  fail "launch --no-shim refused a setting only the shim reads"
 [ -z "$(ls -A "$CUSNAP_RUNTIME_BASE" 2>/dev/null | grep -v '^\.lock$')" ] ||
   fail "a refused launch left $(ls -A "$CUSNAP_RUNTIME_BASE") in the runtime base"
 

@@ -55,7 +55,7 @@ pass "output.log capped at 1 MiB ($size bytes, output.log.1 $old), the terminal'
 rc=0
 CUSNAP_OUTPUT_LOG_MIB=lots "$CUSNAP" launch -- true 2>"$SCRATCH/cap.err" || rc=$?
 expect_eq "exit status of a bad CUSNAP_OUTPUT_LOG_MIB" 2 "$rc"
-grep -q 'CUSNAP_OUTPUT_LOG_MIB="lots" is not a number of MiB' "$SCRATCH/cap.err" || fail "unclear: $(cat "$SCRATCH/cap.err")"
+grep -q 'CUSNAP_OUTPUT_LOG_MIB="lots" is not a whole number of MiB' "$SCRATCH/cap.err" || fail "unclear: $(cat "$SCRATCH/cap.err")"
 
 # The job gets descriptors 0, 1 and 2 only, whatever cusnap inherited. The
 # job execs ls, so the listing is of one process with no pipeline around it;

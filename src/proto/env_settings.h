@@ -1,0 +1,70 @@
+// The whole-number settings cusnap reads from the environment, with their
+// bounds, in one list shared by the CLI (which refuses a bad value before it
+// starts anything), the supervisor and the shim (which, living in the
+// workload, never fails on one: it takes the default).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cusnap::proto {
+
+/// A whole-number environment setting: decimal digits only, from lo to hi.
+struct NumberSetting {
+  const char* name;
+  uint64_t lo;
+  uint64_t hi;
+  uint64_t fallback;  ///< when unset or empty (0 where the reader computes it)
+  const char* unit;   ///< for messages: "a number of UNIT from LO to HI"
+};
+
+// Read in the job by the shim.
+inline constexpr NumberSetting kShimStagingMib{"CUSNAP_SHIM_STAGING_MIB", 1, 1024, 32, "MiB"};
+inline constexpr NumberSetting kShimCopyThreads{"CUSNAP_SHIM_COPY_THREADS", 1, 64, 0, "threads"};
+inline constexpr NumberSetting kShimDirectMib{"CUSNAP_SHIM_DIRECT_MIB", 1, 4096, 128, "MiB"};
+inline constexpr NumberSetting kCutHoldMs{"CUSNAP_CUT_HOLD_MS", 1, uint64_t(7) * 24 * 3600 * 1000,
+                                          120000, "milliseconds"};
+// Read by the supervisor.
+inline constexpr NumberSetting kSaveParts{"CUSNAP_SAVE_PARTS", 1, 64, 8, "files"};
+inline constexpr NumberSetting kGuardianCriuWaitMs{
+    "CUSNAP_GUARDIAN_CRIU_WAIT_MS", 0, uint64_t(7) * 24 * 3600 * 1000, 60000, "milliseconds"};
+inline constexpr NumberSetting kOutputLogMib{"CUSNAP_OUTPUT_LOG_MIB", 0, uint64_t(1) << 20, 64,
+                                             "MiB (0: no cap)"};
+
+/// The settings the shim reads, checked by `cusnap launch` before the job starts.
+inline constexpr const NumberSetting* kShimNumberSettings[] = {&kShimStagingMib, &kShimCopyThreads,
+                                                               &kShimDirectMib, &kCutHoldMs};
+/// The settings a supervisor reads, checked by `launch` and `restore`.
+inline constexpr const NumberSetting* kSupervisorNumberSettings[] = {
+    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib};
+
+/// text as a whole number from lo to hi: decimal digits only (no sign, blank
+/// or suffix), at most 19 of them. No allocation; async-signal-safe.
+bool parse_whole(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) noexcept;
+
+/// The setting's value: its fallback when unset, empty or invalid. No
+/// allocation; for the shim.
+uint64_t env_number(const NumberSetting& s) noexcept;
+
+/// The setting's value into *out (its fallback when unset or empty); false
+/// with *err naming the setting, the value and the bounds when invalid.
+bool env_number_checked(const NumberSetting& s, uint64_t* out, std::string* err);
+
+/// CUSNAP_SHIM_DIRECT_IO: unset, empty, off, 0, auto, on or 1.
+bool shim_direct_io_valid(const char* value) noexcept;
+
+/// Checks, in the environment, every setting of kShimNumberSettings and
+/// CUSNAP_SHIM_DIRECT_IO (shim) and/or of kSupervisorNumberSettings
+/// (supervisor); the first bad one in *err.
+bool check_env_settings(bool shim, bool supervisor, std::string* err);
+
+/// text as seconds (fractional allowed, greater than 0, at most a year) in
+/// milliseconds, at least 1. No allocation.
+bool parse_timeout_seconds(const char* text, int64_t* out_ms) noexcept;
+
+/// CUSNAP_CONTROL_TIMEOUT as milliseconds: seconds, fractional allowed,
+/// greater than 0 and at most a year; false with *err when set and invalid,
+/// true with *out untouched when unset or empty.
+bool control_timeout_checked(int64_t* out_ms, std::string* err);
+
+}  // namespace cusnap::proto
