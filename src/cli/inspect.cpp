@@ -29,11 +29,29 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+std::string absolute_dir(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+  return ec ? dir : abs.lexically_normal().string();
+}
+
 int inspect_checkpoint(const std::string& dir, bool json) {
   Manifest m;
   std::string err;
-  if (!read_manifest(dir, &m, &err))
-    return fail_json(json, kExitBadCheckpoint, dir + " is not a usable checkpoint: " + err);
+  if (!read_manifest(dir, &m, &err)) {
+    err = dir + " is not a usable checkpoint: " + err;
+    if (!json) return fail(kExitBadCheckpoint, err);
+    // The shape of any checkpoint's object, as the man page gives it.
+    print_json({{"ok", false},
+                {"kind", "checkpoint"},
+                {"dir", absolute_dir(dir)},
+                {"name", ""},
+                {"valid", false},
+                {"error", err},
+                {"bytes", 0},
+                {"exit_code", int(kExitBadCheckpoint)}});
+    return kExitBadCheckpoint;
+  }
   std::string verr;
   ExitCode code = kExitOk;
   bool valid = verify_checkpoint_coded(dir, {}, &code, &verr);
@@ -44,11 +62,9 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   for (const ManifestFile& f : m.files) bytes += f.size;
   if (struct stat st{}; ::stat((dir + "/manifest.json").c_str(), &st) == 0) bytes += st.st_size;
   if (json) {
-    std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
     nlohmann::json j = {{"ok", valid},
                         {"kind", "checkpoint"},
-                        {"dir", ec ? dir : abs.lexically_normal().string()},
+                        {"dir", absolute_dir(dir)},
                         {"name", m.job.name},
                         {"valid", valid},
                         {"error", valid ? "" : verr},
@@ -212,7 +228,15 @@ int cmd_inspect(int argc, char** argv) {
                      "cannot inspect " + target +
                          ": it is not a directory (a checkpoint directory, or a job's runtime "
                          "directory, was expected)");
-  return is_checkpoint_dir(target) ? inspect_checkpoint(target, json) : inspect_job(target, json);
+  if (is_checkpoint_dir(target)) return inspect_checkpoint(target, json);
+  // A name without a slash that no running job has but a directory here
+  // does: that directory, as ./NAME would be.
+  JobEntry entry;
+  std::string err;
+  if (target.find('/') == std::string::npos && !find_job(target, &entry, &err) &&
+      ::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return inspect_checkpoint(target, json);
+  return inspect_job(target, json);
 }
 
 }  // namespace cusnap::cli

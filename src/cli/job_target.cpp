@@ -12,7 +12,9 @@ void add_job_argument(CLI::App& app, std::string* job) {
 
 int resolve_job(const std::string& spec, bool json, JobEntry* out) {
   std::string err;
-  if (!find_job(spec, out, &err)) return fail_json(json, kExitNotFound, err);
+  bool unusable_base = false;
+  if (!find_job(spec, out, &err, &unusable_base))
+    return fail_json(json, unusable_base ? kExitFailure : kExitNotFound, err);
   return -1;
 }
 

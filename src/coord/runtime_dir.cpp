@@ -491,7 +491,8 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
   return jobs;
 }
 
-bool find_job(const std::string& spec, JobEntry* out, std::string* err) {
+bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* unusable_base) {
+  if (unusable_base) *unusable_base = false;
   if (spec.find('/') != std::string::npos) {
     std::string text;
     if (!ensure_private_dir(spec, false, err)) return false;
@@ -514,6 +515,7 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err) {
   }
   *err = why.empty() ? "no job named '" + spec + "' is running (see cusnap ps)"
                      : "cannot look for job '" + spec + "': " + why;
+  if (unusable_base) *unusable_base = !why.empty();
   return false;
 }
 

@@ -92,7 +92,9 @@ bool runtime_dir_live(const std::string& dir);
 /// exist yet (no jobs).
 std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr);
 /// Finds a live job by name, supervisor or root pid, or runtime directory path.
-/// false + *err ("no job named X") when there is none.
-bool find_job(const std::string& spec, JobEntry* out, std::string* err);
+/// false + *err ("no job named X") when there is none; *unusable_base (when
+/// given) is set when the runtime base could not be searched at all.
+bool find_job(const std::string& spec, JobEntry* out, std::string* err,
+              bool* unusable_base = nullptr);
 
 }  // namespace cusnap

@@ -114,7 +114,9 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(e.status.name == "job1");
   CHECK(!find_job("43", &e, &err));
   REQUIRE(find_job(rd->path(), &e, &err));
-  CHECK(!find_job("nope", &e, &err));
+  bool unusable = true;
+  CHECK(!find_job("nope", &e, &err, &unusable));
+  CHECK_FALSE(unusable);
   CHECK(err.find("no job named 'nope'") != std::string::npos);
   CHECK(list_jobs(true).size() == 1);
 
@@ -196,8 +198,10 @@ TEST_CASE("runtime dir: a refused base is an error for the job list, a missing o
   CHECK(list_jobs(true, &err).empty());
   CHECK(err.find("symbolic link") != std::string::npos);
   JobEntry e;
-  CHECK(!find_job("x", &e, &err));  // the reason, not "no job named"
+  bool unusable = false;
+  CHECK(!find_job("x", &e, &err, &unusable));  // the reason, not "no job named"
   CHECK(err.find("cannot look for job 'x': refusing runtime directory") != std::string::npos);
+  CHECK(unusable);
   REQUIRE(unlink(base.c_str()) == 0);
   REQUIRE(close(creat(base.c_str(), 0600)) == 0);
   CHECK(list_jobs(false, &err).empty());

@@ -44,6 +44,23 @@ expect_bad nomanifest "manifest|did not finish"
 variant cutmanifest
 head -c 200 "$T/ckpt/manifest.json" >"$T/cutmanifest/manifest.json"
 expect_bad cutmanifest "not valid JSON|truncated"
+rc=0
+"$CUSNAP" inspect "$T/cutmanifest" --json >"$T/cut.json" 2>/dev/null || rc=$?
+[ "$rc" = 5 ] || fail "inspect --json of the cut manifest exited $rc, expected 5"
+python3 - "$T/cut.json" "$T/cutmanifest" <<'PY' || fail "inspect --json of the cut manifest: $(cat "$T/cut.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+# The same shape as any checkpoint's, though the manifest could not be read.
+assert d["ok"] is False and d["exit_code"] == 5 and "manifest" in d["error"], d
+assert d["kind"] == "checkpoint" and d["valid"] is False and d["dir"] == sys.argv[2], d
+assert d["name"] == "" and "manifest" not in d, d
+PY
+# A bare name that no job has: the directory of that name here.
+rc=0
+(cd "$T" && exec "$CUSNAP" inspect nomanifest) >/dev/null 2>"$T/bare.err" || rc=$?
+[ "$rc" = 5 ] || fail "inspect of a bare directory name exited $rc, expected 5: $(cat "$T/bare.err")"
+grep -q "nomanifest is not a usable checkpoint" "$T/bare.err" || fail "inspect nomanifest: $(cat "$T/bare.err")"
+pass "inspect of an unreadable manifest: the checkpoint's JSON shape; a bare directory name inspected as a checkpoint"
 
 variant extra
 echo x >"$T/extra/criu/core-99999.img"

@@ -81,6 +81,17 @@ CUSNAP_SHIM_COPY_THREADS=100 "$CUSNAP" launch --no-shim -- true ||
 [ -z "$(ls -A "$CUSNAP_RUNTIME_BASE" 2>/dev/null | grep -v '^\.lock$')" ] ||
   fail "a refused launch left $(ls -A "$CUSNAP_RUNTIME_BASE") in the runtime base"
 
+# A runtime base that cannot be searched is a failure (exit 1) with its
+# reason, not "no such job" (4); ps says the same.
+mkdir -m 755 "$T/openbase"
+for c in suspend resume inspect checkpoint; do
+  rc=0
+  CUSNAP_RUNTIME_BASE=$T/openbase "$CUSNAP" $c foo >/dev/null 2>"$T/base.err" || rc=$?
+  [ "$rc" = 1 ] || fail "$c with an unusable runtime base exited $rc, expected 1: $(cat "$T/base.err")"
+  grep -q "cannot look for job 'foo'.*mode is 0755" "$T/base.err" || fail "$c: $(cat "$T/base.err")"
+done
+pass "an unusable runtime base: exit 1 with the reason, for suspend, resume, inspect and checkpoint"
+
 # cusnap help COMMAND.
 expect_usage "help of an unknown command" "'nosuch'" -- "$CUSNAP" help nosuch
 "$CUSNAP" help ps >/dev/null || fail "cusnap help ps failed"
