@@ -277,8 +277,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       rolled_back = false;
       *err += "; bringing its shared memory back failed: " + rb;
     }
-    *err = "job " + job.name + ": " + *err +
-           (rolled_back ? "; the job runs on unchanged" : left_suspended(!dir_existed, *err));
+    *err =
+        "job " + job.name + ": " + *err +
+        (rolled_back ? "; " + after_roll_back(job, scan.cuda) : left_suspended(!dir_existed, *err));
     if (!rolled_back) out->code = kExitJobLost;
     remove_output(opts.dir, dir_existed, !rolled_back);
     return false;
@@ -305,7 +306,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       rb = "shared memory: " + rb;
     }
     *err = "job " + job.name + ": " + why + (unlocked.empty() ? "" : "\n" + unlocked) +
-           (ok ? "\nthe job runs on unchanged"
+           (ok ? "\n" + after_roll_back(job, scan.cuda)
                : "\nbringing the job's GPU state back failed: " + rb +
                      left_suspended(!dir_existed, why + "; bringing the job back failed: " + rb));
     out->code = ok ? kExitFailure : kExitJobLost;

@@ -127,8 +127,16 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
   std::string why;
   const char* phase = "lock";
   bool ok = true;
+  // A process that ended under the driver's call fails it with a driver
+  // error: said as what happened.
+  auto ended = [&](pid_t pid, const char* call) {
+    if (!process_runs(pid))
+      why = "process " + std::to_string(pid) + " ended during the driver's " + call + " (" + why +
+            ")";
+  };
   for (pid_t pid : pids) {
     if (!d.lock(pid, timeout, &why)) {
+      ended(pid, "lock");
       ok = false;
       break;
     }
@@ -142,6 +150,7 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
     phase = "checkpoint";
     for (pid_t pid : pids) {
       if (!d.checkpoint(pid, &why)) {
+        ended(pid, "checkpoint");
         ok = false;
         break;
       }
@@ -161,12 +170,17 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
   return false;
 }
 
-bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* err) {
+bool driver_bring_back(Driver& d, const std::vector<pid_t>& all, std::string* err) {
   const std::chrono::milliseconds pauses[] = {std::chrono::milliseconds(100),
                                               std::chrono::milliseconds(500)};
   std::string first, last;
   for (size_t pass = 0;; ++pass) {
     last.clear();
+    // A process that ended has nothing to bring back (its GPU state went
+    // with it); the job's end is said by its caller (after_roll_back).
+    std::vector<pid_t> pids;
+    for (pid_t pid : all)
+      if (process_runs(pid)) pids.push_back(pid);
     if (driver_resume_all(d, pids, {}, &last)) return true;
     if (pass == 0) first = last;
     // Once the driver refused a restore for lack of memory, it never restores
@@ -179,6 +193,16 @@ bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* e
     }
     std::this_thread::sleep_for(pauses[pass]);
   }
+}
+
+std::string after_roll_back(const JobInfo& job, const std::vector<pid_t>& pids) {
+  if (!process_runs(job.root_pid))
+    return "the job ended (its process " + std::to_string(job.root_pid) + " is gone)";
+  std::string gone;
+  for (pid_t pid : pids)
+    if (!process_runs(pid)) gone += (gone.empty() ? "" : ", ") + std::to_string(pid);
+  if (gone.empty()) return "the job runs on unchanged";
+  return "process " + gone + " of the job ended; the others run on unchanged";
 }
 
 bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,

@@ -120,6 +120,10 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
 /// its GPU. *err: each pass's failures.
 bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* err);
 
+/// What became of the job after a roll back that succeeded: "the job runs on
+/// unchanged", or which of pids (or the job's root) ended meanwhile.
+std::string after_roll_back(const JobInfo& job, const std::vector<pid_t>& pids);
+
 /// A job whose roll back failed is left suspended (left_suspended.cpp): its
 /// processes wait at the driver's and the shims' gates with their GPU state
 /// kept, and what the operation saved of its shared memory stays in

@@ -60,7 +60,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       }
       *err = "job " + job.name + ": " + *err +
              (rolled_back
-                  ? "; the job runs on unchanged"
+                  ? "; " + after_roll_back(job, scan.cuda)
                   : leave_suspended(job, state, false, "suspend", *err, driver.restore_refused()));
       if (!rolled_back) c = kExitJobLost;
       std::error_code ec;

@@ -80,6 +80,13 @@ pid_t read_ppid(pid_t pid) {
   return ppid;
 }
 
+bool process_runs(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
+  const size_t p = stat.rfind(')');
+  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' && stat[p + 2] != 'X';
+}
+
 bool maps_use_cuda(std::string_view maps) {
   size_t pos = 0;
   while ((pos = maps.find("libcuda.so", pos)) != std::string_view::npos) {

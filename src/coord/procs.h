@@ -28,6 +28,8 @@ std::vector<pid_t> process_tree(pid_t root);
 
 /// A process's parent (/proc/PID/stat); 0 when it cannot be read (gone).
 pid_t read_ppid(pid_t pid);
+/// Whether pid still runs: there, and neither a zombie nor dead.
+bool process_runs(pid_t pid);
 
 /// A process's arguments (/proc/PID/cmdline, split at its NULs); false when
 /// it cannot be read (gone).

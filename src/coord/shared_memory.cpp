@@ -40,14 +40,6 @@ bool tracking_shim_loaded(pid_t pid) {
   return runtime;
 }
 
-/// Whether pid still runs (not gone, not a zombie).
-bool proc_alive(pid_t pid) {
-  std::string stat;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
-  size_t p = stat.rfind(')');
-  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' && stat[p + 2] != 'X';
-}
-
 }  // namespace
 
 bool is_shared_creation(const proto::AllocationRecord& a) {
@@ -229,7 +221,7 @@ bool SharedMemory::cut(std::string* err) {
 
 void SharedMemory::cut_release() {
   for (auto& p : procs_) {
-    if (!p->client.connected() || !proc_alive(p->pid)) continue;
+    if (!p->client.connected() || !process_runs(p->pid)) continue;
     proto::CutState st;
     std::string why;
     p->client.cut("release", 0, &st, &why);
@@ -260,7 +252,7 @@ bool SharedMemory::reopen_gates(bool keep_cut, std::string* err) {
 std::vector<pid_t> SharedMemory::gates_left_closed() const {
   std::vector<pid_t> out;
   for (auto& p : procs_)
-    if (p->gate_closed && proc_alive(p->pid)) out.push_back(p->pid);
+    if (p->gate_closed && process_runs(p->pid)) out.push_back(p->pid);
   return out;
 }
 
@@ -330,7 +322,7 @@ bool SharedMemory::release(std::string* err) {
   for (const char* origin : {"imported", "created"})
     for (auto& p : procs_)
       if (!p->client.release(origin, t_.phase, err)) {
-        if (!proc_alive(p->pid))
+        if (!process_runs(p->pid))
           *err = "process " + std::to_string(p->pid) + " died during the checkpoint (" + *err + ")";
         *err = std::string("release phase (") + origin + " memory): " + *err;
         return false;
@@ -345,7 +337,7 @@ void SharedMemory::disconnect() {
 bool SharedMemory::unshared_since_inspect(std::string* err) {
   bool ok = true;
   for (auto& p : procs_) {
-    if (!proc_alive(p->pid)) continue;  // an exit fails the driver phase, not this check
+    if (!process_runs(p->pid)) continue;  // an exit fails the driver phase, not this check
     proto::ShimRecords now;
     std::string why;
     if ((!p->client.connected() &&
@@ -373,7 +365,7 @@ bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std:
   t_ = t;
   shim_dir_ = shim_dir;
   for (auto& p : procs_) {
-    if (p->client.connected() || !proc_alive(p->pid)) continue;  // the dead are left out
+    if (p->client.connected() || !process_runs(p->pid)) continue;  // the dead are left out
     if (!p->client.connect(proto::shim_control_socket(shim_dir, p->pid), p->pid, t.control, err))
       return false;
   }
@@ -383,7 +375,7 @@ bool SharedMemory::reconnect(const std::string& shim_dir, SharedTimeouts t, std:
 bool SharedMemory::open_gates(std::string* err, bool keep_cut) {
   bool ok = true;
   for (auto& p : procs_) {
-    if (!p->gate_closed || !proc_alive(p->pid)) continue;
+    if (!p->gate_closed || !process_runs(p->pid)) continue;
     std::string why;
     if (!p->client.connected())
       p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control, &why);

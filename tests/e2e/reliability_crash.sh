@@ -4,8 +4,8 @@
 #    nothing restorable is left, the job runs on intact;
 #  - CRIU fails the restore: nothing is left running, the checkpoint is
 #    unchanged and restores afterwards;
-#  - the job exits during a checkpoint: the checkpoint fails cleanly and the
-#    supervisor ends with the job's status;
+#  - the job exits during a checkpoint or a suspend: it fails cleanly (exit
+#    1), saying the job ended, and the supervisor ends with the job's status;
 #  - a checkpoint asked for while the job is being launched: it is refused
 #    or it completes and restores; the job is never lost;
 #  - the supervising cusnap is killed (SIGKILL) while the driver has the job
@@ -59,7 +59,7 @@ pass "CRIU restore failure: nothing left running, the checkpoint restores afterw
 kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
 
 # --- the job exits during a checkpoint (the lock is slowed down)
-if fake_only "the job killed during a checkpoint (needs FAKECUDA_DELAY)"; then
+if fake_only "the job killed during a checkpoint and a suspend (needs FAKECUDA_DELAY)"; then
 launch_env quit "$T/quit.out" FAKECUDA_DELAY=cuCheckpointProcessLock:1500 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/quit.out" 3
@@ -71,10 +71,31 @@ kill -KILL "$PID"
 RC=0; wait "$CK" || RC=$?
 [ "$RC" != 0 ] && [ "$RC" != 6 ] || fail "checkpoint of a job that died under it: exit $RC: $(cat "$T/quit-ck.out")"
 [ ! -e "$T/quit.ck/manifest.json" ] || fail "a checkpoint of a dead job wrote a manifest"
+grep -q "process $PID ended during the driver's lock.*the job ended" "$T/quit-ck.out" ||
+  fail "the checkpoint does not say the job ended: $(cat "$T/quit-ck.out")"
 wait_exit "$SUP"
 [ "$EXIT_RC" = 137 ] || fail "the supervisor exited $EXIT_RC, expected 137 (the job's SIGKILL)"
 [ ! -e "$CUSNAP_RUNTIME_BASE/quit" ] || fail "the runtime directory of the ended job is still there"
 pass "job killed during a checkpoint: exit $RC ($(grep -m1 'cusnap:' "$T/quit-ck.out" | cut -c1-100)), supervisor exits 137"
+
+# --- the job exits during a suspend's driver checkpoint: nothing is left
+# suspended (was exit 6 and "run cusnap resume", for a job that was gone)
+launch_env squit "$T/squit.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:1500 -- --mib 4 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/squit.out" 3
+PID=$(wait_job squit)
+"$CUSNAP" suspend squit >"$T/squit-s.out" 2>&1 &
+CK=$!
+sleep 0.5
+kill -KILL "$PID"
+RC=0; wait "$CK" || RC=$?
+[ "$RC" = 1 ] || fail "suspend of a job that died under it: exit $RC, expected 1: $(cat "$T/squit-s.out")"
+grep -q "process $PID ended during the driver's checkpoint.*the job ended" "$T/squit-s.out" ||
+  fail "the suspend does not say the job ended: $(cat "$T/squit-s.out")"
+grep -q "resume" "$T/squit-s.out" && fail "the suspend sends the user to resume a job that is gone: $(cat "$T/squit-s.out")"
+wait_exit "$SUP"
+[ "$EXIT_RC" = 137 ] || fail "the supervisor exited $EXIT_RC, expected 137 (the job's SIGKILL)"
+pass "job killed during a suspend: exit 1, the job said to have ended"
 
 fi
 
