@@ -87,6 +87,11 @@ int fail_json(bool json, int code, const std::string& msg);
 /// Prints a JSON value on stdout, one document per line.
 void print_json(const nlohmann::json& j);
 
+/// text for a terminal: control bytes (a newline, an escape sequence) as
+/// \n, \t, \r or \xNN, so that a name or command line read from a file or
+/// another process cannot rewrite the screen. Other bytes are kept.
+std::string shown(const std::string& text);
+
 /// "1.5 GiB".
 std::string human_bytes(uint64_t n);
 /// "3h02m", "4m05s", "12s".

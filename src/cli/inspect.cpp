@@ -23,9 +23,10 @@ bool is_checkpoint_dir(const std::string& spec) {
           S_ISDIR(st.st_mode) && ::stat((spec + "/control.sock").c_str(), &st) != 0);
 }
 
+/// Arguments for the terminal (shown), space-separated.
 std::string join(const std::vector<std::string>& v) {
   std::string s;
-  for (const std::string& a : v) s += (s.empty() ? "" : " ") + a;
+  for (const std::string& a : v) s += (s.empty() ? "" : " ") + shown(a);
   return s;
 }
 
@@ -74,15 +75,15 @@ int inspect_checkpoint(const std::string& dir, bool json) {
     print_json(j);
     return valid ? kExitOk : code;
   }
-  std::printf("checkpoint %s\n", dir.c_str());
-  std::printf("  job:      %s\n", m.job.name.c_str());
+  std::printf("checkpoint %s\n", shown(dir).c_str());
+  std::printf("  job:      %s\n", shown(m.job.name).c_str());
   std::printf("  command:  %s\n", join(m.job.argv).c_str());
-  std::printf("  cwd:      %s\n", m.job.cwd.c_str());
-  std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", m.created.c_str(),
-              m.cusnap_version.c_str(), m.criu_version.c_str(), m.driver_version);
+  std::printf("  cwd:      %s\n", shown(m.job.cwd).c_str());
+  std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", shown(m.created).c_str(),
+              shown(m.cusnap_version).c_str(), shown(m.criu_version).c_str(), m.driver_version);
   std::printf("  size:     %s in %zu files\n", human_bytes(bytes).c_str(), m.files.size());
   for (const GpuDevice& g : m.gpus)
-    std::printf("  gpu %d:    %s %s (%s)\n", g.index, g.name.c_str(), g.uuid.c_str(),
+    std::printf("  gpu %d:    %s %s (%s)\n", g.index, shown(g.name).c_str(), shown(g.uuid).c_str(),
                 human_bytes(g.total_mem).c_str());
   // What a restore needs free on each GPU (NVML's count at the checkpoint).
   std::map<std::string, uint64_t> need;
@@ -120,10 +121,15 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   }
   std::printf("  phases:\n");
   for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);
-  if (valid)
+  std::string name_err;
+  if (valid && !valid_job_name(m.job.name, &name_err))
+    std::printf(
+        "  verdict:  valid, restorable with --name NAME only: its job name is not one cusnap "
+        "accepts\n");
+  else if (valid)
     std::printf("  verdict:  valid, restorable\n");
   else
-    std::printf("  verdict:  NOT restorable: %s\n", verr.c_str());
+    std::printf("  verdict:  NOT restorable: %s\n", shown(verr).c_str());
   return valid ? kExitOk : code;
 }
 
@@ -174,16 +180,16 @@ int inspect_job(const std::string& spec, bool json) {
     return kExitOk;
   }
   const auto& job = d["job"];
-  std::printf("job %s\n", job.value("name", std::string()).c_str());
+  std::printf("job %s\n", shown(job.value("name", std::string())).c_str());
   std::printf("  state:       %s\n", job.value("state", std::string()).c_str());
   if (d.contains("left_suspended") && d["left_suspended"].is_object())
     print_left_suspended(job.value("name", std::string()), d["left_suspended"]);
   std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL),
               job.value("supervisor_pid", 0LL));
   std::printf("  command:     %s\n", join(job.value("argv", std::vector<std::string>{})).c_str());
-  std::printf("  runtime dir: %s\n", job.value("runtime_dir", std::string()).c_str());
+  std::printf("  runtime dir: %s\n", shown(job.value("runtime_dir", std::string())).c_str());
   if (!job.value("restored_from", std::string()).empty())
-    std::printf("  restored from: %s\n", job.value("restored_from", std::string()).c_str());
+    std::printf("  restored from: %s\n", shown(job.value("restored_from", std::string())).c_str());
   std::printf("  processes:\n    %8s %-5s %-13s %s\n", "PID", "CUDA", "CUDA STATE", "COMMAND");
   for (const auto& p : d["processes"]) {
     std::vector<std::string> cmd = p.value("cmdline", std::vector<std::string>{});

@@ -153,6 +153,12 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   }
   // The name first: a refusal should not wait for restore_job's checksums.
   const std::string name = req.cfg.name.empty() ? m.job.name : req.cfg.name;
+  if (std::string why; req.cfg.name.empty() && !valid_job_name(name, &why)) {
+    fail.error = req.engine.dir +
+                 ": the job name in its manifest is not a valid job name (1 to 64 letters, "
+                 "digits, '.', '_' or '-'); restore it with --name NAME";
+    return fail;  // kExitBadCheckpoint
+  }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
   auto failed = [&](int code, std::string msg) {

@@ -70,6 +70,28 @@ variant missing
 rm "$T/missing/criu/$(cd "$T/ckpt/criu" && ls core-*.img | head -1)"
 expect_bad missing "missing|incomplete"
 
+# A job name that cusnap does not accept (written into the manifest by
+# hand, with control bytes): inspect shows it escaped and says the
+# checkpoint restores with --name only; restore without one is refused (5),
+# with one it restores.
+variant badname
+python3 - "$T/badname/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["job"]["name"] = "a\x1b[31mb\nc"
+json.dump(m, open(sys.argv[1], "w"))
+PY
+"$CUSNAP" inspect "$T/badname" >"$T/badname.txt" || fail "inspect of badname failed: $(cat "$T/badname.txt")"
+grep -q "$(printf '\033')" "$T/badname.txt" && fail "inspect wrote the name's escape byte raw"
+grep -qF 'job:      a\x1b[31mb\nc' "$T/badname.txt" || fail "inspect does not show the name escaped: $(cat "$T/badname.txt")"
+grep -q "verdict:  valid, restorable with --name NAME only" "$T/badname.txt" ||
+  fail "inspect's verdict: $(grep verdict "$T/badname.txt")"
+expect_bad badname "restore it with --name NAME"
+restore_bg "$T/badname" "$T/badname.out" --name renamed
+wait_count "$T/badname.out" $((LAST + 3))
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+pass "a manifest's job name cusnap does not accept: shown escaped, restorable with --name only"
+
 # The original runtime directory is gone; an intact copy restores.
 [ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the stopped job's runtime directory is still there"
 variant intact

@@ -20,6 +20,24 @@ assert j["pid"] > 0 and j["uptime_seconds"] >= 0
 PY
 pass "ps --json describes the job"
 
+# Control bytes of a command line are shown escaped, never written raw to
+# the terminal (an escape sequence could rewrite the screen).
+PS_SUPERVISOR=$LAUNCH_PID
+launch_bg ctrljob sh -c "sleep 60" "$(printf 'x\033[31my\nz')"
+out=$("$CUSNAP" ps)
+echo "$out" | grep -q "$(printf '\033')" && fail "ps wrote an escape byte raw: $out"
+echo "$out" | grep -qF 'x\x1b[31my\nz' || fail "ps does not show the escaped argument: $out"
+"$CUSNAP" inspect ctrljob >"$SCRATCH/ctrl.txt"
+grep -q "$(printf '\033')" "$SCRATCH/ctrl.txt" && fail "inspect wrote an escape byte raw: $(cat -v "$SCRATCH/ctrl.txt")"
+grep -qF 'x\x1b[31my\nz' "$SCRATCH/ctrl.txt" || fail "inspect does not show the escaped argument: $(cat "$SCRATCH/ctrl.txt")"
+"$CUSNAP" ps --json | python3 -c '
+import json, sys
+j = [j for j in json.load(sys.stdin) if j["name"] == "ctrljob"][0]
+assert j["argv"][-1] == "x\x1b[31my\nz", j["argv"]' || fail "ps --json does not give the argument as it is"
+kill "$LAUNCH_PID"; wait "$LAUNCH_PID" 2>/dev/null || true
+LAUNCH_PID=$PS_SUPERVISOR
+pass "ps and inspect show control bytes escaped; --json gives them as they are"
+
 rc=$(run_status "$CUSNAP" launch --name psjob -- true 2>"$SCRATCH/dup.err")
 expect_eq "a duplicate name is refused" 3 "$rc"
 grep -q "already running" "$SCRATCH/dup.err" || fail "unclear refusal: $(cat "$SCRATCH/dup.err")"
