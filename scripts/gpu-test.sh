@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoint and restore against the real CUDA driver, on a machine with an
-# NVIDIA GPU, as root, with CRIU >= 4.1 (see ../shared/GPU.md; scripts/
+# NVIDIA GPU, as root, with CRIU >= 4.1 and an NVIDIA driver >= 570 (scripts/
 # gpu-bundle.sh prepares CRIU and a release build to carry there):
 #
 #   PATH=$PWD/.gpu-bundle/bin:$PATH LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib \

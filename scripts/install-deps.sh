@@ -2,18 +2,53 @@
 # Installs what cusnap needs to build and test, idempotently, as root:
 # compilers and libraries from Debian's packages, and CRIU >= 4.1 built from
 # Debian's trixie source package (bookworm's 3.17 fails on 6.x kernels).
+# Not installed here (Debian has no package of them): the CUDA 13.0 toolkit
+# headers (cuda.h, cudaTypedefs.h, cudaProfiler.h, cudaProfilerTypedefs.h),
+# a prerequisite of the machine; this script checks for them first.
 # Fast when everything is present. Exits non-zero with a message that says
 # what is wrong when it cannot finish.
+#
+#   CUSNAP_CUDA_INCLUDE=DIR   where the CUDA headers are (default
+#                             /usr/local/cuda/include); the build takes the same
+#                             directory as cmake -DCUSNAP_CUDA_INCLUDE=DIR
+#                             (scripts/demo.sh and scripts/test.sh pass it on)
+#   CUSNAP_CRIU_PREFIX=DIR    where a CRIU built here is installed, as
+#                             DIR/sbin/criu (default /usr/local; DIR/sbin is
+#                             created when missing)
+#   CUSNAP_CRIU_SRC=DIR       where CRIU's source is fetched and built
+#                             (default /var/cache/cusnap/criu-src)
+# cusnap runs the CRIU named by $CUSNAP_CRIU, or else the first criu on PATH
+# (then /usr/local/sbin, /usr/sbin, /sbin): with a prefix outside those, set
+# CUSNAP_CRIU=DIR/sbin/criu or put DIR/sbin on PATH (this script says so).
 set -euo pipefail
 
 CRIU_MIN="4.1"
 CRIU_PREFIX="${CUSNAP_CRIU_PREFIX:-/usr/local}"
+CRIU_BIN="$CRIU_PREFIX/sbin/criu"
+CUDA_INCLUDE="${CUSNAP_CUDA_INCLUDE:-/usr/local/cuda/include}"
 CRIU_SRC_DIR="${CUSNAP_CRIU_SRC:-/var/cache/cusnap/criu-src}"
 
 say() { printf 'install-deps: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (it installs packages and CRIU); try: sudo $0"
+# The CUDA toolkit headers: not a Debian package, so not installed here.
+cuda_missing=()
+for h in cuda.h cudaTypedefs.h cudaProfiler.h cudaProfilerTypedefs.h; do
+  [ -f "$CUDA_INCLUDE/$h" ] || cuda_missing+=("$h")
+done
+if [ ${#cuda_missing[@]} -gt 0 ]; then
+  die "the CUDA 13.0 toolkit headers are missing: ${cuda_missing[*]} not found in $CUDA_INCLUDE.
+  They are a prerequisite of the machine (Debian has no package of them): install NVIDIA's
+  CUDA 13.0 toolkit headers so that $CUDA_INCLUDE/cuda.h exists (/usr/local/cuda is where
+  NVIDIA's packages put them), or, with them elsewhere, set CUSNAP_CUDA_INCLUDE=DIR (this
+  script, scripts/demo.sh and scripts/test.sh take it; a build by hand: cmake -DCUSNAP_CUDA_INCLUDE=DIR)"
+fi
+cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$CUDA_INCLUDE/cuda.h" | head -n1)
+if [ -z "$cuda_version" ] || [ "$cuda_version" -lt 13000 ]; then
+  die "$CUDA_INCLUDE/cuda.h is not of CUDA >= 13.0 (CUDA_VERSION ${cuda_version:-not defined}): install the CUDA 13.0 toolkit headers there, or point CUSNAP_CUDA_INCLUDE (cmake -DCUSNAP_CUDA_INCLUDE=DIR) at them"
+fi
+
+[ "$(id -u)" = 0 ] || die "must run as root (it installs packages and CRIU); try: sudo bash $0"
 
 PKGS=(build-essential cmake pkg-config git ca-certificates
       libcli11-dev nlohmann-json3-dev libmsgpack-cxx-dev doctest-dev libseccomp-dev
@@ -47,11 +82,19 @@ criu_version() {
   "$bin" --version 2>/dev/null | sed -n 's/^Version: *//p' | head -n1
 }
 
-have_criu() {
-  local bin v
-  bin=$(command -v criu 2>/dev/null) || return 1
-  v=$(criu_version "$bin")
+# criu_ok BIN: BIN is an executable CRIU >= CRIU_MIN.
+criu_ok() {
+  local v
+  [ -x "$1" ] || return 1
+  v=$(criu_version "$1")
   [ -n "$v" ] && version_ge "$v" "$CRIU_MIN"
+}
+
+# The CRIU that cusnap will run: $CUSNAP_CRIU, or else the first criu on PATH
+# and then in the sbin directories (as src/coord/criu.cpp looks for it).
+cusnap_criu() {
+  if [ -n "${CUSNAP_CRIU:-}" ]; then echo "$CUSNAP_CRIU"; return 0; fi
+  PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin" command -v criu 2>/dev/null
 }
 
 # Patches applied to CRIU's source (scripts/patches/criu-*.patch): CRIU 4.1.1
@@ -62,11 +105,15 @@ have_criu() {
 PATCH_DIR="$(cd "$(dirname "$0")" && pwd)/patches"
 patch_id=$(cat "$PATCH_DIR"/criu-*.patch 2>/dev/null | sha256sum | cut -c1-16)
 CRIU_STAMP="$CRIU_PREFIX/share/cusnap/criu-patches"
+# ours_current: the CRIU this script installs at the prefix is there, built
+# with the current patches.
+ours_current() { criu_ok "$CRIU_BIN" && [ "$(cat "$CRIU_STAMP" 2>/dev/null)" = "$patch_id" ]; }
 criu_current() {
-  have_criu || return 1
+  local bin
+  ours_current && return 0
+  bin=$(cusnap_criu) || return 1
   # A CRIU not installed by this script (e.g. a newer distribution package) is kept.
-  [ "$(command -v criu)" != "$CRIU_PREFIX/sbin/criu" ] && return 0
-  [ "$(cat "$CRIU_STAMP" 2>/dev/null)" = "$patch_id" ]
+  [ "$bin" != "$CRIU_BIN" ] && criu_ok "$bin"
 }
 
 if ! criu_current; then
@@ -98,13 +145,24 @@ if ! criu_current; then
   say "compiling CRIU from $(basename "$tarball")"
   make -C "$build" -j"$(nproc)" criu >"$CRIU_SRC_DIR/build.log" 2>&1 \
     || { tail -n 30 "$CRIU_SRC_DIR/build.log" >&2; die "CRIU build failed (log: $CRIU_SRC_DIR/build.log)"; }
-  install -m 0755 "$build/criu/criu" "$CRIU_PREFIX/sbin/criu"
+  install -D -m 0755 "$build/criu/criu" "$CRIU_BIN" || die "cannot install CRIU as $CRIU_BIN"
   mkdir -p "$(dirname "$CRIU_STAMP")" && echo "$patch_id" >"$CRIU_STAMP"
   hash -r
-  have_criu || die "installed $CRIU_PREFIX/sbin/criu but 'criu --version' does not report >= $CRIU_MIN"
+  criu_ok "$CRIU_BIN" || die "installed $CRIU_BIN but '$CRIU_BIN --version' does not report >= $CRIU_MIN"
 fi
 
-criu_bin=$(command -v criu)
+# The CRIU that cusnap will run must be >= CRIU_MIN.
+criu_bin=$(cusnap_criu || true)
+if [ -z "$criu_bin" ] || ! criu_ok "$criu_bin"; then
+  where="cusnap would run ${criu_bin:-no CRIU} (\$CUSNAP_CRIU, else the first criu on PATH, /usr/local/sbin, /usr/sbin, /sbin)"
+  if criu_ok "$CRIU_BIN"; then
+    die "CRIU is installed as $CRIU_BIN, but $where: set CUSNAP_CRIU=$CRIU_BIN or put $CRIU_PREFIX/sbin first on PATH"
+  fi
+  die "$where, which is not CRIU >= $CRIU_MIN"
+fi
+if [ "$criu_bin" != "$CRIU_BIN" ] && ours_current; then
+  say "note: cusnap will run $criu_bin, not $CRIU_BIN built here (set CUSNAP_CRIU=$CRIU_BIN to use it)"
+fi
 if ! out=$("$criu_bin" check 2>&1); then
   say "criu check output:"; printf '%s\n' "$out" >&2
   die "'criu check' fails on this kernel: checkpoints cannot work here (needs root and a kernel with checkpoint/restore support)"
