@@ -134,6 +134,13 @@
 #                The same loop with two ranks on the gloo backend (CPU tensors,
 #                no CUDA): torchrun's processes, rendezvous store and the TCP
 #                connections between the ranks, five cycles.
+#   killed-in-driver-phase
+#                A pattern job of CUSNAP_GPU_TEST_KILL_MIB (default 16384) MiB
+#                killed (SIGKILL) CUSNAP_GPU_TEST_KILL_AFTER (default 1) s into
+#                a suspend, then into a checkpoint, while the driver holds it:
+#                the command must exit 1 saying the job ended (never 6, never
+#                "run cusnap resume"), the supervisor exit 137, and the GPU hold
+#                nothing of the job.
 # The shared-* and torch-* jobs' checkpoint, restore, suspend and resume get
 # --timeout CUSNAP_GPU_TEST_SHARE_TIMEOUT (default 120 s a phase) and the
 # client is killed after 2.5 times that (e2e-shared: each test).
@@ -157,7 +164,7 @@ SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-defaul
   torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
   nccl-torchrun-1rank nccl-torchrun-1rank-rollback nccl-torchrun-1rank-guardian nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
-  nccl-torchrun-1gpu-graph restore-memory-check)
+  nccl-torchrun-1gpu-graph restore-memory-check killed-in-driver-phase)
 SELECTED=()
 for a in "$@"; do
   case $a in
@@ -1164,6 +1171,55 @@ scenario_nccl_torchrun_1gpu_graph() {
   fi
   wait_job_gone "$scen" 30
   rm -rf "$ck" "$ck.ctl"
+}
+
+# The job killed (SIGKILL) while the driver holds it in a suspend's or a
+# checkpoint's driver phase (a pattern job of CUSNAP_GPU_TEST_KILL_MIB,
+# default 16384 MiB, killed CUSNAP_GPU_TEST_KILL_AFTER seconds in, default
+# 1): the command must fail with exit 1 saying the job ended, never exit 6
+# or send the user to resume a job that is gone; the supervisor ends with
+# the job's status and the GPU holds nothing of it.
+scenario_killed_in_driver_phase() {
+  local op name sup pid out rc secs mib after ck
+  mib=${CUSNAP_GPU_TEST_KILL_MIB:-16384}
+  after=${CUSNAP_GPU_TEST_KILL_AFTER:-1}
+  for op in suspend checkpoint; do
+    name=kill-$op
+    out=$WORK/$name.out
+    "$BIN/cusnap" launch --name "$name" -- "$BIN/cusnap-pattern-job" --mib "$mib" --interval-ms 100 \
+      >"$out" 2>&1 &
+    sup=$!
+    SUPERVISORS+=("$sup")
+    if ! wait_count "$out" 2 300; then
+      echo "FAIL killed-in-driver-phase ($op): the job did not start counting"; tail -5 "$out"
+      failed+=("killed-in-driver-phase-$op"); kill -9 "$sup" 2>/dev/null || true; continue
+    fi
+    pid=$(grep -m1 '^ready pid' "$out" | awk '{print $3}')
+    ck=()
+    [ "$op" = checkpoint ] && ck=(-o "$WORK/$name.ckpt")
+    t0=$(date +%s.%N)
+    rc=0
+    "$BIN/cusnap" "$op" "$name" "${ck[@]}" --timeout 120 >"$WORK/$name.op" 2>&1 &
+    local client=$!
+    sleep "$after"
+    kill -9 "$pid"
+    wait "$client" || rc=$?
+    secs=$(since "$t0")
+    echo "  $op of a $mib MiB job killed ${after} s in: exit $rc after $secs s"
+    sed 's/^/    /' "$WORK/$name.op" | cut -c1-400 | head -6
+    rc_sup=0
+    timeout 60 tail --pid="$sup" -f /dev/null || true
+    wait "$sup" 2>/dev/null || rc_sup=$?
+    left=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -cx "$pid" || true)
+    if [ "$rc" = 1 ] && grep -q "the job ended" "$WORK/$name.op" && ! grep -q "cusnap resume" "$WORK/$name.op" &&
+      [ "$rc_sup" = 137 ] && [ "$left" = 0 ]; then
+      echo "PASS killed-in-driver-phase ($op): exit 1, the job said to have ended, supervisor 137, GPU free"
+    else
+      echo "FAIL killed-in-driver-phase ($op): exit $rc, supervisor $rc_sup, $left GPU process(es) of $pid left"
+      failed+=("killed-in-driver-phase-$op")
+    fi
+    rm -rf "$WORK/$name.ckpt"
+  done
 }
 
 for s in "${SELECTED[@]}"; do
