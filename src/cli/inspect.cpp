@@ -26,7 +26,10 @@ bool is_checkpoint_dir(const std::string& spec) {
 /// Arguments for the terminal (shown), space-separated.
 std::string join(const std::vector<std::string>& v) {
   std::string s;
-  for (const std::string& a : v) s += (s.empty() ? "" : " ") + shown(a);
+  for (const std::string& a : v) {
+    if (!s.empty()) s += ' ';
+    s += shown(a);
+  }
   return s;
 }
 
