@@ -472,6 +472,9 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
     if (WEXITSTATUS(status) == 127) why += ": could not execute " + criu.path;
   } else {
     why = std::string("killed by signal ") + strsignal(WTERMSIG(status));
+    // CRIU runs in the terminal's process group: Ctrl-C reaches it too.
+    if (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)
+      why += ": interrupted, as by Ctrl-C or a kill";
   }
   // CRIU's first errors (with what the failing process was doing just
   // before) say why; the end of the log is mostly the unwinding after it.

@@ -1,6 +1,7 @@
 #include "coord/criu.h"
 
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -81,6 +82,37 @@ TEST_CASE("criu: a failing run quotes the end of its log") {
   CHECK_FALSE(run_criu(c, run, &err));
   CHECK(err.find("criu dump failed (exit status 1)") != std::string::npos);
   CHECK(err.find("something broke") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string fake = std::string(dir) + "/criu";
+  // A test run in the background may have SIGINT ignored, which CRIU's
+  // stand-in would inherit: the default for the test's length.
+  struct sigaction dfl {
+  }, old_int{}, old_term{};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGINT, &dfl, &old_int);
+  sigaction(SIGTERM, &dfl, &old_term);
+  for (const char* sig : {"INT", "TERM", "KILL"}) {
+    std::ofstream(fake) << "#!/bin/sh\nkill -" << sig << " $$\nsleep 5\n";
+    chmod(fake.c_str(), 0755);
+    CriuInfo c;
+    c.path = fake;
+    CriuRun run;
+    run.args = {"restore"};
+    run.log_path = std::string(dir) + "/x.log";
+    std::string err;
+    CHECK_FALSE(run_criu(c, run, &err));
+    CHECK_MESSAGE(err.find("criu restore failed (killed by signal") != std::string::npos, err);
+    CHECK_MESSAGE((err.find("interrupted, as by Ctrl-C") != std::string::npos) ==
+                      (std::string(sig) != "KILL"),
+                  err);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
   std::filesystem::remove_all(dir);
 }
 
