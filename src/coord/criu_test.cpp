@@ -66,20 +66,34 @@ TEST_CASE("criu: a `criu --version` that hangs is killed and refused") {
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+/// Runs the executable script text as CRIU's `action` with its log at log;
+/// expects a failure and returns its message.
+std::string failed_run(const std::string& path, const std::string& script, const char* action,
+                       const std::string& log) {
+  std::ofstream(path) << script;
+  chmod(path.c_str(), 0755);
+  CriuInfo c;
+  c.path = path;
+  CriuRun run;
+  run.args = {action};
+  run.log_path = log;
+  std::string err;
+  CHECK_FALSE(run_criu(c, run, &err));
+  return err;
+}
+
+}  // namespace
+
 TEST_CASE("criu: a failing run quotes the end of its log") {
   char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
   REQUIRE(mkdtemp(dir));
-  std::string fake = std::string(dir) + "/criu";
-  std::ofstream(fake) << "#!/bin/sh\necho 'Error (criu/cr-dump.c:1): something broke' > " << dir
-                      << "/x.log\nexit 1\n";
-  chmod(fake.c_str(), 0755);
-  CriuInfo c;
-  c.path = fake;
-  CriuRun run;
-  run.args = {"dump"};
-  run.log_path = std::string(dir) + "/x.log";
-  std::string err;
-  CHECK_FALSE(run_criu(c, run, &err));
+  const std::string err =
+      failed_run(std::string(dir) + "/criu",
+                 "#!/bin/sh\necho 'Error (criu/cr-dump.c:1): something broke' > " +
+                     std::string(dir) + "/x.log\nexit 1\n",
+                 "dump", std::string(dir) + "/x.log");
   CHECK(err.find("criu dump failed (exit status 1)") != std::string::npos);
   CHECK(err.find("something broke") != std::string::npos);
   std::filesystem::remove_all(dir);
@@ -97,15 +111,9 @@ TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
   sigaction(SIGINT, &dfl, &old_int);
   sigaction(SIGTERM, &dfl, &old_term);
   for (const char* sig : {"INT", "TERM", "KILL"}) {
-    std::ofstream(fake) << "#!/bin/sh\nkill -" << sig << " $$\nsleep 5\n";
-    chmod(fake.c_str(), 0755);
-    CriuInfo c;
-    c.path = fake;
-    CriuRun run;
-    run.args = {"restore"};
-    run.log_path = std::string(dir) + "/x.log";
-    std::string err;
-    CHECK_FALSE(run_criu(c, run, &err));
+    const std::string err =
+        failed_run(fake, "#!/bin/sh\nkill -" + std::string(sig) + " $$\nsleep 5\n", "restore",
+                   std::string(dir) + "/x.log");
     CHECK_MESSAGE(err.find("criu restore failed (killed by signal") != std::string::npos, err);
     CHECK_MESSAGE((err.find("interrupted, as by Ctrl-C") != std::string::npos) ==
                       (std::string(sig) != "KILL"),
@@ -131,16 +139,8 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
     for (int i = 0; i < 40; ++i) l << "(00.020000)    649: Opening 0x3000-0x4000 vma\n";
     l << "(00.030000) Error (criu/cr-restore.c:3): Restoring FAILED.\n";
   }
-  std::string fake = std::string(dir) + "/criu";
-  std::ofstream(fake) << "#!/bin/sh\nexit 1\n";
-  chmod(fake.c_str(), 0755);
-  CriuInfo c;
-  c.path = fake;
-  CriuRun run;
-  run.args = {"restore"};
-  run.log_path = log;
-  std::string err;
-  CHECK_FALSE(run_criu(c, run, &err));
+  const std::string err =
+      failed_run(std::string(dir) + "/criu", "#!/bin/sh\nexit 1\n", "restore", log);
   CHECK(err.find("criu restore failed (exit status 1); the errors in its log") !=
         std::string::npos);
   // The cause, the lines of that process before it, and the later errors.
