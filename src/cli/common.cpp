@@ -202,6 +202,15 @@ std::string shown(const std::string& text) {
   return out;
 }
 
+std::string shown_args(const std::vector<std::string>& args) {
+  std::string s;
+  for (const std::string& a : args) {
+    if (!s.empty()) s += ' ';
+    s += shown(a);
+  }
+  return s;
+}
+
 std::chrono::milliseconds control_timeout() {
   return proto::control_timeout_from_env();
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "coord/engine.h"
 #include "proto/control.h"
@@ -91,6 +92,8 @@ void print_json(const nlohmann::json& j);
 /// \n, \t, \r or \xNN, so that a name or command line read from a file or
 /// another process cannot rewrite the screen. Other bytes are kept.
 std::string shown(const std::string& text);
+/// Arguments for the terminal: each shown, space-separated.
+std::string shown_args(const std::vector<std::string>& args);
 
 /// "1.5 GiB".
 std::string human_bytes(uint64_t n);

@@ -23,16 +23,6 @@ bool is_checkpoint_dir(const std::string& spec) {
           S_ISDIR(st.st_mode) && ::stat((spec + "/control.sock").c_str(), &st) != 0);
 }
 
-/// Arguments for the terminal (shown), space-separated.
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& a : v) {
-    if (!s.empty()) s += ' ';
-    s += shown(a);
-  }
-  return s;
-}
-
 std::string absolute_dir(const std::string& dir) {
   std::error_code ec;
   const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
@@ -80,7 +70,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   }
   std::printf("checkpoint %s\n", shown(dir).c_str());
   std::printf("  job:      %s\n", shown(m.job.name).c_str());
-  std::printf("  command:  %s\n", join(m.job.argv).c_str());
+  std::printf("  command:  %s\n", shown_args(m.job.argv).c_str());
   std::printf("  cwd:      %s\n", shown(m.job.cwd).c_str());
   std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", shown(m.created).c_str(),
               shown(m.cusnap_version).c_str(), shown(m.criu_version).c_str(), m.driver_version);
@@ -100,8 +90,9 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   }
   std::printf("  processes:\n    %8s %8s %-5s %s\n", "PID", "PPID", "CUDA", "COMMAND");
   for (const ManifestProcess& p : m.processes)
-    std::printf("    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",
-                join(p.cmdline.empty() ? std::vector<std::string>{p.exe} : p.cmdline).c_str());
+    std::printf(
+        "    %8d %8d %-5s %s\n", p.pid, p.ppid, p.uses_cuda ? "yes" : "no",
+        shown_args(p.cmdline.empty() ? std::vector<std::string>{p.exe} : p.cmdline).c_str());
   if (m.tcp_established || !m.tcp_listeners.empty()) {
     std::string ports;
     for (const TcpListener& l : m.tcp_listeners)
@@ -157,10 +148,7 @@ void print_left_suspended(const std::string& name, const nlohmann::json& left) {
     std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
 }
 
-int inspect_job(const std::string& spec, bool json) {
-  JobEntry entry;
-  int rc = resolve_job(spec, json, &entry);
-  if (rc >= 0) return rc;
+int inspect_job(const JobEntry& entry, bool json) {
   proto::Result r;
   std::string err;
   if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
@@ -189,7 +177,8 @@ int inspect_job(const std::string& spec, bool json) {
     print_left_suspended(job.value("name", std::string()), d["left_suspended"]);
   std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL),
               job.value("supervisor_pid", 0LL));
-  std::printf("  command:     %s\n", join(job.value("argv", std::vector<std::string>{})).c_str());
+  std::printf("  command:     %s\n",
+              shown_args(job.value("argv", std::vector<std::string>{})).c_str());
   std::printf("  runtime dir: %s\n", shown(job.value("runtime_dir", std::string())).c_str());
   if (!job.value("restored_from", std::string()).empty())
     std::printf("  restored from: %s\n", shown(job.value("restored_from", std::string())).c_str());
@@ -202,7 +191,7 @@ int inspect_job(const std::string& spec, bool json) {
                 p.value("cuda_state", std::string()).empty()
                     ? "-"
                     : p.value("cuda_state", std::string()).c_str(),
-                join(cmd).c_str());
+                shown_args(cmd).c_str());
   }
   return kExitOk;
 }
@@ -238,14 +227,15 @@ int cmd_inspect(int argc, char** argv) {
                          ": it is not a directory (a checkpoint directory, or a job's runtime "
                          "directory, was expected)");
   if (is_checkpoint_dir(target)) return inspect_checkpoint(target, json);
+  JobEntry entry;
   // A name without a slash that no running job has but a directory here
   // does: that directory, as ./NAME would be.
-  JobEntry entry;
-  std::string err;
-  if (target.find('/') == std::string::npos && !find_job(target, &entry, &err) &&
-      ::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    return inspect_checkpoint(target, json);
-  return inspect_job(target, json);
+  if (std::string err; target.find('/') == std::string::npos && ::stat(target.c_str(), &st) == 0 &&
+                       S_ISDIR(st.st_mode))
+    return find_job(target, &entry, &err) ? inspect_job(entry, json)
+                                          : inspect_checkpoint(target, json);
+  if (int rc = resolve_job(target, json, &entry); rc >= 0) return rc;
+  return inspect_job(entry, json);
 }
 
 }  // namespace cusnap::cli

@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "coord/supervisor.h"
+#include "proto/env_settings.h"
 
 namespace cusnap::cli {
 namespace {
@@ -50,6 +51,9 @@ int cmd_launch(int argc, char** argv) {
     return fail(kExitUsage, "no command given: cusnap launch [OPTIONS] -- CMD...");
   req.use_shim = !no_shim;
   req.cfg.control_timeout = seconds(control_s);
+  // The shim takes its default for a bad value rather than fail the job: say so now.
+  if (std::string err; !proto::check_env_settings(req.use_shim, true, &err))
+    return fail(kExitUsage, err);
 
   SuperviseOutcome out = launch_job(req);
   if (!out.error.empty()) return fail(out.exit_code, out.error);

@@ -69,11 +69,7 @@ int cmd_ps(int argc, char** argv) {
     const std::string state = refused[i] ? s.state + "!" : left[i] ? s.state + "*" : s.state;
     std::string& names = refused[i] ? lost : starred;
     if (left[i]) names += (names.empty() ? "" : ", ") + s.name;
-    std::string cmd;
-    for (const std::string& a : s.argv) {
-      if (!cmd.empty()) cmd += ' ';
-      cmd += shown(a);
-    }
+    std::string cmd = shown_args(s.argv);
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
     std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", shown(s.name).c_str(),
                 static_cast<long long>(s.root_pid), static_cast<long long>(s.supervisor_pid),

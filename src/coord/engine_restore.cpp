@@ -221,11 +221,9 @@ std::vector<pid_t> restored_ids(const Manifest& m) {
   for (const ManifestFile& f : m.files) {
     const std::string& name = f.path;
     if (!name.starts_with("criu/core-") || !name.ends_with(".img")) continue;
-    const std::string digits = name.substr(10, name.size() - 14);
-    if (digits.empty() || digits.size() > 9 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    ids.insert(pid_t(std::stol(digits)));
+    pid_t id = 0;
+    if (!parse_num(std::string_view(name).substr(10, name.size() - 14), &id) || id <= 0) continue;
+    ids.insert(id);
   }
   return {ids.begin(), ids.end()};
 }

@@ -13,7 +13,6 @@
 #include "coord/seccomp_filter.h"
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
-#include "proto/env_settings.h"
 
 extern char** environ;
 
@@ -42,11 +41,6 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   if (req.argv.empty()) {
     fail.exit_code = kExitUsage;
     fail.error = "no command to launch";
-    return fail;
-  }
-  // The shim takes its default for a bad value rather than fail the job: say so now.
-  if (!proto::check_env_settings(req.use_shim, true, &fail.error)) {
-    fail.exit_code = kExitUsage;
     return fail;
   }
   const std::string name = req.cfg.name.empty() ? default_job_name(req.argv) : req.cfg.name;

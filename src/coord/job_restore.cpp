@@ -15,7 +15,6 @@
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
 #include "proto/control.h"
-#include "proto/env_settings.h"
 #include "proto/json_text.h"
 
 namespace cusnap {
@@ -143,10 +142,6 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   fail.exit_code = kExitBadCheckpoint;
   Manifest m;
   std::string err;
-  if (!proto::check_env_settings(false, true, &fail.error)) {
-    fail.exit_code = kExitUsage;
-    return fail;
-  }
   if (!read_manifest(req.engine.dir, &m, &err)) {
     fail.error = req.engine.dir + " is not a usable checkpoint: " + err;
     return fail;

@@ -69,22 +69,29 @@ std::vector<pid_t> process_tree(pid_t root) {
   return out;
 }
 
-pid_t read_ppid(pid_t pid) {
-  std::string stat;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return 0;
-  size_t p = stat.rfind(')');  // the name may hold anything
-  if (p == std::string::npos) return 0;
-  char state;
-  int ppid = 0;
-  if (std::sscanf(stat.c_str() + p + 1, " %c %d", &state, &ppid) != 2) return 0;
-  return ppid;
-}
+namespace {
 
-bool process_runs(pid_t pid) {
+/// The state letter and the parent of a process (/proc/PID/stat, read after
+/// the name, which may hold anything); false when it cannot be read (gone).
+bool read_stat(pid_t pid, char* state, int* ppid) {
   std::string stat;
   if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
   const size_t p = stat.rfind(')');
-  return p != std::string::npos && p + 2 < stat.size() && stat[p + 2] != 'Z' && stat[p + 2] != 'X';
+  return p != std::string::npos && std::sscanf(stat.c_str() + p + 1, " %c %d", state, ppid) == 2;
+}
+
+}  // namespace
+
+pid_t read_ppid(pid_t pid) {
+  char state;
+  int ppid = 0;
+  return read_stat(pid, &state, &ppid) ? ppid : 0;
+}
+
+bool process_runs(pid_t pid) {
+  char state = 0;
+  int ppid = 0;
+  return read_stat(pid, &state, &ppid) && state != 'Z' && state != 'X';
 }
 
 bool maps_use_cuda(std::string_view maps) {

@@ -168,7 +168,7 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
     return false;
   }
   // The dead supervisor's cap, from the environment it left the guardian.
-  if (!output_log_cap(&s->log_cap_, &err)) s->log_cap_ = proto::kOutputLogMib.fallback << 20;
+  s->log_cap_ = proto::env_number(proto::kOutputLogMib) << 20;
   if (struct stat st; ::fstat(s->log_fd_.get(), &st) == 0) s->log_size_ = uint64_t(st.st_size);
   if (!s->install_handlers(fail)) return false;
   *out = std::move(s);
