@@ -268,7 +268,13 @@ void ControlServer::serve(UniqueFd conn) {
     return;
   }
   proto::Message req;
-  if (!ch.recv(&req, &err)) return;
+  bool refused = false;
+  if (!ch.recv(&req, &err, &refused)) {
+    // A client of another version, or a broken one, is told why.
+    if (refused)
+      ch.send(proto::kMsgResult, make_result(false, kExitUsage, "request refused: " + err), &err);
+    return;
+  }
 
   if (req.type == proto::kMsgHello) {
     ch.send(proto::kMsgHello, status, &err);

@@ -340,6 +340,64 @@ TEST_CASE("control server: a request longer than kMaxRequestBytes is refused unr
   CHECK(st.state == "running");
 }
 
+TEST_CASE("control server: a request of another protocol version is told the version spoken") {
+  Fixture f;
+  proto::Channel ch = connect_released(f);
+  std::string err;
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(3);
+  pk.pack(proto::kProtocolVersion + 1);
+  pk.pack(std::string(proto::kMsgHello));
+  pk.pack(proto::Empty{});
+  REQUIRE(ch.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+  proto::Message m;
+  REQUIRE(ch.recv(&m, &err));
+  REQUIRE(m.type == proto::kMsgResult);
+  proto::Result r;
+  REQUIRE(m.get(&r, &err));
+  CHECK(!r.ok);
+  CHECK(r.exit_code == kExitUsage);
+  CHECK(r.message == "request refused: unsupported protocol version " +
+                         std::to_string(proto::kProtocolVersion + 1) + " (this side speaks " +
+                         std::to_string(proto::kProtocolVersion) + ")");
+}
+
+TEST_CASE("job client: a supervisor answering in another protocol version is named as such") {
+  char t[] = "/tmp/cusnap-ctl-XXXXXX";
+  REQUIRE(mkdtemp(t));
+  const std::string dir = t;
+  UniqueFd l;
+  std::string err;
+  REQUIRE(proto::listen_unix(dir + "/control.sock", 0600, &l, &err));
+  // A supervisor of a later cusnap: reads a request, answers in version 2.
+  std::thread other([&l] {
+    UniqueFd c;
+    std::string e;
+    if (!proto::accept_unix(l.get(), &c, &e)) return;
+    proto::Channel ch(std::move(c), 2000ms);
+    std::string body;
+    UniqueFd fd;
+    if (!ch.recv_body(&body, &fd, &e)) return;
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> pk(buf);
+    pk.pack_array(3);
+    pk.pack(proto::kProtocolVersion + 1);
+    pk.pack(std::string(proto::kMsgHello));
+    pk.pack(proto::Empty{});
+    ch.send_body(std::string_view(buf.data(), buf.size()), -1, &e);
+  });
+  JobEntry entry;
+  entry.dir = dir;
+  entry.status.name = "later";
+  proto::JobStatus st;
+  CHECK(!job_hello(entry, 2000ms, &st, &err));
+  other.join();
+  CHECK(err.find("unsupported protocol version") != std::string::npos);
+  CHECK(err.find("likely started by another version of cusnap") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("control server: a peer that is neither root nor the owner is refused") {
   if (geteuid() != 0) return;  // needs to switch uid
   Fixture f(0666);

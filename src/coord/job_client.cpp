@@ -25,13 +25,27 @@ bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::
   return true;
 }
 
+namespace {
+
+/// A reply the supervisor sent that this side cannot read: said as such.
+void unreadable_reply(std::string* err) {
+  *err = "the job's supervisor answered in a form this cusnap cannot read (" + *err +
+         "): it was likely started by another version of cusnap; use that version to control it";
+}
+
+}  // namespace
+
 bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::JobStatus* out,
                std::string* err) {
   proto::Channel ch;
   if (!connect_job(job, timeout, &ch, err) || !ch.send(proto::kMsgHello, proto::Empty{}, err))
     return false;
   proto::Message m;
-  if (!ch.recv(&m, err)) return false;
+  bool refused = false;
+  if (!ch.recv(&m, err, &refused)) {
+    if (refused) unreadable_reply(err);
+    return false;
+  }
   if (m.type == proto::kMsgResult) {
     proto::Result r;
     if (m.get(&r, err)) *err = r.message;
@@ -49,7 +63,13 @@ bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
   ch.set_timeout(wait);
   for (;;) {
     proto::Message m;
-    if (!ch.recv(&m, err)) {
+    bool refused = false;
+    if (!ch.recv(&m, err, &refused)) {
+      if (refused) {
+        unreadable_reply(err);
+        *err += "\nwhat became of the request is not known: cusnap ps shows the job's state";
+        return false;
+      }
       *err = "no answer from the supervisor: " + *err +
              "\nwhat became of the request is not known: cusnap ps shows the job's state";
       return false;

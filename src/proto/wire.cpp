@@ -261,11 +261,15 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
   return true;
 }
 
-bool Channel::recv(Message* out, std::string* err) {
+bool Channel::recv(Message* out, std::string* err, bool* refused) {
   std::string body;
   UniqueFd fd;
+  if (refused) *refused = false;
   if (!recv_body(&body, &fd, err)) return false;
-  if (!decode_body(body, out, err)) return false;
+  if (!decode_body(body, out, err)) {
+    if (refused) *refused = true;
+    return false;
+  }
   out->fd = std::move(fd);
   return true;
 }

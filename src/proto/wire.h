@@ -98,8 +98,11 @@ class Channel {
   /// Receives one framed body and the descriptor that came with it.
   bool recv_body(std::string* body, UniqueFd* fd, std::string* err);
   /// Receives and decodes one message. An orderly close before the first byte
-  /// gives false with *err = "connection closed".
-  bool recv(Message* out, std::string* err);
+  /// gives false with *err = "connection closed". When refused is given, it
+  /// says whether a whole body arrived but was not a valid message (another
+  /// version, another shape): a server answers that with an error, and the
+  /// channel stays usable.
+  bool recv(Message* out, std::string* err, bool* refused = nullptr);
 
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   /// The longest body recv accepts (at most kMaxMessageBytes); a longer one

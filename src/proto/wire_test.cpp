@@ -120,6 +120,33 @@ struct OldTimeoutRequest {  // TimeoutRequest before it carried settings
 };
 }  // namespace
 
+TEST_CASE("wire: recv says which failures were a refused body, leaving the channel usable") {
+  Pair p;
+  std::string err;
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(3);
+  pk.pack(kProtocolVersion + 1);
+  pk.pack(std::string("hello"));
+  pk.pack(Empty{});
+  REQUIRE(p.a.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+  Message m;
+  bool refused = false;
+  CHECK(!p.b.recv(&m, &err, &refused));
+  CHECK(refused);
+  CHECK(err.find("unsupported protocol version 2") != std::string::npos);
+  // The next message on the same channel arrives whole.
+  REQUIRE(p.a.send("t", Empty{}, &err));
+  REQUIRE(p.b.recv(&m, &err, &refused));
+  CHECK(!refused);
+  CHECK(m.type == "t");
+  // A transport failure is not a refusal.
+  p.a = Channel();
+  CHECK(!p.b.recv(&m, &err, &refused));
+  CHECK(err == "connection closed");
+  CHECK(!refused);
+}
+
 TEST_CASE("wire: a request without settings, as an older client sends it, decodes") {
   Pair p;
   std::string err;

@@ -48,7 +48,15 @@ void serve_peer(State& s, UniqueFd conn) {
   ch.set_max_body(proto::kMaxRequestBytes);
   proto::Message msg;
   std::string err;
-  if (!ch.recv(&msg, &err)) return;
+  bool refused = false;
+  if (!ch.recv(&msg, &err, &refused)) {
+    if (refused) {  // a peer of another version, or a broken one, is told why
+      proto::FetchReply reply;
+      reply.error = "request refused: " + err;
+      ch.send(proto::kMsgFetched, reply, &err);
+    }
+    return;
+  }
   proto::FetchReply reply;
   proto::FetchRequest req;
   if (msg.type != proto::kMsgFetch || !msg.get(&req, &err)) {
@@ -110,7 +118,16 @@ void serve_control(State& s, UniqueFd conn) {
   for (;;) {
     proto::Message msg;
     std::string err;
-    if (!ch.recv(&msg, &err)) return;
+    bool refused = false;
+    if (!ch.recv(&msg, &err, &refused)) {
+      if (!refused) return;
+      // A client of another version, or a broken one, is told why; the
+      // connection stays open, as for an unknown request.
+      proto::Done d;
+      d.error = "request refused: " + err;
+      if (!ch.send(proto::kMsgDone, d, &err)) return;
+      continue;
+    }
     bool sent;
     if (msg.type == proto::kMsgShimInspect) {
       sent = ch.send(proto::kMsgShimRecords, snapshot(s), &err);

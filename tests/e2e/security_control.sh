@@ -114,6 +114,9 @@ for c in garbage oversized zero truncated version; do
   grep -q "Traceback" "$T/$c.txt" && fail "$c: $(cat "$T/$c.txt")"
   alive "$c"
 done
+grep -q "request refused: unsupported protocol version 7 (this side speaks 1)" "$T/version.txt" ||
+  fail "a request of another version was not told why: $(cat "$T/version.txt")"
+pass "a request of another protocol version is answered with the version spoken"
 client unknown >"$T/unknown.txt"
 grep -q "unknown request 'reboot'" "$T/unknown.txt" || fail "unknown request: $(cat "$T/unknown.txt")"
 alive "an unknown request is answered with an error"

@@ -9,7 +9,8 @@
 // protocol (src/proto) to both shims and never calls the driver itself.
 //   - inspect both; save/load/release/reimport refused while the gate is open
 //   - gate-close, drain; save of an unknown id, of an import, release of an
-//     unknown origin: refused
+//     unknown origin: refused; a request of another protocol version is told
+//     why and the connection serves on
 //   - save each created+exported allocation into a memfd (byte counts, contents)
 //   - release imported, then created: records unchanged; the simulated
 //     driver's memfds (fakecuda:<creator>:<id>) gone from /proc/PID/maps and
@@ -315,6 +316,22 @@ int run() {
     REQ(refused_with(cs.call(proto::kMsgShimSave, proto::AllocationRequest{vmm_id}),
                      "no file descriptor"));
     REQ(file_size(f.get()) == 0);
+    // A request of another protocol version is told why, on a connection
+    // that stays usable.
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> pk(buf);
+    pk.pack_array(3);
+    pk.pack(proto::kProtocolVersion + 1);
+    pk.pack(std::string(proto::kMsgShimDrain));
+    pk.pack(proto::Empty{});
+    std::string err;
+    REQ(cs.ch.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+    proto::Message m;
+    proto::Done d;
+    REQ(cs.ch.recv(&m, &err) && m.type == proto::kMsgDone && m.get(&d, &err));
+    REQ(!d.ok && d.error.find("unsupported protocol version") != std::string::npos);
+    proto::ShimRecords r;
+    REQ(cs.inspect(&r));
   }
 
   // Save each created and exported allocation on its creator.
