@@ -344,13 +344,9 @@ TEST_CASE("control server: a request of another protocol version is told the ver
   Fixture f;
   proto::Channel ch = connect_released(f);
   std::string err;
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(3);
-  pk.pack(proto::kProtocolVersion + 1);
-  pk.pack(std::string(proto::kMsgHello));
-  pk.pack(proto::Empty{});
-  REQUIRE(ch.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+  const std::string other =
+      proto::encode_body_of_version(proto::kProtocolVersion + 1, proto::kMsgHello, proto::Empty{});
+  REQUIRE(ch.send_body(other, -1, &err));
   proto::Message m;
   REQUIRE(ch.recv(&m, &err));
   REQUIRE(m.type == proto::kMsgResult);
@@ -379,13 +375,9 @@ TEST_CASE("job client: a supervisor answering in another protocol version is nam
     std::string body;
     UniqueFd fd;
     if (!ch.recv_body(&body, &fd, &e)) return;
-    msgpack::sbuffer buf;
-    msgpack::packer<msgpack::sbuffer> pk(buf);
-    pk.pack_array(3);
-    pk.pack(proto::kProtocolVersion + 1);
-    pk.pack(std::string(proto::kMsgHello));
-    pk.pack(proto::Empty{});
-    ch.send_body(std::string_view(buf.data(), buf.size()), -1, &e);
+    const std::string other = proto::encode_body_of_version(proto::kProtocolVersion + 1,
+                                                            proto::kMsgHello, proto::Empty{});
+    ch.send_body(other, -1, &e);
   });
   JobEntry entry;
   entry.dir = dir;

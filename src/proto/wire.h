@@ -63,16 +63,22 @@ struct Message {
   }
 };
 
-/// The body of a message: [kProtocolVersion, type, payload].
+/// The body of a message of the given protocol version: [version, type, payload].
 template <class T>
-std::string encode_body(std::string_view type, const T& payload) {
+std::string encode_body_of_version(uint32_t version, std::string_view type, const T& payload) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pk.pack_array(3);
-  pk.pack(kProtocolVersion);
+  pk.pack(version);
   pk.pack(std::string(type));
   pk.pack(payload);
   return std::string(buf.data(), buf.size());
+}
+
+/// The body of a message: [kProtocolVersion, type, payload].
+template <class T>
+std::string encode_body(std::string_view type, const T& payload) {
+  return encode_body_of_version(kProtocolVersion, type, payload);
 }
 
 /// Parses and validates a body (size, one object, no trailing bytes, version,

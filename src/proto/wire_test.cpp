@@ -96,13 +96,8 @@ TEST_CASE("wire: bodies with trailing bytes, other versions or other shapes are 
   CHECK(!decode_body(good + "x", &m, &err));
   CHECK(err.find("trailing") != std::string::npos);
 
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(3);
-  pk.pack(kProtocolVersion + 1);
-  pk.pack(std::string("hello"));
-  pk.pack(Empty{});
-  CHECK(!decode_body(std::string_view(buf.data(), buf.size()), &m, &err));
+  const std::string other = encode_body_of_version(kProtocolVersion + 1, "hello", Empty{});
+  CHECK(!decode_body(other, &m, &err));
   CHECK(err.find("version") != std::string::npos);
 
   msgpack::sbuffer b2;
@@ -123,13 +118,8 @@ struct OldTimeoutRequest {  // TimeoutRequest before it carried settings
 TEST_CASE("wire: recv says which failures were a refused body, leaving the channel usable") {
   Pair p;
   std::string err;
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(3);
-  pk.pack(kProtocolVersion + 1);
-  pk.pack(std::string("hello"));
-  pk.pack(Empty{});
-  REQUIRE(p.a.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+  const std::string other = encode_body_of_version(kProtocolVersion + 1, "hello", Empty{});
+  REQUIRE(p.a.send_body(other, -1, &err));
   Message m;
   bool refused = false;
   CHECK(!p.b.recv(&m, &err, &refused));

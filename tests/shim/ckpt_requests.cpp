@@ -318,14 +318,10 @@ int run() {
     REQ(file_size(f.get()) == 0);
     // A request of another protocol version is told why, on a connection
     // that stays usable.
-    msgpack::sbuffer buf;
-    msgpack::packer<msgpack::sbuffer> pk(buf);
-    pk.pack_array(3);
-    pk.pack(proto::kProtocolVersion + 1);
-    pk.pack(std::string(proto::kMsgShimDrain));
-    pk.pack(proto::Empty{});
+    const std::string other = proto::encode_body_of_version(proto::kProtocolVersion + 1,
+                                                            proto::kMsgShimDrain, proto::Empty{});
     std::string err;
-    REQ(cs.ch.send_body(std::string_view(buf.data(), buf.size()), -1, &err));
+    REQ(cs.ch.send_body(other, -1, &err));
     proto::Message m;
     proto::Done d;
     REQ(cs.ch.recv(&m, &err) && m.type == proto::kMsgDone && m.get(&d, &err));
