@@ -20,6 +20,7 @@
 #include "coord/criu.h"
 #include "coord/file_read.h"
 #include "coord/procs.h"
+#include "proto/env_settings.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -77,7 +78,9 @@ class NftMessage {
 int nft_delete_inet_table(const std::string& name) {
   const UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER));
   if (!fd) return -errno;
-  timeval tv{5, 0};  // the kernel answers at once; never wait for ever
+  // The kernel answers at once; never wait for ever.
+  const uint64_t wait_ms = proto::env_number(proto::kNetworkUnlockMs);
+  timeval tv{time_t(wait_ms / 1000), suseconds_t(wait_ms % 1000 * 1000)};
   ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   const uint32_t seq = uint32_t(::time(nullptr));
   std::string batch =
@@ -198,10 +201,10 @@ std::string remove_criu_iptables_rules(const std::vector<pid_t>& pids) {
   const auto commands = criu_iptables_unlock_commands(sockets);
   size_t removed = 0, absent = 0;
   std::string why;
+  const std::chrono::milliseconds wait(proto::env_number(proto::kNetworkUnlockMs));
   for (const auto& cmd : commands) {
     std::string err;
-    const int rc =
-        run_program(cmd[0], {cmd.begin() + 1, cmd.end()}, std::chrono::seconds(10), &err);
+    const int rc = run_program(cmd[0], {cmd.begin() + 1, cmd.end()}, wait, &err);
     if (rc == 0)
       ++removed;
     else if (rc == 1)  // no such rule: CRIU had not locked that one

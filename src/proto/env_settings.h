@@ -30,13 +30,17 @@ inline constexpr NumberSetting kGuardianCriuWaitMs{
     "CUSNAP_GUARDIAN_CRIU_WAIT_MS", 0, uint64_t(7) * 24 * 3600 * 1000, 60000, "milliseconds"};
 inline constexpr NumberSetting kOutputLogMib{"CUSNAP_OUTPUT_LOG_MIB", 0, uint64_t(1) << 20, 64,
                                              "MiB (0: no cap)"};
+/// How long lifting CRIU's network lock may take: the answer of nf_tables
+/// and each iptables command.
+inline constexpr NumberSetting kNetworkUnlockMs{"CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS", 100,
+                                                uint64_t(3600) * 1000, 10000, "milliseconds"};
 
 /// The settings the shim reads, checked by `cusnap launch` before the job starts.
 inline constexpr const NumberSetting* kShimNumberSettings[] = {&kShimStagingMib, &kShimCopyThreads,
                                                                &kShimDirectMib, &kCutHoldMs};
 /// The settings a supervisor reads, checked by `launch` and `restore`.
 inline constexpr const NumberSetting* kSupervisorNumberSettings[] = {
-    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib};
+    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib, &kNetworkUnlockMs};
 
 /// text as a whole number from lo to hi: decimal digits only (no sign, blank
 /// or suffix), at most 19 of them. No allocation; async-signal-safe.
