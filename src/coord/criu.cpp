@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -48,7 +49,11 @@ std::string search_path(const std::string& name) {
 // The child side of a spawn: async-signal-safe calls only (the caller may be
 // multi-threaded). Every descriptor but 0-2 and the kept ones is closed on exec.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, int out_fd, const int* keep,
-                             size_t nkeep) {
+                             size_t nkeep, pid_t die_with = 0) {
+  if (die_with > 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != die_with) _exit(127);  // it died before the line above
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -77,7 +82,7 @@ struct Spawned {
 /// a name the environment already has keeps its value).
 bool spawn(const std::string& prog, const std::vector<std::string>& args, int out_fd,
            const std::vector<int>& keep, Spawned* s, std::string* err,
-           const std::vector<std::string>& extra = {}) {
+           const std::vector<std::string>& extra = {}, bool die_with_caller = false) {
   std::vector<std::string> all{prog};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -90,12 +95,15 @@ bool spawn(const std::string& prog, const std::vector<std::string>& args, int ou
   for (char** e = environ; e && *e; ++e) envp.push_back(*e);
   for (std::string& e : added) envp.push_back(e.data());
   envp.push_back(nullptr);
+  const pid_t self = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     *err = "fork for " + prog + " failed: " + std::strerror(errno);
     return false;
   }
-  if (pid == 0) exec_child(argv.data(), envp.data(), out_fd, keep.data(), keep.size());
+  if (pid == 0)
+    exec_child(argv.data(), envp.data(), out_fd, keep.data(), keep.size(),
+               die_with_caller ? self : 0);
   s->pid = pid;
   return true;
 }
@@ -447,7 +455,8 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   Spawned s;
   std::vector<std::string> env;
   if (criu.no_breakpoints) env.push_back(kCriuNoBreakpoints);
-  bool ok = spawn(criu.path, run.args, out_fd.get(), run.inherit_fds, &s, err, env);
+  bool ok =
+      spawn(criu.path, run.args, out_fd.get(), run.inherit_fds, &s, err, env, run.die_with_caller);
   out_fd.reset();  // CRIU holds its own copy
   if (!ok) return false;
   int status = 0;

@@ -79,6 +79,10 @@ struct CriuRun {
   /// stops the job here, so that no process of it runs on between CRIU's
   /// end, which lets go of the tasks it held, and the roll back).
   std::function<void()> before_kill;
+  /// CRIU is killed (PR_SET_PDEATHSIG) when the thread that runs it dies: a
+  /// restore whose process was killed must not finish without it (a dump
+  /// must, for the guardian to find a whole checkpoint or none).
+  bool die_with_caller = false;
 };
 
 /// Runs CRIU and waits for it. On failure *err says "criu ACTION failed (...)"

@@ -19,6 +19,7 @@
 #include "coord/manifest.h"
 #include "coord/ports.h"
 #include "coord/procs.h"
+#include "coord/restore_watch.h"
 #include "coord/sha256_chunked.h"
 #include "coord/write_probe.h"
 
@@ -380,6 +381,14 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     *err += ": free space there, or set TMPDIR to another directory";
     return false;
   }
+  // Should this process be killed from here on, the watch ends what was
+  // restored (restore_watch.h).
+  RestoreWatch watch;
+  {
+    std::vector<pid_t> pids;
+    for (const ManifestProcess& p : m.processes) pids.push_back(p.pid);
+    if (!watch.start(pids, opts.dir, err)) return false;
+  }
   std::string pidfile = work.path() + "/root.pid";
   CriuRun run;
   run.args = {"restore",     "-d",  "-D", opts.dir + "/criu", "-W",           work.path(), "-o",
@@ -396,6 +405,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   run.output_path = work.path() + "/criu-output.txt";
   run.log_path = work.path() + "/restore.log";
   run.success_line = "Restore finished successfully";
+  run.die_with_caller = true;
   uint64_t bytes = directory_bytes(opts.dir);
   run.timeout = opts.timeout + std::chrono::milliseconds(bytes / 100000);
   std::string why;

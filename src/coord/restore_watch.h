@@ -1,0 +1,51 @@
+// The watch of a restore: a small process the restoring process forks before
+// CRIU starts, outside the job's tree and the terminal's session. When the
+// restoring process dies before the restore ends (SIGKILL, the OOM killer;
+// SIGINT, SIGTERM and SIGHUP wait for the supervisor loop, which forwards them
+// to the job), CRIU dies with it (CriuRun::die_with_caller) and the watch
+// ends what was restored of the job: each of the checkpoint's processes
+// alive under its id and started after the watch began. Nothing is left
+// half-restored, holding its GPU memory, its process ids and its ports; the
+// checkpoint is unchanged and restores again. The watch writes what it did
+// to the restore's stderr.
+//
+// Once the restore ends, either way, the watch is dismissed and exits without
+// acting (a failed restore ends its own processes). The child does only
+// async-signal-safe calls (the restoring process may have driver threads):
+// no exec, no allocation.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "proto/unique_fd.h"
+
+namespace cusnap {
+
+class RestoreWatch {
+ public:
+  RestoreWatch() = default;
+  RestoreWatch(const RestoreWatch&) = delete;
+  RestoreWatch& operator=(const RestoreWatch&) = delete;
+  ~RestoreWatch() { dismiss(); }
+
+  /// Forks the watch over the processes pids (the checkpoint's) of the
+  /// checkpoint dir; false + *err when it cannot.
+  bool start(const std::vector<pid_t>& pids, const std::string& dir, std::string* err);
+  /// The restore ended: the watch exits without acting, and is reaped.
+  void dismiss();
+  pid_t pid() const { return pid_; }
+
+ private:
+  UniqueFd pipe_w_;
+  pid_t pid_ = -1;
+};
+
+/// The start time of process pid (field 22 of /proc/PID/stat, in clock
+/// ticks since boot); false when it has none (gone) or is a zombie.
+/// Async-signal-safe.
+bool live_start_time(pid_t pid, unsigned long long* out) noexcept;
+
+}  // namespace cusnap

@@ -1,0 +1,167 @@
+#include "coord/restore_watch.h"
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+using namespace cusnap;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// `sleep 60` in a child, under the process id `at` when given (as CRIU
+/// gives a restored process its id: clone3's set_tid, root only); 0 when
+/// that id is taken.
+pid_t sleeper(pid_t at = 0) {
+  clone_args args{};
+  args.exit_signal = SIGCHLD;
+  if (at > 0) {
+    args.set_tid = reinterpret_cast<uintptr_t>(&at);
+    args.set_tid_size = 1;
+  }
+  const long p = ::syscall(SYS_clone3, &args, sizeof args);
+  if (p == 0) {
+    ::execlp("sleep", "sleep", "60", nullptr);
+    ::_exit(127);
+  }
+  return p > 0 ? pid_t(p) : 0;
+}
+
+/// A process id no process has now, high in the range.
+pid_t free_id() {
+  long max = 32768;
+  std::ifstream("/proc/sys/kernel/pid_max") >> max;
+  for (pid_t id = pid_t(max - 1000 - (::getpid() % 1000)); id > 300; id -= 7)
+    if (::access(("/proc/" + std::to_string(id)).c_str(), F_OK) != 0) return id;
+  return 0;
+}
+
+/// Whether pid is gone (or a zombie) within the wait.
+bool ends_within(pid_t pid, std::chrono::milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  unsigned long long t;
+  while (live_start_time(pid, &t)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Outcome {
+  pid_t before = 0, after = 0;  ///< started before and after the watch
+  std::string said;
+};
+
+/// In a process of its own (the restoring one): a process started before the
+/// watch, the watch over both ids, a process started after it; then that
+/// process is killed (or dismisses the watch and exits). Both ids come back
+/// through a pipe; the watch's stderr goes to a file.
+Outcome run_restorer(bool killed) {
+  char dir[] = "/tmp/cusnap-watch-XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  const std::string log = std::string(dir) + "/stderr";
+  int ids[2];
+  REQUIRE(::pipe(ids) == 0);
+  const pid_t restorer = ::fork();
+  REQUIRE(restorer >= 0);
+  if (restorer == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    pid_t p[2];
+    p[0] = sleeper();
+    std::this_thread::sleep_for(30ms);  // a clock tick or more before the watch
+    RestoreWatch watch;
+    std::string err;
+    // The ids a checkpoint names: one in use since before, one to restore.
+    const pid_t id = free_id();
+    if (!watch.start({p[0], id}, "/ck", &err)) ::_exit(2);
+    std::this_thread::sleep_for(30ms);
+    p[1] = sleeper(id);
+    if (p[1] != id) ::_exit(4);
+    if (::write(ids[1], p, sizeof p) != sizeof p) ::_exit(3);
+    if (killed) ::raise(SIGKILL);
+    watch.dismiss();
+    ::_exit(0);
+  }
+  ::close(ids[1]);
+  Outcome o;
+  pid_t p[2] = {0, 0};
+  REQUIRE(::read(ids[0], p, sizeof p) == sizeof p);
+  ::close(ids[0]);
+  o.before = p[0];
+  o.after = p[1];
+  int st = 0;
+  REQUIRE(::waitpid(restorer, &st, 0) == restorer);
+  CHECK((killed ? WIFSIGNALED(st) : WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  if (killed) {
+    CHECK(ends_within(o.after, 6000ms));
+    // The watch has written by the time it is done; give it that long.
+    for (int i = 0; i < 100 && file_text(log).empty(); ++i) std::this_thread::sleep_for(20ms);
+  } else {
+    std::this_thread::sleep_for(300ms);
+  }
+  o.said = file_text(log);
+  std::system(("rm -rf " + std::string(dir)).c_str());
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("restore watch: the start time of a live process, none for a zombie or none") {
+  unsigned long long t = 0;
+  CHECK(live_start_time(::getpid(), &t));
+  CHECK(t > 0);
+  const pid_t z = ::fork();
+  if (z == 0) ::_exit(0);
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(live_start_time(z, &t));  // a zombie until reaped
+  ::waitpid(z, nullptr, 0);
+  CHECK_FALSE(live_start_time(z, &t));
+  CHECK_FALSE(live_start_time(0x3fffffff, &t));
+}
+
+TEST_CASE("restore watch: the restoring process killed, what it restored is ended" *
+          doctest::skip(::geteuid() != 0)) {  // clone3's set_tid, as CRIU restores
+
+  const Outcome o = run_restorer(true);
+  unsigned long long t;
+  // The one restored after the watch began is ended; the older one is not.
+  CHECK_FALSE(live_start_time(o.after, &t));
+  CHECK(live_start_time(o.before, &t));
+  CHECK(o.said ==
+        "cusnap: the restore of /ck ended before the job was back (the restoring "
+        "process was killed): its restored process " +
+            std::to_string(o.after) +
+            " was ended; the checkpoint is unchanged and restores again\n");
+  ::kill(o.before, SIGKILL);
+}
+
+TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
+          doctest::skip(::geteuid() != 0)) {
+  const Outcome o = run_restorer(false);
+  unsigned long long t;
+  CHECK(live_start_time(o.after, &t));
+  CHECK(live_start_time(o.before, &t));
+  CHECK(o.said.empty());
+  ::kill(o.before, SIGKILL);
+  ::kill(o.after, SIGKILL);
+}

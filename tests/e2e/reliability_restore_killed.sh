@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A restore killed (SIGKILL) before the job is back. Its watch (restore_watch.h)
+# ends what was restored, CRIU dies with the restore, and the checkpoint is
+# unchanged and restores afterwards:
+#  - killed while CRIU runs: a CRIU that restores the job, then waits before
+#    it ends (the restored process is there, CRIU has not ended);
+#  - killed in the driver's restore (every cuCheckpointProcessRestore of the
+#    restoring process takes 3 s; simulated driver only): the restored
+#    process, its GPU state still checkpointed, is ended.
+# Before the watch, each left the restored process running unsupervised,
+# holding its ids (a second restore was refused: "process id ... in use").
+source "$(dirname "$0")/lib_checkpoint.sh"
+REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
+
+checkpointed_job rkill "$T/job.out" "$T/ck"
+sums() { (cd "$T/ck" && find . -type f ! -name stats-restore -exec sha256sum {} + | sort | sha256sum); }
+SUM0=$(sums)
+
+# killed_restore CASE: the restore started in the background as R (output
+# $T/CASE.out) is killed once the restored process is there and TRIGGER
+# (a file) exists; then nothing of the job may be left.
+killed_restore() {
+  local name=$1 trigger=$2 rc=0
+  for _ in $(seq 1 600); do
+    [ -e "$trigger" ] && [ -e "/proc/$PID" ] && break
+    sleep 0.05
+  done
+  [ -e "$trigger" ] && [ -e "/proc/$PID" ] ||
+    fail "$name: the restore never got there: $(cat "$T/$name.out")"
+  sleep 0.5
+  kill -0 "$R" 2>/dev/null || fail "$name: the restore ended before it was killed: $(cat "$T/$name.out")"
+  kill -KILL "$R"
+  wait "$R" || rc=$?
+  [ "$rc" = 137 ] || fail "$name: the restore exited $rc, not killed"
+  wait_gone "$PID" 10
+  for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$T/$name.out" && break; sleep 0.05; done
+  grep -q "cusnap: the restore of $T/ck ended before the job was back (the restoring process was killed): its restored process $PID was ended; the checkpoint is unchanged and restores again" \
+    "$T/$name.out" || fail "$name: the watch did not say what it did: $(cat "$T/$name.out")"
+  [ -z "$(job_pids_all)" ] || fail "$name: a job is left: $("$CUSNAP" ps)"
+  [ "$SUM0" = "$(sums)" ] || fail "$name: the killed restore changed the checkpoint"
+}
+
+# --- killed while CRIU runs
+cat >"$T/criu-hold" <<SH
+#!/bin/sh
+if [ "\$1" = restore ]; then
+  "$REAL_CRIU" "\$@" || exit \$?
+  echo \$\$ >"$T/hold.pid"
+  exec sleep 120
+fi
+exec "$REAL_CRIU" "\$@"
+SH
+chmod 755 "$T/criu-hold"
+CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" >"$T/criu.out" 2>&1 &
+R=$!
+SUPERVISORS+=("$R")
+killed_restore criu "$T/hold.pid"
+HOLD=$(cat "$T/hold.pid")
+wait_gone "$HOLD" 10 # CRIU (here its wrapper) died with the restore
+pass "killed while CRIU ran: CRIU and the restored process ended, the watch said so, no job left"
+
+# --- killed in the driver's restore
+if fake_only "FAKECUDA_DELAY slows the simulated driver's restore"; then
+  : >"$T/go"
+  FAKECUDA_DELAY="cuCheckpointProcessRestore:3000" "$CUSNAP" restore "$T/ck" >"$T/driver.out" 2>&1 &
+  R=$!
+  SUPERVISORS+=("$R")
+  killed_restore driver "$T/go"
+  pass "killed in the driver's restore: the restored process ended, the watch said so, no job left"
+fi
+
+# --- the checkpoint restores afterwards and the job counts on
+restore_continues "$T/ck" "$T/r.out" rkill "$PID" "$LAST"
+pass "the checkpoint restores after the killed restores, counting on from $FIRST"
+kill -TERM "$SUP"
+wait_exit "$SUP"
+wait_gone "$PID"
