@@ -37,20 +37,18 @@ void control_state(int* closed, uint64_t* in_flight, uint64_t* waiting) {
 constexpr cusnap_shim_control kControl = {sizeof(cusnap_shim_control), control_close, control_open,
                                           control_state};
 
-// Fork: the gate's and the loader's locks are held across fork() so the child
-// never inherits one mid-update; the child starts with an open gate. The
-// loaded driver stays (the mapping is inherited).
+// Fork: the gate's locks are held across fork() so the child never inherits
+// one mid-update; the child starts with an open gate. The loaded driver stays
+// (the mapping is inherited); a load under way starts again in the child.
 void prepare() {
   track::atfork_prepare();
   cut::atfork_prepare();
   graphs::atfork_prepare();
   captures::atfork_prepare();
-  loader_atfork_prepare();
   gate().atfork_prepare();
 }
 void parent() {
   gate().atfork_parent();
-  loader_atfork_parent();
   captures::atfork_parent();
   graphs::atfork_parent();
   cut::atfork_parent();

@@ -72,6 +72,9 @@ void* map_driver_symbol(size_t i, void* found) {
   if (found == wrapper_of(i)) {
     // The shim itself answered (it is ahead of the driver in the global
     // scope): hand the wrapper out only if the driver provides the entry.
+    // Without a driver in the process the lookup finds nothing, as it would
+    // without the shim: a probe for a loaded driver must not load one.
+    if (!driver_in_process()) return nullptr;
     return real_entry(i) ? found : nullptr;
   }
   if (real_entry(i) == found) return wrapper_of(i);

@@ -1,14 +1,12 @@
 #include "shim/real_driver.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "shim/elf_lookup.h"
@@ -24,9 +22,8 @@ using detail::g_state;
 
 namespace {
 
-enum : int { kUnloaded = 0, kLoaded = 1, kFailed = 2 };
+enum : int { kUnloaded = 0, kLoaded = 1, kFailed = 2, kLoading = 3 };
 
-pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
 thread_local bool t_loading = false;  // this thread is inside ensure_loaded()
 void* g_handle = nullptr;
 
@@ -76,41 +73,60 @@ void debug_log(const char* what, const char* name) noexcept {
 
 namespace detail {
 
+const char* driver_path() noexcept {
+  const char* path = getenv("CUSNAP_REAL_LIBCUDA");
+  return path && *path ? path : "libcuda.so.1";
+}
+
+// No lock of the shim's is held across dlopen or dlsym: they take the
+// dynamic loader's lock, and a thread holding that one (running a library's
+// constructor) may call the driver and so come here (the deadlock two
+// opposite lock orders made: a plugin's constructor calling the driver while
+// another thread made the process's first driver call). One thread loads;
+// another that comes meanwhile looks its entry up by itself (entry_meanwhile).
 bool ensure_loaded() noexcept {
   int s = g_state.load(std::memory_order_acquire);
   if (s == kLoaded) return true;
   if (s == kFailed || t_loading) return false;  // a driver constructor calling back in
-  pthread_mutex_lock(&g_load_mu);
-  s = g_state.load(std::memory_order_acquire);
-  if (s == kUnloaded) {
-    t_loading = true;
-    const char* path = getenv("CUSNAP_REAL_LIBCUDA");
-    if (!path || !*path) path = "libcuda.so.1";
-    DlsymFn dls = real_dlsym();
-    g_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (g_handle && dls) {
-      size_t n = 0;
-      for (size_t i = 0; i < kEntryCount; ++i) {
-        void* p = dls(g_handle, entry_name(i));
-        // Never forward to ourselves (a "driver" that is the shim).
-        if (p && elf_same_object(p, &g_anchor)) p = nullptr;
-        g_real[i] = p;
-        if (p) g_by_addr[n++] = {p, i};
-        g_by_addr[n++] = {wrapper_of(i), i};
-      }
-      std::sort(g_by_addr, g_by_addr + n,
-                [](const AddrEntry& a, const AddrEntry& b) { return a.addr < b.addr; });
-      g_by_addr_len = n;
-      s = kLoaded;
-    } else {
-      debug_log("cannot load the real driver", path);
-      s = kFailed;
+  int expected = kUnloaded;
+  if (!g_state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel))
+    return expected == kLoaded;  // another thread loads (or just did, or failed)
+  t_loading = true;
+  const char* path = driver_path();
+  DlsymFn dls = real_dlsym();
+  g_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (g_handle && dls) {
+    size_t n = 0;
+    for (size_t i = 0; i < kEntryCount; ++i) {
+      void* p = dls(g_handle, entry_name(i));
+      // Never forward to ourselves (a "driver" that is the shim).
+      if (p && elf_same_object(p, &g_anchor)) p = nullptr;
+      g_real[i] = p;
+      if (p) g_by_addr[n++] = {p, i};
+      g_by_addr[n++] = {wrapper_of(i), i};
     }
-    t_loading = false;
-    g_state.store(s, std::memory_order_release);
+    std::sort(g_by_addr, g_by_addr + n,
+              [](const AddrEntry& a, const AddrEntry& b) { return a.addr < b.addr; });
+    g_by_addr_len = n;
+    s = kLoaded;
+  } else {
+    debug_log("cannot load the real driver", path);
+    s = kFailed;
   }
-  pthread_mutex_unlock(&g_load_mu);
+  t_loading = false;
+  g_state.store(s, std::memory_order_release);
   return s == kLoaded;
+}
+
+void* entry_meanwhile(size_t i) noexcept {
+  if (g_state.load(std::memory_order_acquire) != kLoading || t_loading) return nullptr;
+  // Another thread is loading the driver: this one may hold the loader's
+  // lock that one waits for, so it cannot wait. The loader's own reference
+  // counting makes this dlopen harmless; the handle is never closed.
+  DlsymFn dls = real_dlsym();
+  void* h = dls ? dlopen(driver_path(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  void* p = h ? dls(h, entry_name(i)) : nullptr;
+  return p && !elf_same_object(p, &g_anchor) ? p : nullptr;
 }
 
 }  // namespace detail
@@ -141,14 +157,17 @@ CUresult fail_closed(size_t i) noexcept {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-void loader_atfork_prepare() noexcept {
-  pthread_mutex_lock(&g_load_mu);
+bool driver_in_process() noexcept {
+  if (detail::loaded()) return true;
+  void* h = dlopen(detail::driver_path(), RTLD_LAZY | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != nullptr;
 }
-void loader_atfork_parent() noexcept {
-  pthread_mutex_unlock(&g_load_mu);
-}
+
 void loader_atfork_child() noexcept {
-  new (&g_load_mu) pthread_mutex_t(PTHREAD_MUTEX_INITIALIZER);
+  // A load under way in the parent has no thread to finish it here.
+  int loading = kLoading;
+  g_state.compare_exchange_strong(loading, kUnloaded, std::memory_order_acq_rel);
 }
 
 }  // namespace cusnap::shim

@@ -7,6 +7,7 @@
 // What cannot be mapped to a wrapper fails closed: no pointer, CUDA_ERROR_NOT_SUPPORTED.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "shim/elf_lookup.h"
@@ -46,15 +47,21 @@ CUresult get_proc_address(GetProcAddressV2 real_v2, GetProcAddressV1 real_v1, bo
                           const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                           CUdriverProcAddressQueryResult* status) noexcept {
   track::note_activity();  // a forked child's first CUDA activity may be a resolution
-  void* got = nullptr;
-  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  // What the caller's outputs hold, so that a failing driver leaves them as
+  // it would without the shim (untouched); copied as bytes: the caller's
+  // status may hold any value, or none yet.
+  void* const before = pfn ? *pfn : nullptr;
+  void* got = before;
+  CUdriverProcAddressQueryResult st;
+  if (status) std::memcpy(&st, status, sizeof st);
   CUresult rc =
       real_v2 ? real_v2(symbol, pfn ? &got : nullptr, cuda_version, flags, status ? &st : nullptr)
               : real_v1(symbol, pfn ? &got : nullptr, cuda_version, flags);
-  if (status) *status = st;
+  if (status) std::memcpy(status, &st, sizeof st);
   if (!pfn) return rc;
   if (rc != CUDA_SUCCESS || got == nullptr) {
-    *pfn = nullptr;
+    // As the driver left it, but never an address the shim did not map.
+    *pfn = got == before ? before : nullptr;
     return rc;
   }
   void* w = choose_wrapper(symbol, cuda_version, per_thread_stream(ptsz, flags), got);

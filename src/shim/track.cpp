@@ -35,7 +35,7 @@ void unlink_sockets() {
 void reset_inherited(State& s) {
   std::lock_guard<std::mutex> l(s.mu);
   std::lock_guard<std::mutex> c(s.cache_mu);
-  for (auto& [id, fd] : s.cache) ::close(fd);
+  for (auto& [id, held] : s.cache) held.close_if_ours();  // atfork_child did, mostly
   s.cache.clear();
   s.cache_gen.clear();
   s.allocs.clear();
@@ -52,9 +52,8 @@ void reset_inherited(State& s) {
   s.mc_released = false;
   s.foreign_alive = s.foreign_total = 0;
   s.sharing_calls = 0;
-  if (s.peer_listen >= 0) ::close(s.peer_listen);
-  if (s.ctl_listen >= 0) ::close(s.ctl_listen);
-  s.peer_listen = s.ctl_listen = -1;
+  close_listener(&s.peer_listen, s.peer_path);
+  close_listener(&s.ctl_listen, s.ctl_path);
   s.peer_path.clear();
   s.ctl_path.clear();
 }
@@ -136,7 +135,7 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
       Lock c(s.cache_mu);
       auto ci = s.cache.find(id);
       if (ci != s.cache.end()) {
-        close_fds->push_back(ci->second);
+        if (ci->second.ours()) close_fds->push_back(ci->second.fd);
         s.cache.erase(ci);
         s.cache_gen.erase(id);
         maybe_shrink(s.cache);
@@ -180,7 +179,7 @@ CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle drive
     auto it = s.allocs.find(id);
     if (it != s.allocs.end()) {
       Lock c(s.cache_mu);
-      kept = s.cache.emplace(id, fd).second;
+      kept = s.cache.emplace(id, HeldFd::of(fd)).second;
       if (kept) s.cache_gen[id] = it->second.generation;
       it->second.exported = true;
     }
@@ -329,6 +328,15 @@ void atfork_parent() noexcept {
   g_start_mu.unlock();
 }
 void atfork_child() noexcept {
+  // The parent's descriptors are the child's copies now: closed at once,
+  // while their numbers still name them (the child may close and reuse
+  // numbers before its first CUDA activity, when the rest is reset).
+  if (g_mode.load(std::memory_order_relaxed) == kModeOn) {
+    State& s = state();
+    for (auto& [id, held] : s.cache) held.close_if_ours();
+    close_listener(&s.peer_listen, s.peer_path);
+    close_listener(&s.ctl_listen, s.ctl_path);
+  }
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

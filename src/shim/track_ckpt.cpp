@@ -310,7 +310,7 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
         Lock c(s.cache_mu);
         auto ci = s.cache.find(w.id);
         if (ci != s.cache.end()) {
-          cached = ci->second;
+          if (ci->second.ours()) cached = ci->second.fd;
           s.cache.erase(ci);
           s.cache_gen.erase(w.id);
         }
@@ -378,11 +378,14 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
           // The new allocation's descriptor replaces whatever a release that
           // stopped half way left in the cache: importers must get this one.
           Lock c(s.cache_mu);
-          auto [it, inserted] = s.cache.try_emplace(id, exported);
-          if (!inserted)
-            std::swap(it->second, exported);
-          else
+          auto [it, inserted] = s.cache.try_emplace(id, HeldFd::of(exported));
+          if (!inserted) {
+            const int old = it->second.ours() ? it->second.fd : -1;
+            it->second = HeldFd::of(exported);
+            exported = old;
+          } else {
             exported = -1;
+          }
           s.cache_gen[id] = x.generation;
         }
       }

@@ -10,12 +10,15 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <map>
 
@@ -72,8 +75,11 @@ void serve_peer(State& s, UniqueFd conn) {
     auto it = s.cache.find(req.allocation);
     if (it == s.cache.end())
       reply.error = "allocation " + std::to_string(req.allocation) + " is not exported";
+    else if (!it->second.ours())
+      reply.error = "the process closed the shim's descriptor of allocation " +
+                    std::to_string(req.allocation);
     else
-      fd = ::fcntl(it->second, F_DUPFD_CLOEXEC, 0);
+      fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
     if (fd >= 0) {
       auto g = s.cache_gen.find(req.allocation);
       reply.generation = g == s.cache_gen.end() ? 0 : g->second;
@@ -254,7 +260,12 @@ void* listener_main(void* p) {
     int n = ::poll(&pfd, 1, -1);
     if (n < 0 && errno != EINTR) return nullptr;
     if (n <= 0) continue;
-    if (pfd.revents & (POLLNVAL)) return nullptr;
+    // The application closed the socket (POLLNVAL), or closed it and its
+    // number now names a file of its own: never accept the application's
+    // connections. The coordinator finds the socket gone.
+    if ((pfd.revents & POLLNVAL) ||
+        !listener_is_ours(arg.fd, arg.peer ? arg.s->peer_path : arg.s->ctl_path))
+      return nullptr;
     UniqueFd conn;
     std::string err;
     if (!proto::accept_unix(arg.fd, &conn, &err)) {
@@ -288,6 +299,25 @@ bool spawn(State& s, int fd, bool peer) {
 }
 
 }  // namespace
+
+bool listener_is_ours(int fd, const std::string& path) noexcept {
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (fd < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening)
+    return false;
+  sockaddr_un a{};
+  socklen_t alen = sizeof a;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 || a.sun_family != AF_UNIX ||
+      alen <= offsetof(sockaddr_un, sun_path))
+    return false;
+  const size_t n = ::strnlen(a.sun_path, alen - offsetof(sockaddr_un, sun_path));
+  return n == path.size() && std::memcmp(a.sun_path, path.data(), n) == 0;
+}
+
+void close_listener(int* fd, const std::string& path) noexcept {
+  if (listener_is_ours(*fd, path)) ::close(*fd);
+  *fd = -1;
+}
 
 bool start_servers(State& s) noexcept {
   try {

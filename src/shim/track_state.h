@@ -13,6 +13,7 @@
 
 #include "proto/shim_messages.h"
 #include "shim/entries.h"
+#include "shim/held_fd.h"
 #include "shim/real_driver.h"
 
 /// The real driver's function `name` (nullptr when the driver lacks it).
@@ -115,7 +116,7 @@ struct State {
   std::atomic<uint64_t> sharing_calls{0};
 
   std::mutex cache_mu;  ///< export cache only; the peer listener takes nothing else
-  std::unordered_map<uint64_t, int> cache;  ///< local id (created here) -> real descriptor
+  std::unordered_map<uint64_t, HeldFd> cache;        ///< local id (created here) -> real descriptor
   std::unordered_map<uint64_t, uint64_t> cache_gen;  ///< local id -> generation of that descriptor
 
   // Fixed once tracking starts in this process.
@@ -124,7 +125,7 @@ struct State {
   int64_t pid = 0;
   uint64_t start_time = 0;
   uid_t uid = 0;
-  int peer_listen = -1, ctl_listen = -1;
+  int peer_listen = -1, ctl_listen = -1;  ///< checked with listener_is_ours before each use
 };
 
 State& state() noexcept;
@@ -139,6 +140,12 @@ uint64_t process_start_time(pid_t pid) noexcept;
 /// Listener threads (track_server.cpp). Binds both sockets and starts serving;
 /// false when they cannot be set up (tracking then stays off in this process).
 bool start_servers(State& s) noexcept;
+/// Whether fd is still the shim's listening socket: listening, and bound to
+/// path. An application may close it and reuse the number; checked by
+/// address, not inode, because CRIU restores the socket as a new file.
+bool listener_is_ours(int fd, const std::string& path) noexcept;
+/// Closes the listening socket fd if it is still the shim's; sets it to -1.
+void close_listener(int* fd, const std::string& path) noexcept;
 /// Asks the creator named by t for the real descriptor; -1 and *err on failure.
 /// *generation (when given) gets the generation of the allocation it names.
 int fetch_descriptor(const proto::Ticket& t, std::string* err,
