@@ -13,23 +13,38 @@
 namespace cusnap::cli {
 namespace {
 
+/// NAME-YYYYmmdd-HHMMSS, or with -2, -3, ... after it when a checkpoint of
+/// that second is there already (checkpoints taken one after the other).
 std::string default_dir(const std::string& name) {
   char stamp[32];
   std::time_t now = std::time(nullptr);
   std::tm tm{};
   ::localtime_r(&now, &tm);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-  return name + "-" + stamp;
+  const std::string base = name + "-" + stamp;
+  std::string dir = base;
+  std::error_code ec;
+  for (int n = 2; n < 1000 && std::filesystem::symlink_status(dir, ec).type() !=
+                                  std::filesystem::file_type::not_found;
+       ++n)
+    dir = base + "-" + std::to_string(n);
+  return dir;
 }
 
 /// p from the current directory, without '.', '..' or a trailing '/' (the
-/// directory's parent is then what it names, and --json says it plainly).
-std::string absolute(const std::string& p) {
+/// directory's parent is then what it names, and --json says it plainly);
+/// false with *err when the current directory cannot be found (removed).
+bool absolute(const std::string& p, std::string* out, std::string* err) {
   std::error_code ec;
   std::string abs = std::filesystem::absolute(p, ec).lexically_normal().string();
-  if (ec) return p;
+  if (ec) {
+    *err = "cannot tell where " + p + " is: the current directory cannot be found (" +
+           ec.message() + "; removed?): give -o an absolute path, or change directory";
+    return false;
+  }
   while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
-  return abs;
+  *out = abs;
+  return true;
 }
 
 }  // namespace
@@ -44,7 +59,8 @@ int cmd_checkpoint(int argc, char** argv) {
   double timeout_s = 60;
   add_job_argument(app, &job);
   app.add_option("-o,--output", dir,
-                 "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS)")
+                 "Checkpoint directory, new or empty (default: ./NAME-YYYYmmdd-HHMMSS, -2, -3... "
+                 "added if taken)")
       ->check(not_empty())
       ->type_name("DIR");
   app.add_flag("--leave-running", leave_running, "Keep the job running after the checkpoint");
@@ -56,23 +72,28 @@ int cmd_checkpoint(int argc, char** argv) {
   JobEntry entry;
   if ((rc = resolve_job(job, json, &entry)) >= 0) return rc;
   proto::CheckpointRequest req;
-  req.dir = absolute(dir.empty() ? default_dir(entry.status.name) : dir);
+  std::string err;
+  if (!absolute(dir.empty() ? default_dir(entry.status.name) : dir, &req.dir, &err))
+    return fail_json(json, kExitUsage, err);
   req.leave_running = leave_running;
   req.timeout_ms = seconds(timeout_s).count();
   // The CRIU, hashing and sharing settings of this command's environment
   // count, not only the supervisor's (man cusnap, ENVIRONMENT).
-  std::string err;
   if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
 
   ProgressLine progress(!json);
   proto::Result r;
   auto wait = seconds(timeout_s) + control_timeout();
-  bool ok = job_request(
-      entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
-      [&](const proto::ProgressEvent& ev) {
-        progress.update(ev.phase, ev.bytes_done, ev.bytes_total);
-      },
-      &r, &err);
+  bool ok;
+  {
+    InterruptNotice notice("checkpoint", entry.status.name, json);
+    ok = job_request(
+        entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
+        [&](const proto::ProgressEvent& ev) {
+          progress.update(ev.phase, ev.bytes_done, ev.bytes_total);
+        },
+        &r, &err);
+  }
   progress.finish();
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);

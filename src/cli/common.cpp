@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -134,6 +135,52 @@ int finish_supervised(const SuperviseOutcome& out) {
 int fail(int code, const std::string& msg) {
   std::fprintf(stderr, "cusnap: error: %s\n", msg.c_str());
   return code;
+}
+
+namespace {
+
+constexpr int kNoticeSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// Written before the handlers are installed, read only by them.
+std::string g_notice_text;
+std::string g_notice_json[3];
+struct sigaction g_notice_old[3];
+
+void on_notice_signal(int sig) {
+  for (int i = 0; i < 3; ++i) {
+    if (kNoticeSignals[i] != sig) continue;
+    if (::write(STDERR_FILENO, g_notice_text.data(), g_notice_text.size()) < 0) {
+    }
+    if (!g_notice_json[i].empty() &&
+        ::write(STDOUT_FILENO, g_notice_json[i].data(), g_notice_json[i].size()) < 0) {
+    }
+  }
+  ::_exit(128 + sig);
+}
+
+}  // namespace
+
+InterruptNotice::InterruptNotice(const std::string& what, const std::string& job, bool json) {
+  const std::string msg = "interrupted: the " + what + " of job " + job +
+                          " goes on in its supervisor (an interrupt here does not cancel it); "
+                          "cusnap ps shows the job's state";
+  // A progress line may be on the terminal: start on a fresh line.
+  g_notice_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
+  for (int i = 0; i < 3; ++i) {
+    g_notice_json[i] = json ? json_text(nlohmann::json{{"ok", false},
+                                                       {"exit_code", 128 + kNoticeSignals[i]},
+                                                       {"error", msg}},
+                                        2) +
+                                  "\n"
+                            : "";
+    struct sigaction sa {};
+    sa.sa_handler = on_notice_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(kNoticeSignals[i], &sa, &g_notice_old[i]);
+  }
+}
+
+InterruptNotice::~InterruptNotice() {
+  for (int i = 0; i < 3; ++i) ::sigaction(kNoticeSignals[i], &g_notice_old[i], nullptr);
 }
 
 int fail_json(bool json, int code, const std::string& msg) {

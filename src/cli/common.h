@@ -110,6 +110,19 @@ std::chrono::milliseconds seconds(double s);
 /// *err when one is longer than proto::kMaxSettingBytes.
 bool client_settings(proto::Settings* out, std::string* err);
 
+/// While it lives, SIGINT, SIGTERM and SIGHUP end this command at once,
+/// saying on stderr that the operation (what, of job) goes on in the job's
+/// supervisor (a signal to the client cannot cancel it) and how to follow
+/// it, and with json printing the failure object on stdout; the exit status
+/// is 128 + the signal's number.
+class InterruptNotice {
+ public:
+  InterruptNotice(const std::string& what, const std::string& job, bool json);
+  ~InterruptNotice();
+  InterruptNotice(const InterruptNotice&) = delete;
+  InterruptNotice& operator=(const InterruptNotice&) = delete;
+};
+
 /// Renders progress on stderr when it is a terminal: phase, bytes, rate.
 /// Does nothing in a pipe or when disabled (--json).
 class ProgressLine {

@@ -29,8 +29,12 @@ int run(int argc, char** argv, bool suspend) {
   std::string err;
   if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
   proto::Result r;
-  bool ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
-                        suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);
+  bool ok;
+  {
+    InterruptNotice notice(suspend ? "suspend" : "resume", entry.status.name, json);
+    ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
+                     suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);
+  }
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
   if (json) {

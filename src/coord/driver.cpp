@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <strings.h>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,8 @@ std::string format_gpu_uuid(const CUuuid& u) {
 }
 
 bool parse_gpu_uuid(const std::string& s, CUuuid* out) {
-  if (!s.starts_with("GPU-")) return false;
+  // "GPU-" in either case, as the hex digits after it.
+  if (s.size() < 4 || ::strncasecmp(s.c_str(), "GPU-", 4) != 0) return false;
   std::string hex;
   for (size_t i = 4; i < s.size(); ++i) {
     if (s[i] == '-') continue;

@@ -46,7 +46,6 @@
 #include "coord/procs.h"
 #include "coord/settings.h"
 #include "coord/sha256_chunked.h"
-#include "coord/write_probe.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -210,15 +209,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   }
   TempDir work("cusnap-dump-");
   TempDir no_plugins("cusnap-noplugins-");
-  if (!work.ok() || !no_plugins.ok()) {
-    *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
-    return false;
-  }
-  // CRIU's log and work files go there (its errors would be lost with them).
-  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
-    *err += ": free space there, or set TMPDIR to another directory";
-    return false;
-  }
+  if (!criu_temp_dirs_usable(work, no_plugins, true, err)) return false;
   if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
   std::string criu_dir = opts.dir + "/criu";
   std::error_code ec;

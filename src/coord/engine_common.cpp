@@ -16,6 +16,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
+#include "coord/write_probe.h"
 
 namespace cusnap {
 namespace engine_detail {
@@ -290,9 +291,32 @@ bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::millis
 }
 
 TempDir::TempDir(const char* prefix) {
-  const char* base = getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/" + prefix + "XXXXXX";
-  if (mkdtemp(tmpl.data())) path_ = tmpl;
+  const char* env = getenv("TMPDIR");
+  const std::string base = env && *env ? env : "/tmp";
+  std::string tmpl = base + "/" + prefix + "XXXXXX";
+  if (mkdtemp(tmpl.data()))
+    path_ = tmpl;
+  else
+    failure_ = "cannot create a temporary directory in " + base + (env && *env ? " (TMPDIR)" : "") +
+               ": " + std::strerror(errno);
+}
+
+bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool in_supervisor,
+                           std::string* err) {
+  const char* advice =
+      in_supervisor ? "free space there, or launch (or restore) the job with TMPDIR set to another "
+                      "directory: its supervisor keeps CRIU's files in the TMPDIR it started "
+                      "with, not in this command's"
+                    : "free space there, or set TMPDIR to another directory";
+  if (!work.ok() || !no_plugins.ok()) {
+    *err = (work.ok() ? no_plugins : work).failure() + ": " + advice;
+    return false;
+  }
+  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
+    *err += std::string(": ") + advice;
+    return false;
+  }
+  return true;
 }
 
 TempDir::~TempDir() {

@@ -185,11 +185,22 @@ class TempDir {
   const std::string& path() const { return path_; }
   bool ok() const { return !path_.empty(); }
   void keep() { keep_ = true; }
+  /// Why it could not be made, naming the directory and whether TMPDIR chose it.
+  const std::string& failure() const { return failure_; }
 
  private:
   std::string path_;
+  std::string failure_;
   bool keep_ = false;
 };
+
+/// Whether CRIU's work directory and its empty plugin directory were made
+/// and the first takes a write (CRIU's log and work files go there: its
+/// errors would be lost with them); false with *err naming the directory
+/// and what to do. In a supervisor (a checkpoint) TMPDIR is the one the job
+/// was launched or restored with, not the client's.
+bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool in_supervisor,
+                           std::string* err);
 
 /// Decides which device each GPU the checkpoint used is restored onto: the
 /// one named by device_map (key: old index or UUID; value: new index or

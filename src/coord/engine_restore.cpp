@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,7 +22,6 @@
 #include "coord/procs.h"
 #include "coord/restore_watch.h"
 #include "coord/sha256_chunked.h"
-#include "coord/write_probe.h"
 
 namespace cusnap {
 using namespace engine_detail;
@@ -308,6 +308,35 @@ bool verify_checkpoint(const std::string& dir, std::string* err) {
   return verify_checkpoint_coded(dir, {}, nullptr, err);
 }
 
+namespace {
+
+/// Whether the job's working directory and each process's executable are
+/// where the checkpoint found them; false with *err naming the first that is
+/// not (one deleted before the checkpoint, "... (deleted)", CRIU brought along).
+bool job_files_present(const Manifest& m, std::string* err) {
+  auto gone = [](const std::string& path) {
+    struct stat st;
+    return !path.empty() && path[0] == '/' && !path.ends_with(" (deleted)") &&
+           ::stat(path.c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
+  };
+  std::string what;
+  if (gone(m.job.cwd))
+    what = "the job's working directory " + m.job.cwd;
+  else
+    for (const ManifestProcess& p : m.processes)
+      if (gone(p.exe)) {
+        what = "the executable " + p.exe + " of process " + std::to_string(p.pid);
+        break;
+      }
+  if (what.empty()) return true;
+  *err = what +
+         " is gone: CRIU restores the job with the files it had, where they were; put it back "
+         "and restore again (nothing was restored; the checkpoint is unchanged)";
+  return false;
+}
+
+}  // namespace
+
 bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, RestoreResult* out,
                  std::string* err) {
   auto report = [&](const char* phase) {
@@ -348,6 +377,10 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   // here would fail the restore half way.
   for (const TcpListener& l : m.tcp_listeners)
     if (!tcp_listener_bindable(l, err)) return false;
+  // CRIU opens each process's executable and the job's working directory
+  // where they were; one that is gone fails the restore half way, in
+  // words of CRIU's log.
+  if (!job_files_present(m, err)) return false;
   // The driver's restore loses a process that finds its GPU's memory taken
   // (gpu_memory.h): checked before CRIU restores anything, and again by
   // driver_resume_all just before the driver's restore.
@@ -372,15 +405,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   report("restore");
   TempDir work("cusnap-restore-");
   TempDir no_plugins("cusnap-noplugins-");
-  if (!work.ok() || !no_plugins.ok()) {
-    *err = std::string("cannot create a temporary directory: ") + std::strerror(errno);
-    return false;
-  }
-  // CRIU's log and work files go there (its errors would be lost with them).
-  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
-    *err += ": free space there, or set TMPDIR to another directory";
-    return false;
-  }
+  if (!criu_temp_dirs_usable(work, no_plugins, false, err)) return false;
   // Should this process be killed from here on, the watch ends what was
   // restored (restore_watch.h).
   RestoreWatch watch;

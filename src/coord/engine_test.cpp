@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -7,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cctype>
 
 #include <filesystem>
 
@@ -120,6 +122,13 @@ TEST_CASE("engine: GPU UUID text round trip") {
   REQUIRE(parse_gpu_uuid(kUuidB, &u));
   CHECK(format_gpu_uuid(u) == kUuidB);
   CHECK_FALSE(parse_gpu_uuid("GPU-12", &u));
+  // Either case, the prefix as the digits.
+  CUuuid lower;
+  std::string text = kUuidB;
+  for (char& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  REQUIRE(parse_gpu_uuid(text, &lower));
+  CHECK(format_gpu_uuid(lower) == kUuidB);
+  CHECK_FALSE(parse_gpu_uuid("GPX-" + text.substr(4), &u));
 }
 
 TEST_CASE("engine: a driver library without the checkpoint API is refused by name") {

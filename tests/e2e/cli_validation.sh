@@ -35,7 +35,7 @@ expect_usage "--device-map with a malformed UUID" "'GPU-12'" -- \
   "$CUSNAP" restore "$T/none" --device-map GPU-12=0
 expect_usage "an empty --device-map" "--device-map" -- "$CUSNAP" restore "$T/none" --device-map ''
 rc=0
-"$CUSNAP" restore "$T/none" --device-map 0=1,1=0,GPU-00000000-0000-0000-0000-00000000000A=2 \
+"$CUSNAP" restore "$T/none" --device-map 0=1,1=0,gpu-00000000-0000-0000-0000-00000000000A=2 \
   2>"$T/usage.err" || rc=$?
 [ "$rc" = 4 ] || fail "a valid --device-map: exit status $rc, expected 4 (no such directory): $(cat "$T/usage.err")"
 pass "a valid --device-map (a swap and an upper-case UUID) passes the command line"
@@ -234,6 +234,28 @@ umount -l "$T/fulltmp"
 [ -z "$(job_field fulltmp pid)" ] || fail "the refused restore left a job"
 "$CUSNAP" inspect "$T/ckpt" >/dev/null || fail "the checkpoint does not verify after the refused restore"
 pass "a full TMPDIR is said before CRIU runs (exit 1); the checkpoint is unchanged"
+
+# A TMPDIR that does not exist: named, with what to do; for a checkpoint,
+# whose CRIU runs in the job's supervisor, the TMPDIR the job was launched
+# with is the one that counts, and the message says so.
+rc=0
+TMPDIR=$T/no-such-tmp "$CUSNAP" restore "$T/ckpt" --name notmp >"$T/notmp.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot create a temporary directory in $T/no-such-tmp (TMPDIR): No such file or directory: free space there, or set TMPDIR to another directory" "$T/notmp.out" ||
+  fail "restore with a missing TMPDIR: exit $rc: $(cat "$T/notmp.out")"
+mkdir "$T/tmp-gone"
+TMPDIR=$T/tmp-gone "$CUSNAP" launch --name tmpgone -- "$PATTERN_JOB" --mib 4 --interval-ms 20 \
+  >"$T/tmpgone.out" 2>&1 &
+SUPERVISORS+=("$!")
+TG=$!
+wait_count "$T/tmpgone.out" 2
+rmdir "$T/tmp-gone"
+rc=0
+"$CUSNAP" checkpoint tmpgone -o "$T/tmpgone.ck" --leave-running >"$T/tmpgone.ck.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] && grep -q "cannot create a temporary directory in $T/tmp-gone (TMPDIR): No such file or directory: free space there, or launch (or restore) the job with TMPDIR set to another directory: its supervisor keeps CRIU's files in the TMPDIR it started with, not in this command's" "$T/tmpgone.ck.out" ||
+  fail "checkpoint with the supervisor's TMPDIR gone: exit $rc: $(cat "$T/tmpgone.ck.out")"
+kill -TERM "$TG"
+wait_exit "$TG"
+pass "a missing TMPDIR is named (restore exit 1, checkpoint exit $rc), and a checkpoint says the supervisor's counts"
 
 # Looking a job up by a directory changes nothing in it.
 mkdir "$T/shared" && chmod 1777 "$T/shared"

@@ -129,4 +129,27 @@ expect_refused 3 "the job's shims had their sockets in $CUSNAP_RUNTIME_BASE/pat,
 pass "with another job named pat running, a restore as rb is refused before CRIU runs"
 kill -TERM "$OTHER"
 wait_exit "$OTHER"
+
+# The job's working directory gone: refused before CRIU runs (exit 3),
+# naming it and what to do; put back, the checkpoint restores.
+mkdir "$T/wd"
+(cd "$T/wd" && exec "$CUSNAP" launch --name inwd -- "$PATTERN_JOB" --mib 4 --interval-ms 20) \
+  >"$T/wd.out" 2>&1 &
+SUPERVISORS+=("$!")
+WD_SUP=$!
+wait_count "$T/wd.out" 3
+WD_PID=$(wait_job inwd)
+"$CUSNAP" checkpoint inwd -o "$T/wd.ck" >"$T/wd.ck.out" 2>&1 || fail "checkpoint: $(cat "$T/wd.ck.out")"
+wait_exit "$WD_SUP"
+wait_gone "$WD_PID"
+rmdir "$T/wd"
+expect_refused 3 "the job's working directory $T/wd is gone: CRIU restores the job with the files it had, where they were; put it back and restore again \(nothing was restored; the checkpoint is unchanged\)" \
+  "$CUSNAP" restore "$T/wd.ck"
+mkdir "$T/wd"
+restore_bg "$T/wd.ck" "$T/wd.r.out"
+WD_SUP=$LAST_SUPERVISOR
+wait_count "$T/wd.r.out" "$(($(last_count "$T/wd.out") + 2))"
+pass "the job's working directory gone: refused before CRIU (exit 3); put back, it restores"
+kill -TERM "$WD_SUP"
+wait_exit "$WD_SUP"
 echo "PASS"
