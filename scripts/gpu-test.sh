@@ -15,7 +15,10 @@
 #                job with 190 KiB of arguments keeps an executed guardian
 #                through a restore), and restore_taken (a thread id taken, two
 #                restores at once, the old name of a job restored under
-#                another). Parts that need the simulated driver (its
+#                another, the job's working directory gone), and
+#                reliability_restore_killed (a restore killed while CRIU
+#                runs: its watch ends the restored process). Parts that need
+#                the simulated driver (its
 #                fault injection, its allocation names) say so and are skipped.
 #   timing       A pattern job holding 4 GiB and one holding 16 GiB are
 #                checkpointed (and stopped), restored, and must continue counting
@@ -311,6 +314,7 @@ scenario_e2e() {
   run_e2e checkpoint_ 600
   run_e2e reliability_guardian_long_argv 600
   run_e2e restore_taken 600
+  run_e2e reliability_restore_killed 600
 }
 scenario_e2e_shared() { run_e2e shared_ "$CLIENT_TIMEOUT"; }
 scenario_restore_memory_check() { run_e2e restore_memory_check 600; }
