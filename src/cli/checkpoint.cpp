@@ -86,7 +86,7 @@ int cmd_checkpoint(int argc, char** argv) {
   auto wait = seconds(timeout_s) + control_timeout();
   bool ok;
   {
-    InterruptNotice notice("checkpoint", entry.status.name, json);
+    InterruptNotice notice("the checkpoint of job " + entry.status.name, json);
     ok = job_request(
         entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
         [&](const proto::ProgressEvent& ev) {

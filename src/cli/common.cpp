@@ -159,8 +159,8 @@ void on_notice_signal(int sig) {
 
 }  // namespace
 
-InterruptNotice::InterruptNotice(const std::string& what, const std::string& job, bool json) {
-  const std::string msg = "interrupted: the " + what + " of job " + job +
+InterruptNotice::InterruptNotice(const std::string& operation, bool json) {
+  const std::string msg = "interrupted: " + operation +
                           " goes on in its supervisor (an interrupt here does not cancel it); "
                           "cusnap ps shows the job's state";
   // A progress line may be on the terminal: start on a fresh line.

@@ -111,13 +111,13 @@ std::chrono::milliseconds seconds(double s);
 bool client_settings(proto::Settings* out, std::string* err);
 
 /// While it lives, SIGINT, SIGTERM and SIGHUP end this command at once,
-/// saying on stderr that the operation (what, of job) goes on in the job's
-/// supervisor (a signal to the client cannot cancel it) and how to follow
-/// it, and with json printing the failure object on stdout; the exit status
-/// is 128 + the signal's number.
+/// saying on stderr that the operation (operation: "the checkpoint of job
+/// X") goes on in the job's supervisor (a signal to the client cannot cancel
+/// it) and how to follow it, and with json printing the failure object on
+/// stdout; the exit status is 128 + the signal's number.
 class InterruptNotice {
  public:
-  InterruptNotice(const std::string& what, const std::string& job, bool json);
+  InterruptNotice(const std::string& operation, bool json);
   ~InterruptNotice();
   InterruptNotice(const InterruptNotice&) = delete;
   InterruptNotice& operator=(const InterruptNotice&) = delete;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "coord/driver.h"
 #include "coord/supervisor.h"
@@ -138,7 +139,12 @@ int cmd_restore(int argc, char** argv) {
                    s.dir.c_str());
     }
   };
+  // With --detach the restore runs in a background supervisor from the
+  // start; this command only waits for its result.
+  std::optional<InterruptNotice> notice;
+  if (req.detach) notice.emplace("the restore of " + dir, json);
   SuperviseOutcome out = restore_and_supervise(req);
+  notice.reset();
   progress.finish();
   if (!out.error.empty()) return fail_json(json && !out.detached, out.exit_code, out.error);
   if (out.detached) return kExitOk;

@@ -31,7 +31,8 @@ int run(int argc, char** argv, bool suspend) {
   proto::Result r;
   bool ok;
   {
-    InterruptNotice notice(suspend ? "suspend" : "resume", entry.status.name, json);
+    InterruptNotice notice(
+        std::string(suspend ? "the suspend" : "the resume") + " of job " + entry.status.name, json);
     ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
                      suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);
   }

@@ -243,6 +243,7 @@ SuperviseOutcome restore_detached(const RestoreRequest& req) {
     return out;
   }
   if (pid == 0) {
+    SupervisorLoop::reset_signals_in_child();  // not the waiting command's handlers
     mine.reset();
     ::setsid();
     pid_t g = ::fork();

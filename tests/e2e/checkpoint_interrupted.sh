@@ -4,7 +4,9 @@
 # the command ends at once with 130, saying that the operation goes on in
 # the job's supervisor and how to follow it (--json: the failure object);
 # the operation does go on: the checkpoint completes and restores, the
-# suspend leaves the job suspended. (Before: the command died silently.)
+# suspend leaves the job suspended. The same for the waiting command of
+# `cusnap restore --detach` (the background supervisor's driver restore
+# slowed): the job comes back. (Before: each command died silently.)
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "FAKECUDA_DELAY slows the simulated driver" || exit 77
 
@@ -56,3 +58,25 @@ expect_running intr "$PID" "$T/r.out"
 pass "suspend --json interrupted: exit 130 with the failure object; the job was suspended, and resumes"
 kill -TERM "$SUP"
 wait_exit "$SUP"
+wait_gone "$PID"
+
+# restore --detach: the background supervisor restores (its driver restore
+# slowed to 2 s); the waiting command, interrupted, says the restore goes
+# on, and it does: the job comes back and counts.
+FAKECUDA_DELAY="cuCheckpointProcessRestore:2000" "$CUSNAP" restore "$T/ck" --name intr3 --detach \
+  >"$T/detach.out" 2>"$T/detach.err" &
+C=$!
+for _ in $(seq 1 200); do [ -e "/proc/$PID" ] && break; sleep 0.02; done # CRIU has restored it
+sleep 0.5
+rc=0
+kill -INT "$C"
+wait "$C" || rc=$?
+[ "$rc" = 130 ] || fail "restore --detach: exit $rc after SIGINT: $(cat "$T/detach.err")"
+grep -q "cusnap: interrupted: the restore of $T/ck goes on in its supervisor (an interrupt here does not cancel it)" \
+  "$T/detach.err" || fail "restore --detach: nothing said about the interrupt: $(cat "$T/detach.err")"
+for _ in $(seq 1 200); do [ "$(job_field intr3 state)" = running ] && break; sleep 0.05; done
+[ "$(job_field intr3 pid)" = "$PID" ] || fail "the interrupted restore --detach did not bring the job back"
+"$CUSNAP" inspect intr3 >/dev/null || fail "inspect intr3 failed"
+pass "restore --detach interrupted: exit 130, said so; the job came back"
+kill -TERM "$(job_field intr3 supervisor_pid)"
+wait_gone "$PID"
