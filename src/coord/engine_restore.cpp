@@ -312,12 +312,15 @@ namespace {
 
 /// Whether the job's working directory and each process's executable are
 /// where the checkpoint found them; false with *err naming the first that is
-/// not (one deleted before the checkpoint, "... (deleted)", CRIU brought along).
+/// not. Not checked: one deleted before the checkpoint ("... (deleted)", which
+/// CRIU brought along), and a path that was not UTF-8 (the manifest keeps it
+/// for showing only, each such byte replaced by U+FFFD; CRIU's images have it).
 bool job_files_present(const Manifest& m, std::string* err) {
   auto gone = [](const std::string& path) {
     struct stat st;
     return !path.empty() && path[0] == '/' && !path.ends_with(" (deleted)") &&
-           ::stat(path.c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
+           path.find("\xEF\xBF\xBD") == std::string::npos && ::stat(path.c_str(), &st) != 0 &&
+           (errno == ENOENT || errno == ENOTDIR);
   };
   std::string what;
   if (gone(m.job.cwd))

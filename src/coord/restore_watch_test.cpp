@@ -132,7 +132,8 @@ TEST_CASE("restore watch: the start time of a live process, none for a zombie or
   CHECK(t > 0);
   const pid_t z = ::fork();
   if (z == 0) ::_exit(0);
-  std::this_thread::sleep_for(100ms);
+  siginfo_t si{};  // waits for its exit, leaving it a zombie (WNOWAIT)
+  REQUIRE(::waitid(P_PID, z, &si, WEXITED | WNOWAIT) == 0);
   CHECK_FALSE(live_start_time(z, &t));  // a zombie until reaped
   ::waitpid(z, nullptr, 0);
   CHECK_FALSE(live_start_time(z, &t));

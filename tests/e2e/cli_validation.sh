@@ -38,7 +38,7 @@ rc=0
 "$CUSNAP" restore "$T/none" --device-map 0=1,1=0,gpu-00000000-0000-0000-0000-00000000000A=2 \
   2>"$T/usage.err" || rc=$?
 [ "$rc" = 4 ] || fail "a valid --device-map: exit status $rc, expected 4 (no such directory): $(cat "$T/usage.err")"
-pass "a valid --device-map (a swap and an upper-case UUID) passes the command line"
+pass "a valid --device-map (a swap and a UUID with a lower-case gpu- prefix and an upper-case digit) passes the command line"
 
 # --timeout and --control-timeout: a value that rounds to 0 ms names the option and the range.
 expect_usage "checkpoint --timeout 0.0001" "--timeout" "0.001" "604800" -- "$CUSNAP" checkpoint nosuch --timeout 0.0001

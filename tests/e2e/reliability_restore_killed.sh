@@ -16,18 +16,19 @@ checkpointed_job rkill "$T/job.out" "$T/ck"
 sums() { (cd "$T/ck" && find . -type f ! -name stats-restore -exec sha256sum {} + | sort | sha256sum); }
 SUM0=$(sums)
 
-# killed_restore CASE: the restore started in the background as R (output
-# $T/CASE.out) is killed once the restored process is there and TRIGGER
-# (a file) exists; then nothing of the job may be left.
+# killed_restore CASE TRIGGER...: the restore started in the background as R
+# (output $T/CASE.out) is killed once the restored process is there and the
+# command TRIGGER succeeds (the restore is where the case kills it); then
+# nothing of the job may be left.
 killed_restore() {
-  local name=$1 trigger=$2 rc=0
+  local name=$1 rc=0
+  shift
   for _ in $(seq 1 600); do
-    [ -e "$trigger" ] && [ -e "/proc/$PID" ] && break
+    [ -e "/proc/$PID" ] && "$@" && break
     sleep 0.05
   done
-  [ -e "$trigger" ] && [ -e "/proc/$PID" ] ||
+  [ -e "/proc/$PID" ] && "$@" ||
     fail "$name: the restore never got there: $(cat "$T/$name.out")"
-  sleep 0.5
   kill -0 "$R" 2>/dev/null || fail "$name: the restore ended before it was killed: $(cat "$T/$name.out")"
   kill -KILL "$R"
   wait "$R" || rc=$?
@@ -54,18 +55,21 @@ chmod 755 "$T/criu-hold"
 CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" >"$T/criu.out" 2>&1 &
 R=$!
 SUPERVISORS+=("$R")
-killed_restore criu "$T/hold.pid"
+killed_restore criu test -e "$T/hold.pid"
 HOLD=$(cat "$T/hold.pid")
 wait_gone "$HOLD" 10 # CRIU (here its wrapper) died with the restore
 pass "killed while CRIU ran: CRIU and the restored process ended, the watch said so, no job left"
 
 # --- killed in the driver's restore
+# (FAKECUDA_LOG traces each driver call as it begins, before its delay: the
+# restore is killed once its cuCheckpointProcessRestore is under way, not
+# while CRIU may still run.)
 if fake_only "FAKECUDA_DELAY slows the simulated driver's restore"; then
-  : >"$T/go"
-  FAKECUDA_DELAY="cuCheckpointProcessRestore:3000" "$CUSNAP" restore "$T/ck" >"$T/driver.out" 2>&1 &
+  FAKECUDA_LOG=1 FAKECUDA_DELAY="cuCheckpointProcessRestore:3000" \
+    "$CUSNAP" restore "$T/ck" >"$T/driver.out" 2>&1 &
   R=$!
   SUPERVISORS+=("$R")
-  killed_restore driver "$T/go"
+  killed_restore driver grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/driver.out"
   pass "killed in the driver's restore: the restored process ended, the watch said so, no job left"
 fi
 
