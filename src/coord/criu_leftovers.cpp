@@ -10,6 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -162,7 +163,7 @@ bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std:
 }
 
 std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
-    const std::vector<TcpTableEntry>& sockets) {
+    const std::vector<TcpTableEntry>& sockets, int lock_wait_s) {
   std::vector<std::vector<std::string>> out;
   // An IPv4-mapped IPv6 address ("::ffff:a.b.c.d"), as the IPv4 one.
   auto v4 = [](const std::string& a) {
@@ -178,7 +179,8 @@ std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
     // --dport L" and the OUTPUT rule the other way round.
     auto rule = [&](const char* chain, const std::string& src, uint16_t sport,
                     const std::string& dst, uint16_t dport) {
-      std::vector<std::string> c{prog, "-w", "5", "-t", "filter", "-D", chain};
+      std::vector<std::string> c{prog, "-w", std::to_string(lock_wait_s), "-t", "filter",
+                                 "-D", chain};
       c.insert(c.end(), {"--protocol", "tcp", "-m", "mark", "!", "--mark", "0xC114"});
       c.insert(c.end(), {"--source", src, "--sport", std::to_string(sport)});
       c.insert(c.end(), {"--destination", dst, "--dport", std::to_string(dport)});
@@ -198,10 +200,13 @@ namespace {
 std::string remove_criu_iptables_rules(const std::vector<pid_t>& pids) {
   std::vector<TcpTableEntry> sockets;
   for (JobTcpSocket& s : job_tcp_sockets(pids)) sockets.push_back(std::move(s.entry));
-  const auto commands = criu_iptables_unlock_commands(sockets);
+  // Each command within CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS, its wait for the
+  // xtables lock too (whole seconds, at least one).
+  const std::chrono::milliseconds wait(proto::env_number(proto::kNetworkUnlockMs));
+  const auto commands =
+      criu_iptables_unlock_commands(sockets, std::max(1, static_cast<int>(wait.count() / 1000)));
   size_t removed = 0, absent = 0;
   std::string why;
-  const std::chrono::milliseconds wait(proto::env_number(proto::kNetworkUnlockMs));
   for (const auto& cmd : commands) {
     std::string err;
     const int rc = run_program(cmd[0], {cmd.begin() + 1, cmd.end()}, wait, &err);

@@ -56,9 +56,10 @@ bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std:
 /// dropping its own, except those marked 0xC114 (CRIU's), as CRIU's
 /// netfilter.c writes them, with -D for its -I. ip6tables for IPv6, except
 /// between IPv4-mapped addresses, which CRIU locks through iptables. Sockets
-/// in other states are not locked and get none.
+/// in other states are not locked and get none. Each waits up to
+/// lock_wait_s seconds for the xtables lock (-w).
 std::vector<std::vector<std::string>> criu_iptables_unlock_commands(
-    const std::vector<TcpTableEntry>& sockets);
+    const std::vector<TcpTableEntry>& sockets, int lock_wait_s = 5);
 
 /// For a job that runs on after a dump that did not unlock: removes CRIU's
 /// lock (method: the --network-lock given; for nftables the table named by

@@ -294,26 +294,31 @@ TempDir::TempDir(const char* prefix) {
   const char* env = getenv("TMPDIR");
   const std::string base = env && *env ? env : "/tmp";
   std::string tmpl = base + "/" + prefix + "XXXXXX";
-  if (mkdtemp(tmpl.data()))
+  if (mkdtemp(tmpl.data())) {
     path_ = tmpl;
-  else
-    failure_ = "cannot create a temporary directory in " + base + (env && *env ? " (TMPDIR)" : "") +
-               ": " + std::strerror(errno);
+    return;
+  }
+  errno_ = errno;
+  failure_ = "cannot create a temporary directory in " + base + (env && *env ? " (TMPDIR)" : "") +
+             ": " + std::strerror(errno_);
 }
 
 bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool in_supervisor,
                            std::string* err) {
-  const char* advice =
-      in_supervisor ? "free space there, or launch (or restore) the job with TMPDIR set to another "
-                      "directory: its supervisor keeps CRIU's files in the TMPDIR it started "
-                      "with, not in this command's"
-                    : "free space there, or set TMPDIR to another directory";
+  auto advice = [&](bool missing) {
+    return std::string(missing ? "create that directory" : "free space there") +
+           (in_supervisor ? ", or launch (or restore) the job with TMPDIR set to another "
+                            "directory: its supervisor keeps CRIU's files in the TMPDIR it "
+                            "started with, not in this command's"
+                          : ", or set TMPDIR to another directory");
+  };
   if (!work.ok() || !no_plugins.ok()) {
-    *err = (work.ok() ? no_plugins : work).failure() + ": " + advice;
+    const TempDir& failed = work.ok() ? no_plugins : work;
+    *err = failed.failure() + ": " + advice(failed.error_number() == ENOENT);
     return false;
   }
   if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
-    *err += std::string(": ") + advice;
+    *err += ": " + advice(false);
     return false;
   }
   return true;

@@ -187,10 +187,12 @@ class TempDir {
   void keep() { keep_ = true; }
   /// Why it could not be made, naming the directory and whether TMPDIR chose it.
   const std::string& failure() const { return failure_; }
+  int error_number() const { return errno_; }
 
  private:
   std::string path_;
   std::string failure_;
+  int errno_ = 0;
   bool keep_ = false;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -11,6 +12,8 @@
 #include <cstring>
 
 #include "coord/supervisor_loop.h"
+#include "proto/proc_stat.h"
+#include "proto/unique_fd.h"
 
 namespace cusnap {
 namespace {
@@ -45,12 +48,12 @@ void sleep_ms(long ms) {
   SupervisorLoop::reset_signals_in_child();  // none of the supervisor's handlers
   // Out of the terminal's process group: Ctrl-C there must not end the watch.
   ::setsid();
-  // Nothing of the restoring process's but stderr and the pipe: not the
+  // Nothing of the restoring process's but stderr and the socket: not the
   // job's output pipes, the runtime directory's lock or the GPU's files.
   if (r > 3) ::syscall(SYS_close_range, 3U, unsigned(r - 1), 0U);
   ::syscall(SYS_close_range, unsigned(r + 1), ~0U, 0U);
-  unsigned long long since = 0;
-  if (!live_start_time(::getpid(), &since)) ::_exit(0);
+  uint64_t since = 0;
+  if (!proto::proc_start_time(::getpid(), &since, true)) ::_exit(0);
   for (;;) {
     char c;
     const ssize_t got = ::read(r, &c, 1);
@@ -59,19 +62,25 @@ void sleep_ms(long ms) {
     break;  // the restoring process is gone
   }
   // CRIU dies with the restoring process; a restored process may still be
-  // forking its children for a moment: look again until none is left.
+  // forking its children for a moment: look again until none is left. A
+  // process is taken for the job's when first seen in the first second and
+  // started since the watch began; later passes only end again those seen
+  // (one slow to die), never a process of a restore the user started since.
   Text ended;
   size_t count = 0;
-  static bool listed[4096];  // which of pids the message names already
+  static uint64_t seen[4096];  // start time of pids[i] when first seen; 0: not seen
+  const size_t tracked = n < 4096 ? n : 4096;
   for (int pass = 0; pass < 50; ++pass) {
     size_t found = 0;
-    for (size_t i = 0; i < n; ++i) {
-      unsigned long long t = 0;
-      if (!live_start_time(pids[i], &t) || t < since) continue;
+    for (size_t i = 0; i < tracked; ++i) {
+      uint64_t t = 0;
+      if (!proto::proc_start_time(pids[i], &t, true) || t < since) continue;
+      if (seen[i] == 0 && pass >= 10) continue;    // new after the first second: not ours
+      if (seen[i] != 0 && seen[i] != t) continue;  // another process under that id
       if (::kill(pids[i], SIGKILL) != 0) continue;
       ++found;
-      if (i < sizeof listed && !listed[i]) {
-        listed[i] = true;
+      if (seen[i] == 0) {
+        seen[i] = t;
         ended.put(count++ == 0 ? " " : ", ");
         ended.put(static_cast<unsigned long long>(pids[i]));
       }
@@ -98,52 +107,23 @@ void sleep_ms(long ms) {
 
 }  // namespace
 
-bool live_start_time(pid_t pid, unsigned long long* out) noexcept {
-  char path[48] = "/proc/";
-  Text p;
-  p.put(path);
-  p.put(static_cast<unsigned long long>(pid));
-  p.put("/stat");
-  if (p.len >= sizeof path) return false;
-  std::memcpy(path, p.buf, p.len);
-  path[p.len] = 0;
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  ssize_t n;
-  do n = ::read(fd, buf, sizeof buf - 1);
-  while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = 0;
-  // "pid (comm) S ppid ...": the fields after the last ')' start at 3
-  // (state); the start time is field 22.
-  const char* s = std::strrchr(buf, ')');
-  if (!s || s[1] != ' ' || s[2] == 'Z' || s[2] == 'X') return false;
-  s += 2;
-  for (int field = 3; field < 22; ++field) {
-    s = std::strchr(s, ' ');
-    if (!s) return false;
-    ++s;
-  }
-  unsigned long long v = 0;
-  if (*s < '0' || *s > '9') return false;
-  for (; *s >= '0' && *s <= '9'; ++s) v = v * 10 + unsigned(*s - '0');
-  *out = v;
-  return true;
-}
-
 bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir, std::string* err) {
   dismiss();
-  UniqueFd r, w;
-  if (!make_pipe(&r, &w, 0, "restore watch pipe", err)) return false;
+  // A socket pair, not a pipe: dismiss sends with MSG_NOSIGNAL, so a watch
+  // that is gone cannot raise SIGPIPE in the restoring process.
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    *err = std::string("restore watch: socketpair: ") + std::strerror(errno);
+    return false;
+  }
+  UniqueFd r(sv[0]), w(sv[1]);  // blocking: the watch waits in read
   const pid_t pid = ::fork();
   if (pid < 0) {
     *err = std::string("restore watch: fork: ") + std::strerror(errno);
     return false;
   }
   if (pid == 0) watch_main(r.get(), pids.data(), pids.size(), dir.c_str());
-  pipe_w_ = std::move(w);
+  tell_ = std::move(w);
   pid_ = pid;
   return true;
 }
@@ -151,9 +131,9 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
 void RestoreWatch::dismiss() {
   if (pid_ <= 0) return;
   const char done = 'd';
-  if (::write(pipe_w_.get(), &done, 1) < 0) {
+  if (::send(tell_.get(), &done, 1, MSG_NOSIGNAL) < 0) {
   }  // the watch is gone: nothing to tell it
-  pipe_w_.reset();
+  tell_.reset();
   while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
   pid_ = -1;

@@ -39,13 +39,8 @@ class RestoreWatch {
   pid_t pid() const { return pid_; }
 
  private:
-  UniqueFd pipe_w_;
+  UniqueFd tell_;  ///< our end of the socket pair the watch waits on
   pid_t pid_ = -1;
 };
-
-/// The start time of process pid (field 22 of /proc/PID/stat, in clock
-/// ticks since boot); false when it has none (gone) or is a zombie.
-/// Async-signal-safe.
-bool live_start_time(pid_t pid, unsigned long long* out) noexcept;
 
 }  // namespace cusnap

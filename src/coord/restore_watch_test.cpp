@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 
+#include "proto/proc_stat.h"
+
 using namespace cusnap;
 using namespace std::chrono_literals;
 
@@ -51,8 +53,8 @@ pid_t free_id() {
 /// Whether pid is gone (or a zombie) within the wait.
 bool ends_within(pid_t pid, std::chrono::milliseconds wait) {
   const auto until = std::chrono::steady_clock::now() + wait;
-  unsigned long long t;
-  while (live_start_time(pid, &t)) {
+  uint64_t t;
+  while (cusnap::proto::proc_start_time(pid, &t, true)) {
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::sleep_for(20ms);
   }
@@ -127,27 +129,27 @@ Outcome run_restorer(bool killed) {
 }  // namespace
 
 TEST_CASE("restore watch: the start time of a live process, none for a zombie or none") {
-  unsigned long long t = 0;
-  CHECK(live_start_time(::getpid(), &t));
+  uint64_t t = 0;
+  CHECK(cusnap::proto::proc_start_time(::getpid(), &t, true));
   CHECK(t > 0);
   const pid_t z = ::fork();
   if (z == 0) ::_exit(0);
   siginfo_t si{};  // waits for its exit, leaving it a zombie (WNOWAIT)
   REQUIRE(::waitid(P_PID, z, &si, WEXITED | WNOWAIT) == 0);
-  CHECK_FALSE(live_start_time(z, &t));  // a zombie until reaped
+  CHECK_FALSE(cusnap::proto::proc_start_time(z, &t, true));  // a zombie until reaped
   ::waitpid(z, nullptr, 0);
-  CHECK_FALSE(live_start_time(z, &t));
-  CHECK_FALSE(live_start_time(0x3fffffff, &t));
+  CHECK_FALSE(cusnap::proto::proc_start_time(z, &t, true));
+  CHECK_FALSE(cusnap::proto::proc_start_time(0x3fffffff, &t, true));
 }
 
 TEST_CASE("restore watch: the restoring process killed, what it restored is ended" *
           doctest::skip(::geteuid() != 0)) {  // clone3's set_tid, as CRIU restores
 
   const Outcome o = run_restorer(true);
-  unsigned long long t;
+  uint64_t t;
   // The one restored after the watch began is ended; the older one is not.
-  CHECK_FALSE(live_start_time(o.after, &t));
-  CHECK(live_start_time(o.before, &t));
+  CHECK_FALSE(cusnap::proto::proc_start_time(o.after, &t, true));
+  CHECK(cusnap::proto::proc_start_time(o.before, &t, true));
   CHECK(o.said ==
         "cusnap: the restore of /ck ended before the job was back (the restoring "
         "process was killed): its restored process " +
@@ -159,9 +161,9 @@ TEST_CASE("restore watch: the restoring process killed, what it restored is ende
 TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
           doctest::skip(::geteuid() != 0)) {
   const Outcome o = run_restorer(false);
-  unsigned long long t;
-  CHECK(live_start_time(o.after, &t));
-  CHECK(live_start_time(o.before, &t));
+  uint64_t t;
+  CHECK(cusnap::proto::proc_start_time(o.after, &t, true));
+  CHECK(cusnap::proto::proc_start_time(o.before, &t, true));
   CHECK(o.said.empty());
   ::kill(o.before, SIGKILL);
   ::kill(o.after, SIGKILL);

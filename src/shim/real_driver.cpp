@@ -139,7 +139,17 @@ bool entry_of_address(const void* fn, size_t* index) noexcept {
         *index = i;
         return true;
       }
-    return false;
+    // Another thread is loading the driver (the table is not ready): the
+    // address's own symbol names the entry, when it is the driver's.
+    if (g_state.load(std::memory_order_acquire) != kLoading || t_loading) return false;
+    Dl_info info;
+    size_t i;
+    if (::dladdr(fn, &info) == 0 || !info.dli_sname || info.dli_saddr != fn ||
+        !find_entry(info.dli_sname, &i) || elf_same_object(fn, &g_anchor) ||
+        detail::entry_meanwhile(i) != fn)
+      return false;
+    *index = i;
+    return true;
   }
   auto end = g_by_addr + g_by_addr_len;
   auto it = std::lower_bound(g_by_addr, end, fn,

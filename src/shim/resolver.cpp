@@ -57,6 +57,7 @@ CUresult get_proc_address(GetProcAddressV2 real_v2, GetProcAddressV1 real_v1, bo
   CUresult rc =
       real_v2 ? real_v2(symbol, pfn ? &got : nullptr, cuda_version, flags, status ? &st : nullptr)
               : real_v1(symbol, pfn ? &got : nullptr, cuda_version, flags);
+  if (status && !real_v2 && rc == CUDA_SUCCESS) st = CU_GET_PROC_ADDRESS_SUCCESS;  // v1 has none
   if (status) std::memcpy(status, &st, sizeof st);
   if (!pfn) return rc;
   if (rc != CUDA_SUCCESS || got == nullptr) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "proto/proc_stat.h"
 #include "shim/real_driver.h"
 #include "shim/track_internal.h"
 
@@ -173,6 +174,7 @@ CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle drive
   CUresult r = exp(&fd, driver, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) return r;
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  fd = high_number(fd);  // kept for long: out of the numbers the application reuses first
   bool kept = false;
   {
     Lock l(s.mu);
@@ -280,21 +282,8 @@ State& state() noexcept {
 }
 
 uint64_t process_start_time(pid_t pid) noexcept {
-  char path[64], buf[1024];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return 0;
-  // Fields after the command: state is field 3; starttime is field 22.
-  int field = 2;
-  for (; *p && field < 22; ++p)
-    if (*p == ' ') ++field;
-  return std::strtoull(p, nullptr, 10);
+  uint64_t t = 0;
+  return proto::proc_start_time(pid, &t, false) ? t : 0;
 }
 
 void note_activity() noexcept {

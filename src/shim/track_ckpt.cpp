@@ -378,6 +378,7 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
           // The new allocation's descriptor replaces whatever a release that
           // stopped half way left in the cache: importers must get this one.
           Lock c(s.cache_mu);
+          exported = high_number(exported);
           auto [it, inserted] = s.cache.try_emplace(id, HeldFd::of(exported));
           if (!inserted) {
             const int old = it->second.ours() ? it->second.fd : -1;

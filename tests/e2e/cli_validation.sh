@@ -240,7 +240,7 @@ pass "a full TMPDIR is said before CRIU runs (exit 1); the checkpoint is unchang
 # with is the one that counts, and the message says so.
 rc=0
 TMPDIR=$T/no-such-tmp "$CUSNAP" restore "$T/ckpt" --name notmp >"$T/notmp.out" 2>&1 || rc=$?
-[ "$rc" = 1 ] && grep -q "cannot create a temporary directory in $T/no-such-tmp (TMPDIR): No such file or directory: free space there, or set TMPDIR to another directory" "$T/notmp.out" ||
+[ "$rc" = 1 ] && grep -q "cannot create a temporary directory in $T/no-such-tmp (TMPDIR): No such file or directory: create that directory, or set TMPDIR to another directory" "$T/notmp.out" ||
   fail "restore with a missing TMPDIR: exit $rc: $(cat "$T/notmp.out")"
 mkdir "$T/tmp-gone"
 TMPDIR=$T/tmp-gone "$CUSNAP" launch --name tmpgone -- "$PATTERN_JOB" --mib 4 --interval-ms 20 \
@@ -251,7 +251,7 @@ wait_count "$T/tmpgone.out" 2
 rmdir "$T/tmp-gone"
 rc=0
 "$CUSNAP" checkpoint tmpgone -o "$T/tmpgone.ck" --leave-running >"$T/tmpgone.ck.out" 2>&1 || rc=$?
-[ "$rc" != 0 ] && grep -q "cannot create a temporary directory in $T/tmp-gone (TMPDIR): No such file or directory: free space there, or launch (or restore) the job with TMPDIR set to another directory: its supervisor keeps CRIU's files in the TMPDIR it started with, not in this command's" "$T/tmpgone.ck.out" ||
+[ "$rc" != 0 ] && grep -q "cannot create a temporary directory in $T/tmp-gone (TMPDIR): No such file or directory: create that directory, or launch (or restore) the job with TMPDIR set to another directory: its supervisor keeps CRIU's files in the TMPDIR it started with, not in this command's" "$T/tmpgone.ck.out" ||
   fail "checkpoint with the supervisor's TMPDIR gone: exit $rc: $(cat "$T/tmpgone.ck.out")"
 kill -TERM "$TG"
 wait_exit "$TG"
