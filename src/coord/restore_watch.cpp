@@ -68,18 +68,19 @@ void sleep_ms(long ms) {
   // (one slow to die), never a process of a restore the user started since.
   Text ended;
   size_t count = 0;
-  static uint64_t seen[4096];  // start time of pids[i] when first seen; 0: not seen
-  const size_t tracked = n < 4096 ? n : 4096;
+  constexpr size_t kTracked = 4096;  // beyond: ended in the first second only, not named
+  static uint64_t seen[kTracked];    // start time of pids[i] when first seen; 0: not seen
   for (int pass = 0; pass < 50; ++pass) {
     size_t found = 0;
-    for (size_t i = 0; i < tracked; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       uint64_t t = 0;
       if (!proto::proc_start_time(pids[i], &t, true) || t < since) continue;
-      if (seen[i] == 0 && pass >= 10) continue;    // new after the first second: not ours
-      if (seen[i] != 0 && seen[i] != t) continue;  // another process under that id
+      const uint64_t first = i < kTracked ? seen[i] : 0;
+      if (first == 0 && pass >= 10) continue;  // new after the first second: not ours
+      if (first != 0 && first != t) continue;  // another process under that id
       if (::kill(pids[i], SIGKILL) != 0) continue;
       ++found;
-      if (seen[i] == 0) {
+      if (i < kTracked && first == 0) {
         seen[i] = t;
         ended.put(count++ == 0 ? " " : ", ");
         ended.put(static_cast<unsigned long long>(pids[i]));
