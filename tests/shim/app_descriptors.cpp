@@ -183,11 +183,17 @@ int proc_address_refused() {
   auto v2 = reinterpret_cast<GetProcV2>(::dlsym(h, "cuGetProcAddress_v2"));
   REQ(v2);
   // Flags the driver does not take: refused; it leaves both outputs alone.
+  // The status holds a value no enumerator has, as uninitialized memory may:
+  // set and read as bytes (a load of it as the enum is undefined).
   void* p = reinterpret_cast<void*>(1);
-  auto st = static_cast<CUdriverProcAddressQueryResult>(77);
+  CUdriverProcAddressQueryResult st;
+  const int marker = 77;
+  std::memcpy(&st, &marker, sizeof st);
   REQ(v2("cuDriverGetVersion", &p, 12000, ~0ull, &st) != CUDA_SUCCESS);
   REQ(p == reinterpret_cast<void*>(1));
-  REQ(static_cast<int>(st) == 77);
+  int after = 0;
+  std::memcpy(&after, &st, sizeof st);
+  REQ(after == marker);
   // And a good one still answers with a pointer that works.
   p = nullptr;
   REQ(v2("cuDriverGetVersion", &p, 12000, 0, &st) == CUDA_SUCCESS && p);
