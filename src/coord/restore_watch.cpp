@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "coord/supervisor_loop.h"
+#include "proto/decimal.h"
 #include "proto/proc_stat.h"
 #include "proto/unique_fd.h"
 
@@ -27,11 +28,8 @@ struct Text {
   }
   void put(const char* s) { put(s, std::strlen(s)); }
   void put(unsigned long long v) {
-    char d[24];
-    size_t n = 0;
-    do d[n++] = char('0' + v % 10);
-    while ((v /= 10) != 0);
-    while (n > 0) put(&d[--n], 1);
+    char d[proto::kDecimalMax];
+    put(d, proto::format_decimal(v, d));
   }
 };
 

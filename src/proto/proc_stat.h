@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "proto/decimal.h"
+
 namespace cusnap::proto {
 
 /// Field 22 of /proc/PID/stat (clock ticks since boot) into *out; false when
@@ -19,11 +21,7 @@ namespace cusnap::proto {
 inline bool proc_start_time(pid_t pid, uint64_t* out, bool live_only) noexcept {
   char path[32] = "/proc/";
   size_t at = 6;
-  char digits[16];
-  size_t n = 0;
-  for (uint64_t v = static_cast<uint64_t>(pid); n == 0 || v != 0; v /= 10)
-    digits[n++] = char('0' + v % 10);
-  while (n > 0) path[at++] = digits[--n];
+  at += format_decimal(static_cast<uint64_t>(pid), path + at);
   std::memcpy(path + at, "/stat", 6);
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;

@@ -1,0 +1,40 @@
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "proto/decimal.h"
+#include "proto/proc_stat.h"
+
+using namespace cusnap;
+
+namespace {
+std::string decimal(uint64_t v) {
+  char out[proto::kDecimalMax];
+  return std::string(out, proto::format_decimal(v, out));
+}
+}  // namespace
+
+TEST_CASE("decimal: every unsigned 64-bit number, in its shortest digits") {
+  CHECK(decimal(0) == "0");
+  CHECK(decimal(7) == "7");
+  CHECK(decimal(10) == "10");
+  CHECK(decimal(4194304) == "4194304");
+  CHECK(decimal(UINT64_MAX) == "18446744073709551615");
+  CHECK(decimal(UINT64_MAX).size() == proto::kDecimalMax);
+}
+
+TEST_CASE("proc_stat: this process's start time is field 22 of its stat file") {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t at = stat.rfind(')') + 2;  // field 3
+  for (int field = 3; field < 22; ++field) at = stat.find(' ', at) + 1;
+  const uint64_t expected = std::stoull(stat.substr(at));
+  uint64_t got = 0;
+  REQUIRE(proto::proc_start_time(::getpid(), &got, true));
+  CHECK(got == expected);
+  CHECK_FALSE(proto::proc_start_time(0x3fffffff, &got, false));  // no such pid
+}
