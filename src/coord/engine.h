@@ -116,6 +116,10 @@ struct RestoreOptions {
   /// Old device (index or UUID) -> new device; empty = same devices.
   std::map<std::string, std::string> device_map;
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// Where the restore's watch says what it did should this process die
+  /// mid-restore (restore_watch.h): its stderr, or, for a background
+  /// supervisor (--detach), that of the command waiting for it.
+  int report_fd = 2;
 };
 
 struct RestoreResult {

@@ -415,7 +415,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   {
     std::vector<pid_t> pids;
     for (const ManifestProcess& p : m.processes) pids.push_back(p.pid);
-    if (!watch.start(pids, opts.dir, err)) return false;
+    if (!watch.start(pids, opts.dir, opts.report_fd, err)) return false;
   }
   std::string pidfile = work.path() + "/root.pid";
   CriuRun run;

@@ -205,10 +205,16 @@ void redirect_stdio_to_devnull() {
 /// The background supervisor's side of --detach: reports progress and the
 /// restore's result over ch, then supervises with output only in the log.
 SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
+  // The waiting command's stderr, for the restore's watch alone (should this
+  // process be killed mid-restore, the watch says what it did there); closed
+  // once the restore ended, so that the command's stderr does not stay open
+  // while the job runs.
+  UniqueFd caller_err(::fcntl(2, F_DUPFD_CLOEXEC, 3));
   redirect_stdio_to_devnull();
   RestoreRequest r = req;
   r.detach = false;
   r.cfg.echo_output = false;
+  if (caller_err) r.engine.report_fd = caller_err.get();
   std::string err;
   r.progress = [&](const Progress& p) {
     // A send that failed (the command gone, or stopped past the control
@@ -218,6 +224,7 @@ SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
       ch = proto::Channel();
   };
   r.on_restored = [&](const RestoreSummary& s) {
+    caller_err.reset();
     ch.send(proto::kMsgResult, proto::Result{true, kExitOk, "", summary_to_json(s)}, &err);
     ch = proto::Channel();  // the command returns now
   };

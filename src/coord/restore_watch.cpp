@@ -42,12 +42,14 @@ void sleep_ms(long ms) {
 /// The watch process: waits for the restoring process to dismiss it or to
 /// die (its pipe's end closes); then ends the checkpoint's processes that
 /// were restored since it began. Async-signal-safe calls only.
-[[noreturn]] void watch_main(int r, const pid_t* pids, size_t n, const char* dir) {
+[[noreturn]] void watch_main(int r, const pid_t* pids, size_t n, const char* dir, int report) {
   SupervisorLoop::reset_signals_in_child();  // none of the supervisor's handlers
   // Out of the terminal's process group: Ctrl-C there must not end the watch.
   ::setsid();
-  // Nothing of the restoring process's but stderr and the socket: not the
-  // job's output pipes, the runtime directory's lock or the GPU's files.
+  if (report != 2 && report >= 0 && report != r) ::dup2(report, 2);
+  // Nothing of the restoring process's but stderr (the report's) and the
+  // socket: not the job's output pipes, the runtime directory's lock or the
+  // GPU's files.
   if (r > 3) ::syscall(SYS_close_range, 3U, unsigned(r - 1), 0U);
   ::syscall(SYS_close_range, unsigned(r + 1), ~0U, 0U);
   uint64_t since = 0;
@@ -106,7 +108,8 @@ void sleep_ms(long ms) {
 
 }  // namespace
 
-bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir, std::string* err) {
+bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir, int report_fd,
+                         std::string* err) {
   dismiss();
   // A socket pair, not a pipe: dismiss sends with MSG_NOSIGNAL, so a watch
   // that is gone cannot raise SIGPIPE in the restoring process.
@@ -121,7 +124,7 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
     *err = std::string("restore watch: fork: ") + std::strerror(errno);
     return false;
   }
-  if (pid == 0) watch_main(r.get(), pids.data(), pids.size(), dir.c_str());
+  if (pid == 0) watch_main(r.get(), pids.data(), pids.size(), dir.c_str(), report_fd);
   tell_ = std::move(w);
   pid_ = pid;
   return true;

@@ -7,7 +7,7 @@
 // alive under its id and started after the watch began. Nothing is left
 // half-restored, holding its GPU memory, its process ids and its ports; the
 // checkpoint is unchanged and restores again. The watch writes what it did
-// to the restore's stderr.
+// to the restore's stderr (with --detach, the waiting command's).
 //
 // Once the restore ends, either way, the watch is dismissed and exits without
 // acting (a failed restore ends its own processes). The child does only
@@ -32,8 +32,10 @@ class RestoreWatch {
   ~RestoreWatch() { dismiss(); }
 
   /// Forks the watch over the processes pids (the checkpoint's) of the
-  /// checkpoint dir; false + *err when it cannot.
-  bool start(const std::vector<pid_t>& pids, const std::string& dir, std::string* err);
+  /// checkpoint dir, to write what it did to report_fd; false + *err when
+  /// it cannot.
+  bool start(const std::vector<pid_t>& pids, const std::string& dir, int report_fd,
+             std::string* err);
   /// The restore ended: the watch exits without acting, and is reaped.
   void dismiss();
   pid_t pid() const { return pid_; }

@@ -76,7 +76,7 @@ struct Outcome {
 /// In a process of its own (the restoring one): a process started before the
 /// watch, the watch over both ids, a process started after it; then that
 /// process is killed (or dismisses the watch and exits). Both ids come back
-/// through a pipe; the watch's stderr goes to a file.
+/// through a pipe; the watch reports to a file (its report_fd, not stderr).
 Outcome run_restorer(bool killed) {
   char dir[] = "/tmp/cusnap-watch-XXXXXX";
   REQUIRE(::mkdtemp(dir));
@@ -86,8 +86,7 @@ Outcome run_restorer(bool killed) {
   const pid_t restorer = ::fork();
   REQUIRE(restorer >= 0);
   if (restorer == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 2);
+    const int report = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     pid_t p[2];
     p[0] = sleeper();
     std::this_thread::sleep_for(30ms);  // a clock tick or more before the watch
@@ -95,7 +94,7 @@ Outcome run_restorer(bool killed) {
     std::string err;
     // The ids a checkpoint names: one in use since before, one to restore.
     const pid_t id = free_id();
-    if (!watch.start({p[0], id}, "/ck", &err)) ::_exit(2);
+    if (report < 0 || !watch.start({p[0], id}, "/ck", report, &err)) ::_exit(2);
     std::this_thread::sleep_for(30ms);
     p[1] = sleeper(id);
     if (p[1] != id) ::_exit(4);

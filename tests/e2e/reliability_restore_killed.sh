@@ -6,7 +6,9 @@
 #    it ends (the restored process is there, CRIU has not ended);
 #  - killed in the driver's restore (every cuCheckpointProcessRestore of the
 #    restoring process takes 3 s; simulated driver only): the restored
-#    process, its GPU state still checkpointed, is ended.
+#    process, its GPU state still checkpointed, is ended;
+#  - restore --detach, its background supervisor killed while CRIU runs: the
+#    watch's message reaches the waiting command's stderr.
 # Before the watch, each left the restored process running unsupervised,
 # holding its ids (a second restore was refused: "process id ... in use").
 source "$(dirname "$0")/lib_checkpoint.sh"
@@ -59,6 +61,33 @@ killed_restore criu test -e "$T/hold.pid"
 HOLD=$(cat "$T/hold.pid")
 wait_gone "$HOLD" 10 # CRIU (here its wrapper) died with the restore
 pass "killed while CRIU ran: CRIU and the restored process ended, the watch said so, no job left"
+
+# --- restore --detach, its background supervisor killed while CRIU runs: the
+# watch says so on the waiting command's stderr (the supervisor's own goes to
+# /dev/null), and the command, left without a result, fails.
+rm -f "$T/hold.pid"
+CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" --detach >"$T/detach.out" 2>"$T/detach.err" &
+W=$!
+SUPERVISORS+=("$W")
+for _ in $(seq 1 600); do [ -e "$T/hold.pid" ] && [ -e "/proc/$PID" ] && break; sleep 0.05; done
+[ -e "$T/hold.pid" ] || fail "detach: the restore never got to CRIU: $(cat "$T/detach.err")"
+HOLD=$(cat "$T/hold.pid")
+BG=$(ps -o ppid= -p "$HOLD" | tr -d ' ')
+[ -n "$BG" ] && [ "$BG" != "$W" ] && [ "$BG" != 1 ] || fail "detach: no background supervisor above CRIU ($BG)"
+kill -KILL "$BG"
+rc=0
+wait "$W" || rc=$?
+[ "$rc" != 0 ] || fail "detach: the waiting command succeeded though its restore was killed"
+grep -q "the background restore ended without a result" "$T/detach.err" ||
+  fail "detach: the waiting command did not say its restore ended: $(cat "$T/detach.err")"
+wait_gone "$PID" 10
+wait_gone "$HOLD" 10
+for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$T/detach.err" && break; sleep 0.05; done
+grep -q "cusnap: the restore of $T/ck ended before the job was back (the restoring process was killed): its restored process $PID was ended" \
+  "$T/detach.err" || fail "detach: the watch's message did not reach the waiting command: $(cat "$T/detach.err")"
+[ -z "$(job_pids_all)" ] || fail "detach: a job is left: $("$CUSNAP" ps)"
+[ "$SUM0" = "$(sums)" ] || fail "detach: the killed restore changed the checkpoint"
+pass "restore --detach, its supervisor killed while CRIU ran: the watch said so on the command's stderr, no job left"
 
 # --- killed in the driver's restore
 # (FAKECUDA_LOG traces each driver call as it begins, before its delay: the
