@@ -72,6 +72,10 @@ struct CheckpointOptions {
   /// Settings the client sent (proto::kClientSettings): each counts
   /// instead of this process's environment variable of the same name.
   proto::Settings settings;
+  /// Called once dir is this checkpoint's alone (made here or found empty,
+  /// and claimed against other checkpoints given the same dir): from then on
+  /// what is in it is this run's to remove should the run die.
+  std::function<void()> on_claimed;
 };
 
 /// Timing of each phase in seconds, in the order they ran.

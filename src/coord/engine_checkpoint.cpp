@@ -211,6 +211,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   TempDir no_plugins("cusnap-noplugins-");
   if (!criu_temp_dirs_usable(work, no_plugins, true, err)) return false;
   if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
+  if (opts.on_claimed) opts.on_claimed();
   std::string criu_dir = opts.dir + "/criu";
   std::error_code ec;
   fs::create_directory(criu_dir, ec);

@@ -71,16 +71,39 @@ std::vector<pid_t> process_tree(pid_t root) {
 
 namespace {
 
-/// The state letter and the parent of a process (/proc/PID/stat, read after
-/// the name, which may hold anything); false when it cannot be read (gone).
-bool read_stat(pid_t pid, char* state, int* ppid) {
+/// The state letter, the parent and the session of a process
+/// (/proc/PID/stat, read after the name, which may hold anything); false
+/// when it cannot be read (gone).
+bool read_stat(pid_t pid, char* state, int* ppid, int* session = nullptr) {
   std::string stat;
   if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return false;
   const size_t p = stat.rfind(')');
-  return p != std::string::npos && std::sscanf(stat.c_str() + p + 1, " %c %d", state, ppid) == 2;
+  int pgrp = 0, sid = 0;
+  if (p == std::string::npos ||
+      std::sscanf(stat.c_str() + p + 1, " %c %d %d %d", state, ppid, &pgrp, &sid) != 4)
+    return false;
+  if (session) *session = sid;
+  return true;
 }
 
 }  // namespace
+
+std::vector<pid_t> job_leftovers(pid_t session, pid_t supervisor, pid_t except) {
+  std::set<pid_t> skip{supervisor};
+  if (except > 0)
+    for (pid_t p : process_tree(except)) skip.insert(p);
+  std::set<pid_t> found;
+  for (pid_t p : process_tree(supervisor))
+    if (!skip.count(p) && process_runs(p)) found.insert(p);
+  for (const std::string& name : list_dir("/proc")) {
+    pid_t p = 0;
+    char state = 0;
+    int ppid = 0, sid = 0;
+    if (!parse_num(name, &p) || skip.count(p) || !read_stat(p, &state, &ppid, &sid)) continue;
+    if (sid == session && state != 'Z' && state != 'X') found.insert(p);
+  }
+  return {found.begin(), found.end()};
+}
 
 pid_t read_ppid(pid_t pid) {
   char state;

@@ -26,6 +26,13 @@ namespace cusnap {
 /// Empty when root does not exist.
 std::vector<pid_t> process_tree(pid_t root);
 
+/// The processes of a job that still run once its first process ended:
+/// those in its session (session: the first process's pid, the session's
+/// leader), and the descendants of supervisor (the job's child subreaper,
+/// whose children its orphans become), except supervisor itself and the
+/// tree of except (the guardian).
+std::vector<pid_t> job_leftovers(pid_t session, pid_t supervisor, pid_t except);
+
 /// A process's parent (/proc/PID/stat); 0 when it cannot be read (gone).
 pid_t read_ppid(pid_t pid);
 /// Whether pid still runs: there, and neither a zombie nor dead.

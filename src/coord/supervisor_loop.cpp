@@ -1,8 +1,11 @@
 #include "coord/supervisor_loop.h"
 
+#include "coord/engine_internal.h"
+#include "coord/file_read.h"
 #include "coord/gpu_memory.h"
 #include "coord/guardian.h"
 #include "coord/output_echo.h"
+#include "coord/procs.h"
 #include "coord/settings.h"
 #include "proto/env_settings.h"
 
@@ -20,7 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 
 namespace cusnap {
 namespace {
@@ -55,6 +57,46 @@ void on_sigpipe(int) {}  // writes report EPIPE instead
 /// The most job output the echo to our stdout and stderr holds while their
 /// reader does not read; beyond it the job's pipes are not read either.
 constexpr size_t kEchoCapacity = 1u << 20;
+
+/// A job taken over from a dead supervisor keeps when it started and the
+/// checkpoint it was restored from, as that supervisor's job.json says
+/// (when it names the same root process).
+constexpr size_t kJobJsonMax = size_t(1) << 20;  // as list_jobs reads job.json
+void keep_history(const std::string& job_json, pid_t root, proto::JobStatus* s) {
+  std::string text, err;
+  proto::JobStatus before;
+  if (!read_file_bounded(job_json, {.max_bytes = kJobJsonMax, .no_follow = true}, &text) ||
+      !job_status_from_json(text, &before, &err) || before.root_pid != root)
+    return;
+  s->started = before.started;
+  s->restored_from = before.restored_from;
+}
+
+/// The job ended with its first process (root, its session's leader): what
+/// else of it still runs (job_leftovers) would be left unsupervised, holding
+/// GPU memory and ids a restore needs. Each gets SIGTERM, and SIGKILL when
+/// still there after grace; reaped. Says what it did ("" when none ran).
+std::string end_leftovers(pid_t root, pid_t guardian, std::chrono::milliseconds grace) {
+  const std::vector<pid_t> rest = job_leftovers(root, ::getpid(), guardian);
+  if (rest.empty()) return "";
+  std::vector<UniqueFd> pidfds;
+  std::string pids;
+  for (pid_t p : rest) {
+    pidfds.push_back(engine_detail::open_pidfd(p));
+    engine_detail::signal_pidfd(pidfds.back(), SIGTERM);
+    pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+  }
+  const bool all = engine_detail::wait_pidfds_exited(pidfds, grace);
+  if (!all)
+    for (const UniqueFd& fd : pidfds) engine_detail::signal_pidfd(fd, SIGKILL);
+  engine_detail::wait_pidfds_exited(pidfds, std::chrono::seconds(5));
+  for (pid_t p : rest) ::waitpid(p, nullptr, WNOHANG);  // ours when orphaned
+  const bool one = rest.size() == 1;
+  return std::string("the job's first process ended; ") +
+         (one ? "its process " : "its processes ") + pids +
+         (one ? ", still running, was ended" : ", still running, were ended") +
+         (all ? " (SIGTERM)" : " (SIGTERM, then SIGKILL)");
+}
 
 }  // namespace
 
@@ -244,6 +286,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     s.started = static_cast<int64_t>(::time(nullptr));
     s.runtime_dir = rundir_->path();
     s.restored_from = restored_from;
+    if (adopted_) keep_history(rundir_->job_json_path(), root, &s);
     // A job taken over from a dead supervisor may be suspended: cusnap
     // resume must be let through then.
     std::string err;
@@ -269,13 +312,16 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     ops.checkpoint = [g, checkpoint](const JobInfo& j, const CheckpointOptions& o,
                                      const ProgressSink& p, CheckpointResult* r, std::string* e) {
       // What a guardian may remove if this supervisor dies before the
-      // manifest: only a directory the checkpoint makes or finds empty (it
-      // refuses any other), never the entries of a user's directory.
-      std::error_code ec;
-      const bool fresh =
-          !std::filesystem::exists(o.dir, ec) || std::filesystem::is_empty(o.dir, ec);
-      g->begin(guarded_operation("checkpoint", o.dir, fresh && !ec, o.timeout, o.settings));
-      bool ok = checkpoint(j, o, p, r, e);
+      // manifest: what is in the directory once this checkpoint claimed it
+      // (made or found empty, and no other checkpoint's), never before: the
+      // entries of a user's directory, or those of another checkpoint given
+      // the same directory meanwhile, are not this run's.
+      g->begin(guarded_operation("checkpoint", o.dir, false, o.timeout, o.settings));
+      CheckpointOptions claimed = o;
+      claimed.on_claimed = [g, &o] {
+        g->begin(guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings));
+      };
+      bool ok = checkpoint(j, claimed, p, r, e);
       g->end();
       return ok;
     };
@@ -376,6 +422,19 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
         // A reader that went away ends only its echo; the log keeps the rest.
         if (cfg_.echo_output) echo.push(echo_fd, buf.data(), static_cast<size_t>(n));
       }
+    }
+  }
+  bool stopped;
+  {
+    std::lock_guard lk(ctx_.mu);
+    stopped = !ctx_.stopped_dir.empty();
+  }
+  if (!stopped) {
+    const std::string ended = end_leftovers(root, guardian.pid(), cfg_.drain_grace);
+    if (!ended.empty()) {
+      const std::string line = "cusnap: " + ended + "\n";
+      log_output(line.data(), line.size());
+      if (outcome.warning.empty()) outcome.warning = ended;
     }
   }
   // What the echo still holds goes out while the job stays listed (exited).

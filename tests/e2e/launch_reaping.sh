@@ -24,3 +24,34 @@ start=$(date +%s)
 expect_eq "status with a lingering orphan" 5 "$rc"
 [ $(( $(date +%s) - start )) -lt 15 ] || fail "cusnap waited for the orphan"
 pass "a lingering orphan does not hold cusnap"
+
+# ... and is ended with the job: when the root exits, what else of the job
+# still runs is sent SIGTERM, and SIGKILL after the grace (it was left running
+# unsupervised, invisible to cusnap ps, holding its GPU memory and pids).
+"$CUSNAP" launch --name leftover -- sh -c "sleep 300 & echo \$! > $SCRATCH/orphan.pid; exit 0" \
+  >"$SCRATCH/leftover.out" 2>&1 && rc=0 || rc=$?
+expect_eq "status of a root that left a process running" 0 "$rc"
+orphan=$(cat "$SCRATCH/orphan.pid")
+wait_for 5 sh -c "! kill -0 $orphan 2>/dev/null" || fail "the job's process $orphan outlived its supervisor"
+grep -q "the job's first process ended; its process $orphan, still running, was ended (SIGTERM)" \
+  "$SCRATCH/leftover.out" || fail "cusnap did not say it ended process $orphan: $(cat "$SCRATCH/leftover.out")"
+pass "a process of the job still running when its root exits is ended (SIGTERM), and cusnap says so"
+
+# One that ignores SIGTERM and left the job's session (setsid) gets SIGKILL.
+cat >"$SCRATCH/stubborn.sh" <<SH
+#!/bin/sh
+trap '' TERM
+echo \$\$ > "$SCRATCH/stubborn.pid"
+exec sleep 300
+SH
+chmod +x "$SCRATCH/stubborn.sh"
+start=$(date +%s)
+"$CUSNAP" launch --name stubborn -- sh -c "setsid $SCRATCH/stubborn.sh & sleep 0.5; exit 3" \
+  >"$SCRATCH/stubborn.out" 2>&1 && rc=0 || rc=$?
+expect_eq "status of the root" 3 "$rc"
+stubborn=$(cat "$SCRATCH/stubborn.pid")
+wait_for 5 sh -c "! kill -0 $stubborn 2>/dev/null" || fail "the process $stubborn that ignored SIGTERM outlived its supervisor"
+grep -q "its process $stubborn, still running, was ended (SIGTERM, then SIGKILL)" "$SCRATCH/stubborn.out" ||
+  fail "cusnap did not say it killed process $stubborn: $(cat "$SCRATCH/stubborn.out")"
+[ $(( $(date +%s) - start )) -lt 15 ] || fail "ending the stubborn process took too long"
+pass "one that ignores SIGTERM, in a session of its own, is killed after the grace"

@@ -9,7 +9,9 @@
 #  - a checkpoint asked for while the job is being launched: it is refused
 #    or it completes and restores; the job is never lost;
 #  - the supervising cusnap is killed (SIGKILL) while the driver has the job
-#    locked: the guardian brings the job back (docs/reliability.md).
+#    locked: the guardian brings the job back (docs/reliability.md);
+#  - it is killed before its checkpoint claimed its -o DIR, into which
+#    another job's checkpoint writes: that checkpoint is left whole.
 source "$(dirname "$0")/lib_checkpoint.sh"
 source "$(dirname "$0")/lib_reliability.sh"
 REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
@@ -167,7 +169,64 @@ wait_count "$T/orphan-r.out" $((BEFORE_CK + 2))
 [ "$(first_count "$T/orphan-r.out")" -gt "$BEFORE_CK" ] ||
   fail "the restored job began at $(first_count "$T/orphan-r.out"), not after $BEFORE_CK"
 grep -q "pattern mismatch" "$T/orphan-r.out" && fail "the restored job found a wrong byte"
-kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
+# Its supervisor killed while idle: the guardian that takes over keeps when
+# the job started and what it was restored from (cusnap ps showed neither).
+STARTED=$(job_field orphan started)
+[ "$(job_field orphan restored_from)" = "$T/orphan.ck2" ] || fail "restored_from: '$(job_field orphan restored_from)'"
+kill -KILL "$LAST_SUPERVISOR"
+wait "$LAST_SUPERVISOR" 2>/dev/null || true
+for _ in $(seq 1 200); do
+  GUARD=$(job_field orphan supervisor_pid)
+  [ -n "$GUARD" ] && [ "$GUARD" != "$LAST_SUPERVISOR" ] && break
+  sleep 0.05
+done
+[ -n "$GUARD" ] && [ "$GUARD" != "$LAST_SUPERVISOR" ] || fail "no guardian took over the restored job"
+[ "$(job_field orphan started)" = "$STARTED" ] ||
+  fail "after the guardian took over, started is $(job_field orphan started), was $STARTED"
+[ "$(job_field orphan restored_from)" = "$T/orphan.ck2" ] ||
+  fail "after the guardian took over, restored_from is '$(job_field orphan restored_from)'"
+kill -TERM "$GUARD"; wait_gone "$PID"
 pass "supervisor killed mid-checkpoint: no checkpoint; the guardian brought the job back and supervises it: a later checkpoint restores"
+
+# --- the supervising cusnap killed before its checkpoint claimed its -o DIR,
+# while another job's checkpoint writes into that DIR: the guardian of the
+# first leaves the second's files alone (it removed them, taking the DIR it
+# had found absent for its own), and the second checkpoint completes and
+# restores.
+launch_env early2 "$T/early2.out" FAKECUDA_DELAY=cuDeviceTotalMem:4000 -- --mib 4 --interval-ms 20
+SUP1=$LAST_SUPERVISOR
+launch_env other "$T/other.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
+wait_count "$T/early2.out" 3
+wait_count "$T/other.out" 3
+PID1=$(wait_job early2)
+PID2=$(wait_job other)
+SHARED_DIR=$T/shared.ck
+"$CUSNAP" checkpoint early2 -o "$SHARED_DIR" >"$T/early2-ck.out" 2>&1 &
+CK1=$!
+sleep 0.5 # early2's checkpoint waits in its checks (its device listing is slowed)
+"$CUSNAP" checkpoint other -o "$SHARED_DIR" --leave-running >"$T/other-ck.out" 2>&1 &
+CK2=$!
+for _ in $(seq 1 100); do [ -d "$SHARED_DIR/criu" ] && break; sleep 0.02; done
+[ -d "$SHARED_DIR/criu" ] || fail "the second checkpoint never claimed $SHARED_DIR: $(cat "$T/other-ck.out")"
+kill -KILL "$SUP1"
+wait "$SUP1" 2>/dev/null || true
+wait "$CK1" 2>/dev/null || true
+expect_guardian_brought_back early2 "$PID1"
+RC=0; wait "$CK2" || RC=$?
+[ "$RC" = 0 ] || fail "the other job's checkpoint into $SHARED_DIR failed (exit $RC): $(cat "$T/other-ck.out")"
+grep -q "unfinished checkpoint in $SHARED_DIR was removed" "$LOG" &&
+  fail "the guardian of early2 removed what the other job's checkpoint wrote"
+"$CUSNAP" inspect "$SHARED_DIR" >"$T/shared-inspect.out" 2>&1 ||
+  fail "the other job's checkpoint does not verify: $(cat "$T/shared-inspect.out")"
+expect_running other "$PID2" "$T/other.out"
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID2"
+restore_bg "$SHARED_DIR" "$T/other-r.out"
+wait_count "$T/other-r.out" 3
+grep -q "pattern mismatch" "$T/other-r.out" && fail "the other job's checkpoint restored damaged"
+kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID2"
+GUARD=$(job_field early2 supervisor_pid)
+kill -TERM "$GUARD"
+wait_gone "$PID1"
+pass "supervisor killed before its checkpoint claimed its directory: another job's checkpoint there completed and restores"
 fi
 echo "PASS"
