@@ -162,6 +162,12 @@ bool SharedMemory::collective_devices(std::map<pid_t, std::vector<std::string>>*
   return true;
 }
 
+uint64_t SharedMemory::cut_hold_ms() const {
+  // The cut's own wait, the quiesce's tries while a capture goes on (each
+  // bounded by the operation's timeout) and the exchanges around them.
+  return static_cast<uint64_t>(2 * t_.phase.count() + 4 * t_.control.count());
+}
+
 bool SharedMemory::cut(std::string* err) {
   cut_counts_.clear();
   std::map<pid_t, uint64_t> counts;
@@ -171,11 +177,13 @@ bool SharedMemory::cut(std::string* err) {
     *err = "cut phase: " + why;
     return false;
   };
+  cut_armed_ = true;  // from the first arm on: every failure lets the cut go everywhere
   for (auto& p : procs_) {
     proto::CutState st;
     std::string why;
-    if (!p->client.cut("arm", 0, &st, &why)) return fail(why);
-    if (st.reserved > 0) counts[p->pid] = st.reserved;
+    if (!p->client.cut("arm", 0, &st, &why, cut_hold_ms())) return fail(why);
+    // A process holding at a collective launch is a rank, even at count 0.
+    if (st.reserved > 0 || st.held > 0) counts[p->pid] = st.reserved;
     target = std::max(target, st.reserved);
   }
   if (target == 0) {  // no collective launched: nothing to line up
@@ -193,11 +201,26 @@ bool SharedMemory::cut(std::string* err) {
     bool all = true;
     std::string behind;
     for (auto& p : procs_) {
-      if (!counts.count(p->pid)) continue;
       proto::CutState st;
       std::string why;
       if (!p->client.cut("status", 0, &st, &why)) return fail(why);
+      if (!counts.count(p->pid)) {
+        // A process that launched no collective at the arm and now holds at
+        // its first one is a rank that had not reached it yet: its peers'
+        // collectives wait for it, so it must reach the target too.
+        if (st.reserved == 0 && st.held == 0) continue;
+        if (!p->client.cut("target", target, &st, &why)) return fail(why);
+      }
       counts[p->pid] = st.launched;
+      // Every count must end at the target exactly: a process past it (its
+      // shim dropped the cut, or was armed by someone else since) has
+      // launched a collective its peers have not, which would be left half
+      // issued.
+      if (st.reserved > target || st.launched > target)
+        return fail("process " + std::to_string(p->pid) + " made " +
+                    std::to_string(std::max(st.reserved, st.launched)) +
+                    " collective launches, past the cut at " + std::to_string(target) +
+                    " (its shim let its held launches go); nothing was changed, try again");
       if (st.launched < target) {
         all = false;
         behind += (behind.empty() ? "" : ", ") + std::string("process ") + std::to_string(p->pid) +
@@ -219,13 +242,45 @@ bool SharedMemory::cut(std::string* err) {
   return true;
 }
 
-void SharedMemory::cut_release() {
-  for (auto& p : procs_) {
-    if (!p->client.connected() || !process_runs(p->pid)) continue;
-    proto::CutState st;
-    std::string why;
-    p->client.cut("release", 0, &st, &why);
+bool SharedMemory::connect_again(Proc& p, std::string* why) {
+  return p.client.connected() ||
+         p.client.connect(proto::shim_control_socket(shim_dir_, p.pid), p.pid, t_.control, why);
+}
+
+bool SharedMemory::cut_release(std::string* err) {
+  // Every live process, connected again where an exchange that timed out
+  // dropped the connection; tried kReopenAttempts times, as a shim still busy
+  // with the request that failed takes the next connection once it is done.
+  std::set<pid_t> left;
+  for (auto& p : procs_) left.insert(p->pid);
+  std::string why;
+  for (int attempt = 0; attempt < kReopenAttempts && !left.empty(); ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100) * attempt);
+    why.clear();
+    for (auto& p : procs_) {
+      if (!left.count(p->pid)) continue;
+      proto::CutState st;
+      std::string w;
+      if (!process_runs(p->pid) ||
+          (connect_again(*p, &w) && p->client.cut("release", 0, &st, &w))) {
+        left.erase(p->pid);
+        continue;
+      }
+      why += (why.empty() ? "" : "; ") + w;
+    }
   }
+  if (left.empty()) {
+    cut_armed_ = false;
+    return true;
+  }
+  if (err) {
+    std::string who;
+    for (pid_t pid : left) who += (who.empty() ? "" : ", ") + std::to_string(pid);
+    *err += "; then letting the cut go failed (" + why +
+            "), so the collective launches of process" + (left.size() == 1 ? " " : "es ") + who +
+            " stay held until its shim drops the cut by itself ($CUSNAP_CUT_HOLD_MS)";
+  }
+  return false;
 }
 
 bool SharedMemory::reopen_gates(bool keep_cut, std::string* err) {
@@ -259,8 +314,12 @@ std::vector<pid_t> SharedMemory::gates_left_closed() const {
 bool SharedMemory::quiesce(std::string* err) {
   // On failure the gates open again; keep_cut: the cut's held launches stay.
   // A gate that does not open is said in *err (gates_left_closed()).
+  // Without keep_cut the cut is let go in every process, also in those whose
+  // gate this quiesce never closed (a gate that failed to close leaves the
+  // processes after it open but held at the cut).
   auto reopen = [&](bool keep_cut) {
     reopen_gates(keep_cut, err);
+    if (!keep_cut && cut_armed_) cut_release(err);
     return false;
   };
   const uint64_t wait_ms = static_cast<uint64_t>(t_.phase.count());
@@ -298,6 +357,17 @@ bool SharedMemory::quiesce(std::string* err) {
     bool capturing = false;
     if (!p->client.drain(t_.phase, err, &capturing)) {
       *err = "quiesce phase: " + *err;
+      if (!capturing && !cut_counts_.empty()) {
+        std::string none;
+        for (auto& q : procs_)
+          if (!cut_counts_.count(q->pid))
+            none += (none.empty() ? "" : ", ") + std::to_string(q->pid);
+        if (!none.empty())
+          *err += " (process " + none +
+                  " had launched no collective at the cut and was left out of it: a rank that "
+                  "has not reached its first collective yet keeps its peers' collectives "
+                  "waiting; try again once every rank launched one)";
+      }
       // A capture must be let go on, but the ranks stay lined up at the cut:
       // once the capture has ended, the thread holds at its next collective.
       if (capturing) ++capture_retries_;
@@ -377,9 +447,7 @@ bool SharedMemory::open_gates(std::string* err, bool keep_cut) {
   for (auto& p : procs_) {
     if (!p->gate_closed || !process_runs(p->pid)) continue;
     std::string why;
-    if (!p->client.connected())
-      p->client.connect(proto::shim_control_socket(shim_dir_, p->pid), p->pid, t_.control, &why);
-    if (p->client.connected() && p->client.gate_open(&why, keep_cut)) {
+    if (connect_again(*p, &why) && p->client.gate_open(&why, keep_cut)) {
       p->gate_closed = false;
       continue;
     }

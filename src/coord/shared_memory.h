@@ -54,24 +54,32 @@ class SharedMemory {
   /// The cut across collective ranks (docs/design.md "Cut across collective
   /// ranks"): when a process has launched collective kernels, holds every
   /// process's next collective launch at one common count (the largest) and
-  /// waits until each reached it, so that no collective is half issued when
-  /// the gates close. Such a job takes part in the later phases even when it
-  /// shares no memory (active() becomes true). On failure lets every launch
-  /// go again: nothing changed. Processes that never launched a collective
-  /// are left out of the count.
+  /// waits until each reached it exactly, so that no collective is half
+  /// issued when the gates close; a process past the target (its shim let
+  /// its launches go) fails the cut. Such a job takes part in the later
+  /// phases even when it shares no memory (active() becomes true). On failure
+  /// lets every launch go again: nothing changed. A process at count 0 takes
+  /// part once it holds at a collective launch (a rank that had not reached
+  /// its first one); one that never does is left out of the count. The arm
+  /// asks every shim to hold for cut_hold_ms() at least.
   bool cut(std::string* err);
   /// The GPUs each process launched its collectives on (from its shim, without
   /// arming the cut; processes with none are left out). Changes nothing.
   bool collective_devices(std::map<pid_t, std::vector<std::string>>* out, std::string* err);
   /// Collective launches per process at the cut (empty when there was none).
   const std::map<pid_t, uint64_t>& cut_counts() const { return cut_counts_; }
-  /// Lets held collective launches go (the gates' opening does it too).
-  void cut_release();
+  /// Lets held collective launches go in every live process (the gates'
+  /// opening does it too), connecting again to a shim whose connection an
+  /// exchange that timed out dropped; tried kReopenAttempts times. false when
+  /// a shim could not be told: *err (when given) gets a note naming it (its
+  /// launches stay held until the shim drops the cut by itself).
+  bool cut_release(std::string* err = nullptr);
 
   /// Closes every gate and drains device work, then reads every shim's
   /// records again (what it tracks changed while the job ran on since
   /// inspect) and checks them as inspect does. On failure opens the gates
-  /// again (kReopenAttempts tries): nothing changed. When a gate still does
+  /// again (kReopenAttempts tries) and lets the cut go in every process,
+  /// whether its gate was closed or not (cut_release): nothing changed. When a gate still does
   /// not open (its shim does not answer, e.g. still busy with a drain that
   /// timed out), *err says which processes' gates may still be closed and
   /// gates_left_closed() names them: the job did not run on unchanged. A
@@ -122,6 +130,13 @@ class SharedMemory {
   /// open_gates, tried kReopenAttempts times; when gates stay closed, appends
   /// to *err which processes' gates may still be closed and returns false.
   bool reopen_gates(bool keep_cut, std::string* err);
+  /// Connects again to p's shim when an exchange that failed dropped the
+  /// connection.
+  bool connect_again(Proc& p, std::string* why);
+  /// How long the cut may still be needed once armed (proto::CutRequest
+  /// hold_ms): the cut's wait and the quiesce's tries, each up to the phase
+  /// timeout, and the control exchanges around them.
+  uint64_t cut_hold_ms() const;
   /// inspect's checks of every process's records; sets active_ when memory
   /// is shared.
   bool check_records(std::string* err);
@@ -132,6 +147,8 @@ class SharedMemory {
   std::string shim_dir_;
   bool active_ = false;
   std::map<pid_t, uint64_t> cut_counts_;
+  /// A cut was armed and not let go everywhere yet.
+  bool cut_armed_ = false;
 };
 
 /// The processes whose records were saved in dir (shim/<pid>.records).

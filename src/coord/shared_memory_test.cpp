@@ -3,6 +3,8 @@
 // connection at a time, as the real shim's listener does.
 #include "coord/shared_memory.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -25,20 +27,33 @@ namespace {
 
 /// A shim's control socket in a temporary directory, served by one thread.
 /// drain_takes: how long a drain request keeps the listener busy;
-/// refuse_opens: how many gate-open requests are answered with a failure.
+/// refuse_opens: how many gate-open requests are answered with a failure;
+/// close_times_out: a gate-close is answered ETIMEDOUT (the shim opened its
+/// gate again), after close_takes. The cut: the process made `launched`
+/// collective launches; armed until a release or a gate-open without keep_cut.
 struct FakeShim {
   std::string dir;
   UniqueFd listen;
-  std::atomic<bool> closed{false}, stop{false};
-  std::atomic<int> opens{0};
-  std::chrono::milliseconds drain_takes{0};
+  std::atomic<bool> closed{false}, stop{false}, armed{false};
+  std::atomic<int> opens{0}, releases{0};
+  std::atomic<uint64_t> launched{0}, hold_ms{0};
+  std::atomic<uint32_t> held{0};
+  /// On "target": reach it (launched = target, nothing held any more), then
+  /// go past it by `past` launches (a shim that dropped the cut).
+  bool reach_target = false;
+  uint64_t past = 0;
+  std::chrono::milliseconds drain_takes{0}, close_takes{0};
+  bool close_times_out = false;
   int refuse_opens = 0;
   std::thread thread;
 
-  FakeShim() {
+  /// In dir (a new temporary one when empty); the socket of process getpid().
+  explicit FakeShim(std::string in = "") : dir(std::move(in)) {
     char t[] = "/tmp/cusnap-shm-XXXXXX";
-    REQUIRE(mkdtemp(t));
-    dir = t;
+    if (dir.empty()) {
+      REQUIRE(mkdtemp(t));
+      dir = t;
+    }
     std::string err;
     REQUIRE(proto::listen_unix(proto::shim_control_socket(dir, getpid()), 0600, &listen, &err));
   }
@@ -68,9 +83,34 @@ struct FakeShim {
           proto::ShimRecords r;
           r.pid = getpid();
           sent = ch.send(proto::kMsgShimRecords, r, &err);
+        } else if (m.type == proto::kMsgShimCut) {
+          proto::CutRequest req;
+          proto::CutState st;
+          st.ok = m.get(&req, &err);
+          if (req.op == "arm") {
+            armed = true;
+            hold_ms = req.hold_ms;
+          }
+          if (req.op == "target" && reach_target) {
+            launched = req.target + past;
+            held = 0;
+          }
+          if (req.op == "release") {
+            armed = false;
+            ++releases;
+          }
+          st.armed = armed;
+          st.reserved = st.launched = launched;
+          st.held = held;
+          st.target = req.target;
+          sent = ch.send(proto::kMsgShimCutState, st, &err);
         } else {
           if (m.type == proto::kMsgGateClose) {
-            d.ok = !closed.exchange(true);
+            std::this_thread::sleep_for(close_takes);
+            if (close_times_out)
+              d.code = ETIMEDOUT;
+            else
+              d.ok = !closed.exchange(true);
           } else if (m.type == proto::kMsgShimDrain) {
             std::this_thread::sleep_for(drain_takes);
             d.ok = true;
@@ -80,6 +120,8 @@ struct FakeShim {
             } else {
               d.code = closed.exchange(false) ? 0 : EALREADY;
               d.ok = true;
+              proto::GateOpen g;
+              if (!m.get(&g, &err) || !g.keep_cut) armed = false;
             }
           }
           sent = ch.send(proto::kMsgDone, d, &err);
@@ -145,4 +187,104 @@ TEST_CASE("shared memory: a gate that cannot be opened again is named, not calle
   CHECK_FALSE(shim.closed.load());
   CHECK(sm.gates_left_closed().empty());
   sm.disconnect();
+}
+
+TEST_CASE("shared memory: a gate close that times out after the cut lets the cut go") {
+  FakeShim shim;
+  shim.launched = 3;
+  shim.close_times_out = true;  // a driver call outlasts the wait: the shim opened its gate again
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  REQUIRE(sm.cut(&err));
+  CHECK(shim.armed.load());
+  CHECK_FALSE(sm.quiesce(&err));
+  INFO(err);
+  // No gate was closed, so no gate-open lets the held launches go: the
+  // quiesce must release the cut itself, or the job stalls at its next
+  // collective launch.
+  CHECK_FALSE(shim.armed.load());
+  CHECK(sm.gates_left_closed().empty());
+  sm.disconnect();
+}
+
+TEST_CASE("shared memory: the cut is let go through a new connection after one was dropped") {
+  FakeShim shim;
+  shim.launched = 3;
+  shim.close_times_out = true;
+  shim.close_takes = 900ms;  // answered after the coordinator's exchange gave up (600 ms)
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  REQUIRE(sm.cut(&err));
+  CHECK_FALSE(sm.quiesce(&err));
+  INFO(err);
+  CHECK_FALSE(shim.armed.load());
+  CHECK(shim.releases.load() >= 1);
+  CHECK(err.find("letting the cut go failed") == std::string::npos);
+  sm.disconnect();
+}
+
+TEST_CASE("shared memory: the cut is armed for as long as the operation may need it") {
+  FakeShim shim;
+  shim.launched = 3;
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  REQUIRE(sm.cut(&err));
+  // The cut's wait and the quiesce's tries (the phase each) and the exchanges.
+  CHECK(shim.hold_ms.load() == 2 * 300 + 4 * 300);
+  sm.cut_release();
+  sm.disconnect();
+}
+
+TEST_CASE("shared memory: a process past the cut's target fails the cut, which is let go") {
+  FakeShim shim;
+  shim.launched = 3;
+  shim.reach_target = true;
+  shim.past = 1;  // its shim let a held launch go: one collective past the others
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  CHECK_FALSE(sm.cut(&err));
+  INFO(err);
+  CHECK(err.find("past the cut at 3") != std::string::npos);
+  CHECK(sm.cut_counts().empty());
+  CHECK_FALSE(shim.armed.load());
+  sm.disconnect();
+}
+
+TEST_CASE("shared memory: a rank at count 0 holding at its first collective joins the cut") {
+  FakeShim shim;
+  shim.launched = 3;
+  // The other rank, a child process (the coordinator checks who serves each
+  // socket): no collective launched yet, one thread holding at the first.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    FakeShim rank(shim.dir);
+    rank.held = 1;
+    rank.reach_target = true;
+    rank.run();
+    _exit(0);
+  }
+  shim.start();
+  const std::string sock = proto::shim_control_socket(shim.dir, child);
+  for (int i = 0; i < 250 && access(sock.c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(20ms);  // until the child listens
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid(), child}, short_timeouts(), &err));
+  REQUIRE(sm.processes().size() == 2);
+  CHECK(sm.cut(&err));
+  INFO(err);
+  CHECK(sm.cut_counts() == std::map<pid_t, uint64_t>{{getpid(), 3}, {child, 3}});
+  sm.cut_release();
+  sm.disconnect();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }

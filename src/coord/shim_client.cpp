@@ -79,11 +79,12 @@ bool ShimClient::call(const char* type, const T& payload, int fd, std::chrono::m
   return false;
 }
 
-bool ShimClient::cut(const std::string& op, uint64_t target, proto::CutState* out,
-                     std::string* err) {
+bool ShimClient::cut(const std::string& op, uint64_t target, proto::CutState* out, std::string* err,
+                     uint64_t hold_ms) {
   proto::CutRequest req;
   req.op = op;
   req.target = target;
+  req.hold_ms = hold_ms;
   return exchange(proto::kMsgShimCut, req, -1, timeout_, proto::kMsgShimCutState, out, err);
 }
 

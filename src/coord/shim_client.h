@@ -42,8 +42,9 @@ class ShimClient {
   bool release(const std::string& origin, std::chrono::milliseconds timeout, std::string* err);
   bool reimport(std::chrono::milliseconds timeout, std::string* err);
   /// The cut across collective ranks (proto::CutRequest): op is "arm",
-  /// "target", "status" or "release".
-  bool cut(const std::string& op, uint64_t target, proto::CutState* out, std::string* err);
+  /// "target", "status" or "release"; hold_ms goes with "arm".
+  bool cut(const std::string& op, uint64_t target, proto::CutState* out, std::string* err,
+           uint64_t hold_ms = 0);
 
   /// Ends the connection and waits (up to the control timeout) until the
   /// shim closed its end too, so that no connected socket is left in the

@@ -20,8 +20,8 @@
 //                          client   -> shim      reimport   Empty
 //                          shim     -> client    done       Done (bytes: bytes copied)
 //   The cut across collective ranks (gate open; docs/design.md "Cut"):
-//                          client   -> shim      cut        CutRequest (arm, target, status,
-//                                                           release)
+//                          client   -> shim      cut        CutRequest (arm [+ hold_ms], target,
+//                                                           status, release)
 //                          shim     -> client    cut-state  CutState
 //   any other request type on the control socket is answered `done` ok=false
 //   ("unknown request"), so clients can probe for newer requests.
@@ -130,12 +130,19 @@ struct ReleaseRequest {
 /// holds again; "status" answers the counts; "release" (and gate-open) lets
 /// every held launch go. A held launch waits outside the gate. The answer to
 /// "status" names the GPUs (format_gpu_uuid) of the contexts the process
-/// launched its collectives in, at most kMaxCutDevices.
+/// launched its collectives in, at most kMaxCutDevices. "arm" may carry
+/// hold_ms, how long the coordinator may still need the cut (its operation's
+/// timeout): a launch then holds for at least that long before the shim drops
+/// the cut by itself. Optional: absent or 0 (an older client), the shim's own
+/// limit ($CUSNAP_CUT_HOLD_MS) alone applies; an older shim ignores it.
 struct CutRequest {
   std::string op;
   uint64_t target = 0;
-  MSGPACK_DEFINE_MAP(op, target);
+  uint64_t hold_ms = 0;
+  MSGPACK_DEFINE_MAP(op, target, hold_ms);
 };
+/// The most a "arm" request's hold_ms is taken for (a day).
+inline constexpr uint64_t kMaxCutHoldMs = 24ull * 3600 * 1000;
 
 struct CutState {
   bool ok = false;

@@ -9,6 +9,15 @@
 
 using namespace cusnap::proto;
 
+namespace {
+/// CutRequest as it was before hold_ms.
+struct OldCutRequest {
+  std::string op;
+  uint64_t target = 0;
+  MSGPACK_DEFINE_MAP(op, target);
+};
+}  // namespace
+
 TEST_SUITE("proto.shim_messages") {
   TEST_CASE("tickets: exact size, magic, version, creator, socket path") {
     Ticket t{};
@@ -69,6 +78,29 @@ TEST_SUITE("proto.shim_messages") {
     CHECK(back.multicast[0].devices == std::vector<int32_t>{0, 1, 2});
     CHECK(back.multicast[0].bindings[0].abi == 2);
     CHECK(back.foreign_imports_alive == 1);
+  }
+
+  TEST_CASE("cut requests: hold_ms is optional both ways (protocol version 1)") {
+    // A request of an older client (no hold_ms) is read as hold_ms 0.
+    Message msg;
+    std::string err;
+    REQUIRE(decode_body(encode_body(kMsgShimCut, OldCutRequest{"arm", 7}), &msg, &err));
+    CutRequest now;  // default-made, as the shim reads a request
+    REQUIRE(msg.get(&now, &err));
+    CHECK(now.op == "arm");
+    CHECK(now.target == 7);
+    CHECK(now.hold_ms == 0);
+    // An older shim reads a request that carries it, ignoring the field.
+    CutRequest req;
+    req.op = "arm";
+    req.hold_ms = 45000;
+    REQUIRE(decode_body(encode_body(kMsgShimCut, req), &msg, &err));
+    OldCutRequest old;
+    REQUIRE(msg.get(&old, &err));
+    CHECK(old.op == "arm");
+    CutRequest back;
+    REQUIRE(msg.get(&back, &err));
+    CHECK(back.hold_ms == 45000);
   }
 
   TEST_CASE("socket names") {

@@ -102,6 +102,9 @@ struct Cut {
   uint64_t target = 0;
   uint64_t reserved = 0;
   uint32_t held = 0;
+  /// How long a launch holds before the shim drops the cut: the coordinator's
+  /// hold_ms from "arm" when longer than the shim's own limit.
+  uint64_t hold_ms = 0;
   std::atomic<uint64_t> launched{0};
   /// Ordinals (below 64) of the devices whose contexts launched collectives.
   std::atomic<uint64_t> devices{0};
@@ -165,6 +168,7 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
     g_cut.armed = true;
     g_cut.target_set = false;
     g_cut.target = 0;
+    g_cut.hold_ms = req.hold_ms < proto::kMaxCutHoldMs ? req.hold_ms : proto::kMaxCutHoldMs;
   } else if (req.op == "target") {
     if (!g_cut.armed) {
       proto::CutState st = state_locked();
@@ -202,7 +206,7 @@ void hold(uint64_t n) {
   ++g_cut.held;
   timespec deadline{};
   clock_gettime(CLOCK_MONOTONIC, &deadline);
-  const uint64_t ms = hold_ms();
+  const uint64_t ms = hold_ms() > g_cut.hold_ms ? hold_ms() : g_cut.hold_ms;
   deadline.tv_sec += static_cast<time_t>(ms / 1000);
   deadline.tv_nsec += static_cast<long>(ms % 1000) * 1000000L;
   if (deadline.tv_nsec >= 1000000000L) {
@@ -313,6 +317,7 @@ void atfork_child() noexcept {
   g_cut.armed = g_cut.target_set = false;
   g_cut.target = g_cut.reserved = 0;
   g_cut.held = 0;
+  g_cut.hold_ms = 0;
   g_cut.launched.store(0, std::memory_order_relaxed);
   g_cut.devices.store(0, std::memory_order_relaxed);
 }

@@ -138,19 +138,56 @@ checkpoint_restore_cycle() {
   pass "$tag: restored; every process counts on and sees its peers' writes"
 }
 
+# memory_devices PID: the simulated devices ("dev0 dev1 ", sorted) that hold
+# the device memory process PID created: the simulated driver names each
+# allocation's memfd "fakecuda:CREATOR:ID:devN" (N: the machine's device
+# index; tests/fakecuda/memory.cpp). Imports from other processes name their
+# creator and are left out.
+memory_devices() {
+  local fd
+  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
+    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
+}
+
+# expect_memory_on OUT SWAP: each process of the job (ready_pids OUT) holds
+# its own device memory on one device, the one in MEMORY_DEV[pid] (SWAP 0) or
+# the other of devices 0 and 1 (SWAP 1: restored with --device-map 0=1,1=0).
+declare -A MEMORY_DEV
+expect_memory_on() {
+  local p now want
+  for p in $(ready_pids "$1"); do
+    now=$(memory_devices "$p")
+    want=${MEMORY_DEV[$p]}
+    [ "$2" = 1 ] && want=$([ "$want" = "dev0 " ] && echo "dev1 " || echo "dev0 ")
+    [ "$now" = "$want" ] ||
+      fail "process $p holds its device memory on '${now% }', expected '${want% }' (before: '${MEMORY_DEV[$p]% }')"
+  done
+}
+
 # fast_cycles_then_moved N ARGS...: launches the pair with ARGS as job "fast"
 # (no sleep between steps), runs N checkpoint/kill/restore cycles, each
-# continuing at exactly the next step, then restores the last checkpoint
-# onto the other machine's GPUs (FAKECUDA_UUID_SEED=5) with
-# --device-map 0=1,1=0, where it must continue too.
+# continuing at exactly the next step with each rank's device memory on the
+# device it was on, then restores the last checkpoint onto the other
+# machine's GPUs (FAKECUDA_UUID_SEED=5) with --device-map 0=1,1=0, where it
+# must continue too, each rank's memory now on the other device.
 fast_cycles_then_moved() {
-  local n=$1 i cur
+  local n=$1 i cur p
   shift
   LAUNCH_OUT=$T/fast.out
   start_job fast "$LAUNCH_OUT" "$PAIR" "$@"
+  for p in $(ready_pids "$LAUNCH_OUT"); do
+    MEMORY_DEV[$p]=$(memory_devices "$p")
+    case ${MEMORY_DEV[$p]} in
+      "dev0 " | "dev1 ") ;;
+      *) fail "process $p holds its device memory on '${MEMORY_DEV[$p]}', expected one of dev0, dev1" ;;
+    esac
+  done
+  [ "$(printf '%s\n' "${MEMORY_DEV[@]}" | sort -u | wc -l)" = 2 ] ||
+    fail "the ranks' memory is not on two devices: ${MEMORY_DEV[*]}"
   cur=$LAUNCH_OUT
   for i in $(seq 1 "$n"); do
     checkpoint_restore_cycle fast 1 "$cur" "fast$i"
+    expect_memory_on "$LAUNCH_OUT" 0
     cur=$T/restore-fast$i.out
   done
   checkpoint_stop fast "$T/ck-moved" "$cur"
@@ -158,7 +195,8 @@ fast_cycles_then_moved() {
   SUPERVISORS+=($!)
   SUP=$!
   expect_continued "$T/moved.out" 1
-  pass "restored onto the other machine's GPUs with --device-map 0=1,1=0"
+  expect_memory_on "$LAUNCH_OUT" 1
+  pass "restored onto the other machine's GPUs with --device-map 0=1,1=0; each rank's memory moved to the other device"
   stop_job "$T/moved.out"
 }
 

@@ -12,8 +12,12 @@
 #    stopped; --leave-running too.
 #  - A rank that cannot reach the common count within --timeout: the cut
 #    rolls back with an error naming the process, the job runs on.
+#  - A gate that cannot close in time after a successful cut (a driver call
+#    outlasts --timeout): the checkpoint fails and the cut is let go in every
+#    process, so both ranks count on at once (not after the shims' hold limit).
 #  - Without lag, no sleep between steps: five checkpoint/kill/restore cycles,
-#    then restored onto the other machine's GPUs with --device-map 0=1,1=0.
+#    then restored onto the other machine's GPUs with --device-map 0=1,1=0
+#    (each rank's device memory then lies on the other device).
 source "$(dirname "$0")/lib_shared.sh"
 collective_pair_setup 2 || exit 77
 
@@ -67,6 +71,32 @@ no_errors "$LAUNCH_OUT"
 pass "cut timed out: $(grep -o 'process [0-9]* at [0-9]*' "$T/slow-ckpt.out" | head -1); rolled back, the job runs on"
 stop_job "$LAUNCH_OUT"
 
-# 4. No sleep between steps: five cycles, then other GPUs.
+# 4. The cut is met, then a gate cannot close within --timeout: every step's
+# cuMemcpyDtoH takes 3 s in the simulated driver (the job's environment), so
+# a rank is still in it when its gate should close. The checkpoint fails and
+# must let the cut go everywhere, the gate that never closed included.
+LAUNCH_OUT=$T/stall.out
+FAKECUDA_DELAY=cuMemcpyDtoH:3000 start_job stall "$LAUNCH_OUT" "$PAIR" --print-every 1
+for attempt in 1 2 3; do
+  rc=0
+  "$CUSNAP" checkpoint stall -o "$T/ck-stall$attempt" --leave-running --timeout 1 >"$T/stall-ckpt.out" 2>&1 || rc=$?
+  [ "$rc" != 0 ] && break
+  echo "   attempt $attempt: the gates closed between two copies; again"
+done
+[ "$rc" != 0 ] || fail "three checkpoints closed the gates during 3 s copies with --timeout 1"
+grep -q "quiesce phase" "$T/stall-ckpt.out" || fail "unexpected failure: $(cat "$T/stall-ckpt.out")"
+grep -q "after the collective cut" "$T/stall-ckpt.out" || fail "the failure came before the cut: $(cat "$T/stall-ckpt.out")"
+grep -q "runs on unchanged" "$T/stall-ckpt.out" || fail "no rollback reported: $(cat "$T/stall-ckpt.out")"
+# A step takes some 3 s: two more each within 15 s (held at the cut, the
+# ranks would stand still until the shims' hold limit, 120 s).
+for p in "${PREFIXES[@]}"; do
+  wait_count "$LAUNCH_OUT" $(($(last_count "$LAUNCH_OUT" "$p") + 2)) "$p" 15
+done
+if grep -q "the cut is dropped" "$LAUNCH_OUT"; then fail "a shim had to drop the cut by itself"; fi
+no_errors "$LAUNCH_OUT"
+pass "a gate close that timed out after the cut: the cut was let go everywhere, both ranks count on"
+stop_job "$LAUNCH_OUT"
+
+# 5. No sleep between steps: five cycles, then other GPUs.
 fast_cycles_then_moved 5 --print-every 1
 echo "PASS"
