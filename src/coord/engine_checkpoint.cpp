@@ -175,20 +175,28 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!refuse_when_left_suspended(job, "checkpoint", err)) return false;
   // Settings the client sent count before this supervisor's environment.
   auto value = [&](const char* name) { return setting(opts.settings, name); };
+  // A refused value from this supervisor's environment is said to be.
+  auto refused = [&](const char* name) { return refused_setting(opts.settings, name, err); };
   CriuInfo criu;
-  if (!find_criu(&criu, err, value("CUSNAP_CRIU_BREAKPOINTS"))) return false;
+  if (!find_criu(&criu, err, value("CUSNAP_CRIU_BREAKPOINTS")))
+    return refused("CUSNAP_CRIU_BREAKPOINTS");
   bool dir_existed = false;
   if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
   unsigned hash_threads = 0;
-  if (!hash_thread_count(value("CUSNAP_HASH_THREADS"), &hash_threads, err)) return false;
+  if (!hash_thread_count(value("CUSNAP_HASH_THREADS"), &hash_threads, err))
+    return refused("CUSNAP_HASH_THREADS");
   std::string ghost_limit, network_lock;
-  if (!criu_ghost_limit(value("CUSNAP_CRIU_GHOST_LIMIT"), &ghost_limit, err)) return false;
-  if (!criu_network_lock(value("CUSNAP_CRIU_NETWORK_LOCK"), &network_lock, err)) return false;
+  if (!criu_ghost_limit(value("CUSNAP_CRIU_GHOST_LIMIT"), &ghost_limit, err))
+    return refused("CUSNAP_CRIU_GHOST_LIMIT");
+  if (!criu_network_lock(value("CUSNAP_CRIU_NETWORK_LOCK"), &network_lock, err))
+    return refused("CUSNAP_CRIU_NETWORK_LOCK");
   Driver driver;
   JobScan scan;
   if (!scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "checkpoint", &scan, err)) return false;
   // Before shared memory is released: each process's whole use.
-  if (!note_gpu_use(job, scan.cuda, value(kRestoreMarginSetting), &driver, err)) return false;
+  if (!note_gpu_use(job, scan.cuda, value(kRestoreMarginSetting), &driver, err))
+    return refused(kRestoreMarginSetting);
+  driver.restore_memory().policy.origin = setting_origin(opts.settings, kRestoreMarginSetting);
   driver.set_call_deadline(driver_deadline(opts.timeout, scan.gpus));
   std::vector<pid_t> pids;
   for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
@@ -362,11 +370,14 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     work.keep();
     if (why.find("Can't dump ghost file") != std::string::npos)
       why += "the job holds a deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=" + ghost_limit +
+             setting_origin(opts.settings, "CUSNAP_CRIU_GHOST_LIMIT") +
              ": raise the limit or unset it\n";
     if (tcp > 0 && (why.find("Locking network failed") != std::string::npos ||
                     why.find("Locking connection failed") != std::string::npos))
       why += "CRIU could not lock the job's TCP connections with " + network_lock +
-             " (CUSNAP_CRIU_NETWORK_LOCK): where this machine has no nftables, set it to "
+             " (CUSNAP_CRIU_NETWORK_LOCK" +
+             setting_origin(opts.settings, "CUSNAP_CRIU_NETWORK_LOCK") +
+             "): where this machine has no nftables, set it to "
              "iptables (needs the iptables programs) or skip (no lock: a packet from outside "
              "the job during the dump may reset a connection)\n";
     return roll_back("CRIU dump phase: " + why + "(CRIU's log and output are kept in " +

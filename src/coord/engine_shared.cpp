@@ -61,7 +61,7 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   if (!ranks_sharing_gpu_allowed(setting(settings, "CUSNAP_ALLOW_RANKS_SHARING_GPU"),
                                  &allow_shared_gpu, err)) {
     sm->disconnect();
-    return false;
+    return refused_setting(settings, "CUSNAP_ALLOW_RANKS_SHARING_GPU", err);
   }
   if (!allow_shared_gpu) {
     std::map<pid_t, std::vector<std::string>> devices;

@@ -19,7 +19,9 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   JobScan scan;
   bool ok = require_root("suspend", err) && refuse_when_left_suspended(job, "suspend", err) &&
             scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err) &&
-            note_gpu_use(job, scan.cuda, setting(settings, kRestoreMarginSetting), &driver, err);
+            (note_gpu_use(job, scan.cuda, setting(settings, kRestoreMarginSetting), &driver, err) ||
+             refused_setting(settings, kRestoreMarginSetting, err));
+  driver.restore_memory().policy.origin = setting_origin(settings, kRestoreMarginSetting);
   if (ok && scan.cuda.empty()) {
     *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
     ok = false;
@@ -110,7 +112,10 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   Driver driver;
   std::vector<pid_t> cuda;
   if (ok) ok = driver.load(err);
-  if (ok) ok = load_gpu_use(job, setting(settings, kRestoreMarginSetting), &driver, err);
+  if (ok)
+    ok = load_gpu_use(job, setting(settings, kRestoreMarginSetting), &driver, err) ||
+         refused_setting(settings, kRestoreMarginSetting, err);
+  driver.restore_memory().policy.origin = setting_origin(settings, kRestoreMarginSetting);
   if (ok) {
     // A state that cannot be read is an error naming the call, not "not
     // suspended": the job may well be suspended.

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cudaapi/nvml_table.h"
+#include "proto/env_settings.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -48,8 +48,14 @@ const NvmlApi& nvml_api() {
   return api;
 }
 
+/// Bytes in MiB, rounded to the nearest (up to 2^44 MiB for 2^64 - 1: no wrap).
 std::string mib(uint64_t b) {
-  return std::to_string((b + (1ull << 19)) >> 20) + " MiB";
+  return std::to_string((b >> 20) + ((b >> 19) & 1)) + " MiB";
+}
+
+/// a + b, at most 2^64 - 1.
+uint64_t saturated_sum(uint64_t a, uint64_t b) {
+  return b > ~a ? ~uint64_t(0) : a + b;
 }
 
 }  // namespace
@@ -95,7 +101,7 @@ bool nvml_read(std::vector<GpuMemory>* gpus, ProcessGpuUse* use, std::string* er
     for (size_t k = 0; k < std::min<size_t>(count, procs.size()); ++k) {
       const nvmlProcessInfo_t& p = procs[k];
       if (p.pid > 0 && p.usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
-        (*use)[pid_t(p.pid)][uuid] += p.usedGpuMemory;
+        (*use)[pid_t(p.pid)][uuid] = saturated_sum((*use)[pid_t(p.pid)][uuid], p.usedGpuMemory);
     }
   }
   if (r != NVML_SUCCESS && err->empty()) *err = "nvmlDeviceGetCount_v2 failed: " + api.name(r);
@@ -106,27 +112,13 @@ bool nvml_read(std::vector<GpuMemory>* gpus, ProcessGpuUse* use, std::string* er
 bool restore_memory_policy(const char* value, RestoreMemoryPolicy* out, std::string* err) {
   *out = RestoreMemoryPolicy{};
   if (!value || !*value) return true;
-  const std::string v = value;
-  if (v == "off") {
-    out->enabled = false;
-    return true;
-  }
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  int shift = 0;
-  if (end && *end) {
-    if (end[1] == 0 && (*end == 'K' || *end == 'k')) shift = 10;
-    if (end[1] == 0 && (*end == 'M' || *end == 'm')) shift = 20;
-    if (end[1] == 0 && (*end == 'G' || *end == 'g')) shift = 30;
-  }
-  const bool digits = !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]));
-  if (!digits || errno == ERANGE || (end && *end && shift == 0) || (n >> (63 - shift)) != 0) {
-    *err = std::string(kRestoreMarginSetting) + "=\"" + v +
-           "\" is not a size (bytes, or a number followed by K, M or G) or off";
-    return false;
-  }
-  out->margin = uint64_t(n) << shift;
+  // The grammar launch and restore check it by (proto/env_settings.h).
+  bool off = false;
+  uint64_t margin = 0;
+  if (!proto::parse_memory_margin(value, &off, &margin))
+    return proto::text_setting_checked(proto::kRestoreMemoryMargin, value, err);
+  out->enabled = !off;
+  if (!off) out->margin = margin;
   return true;
 }
 
@@ -138,7 +130,8 @@ GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
     if (it == use.end()) continue;
     for (const auto& [uuid, bytes] : it->second) {
       auto m = uuid_map.find(uuid);
-      need[m == uuid_map.end() ? uuid : m->second] += bytes;
+      uint64_t& sum = need[m == uuid_map.end() ? uuid : m->second];
+      sum = saturated_sum(sum, bytes);
     }
   }
   return need;
@@ -181,7 +174,7 @@ bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy,
   *why = "not enough free device memory for the driver's restore: " + shortfall +
          ". A restore tried without it loses the job's GPU state for good, so it was not "
          "tried. Free memory on the GPU (nvidia-smi lists its processes), or set " +
-         kRestoreMarginSetting + " lower.";
+         kRestoreMarginSetting + " lower" + policy.origin + ".";
   return false;
 }
 

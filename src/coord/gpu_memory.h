@@ -25,6 +25,10 @@ namespace cusnap {
 using GpuUse = std::map<std::string, uint64_t>;
 /// Each process's use, as NVML counted it while the process ran.
 using ProcessGpuUse = std::map<pid_t, GpuUse>;
+/// More device memory than any GPU has (1 PiB; the largest hold some
+/// hundred GiB): a manifest's count beyond it, alone or added up over a
+/// GPU's processes, is refused (manifest.h). Sums here saturate all the same.
+inline constexpr uint64_t kMaxGpuMemoryBytes = uint64_t(1) << 50;
 
 struct GpuMemory {
   unsigned index = 0;
@@ -46,6 +50,9 @@ inline constexpr uint64_t kDefaultRestoreMargin = 256ull << 20;
 struct RestoreMemoryPolicy {
   bool enabled = true;
   uint64_t margin = kDefaultRestoreMargin;
+  /// Where the setting's value came from, for the advice of a refusal: empty,
+  /// or a clause after its name (settings.h, setting_origin).
+  std::string origin;
 };
 /// Parses the setting's value (nullptr or empty: the default); false with
 /// *err for anything else.
@@ -53,7 +60,7 @@ bool restore_memory_policy(const char* value, RestoreMemoryPolicy* out, std::str
 
 /// What the processes of `pids` need per GPU, their UUIDs mapped through
 /// uuid_map (old -> new; absent: the same GPU). Processes without a count
-/// add nothing.
+/// add nothing; a sum beyond 2^64 - 1 bytes stays there.
 GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
                     const std::map<std::string, std::string>& uuid_map = {});
 /// The same GPUs' values under their mapped UUIDs.
@@ -67,8 +74,7 @@ GpuUse map_gpus(const GpuUse& v, const std::map<std::string, std::string>& uuid_
 /// needs). False: *why names each GPU that falls short, its free memory,
 /// the need and the margin.
 bool restore_memory_fits(const GpuUse& need, const RestoreMemoryPolicy& policy,
-                         const GpuUse& margin_cap, std::string* why,
-                         std::string* note = nullptr);
+                         const GpuUse& margin_cap, std::string* why, std::string* note = nullptr);
 
 /// The record a checkpoint or suspend leaves in the job's runtime directory
 /// for a later resume of the job: JSON {"processes": {"<pid>": {"GPU-...":

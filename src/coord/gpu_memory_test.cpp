@@ -162,3 +162,72 @@ TEST_CASE("gpu memory: a process's use in the manifest, optional and checked") {
       &back, &err));
   CHECK(err.find("gpu_free") != std::string::npos);
 }
+
+TEST_CASE("gpu memory: counts no GPU has are refused in the manifest, sums included") {
+  Manifest m, back;
+  m.job.name = "j";
+  m.job.root_pid = 100;
+  ManifestProcess p;
+  p.pid = 100;
+  p.uses_cuda = true;
+  p.gpus = {kGpu0};
+  p.gpu_memory[kGpu0] = ~0ull;
+  m.processes.push_back(p);
+  std::string err;
+  CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(err.find("processes[0].gpu_memory." + kGpu0 +
+                 " is 18446744073709551615 bytes, more device memory than a GPU has") !=
+        std::string::npos);
+  // Each at the bound, but more together than a GPU has.
+  m.processes[0].gpu_memory[kGpu0] = kMaxGpuMemoryBytes;
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+  p.pid = 101;
+  p.gpu_memory[kGpu0] = kMaxGpuMemoryBytes;
+  m.processes.push_back(p);
+  CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(err.find("processes[1].gpu_memory." + kGpu0 + ": the processes' use of " + kGpu0 +
+                 " adds up to more device memory than a GPU has") != std::string::npos);
+  m.processes.pop_back();
+  m.gpu_free[kGpu0] = kMaxGpuMemoryBytes + 1;
+  CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(err.find("gpu_free." + kGpu0 + " is " + std::to_string(kMaxGpuMemoryBytes + 1) +
+                 " bytes, more device memory than a GPU has") != std::string::npos);
+  m.gpu_free.clear();
+  m.gpus.push_back({0, "Fake H200", kGpu0, ~0ull});
+  CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+  CHECK(err.find("gpus[0].total_mem is 18446744073709551615 bytes, more device memory than a GPU "
+                 "has") != std::string::npos);
+}
+
+TEST_CASE("gpu memory: the need saturates, and the check names it in MiB that do not wrap") {
+  ProcessGpuUse use;
+  use[10][kGpu0] = ~0ull;
+  use[11][kGpu0] = 2;
+  use[11][kGpu1] = ~0ull - 1;
+  use[12][kGpu1] = ~0ull - 1;
+  GpuUse need = restore_need(use, {10, 11, 12});
+  CHECK(need[kGpu0] == ~0ull);
+  CHECK(need[kGpu1] == ~0ull);
+  // Onto one GPU through a map: still no wrap.
+  need = restore_need(use, {10, 11, 12}, {{kGpu1, kGpu0}});
+  CHECK(need.size() == 1);
+  CHECK(need[kGpu0] == ~0ull);
+  // Against the simulated GPUs (NVML of tests/fakecuda, on LD_LIBRARY_PATH).
+  std::vector<GpuMemory> gpus;
+  ProcessGpuUse now;
+  std::string err, why;
+  REQUIRE_MESSAGE(nvml_read(&gpus, &now, &err), err);
+  REQUIRE_FALSE(gpus.empty());
+  CHECK_FALSE(restore_memory_fits({{gpus[0].uuid, ~0ull}}, RestoreMemoryPolicy{}, {}, &why));
+  CHECK_MESSAGE(why.find("the job needs 17592186044416 MiB there") != std::string::npos, why);
+  CHECK_FALSE(restore_memory_fits({{gpus[0].uuid, (~0ull) - (1ull << 19) + 1}},
+                                  RestoreMemoryPolicy{}, {}, &why));
+  CHECK_MESSAGE(why.find("the job needs 17592186044416 MiB there") != std::string::npos, why);
+  // Where the margin came from, when the message gives it.
+  RestoreMemoryPolicy from;
+  from.origin = " (from the supervisor)";
+  CHECK_FALSE(restore_memory_fits({{gpus[0].uuid, ~0ull}}, from, {}, &why));
+  CHECK_MESSAGE(why.find("set CUSNAP_RESTORE_MEMORY_MARGIN lower (from the supervisor).") !=
+                    std::string::npos,
+                why);
+}

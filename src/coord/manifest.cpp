@@ -11,13 +11,16 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "coord/file_read.h"
 #include "coord/procs.h"
 #include "proto/json_text.h"
-#include "proto/unique_fd.h"  // write_all
+#include "proto/shim_messages.h"  // kMaxParts
+#include "proto/unique_fd.h"      // write_all
 
 #ifndef CUSNAP_VERSION
 #define CUSNAP_VERSION "0.0.0"
@@ -29,6 +32,28 @@ using nlohmann::json;
 
 std::string cusnap_version() {
   return CUSNAP_VERSION;
+}
+
+bool job_record_fits(const std::vector<std::string>& argv, const std::string& cwd,
+                     std::string* err) {
+  // As job.json lays them out (json_text, indent 2): "  \"cwd\": ...,\n",
+  // "  \"argv\": [\n", each argument on a line of its own ("    ...,\n"), "  ],\n".
+  size_t n = 12 + json_text(json(cwd)).size() + 16;
+  for (const std::string& a : argv) n += 6 + json_text(json(a)).size();
+  if (n <= kMaxJobRecordBytes) return true;
+  *err = "job.argv and job.cwd take " + std::to_string(n) +
+         " bytes as the job's record (job.json) holds them, more than " +
+         std::to_string(kMaxJobRecordBytes) + ": cusnap ps could not list the job";
+  return false;
+}
+
+std::string shim_records_file(pid_t pid) {
+  return "shim/" + std::to_string(pid) + ".records";
+}
+
+std::string shared_memory_file(pid_t pid, uint64_t id, uint32_t k) {
+  return "shared/" + std::to_string(pid) + "-" + std::to_string(id) + "." + std::to_string(k) +
+         ".bin";
 }
 
 std::string manifest_to_json(const Manifest& m) {
@@ -47,7 +72,7 @@ std::string manifest_to_json(const Manifest& m) {
               {"shim_dir", m.job.shim_dir}};
   j["processes"] = json::array();
   for (const ManifestProcess& p : m.processes) {
-    json jp = {{"pid", p.pid},         {"ppid", p.ppid},          {"exe", p.exe},
+    json jp = {{"pid", p.pid},         {"ppid", p.ppid},           {"exe", p.exe},
                {"cmdline", p.cmdline}, {"uses_cuda", p.uses_cuda}, {"gpus", p.gpus}};
     if (!p.gpu_memory.empty()) jp["gpu_memory"] = p.gpu_memory;
     j["processes"].push_back(jp);
@@ -91,8 +116,25 @@ std::string manifest_to_json(const Manifest& m) {
 
 namespace {
 
+/// A bound on a string's bytes, and what it is for the message: "F is N
+/// bytes long, more than WHAT (MAX bytes)" (WHAT null: "more than MAX bytes").
+struct Bound {
+  size_t max;
+  const char* what;
+};
+constexpr Bound kText{kMaxManifestTextBytes, nullptr};
+constexpr Bound kPath{kMaxManifestPathBytes, "a path can be"};
+constexpr Bound kArgument{kMaxArgumentBytes, "an argument can be"};
+constexpr Bound kCommandLine{kMaxCommandLineBytes, "a command line can be"};
+
+std::string too_long(const std::string& field, size_t n, const Bound& b) {
+  return field + " is " + std::to_string(n) + " bytes long, more than " +
+         (b.what ? std::string(b.what) + " (" + std::to_string(b.max) + " bytes)"
+                 : std::to_string(b.max) + " bytes");
+}
+
 // Strict field access: each getter fails with the field's path when the key
-// is missing or has another type.
+// is missing or has another type, or a string is longer than its bound.
 struct Reader {
   std::string* err;
   bool ok = true;
@@ -109,11 +151,14 @@ struct Reader {
     if (ok) *err = "manifest field " + what;
     ok = false;
   }
-  void str(const json& obj, const std::string& where, const char* key, std::string* out) {
+  void str(const json& obj, const std::string& where, const char* key, std::string* out,
+           const Bound& bound = kText) {
     const json* v = field(obj, where, key);
     if (!v) return;
     if (!v->is_string()) return fail(where + "." + key + " is not a string");
-    *out = v->get<std::string>();
+    const std::string& text = v->get_ref<const std::string&>();
+    if (text.size() > bound.max) return fail(too_long(dotted(where, key), text.size(), bound));
+    *out = text;
   }
   template <typename T>
   void num(const json& obj, const std::string& where, const char* key, T* out) {
@@ -134,16 +179,29 @@ struct Reader {
     if (!v->is_boolean()) return fail(where + "." + key + " is not true or false");
     *out = v->get<bool>();
   }
+  /// Each element within `each`; with `total`, all of them with a NUL after
+  /// each (as a command line) within it.
   void strings(const json& obj, const std::string& where, const char* key,
-               std::vector<std::string>* out) {
+               std::vector<std::string>* out, const Bound& each = kText,
+               const Bound* total = nullptr) {
     const json* v = field(obj, where, key);
     if (!v) return;
     if (!v->is_array()) return fail(where + "." + key + " is not an array");
     out->clear();
+    size_t sum = 0;
     for (const json& e : *v) {
       if (!e.is_string()) return fail(where + "." + key + " has an element that is not a string");
-      out->push_back(e.get<std::string>());
+      const std::string& text = e.get_ref<const std::string&>();
+      if (text.size() > each.max)
+        return fail(too_long(dotted(where, key) + "[" + std::to_string(out->size()) + "]",
+                             text.size(), each));
+      sum += text.size() + 1;
+      out->push_back(text);
     }
+    if (total && sum > total->max) fail(too_long(dotted(where, key), sum, *total));
+  }
+  static std::string dotted(const std::string& where, const char* key) {
+    return where.empty() ? key : where + "." + key;
   }
   const json* array(const json& obj, const std::string& where, const char* key) {
     const json* v = field(obj, where, key);
@@ -164,6 +222,96 @@ bool safe_relative_path(const std::string& p) {
 
 bool is_hex_digest(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+/// An object of GPU UUIDs and byte counts at `where` (a process's
+/// gpu_memory, gpu_free), each at most kMaxGpuMemoryBytes.
+void read_gpu_bytes(Reader& r, const json& g, const std::string& where, GpuUse* out) {
+  if (!g.is_object()) return r.fail(where + " is not an object");
+  for (auto it = g.begin(); r.ok && it != g.end(); ++it) {
+    const std::string& uuid = it.key();
+    if (uuid.size() > kMaxManifestTextBytes)
+      r.fail(where + " has a key of " + std::to_string(uuid.size()) + " bytes, more than " +
+             std::to_string(kMaxManifestTextBytes) + " bytes");
+    else if (!uuid.starts_with("GPU-") || !it.value().is_number_unsigned())
+      r.fail(where + "." + uuid + " is not a GPU UUID with a byte count");
+    else if (it.value().get<uint64_t>() > kMaxGpuMemoryBytes)
+      r.fail(where + "." + uuid + " is " + std::to_string(it.value().get<uint64_t>()) +
+             " bytes, more device memory than a GPU has (at most " +
+             std::to_string(kMaxGpuMemoryBytes) + ")");
+    else
+      (*out)[uuid] = it.value().get<uint64_t>();
+  }
+}
+
+/// A decimal number written as std::to_string writes it (no sign, no
+/// leading zero) at the front of text; its end in *end.
+template <typename T>
+bool leading_number(std::string_view text, T* out, size_t* end) {
+  size_t n = 0;
+  uint64_t v = 0;
+  for (; n < text.size() && text[n] >= '0' && text[n] <= '9'; ++n) {
+    const uint64_t digit = uint64_t(text[n] - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - digit) / 10) return false;
+    v = v * 10 + digit;
+  }
+  if (n == 0 || (n > 1 && text[0] == '0') || v > uint64_t(std::numeric_limits<T>::max()))
+    return false;
+  *out = T(v);
+  *end = n;
+  return true;
+}
+
+/// What the restore reads by name from the manifest is among its files, and
+/// the files under shim/ and shared/ are those it reads: a shim process's
+/// records, and the parts of its shared allocations' bytes, from 0 on.
+void check_references(Reader& r, const Manifest& m) {
+  std::set<std::string> listed;
+  for (const ManifestFile& f : m.files) listed.insert(f.path);
+  std::set<pid_t> cuda, shims;
+  for (const ManifestProcess& p : m.processes)
+    if (p.uses_cuda) cuda.insert(p.pid);
+  for (size_t i = 0; r.ok && i < m.shim_processes.size(); ++i) {
+    const pid_t pid = m.shim_processes[i];
+    const std::string w = "shim_processes[" + std::to_string(i) + "]: ",
+                      process = "process " + std::to_string(pid);
+    if (!shims.insert(pid).second)
+      r.fail(w + process + " is listed twice");
+    else if (!cuda.count(pid))
+      r.fail(w + process + " is none of the processes that use CUDA");
+    else if (!listed.count(shim_records_file(pid)))
+      r.fail(w + "the records of " + process + ", " + shim_records_file(pid) +
+             ", are not among the checkpoint's files");
+  }
+  for (size_t i = 0; r.ok && i < m.files.size(); ++i) {
+    const std::string& path = m.files[i].path;
+    const std::string w = "files[" + std::to_string(i) + "].path " + path;
+    const bool records = path.starts_with("shim/"), bytes = path.starts_with("shared/");
+    if (!records && !bytes) continue;
+    std::string_view rest = std::string_view(path).substr(records ? 5 : 7);
+    pid_t pid = 0;
+    uint64_t id = 0;
+    uint32_t k = 0;
+    size_t n = 0;
+    bool named = leading_number(rest, &pid, &n) && pid > 0;
+    if (named && records) {
+      named = rest.substr(n) == ".records";
+    } else if (named) {
+      rest.remove_prefix(n);
+      named = rest.starts_with("-") && leading_number(rest.substr(1), &id, &n);
+      if (named) rest.remove_prefix(1 + n);
+      named = named && rest.starts_with(".") && leading_number(rest.substr(1), &k, &n) &&
+              k < proto::kMaxParts && rest.substr(1 + n) == ".bin";
+    }
+    if (!named)
+      r.fail(w + " is not a file cusnap writes there");
+    else if (!shims.count(pid))
+      r.fail(w + " is the " + (records ? "records" : "memory") + " of process " +
+             std::to_string(pid) + ", which is not among shim_processes");
+    else if (bytes && k > 0 && !listed.count(shared_memory_file(pid, id, k - 1)))
+      r.fail(w + ": the part before it, " + shared_memory_file(pid, id, k - 1) +
+             ", is not among the checkpoint's files");
+  }
 }
 
 // "tcp_listeners" (optional): each one's family, an address of that family
@@ -217,7 +365,8 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   r.num(j, "", "version", &m->version);
   if (r.ok && m->version != kManifestVersion && m->version != 2) {
     std::string writer;
-    if (j.contains("cusnap_version") && j["cusnap_version"].is_string())
+    if (j.contains("cusnap_version") && j["cusnap_version"].is_string() &&
+        j["cusnap_version"].get_ref<const std::string&>().size() <= 64)
       writer = " (written by cusnap " + j["cusnap_version"].get<std::string>() + ")";
     *err = "manifest version " + std::to_string(m->version) + writer +
            " is not supported: this cusnap " + cusnap_version() + " reads versions 2 to " +
@@ -228,36 +377,39 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   r.str(j, "", "cusnap_version", &m->cusnap_version);
   if (const json* job = r.field(j, "", "job")) {
     r.str(*job, "job", "name", &m->job.name);
-    r.strings(*job, "job", "argv", &m->job.argv);
-    r.str(*job, "job", "cwd", &m->job.cwd);
+    r.strings(*job, "job", "argv", &m->job.argv, kArgument);
+    r.str(*job, "job", "cwd", &m->job.cwd, kPath);
     r.num(*job, "job", "owner_uid", &m->job.owner_uid);
     r.num(*job, "job", "root_pid", &m->job.root_pid);
     r.str(*job, "job", "stdout_pipe", &m->job.stdout_pipe_id);
     r.str(*job, "job", "stderr_pipe", &m->job.stderr_pipe_id);
-    r.str(*job, "job", "shim_dir", &m->job.shim_dir);
+    r.str(*job, "job", "shim_dir", &m->job.shim_dir, kPath);
+    // The restored job's record: one ps could not read would hide the job.
+    if (std::string why; r.ok && !job_record_fits(m->job.argv, m->job.cwd, &why)) r.fail(why);
   }
   if (const json* procs = r.array(j, "", "processes")) {
     m->processes.clear();
+    std::set<pid_t> pids;
+    GpuUse per_gpu;  // the processes' use added up, per GPU
     for (size_t i = 0; r.ok && i < procs->size(); ++i) {
       std::string w = "processes[" + std::to_string(i) + "]";
       ManifestProcess p;
       r.num((*procs)[i], w, "pid", &p.pid);
       r.num((*procs)[i], w, "ppid", &p.ppid);
-      r.str((*procs)[i], w, "exe", &p.exe);
-      r.strings((*procs)[i], w, "cmdline", &p.cmdline);
+      r.str((*procs)[i], w, "exe", &p.exe, kPath);
+      r.strings((*procs)[i], w, "cmdline", &p.cmdline, kCommandLine, &kCommandLine);
       r.boolean((*procs)[i], w, "uses_cuda", &p.uses_cuda);
       r.strings((*procs)[i], w, "gpus", &p.gpus);
-      if (r.ok && (*procs)[i].contains("gpu_memory")) {
-        const json& g = (*procs)[i]["gpu_memory"];
-        if (!g.is_object()) r.fail(w + ".gpu_memory is not an object");
-        for (auto it = g.begin(); r.ok && it != g.end(); ++it) {
-          if (!it.key().starts_with("GPU-") || !it.value().is_number_unsigned())
-            r.fail(w + ".gpu_memory." + it.key() + " is not a GPU UUID with a byte count");
-          else
-            p.gpu_memory[it.key()] = it.value().get<uint64_t>();
-        }
-      }
+      if (r.ok && (*procs)[i].contains("gpu_memory"))
+        read_gpu_bytes(r, (*procs)[i]["gpu_memory"], w + ".gpu_memory", &p.gpu_memory);
+      for (auto it = p.gpu_memory.begin(); r.ok && it != p.gpu_memory.end(); ++it)
+        if ((per_gpu[it->first] += it->second) > kMaxGpuMemoryBytes)
+          r.fail(w + ".gpu_memory." + it->first + ": the processes' use of " + it->first +
+                 " adds up to more device memory than a GPU has (at most " +
+                 std::to_string(kMaxGpuMemoryBytes) + ")");
       if (r.ok && p.pid <= 0) r.fail(w + ".pid is not a process id");
+      if (r.ok && !pids.insert(p.pid).second)
+        r.fail(w + ".pid " + std::to_string(p.pid) + " is listed twice");
       m->processes.push_back(p);
     }
     if (r.ok && m->processes.empty()) r.fail("processes is empty");
@@ -266,7 +418,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   }
   if (const json* d = r.field(j, "", "driver")) {
     r.num(*d, "driver", "version", &m->driver_version);
-    r.str(*d, "driver", "path", &m->driver_path);
+    r.str(*d, "driver", "path", &m->driver_path, kPath);
   }
   if (const json* gpus = r.array(j, "", "gpus")) {
     m->gpus.clear();
@@ -277,12 +429,16 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
       r.str((*gpus)[i], w, "name", &g.name);
       r.str((*gpus)[i], w, "uuid", &g.uuid);
       r.num((*gpus)[i], w, "total_mem", &g.total_mem);
+      if (r.ok && g.total_mem > kMaxGpuMemoryBytes)
+        r.fail(w + ".total_mem is " + std::to_string(g.total_mem) +
+               " bytes, more device memory than a GPU has (at most " +
+               std::to_string(kMaxGpuMemoryBytes) + ")");
       m->gpus.push_back(g);
     }
   }
   if (const json* c = r.field(j, "", "criu")) {
     r.str(*c, "criu", "version", &m->criu_version);
-    r.str(*c, "criu", "path", &m->criu_path);
+    r.str(*c, "criu", "path", &m->criu_path, kPath);
     if (r.ok && c->contains("run_id")) r.str(*c, "criu", "run_id", &m->criu_run_id);
     if (r.ok && c->contains("network_lock"))
       r.str(*c, "criu", "network_lock", &m->criu_network_lock);
@@ -293,7 +449,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     for (size_t i = 0; r.ok && i < files->size(); ++i) {
       std::string w = "files[" + std::to_string(i) + "]";
       ManifestFile f;
-      r.str((*files)[i], w, "path", &f.path);
+      r.str((*files)[i], w, "path", &f.path, kPath);
       r.num((*files)[i], w, "size", &f.size);
       r.num((*files)[i], w, "chunk_size", &f.chunk_size);
       r.str((*files)[i], w, "sha256", &f.sha256);
@@ -330,18 +486,11 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   }
   r.boolean(j, "", "leave_running", &m->leave_running);
   if (j.contains("tcp_established")) r.boolean(j, "", "tcp_established", &m->tcp_established);
-  if (r.ok && j.contains("gpu_free")) {
-    const json& g = j["gpu_free"];
-    if (!g.is_object()) r.fail("gpu_free is not an object");
-    for (auto it = g.begin(); r.ok && it != g.end(); ++it) {
-      if (!it.key().starts_with("GPU-") || !it.value().is_number_unsigned())
-        r.fail("gpu_free." + it.key() + " is not a GPU UUID with a byte count");
-      else
-        m->gpu_free[it.key()] = it.value().get<uint64_t>();
-    }
-  }
+  m->gpu_free.clear();
+  if (r.ok && j.contains("gpu_free")) read_gpu_bytes(r, j["gpu_free"], "gpu_free", &m->gpu_free);
   if (j.contains("tcp_listeners")) read_tcp_listeners(r, j, &m->tcp_listeners);
   // Version 3: the processes whose shims hold released shared memory.
+  m->shim_processes.clear();
   if (m->version >= 3) {
     if (const json* sp = r.array(j, "", "shim_processes")) {
       for (size_t i = 0; r.ok && i < sp->size(); ++i) {
@@ -355,6 +504,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
       r.fail("shim_processes is missing");
     }
   }
+  if (r.ok) check_references(r, *m);
   return r.ok;
 }
 

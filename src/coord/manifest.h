@@ -26,8 +26,9 @@
 //                                     checked free before a restore (ports.h)
 //     "gpu_free": {"GPU-...": bytes}, optional: free device memory before
 //     "shim_processes": [pid, ..] }   processes whose shims released shared
-//                                     memory: their records are shim/<pid>.records,
-//                                     the bytes shared/<pid>-<allocation>.<k>.bin
+//                                     memory (of those using CUDA): their records
+//                                     are shim/<pid>.records, the bytes
+//                                     shared/<pid>-<allocation>.<k>.bin, k from 0
 //
 // Version 2 (no shim_processes: nothing shared) is still read.//
 // files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a
@@ -109,9 +110,42 @@ struct Manifest {
   GpuUse gpu_free;
 };
 
+/// Bounds of a manifest's text, checked by its parser. A path (job.cwd,
+/// job.shim_dir, an exe, driver.path, criu.path, a file's path): PATH_MAX.
+/// An argument of job.argv: what exec takes (MAX_ARG_STRLEN, its NUL
+/// included). A process's command line (with a NUL after each argument):
+/// what exec takes for arguments and environment together (6 MiB). Any other
+/// string: kMaxManifestTextBytes.
+inline constexpr size_t kMaxManifestPathBytes = 4096;
+inline constexpr size_t kMaxManifestTextBytes = 4096;
+inline constexpr size_t kMaxArgumentBytes = (size_t(32) << 12) - 1;
+inline constexpr size_t kMaxCommandLineBytes = size_t(6) << 20;
+/// The job's argv and cwd as the job's record, job.json, holds them (JSON
+/// text) are at most this: with the rest of job.json (a name, the runtime
+/// and checkpoint directories, each a path) it stays within the 1 MiB that
+/// ps, inspect and the name's reservation read of it (runtime_dir.cpp), so
+/// that a restored job is listed.
+inline constexpr size_t kMaxJobRecordBytes = size_t(896) << 10;
+
+/// Whether a job of these argv and cwd fits its record (kMaxJobRecordBytes);
+/// false with *err saying how big it would be.
+bool job_record_fits(const std::vector<std::string>& argv, const std::string& cwd,
+                     std::string* err);
+
+/// The names, relative to the checkpoint directory, that the restore reads
+/// for a shim process: its records, and part k of the saved bytes of its
+/// shared allocation id (shared_memory_files.cpp writes them).
+std::string shim_records_file(pid_t pid);
+std::string shared_memory_file(pid_t pid, uint64_t id, uint32_t k);
+
 /// JSON text of a manifest.
 std::string manifest_to_json(const Manifest& m);
-/// Parses and validates; errors say which field is wrong.
+/// Parses and validates; errors say which field is wrong. Besides each
+/// field's type and range (strings within the bounds above, device memory
+/// within kMaxGpuMemoryBytes, alone and added up per GPU), what the restore
+/// reads by name must be listed in files: each shim process's records; and
+/// every file under shim/ and shared/ must be one it reads (of a shim
+/// process, parts of an allocation from 0 on).
 bool manifest_from_json(const std::string& text, Manifest* m, std::string* err);
 
 /// Writes dir/manifest.json atomically: temp file, fsync, rename, fsync dir.
@@ -120,7 +154,8 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
 bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 
 /// Checks that every listed file is there with its size, chunk digests and
-/// SHA-256, and that no other file is (but kCriuRestoreStats). Hashes on
+/// SHA-256, that no other file is (but kCriuRestoreStats), and that the
+/// shared memory each shim's records hold is saved whole. Hashes on
 /// hash_thread_count() threads; progress gets phase "verify" with bytes
 /// hashed of the listed total. A mismatch names the file and the byte range
 /// of its first bad chunk. (manifest_files.cpp)

@@ -1,5 +1,6 @@
 // The files of a checkpoint against its manifest: listing, chunked SHA-256
-// at checkpoint (hash_directory) and before restore (verify_manifest_files).
+// at checkpoint (hash_directory) and before restore (verify_manifest_files),
+// with the shared memory the shims' records name.
 // Apart from manifest.cpp so that the parser builds without the hashing.
 #include <sys/stat.h>
 
@@ -7,10 +8,15 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
+#include "coord/file_read.h"
 #include "coord/manifest.h"
 #include "coord/sha256_chunked.h"
+#include "coord/shared_memory.h"
+#include "proto/shim_messages.h"
+#include "proto/wire.h"
 
 namespace cusnap {
 namespace fs = std::filesystem;
@@ -21,16 +27,19 @@ bool list_files(const std::string& dir, std::vector<std::string>* out, std::stri
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
        it.increment(ec)) {
-    std::string rel = fs::relative(it->path(), dir, ec).string();
+    // Named as found, never through a link (fs::relative would follow one
+    // and name its target).
+    const std::string shown = it->path().string();
     if (it->is_symlink(ec)) {
-      *err = dir + "/" + rel + " is a symbolic link; a checkpoint holds only regular files";
+      *err = shown + " is a symbolic link; a checkpoint holds only regular files";
       return false;
     }
     if (it->is_directory(ec)) continue;
     if (!it->is_regular_file(ec)) {
-      *err = dir + "/" + rel + " is not a regular file";
+      *err = shown + " is not a regular file";
       return false;
     }
+    const std::string rel = it->path().lexically_relative(dir).string();
     if (rel != kManifestName) out->push_back(rel);
   }
   if (ec) {
@@ -69,6 +78,55 @@ bool hash_targets(const std::vector<HashTarget>& targets, const ProgressSink& pr
   HashOptions opts;
   if (progress) opts.progress = [&](uint64_t done) { progress(Progress{phase, done, total}); };
   return sha256_chunked_files(targets, opts, out, err) && sizes_unchanged(targets, err);
+}
+
+/// The shared memory that each shim process's records say it created and
+/// exported, whose bytes the restore's rebuild reads by name
+/// (shared_memory_files.cpp): saved in parts from 0 on (manifest_from_json
+/// checked their names), holding its size. The files were verified first.
+bool shared_memory_saved(const std::string& dir, const Manifest& m, std::string* err) {
+  std::map<std::string, uint64_t> sizes;
+  for (const ManifestFile& f : m.files) sizes[f.path] = f.size;
+  for (const pid_t pid : m.shim_processes) {
+    const std::string path = dir + "/" + shim_records_file(pid);
+    std::string data;
+    if (!read_file_bounded(path, {.max_bytes = proto::kMaxMessageBytes, .kind = "shim records"},
+                           &data, err))
+      return false;
+    proto::ShimRecords r;
+    try {
+      msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
+      oh.get().convert(r);
+    } catch (const std::exception& e) {
+      *err = path + " is not a shim record (" + e.what() + "): the checkpoint is corrupted";
+      return false;
+    }
+    if (r.format != proto::kShimRecordsFormat || r.pid != pid) {
+      *err = path + " holds records of format " + std::to_string(r.format) + " for process " +
+             std::to_string(r.pid) + ", expected format " +
+             std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid) +
+             ": the checkpoint is corrupted";
+      return false;
+    }
+    for (const proto::AllocationRecord& a : r.allocations) {
+      if (!is_shared_creation(a)) continue;
+      uint64_t held = 0;
+      for (uint32_t k = 0; k < proto::kMaxParts; ++k) {
+        const auto part = sizes.find(shared_memory_file(pid, a.id, k));
+        if (part == sizes.end()) break;
+        held = part->second > ~held ? ~uint64_t(0) : held + part->second;
+      }
+      if (held != a.size) {
+        *err = path + ": allocation " + std::to_string(a.id) + " of process " +
+               std::to_string(pid) + " is " + std::to_string(a.size) +
+               " bytes, its saved parts (shared/" + std::to_string(pid) + "-" +
+               std::to_string(a.id) + ".*.bin) hold " + std::to_string(held) +
+               ": the checkpoint is incomplete";
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -156,7 +214,7 @@ bool verify_manifest_files(const std::string& dir, const Manifest& m, const Prog
       return false;
     }
   }
-  return true;
+  return shared_memory_saved(dir, m, err);
 }
 
 }  // namespace cusnap

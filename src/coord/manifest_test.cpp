@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "coord/runtime_dir.h"
 #include "coord/sha256.h"
+#include "proto/shim_messages.h"
 
 using namespace cusnap;
 namespace fs = std::filesystem;
@@ -135,6 +137,14 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
   {
     Manifest withshim = sample();
     withshim.shim_processes = {41, 42};
+    for (pid_t pid : withshim.shim_processes) {
+      ManifestProcess p = withshim.processes[0];
+      p.pid = pid;
+      withshim.processes.push_back(p);
+      ManifestFile f = withshim.files[0];
+      f.path = "shim/" + std::to_string(pid) + ".records";
+      withshim.files.push_back(f);
+    }
     Manifest back;
     REQUIRE(manifest_from_json(manifest_to_json(withshim), &back, &err));
     CHECK(back.shim_processes == std::vector<pid_t>{41, 42});
@@ -399,4 +409,247 @@ TEST_CASE("manifest: the reader refuses what is not a manifest file, saying what
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
+}
+
+TEST_CASE("manifest: a symbolic link in a checkpoint is refused, naming the link") {
+  TempDir d;
+  write_file(d.path + "/criu/pages-1.img", "abc");
+  Manifest m = sample(), back;
+  std::string err;
+  REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+  REQUIRE(write_manifest(d.path, m, &err));
+  REQUIRE(read_manifest(d.path, &back, &err));
+  const std::string refused = " is a symbolic link; a checkpoint holds only regular files";
+  std::vector<ManifestFile> files;
+  SUBCASE("a link to a file outside the checkpoint") {
+    fs::create_symlink("/etc/passwd", d.path + "/criu/link");
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err == d.path + "/criu/link" + refused);
+    CHECK_FALSE(hash_directory(d.path, &files, nullptr, &err));
+    CHECK(err == d.path + "/criu/link" + refused);
+  }
+  SUBCASE("a link to a directory, given the checkpoint with a trailing slash") {
+    fs::create_directory_symlink("/etc", d.path + "/criu/etc");
+    CHECK_FALSE(verify_manifest_files(d.path + "/", back, nullptr, &err));
+    CHECK(err == d.path + "/criu/etc" + refused);
+  }
+  SUBCASE("manifest.json a link to a copy of it") {
+    fs::rename(d.path + "/manifest.json", d.path + "/m2");
+    fs::create_symlink("m2", d.path + "/manifest.json");
+    REQUIRE(read_manifest(d.path, &back, &err));
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err == d.path + "/manifest.json" + refused);
+  }
+  SUBCASE("without links, the directory by any spelling verifies") {
+    CHECK(verify_manifest_files(d.path + "/", back, nullptr, &err));
+    CHECK(verify_manifest_files(d.path + "/./", back, nullptr, &err));
+  }
+}
+
+namespace {
+
+/// sample() with a shim process 100 whose records are listed.
+Manifest with_shim() {
+  Manifest m = sample();
+  m.shim_processes = {100};
+  ManifestFile f = m.files[0];
+  f.path = "shim/100.records";
+  m.files.push_back(f);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("manifest: what a restore reads by name must be among its files") {
+  std::string err;
+  Manifest m = with_shim(), back;
+  REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+
+  SUBCASE("a shim process without its records") {
+    m.files.pop_back();
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err ==
+          "manifest field shim_processes[0]: the records of process 100, shim/100.records, are "
+          "not among the checkpoint's files");
+  }
+  SUBCASE("a shim process that is none of the checkpoint's processes using CUDA") {
+    m.shim_processes = {101};
+    m.files.back().path = "shim/101.records";
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shim_processes[0]: process 101 is none of the processes that use CUDA") !=
+          std::string::npos);
+    m.shim_processes = {100};
+    m.files.back().path = "shim/100.records";
+    m.processes[0].uses_cuda = false;
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("process 100 is none of the processes that use CUDA") != std::string::npos);
+  }
+  SUBCASE("a shim process twice") {
+    m.shim_processes = {100, 100};
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shim_processes[1]: process 100 is listed twice") != std::string::npos);
+  }
+  SUBCASE("a process twice") {
+    m.processes.push_back(m.processes[0]);
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("processes[1].pid 100 is listed twice") != std::string::npos);
+  }
+  SUBCASE("files of shared memory: of a shim process, parts from 0 on") {
+    ManifestFile part = m.files[0];
+    part.path = "shared/100-7.0.bin";
+    m.files.push_back(part);
+    part.path = "shared/100-7.1.bin";
+    m.files.push_back(part);
+    REQUIRE(manifest_from_json(manifest_to_json(m), &back, &err));
+    m.files[m.files.size() - 2].path = "shared/100-7.2.bin";  // parts 1 and 2, no 0
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shared/100-7.1.bin: the part before it, shared/100-7.0.bin, is not among") !=
+          std::string::npos);
+    m.files[m.files.size() - 2].path = "shared/101-7.0.bin";
+    m.files.back().path = "shared/101-7.1.bin";
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shared/101-7.0.bin is the memory of process 101, which is not among "
+                   "shim_processes") != std::string::npos);
+    m.files.back().path = "shim/101.records";
+    m.files[m.files.size() - 2].path = "shared/100-7.0.bin";
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shim/101.records is the records of process 101, which is not among "
+                   "shim_processes") != std::string::npos);
+    m.files.back().path = "shared/notes.txt";
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK(err.find("shared/notes.txt is not a file cusnap writes there") != std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: the records' shared memory must be in the checkpoint, whole") {
+  TempDir d;
+  write_file(d.path + "/criu/pages-1.img", "abc");
+  proto::ShimRecords r;
+  r.pid = 100;
+  proto::AllocationRecord a;
+  a.id = 7;
+  a.origin = "created";
+  a.exported = true;
+  a.size = 10;
+  r.allocations.push_back(a);
+  a.id = 8;
+  a.exported = false;  // not shared: nothing saved
+  r.allocations.push_back(a);
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, r);
+  write_file(d.path + "/shim/100.records", std::string(buf.data(), buf.size()));
+  write_file(d.path + "/shared/100-7.0.bin", "012345");
+  write_file(d.path + "/shared/100-7.1.bin", "6789");
+  Manifest m = sample(), back;
+  m.shim_processes = {100};
+  std::string err;
+  REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+  REQUIRE(write_manifest(d.path, m, &err));
+  REQUIRE(read_manifest(d.path, &back, &err));
+  CHECK(verify_manifest_files(d.path, back, nullptr, &err));
+
+  SUBCASE("a part missing from the manifest and the directory") {
+    fs::remove(d.path + "/shared/100-7.1.bin");
+    REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+    REQUIRE(write_manifest(d.path, m, &err));
+    REQUIRE(read_manifest(d.path, &back, &err));
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err == d.path +
+                     "/shim/100.records: allocation 7 of process 100 is 10 bytes, its saved "
+                     "parts (shared/100-7.*.bin) hold 6: the checkpoint is incomplete");
+  }
+  SUBCASE("no part at all") {
+    fs::remove_all(d.path + "/shared");
+    REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+    REQUIRE(write_manifest(d.path, m, &err));
+    REQUIRE(read_manifest(d.path, &back, &err));
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("allocation 7 of process 100 is 10 bytes, its saved parts "
+                   "(shared/100-7.*.bin) hold 0") != std::string::npos);
+  }
+  SUBCASE("records of another process") {
+    r.pid = 101;
+    msgpack::sbuffer other;
+    msgpack::pack(other, r);
+    write_file(d.path + "/shim/100.records", std::string(other.data(), other.size()));
+    REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+    REQUIRE(write_manifest(d.path, m, &err));
+    REQUIRE(read_manifest(d.path, &back, &err));
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("/shim/100.records holds records of format 1 for process 101") !=
+          std::string::npos);
+  }
+  SUBCASE("records that are not records") {
+    write_file(d.path + "/shim/100.records", "\xc1");
+    REQUIRE(hash_directory(d.path, &m.files, nullptr, &err));
+    REQUIRE(write_manifest(d.path, m, &err));
+    REQUIRE(read_manifest(d.path, &back, &err));
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err));
+    CHECK(err.find("/shim/100.records is not a shim record") != std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: strings are bounded, so that what a restore takes ps lists") {
+  std::string err;
+  Manifest m = sample(), back;
+  auto refused = [&](const std::string& why) {
+    CHECK_FALSE(manifest_from_json(manifest_to_json(m), &back, &err));
+    CHECK_MESSAGE(err.find(why) != std::string::npos, why, " / ", err);
+    m = sample();
+  };
+  m.job.cwd = "/" + std::string(10 << 20, 'd');
+  refused("job.cwd is 10485761 bytes long, more than a path can be (4096 bytes)");
+  m.job.cwd = "/" + std::string(4095, 'd');  // at the bound
+  CHECK(manifest_from_json(manifest_to_json(m), &back, &err));
+  m.job.shim_dir = std::string(4097, 'd');
+  refused("job.shim_dir is 4097 bytes long, more than a path can be");
+  m.processes[0].exe = std::string(4097, 'e');
+  refused("processes[0].exe is 4097 bytes long");
+  m.files[0].path = "criu/" + std::string(4092, 'f');
+  refused("files[0].path is 4097 bytes long");
+  m.job.name = std::string(5000, 'n');
+  refused("job.name is 5000 bytes long, more than 4096");
+  m.gpus[0].name = std::string(5000, 'g');
+  refused("gpus[0].name is 5000 bytes long");
+  m.created = std::string(5000, 'c');
+  refused("created is 5000 bytes long");
+  // An argument: at most what exec takes (MAX_ARG_STRLEN, with its NUL).
+  m.job.argv.push_back(std::string(131072, 'a'));
+  refused("job.argv[3] is 131072 bytes long, more than an argument can be (131071 bytes)");
+  m.job.argv.push_back(std::string(131071, 'a'));
+  CHECK(manifest_from_json(manifest_to_json(m), &back, &err));
+  // The job's argv and cwd as job.json holds them: control bytes take 6.
+  m.job.argv.assign(20, std::string(50000, '\x01'));
+  refused("job.argv and job.cwd take 6000");
+  // A process's command line: at most exec's arguments and environment.
+  m.processes[0].cmdline.assign(49, std::string(131071, 'c'));
+  refused("processes[0].cmdline is 6422528 bytes long, more than a command line can be");
+  m.processes[0].cmdline.assign(48, std::string(131071, 'c'));
+  CHECK(manifest_from_json(manifest_to_json(m), &back, &err));
+}
+
+TEST_CASE("manifest: the largest job record a restore takes fits the job.json that ps reads") {
+  // job.json is read up to 1 MiB (runtime_dir.cpp); the job's record at the
+  // bound, with the runtime and checkpoint directories at theirs (control
+  // bytes, 6 in JSON each), a name and every other field.
+  std::vector<std::string> argv;
+  std::string err;
+  const std::string arg(1000, '\x01');
+  while (job_record_fits(argv, std::string(4096, '\x02'), &err)) argv.push_back(arg);
+  argv.pop_back();
+  REQUIRE(job_record_fits(argv, std::string(4096, '\x02'), &err));
+  CHECK(argv.size() > 100);
+  proto::JobStatus s;
+  s.name = std::string(64, 'n');
+  s.root_pid = s.supervisor_pid = 4194304;
+  s.owner_uid = 4294967295;
+  s.started = INT64_MAX;
+  s.state = "checkpointing";
+  s.argv = argv;
+  s.cwd = std::string(4096, '\x02');
+  s.runtime_dir = "/" + std::string(4095, '\x03');
+  s.restored_from = "/" + std::string(4095, '\x04');
+  CHECK(job_status_to_json(s).size() <= (size_t(1) << 20));
+  // A launched job's arguments: the guardian's test has 1600 of 110 bytes.
+  CHECK(job_record_fits(std::vector<std::string>(1600, std::string(110, 'x')), "/w", &err));
 }

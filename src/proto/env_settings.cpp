@@ -1,7 +1,9 @@
 #include "proto/env_settings.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace cusnap::proto {
 
@@ -14,7 +16,89 @@ std::string quoted(const char* name, const char* value) {
   return std::string(name) + "=\"" + v + "\"";
 }
 
+/// value is nullptr, empty or one of `taken`.
+bool unset_or_one_of(const char* value, std::initializer_list<const char*> taken) noexcept {
+  if (!value || !*value) return true;
+  for (const char* t : taken)
+    if (std::strcmp(value, t) == 0) return true;
+  return false;
+}
+
+/// Decimal digits at the front of text into *v (saturating past 2^64 - 1);
+/// their count.
+size_t leading_digits(const char* text, uint64_t* v) noexcept {
+  size_t n = 0;
+  *v = 0;
+  for (; text[n] >= '0' && text[n] <= '9'; ++n) {
+    const uint64_t d = uint64_t(text[n] - '0');
+    *v = *v > (UINT64_MAX - d) / 10 ? UINT64_MAX : *v * 10 + d;
+  }
+  return n;
+}
+
 }  // namespace
+
+bool parse_memory_margin(const char* text, bool* off, uint64_t* bytes) noexcept {
+  if (!text || !*text) return false;
+  if (std::strcmp(text, "off") == 0) {
+    *off = true;
+    return true;
+  }
+  uint64_t n = 0;
+  const size_t digits = leading_digits(text, &n);
+  const char* unit = text + digits;
+  int shift = 0;
+  if (*unit && unit[1] == 0) {
+    if (*unit == 'K' || *unit == 'k') shift = 10;
+    if (*unit == 'M' || *unit == 'm') shift = 20;
+    if (*unit == 'G' || *unit == 'g') shift = 30;
+  }
+  if (digits == 0 || (*unit && shift == 0) || (n >> (63 - shift)) != 0) return false;
+  *off = false;
+  *bytes = n << shift;
+  return true;
+}
+
+bool hash_threads_valid(const char* value) noexcept {
+  uint64_t n = 0;
+  return !value || parse_whole(value, 1, kMaxHashThreadsSetting, &n);
+}
+
+bool memory_margin_valid(const char* value) noexcept {
+  bool off = false;
+  uint64_t bytes = 0;
+  return !value || !*value || parse_memory_margin(value, &off, &bytes);
+}
+
+bool criu_breakpoints_valid(const char* value) noexcept {
+  return unset_or_one_of(value, {"auto", "on", "1", "off", "0"});
+}
+
+bool criu_ghost_limit_valid(const char* value) noexcept {
+  // As CRIU's --ghost-limit takes it (atol): at most 12 digits, K, M or G,
+  // above 0 and within a long.
+  if (!value || !*value) return true;
+  uint64_t n = 0;
+  const size_t digits = leading_digits(value, &n);
+  const char* unit = value + digits;
+  const int shift = *unit == 'K' ? 10 : *unit == 'M' ? 20 : *unit == 'G' ? 30 : 0;
+  if (digits == 0 || digits > 12 || (*unit && (shift == 0 || unit[1] != 0)) || n == 0) return false;
+  return (n << shift) >> shift == n && (n << shift) <= uint64_t(INT64_MAX);
+}
+
+bool criu_network_lock_valid(const char* value) noexcept {
+  return unset_or_one_of(value, {"nftables", "iptables", "skip"});
+}
+
+bool ranks_sharing_gpu_valid(const char* value) noexcept {
+  return unset_or_one_of(value, {"0", "1"});
+}
+
+bool text_setting_checked(const TextSetting& s, const char* value, std::string* err) {
+  if (s.valid(value)) return true;
+  *err = quoted(s.name, value) + " " + s.refusal;
+  return false;
+}
 
 bool parse_whole(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) noexcept {
   if (!text || !*text) return false;
@@ -63,9 +147,12 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
       return false;
     }
   }
-  if (supervisor)
+  if (supervisor) {
     for (const NumberSetting* s : kSupervisorNumberSettings)
       if (!env_number_checked(*s, &v, err)) return false;
+    for (const TextSetting* s : kSupervisorTextSettings)
+      if (!text_setting_checked(*s, std::getenv(s->name), err)) return false;
+  }
   return true;
 }
 

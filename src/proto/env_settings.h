@@ -42,6 +42,68 @@ inline constexpr const NumberSetting* kShimNumberSettings[] = {&kShimStagingMib,
 inline constexpr const NumberSetting* kSupervisorNumberSettings[] = {
     &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib, &kNetworkUnlockMs};
 
+/// A setting the supervisor reads as text when its job is checkpointed,
+/// suspended or resumed (kClientSettings of control.h: a value the command's
+/// client sends counts before the supervisor's own environment, which
+/// serves when it sends none): checked by `launch` and `restore` as the
+/// supervisor reads it, so that a value their environment gave it cannot
+/// fail those later commands. coord/settings_test.cpp holds each check to its
+/// reader in the coordinator: the same values refused, in the same words.
+struct TextSetting {
+  const char* name;
+  bool (*valid)(const char* value) noexcept;  ///< value: nullptr when unset
+  const char* refusal;                        ///< the message after NAME="VALUE"
+};
+
+/// CUSNAP_HASH_THREADS: 1 to kMaxHashThreadsSetting (coord's
+/// hash_thread_count, which refuses an empty value too).
+inline constexpr uint64_t kMaxHashThreadsSetting = 256;
+/// CUSNAP_RESTORE_MEMORY_MARGIN's value (gpu_memory.h): "off", or a size,
+/// decimal digits alone or followed by K, M or G (either case), below 2^63
+/// bytes; *off says which, *bytes gets the size (untouched for off). False
+/// for anything else, nullptr and "" included (where the default serves).
+/// No allocation.
+bool parse_memory_margin(const char* text, bool* off, uint64_t* bytes) noexcept;
+
+/// Each setting's check of a value (nullptr: unset). No allocation.
+bool hash_threads_valid(const char* value) noexcept;
+bool memory_margin_valid(const char* value) noexcept;
+bool criu_breakpoints_valid(const char* value) noexcept;
+bool criu_ghost_limit_valid(const char* value) noexcept;
+bool criu_network_lock_valid(const char* value) noexcept;
+bool ranks_sharing_gpu_valid(const char* value) noexcept;
+
+inline constexpr TextSetting kHashThreads{
+    "CUSNAP_HASH_THREADS", hash_threads_valid,
+    "is not a number of threads from 1 to 256 (unset it to use every core)"};
+inline constexpr TextSetting kRestoreMemoryMargin{
+    "CUSNAP_RESTORE_MEMORY_MARGIN", memory_margin_valid,
+    "is not a size (bytes, or a number followed by K, M or G) or off"};
+inline constexpr TextSetting kCriuBreakpoints{
+    "CUSNAP_CRIU_BREAKPOINTS", criu_breakpoints_valid,
+    "is not auto, on or off: unset it to let cusnap find out whether this machine's hardware "
+    "breakpoints work"};
+inline constexpr TextSetting kCriuGhostLimit{
+    "CUSNAP_CRIU_GHOST_LIMIT", criu_ghost_limit_valid,
+    "is not a size (bytes, or a number followed by K, M or G, e.g. 4G): unset it to save deleted "
+    "files of any size"};
+inline constexpr TextSetting kCriuNetworkLock{
+    "CUSNAP_CRIU_NETWORK_LOCK", criu_network_lock_valid,
+    "is not nftables, iptables or skip (CRIU's network lock methods): unset it for nftables"};
+inline constexpr TextSetting kAllowRanksSharingGpu{
+    "CUSNAP_ALLOW_RANKS_SHARING_GPU", ranks_sharing_gpu_valid,
+    "is neither 1 nor 0: set it to 1 to checkpoint ranks that share a GPU anyway, or unset it"};
+
+/// The settings a supervisor reads as text, checked by `launch` and `restore`:
+/// every one of kClientSettings.
+inline constexpr const TextSetting* kSupervisorTextSettings[] = {
+    &kHashThreads,    &kRestoreMemoryMargin, &kCriuBreakpoints,
+    &kCriuGhostLimit, &kCriuNetworkLock,     &kAllowRanksSharingGpu};
+
+/// Whether value (nullptr: unset) is one the setting takes; false with *err
+/// naming the setting, the value and what it takes.
+bool text_setting_checked(const TextSetting& s, const char* value, std::string* err);
+
 /// text as a whole number from lo to hi: decimal digits only (no sign, blank
 /// or suffix), at most 19 of them. No allocation; async-signal-safe.
 bool parse_whole(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) noexcept;
@@ -58,8 +120,8 @@ bool env_number_checked(const NumberSetting& s, uint64_t* out, std::string* err)
 bool shim_direct_io_valid(const char* value) noexcept;
 
 /// Checks, in the environment, every setting of kShimNumberSettings and
-/// CUSNAP_SHIM_DIRECT_IO (shim) and/or of kSupervisorNumberSettings
-/// (supervisor); the first bad one in *err.
+/// CUSNAP_SHIM_DIRECT_IO (shim) and/or of kSupervisorNumberSettings and
+/// kSupervisorTextSettings (supervisor); the first bad one in *err.
 bool check_env_settings(bool shim, bool supervisor, std::string* err);
 
 /// text as seconds (fractional allowed, greater than 0, at most a year) in

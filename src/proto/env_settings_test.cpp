@@ -3,7 +3,11 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <array>
 #include <string>
+#include <vector>
+
+#include "proto/control.h"
 
 using namespace cusnap::proto;
 
@@ -130,5 +134,72 @@ TEST_CASE("env_settings: the control timeout is seconds above 0, at most a year"
     EnvVar e("CUSNAP_CONTROL_TIMEOUT", "30s");
     CHECK_FALSE(control_timeout_checked(&ms, &err));
     CHECK(err.find("CUSNAP_CONTROL_TIMEOUT=\"30s\" is not a number of seconds") == 0);
+  }
+}
+
+TEST_CASE("env_settings: launch and restore check every setting the supervisor reads later") {
+  std::string err;
+  // Each value a later checkpoint, suspend or resume would refuse, refused now
+  // in the same words: {setting, value, message}.
+  const std::vector<std::array<const char*, 3>> bad = {
+      {"CUSNAP_RESTORE_MEMORY_MARGIN", "lots",
+       "CUSNAP_RESTORE_MEMORY_MARGIN=\"lots\" is not a size (bytes, or a number followed by K, M "
+       "or G) or off"},
+      {"CUSNAP_RESTORE_MEMORY_MARGIN", "17179869184G", "CUSNAP_RESTORE_MEMORY_MARGIN="},
+      {"CUSNAP_HASH_THREADS", "0",
+       "CUSNAP_HASH_THREADS=\"0\" is not a number of threads from 1 to 256 (unset it to use every "
+       "core)"},
+      {"CUSNAP_HASH_THREADS", "", "CUSNAP_HASH_THREADS=\"\" is not a number of threads"},
+      {"CUSNAP_HASH_THREADS", "257", "CUSNAP_HASH_THREADS=\"257\""},
+      {"CUSNAP_CRIU_BREAKPOINTS", "maybe",
+       "CUSNAP_CRIU_BREAKPOINTS=\"maybe\" is not auto, on or off: unset it to let cusnap find "
+       "out whether this machine's hardware breakpoints work"},
+      {"CUSNAP_CRIU_GHOST_LIMIT", "4T",
+       "CUSNAP_CRIU_GHOST_LIMIT=\"4T\" is not a size (bytes, or a number followed by K, M or G, "
+       "e.g. 4G): unset it to save deleted files of any size"},
+      {"CUSNAP_CRIU_GHOST_LIMIT", "0", "CUSNAP_CRIU_GHOST_LIMIT=\"0\""},
+      {"CUSNAP_CRIU_GHOST_LIMIT", "9999999999G", "CUSNAP_CRIU_GHOST_LIMIT=\"9999999999G\""},
+      {"CUSNAP_CRIU_NETWORK_LOCK", "ufw",
+       "CUSNAP_CRIU_NETWORK_LOCK=\"ufw\" is not nftables, iptables or skip (CRIU's network lock "
+       "methods): unset it for nftables"},
+      {"CUSNAP_ALLOW_RANKS_SHARING_GPU", "yes",
+       "CUSNAP_ALLOW_RANKS_SHARING_GPU=\"yes\" is neither 1 nor 0: set it to 1 to checkpoint "
+       "ranks that share a GPU anyway, or unset it"},
+  };
+  for (const auto& [name, value, why] : bad) {
+    CAPTURE(name);
+    CAPTURE(value);
+    EnvVar e(name, value);
+    err.clear();
+    CHECK_FALSE(check_env_settings(false, true, &err));
+    CHECK_MESSAGE(err.find(why) == 0, err);
+    CHECK(check_env_settings(true, false, &err));  // not the shim's
+  }
+  // What the supervisor takes passes.
+  const std::vector<std::array<const char*, 2>> good = {
+      {"CUSNAP_RESTORE_MEMORY_MARGIN", "off"}, {"CUSNAP_RESTORE_MEMORY_MARGIN", "512M"},
+      {"CUSNAP_RESTORE_MEMORY_MARGIN", ""},    {"CUSNAP_HASH_THREADS", "256"},
+      {"CUSNAP_CRIU_BREAKPOINTS", "auto"},     {"CUSNAP_CRIU_BREAKPOINTS", "0"},
+      {"CUSNAP_CRIU_BREAKPOINTS", ""},         {"CUSNAP_CRIU_GHOST_LIMIT", "4G"},
+      {"CUSNAP_CRIU_GHOST_LIMIT", ""},         {"CUSNAP_CRIU_NETWORK_LOCK", "skip"},
+      {"CUSNAP_ALLOW_RANKS_SHARING_GPU", "1"}, {"CUSNAP_ALLOW_RANKS_SHARING_GPU", ""},
+  };
+  for (const auto& [name, value] : good) {
+    CAPTURE(name);
+    CAPTURE(value);
+    EnvVar e(name, value);
+    CHECK_MESSAGE(check_env_settings(false, true, &err), err);
+  }
+}
+
+TEST_CASE("env_settings: every setting a client may send is one launch and restore check") {
+  // A client's setting counts before the supervisor's environment; without
+  // one, the supervisor's own value is used: each must be checked up front.
+  for (const char* name : kClientSettings) {
+    CAPTURE(name);
+    EnvVar e(name, "\x01not-a-value");
+    std::string err;
+    CHECK_FALSE(check_env_settings(false, true, &err));
+    CHECK(err.find(std::string(name) + "=\"") == 0);
   }
 }

@@ -10,7 +10,7 @@ PAGES=$(cd "$T/ckpt" && ls criu/pages-*.img | head -1)
 [ -n "$PAGES" ] || fail "no CRIU page image in the checkpoint"
 
 # variant NAME TEXT: copies the checkpoint to $T/NAME for the caller to damage.
-variant() { rm -rf "$T/$1"; cp -a "$T/ckpt" "$T/$1"; }
+variant() { rm -rf "${T:?}/$1"; cp -a "$T/ckpt" "$T/$1"; }
 expect_bad() {
   expect_refused 5 "$2" "$CUSNAP" restore "$T/$1"
   [ -z "$(job_pids_all)" ] || fail "$1: a job was started from a bad checkpoint"
@@ -69,6 +69,42 @@ expect_bad extra "not listed"
 variant missing
 rm "$T/missing/criu/$(cd "$T/ckpt/criu" && ls core-*.img | head -1)"
 expect_bad missing "missing|incomplete"
+
+# Symbolic links are refused, naming the link, not where it leads.
+variant link
+ln -s /etc/passwd "$T/link/criu/link"
+expect_bad link "$T/link/criu/link is a symbolic link"
+expect_refused 5 "$T/link/criu/link is a symbolic link" "$CUSNAP" inspect "$T/link"
+variant linkedmanifest
+mv "$T/linkedmanifest/manifest.json" "$T/linkedmanifest/m2"
+ln -s m2 "$T/linkedmanifest/manifest.json"
+expect_bad linkedmanifest "$T/linkedmanifest/manifest.json is a symbolic link"
+
+# edit_manifest NAME STATEMENTS: a copy whose manifest (m) the Python
+# statements change, as a hand edit would.
+edit_manifest() {
+  variant "$1"
+  python3 - "$T/$1/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+cuda = [p for p in m["processes"] if p["uses_cuda"]][0]
+exec(sys.argv[2])
+json.dump(m, open(sys.argv[1], "w"))
+PY
+}
+# What the restore reads by name from the manifest, missing: refused before
+# CRIU or the driver runs (before, the restore failed after both).
+edit_manifest norecords 'm["shim_processes"] = [cuda["pid"]]'
+expect_bad norecords "shim/[0-9]+[.]records, are not among the checkpoint's files"
+# Device memory no GPU has: refused, naming the count (before, the restore's
+# check said the job needs 0 MiB).
+edit_manifest hugegpu 'cuda["gpu_memory"] = {cuda["gpus"][0]: 2**64 - 1}'
+expect_bad hugegpu "18446744073709551615 bytes, more device memory than a GPU has"
+# A string longer than what it stands for: refused (before, a 10 MB working
+# directory restored, and ps could not list the job).
+edit_manifest longcwd 'm["job"]["cwd"] = "/" + "d" * (10 << 20)'
+expect_bad longcwd "job.cwd is 10485761 bytes long, more than a path can be"
+pass "links, unlisted records, impossible device memory and overlong strings refused (exit 5)"
 
 # A job name that cusnap does not accept (written into the manifest by
 # hand, with control bytes): inspect shows it escaped and says the

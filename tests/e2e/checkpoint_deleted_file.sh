@@ -55,14 +55,19 @@ stop_ghost() {
 }
 
 # The supervisor reads the limit when it checkpoints (unless the client's
-# environment has one, below). Not a size: refused
-# before anything happens.
-CUSNAP_CRIU_GHOST_LIMIT=12X ghost_job "$T/bad.out"
-expect_refused 3 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' "$CUSNAP" checkpoint ghost -o "$T/bad"
+# environment has one, below). Not a size: launch refuses it before the job
+# starts (exit 2), and a checkpoint given it refuses it before anything
+# happens (exit 3).
+expect_refused 2 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' \
+  timeout 30 env CUSNAP_CRIU_GHOST_LIMIT=12X "$CUSNAP" launch --name ghost -- python3 "$T/ghost.py"
+[ -z "$(job_pids_all)" ] || fail "launch started a job with CUSNAP_CRIU_GHOST_LIMIT=12X"
+ghost_job "$T/bad.out"
+expect_refused 3 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' \
+  env CUSNAP_CRIU_GHOST_LIMIT=12X "$CUSNAP" checkpoint ghost -o "$T/bad"
 [ ! -e "$T/bad" ] || fail "a refused checkpoint left $T/bad"
 expect_running ghost "$PID" "$T/bad.out"
 stop_ghost
-pass "a limit that is not a size: refused (exit 3), the job ran on"
+pass "a limit that is not a size: refused by launch (exit 2) and by checkpoint (exit 3), the job ran on"
 
 # A limit below the file's size: the dump fails, the message names the limit,
 # nothing is left, the job runs on.
@@ -71,14 +76,15 @@ rc=0
 "$CUSNAP" checkpoint ghost -o "$T/small" >"$T/small.out" 2>&1 || rc=$?
 [ "$rc" = 1 ] || fail "checkpoint with a 4M ghost limit exited $rc, expected 1: $(cat "$T/small.out")"
 grep -q "Can't dump ghost file $FILE" "$T/small.out" || fail "the failure does not quote CRIU's error: $(cat "$T/small.out")"
-grep -q "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M: raise the limit or unset it" "$T/small.out" ||
-  fail "the failure does not name the limit: $(cat "$T/small.out")"
+# The limit is the supervisor's, as the job was launched: the message says so.
+grep -qF "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M (CUSNAP_CRIU_GHOST_LIMIT=\"4M\" is from the environment of the job's supervisor, as the job was launched or restored: set CUSNAP_CRIU_GHOST_LIMIT for this command to override it): raise the limit or unset it" "$T/small.out" ||
+  fail "the failure does not name the limit and where it came from: $(cat "$T/small.out")"
 grep -q "the job runs on unchanged" "$T/small.out" || fail "the failure does not say the job runs on: $(cat "$T/small.out")"
 [ ! -e "$T/small" ] || fail "the failed checkpoint left $T/small"
 expect_running ghost "$PID" "$T/small-job.out"
 grep -q MISMATCH "$T/small-job.out" && fail "after the failed checkpoint: $(grep MISMATCH "$T/small-job.out")"
 stop_ghost
-pass "a 4M limit fails the checkpoint, naming the file and the limit; the job ran on"
+pass "a 4M limit fails the checkpoint, naming the file, the limit and where it came from; the job ran on"
 
 # The same limit in the environment of `cusnap checkpoint` (the supervisor has
 # none): it counts, as do the other CRIU settings, checked there too.
@@ -86,7 +92,7 @@ ghost_job "$T/client-job.out"
 rc=0
 CUSNAP_CRIU_GHOST_LIMIT=4M "$CUSNAP" checkpoint ghost -o "$T/client" >"$T/client.out" 2>&1 || rc=$?
 [ "$rc" = 1 ] || fail "checkpoint with CUSNAP_CRIU_GHOST_LIMIT=4M in its environment exited $rc, expected 1: $(cat "$T/client.out")"
-grep -q "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M" "$T/client.out" ||
+grep -q "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M: raise the limit" "$T/client.out" ||
   fail "the client's limit did not count: $(cat "$T/client.out")"
 expect_refused 3 'CUSNAP_CRIU_NETWORK_LOCK="bogus" is not nftables, iptables or skip' \
   env CUSNAP_CRIU_NETWORK_LOCK=bogus "$CUSNAP" checkpoint ghost -o "$T/client2"

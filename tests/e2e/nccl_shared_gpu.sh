@@ -5,8 +5,9 @@
 # simulated driver with one device, cusnap-collective-pair puts both ranks on
 # device 0: the checkpoint and the suspend are refused (exit 3, also as
 # JSON) before anything changes, naming both processes and the GPU; the job
-# counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU in the supervisor's
-# environment is refused too, and the command's own value counts before it;
+# counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused by launch
+# (the supervisor would read it) and by checkpoint and suspend, whose own
+# value counts before the supervisor's;
 # with CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the environment of cusnap
 # checkpoint (the job launched without it) the checkpoint goes ahead
 # (--leave-running) and the ranks' next collective fails after the driver's
@@ -42,19 +43,24 @@ if grep -q '"locked"\|"checkpointed"' "$T/inspect.json"; then fail "GPU state le
 pass "checkpoint and suspend refused (exit 3), naming both ranks and the GPU; the job counts on"
 stop_job "$LAUNCH_OUT"
 
-# The override is read from the supervisor's environment, and from the
-# command's, which counts first.
+# The override is read from the supervisor's environment, whose value launch
+# checks, and from the command's, which counts first.
+expect_refused 2 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
+  timeout 30 env CUSNAP_ALLOW_RANKS_SHARING_GPU=yes "$CUSNAP" launch --name bad -- "$PAIR"
+[ -z "$(job_pids_all)" ] || fail "launch started a job with CUSNAP_ALLOW_RANKS_SHARING_GPU=yes"
 LAUNCH_OUT=$T/bad.out
-CUSNAP_ALLOW_RANKS_SHARING_GPU=yes start_job bad "$LAUNCH_OUT" "$PAIR" --print-every 1
-expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' "$CUSNAP" checkpoint bad -o "$T/ck"
-expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' "$CUSNAP" suspend bad
+CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job bad "$LAUNCH_OUT" "$PAIR" --print-every 1
+CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
+  "$CUSNAP" checkpoint bad -o "$T/ck"
+CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
+  "$CUSNAP" suspend bad
 CUSNAP_ALLOW_RANKS_SHARING_GPU=0 expect_refused 3 "both run collective kernels.*checkpoint is refused" \
   "$CUSNAP" checkpoint bad -o "$T/ck"
 CUSNAP_ALLOW_RANKS_SHARING_GPU=on expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="on" is neither' \
   "$CUSNAP" suspend bad
 [ ! -e "$T/ck" ] || fail "a refused checkpoint left $T/ck"
 counts_advance "$LAUNCH_OUT"
-pass "an invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused; the command's value counts before the supervisor's"
+pass "an invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused by launch and by the commands; the command's value counts before the supervisor's"
 stop_job "$LAUNCH_OUT"
 
 # With the check off the checkpoint goes ahead, and what it protects from
