@@ -82,7 +82,7 @@ void add_control_timeout_option(CLI::App& app, double* seconds) {
   app.add_option("--control-timeout", *seconds,
                  "Seconds allowed for each exchange on the control socket (default: "
                  "$CUSNAP_CONTROL_TIMEOUT or 10)")
-      ->check(positive())
+      ->check(control_seconds())
       ->type_name("SECONDS");
 }
 

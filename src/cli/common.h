@@ -13,6 +13,7 @@
 
 #include "coord/engine.h"
 #include "proto/control.h"
+#include "proto/env_settings.h"
 
 namespace cusnap {
 struct SuperviseOutcome;
@@ -57,6 +58,21 @@ inline CLI::Validator positive() {
         return "";
       },
       "", "positive");
+}
+
+/// A number of seconds greater than 0 and at most 31536000 (a year), rounded
+/// to whole milliseconds, at least 1: what CUSNAP_CONTROL_TIMEOUT takes
+/// (proto::parse_timeout_seconds), for --control-timeout.
+inline CLI::Validator control_seconds() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        int64_t ms = 0;
+        if (!proto::parse_timeout_seconds(text.c_str(), &ms))
+          return "'" + text +
+                 "' is not a number of seconds greater than 0 and at most 31536000 (a year)";
+        return "";
+      },
+      "", "control seconds");
 }
 
 /// "--timeout SECONDS" (default 60): help says what it bounds, "each phase"

@@ -16,11 +16,13 @@
 namespace cusnap::cli {
 namespace {
 
-bool is_checkpoint_dir(const std::string& spec) {
+/// A path (with a slash) to a checkpoint directory: one holding the
+/// manifest, or any directory that is not a job's runtime directory.
+bool is_checkpoint_dir(const std::string& path) {
   struct stat st;
-  return ::stat((spec + "/" + kManifestName).c_str(), &st) == 0 ||
-         (spec.find('/') != std::string::npos && ::stat(spec.c_str(), &st) == 0 &&
-          S_ISDIR(st.st_mode) && ::stat((spec + "/control.sock").c_str(), &st) != 0);
+  return ::stat((path + "/" + kManifestName).c_str(), &st) == 0 ||
+         (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+          ::stat((path + "/control.sock").c_str(), &st) != 0);
 }
 
 std::string absolute_dir(const std::string& dir) {
@@ -205,9 +207,10 @@ int cmd_inspect(int argc, char** argv) {
   init_app(app, "inspect");
   std::string target;
   bool json = false;
-  app.add_option(
-         "TARGET", target,
-         "Checkpoint directory, or job name, pid (PID or SUPERV of cusnap ps) or runtime directory")
+  app.add_option("TARGET", target,
+                 "Checkpoint directory, or job name, pid (PID or SUPERV of cusnap ps) or runtime "
+                 "directory; a name without a slash is the running job of that name if there "
+                 "is one, else the directory of that name here")
       ->required()
       ->type_name("");
   app.add_flag("--json", json, "Print the description as JSON");
@@ -226,14 +229,17 @@ int cmd_inspect(int argc, char** argv) {
                      "cannot inspect " + target +
                          ": it is not a directory (a checkpoint directory, or a job's runtime "
                          "directory, was expected)");
-  if (is_checkpoint_dir(target)) return inspect_checkpoint(target, json);
   JobEntry entry;
-  // A name without a slash that no running job has but a directory here
-  // does: that directory, as ./NAME would be.
-  if (std::string err; target.find('/') == std::string::npos && ::stat(target.c_str(), &st) == 0 &&
-                       S_ISDIR(st.st_mode))
-    return find_job(target, &entry, &err) ? inspect_job(entry, json)
-                                          : inspect_checkpoint(target, json);
+  if (target.find('/') != std::string::npos) {
+    if (is_checkpoint_dir(target)) return inspect_checkpoint(target, json);
+  } else if (std::string err; find_job(target, &entry, &err)) {
+    // A name (or pid) without a slash is the running job's first.
+    return inspect_job(entry, json);
+  } else if (::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // No running job has it, a directory here does: that directory, as
+    // ./NAME would be.
+    return inspect_checkpoint(target, json);
+  }
   if (int rc = resolve_job(target, json, &entry); rc >= 0) return rc;
   return inspect_job(entry, json);
 }

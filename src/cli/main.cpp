@@ -1,6 +1,10 @@
 // cusnap: checkpoint and restore GPU (CUDA) jobs. This file only dispatches
 // to one subcommand; each lives in a file of its own and does its work
 // through src/coord.
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +65,22 @@ void usage(FILE* out) {
                "exit codes and environment variables.\n");
 }
 
+/// Opens /dev/null onto each of stdin, stdout and stderr that is closed:
+/// else the first files cusnap opens (a runtime directory's lock, a log)
+/// would take those numbers, and the job's output, or an error message,
+/// would be written into them.
+void open_standard_fds() {
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int null = ::open("/dev/null", O_RDWR);  // the lowest free number: fd
+    if (null < 0) ::_exit(cusnap::kExitFailure);   // nowhere to say it
+    if (null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+}
+
 /// "unknown command" on stderr, with the likely one; returns kExitUsage.
 int unknown_command(const std::string& cmd) {
   if (const char* s = suggest(cmd))
@@ -77,6 +97,7 @@ int unknown_command(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   using namespace cusnap::cli;
+  open_standard_fds();
   if (argc < 2) {
     usage(stderr);
     return cusnap::kExitUsage;

@@ -5,6 +5,7 @@
 
 #include "coord/engine.h"
 #include "job_target.h"
+#include "proto/utf8.h"
 
 namespace cusnap::cli {
 
@@ -70,7 +71,8 @@ int cmd_ps(int argc, char** argv) {
     std::string& names = refused[i] ? lost : starred;
     if (left[i]) names += (names.empty() ? "" : ", ") + s.name;
     std::string cmd = shown_args(s.argv);
-    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    // Cut at a character, never inside one (a terminal would show U+FFFD).
+    if (utf8_length(cmd) > 60) cmd = std::string(utf8_prefix(cmd, 57)) + "...";
     std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", shown(s.name).c_str(),
                 static_cast<long long>(s.root_pid), static_cast<long long>(s.supervisor_pid),
                 state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());

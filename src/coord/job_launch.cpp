@@ -1,34 +1,99 @@
 // cusnap launch: start the job in a new session and supervise it.
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/close_range.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "coord/runtime_dir.h"
 #include "coord/seccomp_filter.h"
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
+#include "proto/unique_fd.h"
 
 extern char** environ;
 
 namespace cusnap {
 
-std::string find_shim() {
-  if (const char* s = std::getenv("CUSNAP_SHIM"); s && *s) return ::access(s, R_OK) == 0 ? s : "";
+namespace {
+
+/// Whether the dynamic loader can preload path into the job: a readable
+/// file, an ELF shared library of this machine, named without the ':' or
+/// space that separate LD_PRELOAD's entries. Nothing of it is run here.
+bool preloadable(const std::string& path, std::string* why) {
+  if (path.find_first_of(": ") != std::string::npos) {
+    *why = "LD_PRELOAD cannot carry a path holding ':' or a space";
+    return false;
+  }
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  struct stat st;
+  if (!fd || ::fstat(fd.get(), &st) != 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *why = S_ISDIR(st.st_mode) ? "it is a directory" : "it is not a file";
+    return false;
+  }
+  // e_ident, e_type and e_machine lie where they do in either class's header.
+  Elf64_Ehdr h{};
+  const ssize_t n = ::pread(fd.get(), &h, sizeof h, 0);
+  if (n < EI_NIDENT + 4 || std::memcmp(h.e_ident, ELFMAG, SELFMAG) != 0 || h.e_type != ET_DYN) {
+    *why = "it is not a shared library";
+    return false;
+  }
+#if defined(__x86_64__)
+  constexpr uint16_t kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint16_t kMachine = EM_AARCH64;
+#else
+  const uint16_t kMachine = h.e_machine;
+#endif
+  if (h.e_ident[EI_CLASS] != (sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32) ||
+      h.e_machine != kMachine) {
+    *why = "it is a shared library for another machine";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool find_shim(std::string* path, std::string* err) {
+  path->clear();
+  if (const char* s = std::getenv("CUSNAP_SHIM"); s && *s) {
+    // Set, it must be preloadable: without the shim the job would run, but
+    // what shares device memory would not be checkpointable.
+    std::string why;
+    if (!preloadable(s, &why)) {
+      *err = std::string("CUSNAP_SHIM=\"") + s + "\" cannot be preloaded into the job: " + why +
+             "; set it to the path of libcusnap_shim.so, unset it for the one installed beside "
+             "cusnap, or launch with --no-shim";
+      return false;
+    }
+    // The job's processes may change directory before they start others.
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(s, ec);
+    *path = ec ? std::string(s) : abs.lexically_normal().string();
+    return true;
+  }
   char exe[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "";
+  if (n <= 0) return true;
   std::string dir(exe, static_cast<size_t>(n));
   dir.resize(dir.rfind('/'));
   std::string shim = dir + "/../lib/libcusnap_shim.so";
   char real[PATH_MAX];
-  if (::realpath(shim.c_str(), real) == nullptr || ::access(real, R_OK) != 0) return "";
-  return real;
+  if (::realpath(shim.c_str(), real) == nullptr || ::access(real, R_OK) != 0) return true;
+  *path = real;
+  return true;
 }
 
 std::string preload_with(const std::string& shim, const char* existing) {
@@ -44,13 +109,18 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
     return fail;
   }
   const std::string name = req.cfg.name.empty() ? default_job_name(req.argv) : req.cfg.name;
+  // A shim that cannot be preloaded is refused before anything is made.
+  std::string shim;
+  if (req.use_shim && !find_shim(&shim, &fail.error)) {
+    fail.exit_code = kExitUsage;
+    return fail;
+  }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
 
   // Everything the child needs is built before fork: it only calls
   // async-signal-safe functions until exec.
   std::vector<std::string> env;
-  const std::string shim = req.use_shim ? find_shim() : "";
   for (char** e = environ; *e; ++e)
     if ((shim.empty() || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) &&
         std::strncmp(*e, "CUSNAP_RUNTIME_DIR=", 19) != 0)

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
 
 namespace cusnap {
 namespace {
@@ -188,10 +190,25 @@ std::string default_job_name(const std::vector<std::string>& argv) {
 }
 
 std::string runtime_base() {
-  if (const char* b = std::getenv("CUSNAP_RUNTIME_BASE"); b && *b) return b;
-  if (::geteuid() == 0) return "/run/cusnap";
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/cusnap";
-  return "/tmp/cusnap-" + std::to_string(::geteuid());
+  std::string base;
+  if (const char* b = std::getenv("CUSNAP_RUNTIME_BASE"); b && *b)
+    base = b;
+  else if (::geteuid() == 0)
+    base = "/run/cusnap";
+  else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
+    base = std::string(x) + "/cusnap";
+  else
+    base = "/tmp/cusnap-" + std::to_string(::geteuid());
+  // A relative base is taken from the current directory: every path made
+  // from it is recorded (job.json) and given to the job (CUSNAP_RUNTIME_DIR),
+  // which may change directory.
+  if (base[0] != '/') {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(base, ec);
+    if (!ec) base = abs.lexically_normal().string();
+  }
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return base;
 }
 
 bool ensure_private_dir(const std::string& path, bool create, std::string* err) {
@@ -332,15 +349,48 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
            "or CUSNAP_RUNTIME_BASE";
     return false;
   }
+  // A directory elsewhere is found through the link BASE/NAME, which only
+  // replaces a link: anything else there (the stale directories of dead
+  // supervisors are gone by now) is refused before anything is made.
+  const std::string link = base + "/" + name;
+  const auto same_file = [](const struct stat& a, const struct stat& b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  };
+  struct stat lst, dst;
+  if (!explicit_dir.empty() && ::lstat(link.c_str(), &lst) == 0 && !S_ISLNK(lst.st_mode) &&
+      !(::stat(dir.c_str(), &dst) == 0 && same_file(lst, dst))) {
+    *err = "cannot link " + link + " to the runtime directory " + dir + ": " + link +
+           " is there and is not a link cusnap made; remove it, or choose another --name";
+    return false;
+  }
+  const bool existed = ::lstat(dir.c_str(), &dst) == 0;
   if (!(explicit_dir.empty() ? ensure_private_dir(dir, true, err) : prepare_explicit_dir(dir, err)))
     return false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;
     return false;
   }
+  // BASE/NAME given as --runtime-dir (by any spelling) is no link's target.
+  const bool linked =
+      !explicit_dir.empty() && !(::lstat(link.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode) &&
+                                 ::stat(dir.c_str(), &dst) == 0 && same_file(lst, dst));
+  const bool lock_existed = ::lstat((dir + "/lock").c_str(), &dst) == 0;
+  // A reservation that fails leaves nothing it made: the directory, or the
+  // lock in a directory that was there.
+  const auto undo = [&] {
+    if (!existed)
+      remove_job_dir(dir);
+    else if (!lock_existed)
+      ::unlink((dir + "/lock").c_str());
+  };
   UniqueFd lock(::open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (!lock) {
     *err = errno_text("locking " + dir + "/lock");
+    undo();
+    return false;
+  }
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    *err = errno_text("locking " + dir + "/lock");  // another's now: left as it is
     return false;
   }
   // What a dead supervisor left behind (its lock is ours now).
@@ -348,18 +398,16 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   if (d)
     for (const char* f : kKnownFiles)
       if (std::strcmp(f, "lock") != 0) ::unlinkat(d.get(), f, 0);
-  out->reset(new RuntimeDir(dir, std::move(lock)));
-  // A directory outside the base is found through a link in the base.
-  if (!explicit_dir.empty()) {
-    std::string link = base + "/" + name;
-    ::unlink(link.c_str());
+  if (linked) {
+    ::unlink(link.c_str());  // a link, as checked above
     if (::symlink(dir.c_str(), link.c_str()) != 0) {
       *err = errno_text("linking " + link + " to " + dir);
-      out->reset();
+      undo();
       return false;
     }
-    (*out)->link_ = link;
   }
+  out->reset(new RuntimeDir(dir, std::move(lock)));
+  if (linked) (*out)->link_ = link;
   return true;
 }
 
@@ -439,6 +487,10 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
   std::vector<JobEntry> jobs;
   std::string err;
   std::vector<std::string> names;
+  // The directories listed: a job's directory may be an entry of the base
+  // under another name (launch --runtime-dir BASE/OTHER) as well as the
+  // target of its link BASE/NAME; it is listed once.
+  std::set<std::pair<dev_t, ino_t>> listed;
   if (DIR* d = ::opendir(base.c_str())) {
     while (dirent* e = ::readdir(d))
       if (e->d_name[0] != '.') names.emplace_back(e->d_name);
@@ -485,6 +537,9 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
       }
       continue;
     }
+    if (struct stat dst;
+        ::stat(dir.c_str(), &dst) != 0 || !listed.emplace(dst.st_dev, dst.st_ino).second)
+      continue;
     je.dir = dir;
     jobs.push_back(std::move(je));
   }
@@ -495,9 +550,22 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* un
   if (unusable_base) *unusable_base = false;
   if (spec.find('/') != std::string::npos) {
     std::string text;
+    // A directory without a lock is no runtime directory, whatever its mode
+    // (nothing in it is opened); one with a lock must be private to be read.
+    struct stat st;
+    if (::lstat(spec.c_str(), &st) != 0) {
+      *err = errno_text("no job is running in " + spec);
+      return false;
+    }
+    if (::lstat((spec + "/lock").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      *err = "no job is running in " + spec +
+             ": it is not a job's runtime directory (cusnap ps lists the running jobs)";
+      return false;
+    }
     if (!ensure_private_dir(spec, false, err)) return false;
     if (!runtime_dir_live(spec) || !read_file(spec + "/job.json", &text)) {
-      *err = "no running job in " + spec;
+      *err = "no job is running in " + spec +
+             ": its supervisor has ended (cusnap ps lists the running jobs)";
       return false;
     }
     out->dir = spec;

@@ -271,6 +271,112 @@ TEST_CASE("runtime dir: an explicit directory may be empty, or one a dead superv
   CHECK(access(dir.c_str(), F_OK) != 0);
 }
 
+TEST_CASE("runtime dir: a relative CUSNAP_RUNTIME_BASE is taken from the current directory") {
+  TempBase b;
+  char old[4096];
+  REQUIRE(getcwd(old, sizeof old));
+  REQUIRE(chdir(b.path.c_str()) == 0);
+  char here[4096];
+  REQUIRE(getcwd(here, sizeof here));
+  setenv("CUSNAP_RUNTIME_BASE", "rel/./base/", 1);
+  CHECK(runtime_base() == std::string(here) + "/rel/base");
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  REQUIRE(RuntimeDir::reserve("relj", "", &rd, &err));
+  CHECK(rd->path() == std::string(here) + "/rel/base/relj");
+  proto::JobStatus s;
+  s.name = "relj";
+  s.supervisor_pid = getpid();
+  REQUIRE(rd->write_status(s, &err));
+  // Found from elsewhere as long as the variable names the same directory.
+  REQUIRE(chdir(old) == 0);
+  setenv("CUSNAP_RUNTIME_BASE", (std::string(here) + "/rel/base").c_str(), 1);
+  JobEntry e;
+  REQUIRE(find_job("relj", &e, &err));
+  CHECK(e.dir == std::string(here) + "/rel/base/relj");
+  rd->remove();
+}
+
+TEST_CASE("runtime dir: the default directory given explicitly is taken as it is, without a link") {
+  TempBase b;
+  std::string err;
+  const std::string base = b.path + "/base";
+  for (const std::string& dir : {base + "/zz", base + "//zz"}) {
+    CAPTURE(dir);
+    std::unique_ptr<RuntimeDir> rd;
+    REQUIRE(RuntimeDir::reserve("zz", dir, &rd, &err));
+    struct stat st;
+    REQUIRE(lstat((base + "/zz").c_str(), &st) == 0);
+    CHECK(S_ISDIR(st.st_mode));
+    proto::JobStatus s;
+    s.name = "zz";
+    s.supervisor_pid = getpid();
+    REQUIRE(rd->write_status(s, &err));
+    CHECK(list_jobs(false).size() == 1);
+    JobEntry e;
+    REQUIRE(find_job("zz", &e, &err));
+    rd->remove();
+    CHECK(lstat((base + "/zz").c_str(), &st) != 0);
+  }
+}
+
+TEST_CASE("runtime dir: a reservation that fails leaves nothing it made") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  const std::string base = b.path + "/base";
+  REQUIRE(ensure_private_dir(base, true, &err));
+  // BASE/NAME is a directory of the user's: the link cannot be made.
+  REQUIRE(mkdir((base + "/taken").c_str(), 0700) == 0);
+  REQUIRE(close(creat((base + "/taken/notes.txt").c_str(), 0600)) == 0);
+  const std::string dir = b.path + "/fresh";
+  CHECK(!RuntimeDir::reserve("taken", dir, &rd, &err));
+  CHECK(err.find(base + "/taken") != std::string::npos);
+  CHECK(access(dir.c_str(), F_OK) != 0);  // made by the reservation, removed
+  CHECK(access((base + "/taken/notes.txt").c_str(), F_OK) == 0);
+  // An empty directory of the user's stays, without the lock.
+  const std::string mine = b.path + "/mine";
+  REQUIRE(mkdir(mine.c_str(), 0700) == 0);
+  CHECK(!RuntimeDir::reserve("taken", mine, &rd, &err));
+  CHECK(access(mine.c_str(), F_OK) == 0);
+  CHECK(access((mine + "/lock").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("runtime dir: a job whose directory is another entry of the base is listed once") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  const std::string base = b.path + "/base";
+  REQUIRE(RuntimeDir::reserve("aa", base + "/bb", &rd, &err));
+  proto::JobStatus s;
+  s.name = "aa";
+  s.supervisor_pid = getpid();
+  REQUIRE(rd->write_status(s, &err));
+  std::vector<JobEntry> jobs = list_jobs(true);
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].status.name == "aa");
+  CHECK(jobs[0].dir == base + "/bb");
+  rd->remove();
+  CHECK(list_jobs(true).empty());
+  struct stat st;
+  CHECK(lstat((base + "/aa").c_str(), &st) != 0);
+  CHECK(lstat((base + "/bb").c_str(), &st) != 0);
+}
+
+TEST_CASE("runtime dir: a directory that holds no job is said to hold none") {
+  TempBase b;
+  std::string err;
+  const std::string dir = b.path + "/empty";
+  REQUIRE(mkdir(dir.c_str(), 0755) == 0);
+  JobEntry e;
+  CHECK(!find_job(dir, &e, &err));
+  CHECK(err.find("no job is running in " + dir) != std::string::npos);
+  CHECK(err.find("mode") == std::string::npos);
+  CHECK(mode_of(dir) == 0755);
+  CHECK(!find_job(b.path + "/missing", &e, &err));
+  CHECK(err.find("no job is running in " + b.path + "/missing") != std::string::npos);
+}
+
 TEST_CASE("runtime dir: job.json round-trips") {
   proto::JobStatus s, t;
   s.name = "n";

@@ -59,9 +59,11 @@ struct LaunchRequest {
 /// cusnap launch: starts the job and supervises it until it ends.
 SuperviseOutcome launch_job(const LaunchRequest& req);
 
-/// The shim the job preloads: $CUSNAP_SHIM, else ../lib/libcusnap_shim.so
-/// beside the cusnap executable; empty when that file does not exist.
-std::string find_shim();
+/// The shim the job preloads, in *path: $CUSNAP_SHIM (made absolute), else
+/// ../lib/libcusnap_shim.so beside the cusnap executable, empty when that
+/// file does not exist. false and *err (naming the variable) when
+/// CUSNAP_SHIM is set to something the dynamic loader cannot preload.
+bool find_shim(std::string* path, std::string* err);
 /// LD_PRELOAD for the job: shim first, then what was there.
 std::string preload_with(const std::string& shim, const char* existing);
 

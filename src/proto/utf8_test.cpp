@@ -37,3 +37,19 @@ TEST_CASE("json_text: bytes that are not UTF-8 become U+FFFD instead of throwing
   CHECK(nlohmann::json::parse(text)["argv"][1] == "caf\xef\xbf\xbd");
   CHECK(json_text(nlohmann::json{{"a", 1}}, 2) == "{\n  \"a\": 1\n}");
 }
+
+TEST_CASE("utf8: a prefix of so many characters never cuts one") {
+  CHECK(utf8_prefix("", 3) == "");
+  CHECK(utf8_prefix("abcdef", 3) == "abc");
+  CHECK(utf8_prefix("ab", 3) == "ab");
+  CHECK(utf8_prefix("caf\xc3\xa9s", 4) == "caf\xc3\xa9");
+  CHECK(utf8_prefix("\xc3\xa9\xc3\xa9\xc3\xa9", 2) == "\xc3\xa9\xc3\xa9");
+  CHECK(utf8_prefix("a\xf0\x9f\x98\x80z", 2) == "a\xf0\x9f\x98\x80");
+  // A byte that starts no well-formed character counts as one, as it is shown.
+  CHECK(utf8_prefix("caf\xe9xyz", 4) == "caf\xe9");
+  CHECK(utf8_prefix(std::string(10, '\x80'), 4) == std::string(4, '\x80'));
+  CHECK(utf8_prefix("\xe2\x82x", 2) == "\xe2\x82");
+  CHECK(utf8_length("caf\xc3\xa9") == 4);
+  CHECK(utf8_length("caf\xe9") == 4);
+  CHECK(utf8_length("\xf0\x9f\x98\x80\xe2\x82\xac") == 2);
+}

@@ -44,7 +44,14 @@ pass "a valid --device-map (a swap and a UUID with a lower-case gpu- prefix and 
 expect_usage "checkpoint --timeout 0.0001" "--timeout" "0.001" "604800" -- "$CUSNAP" checkpoint nosuch --timeout 0.0001
 expect_usage "suspend --timeout 0" "--timeout" "0.001" -- "$CUSNAP" suspend nosuch --timeout 0
 expect_usage "restore --timeout 1e9" "--timeout" "604800" -- "$CUSNAP" restore "$T/none" --timeout 1e9
-expect_usage "launch --control-timeout 0.0001" "--control-timeout" -- "$CUSNAP" launch --control-timeout 0.0001 -- true
+expect_usage "launch --control-timeout 0" "--control-timeout" "31536000" -- "$CUSNAP" launch --control-timeout 0 -- true
+# --control-timeout takes what CUSNAP_CONTROL_TIMEOUT takes: up to a year.
+expect_usage "restore --control-timeout 31536001" "--control-timeout" "31536000" -- \
+  "$CUSNAP" restore "$T/none" --control-timeout 31536001
+"$CUSNAP" launch --control-timeout 31536000 -- true || fail "launch --control-timeout 31536000 is refused"
+CUSNAP_CONTROL_TIMEOUT=31536000 "$CUSNAP" launch -- true || fail "CUSNAP_CONTROL_TIMEOUT=31536000 is refused"
+CUSNAP_CONTROL_TIMEOUT=31536001 expect_usage "CUSNAP_CONTROL_TIMEOUT=31536001" "31536000" -- "$CUSNAP" launch -- true
+pass "--control-timeout and CUSNAP_CONTROL_TIMEOUT both take up to 31536000 seconds"
 [ "$("$CUSNAP" checkpoint nosuch --timeout 0.001 2>/dev/null; echo $?)" = 4 ] ||
   fail "checkpoint --timeout 0.001 is refused"
 pass "checkpoint --timeout 0.001 is accepted"
@@ -80,7 +87,7 @@ python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["exit_code
 CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --help >/dev/null || fail "ps --help refused for a bad CUSNAP_CONTROL_TIMEOUT"
 CUSNAP_SHIM_COPY_THREADS=100 "$CUSNAP" launch --no-shim -- true ||
   fail "launch --no-shim refused a setting only the shim reads"
-[ -z "$(ls -A "$CUSNAP_RUNTIME_BASE" 2>/dev/null | grep -v '^\.lock$')" ] ||
+[ -z "$(find "$CUSNAP_RUNTIME_BASE" -mindepth 1 -maxdepth 1 ! -name .lock 2>/dev/null)" ] ||
   fail "a refused launch left $(ls -A "$CUSNAP_RUNTIME_BASE") in the runtime base"
 
 # A runtime base that cannot be searched is a failure (exit 1) with its

@@ -67,3 +67,66 @@ echo "$out" | grep -q psjob && fail "ps lists a dead job: $out"
 [ ! -e "$CUSNAP_RUNTIME_BASE/psjob" ] || fail "stale directory not cleaned"
 pass "a dead supervisor's directory is cleaned"
 expect_eq "the name is free again" 0 "$(run_status "$CUSNAP" launch --name psjob -- true)"
+
+# inspect NAME: the running job of that name, even where a checkpoint
+# directory of that name is here; a directory that holds no job is said to
+# hold none.
+launch_bg twin sleep 60
+TWIN=$LAUNCH_PID
+mkdir "$SCRATCH/twin" && echo '{}' >"$SCRATCH/twin/manifest.json"
+(cd "$SCRATCH" && "$CUSNAP" inspect twin --json) | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["kind"] == "job" and d["name"] == "twin", d
+' || fail "inspect twin does not describe the running job twin"
+mkdir -m 755 "$SCRATCH/emptydir"
+rc=0
+(cd "$SCRATCH" && exec "$CUSNAP" suspend ./emptydir) 2>"$SCRATCH/empty.err" || rc=$?
+[ "$rc" = 4 ] && grep -q "no job is running in ./emptydir" "$SCRATCH/empty.err" &&
+  ! grep -q mode "$SCRATCH/empty.err" || fail "suspend ./emptydir: exit $rc: $(cat "$SCRATCH/empty.err")"
+kill "$TWIN"; wait "$TWIN" 2>/dev/null || true
+pass "inspect NAME is the running job before a directory NAME; suspend ./emptydir says no job runs there"
+
+# A long command is cut at a character, never inside one.
+launch_bg utf8job sh -c "sleep 60" "x$(printf 'é%.0s' $(seq 60))"
+UTF=$LAUNCH_PID
+"$CUSNAP" ps | python3 -c '
+import sys
+text = sys.stdin.buffer.read().decode("utf-8")
+line = [l for l in text.splitlines() if l.startswith("utf8job ")][0]
+cmd = line[line.index("sh -c"):]
+assert cmd.endswith("...") and len(cmd) == 60, cmd
+' || fail "ps cuts a long command inside a character: $("$CUSNAP" ps | grep utf8job)"
+kill "$UTF"; wait "$UTF" 2>/dev/null || true
+pass "ps cuts a long command at a character"
+
+# A relative CUSNAP_RUNTIME_BASE is taken from the current directory: the
+# job finds its runtime directory wherever it goes.
+REAL=$(cd "$SCRATCH" && pwd -P)
+out=$(cd "$SCRATCH" && CUSNAP_RUNTIME_BASE=relbase "$CUSNAP" launch --name rel -- sh -c 'cd / && echo "$CUSNAP_RUNTIME_DIR"')
+expect_eq "a relative CUSNAP_RUNTIME_BASE" "$REAL/relbase/rel" "$out"
+
+# The default runtime directory given explicitly; a job whose directory is
+# another entry of the base is listed once.
+out=$("$CUSNAP" launch --name zz --runtime-dir "$CUSNAP_RUNTIME_BASE/zz" -- echo hi 2>&1)
+expect_eq "launch --runtime-dir BASE/NAME" hi "$out"
+[ ! -e "$CUSNAP_RUNTIME_BASE/zz" ] || fail "launch --runtime-dir BASE/NAME left $(ls -la "$CUSNAP_RUNTIME_BASE/zz")"
+"$CUSNAP" launch --name aa --runtime-dir "$CUSNAP_RUNTIME_BASE/bb" -- sleep 60 >/dev/null 2>&1 &
+AA=$!
+BG_PIDS+=("$AA")
+wait_for 10 test -s "$CUSNAP_RUNTIME_BASE/bb/job.json" || fail "job aa did not start"
+expect_eq "ps lists a job in BASE/OTHER once" 1 "$("$CUSNAP" ps | grep -c '^aa ')"
+expect_eq "ps --json lists it once" 1 "$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(sum(j["name"] == "aa" for j in json.load(sys.stdin)))')"
+kill "$AA"; wait "$AA" 2>/dev/null || true
+
+# Started with stdin, stdout and stderr closed: the job's output still goes
+# to output.log, never into a file of cusnap's.
+"$CUSNAP" launch --name closed -- sh -c 'echo out; echo err >&2; sleep 60' <&- >&- 2>&- &
+CLOSED=$!
+BG_PIDS+=("$CLOSED")
+wait_for 10 grep -q err "$CUSNAP_RUNTIME_BASE/closed/output.log" ||
+  fail "closed fds: output.log holds $(cat "$CUSNAP_RUNTIME_BASE/closed/output.log" 2>&1); lock holds $(cat "$CUSNAP_RUNTIME_BASE/closed/lock" 2>&1)"
+grep -q out "$CUSNAP_RUNTIME_BASE/closed/output.log" || fail "closed fds: no stdout in output.log"
+[ ! -s "$CUSNAP_RUNTIME_BASE/closed/lock" ] || fail "closed fds: the lock file holds $(cat "$CUSNAP_RUNTIME_BASE/closed/lock")"
+kill "$CLOSED"; wait "$CLOSED" 2>/dev/null || true
+pass "launched with fds 0-2 closed, the job's output goes to output.log"
