@@ -2,6 +2,7 @@
 // job listing for ps/inspect.
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -9,9 +10,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iterator>
+#include <mutex>
 #include <thread>
 
 #include "coord/engine_internal.h"
@@ -290,10 +293,55 @@ bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::millis
   return all;
 }
 
+namespace {
+
+/// The prefixes of the temporary directories a checkpoint and a restore make.
+constexpr const char* kTempPrefixes[] = {"cusnap-dump-", "cusnap-restore-", "cusnap-noplugins-"};
+
+/// The pid a temporary directory's name holds (PREFIX PID "-" XXXXXX); 0
+/// when the name is not one of ours.
+pid_t temp_dir_owner(const std::string& name) {
+  for (const char* prefix : kTempPrefixes) {
+    const size_t n = std::strlen(prefix);
+    if (name.compare(0, n, prefix) != 0) continue;
+    const size_t dash = name.find('-', n);
+    pid_t pid = 0;
+    if (dash == std::string::npos || name.size() != dash + 7 ||
+        !parse_num(std::string_view(name).substr(n, dash - n), &pid))
+      return 0;
+    return pid;
+  }
+  return 0;
+}
+
+}  // namespace
+
+size_t sweep_stale_temp_dirs(const std::string& base, std::chrono::seconds min_age) {
+  size_t removed = 0;
+  const time_t now = ::time(nullptr);
+  for (const std::string& name : list_dir(base)) {
+    const pid_t owner = temp_dir_owner(name);
+    if (owner <= 0) continue;
+    const std::string path = base + "/" + name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+        now - st.st_mtime < min_age.count())
+      continue;
+    if (::kill(owner, 0) == 0 || errno != ESRCH) continue;  // its maker may still use it
+    std::error_code ec;
+    if (std::filesystem::remove_all(path, ec) > 0 && !ec) ++removed;
+  }
+  return removed;
+}
+
 TempDir::TempDir(const char* prefix) {
   const char* env = getenv("TMPDIR");
   const std::string base = env && *env ? env : "/tmp";
-  std::string tmpl = base + "/" + prefix + "XXXXXX";
+  // What a checkpoint or restore killed outright (SIGKILL, the OOM killer)
+  // left: its destructor never ran.
+  static std::once_flag swept;
+  std::call_once(swept, [&] { sweep_stale_temp_dirs(base, kStaleTempAge); });
+  std::string tmpl = base + "/" + prefix + std::to_string(::getpid()) + "-XXXXXX";
   if (mkdtemp(tmpl.data())) {
     path_ = tmpl;
     return;

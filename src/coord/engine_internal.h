@@ -175,7 +175,20 @@ void signal_pidfd(const UniqueFd& pidfd, int sig);
 /// at most `limit` in all; true if they all did.
 bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::milliseconds limit);
 
-/// A private empty directory under $TMPDIR (or /tmp); removed by the destructor.
+/// How old a temporary directory of a process that is gone must be for
+/// sweep_stale_temp_dirs to take it (one of a process in another pid
+/// namespace, which kill cannot see, is left while it may be in use).
+inline constexpr std::chrono::seconds kStaleTempAge{600};
+
+/// Removes base's temporary directories of checkpoints and restores
+/// (TempDir's, named PREFIX PID "-" XXXXXX) whose maker is gone and that were
+/// last changed at least min_age ago: a process killed outright leaves its
+/// directory behind. Only directories of this user. Returns how many.
+size_t sweep_stale_temp_dirs(const std::string& base, std::chrono::seconds min_age);
+
+/// A private empty directory under $TMPDIR (or /tmp), named PREFIX PID
+/// "-" XXXXXX; removed by the destructor. The first one a process makes
+/// sweeps stale ones (sweep_stale_temp_dirs).
 class TempDir {
  public:
   explicit TempDir(const char* prefix);

@@ -11,6 +11,7 @@
 #include <cctype>
 
 #include <filesystem>
+#include <fstream>
 
 #include "coord/engine.h"
 #include "coord/engine_internal.h"
@@ -527,4 +528,48 @@ TEST_CASE("engine: a driver call that never returns is given up after the deadli
         std::string::npos);
   CUprocessState st;
   CHECK(d.get_state(12345, &st, &err));
+}
+
+TEST_CASE("engine: stale temporary directories of a killed checkpoint or restore are swept") {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/cusnap-sweep-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const std::string base = tmpl;
+  const pid_t gone = ::fork();  // a pid whose process is gone
+  REQUIRE(gone >= 0);
+  if (gone == 0) ::_exit(0);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  const std::string dead = std::to_string(gone), live = std::to_string(::getpid());
+  auto make = [&](const std::string& name, bool old) {
+    const std::string p = base + "/" + name;
+    REQUIRE(::mkdir(p.c_str(), 0700) == 0);
+    std::ofstream(p + "/restore.log") << "log";
+    if (old) {
+      const timespec t[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+      REQUIRE(::utimensat(AT_FDCWD, p.c_str(), t, 0) == 0);
+    }
+  };
+  make("cusnap-restore-" + dead + "-Ab12Cd", true);    // swept
+  make("cusnap-noplugins-" + dead + "-Ab12Cd", true);  // swept
+  make("cusnap-dump-" + live + "-Ab12Cd", true);       // its maker lives
+  make("cusnap-dump-" + dead + "-Ef34Gh", false);      // too recent
+  make("cusnap-restore-Ab12Cd", true);                 // no pid: another version's
+  make("cusnap-restore-" + dead + "-Ab12Cd-x", true);  // not one of ours
+  make("other-" + dead + "-Ab12Cd", true);
+  CHECK(engine_detail::sweep_stale_temp_dirs(base, std::chrono::seconds(600)) == 2);
+  CHECK_FALSE(fs::exists(base + "/cusnap-restore-" + dead + "-Ab12Cd"));
+  CHECK_FALSE(fs::exists(base + "/cusnap-noplugins-" + dead + "-Ab12Cd"));
+  CHECK(fs::exists(base + "/cusnap-dump-" + live + "-Ab12Cd"));
+  CHECK(fs::exists(base + "/cusnap-dump-" + dead + "-Ef34Gh"));
+  CHECK(fs::exists(base + "/cusnap-restore-Ab12Cd"));
+  CHECK(fs::exists(base + "/cusnap-restore-" + dead + "-Ab12Cd-x"));
+  CHECK(fs::exists(base + "/other-" + dead + "-Ab12Cd"));
+  // A link named like one is not followed, nor removed.
+  fs::create_directory_symlink(base + "/other-" + dead + "-Ab12Cd",
+                               base + "/cusnap-dump-" + dead + "-Zz99Zz");
+  CHECK(engine_detail::sweep_stale_temp_dirs(base, std::chrono::seconds(0)) ==
+        1);  // the recent one
+  CHECK(fs::exists(base + "/other-" + dead + "-Ab12Cd/restore.log"));
+  CHECK(fs::is_symlink(base + "/cusnap-dump-" + dead + "-Zz99Zz"));
+  fs::remove_all(base);
 }
