@@ -120,11 +120,11 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
     const bool capturing = sm->capture_retries() > retries;
     if (!capturing || std::chrono::steady_clock::now() + pause >= deadline) {
       if (capturing) {
-        sm->cut_release();
         const int tries = sm->capture_retries();
         why += " (tried " + std::to_string(tries) + " time" + (tries == 1 ? "" : "s") +
                " within the timeout of " + std::to_string(timeout.count()) +
                " ms; a longer --timeout gives the capture more time to end)";
+        sm->cut_release(&why);  // a process it could not reach is named in why
       }
       // A gate that would not open again holds that process's CUDA calls:
       // the job did not run on unchanged. The caller marks it left

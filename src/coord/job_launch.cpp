@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "coord/manifest.h"  // job_record_fits
 #include "coord/runtime_dir.h"
 #include "coord/seccomp_filter.h"
 #include "coord/supervisor.h"
@@ -109,6 +110,16 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
     return fail;
   }
   const std::string name = req.cfg.name.empty() ? default_job_name(req.argv) : req.cfg.name;
+  char cwd[PATH_MAX];
+  if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+  // A job whose record (job.json) ps could not read, and whose checkpoint a
+  // restore would refuse, is refused before anything is made.
+  if (std::string why; !job_record_fits(req.argv, cwd, &why)) {
+    fail.exit_code = kExitUsage;
+    fail.error = "cannot launch this command: " + why +
+                 "; pass long data in a file or through the environment";
+    return fail;
+  }
   // A shim that cannot be preloaded is refused before anything is made.
   std::string shim;
   if (req.use_shim && !find_shim(&shim, &fail.error)) {
@@ -134,8 +145,6 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   std::vector<std::string> args = req.argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
-  char cwd[PATH_MAX];
-  if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
   StrictFilter filter;
   if (req.strict) {
     std::string why;

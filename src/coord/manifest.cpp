@@ -18,6 +18,7 @@
 
 #include "coord/file_read.h"
 #include "coord/procs.h"
+#include "coord/runtime_dir.h"  // kMaxJobJsonBytes
 #include "proto/json_text.h"
 #include "proto/shim_messages.h"  // kMaxParts
 #include "proto/unique_fd.h"      // write_all
@@ -33,6 +34,9 @@ using nlohmann::json;
 std::string cusnap_version() {
   return CUSNAP_VERSION;
 }
+
+static_assert(kMaxJobRecordBytes + (size_t(128) << 10) <= kMaxJobJsonBytes,
+              "a job's record leaves job.json room for its name and directories");
 
 bool job_record_fits(const std::vector<std::string>& argv, const std::string& cwd,
                      std::string* err) {

@@ -123,7 +123,7 @@ inline constexpr size_t kMaxCommandLineBytes = size_t(6) << 20;
 /// The job's argv and cwd as the job's record, job.json, holds them (JSON
 /// text) are at most this: with the rest of job.json (a name, the runtime
 /// and checkpoint directories, each a path) it stays within the 1 MiB that
-/// ps, inspect and the name's reservation read of it (runtime_dir.cpp), so
+/// ps, inspect and the name's reservation read of it (kMaxJobJsonBytes), so
 /// that a restored job is listed.
 inline constexpr size_t kMaxJobRecordBytes = size_t(896) << 10;
 

@@ -49,7 +49,7 @@ std::string errno_text(const std::string& what) {
 
 /// job.json and the like: small, never a link.
 bool read_file(const std::string& path, std::string* out) {
-  return read_file_bounded(path, {.max_bytes = size_t(1) << 20, .no_follow = true}, out);
+  return read_file_bounded(path, {.max_bytes = kMaxJobJsonBytes, .no_follow = true}, out);
 }
 
 /// Takes an exclusive flock, waiting.

@@ -37,6 +37,10 @@ std::string runtime_base();
 /// tightening the mode of one we own).
 bool ensure_private_dir(const std::string& path, bool create, std::string* err);
 
+/// The most of a job.json that ps, inspect, a name's reservation and a
+/// guardian's takeover read: a longer one is taken for damaged.
+inline constexpr size_t kMaxJobJsonBytes = size_t(1) << 20;
+
 /// job.json as JSON text and back.
 std::string job_status_to_json(const proto::JobStatus& s);
 bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::string* err);

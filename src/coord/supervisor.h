@@ -32,8 +32,10 @@ struct SupervisorConfig {
   std::string runtime_dir;  ///< explicit runtime directory; empty: BASE/NAME (runtime_dir.h)
   std::chrono::milliseconds control_timeout = proto::kDefaultTimeout;
   bool echo_output = true;  ///< copy the job's output to our stdout/stderr (besides the log)
-  /// Seconds to keep copying output after the job's root exited while other
-  /// processes still hold its pipes.
+  /// After the job's root exited: how long to keep copying output while other
+  /// processes still hold its pipes, and how long each process of the job
+  /// still running has between SIGTERM and SIGKILL. The supervisor sets it
+  /// from $CUSNAP_EXIT_GRACE_MS (proto::kExitGraceMs).
   std::chrono::milliseconds drain_grace{2000};
 };
 

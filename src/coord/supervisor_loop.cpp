@@ -61,11 +61,10 @@ constexpr size_t kEchoCapacity = 1u << 20;
 /// A job taken over from a dead supervisor keeps when it started and the
 /// checkpoint it was restored from, as that supervisor's job.json says
 /// (when it names the same root process).
-constexpr size_t kJobJsonMax = size_t(1) << 20;  // as list_jobs reads job.json
 void keep_history(const std::string& job_json, pid_t root, proto::JobStatus* s) {
   std::string text, err;
   proto::JobStatus before;
-  if (!read_file_bounded(job_json, {.max_bytes = kJobJsonMax, .no_follow = true}, &text) ||
+  if (!read_file_bounded(job_json, {.max_bytes = kMaxJobJsonBytes, .no_follow = true}, &text) ||
       !job_status_from_json(text, &before, &err) || before.root_pid != root)
     return;
   s->started = before.started;
@@ -154,6 +153,10 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   };
   std::string err;
   if (!output_log_cap(&s->log_cap_, &err)) return failed(kExitUsage, err);
+  uint64_t grace_ms = 0;
+  if (!proto::env_number_checked(proto::kExitGraceMs, &grace_ms, &err))
+    return failed(kExitUsage, err);
+  s->cfg_.drain_grace = std::chrono::milliseconds(grace_ms);
   if (!RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err))
     return failed(err.find("already running") != std::string::npos ? kExitRefused : kExitFailure,
                   err);
@@ -211,6 +214,7 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
   }
   // The dead supervisor's cap, from the environment it left the guardian.
   s->log_cap_ = proto::env_number(proto::kOutputLogMib) << 20;
+  s->cfg_.drain_grace = std::chrono::milliseconds(proto::env_number(proto::kExitGraceMs));
   if (struct stat st; ::fstat(s->log_fd_.get(), &st) == 0) s->log_size_ = uint64_t(st.st_size);
   if (!s->install_handlers(fail)) return false;
   *out = std::move(s);

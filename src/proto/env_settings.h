@@ -30,6 +30,11 @@ inline constexpr NumberSetting kGuardianCriuWaitMs{
     "CUSNAP_GUARDIAN_CRIU_WAIT_MS", 0, uint64_t(7) * 24 * 3600 * 1000, 60000, "milliseconds"};
 inline constexpr NumberSetting kOutputLogMib{"CUSNAP_OUTPUT_LOG_MIB", 0, uint64_t(1) << 20, 64,
                                              "MiB (0: no cap)"};
+/// After the job's first process exited: how long the supervisor goes on
+/// copying the output of its other processes, and how long each of those
+/// still running has between SIGTERM and SIGKILL.
+inline constexpr NumberSetting kExitGraceMs{"CUSNAP_EXIT_GRACE_MS", 0, uint64_t(3600) * 1000, 2000,
+                                            "milliseconds"};
 /// How long lifting CRIU's network lock may take: the answer of nf_tables
 /// and each iptables command.
 inline constexpr NumberSetting kNetworkUnlockMs{"CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS", 100,
@@ -40,7 +45,7 @@ inline constexpr const NumberSetting* kShimNumberSettings[] = {&kShimStagingMib,
                                                                &kShimDirectMib, &kCutHoldMs};
 /// The settings a supervisor reads, checked by `launch` and `restore`.
 inline constexpr const NumberSetting* kSupervisorNumberSettings[] = {
-    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib, &kNetworkUnlockMs};
+    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib, &kNetworkUnlockMs, &kExitGraceMs};
 
 /// A setting the supervisor reads as text when its job is checkpointed,
 /// suspended or resumed (kClientSettings of control.h: a value the command's

@@ -307,3 +307,13 @@ CUSNAP_RUNTIME_BASE=$T/linkbase "$CUSNAP" ps --json >"$T/ps.json" 2>/dev/null ||
   fail "ps --json with a linked runtime base: exit $rc, $(cat "$T/ps.json")"
 pass "ps refuses a linked runtime base, saying so (exit 1, and as JSON)"
 echo "PASS"
+
+# A command line too long for the job's record (job.json, which ps reads) is
+# refused before anything is made: such a job could not be listed, and its
+# checkpoint not restored. Eight arguments of 120 KiB: about 960 KiB.
+big=$(head -c $((120 * 1024)) /dev/zero | tr '\0' x)
+expect_usage "launch with about 960 KiB of arguments" "job.json" "pass long data in a file" -- \
+  "$CUSNAP" launch --name toolong -- true "$big" "$big" "$big" "$big" "$big" "$big" "$big" "$big"
+[ ! -e "$CUSNAP_RUNTIME_BASE/toolong" ] || fail "the refused launch left $CUSNAP_RUNTIME_BASE/toolong"
+pass "the refused launch left no runtime directory"
+unset big

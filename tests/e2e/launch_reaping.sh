@@ -55,3 +55,32 @@ grep -q "its process $stubborn, still running, was ended (SIGTERM, then SIGKILL)
   fail "cusnap did not say it killed process $stubborn: $(cat "$SCRATCH/stubborn.out")"
 [ $(( $(date +%s) - start )) -lt 15 ] || fail "ending the stubborn process took too long"
 pass "one that ignores SIGTERM, in a session of its own, is killed after the grace"
+
+# The grace is CUSNAP_EXIT_GRACE_MS: the supervisor copies output for the
+# grace (the stubborn process holds the job's pipes), then sends SIGTERM and
+# SIGKILL after the grace again. With the default (2 s each) the process is
+# gone about 4.5 s after the start; with 6 s it is still there at 5.5 s and
+# is killed after 12 s.
+rm -f "$SCRATCH/stubborn.pid"
+start=$(date +%s.%N)
+CUSNAP_EXIT_GRACE_MS=6000 "$CUSNAP" launch --name slowgrace -- \
+  sh -c "setsid $SCRATCH/stubborn.sh & sleep 0.5; exit 4" >"$SCRATCH/slowgrace.out" 2>&1 &
+slow_pid=$!
+wait_for 10 test -s "$SCRATCH/stubborn.pid" || fail "the stubborn process did not start"
+stubborn=$(cat "$SCRATCH/stubborn.pid")
+sleep "$(python3 -c "import sys,time; print(max(0, 5.5 - (time.time() - float(sys.argv[1]))))" "$start")"
+kill -0 "$stubborn" 2>/dev/null || fail "process $stubborn was killed before CUSNAP_EXIT_GRACE_MS=6000 ran out"
+wait "$slow_pid" && rc=0 || rc=$?
+expect_eq "status of the root (CUSNAP_EXIT_GRACE_MS=6000)" 4 "$rc"
+if kill -0 "$stubborn" 2>/dev/null; then fail "process $stubborn outlived its supervisor"; fi
+python3 -c "import sys,time; sys.exit(time.time() - float(sys.argv[1]) < 12)" "$start" ||
+  fail "the supervisor did not wait twice CUSNAP_EXIT_GRACE_MS"
+grep -q "its process $stubborn, still running, was ended (SIGTERM, then SIGKILL)" "$SCRATCH/slowgrace.out" ||
+  fail "cusnap did not say it killed process $stubborn: $(cat "$SCRATCH/slowgrace.out")"
+pass "CUSNAP_EXIT_GRACE_MS sets the grace"
+
+CUSNAP_EXIT_GRACE_MS=2s "$CUSNAP" launch --name badgrace -- true >"$SCRATCH/badgrace.out" 2>&1 && rc=0 || rc=$?
+expect_eq "status with CUSNAP_EXIT_GRACE_MS=2s" 2 "$rc"
+grep -q 'CUSNAP_EXIT_GRACE_MS="2s"' "$SCRATCH/badgrace.out" ||
+  fail "the refusal does not name the setting: $(cat "$SCRATCH/badgrace.out")"
+pass "a bad CUSNAP_EXIT_GRACE_MS is refused (exit 2) naming it"
