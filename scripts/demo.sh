@@ -7,7 +7,8 @@
 # Installs and builds what it needs (root: CRIU needs it).
 #   sudo bash scripts/demo.sh
 #   CUSNAP_DEMO_SKIP_BUILD=1   neither install (scripts/install-deps.sh) nor
-#                              build: use the build already in build/
+#                              build: use the build already in build/ (or in
+#                              CUSNAP_BINARY_DIR, as the tests give it)
 #   CUSNAP_CUDA_INCLUDE=DIR    the CUDA headers' directory, for install-deps.sh
 #                              and the build (default /usr/local/cuda/include)
 #   TMPDIR=DIR                 where the demo's checkpoints go (default /tmp)
@@ -18,10 +19,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 root=$PWD
+build=$root/build
 
 if [ "${CUSNAP_DEMO_SKIP_BUILD:-0}" = 1 ]; then
-  [ -x build/bin/cusnap ] || { echo "demo: CUSNAP_DEMO_SKIP_BUILD=1 but $root/build/bin/cusnap is not built" >&2; exit 1; }
-  echo "== using the existing build (build/)"
+  build=${CUSNAP_BINARY_DIR:-$build}
+  [ -x "$build/bin/cusnap" ] || { echo "demo: CUSNAP_DEMO_SKIP_BUILD=1 but $build/bin/cusnap is not built" >&2; exit 1; }
+  echo "== using the existing build ($build)"
 else
   bash scripts/install-deps.sh
   echo "== building cusnap (build/)"
@@ -30,7 +33,7 @@ else
   cmake --build build -j"$(nproc)" >/dev/null
 fi
 
-bin=$root/build/bin
+bin=$build/bin
 work=$(mktemp -d "${TMPDIR:-/tmp}/cusnap-demo.XXXXXX")
 export CUSNAP_RUNTIME_BASE=$work/run
 # The job processes started here, each with the executable it runs: cleanup
@@ -55,8 +58,8 @@ if ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1' && nvidia-smi -L >/dev/null 
   echo "== using the real GPU: $(nvidia-smi -L | head -n1)"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 else
-  echo "== no GPU here: using the simulated CUDA driver (build/fakecuda)"
-  export LD_LIBRARY_PATH=$root/build/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "== no GPU here: using the simulated CUDA driver ($build/fakecuda)"
+  export LD_LIBRARY_PATH=$build/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
 wait_for() {  # wait_for FILE REGEX SECONDS
