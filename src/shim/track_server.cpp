@@ -5,34 +5,51 @@
 // in a long driver call still serves its importers. Control listener: answers
 // "inspect" (takes the main lock briefly) and drives the gate. Both run with
 // every signal blocked, check the peer's uid (root or the shim's own), and
-// bound every exchange by the control timeout ($CUSNAP_CONTROL_TIMEOUT).
+// bound every exchange by the control timeout ($CUSNAP_CONTROL_TIMEOUT). Each
+// keeps several connections and takes a request only once it is there whole,
+// so a client that sends nothing or half a request holds up no other (serve).
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <vector>
 
+#include "proto/env_settings.h"
 #include "proto/wire.h"
-#include "shim/cut.h"
-#include "shim/gate.h"
-#include "shim/entries.h"
-#include "shim/cut_control.h"
 #include "shim/cusnap_shim.h"
+#include "shim/cut.h"
+#include "shim/cut_control.h"
+#include "shim/entries.h"
+#include "shim/gate.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Connections a listener keeps open at once (descriptors in the
+/// application's process). One more pending closes the one idle the longest,
+/// once it has been idle kEvictIdle; until then the new one waits its turn.
+constexpr size_t kMaxConnections = 8;
+constexpr auto kEvictIdle = std::chrono::seconds(1);
 
 std::chrono::milliseconds timeout() {
   static const auto t = proto::control_timeout_from_env();
@@ -45,10 +62,27 @@ bool allowed(int fd, uid_t owner) {
   return proto::peer_credentials(fd, &cred, &err) && proto::peer_uid_allowed(cred.uid, owner);
 }
 
-void serve_peer(State& s, UniqueFd conn) {
-  if (!allowed(conn.get(), s.uid)) return;
-  proto::Channel ch(std::move(conn), timeout());
-  ch.set_max_body(proto::kMaxRequestBytes);
+/// One connection of a listener. Its requests are read only once whole (the
+/// listener never waits on one client while others are pending), and handled
+/// one at a time on the listener's thread.
+struct Conn {
+  proto::Channel ch;
+  /// The next request must have arrived whole by then (the control timeout
+  /// from the accept, or from the last reply): an idle client, or one that
+  /// stopped mid-message, is closed there.
+  Clock::time_point deadline;
+  /// Of the accept or the last request: the connection idle the longest is
+  /// closed first when the listener has kMaxConnections and more come.
+  Clock::time_point last;
+  /// A save or load whose parts are still arriving (control).
+  std::vector<UniqueFd> parts;
+  uint64_t parts_of = 0;
+  std::string parts_type;
+};
+
+/// Serves one "fetch" (the peer socket's one request per connection).
+void serve_peer(State& s, Conn& c) {
+  proto::Channel& ch = c.ch;
   proto::Message msg;
   std::string err;
   bool refused = false;
@@ -114,111 +148,151 @@ bool gate_closed() {
   return closed != 0;
 }
 
-void serve_control(State& s, UniqueFd conn) {
-  if (!allowed(conn.get(), s.uid)) return;
-  proto::Channel ch(std::move(conn), timeout());
-  ch.set_max_body(proto::kMaxRequestBytes);
-  std::vector<UniqueFd> parts;  // of a save or load still arriving
-  uint64_t parts_of = 0;
-  std::string parts_type;
-  for (;;) {
-    proto::Message msg;
-    std::string err;
-    bool refused = false;
-    if (!ch.recv(&msg, &err, &refused)) {
-      if (!refused) return;
-      // A client of another version, or a broken one, is told why; the
-      // connection stays open, as for an unknown request.
-      proto::Done d;
-      d.error = "request refused: " + err;
-      if (!ch.send(proto::kMsgDone, d, &err)) return;
-      continue;
-    }
-    bool sent;
-    if (msg.type == proto::kMsgShimInspect) {
-      sent = ch.send(proto::kMsgShimRecords, snapshot(s), &err);
-    } else if (msg.type == proto::kMsgGateClose) {
-      proto::GateRequest g;
-      proto::Done d;
-      if (!msg.get(&g, &err)) {
-        d.error = err;
-      } else {
-        d.code = cusnap_shim_build_info.control->gate_close(g.timeout_ms);
-        d.ok = d.code == 0;
-        if (d.code == ETIMEDOUT) d.error = calls_in_flight();
-      }
-      sent = ch.send(proto::kMsgDone, d, &err);
-    } else if (msg.type == proto::kMsgGateOpen) {
-      proto::Done d;
-      proto::GateOpen req;
-      std::string why;
-      const bool keep_cut = msg.get(&req, &why) && req.keep_cut;
-      d.code = cusnap_shim_build_info.control->gate_open();
-      if (!keep_cut) cut::release();  // held collective launches go on once the gate is open
-      d.ok = d.code == 0 || d.code == EALREADY;
-      sent = ch.send(proto::kMsgDone, d, &err);
-    } else if (msg.type == proto::kMsgShimDrain) {
-      sent = ch.send(proto::kMsgDone, drain(s), &err);
-    } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
-      // One descriptor per message: parts 0..parts-2 are held, the last runs it.
-      proto::AllocationRequest req;
-      proto::Done d;
-      if (!msg.get(&req, &err)) {
-        d.error = err;
-      } else if (!msg.fd) {
-        d.error = "no file descriptor came with the request";
-      } else if (!gate_closed()) {
-        d.error = "the gate is open: close it first";
-      } else if (req.parts == 0 || req.parts > proto::kMaxParts || req.part >= req.parts ||
-                 req.part != parts.size() ||
-                 (!parts.empty() && (parts_of != req.allocation || parts_type != msg.type))) {
-        d.error = "part " + std::to_string(req.part) + " of " + std::to_string(req.parts) +
-                  " out of order";
-      } else {
-        parts_of = req.allocation;
-        parts_type = msg.type;
-        parts.push_back(std::move(msg.fd));
-        if (parts.size() < req.parts) {
-          d.ok = true;
-        } else {
-          std::vector<int> fds;
-          for (auto& f : parts) fds.push_back(f.get());
-          d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
-                                              : load_allocation(s, req.allocation, fds);
-          parts.clear();
-        }
-      }
-      if (!d.ok) parts.clear();
-      sent = ch.send(proto::kMsgDone, d, &err);
-    } else if (msg.type == proto::kMsgShimRelease) {
-      proto::ReleaseRequest req;
-      proto::Done d;
-      if (!msg.get(&req, &err))
-        d.error = err;
-      else if (!gate_closed())
-        d.error = "the gate is open: close it first";
-      else
-        d = release_shared(s, req.origin);
-      sent = ch.send(proto::kMsgDone, d, &err);
-    } else if (msg.type == proto::kMsgShimCut) {
-      proto::CutRequest req;
-      proto::CutState st;
-      if (!msg.get(&req, &err))
-        st.error = err;
-      else
-        st = cut::handle(req);
-      sent = ch.send(proto::kMsgShimCutState, st, &err);
-    } else if (msg.type == proto::kMsgShimReimport) {
-      proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
-      if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
-      sent = ch.send(proto::kMsgDone, d, &err);
-    } else {
-      proto::Done d;
-      d.error = "unknown request '" + msg.type + "'";
-      sent = ch.send(proto::kMsgDone, d, &err);
-    }
-    if (!sent) return;
+/// A gate closed by a client of the control socket, kept by the listener's
+/// thread alone. Such a gate that no client looks after any more (no control
+/// connection open) opens again by itself after the hold (the cut's:
+/// $CUSNAP_CUT_HOLD_MS, or the longer hold_ms of the last "arm"), unless a
+/// "release" came since it closed: the shared memory it guards is then gone,
+/// and only the coordinator's rebuild (or its guardian's) may let threads on.
+struct GateHold {
+  bool closed_by_client = false;
+  bool released = false;
+  uint64_t armed_hold_ms = 0;
+  /// The last moment a control connection was open (or the close).
+  Clock::time_point contact;
+
+  uint64_t hold_ms() const {
+    static const uint64_t own = proto::env_number(proto::kCutHoldMs);
+    return armed_hold_ms > own ? armed_hold_ms : own;
   }
+  bool pending() const { return closed_by_client && !released; }
+  Clock::time_point expiry() const { return contact + std::chrono::milliseconds(hold_ms()); }
+};
+
+/// Serves the control request queued whole on c. false: close the connection.
+bool serve_control(State& s, Conn& c, GateHold& hold) {
+  proto::Channel& ch = c.ch;
+  proto::Message msg;
+  std::string err;
+  bool refused = false;
+  if (!ch.recv(&msg, &err, &refused)) {
+    if (!refused) return false;
+    // A client of another version, or a broken one, is told why; the
+    // connection stays open, as for an unknown request.
+    proto::Done d;
+    d.error = "request refused: " + err;
+    return ch.send(proto::kMsgDone, d, &err);
+  }
+  bool sent;
+  if (msg.type == proto::kMsgShimInspect) {
+    sent = ch.send(proto::kMsgShimRecords, snapshot(s), &err);
+  } else if (msg.type == proto::kMsgGateClose) {
+    proto::GateRequest g;
+    proto::Done d;
+    if (!msg.get(&g, &err)) {
+      d.error = err;
+    } else {
+      d.code = cusnap_shim_build_info.control->gate_close(g.timeout_ms);
+      d.ok = d.code == 0;
+      if (d.code == ETIMEDOUT) d.error = calls_in_flight();
+      if (d.ok) {
+        hold.closed_by_client = true;
+        hold.released = false;
+      }
+    }
+    sent = ch.send(proto::kMsgDone, d, &err);
+  } else if (msg.type == proto::kMsgGateOpen) {
+    proto::Done d;
+    proto::GateOpen req;
+    std::string why;
+    const bool keep_cut = msg.get(&req, &why) && req.keep_cut;
+    d.code = cusnap_shim_build_info.control->gate_open();
+    if (!keep_cut) cut::release();  // held collective launches go on once the gate is open
+    d.ok = d.code == 0 || d.code == EALREADY;
+    hold.closed_by_client = hold.released = false;
+    sent = ch.send(proto::kMsgDone, d, &err);
+  } else if (msg.type == proto::kMsgShimDrain) {
+    sent = ch.send(proto::kMsgDone, drain(s), &err);
+  } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
+    // One descriptor per message: parts 0..parts-2 are held, the last runs it.
+    proto::AllocationRequest req;
+    proto::Done d;
+    if (!msg.get(&req, &err)) {
+      d.error = err;
+    } else if (!msg.fd) {
+      d.error = "no file descriptor came with the request";
+    } else if (!gate_closed()) {
+      d.error = "the gate is open: close it first";
+    } else if (req.parts == 0 || req.parts > proto::kMaxParts || req.part >= req.parts ||
+               req.part != c.parts.size() ||
+               (!c.parts.empty() && (c.parts_of != req.allocation || c.parts_type != msg.type))) {
+      d.error =
+          "part " + std::to_string(req.part) + " of " + std::to_string(req.parts) + " out of order";
+    } else {
+      c.parts_of = req.allocation;
+      c.parts_type = msg.type;
+      c.parts.push_back(std::move(msg.fd));
+      if (c.parts.size() < req.parts) {
+        d.ok = true;
+      } else {
+        std::vector<int> fds;
+        for (auto& f : c.parts) fds.push_back(f.get());
+        d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
+                                            : load_allocation(s, req.allocation, fds);
+        c.parts.clear();
+      }
+    }
+    if (!d.ok) c.parts.clear();
+    sent = ch.send(proto::kMsgDone, d, &err);
+  } else if (msg.type == proto::kMsgShimRelease) {
+    proto::ReleaseRequest req;
+    proto::Done d;
+    if (!msg.get(&req, &err)) {
+      d.error = err;
+    } else if (!gate_closed()) {
+      d.error = "the gate is open: close it first";
+    } else {
+      hold.released = true;  // from here on only a gate-open lets the threads on
+      d = release_shared(s, req.origin);
+    }
+    sent = ch.send(proto::kMsgDone, d, &err);
+  } else if (msg.type == proto::kMsgShimCut) {
+    proto::CutRequest req;
+    proto::CutState st;
+    if (!msg.get(&req, &err)) {
+      st.error = err;
+    } else {
+      st = cut::handle(req);
+      if (req.op == "arm" && st.ok)
+        hold.armed_hold_ms =
+            req.hold_ms < proto::kMaxCutHoldMs ? req.hold_ms : proto::kMaxCutHoldMs;
+    }
+    sent = ch.send(proto::kMsgShimCutState, st, &err);
+  } else if (msg.type == proto::kMsgShimReimport) {
+    proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
+    if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
+    sent = ch.send(proto::kMsgDone, d, &err);
+  } else {
+    proto::Done d;
+    d.error = "unknown request '" + msg.type + "'";
+    sent = ch.send(proto::kMsgDone, d, &err);
+  }
+  return sent;
+}
+
+/// Opens a gate that a client closed and no client looks after any more, once
+/// its hold ran out (GateHold).
+void open_unattended_gate(GateHold& hold, bool connections, Clock::time_point now) {
+  if (connections) hold.contact = now;
+  if (!hold.pending() || connections || now < hold.expiry()) return;
+  hold.closed_by_client = false;
+  if (!gate_closed()) return;  // opened in the process meanwhile
+  cusnap_shim_build_info.control->gate_open();
+  cut::release();
+  std::fprintf(stderr,
+               "cusnap-shim[%d]: the gate stayed closed %llu ms after its client went away; "
+               "it is opened and the application goes on\n",
+               static_cast<int>(::getpid()), static_cast<unsigned long long>(hold.hold_ms()));
 }
 
 struct ListenerArg {
@@ -245,41 +319,148 @@ void back_off() {
   }
 }
 
+enum class Queued { kNothing, kPart, kWhole };
+
+/// What a connection has queued, read without taking it: nothing, part of a
+/// request, or a whole one (also a length recv refuses at once, and the end
+/// of the stream, which recv reports).
+Queued queued(int fd) {
+  unsigned char hdr[4];
+  const ssize_t r = ::recv(fd, hdr, sizeof hdr, MSG_PEEK | MSG_DONTWAIT);
+  if (r < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Queued::kNothing
+                                                                     : Queued::kWhole;
+  if (r == 0) return Queued::kWhole;
+  int avail = 0;
+  if (::ioctl(fd, FIONREAD, &avail) != 0) return Queued::kWhole;  // recv says what is wrong
+  if (r < static_cast<ssize_t>(sizeof hdr)) return avail >= 4 ? Queued::kWhole : Queued::kPart;
+  const uint64_t n =
+      uint64_t(hdr[0]) | uint64_t(hdr[1]) << 8 | uint64_t(hdr[2]) << 16 | uint64_t(hdr[3]) << 24;
+  if (n == 0 || n > proto::kMaxRequestBytes) return Queued::kWhole;
+  return static_cast<uint64_t>(avail) >= 4 + n ? Queued::kWhole : Queued::kPart;
+}
+
+/// A listener's loop. It keeps up to kMaxConnections connections and takes a
+/// request from one only once it has arrived whole, one request per
+/// connection in turn, so a client that sends nothing, or half a request,
+/// keeps no other waiting: the others are answered meanwhile, and it is
+/// closed at its deadline. With kMaxConnections open and another pending,
+/// the one idle the longest is closed once idle kEvictIdle. Requests are
+/// handled one at a time, on this thread, as before.
+void serve(ListenerArg arg) {
+  State& s = *arg.s;
+  std::vector<std::unique_ptr<Conn>> conns;
+  GateHold hold;
+  hold.contact = Clock::now();
+  std::vector<struct pollfd> pfds;
+  for (;;) {
+    Clock::time_point now = Clock::now();
+    if (!arg.peer) open_unattended_gate(hold, !conns.empty(), now);
+    // Wake for a connection's deadline, for the hold, and every 5 ms while a
+    // request is partly there (its connection is not polled for input, which
+    // would report it again at once).
+    Clock::time_point wake = Clock::time_point::max();
+    bool part = false;
+    // Full: the connection idle the longest makes room once idle kEvictIdle.
+    auto oldest = std::min_element(conns.begin(), conns.end(),
+                                   [](auto& a, auto& b) { return a->last < b->last; });
+    const bool full = conns.size() >= kMaxConnections;
+    const bool room = !full || now - (*oldest)->last >= kEvictIdle;
+    if (!room) wake = (*oldest)->last + kEvictIdle;
+    pfds.assign(1, pollfd{arg.fd, static_cast<short>(room ? POLLIN : 0), 0});
+    for (auto& c : conns) {
+      const bool p = queued(c->ch.fd()) == Queued::kPart;
+      part = part || p;
+      pfds.push_back(pollfd{c->ch.fd(), static_cast<short>(p ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
+      wake = std::min(wake, c->deadline);
+    }
+    if (!arg.peer && hold.pending() && conns.empty()) wake = std::min(wake, hold.expiry());
+    if (part) wake = std::min(wake, now + std::chrono::milliseconds(5));
+    int ms = -1;
+    if (wake != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+      ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+    }
+    const int n = ::poll(pfds.data(), pfds.size(), ms);
+    if (n < 0 && errno != EINTR) return;
+    now = Clock::now();
+    if (!conns.empty()) hold.contact = now;  // they were open until now
+    // The application closed the socket (POLLNVAL), or closed it and its
+    // number now names a file of its own: never accept the application's
+    // connections. The coordinator finds the socket gone.
+    if ((pfds[0].revents & POLLNVAL) ||
+        !listener_is_ours(arg.fd, arg.peer ? s.peer_path : s.ctl_path))
+      return;
+    // One request per connection whose request is whole; the rest wait for
+    // theirs until their deadline.
+    for (size_t i = 0; i < conns.size();) {
+      Conn& c = *conns[i];
+      const Queued q = queued(c.ch.fd());
+      bool keep = true;
+      if (q == Queued::kWhole) {
+        c.last = now;
+        try {
+          if (arg.peer)
+            serve_peer(s, c);  // one request per connection
+          else
+            keep = serve_control(s, c, hold);
+        } catch (...) {
+          keep = false;
+        }
+        if (arg.peer) keep = false;
+        now = Clock::now();
+        c.deadline = now + timeout();
+      } else {
+        const short ev =
+            i + 1 < pfds.size() && pfds[i + 1].fd == c.ch.fd() ? pfds[i + 1].revents : 0;
+        keep = now < c.deadline && !(ev & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP));
+      }
+      if (keep) {
+        ++i;
+      } else {
+        conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
+        pfds.erase(pfds.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      }
+    }
+    if (!(pfds[0].revents & POLLIN)) continue;
+    if (conns.size() >= kMaxConnections) {
+      oldest = std::min_element(conns.begin(), conns.end(),
+                                [](auto& a, auto& b) { return a->last < b->last; });
+      if (now - (*oldest)->last < kEvictIdle) continue;
+      conns.erase(oldest);
+    }
+    UniqueFd fd;
+    std::string err;
+    if (!proto::accept_unix(arg.fd, &fd, &err)) {
+      if (!err.empty()) back_off();  // empty: nothing pending any more
+      continue;
+    }
+    if (!allowed(fd.get(), s.uid)) continue;  // closed unanswered
+    auto c = std::make_unique<Conn>();
+    c->ch = proto::Channel(std::move(fd), timeout());
+    c->ch.set_max_body(proto::kMaxRequestBytes);
+    c->last = now;
+    c->deadline = now + timeout();
+    conns.push_back(std::move(c));
+  }
+}
+
 void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
   (void)timeout();  // initialise the static before any fork can copy it half-done
+  (void)GateHold{}.hold_ms();
   // Not the application's to cancel: unwinding into the catch below would
   // abort the process.
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
   g_running.fetch_add(1, std::memory_order_release);
-  for (;;) {
-    struct pollfd pfd {
-      arg.fd, POLLIN, 0
-    };
-    int n = ::poll(&pfd, 1, -1);
-    if (n < 0 && errno != EINTR) return nullptr;
-    if (n <= 0) continue;
-    // The application closed the socket (POLLNVAL), or closed it and its
-    // number now names a file of its own: never accept the application's
-    // connections. The coordinator finds the socket gone.
-    if ((pfd.revents & POLLNVAL) ||
-        !listener_is_ours(arg.fd, arg.peer ? arg.s->peer_path : arg.s->ctl_path))
-      return nullptr;
-    UniqueFd conn;
-    std::string err;
-    if (!proto::accept_unix(arg.fd, &conn, &err)) {
-      if (!err.empty()) back_off();  // empty: nothing pending any more
-      continue;
-    }
-    try {
-      if (arg.peer)
-        serve_peer(*arg.s, std::move(conn));
-      else
-        serve_control(*arg.s, std::move(conn));
-    } catch (...) {
-    }
+  // Out of memory in the loop's own bookkeeping: the listener ends (its
+  // connections close), the process goes on; the coordinator finds no answer.
+  try {
+    serve(arg);
+  } catch (...) {
   }
+  return nullptr;
 }
 
 bool spawn(State& s, int fd, bool peer) {

@@ -3,6 +3,7 @@
 //
 //   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
 //                          [--print-every K] [--graph G] [--capture-ms C] [--churn]
+//                          [--late-ms E]
 //
 // Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
 // runs on device R (device 0 for both when there is one device), creates an
@@ -47,6 +48,11 @@
 // maps and unmaps segments while it runs: what the shim tracks of the rank
 // changes from step to step, between a checkpoint's first look and its cut.
 //
+// --late-ms E: rank 1 sleeps E ms after it printed "ready", before its first
+// step, as a rank that reaches its first collective late (still loading its
+// data): rank 0 meanwhile waits in its first collective, rank 1 has launched
+// none.
+//
 // Prints "rank R ready pid P device D", then "rank R count S ok" (S: the step
 // just verified) at step 1, every K steps (default 100) and at the last step,
 // sleeping T ms between steps (default 0; rank 0 sleeps L ms more, so that
@@ -87,6 +93,7 @@ struct Options {
   long graph = 0;  ///< collectives per graph launch; 0: plain launches
   long capture_ms = 0;  ///< a side capture this long after each step; 0: none
   bool churn = false;   ///< replace an unexported scratch allocation every step
+  long late_ms = 0;     ///< rank 1's sleep before its first step
 };
 
 uint32_t value(unsigned rank, long step) {
@@ -242,6 +249,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
   }
   std::vector<uint32_t> words(slot / 4);
   Scratch scratch;
+  if (rank == 1 && o.late_ms > 0) usleep(useconds_t(o.late_ms * 1000));
   for (long step = 1; o.steps == 0 || step <= o.steps; ++step) {
     size_t off = kSlotsOffset + size_t(step % 2) * slot;
     WL_CHECK(cuMemsetD32(own + off, value(rank, step), slot / 4), who);
@@ -289,7 +297,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
 int main(int argc, char** argv) {
   Args args(argc, argv, "cusnap-collective-pair", {"--churn"},
             {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph",
-             "--capture-ms"});
+             "--capture-ms", "--late-ms"});
   Options o;
   o.churn = args.flag("--churn");
   o.steps = args.num("--steps", 0);
@@ -299,10 +307,15 @@ int main(int argc, char** argv) {
   o.print_every = args.num("--print-every", 100);
   o.graph = args.num("--graph", 0);
   o.capture_ms = args.num("--capture-ms", 0);
+  o.late_ms = args.num("--late-ms", 0);
   if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0 ||
       o.graph < 0 || o.graph > 64 || o.capture_ms < 0) {
     std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms, "
                          "--capture-ms must be >= 0, --print-every >= 1, --graph 0 to 64\n");
+    return 64;
+  }
+  if (o.late_ms < 0) {
+    std::fprintf(stderr, "cusnap-collective-pair: --late-ms must be >= 0\n");
     return 64;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
