@@ -87,8 +87,13 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     if (m == device_map.end()) continue;
     const GpuDevice* to = find_present(m->second);
     if (!to) {
-      *err = "the device map sends GPU " + old.uuid + " to " + m->second +
-             ", which is not a GPU here (see cusnap inspect for the GPUs the checkpoint used)";
+      // NEW names a GPU of this machine: list those, not the checkpoint's.
+      std::string here;
+      for (const GpuDevice& g : present)
+        here += (here.empty() ? "" : ", ") + std::to_string(g.index) + " (" + g.uuid + ", " +
+                g.name + ")";
+      *err = "the device map sends GPU " + old.uuid + " to " + m->second + " (" + entry(m) +
+             "), which is not a GPU here: this machine has GPU " + here;
       return false;
     }
     if (!old.name.empty() && to->name != old.name) {
@@ -129,21 +134,33 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
         break;
       }
     if (to.empty()) {
-      // --device-map only moves a job between GPUs of one model: name it
-      // only where a GPU of that model is here.
-      const bool model_here =
-          model.empty() || std::any_of(present.begin(), present.end(),
-                                       [&](const GpuDevice& g) { return g.name == model; });
+      // Every GPU of that model here is taken by another GPU of the job:
+      // the job used more of them than this machine has, and no map helps
+      // (it sends each GPU onto a different one of the same model).
+      auto of_model = [&](const std::string& uuid) {
+        auto r = std::find_if(recorded.begin(), recorded.end(),
+                              [&](const GpuDevice& g) { return g.uuid == uuid; });
+        return model.empty() || (r != recorded.end() && r->name == model);
+      };
+      const auto used_here = std::count_if(used.begin(), used.end(), of_model);
+      const auto model_here =
+          std::count_if(present.begin(), present.end(),
+                        [&](const GpuDevice& g) { return model.empty() || g.name == model; });
+      const std::string gpus = model.empty() ? std::string("GPUs") : model + " GPUs";
       std::string here;
       for (const GpuDevice& g : present) here += (here.empty() ? "" : ", ") + g.name;
       *err = "the checkpoint ran on GPU " + from + (model.empty() ? "" : " (" + model + ")") +
              " and no " + (model.empty() ? "free GPU" : model) + " is available here" +
-             (model_here ? ": every one is taken by the job's other GPUs; map it with "
-                           "--device-map OLD=NEW, or restore it on a machine with more " +
-                               (model.empty() ? std::string("GPUs") : model + " GPUs")
-                         : " (this machine has " + (here.empty() ? std::string("none") : here) +
-                               "): restore it on a machine with that GPU model; --device-map "
-                               "moves a job only between GPUs of the same model");
+             (model_here > 0
+                  ? ": every one is taken by the job's other GPUs (its processes used " +
+                        std::to_string(used_here) + " " + gpus + ", this machine has " +
+                        std::to_string(model_here) +
+                        "; a device map sends each GPU onto a different one): restore it on a "
+                        "machine with at least " +
+                        std::to_string(used_here) + " " + gpus
+                  : " (this machine has " + (here.empty() ? std::string("none") : here) +
+                        "): restore it on a machine with that GPU model; --device-map "
+                        "moves a job only between GPUs of the same model");
       return false;
     }
   }
@@ -191,7 +208,6 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   }
   *code = kExitBadCheckpoint;
   if (!read_manifest(dir, m, err)) return false;
-  if (!verify_manifest_files(dir, *m, progress, err)) return false;
   bool any_cuda = std::any_of(m->processes.begin(), m->processes.end(),
                               [](const ManifestProcess& p) { return p.uses_cuda; });
   if (!any_cuda && !device_map.empty()) {
@@ -201,16 +217,26 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
         "without --device-map";
     return false;
   }
-  if (!any_cuda) return true;
-  *code = kExitRefused;
-  std::vector<GpuDevice> present;
-  if (!driver->load(err)) return false;
-  if (!driver->devices(&present, err)) {
-    *err =
-        "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
-    return false;
-  }
-  return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
+  auto plan = [&] {
+    *code = kExitRefused;
+    std::vector<GpuDevice> present;
+    if (!driver->load(err)) return false;
+    if (!driver->devices(&present, err)) {
+      *err =
+          "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
+      return false;
+    }
+    return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
+  };
+  // A device map is the user's to get right: checked against the manifest
+  // and the GPUs here before every file of a checkpoint of perhaps hundreds
+  // of GiB is hashed, so that a mistyped one is refused at once.
+  const bool map_first = any_cuda && !device_map.empty();
+  if (map_first && !plan()) return false;
+  *code = kExitBadCheckpoint;
+  if (!verify_manifest_files(dir, *m, progress, err)) return false;
+  if (!any_cuda || map_first) return true;
+  return plan();
 }
 
 /// Every process and thread id the checkpoint gives back: its processes', and

@@ -139,10 +139,13 @@ GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
 
 GpuUse map_gpus(const GpuUse& v, const std::map<std::string, std::string>& uuid_map) {
   GpuUse out;
-  for (const auto& [uuid, bytes] : v) {
-    auto m = uuid_map.find(uuid);
-    out[m == uuid_map.end() ? uuid : m->second] = bytes;
-  }
+  // The GPUs the map moves first: a GPU it moves one onto carries that one's
+  // value, not the value its own entry had (a GPU the job did not use, which
+  // the map leaves out), whichever UUID sorts first.
+  for (const auto& [uuid, bytes] : v)
+    if (auto m = uuid_map.find(uuid); m != uuid_map.end()) out[m->second] = bytes;
+  for (const auto& [uuid, bytes] : v)
+    if (!uuid_map.count(uuid)) out.emplace(uuid, bytes);
   return out;
 }
 

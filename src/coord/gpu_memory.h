@@ -63,7 +63,9 @@ bool restore_memory_policy(const char* value, RestoreMemoryPolicy* out, std::str
 /// add nothing; a sum beyond 2^64 - 1 bytes stays there.
 GpuUse restore_need(const ProcessGpuUse& use, const std::vector<pid_t>& pids,
                     const std::map<std::string, std::string>& uuid_map = {});
-/// The same GPUs' values under their mapped UUIDs.
+/// The same GPUs' values under their mapped UUIDs. A GPU the map moves
+/// another onto takes the moved one's value: its own (a GPU the map leaves
+/// out) is dropped.
 GpuUse map_gpus(const GpuUse& v, const std::map<std::string, std::string>& uuid_map);
 
 /// True when every GPU of `need` has at least need + margin free, or when

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# What `cusnap restore --device-map` tells a user whose map or machine does
+# not fit the checkpoint, before anything runs (exit 3), on the simulated
+# driver with two devices ("another machine": FAKECUDA_UUID_SEED=5):
+#   - a NEW that is not a GPU here: the message lists this machine's GPUs
+#     (index, UUID, model), which NEW names, not the checkpoint's;
+#   - a wrong map is refused before the checkpoint's files are hashed: a
+#     damaged copy with that map says what is wrong with the map (a valid
+#     map on the damaged copy is still refused as damaged, exit 5);
+#   - a machine with fewer GPUs of the model than the job used: the message
+#     says so with the counts, and does not send the user to --device-map,
+#     which cannot put two GPUs onto one (restore and inspect);
+#   - a partial map on another machine (0=1 only): GPU 0 goes where the map
+#     says, GPU 1 onto the GPU left; the job continues with its memory on
+#     device 1.
+source "$(dirname "$0")/lib_checkpoint.sh"
+fake_only "other GPUs are simulated through the simulated driver" || exit 77
+export FAKECUDA_DEVICES=2
+
+checkpointed_job map "$T/launch.out" "$T/ckpt"
+
+# A NEW that is not here: this machine's GPUs are listed.
+FAKECUDA_UUID_SEED=5 expect_refused 3 \
+  "'1=7'\\), which is not a GPU here: this machine has GPU 0 \\(GPU-[0-9a-f-]+, NVIDIA H200 \\(simulated\\)\\), 1 \\(GPU-" \
+  "$CUSNAP" restore "$T/ckpt" --device-map 0=1,1=7
+for u in $(python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(open(sys.argv[1]))["gpus"]))' "$T/ckpt/manifest.json"); do
+  sed -n 's/.*this machine has //p' "$T/cmd.out" | grep -q "$u" && fail "the refusal lists the checkpoint's GPU $u as one here: $(cat "$T/cmd.out")"
+done
+pass "a NEW that is not a GPU here: refused, listing this machine's GPUs"
+
+# A wrong map is refused before the files are hashed.
+cp -a "$T/ckpt" "$T/damaged"
+PAGES=$(cd "$T/damaged" && ls criu/pages-*.img | head -1)
+printf '\x5a' | dd of="$T/damaged/$PAGES" bs=1 seek=4096 conv=notrunc status=none
+expect_refused 3 "not a GPU here" "$CUSNAP" restore "$T/damaged" --device-map 0=1,1=9
+expect_refused 3 "which the checkpoint does not name" "$CUSNAP" restore "$T/damaged" --device-map 0=1,1=0,4=4
+expect_refused 5 "SHA-256" "$CUSNAP" restore "$T/damaged" --device-map 0=1,1=0
+pass "a wrong map is refused before the checkpoint's files are hashed; a valid one still finds the damage"
+
+# Fewer GPUs of the model here than the job used: no map can help.
+for map in "" "--device-map 0=0"; do
+  # shellcheck disable=SC2086 # the map is one option and its value, or nothing
+  FAKECUDA_DEVICES=1 FAKECUDA_UUID_SEED=5 expect_refused 3 \
+    "used 2 NVIDIA H200 \\(simulated\\) GPUs, this machine has 1.*at least 2" \
+    "$CUSNAP" restore "$T/ckpt" $map
+  grep -q -- "--device-map OLD=NEW\|map it with" "$T/cmd.out" &&
+    fail "the refusal sends the user to a device map, which cannot help: $(cat "$T/cmd.out")"
+done
+rc=0
+FAKECUDA_DEVICES=1 FAKECUDA_UUID_SEED=5 "$CUSNAP" inspect "$T/ckpt" >"$T/inspect.out" 2>&1 || rc=$?
+[ "$rc" = 3 ] || fail "inspect on a machine with one GPU exited $rc, expected 3: $(cat "$T/inspect.out")"
+grep -q "NOT restorable: .*at least 2" "$T/inspect.out" || fail "inspect: $(cat "$T/inspect.out")"
+grep -q -- "--device-map OLD=NEW" "$T/inspect.out" && fail "inspect suggests a device map: $(cat "$T/inspect.out")"
+[ -z "$(job_pids_all)" ] || fail "a job was started by a refused restore"
+pass "fewer GPUs here than the job used: refused with the counts, no device map suggested"
+
+# A partial map on another machine: 0 -> 1 as asked, 1 -> the GPU left (0).
+FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ckpt" --device-map 0=1 >"$T/restore.out" 2>&1 &
+SUPERVISORS+=($!)
+wait_count "$T/restore.out" $((LAST + 3))
+[ "$(first_count "$T/restore.out")" = $((LAST + 1)) ] || fail "the restore did not continue at $((LAST + 1))"
+on=$(for fd in /proc/"$PID"/fd/*; do readlink "$fd"; done 2>/dev/null |
+  sed -n "s|^/memfd:fakecuda:$PID:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' ')
+[ "$on" = "dev1 " ] || fail "the job's device memory is on '$on', expected dev1 (GPU 0 mapped onto 1)"
+pass "a partial map on another machine: GPU 0 onto 1 as asked, the job continues with its memory there"
+echo "PASS"
