@@ -310,8 +310,10 @@ void atfork_prepare() noexcept {
   g_start_mu.lock();
   state().mu.lock();
   state().cache_mu.lock();
+  conns_atfork_prepare();
 }
 void atfork_parent() noexcept {
+  conns_atfork_parent();
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();
@@ -326,6 +328,7 @@ void atfork_child() noexcept {
     close_listener(&s.peer_listen, s.peer_path);
     close_listener(&s.ctl_listen, s.ctl_path);
   }
+  conns_atfork_child();  // the listeners' connections
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

@@ -8,6 +8,8 @@
 // bound every exchange by the control timeout ($CUSNAP_CONTROL_TIMEOUT). Each
 // keeps several connections and takes a request only once it is there whole,
 // so a client that sends nothing or half a request holds up no other (serve).
+// A child the application forks closes the connections' descriptors in its
+// fork handler (g_conn_fds), as it does the listening sockets.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -26,10 +28,13 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "proto/control.h"
 #include "proto/env_settings.h"
 #include "proto/wire.h"
 #include "shim/cusnap_shim.h"
@@ -37,6 +42,7 @@
 #include "shim/cut_control.h"
 #include "shim/entries.h"
 #include "shim/gate.h"
+#include "shim/held_fd.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
@@ -50,6 +56,12 @@ using Clock = std::chrono::steady_clock;
 /// once it has been idle kEvictIdle; until then the new one waits its turn.
 constexpr size_t kMaxConnections = 8;
 constexpr auto kEvictIdle = std::chrono::seconds(1);
+/// The longest a gate-close waits for the calls in flight, whatever it asks:
+/// the coordinator asks for its phase, the timeout of the checkpoint or
+/// suspend, which is at most proto::kMaxTimeoutMs (a week). A larger value,
+/// sent by hand, would keep this listener (every other client, the
+/// coordinator included) in the close that much longer.
+constexpr uint64_t kMaxGateCloseMs = proto::kMaxTimeoutMs;
 
 std::chrono::milliseconds timeout() {
   static const auto t = proto::control_timeout_from_env();
@@ -62,10 +74,34 @@ bool allowed(int fd, uid_t owner) {
   return proto::peer_credentials(fd, &cred, &err) && proto::peer_uid_allowed(cred.uid, owner);
 }
 
+/// The descriptors of both listeners' connections, with the identity of the
+/// socket each names, for a child the application forks to close (the fork
+/// handlers below): descriptors the child did not make, and a copy there
+/// would keep a connection the listener closed open, so its client would not
+/// see the end. g_conn_mu is held only around an accept and its entry, and
+/// around an entry's removal and the close, never across a wait, and by the
+/// fork's prepare handler: at a fork every connection open is in the table,
+/// and none in it was closed by the listener. One its channel closed itself
+/// (a request the stream cannot recover from) stays in the table until the
+/// listener drops it; the child checks the identity first, so a number the
+/// application reused meanwhile is left alone.
+std::mutex g_conn_mu;
+HeldFd g_conn_fds[2 * kMaxConnections];
+
 /// One connection of a listener. Its requests are read only once whole (the
 /// listener never waits on one client while others are pending), and handled
 /// one at a time on the listener's thread.
 struct Conn {
+  Conn() = default;
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  /// Out of the table, then closed, in one step as a fork sees it.
+  ~Conn() {
+    std::lock_guard<std::mutex> l(g_conn_mu);
+    if (slot >= 0) g_conn_fds[slot] = HeldFd{};
+    ch = proto::Channel();
+  }
+
   proto::Channel ch;
   /// The next request must have arrived whole by then (the control timeout
   /// from the accept, or from the last reply): an idle client, or one that
@@ -78,7 +114,33 @@ struct Conn {
   std::vector<UniqueFd> parts;
   uint64_t parts_of = 0;
   std::string parts_type;
+  /// Its entry in g_conn_fds; -1 before the accept.
+  std::ptrdiff_t slot = -1;
 };
+
+/// Accepts a pending connection into c, entered in g_conn_fds in the same
+/// step as a fork sees it. false as accept_unix (*err empty: nothing
+/// pending); with *err set also when the table is full (never while each
+/// listener keeps at most kMaxConnections), the connection then closed.
+bool accept_into(int listen_fd, Conn* c, std::string* err) {
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  UniqueFd fd;
+  if (!proto::accept_unix(listen_fd, &fd, err)) return false;
+  auto* free = std::find_if(std::begin(g_conn_fds), std::end(g_conn_fds),
+                            [](const HeldFd& h) { return h.fd < 0; });
+  if (free == std::end(g_conn_fds)) {
+    *err = "no room for another connection";
+    return false;
+  }
+  *free = HeldFd::of(fd.get());
+  if (free->fd < 0) {
+    *err = "fstat of an accepted connection failed";
+    return false;
+  }
+  c->slot = free - std::begin(g_conn_fds);
+  c->ch = proto::Channel(std::move(fd), timeout());
+  return true;
+}
 
 /// Serves one "fetch" (the peer socket's one request per connection).
 void serve_peer(State& s, Conn& c) {
@@ -192,7 +254,7 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     if (!msg.get(&g, &err)) {
       d.error = err;
     } else {
-      d.code = cusnap_shim_build_info.control->gate_close(g.timeout_ms);
+      d.code = cusnap_shim_build_info.control->gate_close(std::min(g.timeout_ms, kMaxGateCloseMs));
       d.ok = d.code == 0;
       if (d.code == ETIMEDOUT) d.error = calls_in_flight();
       if (d.ok) {
@@ -429,15 +491,13 @@ void serve(ListenerArg arg) {
       if (now - (*oldest)->last < kEvictIdle) continue;
       conns.erase(oldest);
     }
-    UniqueFd fd;
+    auto c = std::make_unique<Conn>();
     std::string err;
-    if (!proto::accept_unix(arg.fd, &fd, &err)) {
+    if (!accept_into(arg.fd, c.get(), &err)) {
       if (!err.empty()) back_off();  // empty: nothing pending any more
       continue;
     }
-    if (!allowed(fd.get(), s.uid)) continue;  // closed unanswered
-    auto c = std::make_unique<Conn>();
-    c->ch = proto::Channel(std::move(fd), timeout());
+    if (!allowed(c->ch.fd(), s.uid)) continue;  // closed unanswered
     c->ch.set_max_body(proto::kMaxRequestBytes);
     c->last = now;
     c->deadline = now + timeout();
@@ -498,6 +558,17 @@ bool listener_is_ours(int fd, const std::string& path) noexcept {
 void close_listener(int* fd, const std::string& path) noexcept {
   if (listener_is_ours(*fd, path)) ::close(*fd);
   *fd = -1;
+}
+
+void conns_atfork_prepare() noexcept {
+  g_conn_mu.lock();
+}
+void conns_atfork_parent() noexcept {
+  g_conn_mu.unlock();
+}
+void conns_atfork_child() noexcept {
+  for (auto& h : g_conn_fds) h.close_if_ours();  // fstat and close only
+  g_conn_mu.unlock();
 }
 
 bool start_servers(State& s) noexcept {

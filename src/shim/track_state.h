@@ -140,6 +140,12 @@ uint64_t process_start_time(pid_t pid) noexcept;
 /// Listener threads (track_server.cpp). Binds both sockets and starts serving;
 /// false when they cannot be set up (tracking then stays off in this process).
 bool start_servers(State& s) noexcept;
+/// Fork handlers for the listeners' connections (track.cpp calls them): the
+/// table of their descriptors stays locked across fork; the child closes
+/// each that still names the parent's socket, and starts with an empty table.
+void conns_atfork_prepare() noexcept;
+void conns_atfork_parent() noexcept;
+void conns_atfork_child() noexcept;
 /// Whether fd is still the shim's listening socket: listening, and bound to
 /// path. An application may close it and reuse the number; checked by
 /// address, not inode, because CRIU restores the socket as a new file.
