@@ -49,3 +49,36 @@ TEST_CASE("device plan: more GPUs used than this machine has of the model: no ma
     CHECK(err.find("at least 2 H200 GPUs") != std::string::npos);
   }
 }
+
+TEST_CASE("device plan: each process is offered the pairs of its own GPUs first") {
+  using namespace engine_detail;
+  Manifest m;
+  ManifestProcess sees_both, sees_one, no_cuda;
+  sees_both.pid = 10;
+  sees_both.uses_cuda = true;
+  sees_both.gpus = {kB, kA};
+  sees_both.gpu_memory = {{kA, 4096}, {kB, 0}};
+  sees_one.pid = 11;
+  sees_one.uses_cuda = true;
+  sees_one.gpus = {kB};
+  sees_one.gpu_memory = {{kB, 4096}};
+  no_cuda.pid = 12;
+  m.processes = {sees_both, sees_one, no_cuda};
+  const GpuChoices c = gpu_choices(m);
+  // The GPUs it has, then those it held memory on, each once.
+  REQUIRE(c.count(10) == 1);
+  CHECK(c.at(10) == std::vector<std::vector<std::string>>{{kA, kB}, {kA}});
+  CHECK(c.at(11) == std::vector<std::vector<std::string>>{{kB}});
+  CHECK(c.count(12) == 0);
+  std::vector<CUcheckpointGpuPair> pairs(2);
+  REQUIRE(parse_gpu_uuid(kA, &pairs[0].oldUuid));
+  REQUIRE(parse_gpu_uuid(kB, &pairs[0].newUuid));
+  REQUIRE(parse_gpu_uuid(kB, &pairs[1].oldUuid));
+  REQUIRE(parse_gpu_uuid(kA, &pairs[1].newUuid));
+  const auto mine = pairs_of(pairs, {kB});
+  REQUIRE(mine.size() == 1);
+  CHECK(format_gpu_uuid(mine[0].oldUuid) == kB);
+  CHECK(format_gpu_uuid(mine[0].newUuid) == kA);
+  CHECK(pairs_of(pairs, {kA, kB}).size() == 2);
+  CHECK(pairs_of(pairs, {kX}).empty());
+}

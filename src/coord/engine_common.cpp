@@ -209,8 +209,73 @@ std::string after_roll_back(const JobInfo& job, const std::vector<pid_t>& pids) 
   return "process " + gone + " of the job ended; the others run on unchanged";
 }
 
+GpuChoices gpu_choices(const Manifest& m) {
+  GpuChoices out;
+  for (const ManifestProcess& p : m.processes) {
+    if (!p.uses_cuda) continue;
+    auto& choices = out[p.pid];
+    std::vector<std::string> used;
+    for (const auto& [uuid, bytes] : p.gpu_memory)
+      if (bytes > 0) used.push_back(uuid);
+    for (std::vector<std::string> gpus : {p.gpus, used}) {
+      std::sort(gpus.begin(), gpus.end());
+      if (!gpus.empty() && std::find(choices.begin(), choices.end(), gpus) == choices.end())
+        choices.push_back(gpus);
+    }
+  }
+  return out;
+}
+
+std::vector<CUcheckpointGpuPair> pairs_of(const std::vector<CUcheckpointGpuPair>& pairs,
+                                          const std::vector<std::string>& gpus) {
+  std::vector<CUcheckpointGpuPair> out;
+  for (const CUcheckpointGpuPair& p : pairs)
+    if (std::find(gpus.begin(), gpus.end(), format_gpu_uuid(p.oldUuid)) != gpus.end())
+      out.push_back(p);
+  return out;
+}
+
+namespace {
+
+/// The driver's restore of pid with the pairs of its GPUs, one choice after
+/// another while refused INVALID_VALUE, then every pair (driver_resume_all).
+bool restore_with_choices(Driver& d, pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs,
+                          const GpuChoices& choices, std::string* err) {
+  std::vector<std::vector<CUcheckpointGpuPair>> tries;
+  auto same = [](const std::vector<CUcheckpointGpuPair>& a,
+                 const std::vector<CUcheckpointGpuPair>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof a[0]) == 0;
+  };
+  if (auto it = choices.find(pid); it != choices.end() && !pairs.empty())
+    for (const std::vector<std::string>& gpus : it->second) {
+      auto mine = pairs_of(pairs, gpus);
+      if (!mine.empty() &&
+          std::none_of(tries.begin(), tries.end(), [&](const auto& t) { return same(t, mine); }))
+        tries.push_back(std::move(mine));
+    }
+  if (std::none_of(tries.begin(), tries.end(), [&](const auto& t) { return same(t, pairs); }))
+    tries.push_back(pairs);
+  std::string refused;  // "GPU-a; GPU-a, GPU-b": the pairs refused before
+  for (size_t i = 0; i < tries.size(); ++i) {
+    std::string why;
+    if (d.restore(pid, tries[i], &why)) return true;
+    if (d.last_result() != CUDA_ERROR_INVALID_VALUE || i + 1 == tries.size()) {
+      *err = why + (refused.empty() ? "" : " (refused before it: the pairs of " + refused + ")");
+      return false;
+    }
+    std::string named;
+    for (const CUcheckpointGpuPair& p : tries[i])
+      named += (named.empty() ? "" : ", ") + format_gpu_uuid(p.oldUuid);
+    refused += (refused.empty() ? "" : "; of ") + named;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
-                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err) {
+                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err,
+                       const GpuChoices& choices) {
   bool ok = true;
   auto add = [&](const std::string& m) {
     if (!err->empty()) *err += "; ";
@@ -247,7 +312,7 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
       continue;
     }
     if (st == CU_PROCESS_STATE_CHECKPOINTED) {
-      if (!d.restore(pid, pairs, &why)) {
+      if (!restore_with_choices(d, pid, pairs, choices, &why)) {
         add("driver restore phase: " + why);
         continue;
       }

@@ -108,11 +108,29 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
                         const std::function<bool(std::string*)>& when_locked = {},
                         const std::function<bool(std::string*)>& when_checkpointed = {});
 
+/// For a restore onto other GPUs, each process's GPUs, in the order to try
+/// them: the driver takes only pairs of GPUs the process has and refuses
+/// others, INVALID_VALUE, the process left checkpointed (measured:
+/// docs/gpu-runs/restore-pairs-h200.log); which GPUs it counts as the
+/// process's (those it sees, or those it used) is not known from one GPU.
+/// Per process: the GPUs the manifest says it has, then those it held memory
+/// on, each only when it differs from the ones before.
+using GpuChoices = std::map<pid_t, std::vector<std::vector<std::string>>>;
+GpuChoices gpu_choices(const Manifest& m);
+
+/// The pairs of `pairs` whose old GPU is one of `gpus`.
+std::vector<CUcheckpointGpuPair> pairs_of(const std::vector<CUcheckpointGpuPair>& pairs,
+                                          const std::vector<std::string>& gpus);
+
 /// Restores (with pairs) and unlocks every process in reverse order, each
 /// from whatever state it is in (checkpointed -> restore + unlock, locked ->
 /// unlock, running -> nothing). Goes on past failures; *err lists them all.
+/// With choices, a process is given the pairs of its GPUs (gpu_choices), one
+/// choice after another while the driver refuses them INVALID_VALUE, and
+/// last every pair.
 bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
-                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
+                       const std::vector<CUcheckpointGpuPair>& pairs, std::string* err,
+                       const GpuChoices& choices = {});
 
 /// driver_resume_all for a roll back: up to three passes, 100 ms and then
 /// 500 ms apart, each taking every process on from the state the last left

@@ -490,7 +490,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     if (p.uses_cuda) cuda.push_back(p.pid);
   // driver_resume_all goes in reverse; restore in tree order instead.
   std::reverse(cuda.begin(), cuda.end());
-  if (!driver_resume_all(driver, cuda, pairs, &why)) {
+  if (!driver_resume_all(driver, cuda, pairs, &why, gpu_choices(m))) {
     kill_tree(root);
     *err = "job " + m.job.name + ": " + why +
            "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";

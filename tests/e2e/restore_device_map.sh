@@ -12,7 +12,11 @@
 #     which cannot put two GPUs onto one (restore and inspect);
 #   - a partial map on another machine (0=1 only): GPU 0 goes where the map
 #     says, GPU 1 onto the GPU left; the job continues with its memory on
-#     device 1.
+#     device 1;
+#   - processes that each see one GPU (CUDA_VISIBLE_DEVICES, as a launcher
+#     gives each rank its own): each is given the pairs of its own GPU, as
+#     the driver refuses a pair of a GPU the process does not have; the two
+#     swap GPUs and count on.
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "other GPUs are simulated through the simulated driver" || exit 77
 export FAKECUDA_DEVICES=2
@@ -63,4 +67,37 @@ on=$(for fd in /proc/"$PID"/fd/*; do readlink "$fd"; done 2>/dev/null |
   sed -n "s|^/memfd:fakecuda:$PID:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' ')
 [ "$on" = "dev1 " ] || fail "the job's device memory is on '$on', expected dev1 (GPU 0 mapped onto 1)"
 pass "a partial map on another machine: GPU 0 onto 1 as asked, the job continues with its memory there"
+
+# Processes that each see one GPU: the parent GPU 0, its child GPU 1.
+launch vis "$T/vis.out" "$PATTERN_JOB" --mib 4 --children 1 --interval-ms 20 --visible 0/1
+wait_count "$T/vis.out" 3
+wait_count "$T/vis.out" 3 "child 1 "
+VPID=$(wait_job vis)
+CPID=$(sed -n 's/^child 1 ready pid \([0-9]*\).*/\1/p' "$T/vis.out")
+memfd_devs() {
+  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
+    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
+}
+[ "$(memfd_devs "$VPID")" = "dev0 " ] && [ "$(memfd_devs "$CPID")" = "dev1 " ] ||
+  fail "the job does not run on one GPU per process: parent on '$(memfd_devs "$VPID")', child on '$(memfd_devs "$CPID")'"
+"$CUSNAP" checkpoint vis -o "$T/vis-ckpt" >"$T/vis.ckpt.out" 2>&1 || fail "checkpoint of vis failed: $(cat "$T/vis.ckpt.out")"
+wait_exit "$LAST_SUPERVISOR"
+wait_gone "$VPID"
+P_LAST=$(last_count "$T/vis.out")
+C_LAST=$(last_count "$T/vis.out" "child 1 ")
+restore_bg "$T/vis-ckpt" "$T/vis.restore.out" --device-map 0=1,1=0
+for _ in $(seq 600); do
+  [ "$(last_count "$T/vis.restore.out")" -ge $((P_LAST + 3)) ] && break
+  kill -0 "$LAST_SUPERVISOR" 2>/dev/null || fail "the restore onto swapped GPUs ended: $(cat "$T/vis.restore.out")"
+  sleep 0.05
+done
+wait_count "$T/vis.restore.out" $((P_LAST + 3))
+wait_count "$T/vis.restore.out" $((C_LAST + 3)) "child 1 "
+[ "$(first_count "$T/vis.restore.out")" = $((P_LAST + 1)) ] || fail "the parent did not continue at $((P_LAST + 1))"
+[ "$(first_count "$T/vis.restore.out" "child 1 ")" = $((C_LAST + 1)) ] ||
+  fail "the child did not continue at $((C_LAST + 1))"
+[ "$(memfd_devs "$VPID")" = "dev1 " ] && [ "$(memfd_devs "$CPID")" = "dev0 " ] ||
+  fail "the GPUs were not swapped: parent on '$(memfd_devs "$VPID")', child on '$(memfd_devs "$CPID")'"
+grep -q "pattern mismatch\|ended" "$T/vis.restore.out" && fail "a process of the restored job failed: $(cat "$T/vis.restore.out")"
+pass "processes that each see one GPU: each given its own GPU's pair, the two swapped and counting on"
 echo "PASS"

@@ -143,10 +143,15 @@ CUresult remap_devices(const CtlRequest& req) {
   Driver& d = driver();
   if (req.device_count == 0) return CUDA_SUCCESS;
   std::vector<Device> next = d.devices;
+  // Measured (docs/gpu-runs/restore-pairs-h200.log): a pair whose old GPU
+  // is not one of the process's, or two pairs of one old GPU, are refused
+  // INVALID_VALUE at once, the process left checkpointed (it restores later).
   for (uint32_t p = 0; p < req.pair_count; ++p) {
     bool known = false;
     for (auto& dev : d.devices) known = known || same_uuid(dev.uuid, req.pairs[p].oldUuid);
     if (!known) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t q = 0; q < p; ++q)
+      if (same_uuid(req.pairs[q].oldUuid, req.pairs[p].oldUuid)) return CUDA_ERROR_INVALID_VALUE;
   }
   for (size_t i = 0; i < d.devices.size(); ++i) {
     CUuuid want = d.devices[i].uuid;

@@ -248,6 +248,40 @@ TEST_CASE("fakecuda: injected checkpoint failure in the coordinator") {
   CHECK(t.join() == 0);
 }
 
+TEST_CASE(
+    "fakecuda: restore refuses pairs the real driver refuses, the process left checkpointed") {
+  // Measured on an H200 (tests/gpu/probes/restore_pairs.cpp): a pair naming
+  // a GPU the process does not have, one that leaves its GPU out, one onto a
+  // GPU that is not there, and two pairs of its GPU: each INVALID_VALUE, the
+  // process still checkpointed; a restore without pairs then brings it back.
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  Child t = spawn_target();
+  CUuuid own{}, other{};
+  REQUIRE(cuDeviceGetUuid(&own, 0) == CUDA_SUCCESS);
+  other = own;
+  other.bytes[15] = static_cast<char>(other.bytes[15] ^ 0x5a);
+  REQUIRE(cuCheckpointProcessLock(t.pid, nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
+  const std::vector<std::vector<CUcheckpointGpuPair>> refused = {
+      {{own, own}, {other, own}}, {{other, own}}, {{own, other}}, {{own, own}, {own, own}}};
+  for (const auto& pairs : refused) {
+    CUcheckpointRestoreArgs ra{};
+    ra.gpuPairs = const_cast<CUcheckpointGpuPair*>(pairs.data());
+    ra.gpuPairsCount = static_cast<unsigned>(pairs.size());
+    CHECK(cuCheckpointProcessRestore(t.pid, &ra) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(state_of(t.pid) == CU_PROCESS_STATE_CHECKPOINTED);
+  }
+  CUcheckpointGpuPair same{own, own};
+  CUcheckpointRestoreArgs ra{};
+  ra.gpuPairs = &same;
+  ra.gpuPairsCount = 1;
+  REQUIRE(cuCheckpointProcessRestore(t.pid, &ra) == CUDA_SUCCESS);
+  REQUIRE(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
+  CHECK(ask(t, kVerify) == 0);
+  send_u64(t.sock, kExit);
+  CHECK(t.join() == 0);
+}
+
 TEST_CASE("fakecuda: restore remaps GPUs by UUID onto the caller's devices") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   Child t = spawn([](int sock) {

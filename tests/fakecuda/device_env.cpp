@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace fc {
 
@@ -45,6 +46,44 @@ void device_uuid(int index, uint64_t seed, unsigned char out[16]) {
   memcpy(out + 8, &b, 8);
   out[6] = static_cast<unsigned char>((out[6] & 0x0f) | 0x40);  // RFC 4122 version 4 shape
   out[8] = static_cast<unsigned char>((out[8] & 0x3f) | 0x80);
+}
+
+std::vector<int> visible_devices(int count, uint64_t seed) {
+  std::vector<int> all;
+  for (int i = 0; i < count; ++i) all.push_back(i);
+  const char* v = getenv("CUDA_VISIBLE_DEVICES");
+  if (!v) return all;
+  std::vector<int> out;
+  std::string list(v);
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(at, end - at);
+    while (!item.empty() && item.front() == ' ') item.erase(0, 1);
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    int found = -1;
+    if (!item.empty() && item.find_first_not_of("0123456789") == std::string::npos) {
+      if (item.size() < 4 && std::stoi(item) < count) found = std::stoi(item);
+    } else if (item.size() > 4 && item.compare(0, 4, "GPU-") == 0) {
+      int matches = 0;
+      for (int i = 0; i < count; ++i) {
+        unsigned char u[16];
+        device_uuid(i, seed, u);
+        if (gpu_uuid_string(u).compare(0, item.size(), item) == 0) {
+          found = i;
+          ++matches;
+        }
+      }
+      if (matches != 1) found = -1;
+    }
+    bool again = false;
+    for (int i : out) again = again || i == found;
+    if (found < 0 || again) break;
+    out.push_back(found);
+    at = end + 1;
+  }
+  return out;
 }
 
 std::string gpu_uuid_string(const unsigned char b[16]) {

@@ -12,14 +12,17 @@ namespace {
 
 void load_devices(Driver& d) {
   const DeviceEnv env = read_device_env();
-  for (int i = 0; i < env.count; ++i) {
+  // Ordinal i is the machine's device `machine` (CUDA_VISIBLE_DEVICES).
+  const std::vector<int> visible = visible_devices(env.count, env.seed);
+  for (int i = 0; i < static_cast<int>(visible.size()); ++i) {
+    const int machine = visible[static_cast<size_t>(i)];
     Device dev;
     dev.name = env.name;
     unsigned char u[16];
-    device_uuid(i, env.seed, u);
+    device_uuid(machine, env.seed, u);
     memcpy(dev.uuid.bytes, u, sizeof u);
     dev.total_mem = env.total_mem;
-    dev.ledger_index = i;
+    dev.ledger_index = machine;
     d.devices.push_back(dev);
     auto* p = new Context;
     p->dev = i;

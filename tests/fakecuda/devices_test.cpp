@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "device_env.h"
 #include "fakecuda_test_util.h"
 
 using namespace fctest;
@@ -137,6 +138,49 @@ TEST_CASE("fakecuda: devices from the environment") {
           FC_REQ(cuInit(0) == CUDA_ERROR_NO_DEVICE);
           return 0;
         }) == 0);
+}
+
+TEST_CASE("fakecuda: CUDA_VISIBLE_DEVICES chooses and orders the devices a process sees") {
+  // Which machine device (by UUID) ordinal `ord` is under `visible`, of 3
+  // devices: 1 + the machine index, 0 when there is no such ordinal, 9 when
+  // cuInit fails NO_DEVICE; the count of devices is checked against `count`.
+  auto seen = [](const char* visible, int ord, int count) {
+    return run_child([=] {
+      setenv("FAKECUDA_DEVICES", "3", 1);
+      unsetenv("FAKECUDA_UUID_SEED");
+      setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+      CUresult r = cuInit(0);
+      if (r == CUDA_ERROR_NO_DEVICE) return 9;
+      FC_REQ(r == CUDA_SUCCESS);
+      int n = -1;
+      FC_REQ(cuDeviceGetCount(&n) == CUDA_SUCCESS && n == count);
+      CUuuid u;
+      if (cuDeviceGetUuid_v2(&u, ord) != CUDA_SUCCESS) return 0;
+      for (int i = 0; i < 3; ++i) {
+        unsigned char want[16];
+        fc::device_uuid(i, 0, want);
+        if (memcmp(u.bytes, want, 16) == 0) return i + 1;
+      }
+      return 8;
+    });
+  };
+  CHECK(seen("2,0", 0, 2) == 3);
+  CHECK(seen("2,0", 1, 2) == 1);
+  CHECK(seen("2,0", 2, 2) == 0);
+  CHECK(seen(" 1 ", 0, 1) == 2);
+  // The list ends at its first entry that names no device, or one named before.
+  CHECK(seen("1,7,0", 0, 1) == 2);
+  CHECK(seen("1,x,0", 0, 1) == 2);
+  CHECK(seen("0,2,0", 1, 2) == 3);
+  CHECK(seen("", 0, 0) == 9);
+  CHECK(seen("5", 0, 0) == 9);
+  // A UUID, whole or a prefix naming one device.
+  unsigned char u2[16];
+  fc::device_uuid(2, 0, u2);
+  const std::string whole = fc::gpu_uuid_string(u2);
+  CHECK(seen(whole.c_str(), 0, 1) == 3);
+  CHECK(seen(whole.substr(0, 12).c_str(), 0, 1) == 3);
+  CHECK(seen("GPU-", 0, 0) == 9);
 }
 
 TEST_CASE("fakecuda: UUID seed changes UUIDs") {

@@ -87,12 +87,14 @@ CUresult adopt_allocation(int fd, AllocKind kind, uint64_t* id, bool* reused) {
   Driver& d = driver();
   // The name carries the machine's index of the device; this process's
   // ordinal of it differs once a restore remapped its devices.
+  // A device this process does not see (CUDA_VISIBLE_DEVICES) is refused
+  // (not measured: it takes two GPUs).
   if (fields == 3) {
-    for (size_t i = 0; i < d.devices.size(); ++i)
-      if (d.devices[i].ledger_index == dev) {
-        dev = static_cast<int>(i);
-        break;
-      }
+    int ordinal = -1;
+    for (size_t i = 0; i < d.devices.size() && ordinal < 0; ++i)
+      if (d.devices[i].ledger_index == dev) ordinal = static_cast<int>(i);
+    if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+    dev = ordinal;
   }
   if (!valid_device(fields == 3 ? dev : 0)) return CUDA_ERROR_INVALID_VALUE;
   struct stat st {};

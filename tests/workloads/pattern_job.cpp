@@ -1,7 +1,7 @@
 // cusnap-pattern-job: keeps a pattern in device memory and checks it forever.
 //
 //   cusnap-pattern-job [--mib N] [--interval-ms M] [--children K]
-//                      [--verify-mib V] [--max-count C]
+//                      [--verify-mib V] [--max-count C] [--visible L0/L1/...]
 //
 // Allocates N MiB (default 16) with cuMemAlloc and fills it with a pattern
 // derived from the byte offset. Then, in a loop: verifies the memory through
@@ -13,7 +13,9 @@
 //
 // With --children K it first forks K children (before any driver call), each
 // with its own private allocation and pattern, printing "child I count N ok";
-// the parent runs the same loop and exits 4 when a child fails.
+// the parent runs the same loop and exits 4 when a child fails. With
+// --visible, process I (0 the parent) sets CUDA_VISIBLE_DEVICES to LI before
+// its first driver call (a rank given one GPU of the machine).
 //
 // Exit status: 2 a driver call failed, 3 a byte was wrong (with a message
 // naming the offset, the expected and the found byte), 4 a child failed,
@@ -39,12 +41,13 @@ struct Options {
   int children = 0;
   size_t verify_mib = 0;  // 0 = all
   long max_count = 0;     // 0 = forever
+  std::vector<std::string> visible;  // CUDA_VISIBLE_DEVICES of process I
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "cusnap-pattern-job: %s\nusage: cusnap-pattern-job [--mib N] [--interval-ms M] "
-               "[--children K] [--verify-mib V] [--max-count C]\n",
+               "[--children K] [--verify-mib V] [--max-count C] [--visible L0/L1/...]\n",
                msg);
   std::exit(64);
 }
@@ -54,6 +57,16 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+    if (a == "--visible") {
+      std::string list = argv[++i];
+      for (size_t at = 0;;) {
+        size_t end = list.find('/', at);
+        o.visible.push_back(list.substr(at, end - at));
+        if (end == std::string::npos) break;
+        at = end + 1;
+      }
+      continue;
+    }
     long v = std::strtol(argv[++i], nullptr, 10);
     if (v < 0) usage(("negative value for " + a).c_str());
     if (a == "--mib")
@@ -157,6 +170,8 @@ void run(const Options& o, int index, const std::vector<pid_t>& children) {
   std::string who =
       index == 0 ? "cusnap-pattern-job" : "cusnap-pattern-job child " + std::to_string(index);
   std::string prefix = index == 0 ? "" : "child " + std::to_string(index) + " ";
+  if (size_t(index) < o.visible.size())
+    setenv("CUDA_VISIBLE_DEVICES", o.visible[size_t(index)].c_str(), 1);
   workload::init_device(who.c_str());
   Pattern p(o.mib << 20, 0x5eed0000ull + uint64_t(index), who.c_str());
   std::printf("%sready pid %d mib %zu\n", prefix.c_str(), int(getpid()), o.mib);
