@@ -57,6 +57,8 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
       python3-torch
       # CUSNAP_CRIU_NETWORK_LOCK=iptables (e2e.checkpoint_tcp_rollback)
       iptables
+      # man/check-man-pages.sh reads the pages as groff renders them
+      groff-base
       # CRIU build dependencies
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,18 @@
 #include "proto/wire.h"
 
 namespace cusnap::cli {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
 
 void init_app(CLI::App& app, const std::string& name) {
   app.name("cusnap " + name);
@@ -41,7 +54,45 @@ bool wants_json(const CLI::App& app, int argc, char** argv) {
   return json;
 }
 
+/// What a bad command line with words CLI11 did not take (ExtrasError)
+/// says: the first that looks like an option is an unknown option (with the
+/// likely one), else the first is an argument too many.
+std::string extras_message(const CLI::App& app, const std::vector<std::string>& extras) {
+  for (const std::string& w : extras)
+    if (w.size() > 1 && w[0] == '-') return unknown_option_message(app, w);
+  const std::string w = extras.empty() ? std::string() : extras.front();
+  std::string usage = app.get_name() + " [OPTIONS]";
+  for (const CLI::Option* o : app.get_options())
+    if (o->get_positional()) usage += " " + o->get_name();
+  return "unexpected argument '" + w + "' (usage: " + usage + ")";
+}
+
 }  // namespace
+
+std::string unknown_option_message(const CLI::App& app, const std::string& word) {
+  // "--name=VALUE": the option is what comes before the '='.
+  const std::string opt = word.substr(0, word.find('='));
+  std::string best;
+  // Closer than that is a typo; a short option ("-x") is like every other.
+  size_t best_d = opt.size() <= 2 ? 0 : opt.size() <= 3 ? 2 : 3;
+  for (const CLI::Option* o : app.get_options()) {
+    std::vector<std::string> names;
+    for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+    for (const std::string& s : o->get_snames()) names.push_back("-" + s);
+    for (const std::string& n : names) {
+      size_t d = edit_distance(opt, n);
+      // A prefix of an option ("--leave") is taken for it.
+      if (opt.size() >= 4 && n.compare(0, opt.size(), opt) == 0) d = std::min<size_t>(d, 1);
+      if (d < best_d) {
+        best_d = d;
+        best = n;
+      }
+    }
+  }
+  std::string msg = "unknown option '" + opt + "'";
+  if (!best.empty()) msg += "; did you mean '" + best + "'?";
+  return msg;
+}
 
 int parse(CLI::App& app, int argc, char** argv) {
   try {
@@ -59,9 +110,14 @@ int parse(CLI::App& app, int argc, char** argv) {
     app.exit(e);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
+    // CLI11's "The following argument was not expected: --leave-runing"
+    // neither says that it is an option nor which one was meant.
+    const std::string msg = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr
+                                ? extras_message(app, app.remaining())
+                                : std::string(e.what());
     if (wants_json(app, argc, argv))
-      print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", e.what()}});
-    std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", e.what(),
+      print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", msg}});
+    std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n", msg.c_str(),
                  app.get_name().c_str());
     return kExitUsage;
   }

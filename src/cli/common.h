@@ -44,6 +44,12 @@ void init_app(CLI::App& app, const std::string& name);
 /// {"ok": false, "exit_code": 2, "error"} on stdout (fail_json).
 int parse(CLI::App& app, int argc, char** argv);
 
+/// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
+/// "unknown option 'WORD'", with the option of app it likely stands for (a
+/// typo, a prefix) when there is one.
+std::string unknown_option_message(const CLI::App& app, const std::string& word);
+
 /// A number of seconds that is a whole number of milliseconds from 1 ms to a
 /// week once rounded (what the supervisor accepts), without a note in --help
 /// (the option says "Seconds"). CLI11 puts the option's name before the

@@ -4,11 +4,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <string>
 
 #include "coord/criu_leftovers.h"
+#include "coord/engine.h"
 #include "coord/manifest.h"
 #include "coord/ports.h"
 #include "job_target.h"
@@ -163,9 +165,20 @@ int inspect_job(const JobEntry& entry, bool json) {
   if (json) {
     d["ok"] = true;
     d["kind"] = "job";
-    // The job's root as ps --json names it (job.json calls it root_pid).
-    if (d.contains("job") && d["job"].is_object() && d["job"].contains("root_pid"))
-      d["job"]["pid"] = d["job"]["root_pid"];
+    // The job's root as ps --json names it (job.json calls it root_pid),
+    // and the rest of ps --json's object, as the man page says "job" is.
+    if (d.contains("job") && d["job"].is_object()) {
+      nlohmann::json& job = d["job"];
+      if (job.contains("root_pid")) job["pid"] = job["root_pid"];
+      if (job.contains("started") && job["started"].is_number_integer())
+        job["uptime_seconds"] =
+            static_cast<int64_t>(std::time(nullptr)) - job["started"].get<int64_t>();
+      JobInfo where;
+      where.runtime_dir = job.value("runtime_dir", entry.dir);
+      const LeftSuspendedState marked = left_suspended_state(where);
+      job["left_suspended"] = marked != LeftSuspendedState::kNo;
+      job["restore_refused"] = marked == LeftSuspendedState::kRestoreRefused;
+    }
     // Its name and root, as every command's JSON about a job has them.
     d["name"] = entry.status.name;
     d["pid"] = entry.status.root_pid;
@@ -212,6 +225,7 @@ int cmd_inspect(int argc, char** argv) {
                  "directory; a name without a slash is the running job of that name if there "
                  "is one, else the directory of that name here")
       ->required()
+      ->check(not_empty())
       ->type_name("");
   app.add_flag("--json", json, "Print the description as JSON");
   int rc = parse(app, argc, argv);
@@ -219,10 +233,18 @@ int cmd_inspect(int argc, char** argv) {
   // A path that is not there: neither a checkpoint nor a job's runtime
   // directory, said as such (a name without a slash is looked up as a job).
   struct stat st;
-  if (target.find('/') != std::string::npos && ::stat(target.c_str(), &st) != 0)
-    return fail_json(json, kExitNotFound,
-                     "cannot inspect " + target + ": " + std::strerror(errno) +
-                         " (a checkpoint directory, or a job's runtime directory, was expected)");
+  if (target.find('/') != std::string::npos && ::stat(target.c_str(), &st) != 0) {
+    // Not there (4); there but not to be searched by this user, or not
+    // resolved (ELOOP): a failure (1), as restore says.
+    const int e = errno;
+    const bool missing = e == ENOENT || e == ENOTDIR;
+    return fail_json(json, missing ? kExitNotFound : kExitFailure,
+                     "cannot inspect " + target + ": " + std::strerror(e) +
+                         (missing ? " (a checkpoint directory, or a job's runtime directory, was "
+                                    "expected)"
+                          : e == EACCES ? ": inspect it as a user who can read it"
+                                        : ""));
+  }
   // A path to something else (a file): not a checkpoint, as restore says.
   if (target.find('/') != std::string::npos && !S_ISDIR(st.st_mode))
     return fail_json(json, kExitBadCheckpoint,

@@ -7,15 +7,25 @@ namespace cusnap::cli {
 void add_job_argument(CLI::App& app, std::string* job) {
   app.add_option("JOB", *job, "Job name, pid (PID or SUPERV of cusnap ps) or runtime directory")
       ->required()
+      ->check(not_empty())
       ->type_name("");
 }
 
 int resolve_job(const std::string& spec, bool json, JobEntry* out) {
   std::string err;
   bool unusable_base = false;
-  if (!find_job(spec, out, &err, &unusable_base))
-    return fail_json(json, unusable_base ? kExitFailure : kExitNotFound, err);
-  return -1;
+  if (find_job(spec, out, &err, &unusable_base)) return -1;
+  if (unusable_base)  // what to do, as cusnap ps says it
+    return fail_json(json, kExitFailure,
+                     err +
+                         ": move it away, or set CUSNAP_RUNTIME_BASE to the runtime base the "
+                         "job was launched with");
+  // A number is looked up as a name and as both pids of ps.
+  if (spec.find('/') == std::string::npos &&
+      spec.find_first_not_of("0123456789") == std::string::npos)
+    err = "no job named " + spec + ", nor with PID or SUPERV " + spec +
+          ", is running (cusnap ps lists the running jobs)";
+  return fail_json(json, kExitNotFound, err);
 }
 
 int report_result_failure(bool json, const proto::Result& r) {

@@ -44,8 +44,9 @@ int cmd_launch(int argc, char** argv) {
   // CLI11 takes the first argument it does not know as CMD: a mistyped option
   // before '--' would be run as a program.
   if (!req.argv.empty() && req.argv[0].starts_with("-") && req.argv[0] != "--")
-    return fail(kExitUsage, "unknown option '" + req.argv[0] +
-                                "' (see cusnap launch --help; the command follows '--')");
+    return fail(kExitUsage, unknown_option_message(app, req.argv[0]) +
+                                " (cusnap launch --help lists the options; the command follows "
+                                "them, after '--')");
   if (!req.argv.empty() && req.argv[0] == "--") req.argv.erase(req.argv.begin());
   if (req.argv.empty())
     return fail(kExitUsage, "no command given: cusnap launch [OPTIONS] -- CMD...");

@@ -27,18 +27,6 @@ const Command kCommands[] = {
     {"inspect", "describe a checkpoint directory or a running job", cmd_inspect},
 };
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 /// The closest command name, if it is close enough to be a typo.
 const char* suggest(const std::string& word) {
   const char* best = nullptr;
@@ -82,7 +70,31 @@ void open_standard_fds() {
 }
 
 /// "unknown command" on stderr, with the likely one; returns kExitUsage.
-int unknown_command(const std::string& cmd) {
+/// An option before the command (cusnap --json ps, cusnap -v) is said to be
+/// one, with the command line it likely meant: no command is like it.
+int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr) {
+  if (cmd.size() > 1 && cmd[0] == '-') {
+    std::string moved;
+    for (int i = 2; i < argc && moved.empty(); ++i)
+      for (const Command& c : kCommands)
+        if (argv[i] == std::string(c.name)) {
+          moved = std::string("cusnap ") + c.name;
+          for (int j = 1; j < i; ++j) moved += std::string(" ") + argv[j];
+          for (int j = i + 1; j < argc; ++j) moved += std::string(" ") + argv[j];
+        }
+    if (!moved.empty())
+      std::fprintf(stderr,
+                   "cusnap: error: unknown option '%s' before the command: a command's options "
+                   "follow it; did you mean '%s'?\n",
+                   shown(cmd).c_str(), shown(moved).c_str());
+    else
+      std::fprintf(stderr,
+                   "cusnap: error: unknown option '%s': before a command cusnap takes only --help "
+                   "and --version; a command's options follow it (cusnap COMMAND [OPTIONS]; "
+                   "'cusnap --help' lists the commands)\n",
+                   shown(cmd).c_str());
+    return cusnap::kExitUsage;
+  }
   if (const char* s = suggest(cmd))
     std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
                  s);
@@ -124,5 +136,5 @@ int main(int argc, char** argv) {
     if (cmd == c.name) return c.run(argc - 1, argv + 1);
   // Internal: the guardian a supervisor starts (src/coord/guardian.h).
   if (cmd == "__guardian") cusnap::guardian_command(argc - 2, argv + 2);
-  return unknown_command(cmd);
+  return unknown_command(cmd, argc, argv);
 }

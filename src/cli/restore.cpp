@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 
 #include "coord/driver.h"
@@ -112,8 +114,20 @@ int cmd_restore(int argc, char** argv) {
     return fail_json(json, kExitUsage, err);
   if (!proto::check_env_settings(false, true, &err)) return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
-  if (::realpath(dir.c_str(), abs) == nullptr)
-    return fail_json(json, kExitNotFound, "no checkpoint directory " + dir);
+  if (::realpath(dir.c_str(), abs) == nullptr) {
+    // Only a path that is not there is "no such checkpoint" (4); one that
+    // cannot be searched (EACCES: a private parent, root squashed on NFS)
+    // or resolved (ELOOP) is there, and a failure (1), with its reason.
+    const int e = errno;
+    const bool missing = e == ENOENT || e == ENOTDIR;
+    return fail_json(
+        json, missing ? kExitNotFound : kExitFailure,
+        "cannot restore " + dir + ": " + std::strerror(e) +
+            (missing       ? " (a checkpoint directory, as cusnap checkpoint -o DIR wrote it, was "
+                             "expected)"
+             : e == EACCES ? ": run the restore as a user who can read it (root)"
+                           : ""));
+  }
   req.engine.dir = abs;
   req.engine.timeout = seconds(timeout_s);
   req.cfg.control_timeout = seconds(control_s);

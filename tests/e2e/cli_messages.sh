@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# What a bad command line, a missing or unreadable checkpoint and an unusable
+# runtime base say: what failed (an unknown option said to be one, with the
+# option it likely stands for), with the documented exit status; and the
+# --json objects of every command, success and failure, hold only the fields
+# that their man page's --json entry names.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+# expect_err RC WHAT WORD... -- CMD...: CMD exits RC and its stderr holds
+# each WORD; a WORD that starts with '!' must not be there.
+expect_err() {
+  local want=$1 what=$2 words=() rc=0
+  shift 2
+  while [ "$1" != -- ]; do words+=("$1"); shift; done
+  shift
+  "$@" >"$T/err.out" 2>"$T/err.err" || rc=$?
+  [ "$rc" = "$want" ] || fail "$what: exit status $rc, expected $want (stderr: $(cat "$T/err.err"))"
+  for w in "${words[@]}"; do
+    if [ "${w:0:1}" = '!' ]; then
+      ! grep -qF -- "${w:1}" "$T/err.err" || fail "$what: the error says '${w:1}': $(cat "$T/err.err")"
+    else
+      grep -qF -- "$w" "$T/err.err" || fail "$what: the error does not say '$w': $(cat "$T/err.err")"
+    fi
+  done
+  pass "$what"
+}
+
+# An unknown option is called one, with the likely option (a typo) when
+# there is one, in every command; an argument too many says the usage.
+expect_err 2 "checkpoint --leave-runing" "unknown option '--leave-runing'; did you mean '--leave-running'?" -- \
+  "$CUSNAP" checkpoint job --leave-runing
+expect_err 2 "checkpoint --bogus" "unknown option '--bogus'" "!did you mean" "!not expected" -- \
+  "$CUSNAP" checkpoint --bogus job
+expect_err 2 "restore --detatch" "unknown option '--detatch'; did you mean '--detach'?" -- \
+  "$CUSNAP" restore "$T/none" --detatch
+expect_err 2 "restore --device-mapp=0=1" "unknown option '--device-mapp'; did you mean '--device-map'?" -- \
+  "$CUSNAP" restore "$T/none" --device-mapp=0=1
+expect_err 2 "suspend --timout 5" "unknown option '--timout'; did you mean '--timeout'?" -- \
+  "$CUSNAP" suspend job --timout 5
+expect_err 2 "ps --jsn" "unknown option '--jsn'; did you mean '--json'?" -- "$CUSNAP" ps --jsn
+expect_err 2 "inspect -x" "unknown option '-x'" "!did you mean" -- "$CUSNAP" inspect -x job
+expect_err 2 "launch --no-shin" "unknown option '--no-shin'; did you mean '--no-shim'?" "after '--'" -- \
+  "$CUSNAP" launch --no-shin -- true
+expect_err 2 "suspend a b" "unexpected argument 'b'" "cusnap suspend [OPTIONS] JOB" -- "$CUSNAP" suspend a b
+"$CUSNAP" resume job --json --timout 5 >"$T/o.json" 2>/dev/null || true
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2 and "did you mean '"'"'--timeout'"'"'" in d["error"], d' \
+  "$T/o.json" || fail "resume --json --timout: $(cat "$T/o.json")"
+pass "resume --json --timout 5: the failure object says the same"
+
+# An option before the command is said to be one, not taken for a mistyped
+# command ("did you mean 'ps'?" for -v).
+expect_err 2 "cusnap -v" "unknown option '-v'" "--version" "!did you mean" -- "$CUSNAP" -v
+expect_err 2 "cusnap --json ps" "unknown option '--json' before the command" "did you mean 'cusnap ps --json'?" -- \
+  "$CUSNAP" --json ps
+expect_err 2 "cusnap --name x launch -- true" "did you mean 'cusnap launch --name x -- true'?" -- \
+  "$CUSNAP" --name x launch -- true
+expect_err 2 "cusnap chekpoint" "unknown command 'chekpoint'; did you mean 'checkpoint'?" -- "$CUSNAP" chekpoint
+
+# An empty JOB or TARGET is a bad command line, as an empty DIR is.
+expect_err 2 "checkpoint ''" "JOB" "empty" -- "$CUSNAP" checkpoint ''
+expect_err 2 "suspend ''" "JOB" "empty" -- "$CUSNAP" suspend ''
+expect_err 2 "inspect ''" "TARGET" "empty" -- "$CUSNAP" inspect ''
+# A number is a name or a pid: the message says both were looked for.
+expect_err 4 "checkpoint of a pid no job has" "no job named 4242424, nor with PID or SUPERV 4242424" \
+  "cusnap ps" -- "$CUSNAP" checkpoint 4242424
+
+# A checkpoint directory that is not there (4), and one that is but cannot
+# be searched by this user (1, Permission denied, not "no such").
+expect_err 4 "restore of a missing directory" "cannot restore $T/none: No such file or directory" \
+  "a checkpoint directory" -- "$CUSNAP" restore "$T/none"
+mkdir -p "$T/private/ck"
+chmod 700 "$T/private"
+if command -v setpriv >/dev/null; then
+  as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups env "CUSNAP_RUNTIME_BASE=$T/nobody-base")
+  expect_err 1 "restore of a directory this user cannot search" "cannot restore $T/private/ck: Permission denied" \
+    "!no checkpoint directory" -- "${as_nobody[@]}" "$CUSNAP" restore "$T/private/ck"
+  expect_err 1 "inspect of a directory this user cannot search" "cannot inspect $T/private/ck: Permission denied" -- \
+    "${as_nobody[@]}" "$CUSNAP" inspect "$T/private/ck"
+else
+  echo "note: no setpriv: unreadable directories not tried"
+fi
+
+# A runtime base that cannot be used: what to do, as ps says it.
+mkdir -m 755 "$T/openbase"
+expect_err 1 "checkpoint with an unusable runtime base" "mode is 0755" "set CUSNAP_RUNTIME_BASE" -- \
+  env "CUSNAP_RUNTIME_BASE=$T/openbase" "$CUSNAP" checkpoint foo
+
+# --json: each command's object, on success and on failure, against the
+# fields its man page's --json entry names.
+launch docs "$T/docs.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
+SUP=$LAST_SUPERVISOR
+wait_count "$T/docs.out" 3
+PID=$(wait_job docs)
+run_json() {  # run_json FILE CMD...: CMD's stdout into FILE, one JSON document
+  local out=$1 rc=0
+  shift
+  "$@" >"$T/$out" 2>"$T/$out.err" || rc=$?
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/$out" ||
+    fail "$* (exit $rc): stdout is not one JSON document: $(cat "$T/$out")"
+}
+run_json ck.json "$CUSNAP" checkpoint docs -o "$T/ck1" --leave-running --json
+run_json suspend.json "$CUSNAP" suspend docs --json
+run_json resume.json "$CUSNAP" resume docs --json
+run_json ps.json "$CUSNAP" ps --json
+run_json insj.json "$CUSNAP" inspect docs --json
+run_json insc.json "$CUSNAP" inspect "$T/ck1" --json
+"$CUSNAP" checkpoint docs -o "$T/ck2" >"$T/ck2.out" 2>&1 || fail "checkpoint: $(cat "$T/ck2.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+run_json restore.json "$CUSNAP" restore "$T/ck2" --detach --json
+kill -TERM "$(job_field docs supervisor_pid)"
+run_json ck.fail.json "$CUSNAP" checkpoint nosuch --json
+run_json suspend.fail.json "$CUSNAP" suspend nosuch --json
+run_json resume.fail.json "$CUSNAP" resume nosuch --json
+run_json insj.fail.json "$CUSNAP" inspect nosuch --json
+run_json restore.fail.json "$CUSNAP" restore "$T/none" --json
+run_json ps.fail.json "$CUSNAP" ps --json --bogus
+M=${CUSNAP_SOURCE_DIR:-$(dirname "$0")/../..}/man
+python3 - "$M" "$T" <<'PY' || fail "a --json object holds a field its man page does not name"
+import json, re, sys
+man, t = sys.argv[1], sys.argv[2]
+
+def json_entry(page):
+    """The words of the page's --json entry (OPTIONS), roff stripped."""
+    lines, inside, words = open(f"{man}/{page}").read().split("\n"), False, set()
+    options = False
+    for line in lines:
+        if line.startswith(".SH"):
+            options = line.startswith(".SH OPTIONS")
+            inside = False
+            continue
+        if options and line.startswith(".TP"):
+            inside = False
+            continue
+        if options and re.fullmatch(r"\.B \\-\\-json", line):
+            inside = True
+            continue
+        if inside:
+            text = re.sub(r"\\f[BIRP]|\\\(dq|\\-", " ", line)
+            text = re.sub(r"^\.[A-Z]+ ", "", text)
+            words |= set(re.findall(r"[a-z_]+", text))
+    return words
+
+bad = []
+def check(page, doc, what):
+    words = json_entry(page)
+    items = doc if isinstance(doc, list) else [doc]
+    for item in items:
+        for key in item:
+            if key not in words:
+                bad.append(f"{what}: field '{key}' is not in {page}'s --json entry")
+
+load = lambda f: json.load(open(f"{t}/{f}"))
+for f, page in [("ck.json", "cusnap-checkpoint.1"), ("ck.fail.json", "cusnap-checkpoint.1"),
+                ("suspend.json", "cusnap-suspend.1"), ("suspend.fail.json", "cusnap-suspend.1"),
+                ("resume.json", "cusnap-suspend.1"), ("resume.fail.json", "cusnap-suspend.1"),
+                ("ps.json", "cusnap-ps.1"), ("ps.fail.json", "cusnap-ps.1"),
+                ("insj.json", "cusnap-inspect.1"), ("insc.json", "cusnap-inspect.1"),
+                ("insj.fail.json", "cusnap-inspect.1"),
+                ("restore.json", "cusnap-restore.1"), ("restore.fail.json", "cusnap-restore.1")]:
+    check(page, load(f), f)
+# inspect's "job" is as in ps --json: the same fields.
+ps_keys = set(load("ps.json")[0])
+job_keys = set(load("insj.json")["job"]) - {"root_pid"}
+if ps_keys != job_keys:
+    bad.append(f"inspect --json's job and ps --json differ: only in ps {sorted(ps_keys - job_keys)}, "
+               f"only in inspect {sorted(job_keys - ps_keys)}")
+for b in bad:
+    print(b)
+sys.exit(1 if bad else 0)
+PY
+pass "every --json object (checkpoint, suspend, resume, ps, inspect, restore; success and failure) holds only the fields its man page names; inspect's job is ps's"
