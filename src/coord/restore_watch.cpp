@@ -1,6 +1,9 @@
 #include "coord/restore_watch.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -36,6 +39,61 @@ struct Text {
 void sleep_ms(long ms) {
   timespec ts{ms / 1000, (ms % 1000) * 1000000L};
   while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/// Puts each TCP socket of process pid into repair mode, as CRIU's dump
+/// leaves them: a connection then closes with its process without a word
+/// (no FIN, no reset) and leaves no socket behind. Past CRIU's network
+/// unlock the sockets are out of repair mode; closed the ordinary way, the
+/// connections would hold their ports in TIME-WAIT for a minute, in which
+/// the next restore, which binds them again, is refused. Listening sockets
+/// refuse repair mode and close without that. Through pidfd_getfd; system
+/// calls only, no allocation.
+void repair_tcp_sockets(pid_t pid) {
+  Text dir;
+  dir.put("/proc/");
+  dir.put(static_cast<unsigned long long>(pid));
+  dir.put("/fd");
+  dir.buf[dir.len < sizeof dir.buf ? dir.len : sizeof dir.buf - 1] = '\0';
+  const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  const UniqueFd fds(::open(dir.buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!pidfd || !fds) return;
+  alignas(dirent64) static char ents[8192];
+  for (;;) {
+    const long got = ::syscall(SYS_getdents64, fds.get(), ents, sizeof ents);
+    if (got <= 0) return;
+    for (long at = 0; at < got;) {
+      const auto* e = reinterpret_cast<const dirent64*>(ents + at);
+      at += e->d_reclen;
+      int target = 0;
+      bool number = e->d_name[0] != '\0';
+      for (const char* c = e->d_name; number && *c; ++c) {
+        number = *c >= '0' && *c <= '9' && target < 100000000;
+        target = target * 10 + (*c - '0');
+      }
+      if (!number) continue;  // "." and ".."
+      Text path;
+      path.put(dir.buf, dir.len);
+      path.put("/");
+      path.put(e->d_name);
+      path.put("", 1);  // the terminating NUL
+      constexpr char kSocket[] = "socket:[";
+      char link[64];
+      const ssize_t n = ::readlink(path.buf, link, sizeof link);
+      if (n < ssize_t(sizeof kSocket - 1) || std::memcmp(link, kSocket, sizeof kSocket - 1) != 0)
+        continue;
+      const UniqueFd sock(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
+      int protocol = 0;
+      socklen_t len = sizeof protocol;
+      if (!sock || ::getsockopt(sock.get(), SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 ||
+          protocol != IPPROTO_TCP)
+        continue;
+      // Refused for a listening socket, which closes without leaving its
+      // port taken.
+      const int on = 1;
+      (void)::setsockopt(sock.get(), IPPROTO_TCP, TCP_REPAIR, &on, sizeof on);
+    }
   }
 }
 
@@ -78,6 +136,7 @@ void sleep_ms(long ms) {
       const uint64_t first = i < kTracked ? seen[i] : 0;
       if (first == 0 && pass >= 10) continue;  // new after the first second: not ours
       if (first != 0 && first != t) continue;  // another process under that id
+      repair_tcp_sockets(pids[i]);
       if (::kill(pids[i], SIGKILL) != 0) continue;
       ++found;
       if (i < kTracked && first == 0) {

@@ -6,8 +6,14 @@
 // ends what was restored of the job: each of the checkpoint's processes
 // alive under its id and started after the watch began. Nothing is left
 // half-restored, holding its GPU memory, its process ids and its ports; the
-// checkpoint is unchanged and restores again. The watch writes what it did
-// to the restore's stderr (with --detach, the waiting command's).
+// checkpoint is unchanged and restores again. Before it ends a process, the
+// watch puts its TCP sockets into repair mode, as CRIU's dump leaves them:
+// past CRIU's network unlock they are out of it, and closed the ordinary way
+// the job's connections would hold their ports in TIME-WAIT for a minute, in
+// which the next restore is refused. (CRIU's restore takes no network lock
+// of its own: killed before its unlock, it leaves the checkpoint's lock in
+// place, for the next restore to remove.) The watch writes what it did to
+// the restore's stderr (with --detach, the waiting command's).
 //
 // Once the restore ends, either way, the watch is dismissed and exits without
 // acting (a failed restore ends its own processes). The child does only

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# A restore of a job whose two processes talk over an established TCP
+# connection (tcp_pair.py, checkpointed with --tcp-established) killed
+# (SIGKILL) while CRIU restores it, then the checkpoint restored again at
+# once: the job must count on over its connection, and CRIU's lock on the
+# connection must be gone. CRIU is held (an action script) where the restore
+# is killed:
+#   post-restore  before CRIU's network unlock: the connections are restored
+#                 in repair mode and the checkpoint's lock (the dump's
+#                 nftables table "inet CRIU-<dump run id>", or its iptables
+#                 rules) still drops their packets. The restore adds no lock
+#                 of its own; the checkpoint's stays, for the next restore to
+#                 remove (until then it keeps an outside peer's packets from
+#                 being answered with a reset, as after the checkpoint)
+#   pre-resume    after the unlock: the lock is gone and the sockets are out
+#                 of repair mode. The watch (restore_watch.h) puts them back
+#                 into repair mode before it ends their processes, so that
+#                 they close without a word: killed as they were, they closed
+#                 the ordinary way, and the connection's port stayed in
+#                 TIME-WAIT for a minute, in which the next restore was
+#                 refused ("TCP port ... is in use")
+# Both with CRIU's nftables lock, then again with its iptables lock.
+source "$(dirname "$0")/lib_checkpoint.sh"
+REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
+
+cat >"$T/hook.sh" <<SH
+#!/bin/sh
+[ "\$CRTOOLS_SCRIPT_ACTION" = "\$(cat "$T/mode" 2>/dev/null)" ] || exit 0
+: >"$T/held"
+while [ -e "$T/hold" ]; do sleep 0.1; done
+exit 0
+SH
+cat >"$T/criu" <<SH
+#!/bin/sh
+[ "\$1" = restore ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
+exec "$REAL_CRIU" "\$@"
+SH
+chmod 755 "$T/hook.sh" "$T/criu"
+
+# job_pids DIR: the pids of the checkpoint's processes.
+job_pids() {
+  python3 -c 'import json,sys; print(" ".join(str(p["pid"]) for p in json.load(open(sys.argv[1]))["processes"]))' \
+    "$1/manifest.json"
+}
+
+# lock_there DIR: whether the lock CRIU's dump of DIR left is in place: its
+# nftables table (named by the run id the manifest records), or with
+# iptables its 4 rules (two sockets, two each).
+lock_there() {
+  local method id rc=0
+  method=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["criu"]["network_lock"])' "$1/manifest.json")
+  if [ "$method" = iptables ]; then
+    [ "$(criu_iptables_rules)" = 4 ]
+    return
+  fi
+  id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["criu"]["run_id"])' "$1/manifest.json")
+  nft_has_table "CRIU-${id:0:21}" || rc=$?
+  [ "$rc" = 2 ] && fail "nftables cannot be listed"
+  return "$rc"
+}
+
+# killed_at DIR ACTION: a restore of DIR, its CRIU held at ACTION, is
+# killed; the watch ends the restored processes and says so.
+killed_at() {
+  local dir=$1 action=$2 out=$T/killed-$2-$RANDOM.out r rc=0 pid id log
+  echo "$action" >"$T/mode"
+  rm -f "$T/held"
+  : >"$T/hold"
+  CUSNAP_CRIU="$T/criu" "$CUSNAP" restore "$dir" >"$out" 2>&1 &
+  r=$!
+  SUPERVISORS+=("$r")
+  for _ in $(seq 1 600); do [ -e "$T/held" ] && break; sleep 0.05; done
+  [ -e "$T/held" ] || fail "$action: CRIU's restore did not reach $action: $(cat "$out")"
+  if [ "$action" = post-restore ]; then
+    lock_there "$dir" || fail "$action: the checkpoint's lock is not there while CRIU restores"
+    # Nothing of the restore's own: no table named by its run id.
+    log=$(ls -t "$T"/cusnap-restore-*/restore.log | head -1)
+    id=$(sed -n 's/.*) CRIU run id = \([0-9a-f-]*\)$/\1/p' "$log" | head -1)
+    [ -n "$id" ] || fail "$action: the restore's log names no run id"
+    rc=0
+    nft_has_table "CRIU-${id:0:21}" || rc=$?
+    [ "$rc" = 1 ] || fail "$action: a table of the restore's own run ($id) is there ($rc)"
+  else
+    rc=0
+    lock_there "$dir" || rc=$?
+    [ "$rc" = 1 ] || fail "$action: the checkpoint's lock is still there after CRIU's unlock"
+  fi
+  kill -KILL "$r"
+  rc=0
+  wait "$r" || rc=$?
+  rm -f "$T/hold"
+  [ "$rc" = 137 ] || fail "$action: the restore exited $rc, not killed: $(cat "$out")"
+  for pid in $(job_pids "$dir"); do wait_gone "$pid" 10; done
+  for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$out" && break; sleep 0.05; done
+  grep -q "its restored processes [0-9]*, [0-9]* were ended; the checkpoint is unchanged and restores again" "$out" ||
+    fail "$action: the watch did not say it ended both processes: $(cat "$out")"
+  [ -z "$(job_pids_all)" ] || fail "$action: a job is left: $("$CUSNAP" ps)"
+  rm -f "$T/mode"
+}
+
+# restored DIR OUT LAST WHAT: DIR restored at once (output OUT) counts on
+# from LAST + 1 over its connection, with nothing lost, and CRIU's lock is
+# gone; sets SUP.
+restored() {
+  local dir=$1 out=$2 last=$3 what=$4 first rc=0
+  restore_bg "$dir" "$out"
+  SUP=$LAST_SUPERVISOR
+  for _ in $(seq 1 600); do
+    [ "$(last_count "$out")" -ge $((last + 20)) ] && break
+    kill -0 "$SUP" 2>/dev/null || fail "$what: the restore right after the killed ones failed: $(cat "$out")"
+    sleep 0.05
+  done
+  first=$(first_count "$out")
+  # From the checkpoint's count: LAST + 1, or LAST + 2 where the job's last
+  # line before the checkpoint did not reach the launch's output (seen once
+  # in six runs; a question for the output's capture, not for this test).
+  [ "$first" -ge $((last + 1)) ] && [ "$first" -le $((last + 2)) ] ||
+    fail "$what: the restore began at count $first, expected $((last + 1)): $(tail -3 "$out")"
+  [ "$(last_count "$out")" -ge $((last + 20)) ] || fail "$what: the restored job does not count on over its connection: $(tail -3 "$out")"
+  grep -q mismatch "$out" && fail "$what: a number was lost on the connection"
+  lock_there "$dir" || rc=$?
+  [ "$rc" = 1 ] || fail "$what: CRIU's lock is still there after the restore"
+  pass "$what: killed before and after CRIU's unlock, then restored at once: counts on from $first over its connection, no lock left"
+}
+
+launch tcp "$T/launch.out" python3 "$(dirname "$0")/tcp_pair.py"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 5
+PID=$(wait_job tcp)
+"$CUSNAP" checkpoint tcp -o "$T/ck" >"$T/ck.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ck.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
+lock_there "$T/ck" || fail "the nftables table CRIU's dump left is not there"
+killed_at "$T/ck" post-restore
+lock_there "$T/ck" || fail "post-restore: the checkpoint's lock is gone after the killed restore"
+pass "nftables, killed before CRIU's unlock: the checkpoint's lock stays (none of the restore's own), the processes ended"
+killed_at "$T/ck" pre-resume
+pass "nftables, killed after CRIU's unlock: the processes ended"
+restored "$T/ck" "$T/r1.out" "$LAST" nftables
+
+# Again under CRIU's iptables lock.
+command -v iptables >/dev/null 2>&1 || fail "iptables is not installed (scripts/install-deps.sh installs it)"
+CUSNAP_CRIU_NETWORK_LOCK=iptables "$CUSNAP" checkpoint tcp -o "$T/ck-ipt" >"$T/ck-ipt.out" 2>&1 ||
+  fail "checkpoint with the iptables lock failed: $(cat "$T/ck-ipt.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/r1.out")
+lock_there "$T/ck-ipt" || fail "$(criu_iptables_rules) rules of CRIU's after the checkpoint, expected 4"
+killed_at "$T/ck-ipt" post-restore
+lock_there "$T/ck-ipt" || fail "post-restore: the checkpoint's iptables rules are gone after the killed restore"
+pass "iptables, killed before CRIU's unlock: the checkpoint's 4 rules stay, the processes ended"
+killed_at "$T/ck-ipt" pre-resume
+pass "iptables, killed after CRIU's unlock: the processes ended"
+restored "$T/ck-ipt" "$T/r2.out" "$LAST" iptables
+kill -TERM "$SUP"
+wait_exit "$SUP"
+echo "PASS"
