@@ -117,6 +117,9 @@ class Channel {
   std::chrono::milliseconds timeout() const { return timeout_; }
   int fd() const { return fd_.get(); }
   bool valid() const { return static_cast<bool>(fd_); }
+  /// Gives the descriptor up without closing it (the channel is closed
+  /// after): for an owner that finds its number now names another's file.
+  int release() { return fd_.release(); }
 
  private:
   UniqueFd fd_;

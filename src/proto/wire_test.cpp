@@ -326,6 +326,20 @@ TEST_CASE("wire: a closed peer is reported, and sending to it does not raise SIG
   CHECK(!p.b.send("x", Empty{}, &err));  // EPIPE, not a signal
 }
 
+TEST_CASE("wire: release gives the descriptor up unclosed and leaves the channel closed") {
+  Pair p;
+  const int fd = p.a.fd();
+  CHECK(p.a.release() == fd);
+  CHECK(!p.a.valid());
+  CHECK(::fcntl(fd, F_GETFD) >= 0);  // still open: not the channel's any more
+  std::string err;
+  CHECK(!p.a.send("x", Empty{}, &err));
+  CHECK(err == "channel is closed");
+  p.a = Channel();  // closes nothing
+  CHECK(::fcntl(fd, F_GETFD) >= 0);
+  ::close(fd);
+}
+
 TEST_CASE("wire: peer credentials name this process") {
   Pair p;
   ucred c{};

@@ -171,7 +171,11 @@ int Gate::close(uint64_t timeout_ms) noexcept {
   pthread_mutex_unlock(&mu_);
   if (old & kClosed) return EALREADY;
   closer_fence();
-  const uint64_t deadline = now_ms() + timeout_ms;
+  // Saturated: a timeout past the clock's range (UINT64_MAX and the like, from
+  // any caller in the process) waits until the calls drain, never wraps to a
+  // deadline already gone.
+  const uint64_t now = now_ms();
+  const uint64_t deadline = timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
   // Calls already inside the driver finish; new ones wait at the gate. A thread
   // that raced in before seeing CLOSED backs out shortly.
   for (unsigned spins = 0;; ++spins) {

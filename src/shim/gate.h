@@ -94,7 +94,8 @@ class Gate {
     word_.fetch_sub(kOne, std::memory_order_release);
   }
 
-  /// Closes the gate and waits up to timeout_ms for calls in flight to finish.
+  /// Closes the gate and waits up to timeout_ms for calls in flight to finish
+  /// (any value: the deadline saturates, so UINT64_MAX waits until they do).
   /// Returns 0 when closed and drained. On timeout reopens the gate (the
   /// process keeps running as before) and returns ETIMEDOUT. Returns EALREADY
   /// when the gate was already closed.

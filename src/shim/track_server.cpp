@@ -8,8 +8,12 @@
 // bound every exchange by the control timeout ($CUSNAP_CONTROL_TIMEOUT). Each
 // keeps several connections and takes a request only once it is there whole,
 // so a client that sends nothing or half a request holds up no other (serve).
-// A child the application forks closes the connections' descriptors in its
-// fork handler (g_conn_fds), as it does the listening sockets.
+// A child the application forks closes the descriptors the listeners hold
+// (connections, parts of a save or load, an export being sent) in its fork
+// handler (g_conn_fds), as it does the listening sockets. The application may
+// close any of them and reuse the number: a listener checks each one's
+// identity before it polls, reads, writes, uses or closes it, and lets go of
+// one that no longer names its file without closing the number.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -32,6 +36,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "proto/control.h"
@@ -74,19 +80,94 @@ bool allowed(int fd, uid_t owner) {
   return proto::peer_credentials(fd, &cred, &err) && proto::peer_uid_allowed(cred.uid, owner);
 }
 
-/// The descriptors of both listeners' connections, with the identity of the
-/// socket each names, for a child the application forks to close (the fork
-/// handlers below): descriptors the child did not make, and a copy there
-/// would keep a connection the listener closed open, so its client would not
-/// see the end. g_conn_mu is held only around an accept and its entry, and
-/// around an entry's removal and the close, never across a wait, and by the
-/// fork's prepare handler: at a fork every connection open is in the table,
-/// and none in it was closed by the listener. One its channel closed itself
-/// (a request the stream cannot recover from) stays in the table until the
-/// listener drops it; the child checks the identity first, so a number the
-/// application reused meanwhile is left alone.
+/// Entries g_conn_fds has room for: both listeners' connections; the parts
+/// of a save or load a control connection holds while they arrive (at most
+/// proto::kMaxParts, the one a request just brought included); on the peer
+/// listener, a descriptor a request brought and the export being sent.
+constexpr size_t kHeldFds = 2 * kMaxConnections + kMaxConnections * proto::kMaxParts + 2;
+
+/// The descriptors both listeners hold, with the identity of the file each
+/// names, for a child the application forks to close (the fork handlers
+/// below): descriptors the child did not make. A copy there would keep a
+/// connection the listener closed open, so its client would not see the end;
+/// keep a part file of a checkpoint open, or a memory file's pages, in a
+/// process that never saw it; or keep the creator's device memory alive
+/// through a copy of its export. g_conn_mu is held only around what makes a
+/// descriptor (an accept, the receipt of a request whose bytes have all
+/// arrived, a dup) and its entry, and around an entry's removal and the
+/// close, never across a wait, and by the fork's prepare handler: at a fork
+/// every descriptor a listener holds is in the table, and none in it was
+/// closed by the listener. Lock order: State::cache_mu, then g_conn_mu. One a
+/// channel closed itself (a request the stream cannot recover from) stays in
+/// the table until the listener drops it; the child checks the identity
+/// first, so a number the application reused meanwhile is left alone.
 std::mutex g_conn_mu;
-HeldFd g_conn_fds[2 * kMaxConnections];
+HeldFd g_conn_fds[kHeldFds];
+
+/// Enters fd in g_conn_fds (g_conn_mu held): its slot, or -1 when the table
+/// is full (never while the listeners keep to their limits) or fstat fails.
+std::ptrdiff_t enter_locked(int fd) {
+  auto* free = std::find_if(std::begin(g_conn_fds), std::end(g_conn_fds),
+                            [](const HeldFd& h) { return h.fd < 0; });
+  if (free == std::end(g_conn_fds)) return -1;
+  *free = HeldFd::of(fd);
+  return free->fd < 0 ? -1 : free - std::begin(g_conn_fds);
+}
+
+/// A descriptor a listener holds for a request (a part of a save or load
+/// that came with one, the duplicate of an export being sent), in
+/// g_conn_fds while it is held. Closed, out of the table, only while its
+/// number still names the file it was; let go otherwise (the application
+/// closed it and may have reused the number).
+class RequestFd {
+ public:
+  RequestFd() = default;
+  RequestFd(RequestFd&& o) noexcept
+      : fd_(std::move(o.fd_)), id_(o.id_), slot_(std::exchange(o.slot_, -1)) {}
+  RequestFd& operator=(RequestFd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::move(o.fd_);
+      id_ = o.id_;
+      slot_ = std::exchange(o.slot_, -1);
+    }
+    return *this;
+  }
+  ~RequestFd() { reset(); }
+
+  /// Takes fd in (g_conn_mu held, in one step with what made fd); false,
+  /// fd closed, when the table has no room.
+  bool take_locked(UniqueFd fd) {
+    const std::ptrdiff_t slot = enter_locked(fd.get());
+    if (slot < 0) return false;
+    reset_locked();
+    fd_ = std::move(fd);
+    id_ = g_conn_fds[slot];
+    slot_ = slot;
+    return true;
+  }
+  int get() const { return fd_.get(); }
+  explicit operator bool() const { return static_cast<bool>(fd_); }
+  /// Whether the number still names the file taken in.
+  bool ours() const { return fd_ && id_.ours(); }
+  void reset() {
+    if (!fd_ && slot_ < 0) return;
+    std::lock_guard<std::mutex> l(g_conn_mu);
+    reset_locked();
+  }
+
+ private:
+  void reset_locked() {
+    if (slot_ >= 0) g_conn_fds[slot_] = HeldFd{};
+    slot_ = -1;
+    if (!ours()) fd_.release();  // the application's number now: left alone
+    fd_.reset();
+  }
+
+  UniqueFd fd_;
+  HeldFd id_;
+  std::ptrdiff_t slot_ = -1;
+};
 
 /// One connection of a listener. Its requests are read only once whole (the
 /// listener never waits on one client while others are pending), and handled
@@ -95,14 +176,21 @@ struct Conn {
   Conn() = default;
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
-  /// Out of the table, then closed, in one step as a fork sees it.
+  /// Out of the table, then closed, in one step as a fork sees it; a number
+  /// that no longer names the socket is let go, not closed.
   ~Conn() {
     std::lock_guard<std::mutex> l(g_conn_mu);
     if (slot >= 0) g_conn_fds[slot] = HeldFd{};
+    if (!ours()) ch.release();
     ch = proto::Channel();
   }
+  /// Whether the channel's number still names the socket accepted (false
+  /// also once the channel closed itself).
+  bool ours() const { return ch.valid() && id.ours(); }
 
   proto::Channel ch;
+  /// The accepted socket's identity.
+  HeldFd id;
   /// The next request must have arrived whole by then (the control timeout
   /// from the accept, or from the last reply): an idle client, or one that
   /// stopped mid-message, is closed there.
@@ -111,7 +199,7 @@ struct Conn {
   /// closed first when the listener has kMaxConnections and more come.
   Clock::time_point last;
   /// A save or load whose parts are still arriving (control).
-  std::vector<UniqueFd> parts;
+  std::vector<RequestFd> parts;
   uint64_t parts_of = 0;
   std::string parts_type;
   /// Its entry in g_conn_fds; -1 before the accept.
@@ -126,65 +214,107 @@ bool accept_into(int listen_fd, Conn* c, std::string* err) {
   std::lock_guard<std::mutex> l(g_conn_mu);
   UniqueFd fd;
   if (!proto::accept_unix(listen_fd, &fd, err)) return false;
-  auto* free = std::find_if(std::begin(g_conn_fds), std::end(g_conn_fds),
-                            [](const HeldFd& h) { return h.fd < 0; });
-  if (free == std::end(g_conn_fds)) {
-    *err = "no room for another connection";
+  const std::ptrdiff_t slot = enter_locked(fd.get());
+  if (slot < 0) {
+    *err = "no room for another connection, or its fstat failed";
     return false;
   }
-  *free = HeldFd::of(fd.get());
-  if (free->fd < 0) {
-    *err = "fstat of an accepted connection failed";
-    return false;
-  }
-  c->slot = free - std::begin(g_conn_fds);
+  c->slot = slot;
+  c->id = g_conn_fds[slot];
   c->ch = proto::Channel(std::move(fd), timeout());
   return true;
 }
 
+/// The longest the receipt of a request may wait under g_conn_mu: none
+/// should (serve takes a request only once queued says it is all there), but
+/// a fork in the application must never wait on a client.
+constexpr auto kRecvUnderLock = std::chrono::milliseconds(20);
+
+/// Receives the request queued whole on c (Channel::recv), the descriptor
+/// that came with it into *fd, in one step with its entry as a fork sees it.
+/// false as recv (the connection then dropped unless *refused); also, with
+/// *refused, when the table has no room for the descriptor.
+bool recv_request(Conn& c, proto::Message* msg, RequestFd* fd, std::string* err, bool* refused) {
+  *refused = false;
+  if (!c.ours()) {
+    *err = "the connection's descriptor was closed in the process";
+    return false;
+  }
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  c.ch.set_timeout(kRecvUnderLock);
+  const bool got = c.ch.recv(msg, err, refused);
+  c.ch.set_timeout(timeout());
+  if (!got || !msg->fd) return got;
+  if (!fd->take_locked(std::move(msg->fd))) {
+    *err = "no room for the descriptor that came with the request";
+    *refused = true;
+    return false;
+  }
+  return true;
+}
+
+/// Sends a reply on c while its number still names its socket; false
+/// otherwise (drop the connection, its number left alone) and when the send
+/// fails.
+template <class T>
+bool reply(Conn& c, std::string_view type, const T& payload, int pass_fd = -1) {
+  std::string err;
+  return c.ours() && c.ch.send(type, payload, &err, pass_fd);
+}
+
 /// Serves one "fetch" (the peer socket's one request per connection).
 void serve_peer(State& s, Conn& c) {
-  proto::Channel& ch = c.ch;
   proto::Message msg;
+  RequestFd brought;  // none is expected: closed with the request
   std::string err;
   bool refused = false;
-  if (!ch.recv(&msg, &err, &refused)) {
+  if (!recv_request(c, &msg, &brought, &err, &refused)) {
     if (refused) {  // a peer of another version, or a broken one, is told why
-      proto::FetchReply reply;
-      reply.error = "request refused: " + err;
-      ch.send(proto::kMsgFetched, reply, &err);
+      proto::FetchReply r;
+      r.error = "request refused: " + err;
+      reply(c, proto::kMsgFetched, r);
     }
     return;
   }
-  proto::FetchReply reply;
+  proto::FetchReply r;
   proto::FetchRequest req;
   if (msg.type != proto::kMsgFetch || !msg.get(&req, &err)) {
-    reply.error = msg.type != proto::kMsgFetch ? "unknown request '" + msg.type + "'" : err;
-    ch.send(proto::kMsgFetched, reply, &err);
+    r.error = msg.type != proto::kMsgFetch ? "unknown request '" + msg.type + "'" : err;
+    reply(c, proto::kMsgFetched, r);
     return;
   }
-  int fd = -1;
+  // The duplicate sent: in the table from the dup on (under both locks, as a
+  // fork sees it), since a copy in a child would keep the allocation alive.
+  RequestFd dup;
+  int dup_errno = 0;
   if (req.creator_start != s.start_time) {
-    reply.error = "ticket names another process";
+    r.error = "ticket names another process";
   } else {
-    std::lock_guard<std::mutex> c(s.cache_mu);
+    std::lock_guard<std::mutex> l(s.cache_mu);
     auto it = s.cache.find(req.allocation);
-    if (it == s.cache.end())
-      reply.error = "allocation " + std::to_string(req.allocation) + " is not exported";
-    else if (!it->second.ours())
-      reply.error = "the process closed the shim's descriptor of allocation " +
-                    std::to_string(req.allocation);
-    else
-      fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
-    if (fd >= 0) {
+    if (it == s.cache.end()) {
+      r.error = "allocation " + std::to_string(req.allocation) + " is not exported";
+    } else if (!it->second.ours()) {
+      r.error = "the process closed the shim's descriptor of allocation " +
+                std::to_string(req.allocation);
+    } else {
+      std::lock_guard<std::mutex> t(g_conn_mu);
+      UniqueFd fd(::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0));
+      dup_errno = errno;
+      if (fd && !dup.take_locked(std::move(fd))) r.error = "no room to hold the descriptor";
+    }
+    if (dup) {
       auto g = s.cache_gen.find(req.allocation);
-      reply.generation = g == s.cache_gen.end() ? 0 : g->second;
+      r.generation = g == s.cache_gen.end() ? 0 : g->second;
     }
   }
-  UniqueFd owned(fd);
-  reply.ok = fd >= 0;
-  if (!reply.ok && reply.error.empty()) reply.error = std::strerror(errno);
-  ch.send(proto::kMsgFetched, reply, &err, fd);
+  if (dup && !dup.ours()) {  // closed in the process since: never send its file
+    dup.reset();
+    r.error = "the process closed the descriptor of allocation " + std::to_string(req.allocation);
+  }
+  r.ok = static_cast<bool>(dup);
+  if (!r.ok && r.error.empty()) r.error = std::strerror(dup_errno);
+  reply(c, proto::kMsgFetched, r, dup.get());
 }
 
 /// "still in the driver: cuStreamSynchronize (2 threads), ..." for a close
@@ -233,21 +363,21 @@ struct GateHold {
 
 /// Serves the control request queued whole on c. false: close the connection.
 bool serve_control(State& s, Conn& c, GateHold& hold) {
-  proto::Channel& ch = c.ch;
   proto::Message msg;
+  RequestFd brought;  // the descriptor that came with it
   std::string err;
   bool refused = false;
-  if (!ch.recv(&msg, &err, &refused)) {
+  if (!recv_request(c, &msg, &brought, &err, &refused)) {
     if (!refused) return false;
     // A client of another version, or a broken one, is told why; the
     // connection stays open, as for an unknown request.
     proto::Done d;
     d.error = "request refused: " + err;
-    return ch.send(proto::kMsgDone, d, &err);
+    return reply(c, proto::kMsgDone, d);
   }
   bool sent;
   if (msg.type == proto::kMsgShimInspect) {
-    sent = ch.send(proto::kMsgShimRecords, snapshot(s), &err);
+    sent = reply(c, proto::kMsgShimRecords, snapshot(s));
   } else if (msg.type == proto::kMsgGateClose) {
     proto::GateRequest g;
     proto::Done d;
@@ -262,7 +392,7 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
         hold.released = false;
       }
     }
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgGateOpen) {
     proto::Done d;
     proto::GateOpen req;
@@ -272,16 +402,16 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     if (!keep_cut) cut::release();  // held collective launches go on once the gate is open
     d.ok = d.code == 0 || d.code == EALREADY;
     hold.closed_by_client = hold.released = false;
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimDrain) {
-    sent = ch.send(proto::kMsgDone, drain(s), &err);
+    sent = reply(c, proto::kMsgDone, drain(s));
   } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
     // One descriptor per message: parts 0..parts-2 are held, the last runs it.
     proto::AllocationRequest req;
     proto::Done d;
     if (!msg.get(&req, &err)) {
       d.error = err;
-    } else if (!msg.fd) {
+    } else if (!brought) {
       d.error = "no file descriptor came with the request";
     } else if (!gate_closed()) {
       d.error = "the gate is open: close it first";
@@ -293,19 +423,25 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     } else {
       c.parts_of = req.allocation;
       c.parts_type = msg.type;
-      c.parts.push_back(std::move(msg.fd));
+      c.parts.push_back(std::move(brought));
       if (c.parts.size() < req.parts) {
         d.ok = true;
       } else {
+        // Each part's number must still name the file that came: the
+        // application may have closed and reused one while they arrived.
         std::vector<int> fds;
-        for (auto& f : c.parts) fds.push_back(f.get());
-        d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
-                                            : load_allocation(s, req.allocation, fds);
+        for (auto& f : c.parts)
+          if (f.ours()) fds.push_back(f.get());
+        if (fds.size() < c.parts.size())
+          d.error = "the descriptor of a part was closed in the process";
+        else
+          d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
+                                              : load_allocation(s, req.allocation, fds);
         c.parts.clear();
       }
     }
     if (!d.ok) c.parts.clear();
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimRelease) {
     proto::ReleaseRequest req;
     proto::Done d;
@@ -317,7 +453,7 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
       hold.released = true;  // from here on only a gate-open lets the threads on
       d = release_shared(s, req.origin);
     }
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimCut) {
     proto::CutRequest req;
     proto::CutState st;
@@ -329,15 +465,15 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
         hold.armed_hold_ms =
             req.hold_ms < proto::kMaxCutHoldMs ? req.hold_ms : proto::kMaxCutHoldMs;
     }
-    sent = ch.send(proto::kMsgShimCutState, st, &err);
+    sent = reply(c, proto::kMsgShimCutState, st);
   } else if (msg.type == proto::kMsgShimReimport) {
     proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
     if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   } else {
     proto::Done d;
     d.error = "unknown request '" + msg.type + "'";
-    sent = ch.send(proto::kMsgDone, d, &err);
+    sent = reply(c, proto::kMsgDone, d);
   }
   return sent;
 }
@@ -416,6 +552,11 @@ void serve(ListenerArg arg) {
   hold.contact = Clock::now();
   std::vector<struct pollfd> pfds;
   for (;;) {
+    // A connection whose number the application closed (and may have reused
+    // for a file of its own) is dropped, the number left alone (~Conn): it
+    // is neither polled, read, written nor closed.
+    conns.erase(std::remove_if(conns.begin(), conns.end(), [](auto& c) { return !c->ours(); }),
+                conns.end());
     Clock::time_point now = Clock::now();
     if (!arg.peer) open_unattended_gate(hold, !conns.empty(), now);
     // Wake for a connection's deadline, for the hold, and every 5 ms while a
@@ -457,9 +598,10 @@ void serve(ListenerArg arg) {
     // theirs until their deadline.
     for (size_t i = 0; i < conns.size();) {
       Conn& c = *conns[i];
-      const Queued q = queued(c.ch.fd());
       bool keep = true;
-      if (q == Queued::kWhole) {
+      if (!c.ours()) {
+        keep = false;  // the application's number since the poll: let go
+      } else if (queued(c.ch.fd()) == Queued::kWhole) {
         c.last = now;
         try {
           if (arg.peer)

@@ -24,7 +24,6 @@
 //     disconnect, not while a control connection is open, and never after a
 //     "release" came (the memory it guards is gone: only a gate-open opens it)
 //     (before: the gate stayed closed and the workload's calls waited for good)
-#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -42,9 +41,12 @@
 #include "shim/cusnap_shim.h"
 #include "tests/fakecuda/fakecuda_test_util.h"
 #include "tests/shim/ckpt_client.h"
+#include "tests/shim/workload_cmds.h"
 
 using namespace fctest;
 using namespace ckpt_client;
+using cmds::command;
+using cmds::ms_since;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -59,17 +61,11 @@ enum Cmd : uint64_t {
   kCaller,      // a thread makes a driver call (waits while the gate is closed)
   kCallerDone,  // replies 1 once that thread's call returned (joined), else 0
   kGateClosed,  // replies 1 while the gate is closed
-  kFinish,
 };
 
 const cusnap_shim_control* control() {
   auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
   return info ? info->control : nullptr;
-}
-
-long ms_since(Clock::time_point t) {
-  return static_cast<long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
 }
 
 std::atomic<bool> g_called{false};
@@ -81,83 +77,70 @@ void* caller_thread(void*) {
   return nullptr;
 }
 
-int workload(int sock) {
-  VmmBuffer buf;
-  pthread_t caller{};
-  bool caller_running = false;
-  for (;;) {
-    uint64_t cmd = 0, value = 0;
-    if (!recv_u64(sock, &cmd)) return 1;
-    switch (cmd) {
-      case kInit:
-        FC_REQ(init_primary() == CUDA_SUCCESS);
-        break;
-      case kExport: {
-        int ticket = -1;
-        FC_REQ(vmm_create(2ull << 20, &buf) == CUDA_SUCCESS);
-        FC_REQ(cuMemExportToShareableHandle(&ticket, buf.handle,
-                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                            0) == CUDA_SUCCESS);
-        FC_REQ(send_fd(sock, ticket));
-        close(ticket);
-        break;
-      }
-      case kImport: {
-        const int ticket = recv_fd(sock);
-        FC_REQ(ticket >= 0);
-        CUmemGenericAllocationHandle h = 0;
-        const auto t0 = Clock::now();
-        const CUresult r = cuMemImportFromShareableHandle(
-            &h, reinterpret_cast<void*>(static_cast<intptr_t>(ticket)),
-            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        value = static_cast<uint64_t>(ms_since(t0));
-        close(ticket);
-        FC_REQ(r == CUDA_SUCCESS);
-        FC_REQ(cuMemRelease(h) == CUDA_SUCCESS);
-        break;
-      }
-      case kCaller:
-        if (caller_running) pthread_join(caller, nullptr);
-        g_called = false;
-        FC_REQ(pthread_create(&caller, nullptr, caller_thread, nullptr) == 0);
-        caller_running = true;
-        break;
-      case kCallerDone:
-        value = g_called.load() ? 1 : 0;
-        if (value && caller_running) {
-          pthread_join(caller, nullptr);
-          caller_running = false;
-        }
-        break;
-      case kGateClosed: {
-        int closed = 0;
-        FC_REQ(control());
-        control()->gate_state(&closed, nullptr, nullptr);
-        value = closed ? 1 : 0;
-        break;
-      }
-      case kFinish:
-        return 0;
-      default:
-        return 1;
+VmmBuffer g_buf;
+pthread_t g_caller{};
+bool g_caller_running = false;
+
+int act(int sock, uint64_t cmd, uint64_t* value) {
+  switch (cmd) {
+    case kInit:
+      FC_REQ(init_primary() == CUDA_SUCCESS);
+      return 0;
+    case kExport: {
+      int ticket = -1;
+      FC_REQ(vmm_create(2ull << 20, &g_buf) == CUDA_SUCCESS);
+      FC_REQ(cuMemExportToShareableHandle(&ticket, g_buf.handle,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                          0) == CUDA_SUCCESS);
+      FC_REQ(send_fd(sock, ticket));
+      close(ticket);
+      return 0;
     }
-    if (!send_u64(sock, value)) return 1;
+    case kImport: {
+      const int ticket = recv_fd(sock);
+      FC_REQ(ticket >= 0);
+      CUmemGenericAllocationHandle h = 0;
+      const auto t0 = Clock::now();
+      const CUresult r =
+          cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(ticket)),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      *value = static_cast<uint64_t>(ms_since(t0));
+      close(ticket);
+      FC_REQ(r == CUDA_SUCCESS);
+      FC_REQ(cuMemRelease(h) == CUDA_SUCCESS);
+      return 0;
+    }
+    case kCaller:
+      if (g_caller_running) pthread_join(g_caller, nullptr);
+      g_called = false;
+      FC_REQ(pthread_create(&g_caller, nullptr, caller_thread, nullptr) == 0);
+      g_caller_running = true;
+      return 0;
+    case kCallerDone:
+      *value = g_called.load() ? 1 : 0;
+      if (*value && g_caller_running) {
+        pthread_join(g_caller, nullptr);
+        g_caller_running = false;
+      }
+      return 0;
+    case kGateClosed: {
+      int closed = 0;
+      FC_REQ(control());
+      control()->gate_state(&closed, nullptr, nullptr);
+      *value = closed ? 1 : 0;
+      return 0;
+    }
+    default:
+      return 1;
   }
+}
+
+int workload(int sock) {
+  return cmds::serve(sock, [sock](uint64_t cmd, uint64_t* value) { return act(sock, cmd, value); });
 }
 
 Child g_creator, g_importer;
 std::string g_only;  // argv[1]: stuck, peer, many or gate runs that part alone
-
-/// Runs cmd in a workload; its reply into *value.
-bool command(Child& c, uint64_t cmd, uint64_t* value = nullptr) {
-  uint64_t r = ~0ull;
-  if (!send_u64(c.sock, cmd) || !recv_u64(c.sock, &r)) {
-    fprintf(stderr, "command %llu failed in workload %d\n", (unsigned long long)cmd, (int)c.pid);
-    return false;
-  }
-  if (value) *value = r;
-  return true;
-}
 
 /// A raw connection to a socket path (a client that may send anything).
 UniqueFd raw_connect(const std::string& path) {
@@ -190,21 +173,6 @@ bool answered_within(pid_t pid, long ms, const char* what) {
   const long took = ms_since(t0);
   fprintf(stderr, "%s: %s after %ld ms\n", what, ok ? "answered" : "not answered", took);
   return ok && took < ms;
-}
-
-/// The workload's descriptors that are sockets.
-int sockets_of(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  int n = 0;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      char target[128];
-      const ssize_t len = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
-      if (len > 0 && std::string(target, static_cast<size_t>(len)).rfind("socket:", 0) == 0) ++n;
-    }
-    closedir(d);
-  }
-  return n;
 }
 
 /// The half of a frame: its length, then part of an inspect's body.
@@ -270,14 +238,14 @@ int silent_peer_client() {
 
 int many_clients() {
   const std::string ctl = proto::shim_control_socket(g_dir, g_creator.pid);
-  const int before = sockets_of(g_creator.pid);
+  const int before = cmds::socket_descriptors(g_creator.pid);
   std::vector<UniqueFd> silent;
   for (int i = 0; i < 16; ++i) {
     silent.push_back(raw_connect(ctl));
     REQ(silent.back());
   }
   usleep(300000);
-  const int held = sockets_of(g_creator.pid) - before;
+  const int held = cmds::socket_descriptors(g_creator.pid) - before;
   fprintf(stderr, "connections the workload holds: %d\n", held);
   REQ(held <= 8);
   // The shim keeps 8: the others are taken as those idle for 1 s make room.
@@ -384,8 +352,7 @@ int run() {
   REQ(!part("peer") || silent_peer_client() == 0);
   REQ(!part("many") || many_clients() == 0);
   REQ(!part("gate") || gate_hold() == 0);
-  REQ(send_u64(g_creator.sock, kFinish) && send_u64(g_importer.sock, kFinish));
-  REQ(g_creator.join() == 0 && g_importer.join() == 0);
+  REQ(cmds::finish(g_creator) && cmds::finish(g_importer));
   return 0;
 }
 

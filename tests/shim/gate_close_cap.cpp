@@ -21,9 +21,11 @@
 
 #include "tests/fakecuda/fakecuda_test_util.h"
 #include "tests/shim/ckpt_client.h"
+#include "tests/shim/workload_cmds.h"
 
 using namespace fctest;
 using namespace ckpt_client;
+using cmds::command;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -34,7 +36,6 @@ enum Cmd : uint64_t {
   kInit = 1,  // context
   kBusy,      // a thread sits kBusyMs inside cuCtxSynchronize
   kJoin,      // joins it; replies 1 when its call succeeded
-  kFinish,
 };
 
 CUcontext g_ctx = nullptr;
@@ -46,60 +47,47 @@ void* busy_thread(void*) {
   return nullptr;
 }
 
+pthread_t g_busy{};
+
+int act(uint64_t cmd, uint64_t* value) {
+  switch (cmd) {
+    case kInit:
+      FC_REQ(init_primary(&g_ctx) == CUDA_SUCCESS);
+      return 0;
+    case kBusy:
+      FC_REQ(pthread_create(&g_busy, nullptr, busy_thread, nullptr) == 0);
+      return 0;
+    case kJoin:
+      pthread_join(g_busy, nullptr);
+      *value = g_busy_result == CUDA_SUCCESS ? 1 : 0;
+      return 0;
+    default:
+      return 1;
+  }
+}
+
 int workload(int sock) {
   setenv("FAKECUDA_DELAY", ("cuCtxSynchronize:" + std::to_string(kBusyMs)).c_str(), 1);
-  pthread_t busy{};
-  for (;;) {
-    uint64_t cmd = 0, value = 0;
-    if (!recv_u64(sock, &cmd)) return 1;
-    switch (cmd) {
-      case kInit:
-        FC_REQ(init_primary(&g_ctx) == CUDA_SUCCESS);
-        break;
-      case kBusy:
-        FC_REQ(pthread_create(&busy, nullptr, busy_thread, nullptr) == 0);
-        break;
-      case kJoin:
-        pthread_join(busy, nullptr);
-        value = g_busy_result == CUDA_SUCCESS ? 1 : 0;
-        break;
-      case kFinish:
-        return 0;
-      default:
-        return 1;
-    }
-    if (!send_u64(sock, value)) return 1;
-  }
+  return cmds::serve(sock, act);
 }
 
 Child g_workload;
 
-bool command(uint64_t cmd, uint64_t* value = nullptr) {
-  uint64_t r = ~0ull;
-  if (!send_u64(g_workload.sock, cmd) || !recv_u64(g_workload.sock, &r)) {
-    fprintf(stderr, "command %llu failed in the workload\n", (unsigned long long)cmd);
-    return false;
-  }
-  if (value) *value = r;
-  return true;
-}
-
 /// Closes the gate with timeout_ms while a call sits in the driver: closed
 /// once the call returned, not at once, and opened again.
 int close_while_busy(uint64_t timeout_ms) {
-  REQ(command(kBusy));
+  REQ(command(g_workload, kBusy));
   usleep(200000);  // the call is in the driver
   Shim c;
   REQ(c.connect(g_workload.pid));
   const auto t0 = Clock::now();
   const proto::Done d = c.call(proto::kMsgGateClose, proto::GateRequest{timeout_ms});
-  const long took = static_cast<long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+  const long took = cmds::ms_since(t0);
   fprintf(stderr, "gate-close with timeout_ms %llu: ok %d, code %d, after %ld ms\n",
           (unsigned long long)timeout_ms, (int)d.ok, d.code, took);
   const bool open = d.code == 0 && c.gate_open().ok;
   uint64_t done = 0;
-  REQ(command(kJoin, &done) && done == 1);
+  REQ(command(g_workload, kJoin, &done) && done == 1);
   REQ(d.ok && d.code == 0 && open);
   REQ(took >= kBusyMs - 200 - 300 && took < kBusyMs + 3000);
   return 0;
@@ -108,11 +96,10 @@ int close_while_busy(uint64_t timeout_ms) {
 int run() {
   g_workload = spawn(workload);
   REQ(g_workload.pid > 0);
-  REQ(command(kInit));
+  REQ(command(g_workload, kInit));
   REQ(close_while_busy(static_cast<uint64_t>(proto::kMaxTimeoutMs)) == 0);
   REQ(close_while_busy(UINT64_MAX) == 0);
-  REQ(send_u64(g_workload.sock, kFinish));
-  REQ(g_workload.join() == 0);
+  REQ(cmds::finish(g_workload));
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -47,6 +48,21 @@ void* enter_then_await_cancel(void* p) {
   return nullptr;
 }
 
+/// A thread inside g (a call in flight) until release is set.
+struct CallInside {
+  Gate& g;
+  std::atomic<bool> release{false};
+  std::thread t{[this] {
+    g.enter();
+    while (!release) std::this_thread::sleep_for(1ms);
+    g.leave();
+  }};
+  ~CallInside() {
+    release = true;
+    t.join();
+  }
+};
+
 void* enter_process_gate_and_exit(void*) {
   cusnap::shim::gate().enter();
   pthread_exit(nullptr);
@@ -77,12 +93,8 @@ TEST_SUITE("shim.gate") {
   TEST_CASE("close waits for a call inside the driver to finish") {
     auto gp = std::make_unique<Gate>();
     Gate& g = *gp;
-    std::atomic<bool> release{false}, closed{false};
-    std::thread inside([&] {
-      g.enter();
-      while (!release) std::this_thread::sleep_for(1ms);
-      g.leave();
-    });
+    std::atomic<bool> closed{false};
+    auto inside = std::make_unique<CallInside>(g);
     REQUIRE(wait_for([&] { return g.in_flight() == 1; }));
     std::thread closer([&] {
       CHECK(g.close(5000) == 0);
@@ -90,14 +102,37 @@ TEST_SUITE("shim.gate") {
     });
     std::this_thread::sleep_for(50ms);
     CHECK_FALSE(closed.load());
-    release = true;
+    inside.reset();  // the call returns
     closer.join();
-    inside.join();
     CHECK(closed.load());
     CHECK(g.is_closed());
     CHECK(g.in_flight() == 0);
     CHECK(g.close(10) == EALREADY);
     CHECK(g.open() == 0);
+  }
+
+  TEST_CASE("close with a timeout that would wrap the clock waits for the call") {
+    // now + timeout_ms past 2^64 wrapped to a deadline already gone: the
+    // close timed out at once.
+    for (const uint64_t timeout_ms : {UINT64_MAX, UINT64_MAX - 1000, uint64_t(1) << 63}) {
+      CAPTURE(timeout_ms);
+      auto gp = std::make_unique<Gate>();
+      Gate& g = *gp;
+      CallInside inside{g};
+      REQUIRE(wait_for([&] { return g.in_flight() == 1; }));
+      std::thread releaser([&] {
+        std::this_thread::sleep_for(100ms);
+        inside.release = true;
+      });
+      const auto t0 = std::chrono::steady_clock::now();
+      const int rc = g.close(timeout_ms);
+      const auto took = std::chrono::steady_clock::now() - t0;
+      releaser.join();
+      CHECK(rc == 0);
+      CHECK(took >= 50ms);
+      CHECK(g.is_closed());
+      CHECK(g.open() == 0);
+    }
   }
 
   TEST_CASE("close times out, reopens and leaves the process running") {

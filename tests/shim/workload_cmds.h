@@ -1,0 +1,95 @@
+// The command loop between a coordinator test (ckpt_client.h) and the
+// workload processes it forks (fctest::spawn): the test sends a command, a
+// u64 of the test's own numbering from 1, and the workload runs it and
+// replies one u64; kFinish ends the workload. Also what such tests look at
+// from outside: the sockets a process holds. Header-only.
+#pragma once
+
+#include <dirent.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "tests/fakecuda/fakecuda_test_util.h"
+
+namespace cmds {
+
+/// Ends a workload, unanswered: its exit status is then 0.
+inline constexpr uint64_t kFinish = 0;
+
+/// A workload's loop on sock: act(cmd, &value) runs each command other than
+/// kFinish and value (0 unless act sets it) is the reply. act returns 0 to go
+/// on, anything else (FC_REQ's 1, an unknown command) to end the workload
+/// unanswered with that status.
+inline int serve(int sock, const std::function<int(uint64_t cmd, uint64_t* value)>& act) {
+  for (;;) {
+    uint64_t cmd = 0, value = 0;
+    if (!fctest::recv_u64(sock, &cmd)) return 1;
+    if (cmd == kFinish) return 0;
+    if (const int rc = act(cmd, &value)) return rc;
+    if (!fctest::send_u64(sock, value)) return 1;
+  }
+}
+
+/// In the test: runs cmd in workload w, its reply into *value; false (saying
+/// so) when the workload did not answer.
+inline bool command(const fctest::Child& w, uint64_t cmd, uint64_t* value = nullptr) {
+  uint64_t r = ~0ull;
+  if (!fctest::send_u64(w.sock, cmd) || !fctest::recv_u64(w.sock, &r)) {
+    fprintf(stderr, "command %llu failed in workload %d\n", (unsigned long long)cmd, (int)w.pid);
+    return false;
+  }
+  if (value) *value = r;
+  return true;
+}
+
+/// In the test: ends workload w (kFinish); true when it exited with 0.
+inline bool finish(fctest::Child& w) {
+  return fctest::send_u64(w.sock, kFinish) && w.join() == 0;
+}
+
+inline long ms_since(std::chrono::steady_clock::time_point t) {
+  return static_cast<long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
+          .count());
+}
+
+/// pid's descriptors: number -> what /proc/PID/fd/NUMBER links to (a path,
+/// "socket:[INODE]", "pipe:[INODE]", ...).
+inline std::map<int, std::string> descriptors_of(pid_t pid) {
+  std::map<int, std::string> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      char target[256];
+      const ssize_t len = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
+      if (len > 0) out[std::atoi(e->d_name)] = std::string(target, static_cast<size_t>(len));
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+/// The sockets among pid's descriptors: "socket:[INODE]" -> a number naming it.
+inline std::map<std::string, int> sockets_of(pid_t pid) {
+  std::map<std::string, int> out;
+  for (auto& [fd, target] : descriptors_of(pid))
+    if (target.rfind("socket:", 0) == 0) out[target] = fd;
+  return out;
+}
+
+/// How many of pid's descriptors are sockets (two naming one socket: two).
+inline int socket_descriptors(pid_t pid) {
+  int n = 0;
+  for (auto& [fd, target] : descriptors_of(pid)) n += target.rfind("socket:", 0) == 0;
+  return n;
+}
+
+}  // namespace cmds
