@@ -8,7 +8,7 @@
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 cat >"$T/serve.py" <<'PY'
-import socket, threading, time
+import os, socket, threading, time
 srv = socket.socket()
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind(("127.0.0.1", 0))
@@ -25,7 +25,7 @@ threading.Thread(target=serve, daemon=True).start()
 n = 0
 while True:
     n += 1
-    print(f"count {n} ok", flush=True)
+    os.write(1, f"count {n} ok\n".encode())  # one write: see tcp_pair.py
     time.sleep(0.05)
 PY
 

@@ -6,8 +6,19 @@
 # SO_REUSEPORT, as NCCL's RAS subsystem does in every NCCL process (on its
 # fixed port 28028; here a free port the parent picks and prints as "ras port
 # N", which the child binds again); each answers a connection with its name.
-# Used by checkpoint_tcp.sh and checkpoint_tcp_rollback.sh.
+# Used by checkpoint_tcp.sh, checkpoint_tcp_rollback.sh and
+# reliability_restore_killed_tcp.sh.
+#
+# Each line goes out in one write(2) (say): print() with PYTHONUNBUFFERED=1
+# (or python3 -u) writes the text and its newline in two, and a checkpoint
+# that froze the job between them split the line: "count N ok" ended the
+# launch's output without its newline, glued to the supervisor's "cusnap: job
+# ... checkpointed" line, and the restored job's output began with the
+# newline alone, so that a test reading counts line by line saw N missing.
 import os, socket, sys, threading, time
+
+def say(line):  # one line, in one write
+    os.write(1, (line + "\n").encode())
 
 def ras_listen(port):  # NCCL's RAS listener: one port shared by every process
     s = socket.socket()
@@ -29,7 +40,7 @@ srv.listen(1)
 port = srv.getsockname()[1]
 ras = ras_listen(0)
 ras_port = ras.getsockname()[1]
-print(f"ras port {ras_port}", flush=True)
+say(f"ras port {ras_port}")
 if os.fork() == 0:  # the client: echoes every number it gets, plus one
     srv.close()
     ras.close()
@@ -51,7 +62,7 @@ while True:
     f.flush()
     got = int(f.readline())
     if got != n * 2 + 1:
-        print(f"mismatch: sent {n * 2}, got {got}", flush=True)
+        say(f"mismatch: sent {n * 2}, got {got}")
         sys.exit(3)
-    print(f"count {n} ok", flush=True)
+    say(f"count {n} ok")
     time.sleep(0.02)
