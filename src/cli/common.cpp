@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -67,6 +68,46 @@ std::string extras_message(const CLI::App& app, const std::vector<std::string>& 
   return "unexpected argument '" + w + "' (usage: " + usage + ")";
 }
 
+/// The option of app (not a positional) spelled word exactly ("-n",
+/// "--name"), else nullptr.
+const CLI::Option* option_named(const CLI::App& app, const std::string& word) {
+  for (const CLI::Option* o : app.get_options()) {
+    if (!o->nonpositional()) continue;
+    for (const std::string& l : o->get_lnames())
+      if (word == "--" + l) return o;
+    for (const std::string& sn : o->get_snames())
+      if (word == "-" + sn) return o;
+  }
+  return nullptr;
+}
+
+/// An option that takes a value, given as its own argument ("-n NAME"),
+/// followed by "--" (the end of the options: launch -n -- CMD) or by
+/// another of the command's options (checkpoint JOB -o --json): CLI11
+/// would take that for the value. The message, else empty.
+std::string missing_value_message(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    // launch: from CMD on, the arguments are the job's.
+    if (app.get_prefix_command() && (a.empty() || a[0] != '-')) break;
+    const CLI::Option* o = option_named(app, a);
+    if (o == nullptr || o->get_items_expected_min() == 0) continue;  // a flag, or not an option
+    if (i + 1 >= argc) break;                                        // CLI11 says it is missing
+    const std::string v = argv[i + 1];
+    const std::string what = a + ": 1 required " + o->get_type_name() + " missing: ";
+    if (v == "--")
+      return what + "the '--' after it ends the options and is not a value (give it as " + a + " " +
+             o->get_type_name() + ")";
+    if (option_named(app, v.substr(0, v.find('='))) != nullptr)
+      return what + "'" + v + "' after it is an option of " + app.get_name() +
+             ", not a value (for a value that starts with '-', write " +
+             (o->get_lnames().empty() ? a : "--" + o->get_lnames().front()) + "=" + v + ")";
+    ++i;  // its value
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string unknown_option_message(const CLI::App& app, const std::string& word) {
@@ -96,6 +137,8 @@ std::string unknown_option_message(const CLI::App& app, const std::string& word)
 
 int parse(CLI::App& app, int argc, char** argv) {
   try {
+    if (const std::string msg = missing_value_message(app, argc, argv); !msg.empty())
+      throw CLI::ArgumentMismatch(msg);
     app.parse(argc, argv);
     // Every command reads it, and so do the supervisor and the job's shims.
     int64_t ms = 0;
@@ -150,8 +193,10 @@ CLI::Validator not_empty() {
 
 void add_runtime_dir_option(CLI::App& app, std::string* dir) {
   app.add_option("--runtime-dir", *dir,
-                 "Runtime directory of the job (default: $CUSNAP_RUNTIME_BASE/NAME); a relative "
-                 "DIR is taken from the current directory; new, empty, or left by a dead "
+                 "Runtime directory of the job (default: BASE/NAME, BASE being "
+                 "$CUSNAP_RUNTIME_BASE when set, else /run/cusnap for root and, for other users, "
+                 "$XDG_RUNTIME_DIR/cusnap when XDG_RUNTIME_DIR is set, else /tmp/cusnap-UID); a "
+                 "relative DIR is taken from the current directory; new, empty, or left by a dead "
                  "supervisor; made private (0700)")
       ->check(not_empty())
       ->transform(CLI::Validator(
@@ -181,11 +226,20 @@ void add_name_option(CLI::App& app, std::string* name, const std::string& help) 
 }
 
 int finish_supervised(const SuperviseOutcome& out) {
+  // The job's last line, cut by a checkpoint, gets its end from the restored
+  // job; this line is cusnap's own.
+  if (out.output_mid_line && (!out.warning.empty() || !out.stopped_dir.empty()))
+    std::fputc('\n', stderr);
   if (!out.warning.empty()) std::fprintf(stderr, "cusnap: warning: %s\n", out.warning.c_str());
   if (!out.stopped_dir.empty())
     std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", out.name.c_str(),
                  out.stopped_dir.c_str());
   return out.exit_code;
+}
+
+std::string unreadable_hint(int e, const std::string& action) {
+  if (e == EACCES || e == EPERM) return ": " + action + " as a user who can read it (root)";
+  return ": check the file system it is on, and try again";
 }
 
 int fail(int code, const std::string& msg) {
@@ -325,11 +379,7 @@ std::chrono::milliseconds seconds(double s) {
 bool client_settings(proto::Settings* out, std::string* err) {
   for (const char* name : proto::kClientSettings)
     if (const char* v = std::getenv(name)) {
-      if (std::strlen(v) > proto::kMaxSettingBytes) {
-        *err = std::string(name) + " is longer than " + std::to_string(proto::kMaxSettingBytes) +
-               " characters";
-        return false;
-      }
+      if (!proto::sent_setting_checked(name, v, proto::kMaxSettingBytes, err)) return false;
       (*out)[name] = v;
     }
   return true;

@@ -103,6 +103,12 @@ CLI::Validator not_empty();
 /// checkpoint that stopped the job on stderr; returns what cusnap exits with.
 int finish_supervised(const SuperviseOutcome& out);
 
+/// What to do about a checkpoint this process could not read (errno e of
+/// read_manifest_coded's kExitFailure): for a permission, ": ACTION as a
+/// user who can read it (root)" (action: "run the restore"); else to try
+/// again once its file system reads.
+std::string unreadable_hint(int e, const std::string& action);
+
 /// "cusnap: error: MSG" on stderr; returns code.
 int fail(int code, const std::string& msg);
 /// Same, and with json also {"ok": false, "exit_code", "error"} on stdout.
@@ -129,7 +135,8 @@ std::chrono::milliseconds seconds(double s);
 
 /// The settings of this command's environment that count in the job's
 /// supervisor (proto::kClientSettings, man cusnap ENVIRONMENT); false and
-/// *err when one is longer than proto::kMaxSettingBytes.
+/// *err when one is longer than proto::kMaxSettingBytes (saying what it
+/// takes: proto::sent_setting_checked).
 bool client_settings(proto::Settings* out, std::string* err);
 
 /// While it lives, SIGINT, SIGTERM and SIGHUP end this command at once,

@@ -36,9 +36,15 @@ std::string absolute_dir(const std::string& dir) {
 int inspect_checkpoint(const std::string& dir, bool json) {
   Manifest m;
   std::string err;
-  if (!read_manifest(dir, &m, &err)) {
-    err = dir + " is not a usable checkpoint: " + err;
-    if (!json) return fail(kExitBadCheckpoint, err);
+  ExitCode read_code = kExitOk;
+  int read_errno = 0;
+  if (!read_manifest_coded(dir, &m, &read_code, &err, &read_errno)) {
+    // One this user cannot read (a private manifest of root's) is no bad
+    // checkpoint: an error reading it (1), with what to do.
+    err = read_code == kExitFailure
+              ? "cannot inspect " + dir + ": " + err + unreadable_hint(read_errno, "inspect it")
+              : dir + " is not a usable checkpoint: " + err;
+    if (!json) return fail(read_code, err);
     // The shape of any checkpoint's object, as the man page gives it.
     print_json({{"ok", false},
                 {"kind", "checkpoint"},
@@ -47,8 +53,8 @@ int inspect_checkpoint(const std::string& dir, bool json) {
                 {"valid", false},
                 {"error", err},
                 {"bytes", 0},
-                {"exit_code", int(kExitBadCheckpoint)}});
-    return kExitBadCheckpoint;
+                {"exit_code", int(read_code)}});
+    return read_code;
   }
   std::string verr;
   ExitCode code = kExitOk;

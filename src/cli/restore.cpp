@@ -9,6 +9,8 @@
 #include <optional>
 
 #include "coord/driver.h"
+#include "coord/manifest.h"
+#include "coord/restore_report.h"
 #include "coord/supervisor.h"
 #include "job_target.h"
 #include "proto/env_settings.h"
@@ -128,23 +130,28 @@ int cmd_restore(int argc, char** argv) {
              : e == EACCES ? ": run the restore as a user who can read it (root)"
                            : ""));
   }
+  // A manifest this user cannot read (root's, mode 0600) is no bad
+  // checkpoint (5) but an error reading it (1), with what to do. What is
+  // wrong with the checkpoint itself the restore says, as it reads it again.
+  Manifest manifest;
+  ExitCode read_code = kExitOk;
+  int read_errno = 0;
+  if (!read_manifest_coded(abs, &manifest, &read_code, &err, &read_errno) &&
+      read_code == kExitFailure)
+    return fail_json(
+        json, kExitFailure,
+        "cannot restore " + dir + ": " + err + unreadable_hint(read_errno, "run the restore"));
   req.engine.dir = abs;
   req.engine.timeout = seconds(timeout_s);
   req.cfg.control_timeout = seconds(control_s);
   ProgressLine progress(!json);
   req.progress = [&](const Progress& p) { progress.update(p.phase, p.bytes_done, p.bytes_total); };
-  req.on_restored = [&](const RestoreSummary& s) {
+  bool reported = false;
+  auto report = [&](const RestoreSummary& s) {
     progress.finish();
+    reported = true;
     if (json) {
-      nlohmann::json phases = nlohmann::json::array();
-      for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
-      print_json({{"ok", true},
-                  {"name", s.name},
-                  {"dir", s.dir},
-                  {"pid", s.root_pid},
-                  {"runtime_dir", s.runtime_dir},
-                  {"phases", phases},
-                  {"detached", req.detach}});
+      print_json(restored_json(s, req.detach));
     } else if (req.detach) {
       std::printf("%s\n", s.name.c_str());
       std::fflush(stdout);
@@ -153,6 +160,7 @@ int cmd_restore(int argc, char** argv) {
                    s.dir.c_str());
     }
   };
+  req.on_restored = report;
   // With --detach the restore runs in a background supervisor from the
   // start; this command only waits for its result.
   std::optional<InterruptNotice> notice;
@@ -160,7 +168,25 @@ int cmd_restore(int argc, char** argv) {
   SuperviseOutcome out = restore_and_supervise(req);
   notice.reset();
   progress.finish();
-  if (!out.error.empty()) return fail_json(json && !out.detached, out.exit_code, out.error);
+  if (!out.error.empty()) return fail_json(json && !reported, out.exit_code, out.error);
+  // Restored in the background, but the summary that came with the success
+  // could not be decoded: the job runs, and is reported with what this
+  // command knows (its pid and runtime directory from its supervisor's
+  // record, when found), not left unsaid.
+  RestoreSummary known{
+      req.cfg.name.empty() ? manifest.job.name : req.cfg.name, abs, req.cfg.runtime_dir, 0, {}};
+  if (!out.name.empty()) known.name = out.name;
+  if (summary_left_to_report(out, reported, known)) {
+    if (JobEntry entry; find_job(known.name, &entry, &err)) {
+      known.root_pid = entry.status.root_pid;
+      known.runtime_dir = entry.status.runtime_dir;
+    }
+    std::fprintf(stderr,
+                 "cusnap: warning: the background restore succeeded, but its summary could not "
+                 "be read: cusnap ps shows job %s\n",
+                 known.name.c_str());
+    report(known);
+  }
   if (out.detached) return kExitOk;
   return finish_supervised(out);
 }

@@ -371,8 +371,12 @@ void ControlServer::serve(UniqueFd conn) {
       before = ctx_->status.state;
       bool suspended = before == "suspended";
       if (suspend == suspended) {
+        // What helps: the other command.
         std::string msg =
-            "job " + info.name + (suspended ? " is already suspended" : " is not suspended");
+            "job " + info.name +
+            (suspended ? " is already suspended: cusnap resume " + info.name + " brings it back"
+                       : " is not suspended: nothing to resume (cusnap suspend " + info.name +
+                             " suspends it)");
         before.clear();
         refusal = make_result(false, kExitRefused, msg);
       } else {

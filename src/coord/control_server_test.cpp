@@ -239,6 +239,9 @@ TEST_CASE("control server: suspend and resume move the state") {
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.exit_code == kExitRefused);  // not suspended
+  // The message names the command that helps.
+  CHECK(r.message.find("is not suspended") != std::string::npos);
+  CHECK(r.message.find("cusnap suspend " + f.ctx.status.name) != std::string::npos);
   const proto::Settings sent{{"CUSNAP_ALLOW_RANKS_SHARING_GPU", "1"}};
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend,
                       proto::TimeoutRequest{1000, sent}, nullptr, &r, &err));
@@ -250,6 +253,11 @@ TEST_CASE("control server: suspend and resume move the state") {
   CHECK(d.at("state") == "suspended");
   CHECK(d.at("collective_cut") == nlohmann::json{{"41", 8}, {"42", 8}});
   CHECK(d.at("capture_retries") == 3);
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.exit_code == kExitRefused);  // already suspended, and what helps
+  CHECK(r.message == "job fake is already suspended: cusnap resume fake brings it back");
+  CHECK(f.ctx.status.state == "suspended");
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.ok);

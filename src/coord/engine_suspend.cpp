@@ -134,7 +134,10 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       if (st == CU_PROCESS_STATE_LOCKED || st == CU_PROCESS_STATE_CHECKPOINTED) cuda.push_back(pid);
     }
     if (ok && cuda.empty()) {
-      *err = "job " + job.name + " is not suspended: no process has its GPU state released";
+      *err = "job " + job.name +
+             " is not suspended: no process has its GPU state released, so there is nothing to "
+             "resume (cusnap suspend " +
+             job.name + " suspends it)";
       ok = false;
     }
   }

@@ -553,22 +553,34 @@ constexpr off_t kMaxManifestBytes = off_t(256) << 20;
 /// Reads a manifest: a regular file (a FIFO or a device would stall or never
 /// end) of at most kMaxManifestBytes. false with *err naming the problem,
 /// and *missing set when there is no such file.
-bool read_manifest_file(const std::string& path, std::string* text, bool* missing,
+bool read_manifest_file(const std::string& path, std::string* text, int* error_number,
                         std::string* err) {
-  int e = 0;
-  const bool ok = read_file_bounded(
-      path, {.max_bytes = size_t(kMaxManifestBytes), .kind = "a manifest"}, text, err, &e);
-  *missing = !ok && e == ENOENT;
-  return ok;
+  return read_file_bounded(path, {.max_bytes = size_t(kMaxManifestBytes), .kind = "a manifest"},
+                           text, err, error_number);
+}
+
+/// Whether errno e, of a failed stat, open or read of a checkpoint's
+/// directory or manifest, is this reader's failure (it may not read it, the
+/// file system failed) rather than the checkpoint's (nothing there, or not
+/// a file).
+bool reader_failure(int e) {
+  return e != 0 && e != ENOENT && e != ENOTDIR && e != ELOOP && e != ENXIO && e != ENODEV;
 }
 
 }  // namespace
 
-bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
+bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, std::string* err,
+                         int* error_number) {
+  *code = kExitBadCheckpoint;
+  int ignored = 0;
+  int& e = error_number ? *error_number : ignored;
+  e = 0;
   struct stat dst;
   if (::stat(dir.c_str(), &dst) != 0) {
-    *err = errno == ENOENT ? dir + " is not a checkpoint directory: it does not exist"
-                           : "cannot reach " + dir + ": " + std::strerror(errno);
+    e = errno;
+    if (reader_failure(e)) *code = kExitFailure;
+    *err = e == ENOENT ? dir + " is not a checkpoint directory: it does not exist"
+                       : "cannot reach " + dir + ": " + std::strerror(e);
     return false;
   }
   if (!S_ISDIR(dst.st_mode)) {
@@ -577,11 +589,11 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
   }
   std::string path = dir + "/" + kManifestName;
   std::string text;
-  bool missing = false;
-  if (!read_manifest_file(path, &text, &missing, err)) {
-    if (missing)
+  if (!read_manifest_file(path, &text, &e, err)) {
+    if (e == ENOENT)
       *err = dir + " has no " + kManifestName +
              ": it is not a checkpoint or the checkpoint did not finish";
+    if (reader_failure(e)) *code = kExitFailure;
     return false;
   }
   std::string why;
@@ -589,7 +601,13 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
     *err = path + ": " + why;
     return false;
   }
+  *code = kExitOk;
   return true;
+}
+
+bool read_manifest(const std::string& dir, Manifest* m, std::string* err) {
+  ExitCode code;
+  return read_manifest_coded(dir, m, &code, err);
 }
 
 }  // namespace cusnap

@@ -152,6 +152,14 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err);
 bool write_manifest(const std::string& dir, const Manifest& m, std::string* err);
 /// Reads and validates dir/manifest.json (not the files it lists).
 bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
+/// Same; on failure *code says whose it is: kExitFailure when this process
+/// could not read dir or its manifest (permission denied, an I/O error:
+/// another user, or a later try, may well read it), kExitBadCheckpoint when
+/// the checkpoint is wrong (no manifest, not a directory, a manifest that is
+/// not a regular file or does not parse or validate); *error_number (when
+/// given) is the errno of the failed stat, open or read, else 0.
+bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, std::string* err,
+                         int* error_number = nullptr);
 
 /// Checks that every listed file is there with its size, chunk digests and
 /// SHA-256, that no other file is (but kCriuRestoreStats), and that the

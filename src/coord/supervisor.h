@@ -48,6 +48,9 @@ struct SuperviseOutcome {
   std::string
       stopped_dir;        ///< non-empty: a checkpoint into this directory stopped the job (exit 0)
   bool detached = false;  ///< restore --detach, in the command's process: the job runs on
+  /// The job's output echoed last ended mid-line on stderr, or on a stdout
+  /// that is the same file: cusnap's own closing line starts a new one.
+  bool output_mid_line = false;
 };
 
 struct LaunchRequest {

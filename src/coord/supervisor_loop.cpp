@@ -27,6 +27,14 @@
 namespace cusnap {
 namespace {
 
+/// Whether descriptors a and b name the same file (a terminal both go to).
+bool same_file(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 /// What the guardian needs of an operation: where it keeps what it saves,
 /// its timeout and the free-memory margin its client set.
 GuardedOperation guarded_operation(const char* op, const std::string& state_dir,
@@ -359,6 +367,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   int root_status = 0;
   Clock::time_point drain_deadline{};
   std::vector<char> buf(1 << 16);
+  int last_echo_fd = -1;       // the stream the job's output went to last
+  char last_echo_byte = '\n';  // and its last byte
   for (;;) {
     reap(root, &root_done, &root_status);
     // An adopted job's root is not our child: it is gone when it no longer
@@ -425,6 +435,8 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
         log_output(buf.data(), static_cast<size_t>(n));
         // A reader that went away ends only its echo; the log keeps the rest.
         if (cfg_.echo_output) echo.push(echo_fd, buf.data(), static_cast<size_t>(n));
+        last_echo_fd = echo_fd;
+        last_echo_byte = buf[static_cast<size_t>(n) - 1];
       }
     }
   }
@@ -443,6 +455,9 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
   }
   // What the echo still holds goes out while the job stays listed (exited).
   echo.finish();
+  outcome.output_mid_line =
+      cfg_.echo_output && last_echo_byte != '\n' &&
+      (last_echo_fd == STDERR_FILENO || same_file(STDOUT_FILENO, STDERR_FILENO));
   server.stop();
   guardian.dismiss();
   reap(root, &root_done, &root_status);

@@ -100,6 +100,17 @@ bool text_setting_checked(const TextSetting& s, const char* value, std::string* 
   return false;
 }
 
+bool sent_setting_checked(const char* name, const char* value, size_t max_bytes, std::string* err) {
+  if (!value || std::strlen(value) <= max_bytes) return true;
+  for (const TextSetting* s : kSupervisorTextSettings)
+    if (std::strcmp(s->name, name) == 0 && !text_setting_checked(*s, value, err)) return false;
+  // One it takes, written long (a size with leading zeros).
+  *err = quoted(name, value) + " is longer than " + std::to_string(max_bytes) +
+         " characters, the most a command sends to the job's supervisor: write it shorter, or "
+         "unset it for the default";
+  return false;
+}
+
 bool parse_whole(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) noexcept {
   if (!text || !*text) return false;
   uint64_t v = 0;
@@ -143,7 +154,8 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
     for (const NumberSetting* s : kShimNumberSettings)
       if (!env_number_checked(*s, &v, err)) return false;
     if (const char* d = std::getenv("CUSNAP_SHIM_DIRECT_IO"); !shim_direct_io_valid(d)) {
-      *err = quoted("CUSNAP_SHIM_DIRECT_IO", d) + " is none of off, auto and on";
+      *err = quoted("CUSNAP_SHIM_DIRECT_IO", d) +
+             " is none of off, auto and on (unset it for the default, off)";
       return false;
     }
   }
@@ -170,7 +182,8 @@ bool control_timeout_checked(int64_t* out_ms, std::string* err) {
   const char* v = std::getenv("CUSNAP_CONTROL_TIMEOUT");
   if (!v || !*v || parse_timeout_seconds(v, out_ms)) return true;
   *err = quoted("CUSNAP_CONTROL_TIMEOUT", v) +
-         " is not a number of seconds greater than 0 and at most 31536000 (a year)";
+         " is not a number of seconds greater than 0 and at most 31536000, a year (unset it for "
+         "the default, 10)";
   return false;
 }
 

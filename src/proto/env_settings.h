@@ -83,7 +83,8 @@ inline constexpr TextSetting kHashThreads{
     "is not a number of threads from 1 to 256 (unset it to use every core)"};
 inline constexpr TextSetting kRestoreMemoryMargin{
     "CUSNAP_RESTORE_MEMORY_MARGIN", memory_margin_valid,
-    "is not a size (bytes, or a number followed by K, M or G) or off"};
+    "is not a size (bytes, or a number followed by K, M or G) or off (unset it for the default, "
+    "256M)"};
 inline constexpr TextSetting kCriuBreakpoints{
     "CUSNAP_CRIU_BREAKPOINTS", criu_breakpoints_valid,
     "is not auto, on or off: unset it to let cusnap find out whether this machine's hardware "
@@ -108,6 +109,13 @@ inline constexpr const TextSetting* kSupervisorTextSettings[] = {
 /// Whether value (nullptr: unset) is one the setting takes; false with *err
 /// naming the setting, the value and what it takes.
 bool text_setting_checked(const TextSetting& s, const char* value, std::string* err);
+
+/// A setting of kSupervisorTextSettings a command sends its job's
+/// supervisor (a value longer than max_bytes is not sent): false with *err
+/// when value is longer, saying what the setting takes and that unsetting it
+/// takes the default (the setting's refusal when the value is not one it
+/// takes, as launch would say it).
+bool sent_setting_checked(const char* name, const char* value, size_t max_bytes, std::string* err);
 
 /// text as a whole number from lo to hi: decimal digits only (no sign, blank
 /// or suffix), at most 19 of them. No allocation; async-signal-safe.

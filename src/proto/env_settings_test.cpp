@@ -111,7 +111,9 @@ TEST_CASE("env_settings: CUSNAP_SHIM_DIRECT_IO is off, auto or on") {
   EnvVar e("CUSNAP_SHIM_DIRECT_IO", "yes");
   std::string err;
   CHECK_FALSE(check_env_settings(true, false, &err));
-  CHECK(err == "CUSNAP_SHIM_DIRECT_IO=\"yes\" is none of off, auto and on");
+  CHECK(
+      err ==
+      "CUSNAP_SHIM_DIRECT_IO=\"yes\" is none of off, auto and on (unset it for the default, off)");
 }
 
 TEST_CASE("env_settings: the control timeout is seconds above 0, at most a year") {
@@ -133,7 +135,9 @@ TEST_CASE("env_settings: the control timeout is seconds above 0, at most a year"
   {
     EnvVar e("CUSNAP_CONTROL_TIMEOUT", "30s");
     CHECK_FALSE(control_timeout_checked(&ms, &err));
-    CHECK(err.find("CUSNAP_CONTROL_TIMEOUT=\"30s\" is not a number of seconds") == 0);
+    CHECK(err ==
+          "CUSNAP_CONTROL_TIMEOUT=\"30s\" is not a number of seconds greater than 0 and at most "
+          "31536000, a year (unset it for the default, 10)");
   }
 }
 
@@ -144,7 +148,7 @@ TEST_CASE("env_settings: launch and restore check every setting the supervisor r
   const std::vector<std::array<const char*, 3>> bad = {
       {"CUSNAP_RESTORE_MEMORY_MARGIN", "lots",
        "CUSNAP_RESTORE_MEMORY_MARGIN=\"lots\" is not a size (bytes, or a number followed by K, M "
-       "or G) or off"},
+       "or G) or off (unset it for the default, 256M)"},
       {"CUSNAP_RESTORE_MEMORY_MARGIN", "17179869184G", "CUSNAP_RESTORE_MEMORY_MARGIN="},
       {"CUSNAP_HASH_THREADS", "0",
        "CUSNAP_HASH_THREADS=\"0\" is not a number of threads from 1 to 256 (unset it to use every "
@@ -201,5 +205,34 @@ TEST_CASE("env_settings: every setting a client may send is one launch and resto
     std::string err;
     CHECK_FALSE(check_env_settings(false, true, &err));
     CHECK(err.find(std::string(name) + "=\"") == 0);
+  }
+}
+
+TEST_CASE(
+    "env_settings: a setting too long to send says what it takes and how to get the default") {
+  std::string err;
+  CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", nullptr, 64, &err));
+  CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", "8", 64, &err));
+  CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", std::string(64, '1').c_str(), 64, &err));
+  // Not a value it takes: the words launch uses for it.
+  const std::string threads(70, '1');
+  CHECK_FALSE(sent_setting_checked("CUSNAP_HASH_THREADS", threads.c_str(), 64, &err));
+  CHECK(err == "CUSNAP_HASH_THREADS=\"" + std::string(32, '1') +
+                   "...\" is not a number of threads from 1 to 256 (unset it to use every core)");
+  const std::string lock = "nftables" + std::string(60, 'x');
+  CHECK_FALSE(sent_setting_checked("CUSNAP_CRIU_NETWORK_LOCK", lock.c_str(), 64, &err));
+  CHECK(err.find("is not nftables, iptables or skip (CRIU's network lock methods): unset it for "
+                 "nftables") != std::string::npos);
+  // One it takes, written long: too long, and what to do.
+  const std::string margin = std::string(70, '0') + "1M";
+  CHECK_FALSE(sent_setting_checked("CUSNAP_RESTORE_MEMORY_MARGIN", margin.c_str(), 64, &err));
+  CHECK(err.find("CUSNAP_RESTORE_MEMORY_MARGIN=\"") == 0);
+  CHECK(err.find("is longer than 64 characters") != std::string::npos);
+  CHECK(err.find("unset it for the default") != std::string::npos);
+  // Each setting a command sends: the form it takes, and unsetting it.
+  for (const TextSetting* s : kSupervisorTextSettings) {
+    CAPTURE(s->name);
+    CHECK_FALSE(sent_setting_checked(s->name, std::string(65, 'z').c_str(), 64, &err));
+    CHECK(err.find("unset it") != std::string::npos);
   }
 }

@@ -76,6 +76,34 @@ if command -v setpriv >/dev/null; then
     "!no checkpoint directory" -- "${as_nobody[@]}" "$CUSNAP" restore "$T/private/ck"
   expect_err 1 "inspect of a directory this user cannot search" "cannot inspect $T/private/ck: Permission denied" -- \
     "${as_nobody[@]}" "$CUSNAP" inspect "$T/private/ck"
+  # A checkpoint this user can reach but whose manifest (root's, mode 0600)
+  # it cannot read: an error reading it (1) with what to do, not "not a
+  # usable checkpoint" (5), for restore (with --detach too) and inspect.
+  mkdir -m 755 "$T/shut"
+  echo '{}' >"$T/shut/manifest.json"
+  chmod 600 "$T/shut/manifest.json"
+  chmod 711 "$T"
+  for r in "restore" "restore --detach"; do
+    # shellcheck disable=SC2086 # $r: the command and its option
+    expect_err 1 "$r of a checkpoint whose manifest this user cannot read" \
+      "cannot restore $T/shut: cannot read $T/shut/manifest.json: Permission denied" \
+      "run the restore as a user who can read it (root)" "!not a usable checkpoint" -- \
+      "${as_nobody[@]}" "$CUSNAP" $r "$T/shut"
+  done
+  expect_err 1 "inspect of a checkpoint whose manifest this user cannot read" \
+    "cannot inspect $T/shut: cannot read $T/shut/manifest.json: Permission denied" \
+    "inspect it as a user who can read it" "!not a usable checkpoint" -- \
+    "${as_nobody[@]}" "$CUSNAP" inspect "$T/shut"
+  rc=0
+  "${as_nobody[@]}" "$CUSNAP" inspect "$T/shut" --json >"$T/shut.json" 2>/dev/null || rc=$?
+  [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==1 and "Permission denied" in d["error"], d' "$T/shut.json" ||
+    fail "inspect --json of an unreadable manifest: exit $rc: $(cat "$T/shut.json")"
+  rc=0
+  "${as_nobody[@]}" "$CUSNAP" restore "$T/shut" --json >"$T/shut.json" 2>/dev/null || rc=$?
+  [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==1 and "Permission denied" in d["error"], d' "$T/shut.json" ||
+    fail "restore --json of an unreadable manifest: exit $rc: $(cat "$T/shut.json")"
+  chmod 700 "$T"
+  pass "restore --json and inspect --json of an unreadable manifest: exit_code 1"
 else
   echo "note: no setpriv: unreadable directories not tried"
 fi
@@ -101,6 +129,23 @@ run_json() {  # run_json FILE CMD...: CMD's stdout into FILE, one JSON document
 run_json ck.json "$CUSNAP" checkpoint docs -o "$T/ck1" --leave-running --json
 run_json suspend.json "$CUSNAP" suspend docs --json
 run_json resume.json "$CUSNAP" resume docs --json
+# Suspend of a suspended job and resume of a running one: refused (3),
+# naming the command that helps.
+expect_err 3 "resume of a running job" "job docs is not suspended" "cusnap suspend docs" -- \
+  "$CUSNAP" resume docs
+"$CUSNAP" suspend docs >/dev/null || fail "suspend docs failed"
+expect_err 3 "suspend of a suspended job" "job docs is already suspended" "cusnap resume docs" -- \
+  "$CUSNAP" suspend docs
+"$CUSNAP" resume docs >/dev/null || fail "resume docs failed"
+# A setting too long to send the supervisor: what it takes, and that
+# unsetting it takes the default, as launch says of a bad value.
+long=$(printf '1%.0s' $(seq 1 70))
+CUSNAP_HASH_THREADS=$long expect_err 2 "suspend with a 70-character CUSNAP_HASH_THREADS" \
+  "is not a number of threads from 1 to 256" "unset it to use every core" -- "$CUSNAP" suspend docs
+CUSNAP_RESTORE_MEMORY_MARGIN=$(printf '0%.0s' $(seq 1 70))1M expect_err 2 \
+  "checkpoint with a 72-character CUSNAP_RESTORE_MEMORY_MARGIN it takes" "longer than 64 characters" \
+  "unset it for the default" -- "$CUSNAP" checkpoint docs -o "$T/long.ck"
+[ ! -e "$T/long.ck" ] && [ "$(job_field docs state)" = running ] || fail "a refused setting changed something"
 run_json ps.json "$CUSNAP" ps --json
 run_json insj.json "$CUSNAP" inspect docs --json
 run_json insc.json "$CUSNAP" inspect "$T/ck1" --json

@@ -112,6 +112,38 @@ grep -q -- '--control-timeout.*default: \$CUSNAP_CONTROL_TIMEOUT or 10' "$T/help
 "$CUSNAP" checkpoint --help | grep -q -- '--timeout.*allowance that grows with memory' ||
   fail "checkpoint --help does not mention the memory-scaled allowance"
 pass "help: unknown command refused, launch's usage names CMD, defaults shown"
+# --runtime-dir's default, as runtime_base() finds the base: each case said.
+for c in launch restore; do
+  "$CUSNAP" $c --help | grep -F -- '--runtime-dir' >"$T/rd.help" || fail "$c --help lacks --runtime-dir"
+  for w in 'default: BASE/NAME' '$CUSNAP_RUNTIME_BASE when set' '/run/cusnap for root' \
+    '$XDG_RUNTIME_DIR/cusnap when XDG_RUNTIME_DIR is set' '/tmp/cusnap-UID'; do
+    grep -qF -- "$w" "$T/rd.help" || fail "$c --help: --runtime-dir's default does not say '$w': $(cat "$T/rd.help")"
+  done
+done
+pass "help: --runtime-dir's default names each base (CUSNAP_RUNTIME_BASE, /run/cusnap, XDG_RUNTIME_DIR, /tmp/cusnap-UID)"
+
+# An option's value that is '--' (the end of the options) or another option
+# of the command is a missing value, not taken for the value.
+expect_usage "launch -n -- true" "-n: 1 required NAME missing" "'--' after it ends the options" -- \
+  "$CUSNAP" launch -n -- true
+expect_usage "launch --runtime-dir -- true" "--runtime-dir: 1 required DIR missing" -- \
+  "$CUSNAP" launch --runtime-dir -- true
+expect_usage "launch --control-timeout -- true" "--control-timeout: 1 required SECONDS missing" -- \
+  "$CUSNAP" launch --control-timeout -- true
+expect_usage "checkpoint JOB -o --" "-o: 1 required DIR missing" -- "$CUSNAP" checkpoint nosuch -o --
+expect_usage "checkpoint JOB -o --leave-running" "-o: 1 required DIR missing" \
+  "'--leave-running' after it is an option of cusnap checkpoint" "--output=--leave-running" -- \
+  "$CUSNAP" checkpoint nosuch -o --leave-running
+expect_usage "restore DIR --runtime-dir --" "--runtime-dir: 1 required DIR missing" -- \
+  "$CUSNAP" restore "$T/none" --runtime-dir --
+expect_usage "restore DIR --name --json" "--name: 1 required NAME missing" -- \
+  "$CUSNAP" restore "$T/none" --name --json
+expect_usage "suspend JOB --timeout --" "--timeout: 1 required SECONDS missing" -- \
+  "$CUSNAP" suspend nosuch --timeout --
+[ ! -e ./-- ] && [ ! -e "$T/--" ] || fail "a '--' value made a directory"
+# The job's own arguments are the job's: '-n --' after CMD is not looked at.
+"$CUSNAP" launch --name own true -n -- || fail "launch --name own true -n -- failed"
+pass "an option value of '--' or of an option is a missing value (exit 2); after CMD the job's"
 
 # --json: a bad command line prints the failure object too.
 # json_usage WHAT CMD...: CMD exits 2 with {"ok": false, "exit_code": 2, "error"} on stdout.
@@ -306,7 +338,6 @@ CUSNAP_RUNTIME_BASE=$T/linkbase "$CUSNAP" ps --json >"$T/ps.json" 2>/dev/null ||
 [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "symbolic link" in d["error"]' "$T/ps.json" ||
   fail "ps --json with a linked runtime base: exit $rc, $(cat "$T/ps.json")"
 pass "ps refuses a linked runtime base, saying so (exit 1, and as JSON)"
-echo "PASS"
 
 # A command line too long for the job's record (job.json, which ps reads) is
 # refused before anything is made: such a job could not be listed, and its
@@ -317,3 +348,4 @@ expect_usage "launch with about 960 KiB of arguments" "job.json" "pass long data
 [ ! -e "$CUSNAP_RUNTIME_BASE/toolong" ] || fail "the refused launch left $CUSNAP_RUNTIME_BASE/toolong"
 pass "the refused launch left no runtime directory"
 unset big
+echo "PASS"
