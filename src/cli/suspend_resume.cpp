@@ -48,9 +48,14 @@ int run(int argc, char** argv, bool suspend) {
     d["pid"] = entry.status.root_pid;
     print_json(d);
   } else {
-    std::printf("job %s %s\n", entry.status.name.c_str(), suspend ? "suspended" : "resumed");
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-    if (!d.is_discarded() && d.is_object()) print_cut(d);
+    const bool obj = !d.is_discarded() && d.is_object();
+    // A note says what was done instead (a resume that found the job running).
+    if (obj && d.contains("note") && d["note"].is_string())
+      std::printf("%s\n", d["note"].get<std::string>().c_str());
+    else
+      std::printf("job %s %s\n", entry.status.name.c_str(), suspend ? "suspended" : "resumed");
+    if (obj) print_cut(d);
   }
   return kExitOk;
 }

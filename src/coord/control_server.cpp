@@ -78,6 +78,26 @@ std::chrono::milliseconds heartbeat_every(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
 }
 
+/// What the driver says of the job's CUDA processes (cuda_state, as
+/// list_processes reads it): how many there are, how many it runs, and how
+/// many it holds locked or checkpointed.
+struct DriverView {
+  int cuda = 0;
+  int running = 0;
+  int held = 0;
+};
+
+DriverView driver_view(const std::vector<ProcessInfo>& procs) {
+  DriverView v;
+  for (const ProcessInfo& p : procs) {
+    if (!p.uses_cuda) continue;
+    ++v.cuda;
+    if (p.cuda_state == "running") ++v.running;
+    if (p.cuda_state == "locked" || p.cuda_state == "checkpointed") ++v.held;
+  }
+  return v;
+}
+
 /// The state an operation that did not complete leaves: what it was before,
 /// unless the job exited meanwhile (the supervisor's loop said so).
 std::string state_after(const std::string& now, const std::string& before, bool job_lost) {
@@ -365,18 +385,45 @@ void ControlServer::serve(UniqueFd conn) {
       ch.send(proto::kMsgResult, refusal, &err);
       return;
     }
+    // The recorded state may lag what the driver says: a resume whose
+    // reply was lost, or a tool that called the driver itself. Where the
+    // record would refuse, the driver is asked (read only) first:
+    //  - resume of a job recorded running that the driver holds locked or
+    //    checkpointed goes ahead (it restores what the driver holds);
+    //  - suspend of a job recorded suspended that the driver runs in full is
+    //    still refused (the shared memory that suspend saved may not be
+    //    back, and a new suspend would overwrite it), saying that resume
+    //    records it running (and brings that memory back) first.
+    bool recorded_suspended;
+    {
+      std::lock_guard lk(ctx_->mu);
+      recorded_suspended = ctx_->status.state == "suspended";
+    }
+    DriverView view;
+    if (suspend == recorded_suspended) view = driver_view(ops_.list_processes(info.root_pid));
+    const bool left = suspend == recorded_suspended && !left_suspended_details(info).empty();
     std::string before;
     {
       std::lock_guard lk(ctx_->mu);
       before = ctx_->status.state;
       bool suspended = before == "suspended";
-      if (suspend == suspended) {
+      const bool held_unrecorded =
+          !suspend && !suspended && suspended == recorded_suspended && view.held > 0;
+      if (suspend == suspended && !held_unrecorded) {
         // What helps: the other command.
-        std::string msg =
-            "job " + info.name +
-            (suspended ? " is already suspended: cusnap resume " + info.name + " brings it back"
-                       : " is not suspended: nothing to resume (cusnap suspend " + info.name +
-                             " suspends it)");
+        std::string msg;
+        if (!suspended)
+          msg = "job " + info.name + " is not suspended: nothing to resume (cusnap suspend " +
+                info.name + " suspends it)";
+        else if (suspended == recorded_suspended && !left && view.cuda > 0 &&
+                 view.running == view.cuda)
+          msg = "job " + info.name +
+                " is recorded suspended, but the driver runs every process of it (its GPU state "
+                "was brought back outside cusnap resume): cusnap resume " +
+                info.name + " records it running, and it can be suspended then";
+        else
+          msg = "job " + info.name + " is already suspended: cusnap resume " + info.name +
+                " brings it back";
         before.clear();
         refusal = make_result(false, kExitRefused, msg);
       } else {
@@ -409,6 +456,8 @@ void ControlServer::serve(UniqueFd conn) {
     }
     nlohmann::json d = {{"job", info.name}, {"state", after}};
     if (ok) add_cut_details(sres.collective_cut, sres.capture_retries, &d);
+    // A success that did less than asked says why (resume_job_coded).
+    if (ok && !serr.empty()) d["note"] = serr;
     end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, json_text(d)));
     return;
   }

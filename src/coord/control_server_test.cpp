@@ -42,6 +42,11 @@ struct Fixture {
   proto::Settings suspend_settings;  ///< what the fake suspend was given
   std::chrono::milliseconds suspend_takes{0};  ///< how long the fake suspend works
   bool suspend_job_exits = false;              ///< the job exits while the fake suspend fails
+  /// The cuda_state list_processes shows for the job's one process ("":
+  /// it does not use CUDA).
+  std::string cuda_state;
+  std::string resume_note;  ///< what the fake resume puts in *err on success
+  std::atomic<int> resumes{0};
   JobEntry entry;
 
   explicit Fixture(mode_t sock_mode = 0600) {
@@ -81,14 +86,18 @@ struct Fixture {
       res->capture_retries = 3;
       return true;
     };
-    ops.resume = [](const JobInfo&, std::chrono::milliseconds, const proto::Settings&, ExitCode*,
-                    std::string*) {
+    ops.resume = [this](const JobInfo&, std::chrono::milliseconds, const proto::Settings&,
+                        ExitCode*, std::string* err) {
+      ++resumes;
+      *err = resume_note;
       return true;
     };
-    ops.list_processes = [](pid_t root) {
+    ops.list_processes = [this](pid_t root) {
       ProcessInfo p;
       p.pid = root;
       p.exe = "/bin/fake";
+      p.uses_cuda = !cuda_state.empty();
+      p.cuda_state = cuda_state;
       return std::vector<ProcessInfo>{p};
     };
     UniqueFd l;
@@ -263,6 +272,63 @@ TEST_CASE("control server: suspend and resume move the state") {
   CHECK(r.ok);
   CHECK(f.ctx.status.state == "running");
   CHECK_FALSE(nlohmann::json::parse(r.details).contains("collective_cut"));  // resume: none
+}
+
+TEST_CASE("control server: the recorded suspend state follows what the driver says") {
+  Fixture f;
+  f.release.set_value();
+  std::string err;
+  proto::Result r;
+  // Recorded suspended, the driver runs the job (brought back outside cusnap):
+  // suspend is refused saying so and what helps; resume records it running
+  // and passes the engine's note on.
+  f.ctx.status.state = "suspended";
+  f.cuda_state = "running";
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.exit_code == kExitRefused);
+  CHECK(r.message.find("recorded suspended, but the driver runs every process") !=
+        std::string::npos);
+  CHECK(r.message.find("cusnap resume fake records it running") != std::string::npos);
+  CHECK(f.ctx.status.state == "suspended");
+  f.resume_note = "job fake was recorded suspended, but the driver already runs it";
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.ok);
+  CHECK(f.ctx.status.state == "running");
+  CHECK(nlohmann::json::parse(r.details).at("note") == f.resume_note);
+  CHECK(nlohmann::json::parse(r.details).at("state") == "running");
+  // Now it can be suspended again.
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.ok);
+  CHECK(f.ctx.status.state == "suspended");
+
+  // Recorded running, the driver holds it checkpointed (suspended outside
+  // cusnap): resume goes ahead and records it running.
+  f.ctx.status.state = "running";
+  f.cuda_state = "checkpointed";
+  f.resume_note.clear();
+  const int before = f.resumes;
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.ok);
+  CHECK(f.resumes == before + 1);
+  CHECK(f.ctx.status.state == "running");
+  CHECK_FALSE(nlohmann::json::parse(r.details).contains("note"));
+  // Recorded running, the driver runs it: resume is refused without asking the engine.
+  f.cuda_state = "running";
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.exit_code == kExitRefused);
+  CHECK(r.message.find("is not suspended") != std::string::npos);
+  CHECK(f.resumes == before + 1);
+  // Recorded suspended, the driver holds it: the usual refusal of suspend.
+  f.ctx.status.state = "suspended";
+  f.cuda_state = "checkpointed";
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgSuspend, proto::TimeoutRequest{1000, {}},
+                      nullptr, &r, &err));
+  CHECK(r.message == "job fake is already suspended: cusnap resume fake brings it back");
 }
 
 // A released fixture's control socket, connected, with a 4 s channel timeout.

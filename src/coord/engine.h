@@ -178,7 +178,10 @@ bool job_suspended_now(const JobInfo& job);
 /// Resume with the exit code that fits a failure: kExitRefused when nothing
 /// changed (not suspended; the GPU's free memory short of what the job used
 /// before, gpu_memory.h), kExitFailure otherwise. settings: what the client
-/// sent (CUSNAP_RESTORE_MEMORY_MARGIN).
+/// sent (CUSNAP_RESTORE_MEMORY_MARGIN). When the driver holds no process of
+/// the job suspended (its GPU state came back some other way), nothing is
+/// restored: the shared memory the suspend saved is brought back, and it
+/// succeeds with a note in *err saying so (the job is running).
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                       const proto::Settings& settings, ExitCode* code, std::string* err);
 

@@ -111,6 +111,7 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   }
   Driver driver;
   std::vector<pid_t> cuda;
+  std::vector<pid_t> failed;  // FAILED: the driver brings these back no more
   if (ok) ok = driver.load(err);
   if (ok)
     ok = load_gpu_use(job, setting(settings, kRestoreMarginSetting), &driver, err) ||
@@ -132,22 +133,30 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
         break;
       }
       if (st == CU_PROCESS_STATE_LOCKED || st == CU_PROCESS_STATE_CHECKPOINTED) cuda.push_back(pid);
+      if (st == CU_PROCESS_STATE_FAILED) failed.push_back(pid);
     }
-    if (ok && cuda.empty()) {
-      *err = "job " + job.name +
-             " is not suspended: no process has its GPU state released, so there is nothing to "
-             "resume (cusnap suspend " +
-             job.name + " suspends it)";
+    if (ok && cuda.empty() && !failed.empty()) {
+      *err = "job " + job.name + ": the driver holds no process of it suspended, and process " +
+             std::to_string(failed.front()) +
+             " has its GPU state failed: the driver cannot bring it back; nothing was changed";
       ok = false;
     }
   }
-  if (ok) {
+  // The job is recorded suspended (the control server runs a resume only
+  // then, or when the driver holds a process), but the driver runs every
+  // process of it: its GPU state came back some other way (a resume whose
+  // reply was lost, a tool calling the driver itself). Nothing to do in the
+  // driver; shared memory saved by the suspend is still rebuilt below, and
+  // the resume succeeds with a note, so that the job is recorded running
+  // and can be suspended again.
+  const bool driver_runs_all = ok && cuda.empty();
+  if (ok && !driver_runs_all) {
     std::vector<GpuDevice> gpus;
     std::string ignored;
     driver.devices(&gpus, &ignored);
     driver.set_call_deadline(driver_deadline(timeout, gpus));
   }
-  if (ok) {
+  if (ok && !driver_runs_all) {
     c = kExitFailure;
     // driver_resume_all goes in reverse: the last suspended comes back first.
     ok = driver_resume_all(driver, cuda, {}, err);
@@ -184,6 +193,12 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       std::error_code ec;
       std::filesystem::remove_all(state, ec);
     }
+    if (ok && driver_runs_all)
+      *err = "job " + job.name +
+             " was recorded suspended, but the driver already runs every process of it (its GPU "
+             "state was brought back outside this resume): nothing to restore" +
+             (shim_pids.empty() ? std::string() : "; its shared memory was brought back") +
+             "; recorded running";
   }
   if (code) *code = ok ? kExitOk : c;
   return ok;
