@@ -344,3 +344,72 @@ said() { grep -q -- "$1" "$T/op.out" || fail "$2 did not say '$1': $(cat "$T/op.
 
 # term_job: stops the supervisor $SUP (SIGTERM) and waits for it and the job's $PID to be gone.
 term_job() { kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20; }
+
+# A CRIU held at one of its action-script stages, for tests that act while
+# CRIU is at work (kill the restore or the supervisor, look at the tree):
+#   criu_hold_setup      writes $HOLD_CRIU, the real CRIU (or $CUSNAP_CRIU)
+#                        with an action script added to each dump and restore;
+#                        give CUSNAP_CRIU="$HOLD_CRIU" to the cusnap that runs
+#                        CRIU (criu_hold_at calls it when needed)
+#   criu_hold_at ACTION  arms the hold: the next dump or restore run through
+#                        $HOLD_CRIU waits at ACTION (post-dump, post-restore,
+#                        pre-resume, ...) until released
+#   criu_held [SECONDS]  waits (60 s) until CRIU is held there; false if not.
+#                        Sets HELD_CRIU (the held CRIU's pid) and HELD_SCRIPT
+#                        (its action script's, which holds it).
+#   criu_release         disarms and lets a held CRIU go on (the action script
+#                        of a CRIU killed meanwhile, left waiting, ends too);
+#                        waits until the action script has ended.
+# Unarmed, $HOLD_CRIU runs every action straight through.
+HOLD_CRIU=$T/criu-hold/criu
+_hold_real_criu=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu || true)}
+criu_hold_setup() {
+  if [ ! -x "$HOLD_CRIU" ]; then
+    mkdir -p "$T/criu-hold"
+    # The action script runs in a shell CRIU starts (sh -c): it finds the
+    # CRIU above it and records both pids, then waits while the hold lasts.
+    cat >"$T/criu-hold/action.sh" <<SH
+#!/bin/sh
+[ "\$CRTOOLS_SCRIPT_ACTION" = "\$(cat "$T/criu-hold/at" 2>/dev/null)" ] || exit 0
+[ -e "$T/criu-hold/on" ] || exit 0
+c=\$\$
+while [ "\$c" -gt 1 ] && [ "\$(cat /proc/\$c/comm 2>/dev/null)" != criu ]; do
+  c=\$(awk '/^PPid:/ {print \$2}' /proc/\$c/status 2>/dev/null || echo 1)
+done
+echo "\$\$ \$c" >"$T/criu-hold/held.tmp" && mv "$T/criu-hold/held.tmp" "$T/criu-hold/held"
+while [ -e "$T/criu-hold/on" ]; do sleep 0.1; done
+exit 0
+SH
+    cat >"$HOLD_CRIU" <<SH
+#!/bin/sh
+case "\$1" in
+dump | restore) exec "$_hold_real_criu" "\$@" --action-script "$T/criu-hold/action.sh" ;;
+esac
+exec "$_hold_real_criu" "\$@"
+SH
+    chmod 755 "$T/criu-hold/action.sh" "$HOLD_CRIU"
+  fi
+}
+criu_hold_at() {
+  criu_hold_setup
+  rm -f "$T/criu-hold/held"
+  : >"$T/criu-hold/on"
+  echo "$1" >"$T/criu-hold/at"
+}
+criu_held() {
+  for _ in $(seq 1 $((${1:-60} * 20))); do
+    [ -e "$T/criu-hold/held" ] && break
+    sleep 0.05
+  done
+  [ -e "$T/criu-hold/held" ] || return 1
+  read -r HELD_SCRIPT HELD_CRIU <"$T/criu-hold/held"
+  [ "$HELD_CRIU" -gt 1 ] || fail "the held action script $HELD_SCRIPT has no CRIU above it"
+}
+criu_release() {
+  rm -f "$T/criu-hold/on" "$T/criu-hold/at"
+  if [ -e "$T/criu-hold/held" ]; then
+    read -r HELD_SCRIPT HELD_CRIU <"$T/criu-hold/held"
+    wait_gone "$HELD_SCRIPT" 10
+  fi
+  rm -f "$T/criu-hold/held"
+}

@@ -4,8 +4,8 @@
 # have saved and released the shared memory, the driver has checkpointed
 # both processes, and CRIU has dumped the tree and holds it seized (ptrace).
 # The supervisor's CRIU (CUSNAP_CRIU) is the real one with an action script
-# that, at post-dump (every image written, the tree still seized), signals
-# the test and holds CRIU there while the file $T/hold exists.
+# (lib_checkpoint.sh's criu_hold_at) that holds it at post-dump (every image
+# written, the tree still seized) until the test releases it.
 #   finish  CRIU is held 3 s after the kill, then finishes its dump as an
 #           orphan (--leave-stopped: the tree stays stopped); the guardian
 #           waits for it before it brings the job back
@@ -20,23 +20,7 @@ source "$(dirname "$0")/lib_shared.sh"
 fake_only "the guardian's recovery of the simulated driver's state" || exit 77
 
 PREFIXES=("" "importer ")
-REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
-cat >"$T/hook.sh" <<SH
-#!/bin/sh
-[ "\$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
-[ -e "$T/hold" ] || exit 0
-echo \$\$ >"$T/hook.pid"
-: >"$T/frozen"
-while [ -e "$T/hold" ]; do sleep 0.1; done
-exit 0
-SH
-cat >"$T/criu" <<SH
-#!/bin/sh
-[ "\$1" = dump ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
-exec "$REAL_CRIU" "\$@"
-SH
-chmod 755 "$T/hook.sh" "$T/criu"
-
+criu_hold_setup
 criu_left() { pgrep -f "criu.* $T/" 2>/dev/null || true; }
 
 # tracers PID...: the TracerPid of every thread of the processes.
@@ -46,9 +30,9 @@ tracers() {
 }
 
 run_case() {
-  local name=$1 sup_env=$2 ck=$T/$1.ckpt k p n rc=0
+  local name=$1 sup_env=$2 ck=$T/$1.ckpt p n rc=0
   LAUNCH_OUT=$T/$name.out
-  env CUSNAP_CRIU="$T/criu" $sup_env "$CUSNAP" launch --name "$name" -- \
+  env CUSNAP_CRIU="$HOLD_CRIU" $sup_env "$CUSNAP" launch --name "$name" -- \
     "$SHARE_JOB" --mib 4 --interval-ms 20 >"$LAUNCH_OUT" 2>&1 &
   SUPERVISORS+=($!)
   SUP=$!
@@ -57,12 +41,10 @@ run_case() {
   ready_pids "$LAUNCH_OUT" >>"$T/job-pids"
   local pids
   pids=$(ready_pids "$LAUNCH_OUT")
-  rm -f "$T/frozen" "$T/hook.pid"
-  : >"$T/hold"
+  criu_hold_at post-dump
   "$CUSNAP" checkpoint "$name" -o "$ck" >"$T/$name.ck.out" 2>&1 &
   local CK=$!
-  for _ in $(seq 1 600); do [ -e "$T/frozen" ] && break; sleep 0.05; done
-  [ -e "$T/frozen" ] || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
+  criu_held 30 || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
   # CRIU holds the tree now: every thread of the job is traced by it.
   local tr
   tr=$(tracers $pids)
@@ -70,7 +52,7 @@ run_case() {
   [ -n "$(criu_left)" ] || fail "$name: no criu runs during the dump"
   kill -KILL "$SUP"
   echo "   $name: supervisor $SUP killed while criu ($(criu_left | tr '\n' ' ')) holds the job (TracerPid $tr)"
-  [ "$name" = finish ] && { sleep 3; rm -f "$T/hold"; }
+  [ "$name" = finish ] && { sleep 3; criu_release; }
   wait "$CK" || rc=$?
   [ "$rc" != 0 ] || fail "$name: the checkpoint reported success after its supervisor was killed"
   grep -q "^cusnap: .*restored job\|checkpointed to" "$T/$name.ck.out" &&
@@ -82,7 +64,7 @@ run_case() {
   grep "cusnap: guardian:" "$LOG" | sed 's/^/     /'
   grep -q "guardian: CRIU (process [0-9, ]*) of the dead supervisor" "$LOG" ||
     fail "$name: the guardian did not see to the dead supervisor's CRIU"
-  rm -f "$T/hold"
+  criu_release
   [ -z "$(criu_left)" ] || fail "$name: criu processes left: $(criu_left)"
   [ "$(tracers $pids)" = 0 ] || fail "$name: the job's threads are still traced: $(tracers $pids)"
   # The job runs on, its bytes right, each side seeing the other's writes.

@@ -2,8 +2,11 @@
 # A restore killed (SIGKILL) before the job is back. Its watch (restore_watch.h)
 # ends what was restored, CRIU dies with the restore, and the checkpoint is
 # unchanged and restores afterwards:
-#  - killed while CRIU runs: a CRIU that restores the job, then waits before
-#    it ends (the restored process is there, CRIU has not ended);
+#  - killed while CRIU runs: CRIU held at post-restore (criu_hold_at): the
+#    process is restored under its id, CRIU has not yet unlocked the network
+#    nor let the tree run; CRIU dies with the restore and nothing of the
+#    half-restored job (no process whose command line names this test's
+#    files: CRIU, the watch) is left;
 #  - killed in the driver's restore (every cuCheckpointProcessRestore of the
 #    restoring process takes 3 s; simulated driver only): the restored
 #    process, its GPU state still checkpointed, is ended;
@@ -11,8 +14,11 @@
 #    watch's message reaches the waiting command's stderr.
 # Before the watch, each left the restored process running unsupervised,
 # holding its ids (a second restore was refused: "process id ... in use").
+# A killed restore's temporary directories (cusnap-restore-PID-*,
+# cusnap-noplugins-PID-*, CRIU's work files and log) stay: a later restore
+# leaves them while they are younger than 10 minutes, then sweeps them (here
+# aged by hand before the last restore).
 source "$(dirname "$0")/lib_checkpoint.sh"
-REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
 
 checkpointed_job rkill "$T/job.out" "$T/ck"
 sums() { (cd "$T/ck" && find . -type f ! -name stats-restore -exec sha256sum {} + | sort | sha256sum); }
@@ -43,36 +49,52 @@ killed_restore() {
   [ "$SUM0" = "$(sums)" ] || fail "$name: the killed restore changed the checkpoint"
 }
 
-# --- killed while CRIU runs
-cat >"$T/criu-hold" <<SH
-#!/bin/sh
-if [ "\$1" = restore ]; then
-  "$REAL_CRIU" "\$@" || exit \$?
-  echo \$\$ >"$T/hold.pid"
-  exec sleep 120
-fi
-exec "$REAL_CRIU" "\$@"
-SH
-chmod 755 "$T/criu-hold"
-CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" >"$T/criu.out" 2>&1 &
+# nothing_left WHAT: within 5 s, no process whose command line names this
+# test's directory (CRIU's -D, the restore and its watch, the hold's action
+# script) runs.
+nothing_left() {
+  local left=
+  for _ in $(seq 1 100); do
+    left=$(pgrep -f -- "$T/" || true)
+    [ -z "$left" ] && return 0
+    sleep 0.05
+  done
+  fail "$1: processes left: $(ps -o pid=,ppid=,args= -p "${left//$'\n'/,}")"
+}
+
+# temp_dirs PID: the restore temporary directories process PID made here.
+temp_dirs() { find "$T" -maxdepth 1 \( -name "cusnap-restore-$1-*" -o -name "cusnap-noplugins-$1-*" \) | sort; }
+KILLED=()
+
+# --- killed while CRIU runs: held at post-restore, every process of the tree
+# restored under its id and still CRIU's (it has neither unlocked the network
+# nor let the tree run: that comes after pre-resume).
+criu_hold_at post-restore
+CUSNAP_CRIU="$HOLD_CRIU" "$CUSNAP" restore "$T/ck" >"$T/criu.out" 2>&1 &
 R=$!
 SUPERVISORS+=("$R")
-killed_restore criu test -e "$T/hold.pid"
-HOLD=$(cat "$T/hold.pid")
-wait_gone "$HOLD" 10 # CRIU (here its wrapper) died with the restore
-pass "killed while CRIU ran: CRIU and the restored process ended, the watch said so, no job left"
+criu_held 30 || fail "criu: CRIU's restore did not reach post-restore: $(cat "$T/criu.out")"
+[ -e "/proc/$PID" ] || fail "criu: the process is not restored at post-restore"
+[ "$(ps -o ppid= -p "$HELD_CRIU" | tr -d ' ')" = "$R" ] || fail "criu: the held CRIU is not the restore's"
+[ "$(ps -o ppid= -p "$PID" | tr -d ' ')" = "$HELD_CRIU" ] || fail "criu: the restored process is not CRIU's child"
+killed_restore criu true
+wait_gone "$HELD_CRIU" 10 # CRIU died with the restore
+criu_release              # its action script, orphaned, ends
+nothing_left criu
+[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "criu: the killed restore's temporary directories: $(temp_dirs "$R")"
+KILLED+=("$R")
+pass "killed while CRIU ran (post-restore): CRIU and the restored process ended, the watch said so, nothing left running"
 
 # --- restore --detach, its background supervisor killed while CRIU runs: the
 # watch says so on the waiting command's stderr (the supervisor's own goes to
 # /dev/null), and the command, left without a result, fails.
-rm -f "$T/hold.pid"
-CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" --detach >"$T/detach.out" 2>"$T/detach.err" &
+criu_hold_at post-restore
+CUSNAP_CRIU="$HOLD_CRIU" "$CUSNAP" restore "$T/ck" --detach >"$T/detach.out" 2>"$T/detach.err" &
 W=$!
 SUPERVISORS+=("$W")
-for _ in $(seq 1 600); do [ -e "$T/hold.pid" ] && [ -e "/proc/$PID" ] && break; sleep 0.05; done
-[ -e "$T/hold.pid" ] || fail "detach: the restore never got to CRIU: $(cat "$T/detach.err")"
-HOLD=$(cat "$T/hold.pid")
-BG=$(ps -o ppid= -p "$HOLD" | tr -d ' ')
+criu_held 30 || fail "detach: CRIU's restore did not reach post-restore: $(cat "$T/detach.err")"
+[ -e "/proc/$PID" ] || fail "detach: the process is not restored at post-restore"
+BG=$(ps -o ppid= -p "$HELD_CRIU" | tr -d ' ')
 [ -n "$BG" ] && [ "$BG" != "$W" ] && [ "$BG" != 1 ] || fail "detach: no background supervisor above CRIU ($BG)"
 kill -KILL "$BG"
 rc=0
@@ -81,12 +103,19 @@ wait "$W" || rc=$?
 grep -q "the background restore ended without a result" "$T/detach.err" ||
   fail "detach: the waiting command did not say its restore ended: $(cat "$T/detach.err")"
 wait_gone "$PID" 10
-wait_gone "$HOLD" 10
+wait_gone "$HELD_CRIU" 10
+criu_release
 for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$T/detach.err" && break; sleep 0.05; done
 grep -q "cusnap: the restore of $T/ck ended before the job was back (the restoring process was killed): its restored process $PID was ended" \
   "$T/detach.err" || fail "detach: the watch's message did not reach the waiting command: $(cat "$T/detach.err")"
 [ -z "$(job_pids_all)" ] || fail "detach: a job is left: $("$CUSNAP" ps)"
 [ "$SUM0" = "$(sums)" ] || fail "detach: the killed restore changed the checkpoint"
+nothing_left detach
+# This restore came after the first killed one, within 10 minutes: it left
+# that one's directories.
+[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "detach: a restore took the recent directories of the killed one"
+[ "$(temp_dirs "$BG" | wc -l)" = 2 ] || fail "detach: the killed restore's temporary directories: $(temp_dirs "$BG")"
+KILLED+=("$BG")
 pass "restore --detach, its supervisor killed while CRIU ran: the watch said so on the command's stderr, no job left"
 
 # --- killed in the driver's restore
@@ -99,12 +128,21 @@ if fake_only "FAKECUDA_DELAY slows the simulated driver's restore"; then
   R=$!
   SUPERVISORS+=("$R")
   killed_restore driver grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/driver.out"
+  nothing_left driver
+  KILLED+=("$R")
   pass "killed in the driver's restore: the restored process ended, the watch said so, no job left"
 fi
 
-# --- the checkpoint restores afterwards and the job counts on
+# --- the checkpoint restores afterwards and the job counts on; it sweeps the
+# killed restores' temporary directories once they are 10 minutes old
+# (TempDir, sweep_stale_temp_dirs): aged here by hand.
+for r in "${KILLED[@]}"; do temp_dirs "$r" | xargs -r touch -d "-11 minutes"; done
 restore_continues "$T/ck" "$T/r.out" rkill "$PID" "$LAST"
 pass "the checkpoint restores after the killed restores, counting on from $FIRST"
+for r in "${KILLED[@]}"; do
+  [ -z "$(temp_dirs "$r")" ] || fail "the killed restore $r's temporary directories were not swept: $(temp_dirs "$r")"
+done
+pass "the next restore swept the killed restores' temporary directories (${#KILLED[@]} restores)"
 kill -TERM "$SUP"
 wait_exit "$SUP"
 wait_gone "$PID"

@@ -3,8 +3,8 @@
 # connection (tcp_pair.py, checkpointed with --tcp-established) killed
 # (SIGKILL) while CRIU restores it, then the checkpoint restored again at
 # once: the job must count on over its connection, and CRIU's lock on the
-# connection must be gone. CRIU is held (an action script) where the restore
-# is killed:
+# connection must be gone. CRIU is held (lib_checkpoint.sh's criu_hold_at)
+# where the restore is killed:
 #   post-restore  before CRIU's network unlock: the connections are restored
 #                 in repair mode and the checkpoint's lock (the dump's
 #                 nftables table "inet CRIU-<dump run id>", or its iptables
@@ -21,21 +21,6 @@
 #                 refused ("TCP port ... is in use")
 # Both with CRIU's nftables lock, then again with its iptables lock.
 source "$(dirname "$0")/lib_checkpoint.sh"
-REAL_CRIU=${CUSNAP_CRIU:-$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)}
-
-cat >"$T/hook.sh" <<SH
-#!/bin/sh
-[ "\$CRTOOLS_SCRIPT_ACTION" = "\$(cat "$T/mode" 2>/dev/null)" ] || exit 0
-: >"$T/held"
-while [ -e "$T/hold" ]; do sleep 0.1; done
-exit 0
-SH
-cat >"$T/criu" <<SH
-#!/bin/sh
-[ "\$1" = restore ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
-exec "$REAL_CRIU" "\$@"
-SH
-chmod 755 "$T/hook.sh" "$T/criu"
 
 # job_pids DIR: the pids of the checkpoint's processes.
 job_pids() {
@@ -63,14 +48,11 @@ lock_there() {
 # killed; the watch ends the restored processes and says so.
 killed_at() {
   local dir=$1 action=$2 out=$T/killed-$2-$RANDOM.out r rc=0 pid id log
-  echo "$action" >"$T/mode"
-  rm -f "$T/held"
-  : >"$T/hold"
-  CUSNAP_CRIU="$T/criu" "$CUSNAP" restore "$dir" >"$out" 2>&1 &
+  criu_hold_at "$action"
+  CUSNAP_CRIU="$HOLD_CRIU" "$CUSNAP" restore "$dir" >"$out" 2>&1 &
   r=$!
   SUPERVISORS+=("$r")
-  for _ in $(seq 1 600); do [ -e "$T/held" ] && break; sleep 0.05; done
-  [ -e "$T/held" ] || fail "$action: CRIU's restore did not reach $action: $(cat "$out")"
+  criu_held 30 || fail "$action: CRIU's restore did not reach $action: $(cat "$out")"
   if [ "$action" = post-restore ]; then
     lock_there "$dir" || fail "$action: the checkpoint's lock is not there while CRIU restores"
     # Nothing of the restore's own: no table named by its run id.
@@ -88,14 +70,13 @@ killed_at() {
   kill -KILL "$r"
   rc=0
   wait "$r" || rc=$?
-  rm -f "$T/hold"
+  criu_release
   [ "$rc" = 137 ] || fail "$action: the restore exited $rc, not killed: $(cat "$out")"
   for pid in $(job_pids "$dir"); do wait_gone "$pid" 10; done
   for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$out" && break; sleep 0.05; done
   grep -q "its restored processes [0-9]*, [0-9]* were ended; the checkpoint is unchanged and restores again" "$out" ||
     fail "$action: the watch did not say it ended both processes: $(cat "$out")"
   [ -z "$(job_pids_all)" ] || fail "$action: a job is left: $("$CUSNAP" ps)"
-  rm -f "$T/mode"
 }
 
 # restored DIR OUT LAST WHAT: DIR restored at once (output OUT) counts on
