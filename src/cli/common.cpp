@@ -37,24 +37,6 @@ void init_app(CLI::App& app, const std::string& name) {
 
 namespace {
 
-/// --json among the arguments (before a "--"), for a command that has it.
-bool wants_json(const CLI::App& app, int argc, char** argv) {
-  if (app.get_option_no_throw("--json") == nullptr) return false;
-  bool json = false;  // the last one counts, as for CLI11
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") break;
-    if (a == "--json") json = true;
-    // --json=VALUE: CLI11 reads false, 0, no, off and disable (any case) as false.
-    if (a.starts_with("--json=")) {
-      std::string v = a.substr(7);
-      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      json = !(v == "false" || v == "0" || v == "no" || v == "off" || v == "disable");
-    }
-  }
-  return json;
-}
-
 /// What a bad command line with words CLI11 did not take (ExtrasError)
 /// says: the first that looks like an option is an unknown option (with the
 /// likely one), else the first is an argument too many.
@@ -79,6 +61,32 @@ const CLI::Option* option_named(const CLI::App& app, const std::string& word) {
       if (word == "-" + sn) return o;
   }
   return nullptr;
+}
+
+/// --json given as a flag, for a command that has it: among the options
+/// (before a "--", and for launch before CMD), not the value of an option
+/// given as its own argument ("--name --json": missing_value_message refuses
+/// it, and the user did not ask for JSON).
+bool wants_json(const CLI::App& app, int argc, char** argv) {
+  if (app.get_option_no_throw("--json") == nullptr) return false;
+  bool json = false;  // the last one counts, as for CLI11
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (app.get_prefix_command() && (a.empty() || a[0] != '-')) break;
+    if (a == "--json") {
+      json = true;
+    } else if (a.starts_with("--json=")) {
+      // CLI11 reads false, 0, no, off and disable (any case) as false.
+      std::string v = a.substr(7);
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      json = !(v == "false" || v == "0" || v == "no" || v == "off" || v == "disable");
+    } else if (const CLI::Option* o = option_named(app, a);
+               o != nullptr && o->get_items_expected_min() > 0) {
+      ++i;  // its value, whatever it looks like
+    }
+  }
+  return json;
 }
 
 /// An option that takes a value, given as its own argument ("-n NAME"),

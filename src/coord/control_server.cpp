@@ -78,26 +78,6 @@ std::chrono::milliseconds heartbeat_every(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
 }
 
-/// What the driver says of the job's CUDA processes (cuda_state, as
-/// list_processes reads it): how many there are, how many it runs, and how
-/// many it holds locked or checkpointed.
-struct DriverView {
-  int cuda = 0;
-  int running = 0;
-  int held = 0;
-};
-
-DriverView driver_view(const std::vector<ProcessInfo>& procs) {
-  DriverView v;
-  for (const ProcessInfo& p : procs) {
-    if (!p.uses_cuda) continue;
-    ++v.cuda;
-    if (p.cuda_state == "running") ++v.running;
-    if (p.cuda_state == "locked" || p.cuda_state == "checkpointed") ++v.held;
-  }
-  return v;
-}
-
 /// The state an operation that did not complete leaves: what it was before,
 /// unless the job exited meanwhile (the supervisor's loop said so).
 std::string state_after(const std::string& now, const std::string& before, bool job_lost) {
@@ -140,6 +120,40 @@ bool JobContext::set_state_locked(const std::string& state, std::string* err) {
   if (!rundir || rundir->write_status(status, &why)) return true;
   if (err) *err = why;
   return false;
+}
+
+DriverView driver_view(const std::vector<ProcessInfo>& procs) {
+  DriverView v;
+  for (const ProcessInfo& p : procs) {
+    if (!p.uses_cuda) continue;
+    ++v.cuda;
+    if (p.cuda_state == "running") ++v.running;
+    if (p.cuda_state == "locked" || p.cuda_state == "checkpointed") ++v.held;
+  }
+  return v;
+}
+
+bool suspend_record_refuses(bool suspend, const std::string& recorded_state) {
+  return suspend == (recorded_state == "suspended");
+}
+
+std::string suspend_resume_refusal(bool suspend, const std::string& recorded_state,
+                                   const DriverView& view, bool left_suspended,
+                                   const std::string& job) {
+  if (!suspend_record_refuses(suspend, recorded_state)) return "";
+  // What helps: the other command.
+  if (!suspend) {
+    // Held by the driver though recorded running: resume restores what it holds.
+    if (view.held > 0) return "";
+    return "job " + job + " is not suspended: nothing to resume (cusnap suspend " + job +
+           " suspends it)";
+  }
+  if (!left_suspended && view.cuda > 0 && view.running == view.cuda)
+    return "job " + job +
+           " is recorded suspended, but the driver runs every process of it (its GPU state was "
+           "brought back outside cusnap resume): cusnap resume " +
+           job + " records it running, and it can be suspended then";
+  return "job " + job + " is already suspended: cusnap resume " + job + " brings it back";
 }
 
 std::string inspect_details_json(const proto::JobStatus& status,
@@ -385,54 +399,35 @@ void ControlServer::serve(UniqueFd conn) {
       ch.send(proto::kMsgResult, refusal, &err);
       return;
     }
-    // The recorded state may lag what the driver says: a resume whose
-    // reply was lost, or a tool that called the driver itself. Where the
-    // record would refuse, the driver is asked (read only) first:
-    //  - resume of a job recorded running that the driver holds locked or
-    //    checkpointed goes ahead (it restores what the driver holds);
-    //  - suspend of a job recorded suspended that the driver runs in full is
-    //    still refused (the shared memory that suspend saved may not be
-    //    back, and a new suspend would overwrite it), saying that resume
-    //    records it running (and brings that memory back) first.
-    bool recorded_suspended;
-    {
-      std::lock_guard lk(ctx_->mu);
-      recorded_suspended = ctx_->status.state == "suspended";
-    }
-    DriverView view;
-    if (suspend == recorded_suspended) view = driver_view(ops_.list_processes(info.root_pid));
-    const bool left = suspend == recorded_suspended && !left_suspended_details(info).empty();
+    // The recorded state, read once: where it lets the request go ahead,
+    // the job is marked at once; where it would refuse, the driver is asked
+    // (read only) first, since the record may lag what the driver says
+    // (suspend_resume_refusal).
     std::string before;
+    bool ask_driver;
     {
       std::lock_guard lk(ctx_->mu);
       before = ctx_->status.state;
-      bool suspended = before == "suspended";
-      const bool held_unrecorded =
-          !suspend && !suspended && suspended == recorded_suspended && view.held > 0;
-      if (suspend == suspended && !held_unrecorded) {
-        // What helps: the other command.
-        std::string msg;
-        if (!suspended)
-          msg = "job " + info.name + " is not suspended: nothing to resume (cusnap suspend " +
-                info.name + " suspends it)";
-        else if (suspended == recorded_suspended && !left && view.cuda > 0 &&
-                 view.running == view.cuda)
-          msg = "job " + info.name +
-                " is recorded suspended, but the driver runs every process of it (its GPU state "
-                "was brought back outside cusnap resume): cusnap resume " +
-                info.name + " records it running, and it can be suspended then";
-        else
-          msg = "job " + info.name + " is already suspended: cusnap resume " + info.name +
-                " brings it back";
-        before.clear();
-        refusal = make_result(false, kExitRefused, msg);
-      } else {
-        ctx_->set_state_locked(suspend ? "suspending" : "resuming");
-      }
+      ask_driver = suspend_record_refuses(suspend, before);
+      if (!ask_driver) ctx_->set_state_locked(suspend ? "suspending" : "resuming");
     }
-    if (before.empty()) {
-      end_engine(ch, refusal);
-      return;
+    if (ask_driver) {
+      const DriverView view = driver_view(ops_.list_processes(info.root_pid));
+      const bool left = !left_suspended_details(info).empty();
+      std::string msg = suspend_resume_refusal(suspend, before, view, left, info.name);
+      if (msg.empty()) {
+        std::lock_guard lk(ctx_->mu);
+        // Meanwhile only the job's end changes the state (engine calls run
+        // one at a time): refused as begin_engine refuses an ended job.
+        if (ctx_->status.state == before)
+          ctx_->set_state_locked(suspend ? "suspending" : "resuming");
+        else
+          msg = "job " + info.name + " is " + ctx_->status.state + ": nothing to " + req.type;
+      }
+      if (!msg.empty()) {
+        end_engine(ch, make_result(false, kExitRefused, msg));
+        return;
+      }
     }
     std::string serr;
     auto timeout = std::chrono::milliseconds(r.timeout_ms);

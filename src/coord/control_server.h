@@ -80,6 +80,39 @@ class ControlServer {
   int active_ = 0;  ///< connection threads (detached) still running
 };
 
+/// What the driver says of a job's CUDA processes (cuda_state, as
+/// list_processes reads it): how many there are, how many it runs, and how
+/// many it holds locked or checkpointed.
+struct DriverView {
+  int cuda = 0;
+  int running = 0;
+  int held = 0;
+};
+DriverView driver_view(const std::vector<ProcessInfo>& procs);
+
+/// Whether the job's recorded state alone refuses a suspend (suspend true)
+/// or a resume: a suspend of a job recorded "suspended", a resume of one
+/// recorded otherwise. Only then is the driver asked (suspend_resume_refusal).
+bool suspend_record_refuses(bool suspend, const std::string& recorded_state);
+
+/// Why the control server refuses a suspend (suspend true) or a resume of
+/// job (its name), given its recorded state, what the driver says of it
+/// (view; read only where suspend_record_refuses) and whether a failed roll
+/// back left it suspended (left_suspended: left_suspended_details, engine.h);
+/// empty when the request goes ahead. The record may lag the driver (a
+/// resume whose reply was lost, a tool that called the driver itself):
+///  - a resume of a job recorded running that the driver holds (locked or
+///    checkpointed) goes ahead: it restores what the driver holds;
+///  - a suspend of a job recorded suspended stays refused even when the
+///    driver runs every process (the shared memory that suspend saved may
+///    not be back, and a new suspend would overwrite it); unless it was left
+///    suspended, the message says that cusnap resume records it running
+///    (and brings that memory back) first.
+/// Each refusal names the command that helps.
+std::string suspend_resume_refusal(bool suspend, const std::string& recorded_state,
+                                   const DriverView& view, bool left_suspended,
+                                   const std::string& job);
+
 /// The JSON details of an inspect result: {"job": {...}, "processes": [...]},
 /// and "left_suspended": {...} when left_suspended (left_suspended_details)
 /// is not empty.

@@ -331,6 +331,58 @@ TEST_CASE("control server: the recorded suspend state follows what the driver sa
   CHECK(r.message == "job fake is already suspended: cusnap resume fake brings it back");
 }
 
+TEST_CASE("control server: the refusal of a suspend or resume, by record, driver and marker") {
+  const std::string kNotSuspended =
+      "job j is not suspended: nothing to resume (cusnap suspend j suspends it)";
+  const std::string kAlready = "job j is already suspended: cusnap resume j brings it back";
+  const std::string kDriverRuns =
+      "job j is recorded suspended, but the driver runs every process of it (its GPU state was "
+      "brought back outside cusnap resume): cusnap resume j records it running, and it can be "
+      "suspended then";
+  struct Row {
+    bool suspend;
+    const char* recorded;
+    DriverView view;  // cuda, running, held
+    bool left;
+    const std::string& refusal;  // empty: goes ahead
+  };
+  const std::string go;
+  const Row rows[] = {
+      // The record lets it go ahead: the driver is not looked at.
+      {true, "running", {1, 0, 1}, false, go},
+      {true, "running", {1, 1, 0}, true, go},
+      {false, "suspended", {1, 1, 0}, false, go},
+      {false, "suspended", {0, 0, 0}, true, go},
+      // Resume of a job recorded running: ahead only where the driver holds a process.
+      {false, "running", {1, 1, 0}, false, kNotSuspended},
+      {false, "running", {0, 0, 0}, false, kNotSuspended},
+      {false, "running", {2, 1, 0}, true, kNotSuspended},
+      {false, "running", {1, 0, 1}, false, go},
+      {false, "running", {2, 1, 1}, true, go},
+      // Suspend of a job recorded suspended: always refused, saying why.
+      {true, "suspended", {1, 1, 0}, false, kDriverRuns},
+      {true, "suspended", {2, 2, 0}, false, kDriverRuns},
+      {true, "suspended", {2, 2, 0}, true, kAlready},  // left suspended: resume first
+      {true, "suspended", {2, 1, 1}, false, kAlready},
+      {true, "suspended", {1, 0, 1}, false, kAlready},
+      {true, "suspended", {0, 0, 0}, false, kAlready},  // no CUDA process
+  };
+  CHECK_FALSE(suspend_record_refuses(true, "running"));
+  CHECK(suspend_record_refuses(true, "suspended"));
+  CHECK(suspend_record_refuses(false, "running"));
+  CHECK_FALSE(suspend_record_refuses(false, "suspended"));
+  for (const Row& row : rows) {
+    CAPTURE(row.suspend);
+    CAPTURE(row.recorded);
+    CAPTURE(row.view.cuda);
+    CAPTURE(row.view.running);
+    CAPTURE(row.view.held);
+    CAPTURE(row.left);
+    CHECK(suspend_resume_refusal(row.suspend, row.recorded, row.view, row.left, "j") ==
+          row.refusal);
+  }
+}
+
 // A released fixture's control socket, connected, with a 4 s channel timeout.
 static proto::Channel connect_released(Fixture& f) {
   f.release.set_value();

@@ -8,41 +8,16 @@
 
 #include <cstring>
 #include <vector>
-#include <nlohmann/json.hpp>
 
 #include "coord/manifest.h"
+#include "coord/restore_report.h"
 #include "coord/runtime_dir.h"
 #include "coord/supervisor.h"
 #include "coord/supervisor_loop.h"
 #include "proto/control.h"
-#include "proto/json_text.h"
 
 namespace cusnap {
 namespace {
-
-std::string summary_to_json(const RestoreSummary& s) {
-  nlohmann::json phases = nlohmann::json::array();
-  for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
-  return json_text(nlohmann::json{{"name", s.name},
-                                  {"dir", s.dir},
-                                  {"runtime_dir", s.runtime_dir},
-                                  {"root_pid", s.root_pid},
-                                  {"phases", phases}});
-}
-
-bool summary_from_json(const std::string& text, RestoreSummary* s) {
-  try {
-    auto j = nlohmann::json::parse(text);
-    s->name = j.at("name");
-    s->dir = j.at("dir");
-    s->runtime_dir = j.at("runtime_dir");
-    s->root_pid = j.at("root_pid");
-    for (const auto& p : j.at("phases")) s->phases.emplace_back(p.at("name"), p.at("seconds"));
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 /// The path a restored job's shims know as their runtime directory. Their
 /// listening sockets are bound there, and CRIU binds them again on restore, so
@@ -258,44 +233,25 @@ SuperviseOutcome restore_detached(const RestoreRequest& req) {
     return detached_child(req, proto::Channel(std::move(theirs), req.cfg.control_timeout));
   }
   theirs.reset();
-  int st;
+  int st = 0;
   while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
-  // The restore reports progress as it goes; no fixed bound fits every size.
-  proto::Channel ch(std::move(mine), std::chrono::hours(24));
-  for (;;) {
-    proto::Message msg;
-    if (!ch.recv(&msg, &err)) {
-      out.exit_code = kExitFailure;
-      out.error = "the background restore ended without a result: " + err;
-      return out;
-    }
-    if (msg.type == proto::kMsgProgress) {
-      proto::ProgressEvent ev;
-      if (req.progress && msg.get(&ev, &err))
-        req.progress(Progress{ev.phase, ev.bytes_done, ev.bytes_total});
-      continue;
-    }
-    proto::Result r;
-    if (msg.type != proto::kMsgResult || !msg.get(&r, &err)) {
-      out.exit_code = kExitFailure;
-      out.error = "unexpected message from the background restore";
-      return out;
-    }
-    if (!r.ok) {
-      out.exit_code = r.exit_code;
-      out.error = r.message;
-      return out;
-    }
-    RestoreSummary s;
-    if (summary_from_json(r.details, &s)) {
-      out.name = s.name;
-      if (req.on_restored) req.on_restored(s);
-    }
-    out.detached = true;
-    out.exit_code = kExitOk;
+  if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
+    // The background supervisor was never started: nothing was restored.
+    out.exit_code = kExitFailure;
+    out.error =
+        "cannot start the background supervisor of the restore (fork failed): nothing "
+        "was restored; try again once this machine has processes and memory to spare";
     return out;
   }
+  // The job's name, for the message should no result come.
+  std::string name = req.cfg.name;
+  if (Manifest m;
+      name.empty() && read_manifest(req.engine.dir, &m, &err) && valid_job_name(m.job.name, &err))
+    name = m.job.name;
+  // The restore reports progress as it goes; no fixed bound fits every size.
+  proto::Channel ch(std::move(mine), std::chrono::hours(24));
+  return await_detached_restore(ch, req.progress, req.on_restored, name, req.engine.dir);
 }
 
 }  // namespace

@@ -168,6 +168,18 @@ rc=0
 "$CUSNAP" ps --bogus >"$T/json.out" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] && [ ! -s "$T/json.out" ] || fail "ps --bogus without --json: status $rc, stdout $(cat "$T/json.out")"
 pass "without --json a bad command line prints nothing on stdout"
+# '--json' where an option's value goes, or after '--', is not the flag: no
+# JSON on stdout; a real --json before it still counts.
+for args in "restore $T/none --name --json" "restore $T/none --runtime-dir --json" \
+  "checkpoint x -o --json" "suspend x --timeout --json" "inspect -- --json"; do
+  rc=0
+  # shellcheck disable=SC2086 # the words of args are the command line
+  "$CUSNAP" $args >"$T/json.out" 2>"$T/json.err" || rc=$?
+  [ "$rc" != 0 ] && [ ! -s "$T/json.out" ] ||
+    fail "$args: status $rc, stdout $(cat "$T/json.out") (stderr: $(cat "$T/json.err"))"
+done
+json_usage "restore --json --name --json" "$CUSNAP" restore "$T/none" --json --name --json
+pass "an option's value of '--json', or one after '--', asks for no JSON"
 
 # A relative --runtime-dir, from launch and from restore: the link in the
 # runtime base points to the absolute directory, ps run elsewhere keeps it,
