@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "coord/engine_internal.h"
+#include "coord/restore_pairs.h"
 
 using namespace cusnap;
 
@@ -11,6 +12,7 @@ const char* kA = "GPU-00000000-0000-0000-0000-0000000000a1";
 const char* kB = "GPU-00000000-0000-0000-0000-0000000000b1";
 const char* kX = "GPU-00000000-0000-0000-0000-0000000000c1";
 const char* kY = "GPU-00000000-0000-0000-0000-0000000000d1";
+const char* kC = "GPU-00000000-0000-0000-0000-0000000000e1";
 }  // namespace
 
 TEST_CASE("device plan: a NEW that is not a GPU here is refused naming this machine's GPUs") {
@@ -81,4 +83,83 @@ TEST_CASE("device plan: each process is offered the pairs of its own GPUs first"
   CHECK(format_gpu_uuid(mine[0].newUuid) == kA);
   CHECK(pairs_of(pairs, {kA, kB}).size() == 2);
   CHECK(pairs_of(pairs, {kX}).empty());
+}
+
+TEST_CASE("device plan: the pair lists each process's restore tries, in order, each once") {
+  using namespace engine_detail;
+  using Map = std::vector<std::pair<const char*, const char*>>;  // old -> new
+  const Map rotate = {{kA, kB}, {kB, kC}, {kC, kA}};
+  const Map swap = {{kA, kB}, {kB, kA}};
+  struct Row {
+    const char* name;
+    std::vector<std::string> recorded;      // ManifestProcess::gpus
+    GpuUse memory;                          // ManifestProcess::gpu_memory
+    Map map;                                // the job's pairs (plan_device_pairs)
+    std::vector<std::vector<size_t>> want;  // each try: indexes into map, in order
+  };
+  // clang-format off
+  const Row rows[] = {
+      {"one GPU: recorded, memory and the whole map are one list",
+       {kA}, {{kA, 4096}}, {{kA, kX}}, {{0}}},
+      {"recorded == memory set: that list, then the whole map",
+       {kB, kA}, {{kA, 1}, {kB, 1}}, rotate, {{0, 1}, {0, 1, 2}}},
+      {"recorded within memory: recorded, memory, whole map",
+       {kA}, {{kA, 1}, {kB, 1}}, rotate, {{0}, {0, 1}, {0, 1, 2}}},
+      {"memory within recorded: recorded, memory, whole map",
+       {kA, kB}, {{kA, 1}, {kB, 0}}, rotate, {{0, 1}, {0}, {0, 1, 2}}},
+      {"empty recorded: memory, whole map",
+       {}, {{kB, 1}}, rotate, {{1}, {0, 1, 2}}},
+      {"nothing recorded, no memory: the whole map",
+       {}, {}, rotate, {{0, 1, 2}}},
+      {"whole map identical to memory's list: not tried twice",
+       {kA}, {{kA, 1}, {kB, 1}}, swap, {{0}, {0, 1}}},
+      {"whole map identical to recorded: not tried twice",
+       {kB, kA}, {{kB, 1}}, swap, {{0, 1}, {1}}},
+      {"a choice naming no paired GPU is skipped",
+       {kX}, {{kY, 1}, {kB, 1}}, rotate, {{1}, {0, 1, 2}}},
+      {"identity map (no pairs): one restore without pairs",
+       {kA, kB}, {{kA, 1}}, {}, {{}}},
+      {"a GPU onto itself is a pair like the others",
+       {kA}, {{kA, 1}, {kB, 1}}, {{kA, kA}, {kB, kC}}, {{0}, {0, 1}}},
+  };
+  // clang-format on
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    Manifest m;
+    ManifestProcess p;
+    p.pid = 10;
+    p.uses_cuda = true;
+    p.gpus = r.recorded;
+    p.gpu_memory = r.memory;
+    m.processes = {p};
+    std::vector<CUcheckpointGpuPair> pairs(r.map.size());
+    for (size_t i = 0; i < r.map.size(); ++i) {
+      REQUIRE(parse_gpu_uuid(r.map[i].first, &pairs[i].oldUuid));
+      REQUIRE(parse_gpu_uuid(r.map[i].second, &pairs[i].newUuid));
+    }
+    const GpuChoices c = gpu_choices(m);
+    const auto tries =
+        restore_pair_tries(pairs, c.count(10) ? c.at(10) : GpuChoices::mapped_type{});
+    REQUIRE(tries.size() == r.want.size());
+    for (size_t t = 0; t < tries.size(); ++t) {
+      CAPTURE(t);
+      REQUIRE(tries[t].size() == r.want[t].size());
+      for (size_t k = 0; k < tries[t].size(); ++k) {
+        CAPTURE(k);
+        const CUcheckpointGpuPair& want = pairs[r.want[t][k]];
+        CHECK(format_gpu_uuid(tries[t][k].oldUuid) == format_gpu_uuid(want.oldUuid));
+        CHECK(format_gpu_uuid(tries[t][k].newUuid) == format_gpu_uuid(want.newUuid));
+      }
+    }
+  }
+  // A process without choices (not in the manifest's CUDA processes) is
+  // given every pair, once.
+  std::vector<CUcheckpointGpuPair> pairs(2);
+  REQUIRE(parse_gpu_uuid(kA, &pairs[0].oldUuid));
+  REQUIRE(parse_gpu_uuid(kB, &pairs[0].newUuid));
+  REQUIRE(parse_gpu_uuid(kB, &pairs[1].oldUuid));
+  REQUIRE(parse_gpu_uuid(kA, &pairs[1].newUuid));
+  const auto all = restore_pair_tries(pairs, {});
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].size() == 2);
 }

@@ -19,6 +19,7 @@
 
 #include "coord/engine_internal.h"
 #include "coord/procs.h"
+#include "coord/restore_pairs.h"
 #include "coord/write_probe.h"
 
 namespace cusnap {
@@ -238,23 +239,13 @@ std::vector<CUcheckpointGpuPair> pairs_of(const std::vector<CUcheckpointGpuPair>
 namespace {
 
 /// The driver's restore of pid with the pairs of its GPUs, one choice after
-/// another while refused INVALID_VALUE, then every pair (driver_resume_all).
+/// another while refused INVALID_VALUE, then every pair (restore_pair_tries).
 bool restore_with_choices(Driver& d, pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs,
                           const GpuChoices& choices, std::string* err) {
-  std::vector<std::vector<CUcheckpointGpuPair>> tries;
-  auto same = [](const std::vector<CUcheckpointGpuPair>& a,
-                 const std::vector<CUcheckpointGpuPair>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof a[0]) == 0;
-  };
-  if (auto it = choices.find(pid); it != choices.end() && !pairs.empty())
-    for (const std::vector<std::string>& gpus : it->second) {
-      auto mine = pairs_of(pairs, gpus);
-      if (!mine.empty() &&
-          std::none_of(tries.begin(), tries.end(), [&](const auto& t) { return same(t, mine); }))
-        tries.push_back(std::move(mine));
-    }
-  if (std::none_of(tries.begin(), tries.end(), [&](const auto& t) { return same(t, pairs); }))
-    tries.push_back(pairs);
+  static const std::vector<std::vector<std::string>> kNone;
+  const auto it = choices.find(pid);
+  const std::vector<std::vector<CUcheckpointGpuPair>> tries =
+      restore_pair_tries(pairs, it != choices.end() ? it->second : kNone);
   std::string refused;  // "GPU-a; GPU-a, GPU-b": the pairs refused before
   for (size_t i = 0; i < tries.size(); ++i) {
     std::string why;

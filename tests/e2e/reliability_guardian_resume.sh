@@ -8,7 +8,11 @@
 #     suspended, GPU state locked (exit 6);
 #   - cusnap resume begins; every unlock of the supervisor (and so of its
 #     guardian, forked from it) takes 2.5 s (FAKECUDA_DELAY), and the
-#     supervisor is killed (SIGKILL) inside the first;
+#     supervisor is killed (SIGKILL) inside the first: the test waits for
+#     the unlock's own trace line (FAKECUDA_LOG, in the supervisor's
+#     stderr, written as the call enters, before its delay) and kills at
+#     once, with nothing slow (cusnap ps) inside the window, and fails if
+#     the kill may have come after those 2.5 s;
 #   - the resume fails saying so; the guardian's log says the supervisor died
 #     during resume; the job counts on with every byte right, supervised by the
 #     guardian, shown running; the marker is gone; inspect no longer shows it
@@ -18,9 +22,10 @@ fake_only "fault injection (FAKECUDA_FAIL_FILE, FAKECUDA_DELAY)" || exit 77
 
 NAME=gresume
 OUT=$T/$NAME.out
-FAKECUDA_FAIL_FILE="$T/fail.%p" FAKECUDA_DELAY="cuCheckpointProcessUnlock:2500" \
+UNLOCK_MS=2500 # each unlock of the supervisor (and its guardian)
+FAKECUDA_LOG=1 FAKECUDA_FAIL_FILE="$T/fail.%p" FAKECUDA_DELAY="cuCheckpointProcessUnlock:$UNLOCK_MS" \
   "$CUSNAP" launch --name "$NAME" -- \
-  env -u FAKECUDA_FAIL_FILE -u FAKECUDA_DELAY "$PATTERN_JOB" --mib 4 --interval-ms 20 \
+  env -u FAKECUDA_LOG -u FAKECUDA_FAIL_FILE -u FAKECUDA_DELAY "$PATTERN_JOB" --mib 4 --interval-ms 20 \
   >"$OUT" 2>&1 &
 SUPERVISORS+=($!)
 SUP=$!
@@ -39,16 +44,30 @@ said "the job is left suspended" checkpoint
 pass "checkpoint: the roll back failed, the job is left suspended, its GPU state locked"
 
 # ---- resume; the supervisor dies inside its unlock.
+# unlocks PID: how many driver unlocks PID has begun (FAKECUDA_LOG traces a
+# call as it enters, before its FAKECUDA_DELAY).
+unlocks() { grep -c "^fakecuda\[$1\]: cuCheckpointProcessUnlock" "$OUT" || true; }
+before=$(unlocks "$SUP")
 "$CUSNAP" resume "$NAME" >"$T/resume.out" 2>&1 &
 RESUME=$!
-for _ in $(seq 1 200); do
-  [ "$(job_field "$NAME" state)" = resuming ] && break
+usecs() { local t=${1/[.,]/}; echo $((10#$t)); } # of $EPOCHREALTIME
+absent=$EPOCHREALTIME # the last moment the unlock had surely not begun
+for _ in $(seq 1 3000); do # 60 s
+  now=$EPOCHREALTIME
+  [ "$(unlocks "$SUP")" -gt "$before" ] && break
+  absent=$now
+  kill -0 "$RESUME" 2>/dev/null || break
   sleep 0.02
 done
-[ "$(job_field "$NAME" state)" = resuming ] || fail "the resume did not begin: $(cat "$T/resume.out")"
-sleep 0.5 # inside the first unlock's 2.5 s
+[ "$(unlocks "$SUP")" -gt "$before" ] ||
+  fail "the resume did not reach the driver's unlock: $(cat "$T/resume.out")"
 kill -0 "$RESUME" 2>/dev/null || fail "the resume ended before the supervisor was killed: $(cat "$T/resume.out")"
+killed=$EPOCHREALTIME
 kill -KILL "$SUP"
+late_ms=$((($(usecs "$killed") - $(usecs "$absent")) / 1000))
+[ "$late_ms" -lt "$UNLOCK_MS" ] ||
+  fail "the supervisor was killed up to $late_ms ms into its unlock, maybe after the $UNLOCK_MS ms it takes"
+echo "   the supervisor killed at most $late_ms ms into its unlock"
 wait_exit "$SUP" 2>/dev/null
 RRC=0
 wait "$RESUME" || RRC=$?
@@ -62,6 +81,8 @@ grep -q "the supervisor of job $NAME died during resume; the guardian brings the
   fail "the guardian did not say it finishes the resume: $(cat "$LOG")"
 grep -q "cusnap: guardian: the job runs on, supervised by process $G" "$LOG" ||
   fail "the guardian did not bring the job back: $(cat "$LOG")"
+[ "$(unlocks "$SUP")" = $((before + 1)) ] ||
+  fail "the supervisor began $(($(unlocks "$SUP") - before)) unlocks in the resume, not 1"
 [ ! -e "$CUSNAP_RUNTIME_BASE/$NAME/left-suspended" ] || fail "the recovery left the marker behind"
 expect_running "$NAME" "$PID" "$LOG"
 op inspect "$NAME" --json

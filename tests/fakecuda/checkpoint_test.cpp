@@ -93,6 +93,39 @@ Child spawn_target() {
   return c;
 }
 
+/// The UUID of t's device 0, as t reports it.
+CUuuid uuid_of(Child& t) {
+  CUuuid u{};
+  REQUIRE(send_u64(t.sock, kUuid));
+  REQUIRE(recv(t.sock, &u, sizeof u, MSG_WAITALL) == sizeof u);
+  return u;
+}
+
+/// A target driver-checkpointed (lock, checkpoint), with the GPU it ran on
+/// and this process's device 0: the restore's pairs map one onto the other.
+struct CheckpointedTarget {
+  Child t;
+  CUuuid old_uuid{};  ///< the target's device 0, before its checkpoint
+  CUuuid here{};      ///< this process's device 0
+};
+/// uuid_seed: the target's FAKECUDA_UUID_SEED ("another machine"), or null
+/// for this machine's GPUs.
+CheckpointedTarget checkpointed_target(const char* uuid_seed) {
+  CheckpointedTarget c;
+  const std::string seed = uuid_seed ? uuid_seed : "";
+  c.t = spawn([seed](int sock) {
+    if (!seed.empty()) setenv("FAKECUDA_UUID_SEED", seed.c_str(), 1);
+    return target_main(sock);
+  });
+  uint64_t ready = 0;
+  REQUIRE(recv_u64(c.t.sock, &ready));
+  c.old_uuid = uuid_of(c.t);
+  REQUIRE(cuDeviceGetUuid(&c.here, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCheckpointProcessLock(c.t.pid, nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuCheckpointProcessCheckpoint(c.t.pid, nullptr) == CUDA_SUCCESS);
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("fakecuda: checkpoint state machine on another process") {
@@ -255,13 +288,10 @@ TEST_CASE(
   // GPU that is not there, and two pairs of its GPU: each INVALID_VALUE, the
   // process still checkpointed; a restore without pairs then brings it back.
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  Child t = spawn_target();
-  CUuuid own{}, other{};
-  REQUIRE(cuDeviceGetUuid(&own, 0) == CUDA_SUCCESS);
-  other = own;
+  auto [t, own, here] = checkpointed_target(nullptr);
+  REQUIRE(memcmp(&own, &here, sizeof own) == 0);  // its GPU is here
+  CUuuid other = own;
   other.bytes[15] = static_cast<char>(other.bytes[15] ^ 0x5a);
-  REQUIRE(cuCheckpointProcessLock(t.pid, nullptr) == CUDA_SUCCESS);
-  REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
   const std::vector<std::vector<CUcheckpointGpuPair>> refused = {
       {{own, own}, {other, own}}, {{other, own}}, {{own, other}}, {{own, own}, {own, own}}};
   for (const auto& pairs : refused) {
@@ -284,19 +314,8 @@ TEST_CASE(
 
 TEST_CASE("fakecuda: restore remaps GPUs by UUID onto the caller's devices") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  Child t = spawn([](int sock) {
-    setenv("FAKECUDA_UUID_SEED", "77", 1);  // "another machine"
-    return target_main(sock);
-  });
-  uint64_t ready;
-  REQUIRE(recv_u64(t.sock, &ready));
-  CUuuid old_uuid{}, mine{};
-  REQUIRE(send_u64(t.sock, kUuid));
-  REQUIRE(recv(t.sock, &old_uuid, sizeof old_uuid, MSG_WAITALL) == sizeof old_uuid);
-  REQUIRE(cuDeviceGetUuid(&mine, 0) == CUDA_SUCCESS);
+  auto [t, old_uuid, mine] = checkpointed_target("77");  // "another machine"
   REQUIRE(memcmp(&old_uuid, &mine, sizeof mine) != 0);
-  REQUIRE(cuCheckpointProcessLock(t.pid, nullptr) == CUDA_SUCCESS);
-  REQUIRE(cuCheckpointProcessCheckpoint(t.pid, nullptr) == CUDA_SUCCESS);
   // Its GPU is not here: restore without a pair fails and leaves it checkpointed.
   CHECK(cuCheckpointProcessRestore(t.pid, nullptr) == CUDA_ERROR_INVALID_VALUE);
   CHECK(state_of(t.pid) == CU_PROCESS_STATE_CHECKPOINTED);
@@ -306,9 +325,7 @@ TEST_CASE("fakecuda: restore remaps GPUs by UUID onto the caller's devices") {
   ra.gpuPairsCount = 1;
   REQUIRE(cuCheckpointProcessRestore(t.pid, &ra) == CUDA_SUCCESS);
   REQUIRE(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
-  CUuuid now{};
-  REQUIRE(send_u64(t.sock, kUuid));
-  REQUIRE(recv(t.sock, &now, sizeof now, MSG_WAITALL) == sizeof now);
+  const CUuuid now = uuid_of(t);
   CHECK(memcmp(&now, &mine, sizeof mine) == 0);
   CHECK(ask(t, kVerify) == 0);
   send_u64(t.sock, kExit);
