@@ -118,7 +118,7 @@ uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
 }
 
 void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* release,
-            std::vector<int>* close_fds) {
+            std::vector<HeldFd>* close_fds) {
   auto it = s.allocs.find(id);
   if (it == s.allocs.end()) return;
   Alloc& a = it->second;
@@ -136,7 +136,7 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
       Lock c(s.cache_mu);
       auto ci = s.cache.find(id);
       if (ci != s.cache.end()) {
-        if (ci->second.ours()) close_fds->push_back(ci->second.fd);
+        close_fds->push_back(ci->second);  // closed later, if its number still names it
         s.cache.erase(ci);
         s.cache_gen.erase(id);
         maybe_shrink(s.cache);
@@ -149,11 +149,12 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
   }
 }
 
-void finish(const std::vector<CUmemGenericAllocationHandle>& release, const std::vector<int>& fds) {
+void finish(const std::vector<CUmemGenericAllocationHandle>& release,
+            const std::vector<HeldFd>& fds) {
   auto rel = REAL(cuMemRelease);
   for (auto h : release)
     if (rel) rel(h);
-  for (int fd : fds) ::close(fd);
+  for (HeldFd fd : fds) fd.close_if_ours();
 }
 
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p) {
@@ -212,17 +213,16 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
   if (key.pid == s.pid && key.start == s.start_time) return CUDA_ERROR_INVALID_HANDLE;
   std::string err;
   uint64_t generation = 0;
-  int fd = fetch_descriptor(t, &err, &generation);
-  if (fd < 0) {
+  CUmemGenericAllocationHandle d = 0;
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (!fetch_descriptor(t, &err, &generation, [&](int fd) {
+        if (auto imp = REAL(cuMemImportFromShareableHandle))
+          r = imp(&d, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      })) {
     log(("import: " + err).c_str());
     return CUDA_ERROR_INVALID_HANDLE;
   }
-  CUmemGenericAllocationHandle d = 0;
-  auto imp = REAL(cuMemImportFromShareableHandle);
-  CUresult r = imp ? imp(&d, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-                   : CUDA_ERROR_NOT_SUPPORTED;
-  ::close(fd);
   if (r != CUDA_SUCCESS) return r;
   CUmemAllocationProp prop{};
   int32_t device = 0;

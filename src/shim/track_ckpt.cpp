@@ -425,15 +425,15 @@ proto::Done reimport_shared(State& s) noexcept {
                     proto::shim_peer_socket(s.runtime_dir, a.key.pid).c_str());
       std::string err;
       uint64_t generation = 0;
-      int fd = fetch_descriptor(t, &err, &generation);
-      if (fd < 0)
+      CUmemGenericAllocationHandle d = 0;
+      CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+      if (!fetch_descriptor(t, &err, &generation, [&](int fd) {
+            r = REAL(cuMemImportFromShareableHandle)(
+                &d, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+          }))
         return fail("allocation " + std::to_string(id) + " of process " +
                     std::to_string(a.key.pid) + ": fetching its descriptor: " + err);
-      CUmemGenericAllocationHandle d = 0;
-      CUresult r = REAL(cuMemImportFromShareableHandle)(
-          &d, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-      ::close(fd);
       if (r != CUDA_SUCCESS)
         return fail("allocation " + std::to_string(id) + ": " +
                     driver_error("cuMemImportFromShareableHandle", r));

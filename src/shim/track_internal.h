@@ -43,9 +43,12 @@ uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
 /// nothing logical or internal holds it, and forgets the allocation when
 /// nothing maps it either. What is to be released or closed goes to finish.
 void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* release,
-            std::vector<int>* close_fds);
-/// Releases the driver handles and closes the descriptors.
-void finish(const std::vector<CUmemGenericAllocationHandle>& release, const std::vector<int>& fds);
+            std::vector<HeldFd>* close_fds);
+/// Releases the driver handles, then closes each descriptor whose number
+/// still names its file (the application may have closed and reused one
+/// while the driver released).
+void finish(const std::vector<CUmemGenericAllocationHandle>& release,
+            const std::vector<HeldFd>& fds);
 /// The mapping that contains address p, or end() (s.mu held).
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p);
 /// Fills the export cache for an allocation created here (calls the driver,

@@ -9,8 +9,9 @@
 // keeps several connections and takes a request only once it is there whole,
 // so a client that sends nothing or half a request holds up no other (serve).
 // A child the application forks closes the descriptors the listeners hold
-// (connections, parts of a save or load, an export being sent) in its fork
-// handler (g_conn_fds), as it does the listening sockets. The application may
+// (connections, parts of a save or load, an export being sent), and the
+// export an importer fetched while it is open, in its fork handler
+// (g_conn_fds), as it does the listening sockets. The application may
 // close any of them and reuse the number: a listener checks each one's
 // identity before it polls, reads, writes, uses or closes it, and lets go of
 // one that no longer names its file without closing the number.
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -80,24 +82,33 @@ bool allowed(int fd, uid_t owner) {
   return proto::peer_credentials(fd, &cred, &err) && proto::peer_uid_allowed(cred.uid, owner);
 }
 
+/// Fetched exports g_conn_fds keeps room for: application threads importing
+/// at once (and the control listener's reimport). One fetched beyond that is
+/// held outside the table: the import goes on, a child forked meanwhile
+/// keeps a copy.
+constexpr size_t kFetchedFds = 32;
 /// Entries g_conn_fds has room for: both listeners' connections; the parts
 /// of a save or load a control connection holds while they arrive (at most
 /// proto::kMaxParts, the one a request just brought included); on the peer
-/// listener, a descriptor a request brought and the export being sent.
-constexpr size_t kHeldFds = 2 * kMaxConnections + kMaxConnections * proto::kMaxParts + 2;
+/// listener, a descriptor a request brought and the export being sent; the
+/// exports importers fetched.
+constexpr size_t kHeldFds =
+    2 * kMaxConnections + kMaxConnections * proto::kMaxParts + 2 + kFetchedFds;
 
-/// The descriptors both listeners hold, with the identity of the file each
-/// names, for a child the application forks to close (the fork handlers
+/// The descriptors both listeners hold, and the exports importers fetched
+/// (fetch_descriptor, in application threads), with the identity of the file
+/// each names, for a child the application forks to close (the fork handlers
 /// below): descriptors the child did not make. A copy there would keep a
 /// connection the listener closed open, so its client would not see the end;
 /// keep a part file of a checkpoint open, or a memory file's pages, in a
 /// process that never saw it; or keep the creator's device memory alive
 /// through a copy of its export. g_conn_mu is held only around what makes a
-/// descriptor (an accept, the receipt of a request whose bytes have all
-/// arrived, a dup) and its entry, and around an entry's removal and the
-/// close, never across a wait, and by the fork's prepare handler: at a fork
-/// every descriptor a listener holds is in the table, and none in it was
-/// closed by the listener. Lock order: State::cache_mu, then g_conn_mu. One a
+/// descriptor (an accept, the receipt of a request or a fetch's reply whose
+/// bytes have all arrived, a dup) and its entry, and around an entry's
+/// removal and the close, never across a wait nor a driver call, and by the
+/// fork's prepare handler: at a fork every descriptor a listener or an import
+/// holds is in the table, and none in it was closed by the shim. Lock order:
+/// State::cache_mu, then g_conn_mu (an importer takes g_conn_mu alone). One a
 /// channel closed itself (a request the stream cannot recover from) stays in
 /// the table until the listener drops it; the child checks the identity
 /// first, so a number the application reused meanwhile is left alone.
@@ -115,10 +126,10 @@ std::ptrdiff_t enter_locked(int fd) {
 }
 
 /// A descriptor a listener holds for a request (a part of a save or load
-/// that came with one, the duplicate of an export being sent), in
-/// g_conn_fds while it is held. Closed, out of the table, only while its
-/// number still names the file it was; let go otherwise (the application
-/// closed it and may have reused the number).
+/// that came with one, the duplicate of an export being sent), or an
+/// importer the export it fetched, in g_conn_fds while it is held. Closed,
+/// out of the table, only while its number still names the file it was; let
+/// go otherwise (the application closed it and may have reused the number).
 class RequestFd {
  public:
   RequestFd() = default;
@@ -136,8 +147,8 @@ class RequestFd {
   ~RequestFd() { reset(); }
 
   /// Takes fd in (g_conn_mu held, in one step with what made fd); false,
-  /// fd closed, when the table has no room.
-  bool take_locked(UniqueFd fd) {
+  /// fd left with the caller, when the table has no room.
+  bool take_locked(UniqueFd& fd) {
     const std::ptrdiff_t slot = enter_locked(fd.get());
     if (slot < 0) return false;
     reset_locked();
@@ -245,7 +256,8 @@ bool recv_request(Conn& c, proto::Message* msg, RequestFd* fd, std::string* err,
   const bool got = c.ch.recv(msg, err, refused);
   c.ch.set_timeout(timeout());
   if (!got || !msg->fd) return got;
-  if (!fd->take_locked(std::move(msg->fd))) {
+  if (!fd->take_locked(msg->fd)) {
+    msg->fd.reset();  // closed under g_conn_mu: a fork never copies it
     *err = "no room for the descriptor that came with the request";
     *refused = true;
     return false;
@@ -301,7 +313,7 @@ void serve_peer(State& s, Conn& c) {
       std::lock_guard<std::mutex> t(g_conn_mu);
       UniqueFd fd(::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0));
       dup_errno = errno;
-      if (fd && !dup.take_locked(std::move(fd))) r.error = "no room to hold the descriptor";
+      if (fd && !dup.take_locked(fd)) r.error = "no room to hold the descriptor";
     }
     if (dup) {
       auto g = s.cache_gen.find(req.allocation);
@@ -538,6 +550,32 @@ Queued queued(int fd) {
   return static_cast<uint64_t>(avail) >= 4 + n ? Queued::kWhole : Queued::kPart;
 }
 
+/// Waits, holding no lock, until a whole message (or the end of the stream,
+/// or an error: recv reports which) is queued on fd, until deadline; false
+/// when none came by then. Polls while nothing is queued, looks again every
+/// 5 ms while part of one is (poll would report it at once).
+bool await_whole(int fd, Clock::time_point deadline) {
+  for (;;) {
+    const Queued q = queued(fd);
+    if (q == Queued::kWhole) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    const int ms = static_cast<int>(std::clamp<int64_t>(left, 1, q == Queued::kPart ? 5 : 1 << 30));
+    if (q == Queued::kPart) {
+      struct timespec ts {
+        0, ms * 1000 * 1000L
+      };
+      ::nanosleep(&ts, nullptr);
+    } else {
+      struct pollfd p {
+        fd, POLLIN | POLLRDHUP, 0
+      };
+      (void)::poll(&p, 1, ms);
+    }
+  }
+}
+
 /// A listener's loop. It keeps up to kMaxConnections connections and takes a
 /// request from one only once it has arrived whole, one request per
 /// connection in turn, so a client that sends nothing, or half a request,
@@ -743,41 +781,62 @@ bool start_servers(State& s) noexcept {
   }
 }
 
-int fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation) noexcept {
+bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation,
+                      const std::function<void(int fd)>& use) noexcept {
   // Called from an import hook: connect, poll and recvmsg are cancellation
   // points, and a cancellation unwinding into the catch below (which does not
   // rethrow) makes the C library abort the process (gate.h, NoCancel).
   const NoCancel no_cancel;
+  // The export, from its receipt to its close: in g_conn_fds (listed), or
+  // outside it when the table has no room (unlisted; the import goes on).
+  RequestFd listed;
+  UniqueFd unlisted;
   try {
     UniqueFd fd;
-    if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return -1;
+    if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return false;
     struct ucred cred {};
-    if (!proto::peer_credentials(fd.get(), &cred, err)) return -1;
+    if (!proto::peer_credentials(fd.get(), &cred, err)) return false;
     if (!proto::peer_uid_allowed(cred.uid, state().uid) || cred.pid != t.creator_pid) {
       *err = "the peer socket is not the creator's";
-      return -1;
+      return false;
     }
     proto::Channel ch(std::move(fd), timeout());
     ch.set_max_body(proto::kMaxRequestBytes);  // a fetched reply is as small
     proto::FetchRequest req{t.creator_start, t.allocation};
-    if (!ch.send(proto::kMsgFetch, req, err)) return -1;
+    if (!ch.send(proto::kMsgFetch, req, err)) return false;
+    // The reply is awaited holding nothing and received only once all of it
+    // is queued, under g_conn_mu with its descriptor's entry (bounded as a
+    // listener's receipt is): a fork in another application thread then
+    // never waits on the creator, and a child it makes closes the copy.
+    if (!await_whole(ch.fd(), Clock::now() + timeout())) {
+      *err = "timed out waiting for a message";
+      return false;
+    }
     proto::Message msg;
-    if (!ch.recv(&msg, err)) return -1;
+    bool got;
+    {
+      std::lock_guard<std::mutex> l(g_conn_mu);
+      ch.set_timeout(kRecvUnderLock);
+      got = ch.recv(&msg, err);
+      if (msg.fd && !listed.take_locked(msg.fd)) unlisted = std::move(msg.fd);
+    }
+    if (!got) return false;
     proto::FetchReply reply;
     if (msg.type != proto::kMsgFetched || !msg.get(&reply, err)) {
       if (err->empty()) *err = "unexpected reply '" + msg.type + "'";
-      return -1;
+      return false;
     }
-    if (!reply.ok || !msg.fd) {
+    if (!reply.ok || (!listed && !unlisted)) {
       *err = reply.error.empty() ? "no descriptor in the reply" : reply.error;
-      return -1;
+      return false;
     }
     if (generation) *generation = reply.generation;
-    return msg.fd.release();
   } catch (...) {
     *err = "out of memory";
-    return -1;
+    return false;
   }
+  use(listed ? listed.get() : unlisted.get());
+  return true;  // closed out of the table (RequestFd), the number left alone if reused
 }
 
 }  // namespace cusnap::shim::track

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -152,10 +153,15 @@ void conns_atfork_child() noexcept;
 bool listener_is_ours(int fd, const std::string& path) noexcept;
 /// Closes the listening socket fd if it is still the shim's; sets it to -1.
 void close_listener(int* fd, const std::string& path) noexcept;
-/// Asks the creator named by t for the real descriptor; -1 and *err on failure.
-/// *generation (when given) gets the generation of the allocation it names.
-int fetch_descriptor(const proto::Ticket& t, std::string* err,
-                     uint64_t* generation = nullptr) noexcept;
+/// Asks the creator named by t for the real descriptor, calls use(fd) with
+/// it (use must not throw) and closes it; false and *err on failure, use not
+/// called. *generation (when given) gets the generation of the allocation it
+/// names. From its receipt to its close the descriptor is in the listeners'
+/// fork table (track_server.cpp), so a child another thread forks meanwhile
+/// closes its copy (which would keep the creator's memory alive); that table's
+/// lock is taken alone, never across a wait nor across use.
+bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation,
+                      const std::function<void(int fd)>& use) noexcept;
 /// The records, for inspection. Takes s.mu.
 proto::ShimRecords snapshot(State& s);
 /// The checkpoint of shared memory, on the control listener's thread with the

@@ -18,6 +18,12 @@
 //   - cuGetProcAddress_v2 refused by the driver (flags it does not take):
 //     the caller's pointer and status stay as the driver leaves them,
 //     untouched (before: the shim wrote SUCCESS and NULL)
+//   - a thread releases the last handle of an exported allocation, the
+//     driver's release taking 2 s (FAKECUDA_DELAY); meanwhile another thread
+//     opens a file of its own at the number of the shim's export descriptor
+//     (a close-every-descriptor loop followed by an open): the file stays
+//     open (before: the shim checked the number before the driver's release
+//     and closed it after, closing the application's file)
 // Run as one process per case: `shim_app_test CASE`.
 #include <dirent.h>
 #include <dlfcn.h>
@@ -203,6 +209,72 @@ int proc_address_refused() {
   return 0;
 }
 
+/// The number of the shim's export descriptor of this process's allocation:
+/// the highest of the descriptors naming the simulated driver's memory file
+/// (the shim keeps its own at high numbers; the driver's is low).
+int export_number() {
+  const std::string tag = "fakecuda:" + std::to_string(::getpid()) + ":";
+  int found = -1;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (dirent* e = ::readdir(d)) {
+    char target[256];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    if (std::strstr(target, tag.c_str()) && std::atoi(e->d_name) > found)
+      found = std::atoi(e->d_name);
+  }
+  ::closedir(d);
+  return found;
+}
+
+void* release_handle(void* h) {
+  const auto r = cuMemRelease(static_cast<CUmemGenericAllocationHandle>(
+      reinterpret_cast<uintptr_t>(h)));  // 2 s inside the driver
+  return reinterpret_cast<void*>(static_cast<intptr_t>(r));
+}
+
+int release_export() {
+  ::setenv("FAKECUDA_DELAY", "cuMemRelease:2000", 1);
+  REQ(cuInit(0) == CUDA_SUCCESS);
+  CUcontext ctx = nullptr;
+  REQ(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h = 0;
+  REQ(cuMemCreate(&h, 2u << 20, &prop, 0) == CUDA_SUCCESS);
+  int ticket = -1;
+  REQ(cuMemExportToShareableHandle(&ticket, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+      CUDA_SUCCESS);
+  ::close(ticket);
+  const int number = export_number();
+  REQ(number >= 0);
+  pthread_t t;
+  REQ(::pthread_create(&t, nullptr, release_handle,
+                       reinterpret_cast<void*>(static_cast<uintptr_t>(h))) == 0);
+  ::usleep(500 * 1000);  // the release is inside the driver
+  const int own = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  REQ(own >= 0 && ::dup2(own, number) == number);
+  struct stat st;
+  REQ(::fstat(number, &st) == 0);
+  void* rc = nullptr;
+  REQ(::pthread_join(t, &rc) == 0);
+  REQ(rc == nullptr);  // CUDA_SUCCESS
+  struct stat now;
+  if (::fstat(number, &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+    std::fprintf(stderr, "the application's descriptor %d was closed behind its back\n", number);
+    return 1;
+  }
+  ::close(number);
+  ::close(own);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,6 +294,8 @@ int main(int argc, char** argv) {
     rc = loader_race(argv[2]);
   else if (c == "procaddr")
     rc = proc_address_refused();
+  else if (c == "release")
+    rc = release_export();
   std::system(("rm -rf '" + g_dir + "'").c_str());
   std::fprintf(stderr, "shim.track.app %s: %s\n", c.c_str(), rc == 0 ? "passed" : "FAILED");
   return rc;

@@ -86,16 +86,8 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
     case kInit:
       FC_REQ(init_primary() == CUDA_SUCCESS);
       return 0;
-    case kExport: {
-      int ticket = -1;
-      FC_REQ(vmm_create(2ull << 20, &g_buf) == CUDA_SUCCESS);
-      FC_REQ(cuMemExportToShareableHandle(&ticket, g_buf.handle,
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                          0) == CUDA_SUCCESS);
-      FC_REQ(send_fd(sock, ticket));
-      close(ticket);
-      return 0;
-    }
+    case kExport:
+      return cmds::export_ticket(sock, &g_buf);
     case kImport: {
       const int ticket = recv_fd(sock);
       FC_REQ(ticket >= 0);

@@ -60,32 +60,13 @@ int act(uint64_t cmd, uint64_t* value) {
     case kInit:
       FC_REQ(init_primary() == CUDA_SUCCESS);
       return 0;
-    case kFork: {
+    case kFork:
       // The reply waits until the child is past fork (its fork handlers ran).
-      int ready[2];
-      FC_REQ(pipe2(ready, O_CLOEXEC) == 0);
-      g_child = fork();
-      FC_REQ(g_child >= 0);
-      if (g_child == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);  // ends with the workload
-        close(ready[0]);
-        if (write(ready[1], "r", 1) != 1) _exit(1);
-        close(ready[1]);
-        for (;;) pause();
-      }
-      close(ready[1]);
-      char c = 0;
-      FC_REQ(read(ready[0], &c, 1) == 1);
-      close(ready[0]);
+      if (const int rc = cmds::fork_waiting_child(&g_child)) return rc;
       *value = static_cast<uint64_t>(g_child);
       return 0;
-    }
     case kReap:
-      if (g_child > 0) {
-        kill(g_child, SIGKILL);
-        waitpid(g_child, nullptr, 0);
-        g_child = -1;
-      }
+      cmds::reap_child(&g_child);
       return 0;
     default:
       return 1;

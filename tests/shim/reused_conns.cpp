@@ -179,24 +179,28 @@ int check_left_alone(const char* which) {
   return 0;
 }
 
-int control_listener() {
-  REQ(command(g_workload, kMark));
-  Shim c;
-  REQ(c.connect(g_workload.pid));
+/// A listener whose connection's number the application takes; its client's
+/// requests are the listener's kind.
+struct Listener {
+  const char* name;
+  std::string (*socket)(const std::string& runtime_dir, int64_t pid);
+  /// One request on ch; true when answered as the listener answers it.
+  bool (*request)(proto::Channel& ch);
+  /// Whether the connection makes an exchange before its number is taken
+  /// (the peer listener serves one request per connection: its client stays
+  /// silent).
+  bool exchange_first;
+};
+
+/// An inspect on the control socket; true when answered with the workload's
+/// records.
+bool inspect(proto::Channel& ch) {
+  proto::Message m;
   proto::ShimRecords r;
-  REQ(c.inspect(&r));  // accepted and served
-  uint64_t number = 0;
-  REQ(command(g_workload, kSteal, &number));
-  fprintf(stderr, "control: the application's socket is at the connection's number %llu\n",
-          (unsigned long long)number);
-  c.ch.set_timeout(std::chrono::seconds(3));
-  const bool answered = c.inspect(&r);  // wakes the listener; its socket is gone
-  fprintf(stderr, "control: the client's request %s\n", answered ? "was answered" : "was not");
-  REQ(check_left_alone("control") == 0);
-  Shim next;
-  REQ(next.connect(g_workload.pid));
-  REQ(next.inspect(&r));
-  return 0;
+  std::string err;
+  return ch.send(proto::kMsgShimInspect, proto::Empty{}, &err) && ch.recv(&m, &err) &&
+         m.type == proto::kMsgShimRecords && m.get(&r, &err) &&
+         r.format == proto::kShimRecordsFormat && r.pid == g_workload.pid;
 }
 
 /// A fetch on the peer socket; true when answered with a fetched reply.
@@ -207,24 +211,45 @@ bool fetch(proto::Channel& ch) {
          m.type == proto::kMsgFetched;
 }
 
-int peer_listener() {
-  const std::string path = proto::shim_peer_socket(g_dir, g_workload.pid);
-  REQ(command(g_workload, kMark));
+const Listener kListeners[] = {
+    {"control", proto::shim_control_socket, inspect, true},
+    {"peer", proto::shim_peer_socket, fetch, false},
+};
+
+/// A client of l's socket (its exchanges bounded by 3 s); false when the
+/// connect failed.
+bool connect_to(const Listener& l, proto::Channel* ch) {
   UniqueFd fd;
   std::string err;
-  REQ(proto::connect_unix(path, kTimeout, &fd, &err));
-  usleep(300000);  // accepted
+  if (!proto::connect_unix(l.socket(g_dir, g_workload.pid), kTimeout, &fd, &err)) {
+    fprintf(stderr, "%s: connect: %s\n", l.name, err.c_str());
+    return false;
+  }
+  *ch = proto::Channel(std::move(fd), std::chrono::seconds(3));
+  return true;
+}
+
+/// The application takes the number of l's connection; the client's request
+/// then wakes the listener, which must leave the number alone and serve the
+/// next client.
+int reused_connection(const Listener& l) {
+  REQ(command(g_workload, kMark));
+  proto::Channel ch;
+  REQ(connect_to(l, &ch));
+  if (l.exchange_first)
+    REQ(l.request(ch));  // accepted and served
+  else
+    usleep(300000);  // accepted
   uint64_t number = 0;
   REQ(command(g_workload, kSteal, &number));
-  fprintf(stderr, "peer: the application's socket is at the connection's number %llu\n",
+  fprintf(stderr, "%s: the application's socket is at the connection's number %llu\n", l.name,
           (unsigned long long)number);
-  proto::Channel ch(std::move(fd), std::chrono::seconds(3));
-  const bool answered = fetch(ch);  // wakes the listener; its socket is gone
-  fprintf(stderr, "peer: the client's request %s\n", answered ? "was answered" : "was not");
-  REQ(check_left_alone("peer") == 0);
-  REQ(proto::connect_unix(path, kTimeout, &fd, &err));
-  proto::Channel next(std::move(fd), std::chrono::seconds(3));
-  REQ(fetch(next));
+  const bool answered = l.request(ch);  // wakes the listener; its socket is gone
+  fprintf(stderr, "%s: the client's request %s\n", l.name, answered ? "was answered" : "was not");
+  REQ(check_left_alone(l.name) == 0);
+  proto::Channel next;
+  REQ(connect_to(l, &next));
+  REQ(l.request(next));
   return 0;
 }
 
@@ -268,9 +293,9 @@ int run() {
   g_workload = spawn([](int sock) { return cmds::serve(sock, act); });
   REQ(g_workload.pid > 0);
   REQ(command(g_workload, kInit));
-  REQ((!g_only.empty() && g_only != "control") || control_listener() == 0);
-  REQ((!g_only.empty() && g_only != "peer") || peer_listener() == 0);
-  REQ((!g_only.empty() && g_only != "parts") || save_parts() == 0);
+  auto part = [](const char* name) { return g_only.empty() || g_only == name; };
+  for (const Listener& l : kListeners) REQ(!part(l.name) || reused_connection(l) == 0);
+  REQ(!part("parts") || save_parts() == 0);
   REQ(cmds::finish(g_workload));
   return 0;
 }

@@ -6,7 +6,11 @@
 #pragma once
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -53,6 +57,49 @@ inline bool command(const fctest::Child& w, uint64_t cmd, uint64_t* value = null
 /// In the test: ends workload w (kFinish); true when it exited with 0.
 inline bool finish(fctest::Child& w) {
   return fctest::send_u64(w.sock, kFinish) && w.join() == 0;
+}
+
+/// In a workload: forks a child that waits to be killed (and ends with the
+/// workload), into *child; returns once the child is past fork (its fork
+/// handlers ran). 0, or FC_REQ's 1.
+inline int fork_waiting_child(pid_t* child) {
+  int ready[2];
+  FC_REQ(pipe2(ready, O_CLOEXEC) == 0);
+  *child = fork();
+  FC_REQ(*child >= 0);
+  if (*child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // ends with the workload
+    close(ready[0]);
+    if (write(ready[1], "r", 1) != 1) _exit(1);
+    close(ready[1]);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char c = 0;
+  FC_REQ(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+  return 0;
+}
+
+/// In a workload: kills and reaps the child fork_waiting_child made, if any.
+inline void reap_child(pid_t* child) {
+  if (*child <= 0) return;
+  kill(*child, SIGKILL);
+  waitpid(*child, nullptr, 0);
+  *child = -1;
+}
+
+/// In a workload: a 2 MiB allocation of its own into *buf, exported as a
+/// POSIX file descriptor (a ticket) sent on sock. 0, or FC_REQ's 1.
+inline int export_ticket(int sock, fctest::VmmBuffer* buf) {
+  int ticket = -1;
+  FC_REQ(fctest::vmm_create(2ull << 20, buf) == CUDA_SUCCESS);
+  FC_REQ(cuMemExportToShareableHandle(&ticket, buf->handle,
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  const bool sent = fctest::send_fd(sock, ticket);
+  close(ticket);
+  FC_REQ(sent);
+  return 0;
 }
 
 inline long ms_since(std::chrono::steady_clock::time_point t) {
