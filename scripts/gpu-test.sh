@@ -17,7 +17,9 @@
 #                restores at once, the old name of a job restored under
 #                another, the job's working directory gone), and
 #                reliability_restore_killed (a restore killed while CRIU
-#                runs: its watch ends the restored process). Parts that need
+#                runs: its watch ends the restored process), and
+#                suspend_state_follows_driver (a job suspended or resumed by
+#                another program through the driver's API). Parts that need
 #                the simulated driver (its
 #                fault injection, its allocation names) say so and are skipped.
 #   timing       A pattern job holding 4 GiB and one holding 16 GiB are
@@ -315,6 +317,7 @@ scenario_e2e() {
   run_e2e reliability_guardian_long_argv 600
   run_e2e restore_taken 600
   run_e2e reliability_restore_killed 600
+  run_e2e suspend_state_follows_driver 600
 }
 scenario_e2e_shared() { run_e2e shared_ "$CLIENT_TIMEOUT"; }
 scenario_restore_memory_check() { run_e2e restore_memory_check 600; }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The job's recorded state follows what the driver says. A suspended job
 # whose GPU state was brought back outside cusnap (the driver's restore and
-# unlock called by another tool: fakecuda_ckpt here, cuda-checkpoint on the
-# real driver) is still recorded suspended:
+# unlock called by another tool: fakecuda_ckpt here; on the
+# real driver the same program built against libcuda) is still recorded
+# suspended:
 #   - cusnap suspend is refused (exit 3), saying the driver runs it and that
 #     cusnap resume records it running;
 #   - cusnap resume finds every process running: it restores nothing,
@@ -12,8 +13,16 @@
 # checkpointed (suspended outside cusnap): suspend is refused saying to
 # resume; cusnap resume restores it and the job counts on.
 source "$(dirname "$0")/lib_checkpoint.sh"
-fake_only "the simulated driver's fakecuda_ckpt" || exit 77
-CKPT=$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt
+# The other tool: the simulated driver's fakecuda_ckpt, or on the real driver
+# the same program built here against the system's libcuda.
+if [ "$REAL_DRIVER" = 1 ]; then
+  CKPT=$T/ckpt-tool
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  g++ -O1 -isystem "$cuda/include" -o "$CKPT" "$(dirname "$0")/../fakecuda/progs/fakecuda_ckpt.cpp" -lcuda \
+    >"$T/ckpt-build.log" 2>&1 || fail "could not build the checkpoint tool: $(cat "$T/ckpt-build.log")"
+else
+  CKPT=$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt
+fi
 [ -x "$CKPT" ] || fail "$CKPT is not built"
 
 NAME=sfd
@@ -27,7 +36,7 @@ PID=$(wait_job "$NAME")
 op suspend "$NAME"
 [ "$RC" = 0 ] || fail "suspend exited $RC"
 [ "$(cuda_states "$NAME")" = checkpointed ] || fail "the job's GPU state is $(cuda_states "$NAME")"
-"$CKPT" resume "$PID" >"$T/ckpt.out" 2>&1 || fail "fakecuda_ckpt resume failed: $(cat "$T/ckpt.out")"
+"$CKPT" resume "$PID" >"$T/ckpt.out" 2>&1 || fail "the checkpoint tool's resume failed: $(cat "$T/ckpt.out")"
 [ "$(cuda_states "$NAME")" = running ] || fail "the job's GPU state is $(cuda_states "$NAME")"
 [ "$(job_field "$NAME" state)" = suspended ] || fail "the job shows $(job_field "$NAME" state)"
 expect_running "$NAME" "$PID" "$OUT"
@@ -57,7 +66,7 @@ expect_running "$NAME" "$PID" "$OUT"
 pass "suspended and resumed again as usual"
 
 # ---- recorded running, suspended by another tool.
-"$CKPT" suspend "$PID" >"$T/ckpt.out" 2>&1 || fail "fakecuda_ckpt suspend failed: $(cat "$T/ckpt.out")"
+"$CKPT" suspend "$PID" >"$T/ckpt.out" 2>&1 || fail "the checkpoint tool's suspend failed: $(cat "$T/ckpt.out")"
 [ "$(cuda_states "$NAME")" = checkpointed ] || fail "the job's GPU state is $(cuda_states "$NAME")"
 [ "$(job_field "$NAME" state)" = running ] || fail "the job shows $(job_field "$NAME" state)"
 op suspend "$NAME"
