@@ -436,12 +436,14 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   TempDir no_plugins("cusnap-noplugins-");
   if (!criu_temp_dirs_usable(work, no_plugins, false, err)) return false;
   // Should this process be killed from here on, the watch ends what was
-  // restored (restore_watch.h).
+  // restored and removes these two directories, which the destructors would
+  // (restore_watch.h). Declared after them: dismissed first on the way out.
   RestoreWatch watch;
   {
     std::vector<pid_t> pids;
     for (const ManifestProcess& p : m.processes) pids.push_back(p.pid);
-    if (!watch.start(pids, opts.dir, opts.report_fd, err)) return false;
+    if (!watch.start(pids, opts.dir, opts.report_fd, err, {work.path(), no_plugins.path()}))
+      return false;
   }
   std::string pidfile = work.path() + "/root.pid";
   CriuRun run;

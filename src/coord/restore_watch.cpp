@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -97,10 +98,125 @@ void repair_tcp_sockets(pid_t pid) {
   }
 }
 
+/// A temporary directory of the restore, for the watch to remove: split
+/// and checked before the fork (the watch allocates nothing).
+struct TempDirRef {
+  std::string parent, name;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+/// Whether name is one of a TempDir of the restoring process's: PREFIX PID
+/// "-" XXXXXX (mkdtemp's six letters or digits), PREFIX cusnap-restore- or
+/// cusnap-noplugins-, PID the restoring process's.
+bool restore_temp_name(const char* name, pid_t restorer) {
+  for (const char* prefix : {"cusnap-restore-", "cusnap-noplugins-"}) {
+    const size_t n = std::strlen(prefix);
+    if (std::strncmp(name, prefix, n) != 0) continue;
+    const char* c = name + n;
+    unsigned long long pid = 0;
+    int digits = 0;
+    for (; *c >= '0' && *c <= '9' && digits < 12; ++c, ++digits) pid = pid * 10 + (*c - '0');
+    if (digits == 0 || pid != static_cast<unsigned long long>(restorer) || *c++ != '-')
+      return false;
+    for (int i = 0; i < 6; ++i, ++c)
+      if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
+        return false;
+    return *c == '\0';
+  }
+  return false;
+}
+
+bool dot_or_dotdot(const char* n) {
+  return n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0'));
+}
+
+/// Empties the directory open as fd (device dev): files and links are
+/// unlinked (a link is never followed), directories of the same device
+/// emptied through openat(O_NOFOLLOW | O_DIRECTORY) and removed, depth
+/// levels down at most. True once a pass finds it empty. System calls only,
+/// no allocation (one buffer per level, on the stack).
+bool empty_dir(int fd, dev_t dev, int depth) {
+  constexpr int kMaxDepth = 16;
+  alignas(dirent64) char ents[2048];
+  // Unlinking while reading may skip an entry: pass again until a pass
+  // finds nothing (empty) or removes nothing (what is left stays).
+  for (int round = 0; round < 64; ++round) {
+    if (::lseek(fd, 0, SEEK_SET) != 0) return false;
+    size_t seen = 0, removed = 0;
+    for (;;) {
+      const long got = ::syscall(SYS_getdents64, fd, ents, sizeof ents);
+      if (got < 0) return false;
+      if (got == 0) break;
+      for (long at = 0; at < got;) {
+        const auto* e = reinterpret_cast<const dirent64*>(ents + at);
+        at += e->d_reclen;
+        if (dot_or_dotdot(e->d_name)) continue;
+        ++seen;
+        struct stat st;
+        if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISDIR(st.st_mode)) {
+          if (::unlinkat(fd, e->d_name, 0) == 0) ++removed;
+          continue;
+        }
+        if (st.st_dev != dev || depth >= kMaxDepth) continue;  // a mount, or too deep: left
+        const int sub = ::openat(fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) continue;
+        struct stat opened;
+        const bool same =
+            ::fstat(sub, &opened) == 0 && opened.st_dev == st.st_dev && opened.st_ino == st.st_ino;
+        const bool emptied = same && empty_dir(sub, dev, depth + 1);
+        ::close(sub);
+        if (emptied && ::unlinkat(fd, e->d_name, AT_REMOVEDIR) == 0) ++removed;
+      }
+    }
+    if (seen == 0) return true;
+    if (removed == 0) return false;
+  }
+  return false;
+}
+
+/// Removes the restore's temporary directory d (made by process restorer),
+/// only while it is that very directory: not a link, ours, named as a
+/// TempDir of restorer's, the device and inode recorded before the fork.
+/// True when it is removed or already gone. CRIU, which writes its log
+/// there, dies with the restoring process; a moment may pass before it has:
+/// tried again for a second.
+bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
+  if (!restore_temp_name(d.name.c_str(), restorer)) return false;
+  const int parent = ::open(d.parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (parent < 0) return false;
+  bool done = false;
+  for (int attempt = 0; attempt < 10 && !done; ++attempt) {
+    if (attempt > 0) sleep_ms(100);
+    const int fd =
+        ::openat(parent, d.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      done = errno == ENOENT;
+      break;
+    }
+    struct stat st;
+    const bool ours = ::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() &&
+                      st.st_dev == d.dev && st.st_ino == d.ino;
+    if (ours) empty_dir(fd, st.st_dev, 0);
+    ::close(fd);
+    if (!ours) break;
+    // Still that directory under its name (not swapped meanwhile): removed.
+    struct stat now;
+    if (::fstatat(parent, d.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(now.st_mode) || now.st_dev != d.dev || now.st_ino != d.ino)
+      break;
+    done = ::unlinkat(parent, d.name.c_str(), AT_REMOVEDIR) == 0;
+  }
+  ::close(parent);
+  return done;
+}
+
 /// The watch process: waits for the restoring process to dismiss it or to
 /// die (its pipe's end closes); then ends the checkpoint's processes that
 /// were restored since it began. Async-signal-safe calls only.
-[[noreturn]] void watch_main(int r, const pid_t* pids, size_t n, const char* dir, int report) {
+[[noreturn]] void watch_main(int r, const pid_t* pids, size_t n, const char* dir, int report,
+                             const TempDirRef* temps, size_t n_temps, pid_t restorer) {
   SupervisorLoop::reset_signals_in_child();  // none of the supervisor's handlers
   // Out of the terminal's process group: Ctrl-C there must not end the watch.
   ::setsid();
@@ -159,7 +275,18 @@ void repair_tcp_sockets(pid_t pid) {
   } else {
     msg.put("none of its processes was running");
   }
-  msg.put("; the checkpoint is unchanged and restores again\n");
+  msg.put("; the checkpoint is unchanged and restores again");
+  // Its temporary directories: the restoring process's destructors did not
+  // run. One left is named; a later restore sweeps it once 10 minutes old.
+  for (size_t i = 0; i < n_temps; ++i) {
+    if (remove_temp_dir(temps[i], restorer)) continue;
+    msg.put("; its temporary directory ");
+    msg.put(temps[i].parent.c_str());
+    msg.put("/");
+    msg.put(temps[i].name.c_str());
+    msg.put(" could not be removed");
+  }
+  msg.put("\n");
   if (::write(2, msg.buf, msg.len) < 0) {
   }
   ::_exit(0);
@@ -168,8 +295,27 @@ void repair_tcp_sockets(pid_t pid) {
 }  // namespace
 
 bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir, int report_fd,
-                         std::string* err) {
+                         std::string* err, const std::vector<std::string>& temp_dirs) {
   dismiss();
+  const pid_t self = ::getpid();
+  // Each temporary directory the watch may remove, checked now: a TempDir of
+  // this process's, a directory (not a link) of ours; its device and inode
+  // are what the watch removes, nothing else under that name.
+  std::vector<TempDirRef> temps;
+  for (const std::string& path : temp_dirs) {
+    const size_t slash = path.find_last_of('/');
+    if (slash == std::string::npos || slash + 1 >= path.size()) continue;
+    TempDirRef t;
+    t.parent = slash == 0 ? "/" : path.substr(0, slash);
+    t.name = path.substr(slash + 1);
+    struct stat st;
+    if (!restore_temp_name(t.name.c_str(), self) || ::lstat(path.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    t.dev = st.st_dev;
+    t.ino = st.st_ino;
+    temps.push_back(std::move(t));
+  }
   // A socket pair, not a pipe: dismiss sends with MSG_NOSIGNAL, so a watch
   // that is gone cannot raise SIGPIPE in the restoring process.
   int sv[2];
@@ -183,7 +329,9 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
     *err = std::string("restore watch: fork: ") + std::strerror(errno);
     return false;
   }
-  if (pid == 0) watch_main(r.get(), pids.data(), pids.size(), dir.c_str(), report_fd);
+  if (pid == 0)
+    watch_main(r.get(), pids.data(), pids.size(), dir.c_str(), report_fd, temps.data(),
+               temps.size(), self);
   tell_ = std::move(w);
   pid_ = pid;
   return true;

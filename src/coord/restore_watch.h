@@ -13,7 +13,14 @@
 // which the next restore is refused. (CRIU's restore takes no network lock
 // of its own: killed before its unlock, it leaves the checkpoint's lock in
 // place, for the next restore to remove.) The watch writes what it did to
-// the restore's stderr (with --detach, the waiting command's).
+// the restore's stderr (with --detach, the waiting command's). Then it removes
+// the restore's temporary directories (CRIU's work directory and its empty
+// plugin directory, which the restoring process's destructors no longer
+// will): each only while it is still the very directory given (same device
+// and inode, not a symbolic link, ours, named PREFIX PID "-" XXXXXX with the
+// restoring process's pid), without following a link inside; one it cannot
+// remove is named in its message and left to the sweep of a later restore
+// (sweep_stale_temp_dirs).
 //
 // Once the restore ends, either way, the watch is dismissed and exits without
 // acting (a failed restore ends its own processes). The child does only
@@ -38,10 +45,13 @@ class RestoreWatch {
   ~RestoreWatch() { dismiss(); }
 
   /// Forks the watch over the processes pids (the checkpoint's) of the
-  /// checkpoint dir, to write what it did to report_fd; false + *err when
-  /// it cannot.
+  /// checkpoint dir, to write what it did to report_fd and to remove
+  /// temp_dirs (the restore's TempDirs, cusnap-restore- and
+  /// cusnap-noplugins-) should the restoring process die; false + *err when
+  /// it cannot. A path of temp_dirs that is not such a directory now is
+  /// never removed.
   bool start(const std::vector<pid_t>& pids, const std::string& dir, int report_fd,
-             std::string* err);
+             std::string* err, const std::vector<std::string>& temp_dirs = {});
   /// The restore ended: the watch exits without acting, and is reaped.
   void dismiss();
   pid_t pid() const { return pid_; }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,21 +72,50 @@ std::string file_text(const std::string& path) {
 struct Outcome {
   pid_t before = 0, after = 0;  ///< started before and after the watch
   std::string said;
+  bool temps_left[2] = {};     ///< whether each temporary directory is there after
+  bool others_intact = false;  ///< what the watch must not touch is all there
 };
+
+bool exists_nofollow(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
 
 /// In a process of its own (the restoring one): a process started before the
 /// watch, the watch over both ids, a process started after it; then that
 /// process is killed (or dismisses the watch and exits). Both ids come back
 /// through a pipe; the watch reports to a file (its report_fd, not stderr).
+/// The restoring process gives the watch its two temporary directories
+/// (files, a subdirectory, links out to files and a directory that must
+/// stay), one named for another process, and a link named as its own.
 Outcome run_restorer(bool killed) {
   char dir[] = "/tmp/cusnap-watch-XXXXXX";
   REQUIRE(::mkdtemp(dir));
-  const std::string log = std::string(dir) + "/stderr";
+  const std::string base = dir;
+  const std::string log = base + "/stderr";
+  const std::string outside = base + "/outside";
+  REQUIRE(::mkdir(outside.c_str(), 0700) == 0);
+  std::ofstream(outside + "/keep") << "keep";
   int ids[2];
   REQUIRE(::pipe(ids) == 0);
   const pid_t restorer = ::fork();
   REQUIRE(restorer >= 0);
+  const std::string me = std::to_string(restorer == 0 ? ::getpid() : restorer);
+  const std::string work = base + "/cusnap-restore-" + me + "-Ab12Cd";
+  const std::string no_plugins = base + "/cusnap-noplugins-" + me + "-Ef34Gh";
+  const std::string other = base + "/cusnap-restore-1-Ab12Cd";            // not the restorer's
+  const std::string link = base + "/cusnap-noplugins-" + me + "-Zz99Zz";  // a link to outside
   if (restorer == 0) {
+    bool made = ::mkdir(work.c_str(), 0700) == 0 && ::mkdir((work + "/sub").c_str(), 0700) == 0 &&
+                ::mkdir((work + "/sub/deeper").c_str(), 0700) == 0 &&
+                ::mkdir(no_plugins.c_str(), 0700) == 0 && ::mkdir(other.c_str(), 0700) == 0 &&
+                ::symlink(outside.c_str(), link.c_str()) == 0 &&
+                ::symlink(outside.c_str(), (work + "/sub/to-outside").c_str()) == 0 &&
+                ::symlink((outside + "/keep").c_str(), (work + "/keep-link").c_str()) == 0;
+    for (int i = 0; made && i < 300; ++i)  // more than one getdents buffer
+      made = std::ofstream(work + "/f" + std::to_string(i)).put('x').good();
+    made = made && std::ofstream(work + "/sub/deeper/restore.log").put('x').good();
+    if (!made) ::_exit(5);
     const int report = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     pid_t p[2];
     p[0] = sleeper();
@@ -94,7 +124,9 @@ Outcome run_restorer(bool killed) {
     std::string err;
     // The ids a checkpoint names: one in use since before, one to restore.
     const pid_t id = free_id();
-    if (report < 0 || !watch.start({p[0], id}, "/ck", report, &err)) ::_exit(2);
+    if (report < 0 ||
+        !watch.start({p[0], id}, "/ck", report, &err, {work, no_plugins, other, link}))
+      ::_exit(2);
     std::this_thread::sleep_for(30ms);
     p[1] = sleeper(id);
     if (p[1] != id) ::_exit(4);
@@ -121,7 +153,11 @@ Outcome run_restorer(bool killed) {
     std::this_thread::sleep_for(300ms);
   }
   o.said = file_text(log);
-  std::system(("rm -rf " + std::string(dir)).c_str());
+  o.temps_left[0] = exists_nofollow(work);
+  o.temps_left[1] = exists_nofollow(no_plugins);
+  o.others_intact = exists_nofollow(other) && exists_nofollow(link) &&
+                    file_text(outside + "/keep") == "keep" && file_text(link + "/keep") == "keep";
+  std::system(("rm -rf " + base).c_str());
   return o;
 }
 
@@ -154,6 +190,11 @@ TEST_CASE("restore watch: the restoring process killed, what it restored is ende
         "process was killed): its restored process " +
             std::to_string(o.after) +
             " was ended; the checkpoint is unchanged and restores again\n");
+  // Its two temporary directories are removed, every file under them, links
+  // unlinked not followed; nothing else.
+  CHECK_FALSE(o.temps_left[0]);
+  CHECK_FALSE(o.temps_left[1]);
+  CHECK(o.others_intact);
   ::kill(o.before, SIGKILL);
 }
 
@@ -164,6 +205,10 @@ TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
   CHECK(cusnap::proto::proc_start_time(o.after, &t, true));
   CHECK(cusnap::proto::proc_start_time(o.before, &t, true));
   CHECK(o.said.empty());
+  // The restoring process's destructors remove its directories, not the watch.
+  CHECK(o.temps_left[0]);
+  CHECK(o.temps_left[1]);
+  CHECK(o.others_intact);
   ::kill(o.before, SIGKILL);
   ::kill(o.after, SIGKILL);
 }

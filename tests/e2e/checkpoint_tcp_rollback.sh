@@ -5,18 +5,19 @@
 # sockets into repair mode (a send fails with EINVAL) and drops their packets
 # through an nftables table "inet CRIU-<run id>"; it lifts neither when it is
 # killed, nor after a successful dump under --leave-stopped. Two cases:
-#   timeout    CRIU is held at post-dump (an action script) past the
+#   timeout    CRIU is held at post-dump past the
 #              checkpoint's --timeout and killed: the job is stopped before
 #              the kill, the roll back removes the table, takes the sockets
 #              out of repair mode and continues the job
-#   disk full  at post-dump the action script fills the file system the
-#              checkpoint is written to: CRIU succeeds (the lock stays, the
-#              job stopped), the manifest cannot be written, and the roll
-#              back lifts the lock the same way
+#   disk full  while CRIU is held at post-dump, the file system the
+#              checkpoint is written to is filled: CRIU succeeds (the lock
+#              stays, the job stopped), the manifest cannot be written, and
+#              the roll back lifts the lock the same way
 # In both the checkpoint exits 1 saying the job runs on and what was lifted,
 # the job counts on over its connection with nothing lost, and the table
-# CRIU named is gone. Then the same where the supervisor is killed while CRIU
-# is held at post-dump, so that its guardian recovers the job:
+# CRIU named is gone. CRIU is held at post-dump through lib_checkpoint.sh's
+# criu_hold_at (its action script waits there until criu_release). Then the same where the supervisor is killed
+# while CRIU is held at post-dump, so that its guardian recovers the job:
 #   guardian finish  CRIU is let go 2 s later and succeeds (the lock stays)
 #   guardian hung    CRIU is held until the guardian kills it (after
 #                    CUSNAP_GUARDIAN_CRIU_WAIT_MS=2000)
@@ -26,25 +27,15 @@
 # which variable to set.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
-REAL_CRIU=$(PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin command -v criu)
 SMALL=$T/small
 mkdir -p "$SMALL"
-cat >"$T/hook.sh" <<SH
-#!/bin/sh
-[ "\$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
-case \$(cat "$T/mode" 2>/dev/null) in
-hold)
-  : >"$T/held"
-  while [ -e "$T/hold" ]; do sleep 0.1; done ;;
-fill)
-  dd if=/dev/zero of="$SMALL/fill" bs=1M 2>/dev/null
-  : >"$T/filled" ;;
-esac
-exit 0
-SH
+# The supervisors' CRIU: lib_checkpoint.sh's $HOLD_CRIU (the real CRIU with
+# the hold's action script), or, while $T/nolock exists, a dump that fails
+# taking its lock.
+criu_hold_setup
 cat >"$T/criu" <<SH
 #!/bin/sh
-if [ "\$1" = dump ] && [ "\$(cat "$T/mode" 2>/dev/null)" = nolock ]; then
+if [ "\$1" = dump ] && [ -e "$T/nolock" ]; then
   # As CRIU fails where the kernel has no nftables: its log, exit 1.
   while [ \$# -gt 0 ]; do
     case \$1 in -W) work=\$2 ;; -o) log=\$2 ;; esac
@@ -53,10 +44,9 @@ if [ "\$1" = dump ] && [ "\$(cat "$T/mode" 2>/dev/null)" = nolock ]; then
   printf '(00.000000) CRIU run id = 00000000-1111-2222-3333-444444444444\\n(00.040606) net: Lock network\\n(00.040700) Error (criu/netfilter.c:214): Locking network failed using nftables\\n' >"\$work/\$log"
   exit 1
 fi
-[ "\$1" = dump ] && exec "$REAL_CRIU" "\$@" --action-script "$T/hook.sh"
-exec "$REAL_CRIU" "\$@"
+exec "$HOLD_CRIU" "\$@"
 SH
-chmod 755 "$T/hook.sh" "$T/criu"
+chmod 755 "$T/criu"
 export CUSNAP_CRIU=$T/criu
 
 TCP_PAIR=$(dirname "$0")/tcp_pair.py  # counts over its connection
@@ -107,12 +97,10 @@ PID=$(wait_job tcp)
 timed_out() {
   local name=$1 out=$2 rc=0
   shift 2
-  echo hold >"$T/mode"
-  rm -f "$T/held"
-  : >"$T/hold"
+  criu_hold_at post-dump
   env "$@" "$CUSNAP" checkpoint tcp -o "$T/$name.ck" --timeout 5 >"$out" 2>&1 || rc=$?
-  rm -f "$T/hold"
-  [ -e "$T/held" ] || fail "$name: CRIU's dump did not reach post-dump: $(cat "$out")"
+  criu_held 1 || fail "$name: CRIU's dump did not reach post-dump: $(cat "$out")"
+  criu_release
   [ "$rc" = 1 ] || fail "$name: the checkpoint exited $rc, expected 1: $(cat "$out")"
   grep -q "timed out after .* and was killed" "$out" ||
     fail "$name: the checkpoint does not say CRIU was killed: $(cat "$out")"
@@ -131,11 +119,17 @@ rolled_back iptables "$T/ipt.out" iptables
 
 # disk full: the checkpoint's file system filled once CRIU has written it.
 if mount -t tmpfs -o size=256m tmpfs "$SMALL" 2>/dev/null; then
+  # shellcheck disable=SC2154 # st is assigned inside the trap
   trap 'st=$?; set +e; mountpoint -q "$SMALL" && umount -l "$SMALL"; (exit $st); cleanup_checkpoint_test' EXIT
-  echo fill >"$T/mode"
+  criu_hold_at post-dump
+  "$CUSNAP" checkpoint tcp -o "$SMALL/ck2" >"$T/ck2.out" 2>&1 &
+  ck=$!
+  criu_held 30 || fail "disk full: CRIU's dump did not reach post-dump: $(cat "$T/ck2.out")"
+  dd if=/dev/zero of="$SMALL/fill" bs=1M 2>/dev/null || true
+  [ "$(df --output=avail -k "$SMALL" | tail -1)" -lt 64 ] || fail "disk full: $SMALL was not filled"
+  criu_release
   rc=0
-  "$CUSNAP" checkpoint tcp -o "$SMALL/ck2" >"$T/ck2.out" 2>&1 || rc=$?
-  [ -e "$T/filled" ] || fail "disk full: CRIU's dump did not reach post-dump: $(cat "$T/ck2.out")"
+  wait "$ck" || rc=$?
   [ "$rc" = 1 ] || fail "disk full: the checkpoint exited $rc, expected 1: $(cat "$T/ck2.out")"
   grep -q "manifest phase: .*No space left on device" "$T/ck2.out" ||
     fail "disk full: the checkpoint does not say the manifest could not be written: $(cat "$T/ck2.out")"
@@ -147,9 +141,10 @@ fi
 
 # A CRIU that cannot take its lock (no nftables): the checkpoint says what
 # to set, and the job runs on.
-echo nolock >"$T/mode"
+: >"$T/nolock"
 rc=0
 "$CUSNAP" checkpoint tcp -o "$T/ck-nolock" >"$T/nolock.out" 2>&1 || rc=$?
+rm -f "$T/nolock"
 [ "$rc" = 1 ] || fail "no lock: the checkpoint exited $rc, expected 1: $(cat "$T/nolock.out")"
 grep -q "could not lock the job's TCP connections with nftables (CUSNAP_CRIU_NETWORK_LOCK)" "$T/nolock.out" ||
   fail "no lock: the checkpoint does not say what to set: $(cat "$T/nolock.out")"
@@ -164,23 +159,20 @@ guardian_case() {
   local name=$1 out=$T/$1.out log=$CUSNAP_RUNTIME_BASE/$1/output.log sup pid ck rc=0
   CUSNAP_GUARDIAN_CRIU_WAIT_MS=$2 "$CUSNAP" launch --name "$name" -- python3 "$TCP_PAIR" >"$out" 2>&1 &
   sup=$!
-  SUPERVISORS+=($sup)
+  SUPERVISORS+=("$sup")
   wait_count "$out" 5
   pid=$(wait_job "$name")
-  echo hold >"$T/mode"
-  rm -f "$T/held"
-  : >"$T/hold"
+  criu_hold_at post-dump
   "$CUSNAP" checkpoint "$name" -o "$T/$name.ck" >"$T/$name.ck.out" 2>&1 &
   ck=$!
-  for _ in $(seq 1 600); do [ -e "$T/held" ] && break; sleep 0.05; done
-  [ -e "$T/held" ] || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
+  criu_held 30 || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
   kill -KILL "$sup"
   wait "$sup" 2>/dev/null || true
-  [ "$2" -gt 10000 ] && { sleep 2; rm -f "$T/hold"; }
+  [ "$2" -gt 10000 ] && { sleep 2; criu_release; }
   wait "$ck" || rc=$?
   [ "$rc" != 0 ] || fail "$name: the checkpoint reported success after its supervisor was killed"
   for _ in $(seq 1 600); do grep -q "guardian: the job runs on" "$log" 2>/dev/null && break; sleep 0.05; done
-  rm -f "$T/hold"
+  criu_release
   grep -q "guardian: the job runs on, supervised by process" "$log" ||
     fail "$name: the guardian did not bring the job back: $(grep 'cusnap:' "$log" 2>/dev/null)"
   lifted "$name" "$log" "$log"
@@ -192,7 +184,7 @@ guardian_case guardian-finish 60000
 guardian_case guardian-hung 2000
 
 # And the job still checkpoints and restores.
-rm -f "$T/mode" "$SMALL/fill"
+rm -f "$SMALL/fill"
 "$CUSNAP" checkpoint tcp -o "$T/ck3" >"$T/ck3.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ck3.out")"
 wait_exit "$SUP"
 wait_gone "$PID"

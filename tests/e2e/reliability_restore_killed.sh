@@ -14,10 +14,13 @@
 #    watch's message reaches the waiting command's stderr.
 # Before the watch, each left the restored process running unsupervised,
 # holding its ids (a second restore was refused: "process id ... in use").
-# A killed restore's temporary directories (cusnap-restore-PID-*,
-# cusnap-noplugins-PID-*, CRIU's work files and log) stay: a later restore
-# leaves them while they are younger than 10 minutes, then sweeps them (here
-# aged by hand before the last restore).
+# In each the watch then removes the killed restore's temporary directories
+# (cusnap-restore-PID-*, cusnap-noplugins-PID-*: CRIU's work files and log),
+# there before the kill, gone within 5 s after it.
+#  - the restore and its watch both killed (as the OOM killer might): the
+#    directories stay; a later restore leaves them while they are younger
+#    than 10 minutes, then sweeps them (here aged by hand before the last
+#    restore).
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 checkpointed_job rkill "$T/job.out" "$T/ck"
@@ -38,6 +41,7 @@ killed_restore() {
   [ -e "/proc/$PID" ] && "$@" ||
     fail "$name: the restore never got there: $(cat "$T/$name.out")"
   kill -0 "$R" 2>/dev/null || fail "$name: the restore ended before it was killed: $(cat "$T/$name.out")"
+  [ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "$name: the restore's temporary directories: $(temp_dirs "$R")"
   kill -KILL "$R"
   wait "$R" || rc=$?
   [ "$rc" = 137 ] || fail "$name: the restore exited $rc, not killed"
@@ -47,6 +51,7 @@ killed_restore() {
     "$T/$name.out" || fail "$name: the watch did not say what it did: $(cat "$T/$name.out")"
   [ -z "$(job_pids_all)" ] || fail "$name: a job is left: $("$CUSNAP" ps)"
   [ "$SUM0" = "$(sums)" ] || fail "$name: the killed restore changed the checkpoint"
+  temps_removed "$name" "$R"
 }
 
 # nothing_left WHAT: within 5 s, no process whose command line names this
@@ -64,7 +69,16 @@ nothing_left() {
 
 # temp_dirs PID: the restore temporary directories process PID made here.
 temp_dirs() { find "$T" -maxdepth 1 \( -name "cusnap-restore-$1-*" -o -name "cusnap-noplugins-$1-*" \) | sort; }
-KILLED=()
+
+# temps_removed CASE PID: within 5 s, the killed restore PID's temporary
+# directories are gone (its watch removes them once it has ended the job).
+temps_removed() {
+  for _ in $(seq 1 100); do
+    [ -z "$(temp_dirs "$2")" ] && return 0
+    sleep 0.05
+  done
+  fail "$1: the killed restore's temporary directories are left: $(temp_dirs "$2")"
+}
 
 # --- killed while CRIU runs: held at post-restore, every process of the tree
 # restored under its id and still CRIU's (it has neither unlocked the network
@@ -81,9 +95,7 @@ killed_restore criu true
 wait_gone "$HELD_CRIU" 10 # CRIU died with the restore
 criu_release              # its action script, orphaned, ends
 nothing_left criu
-[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "criu: the killed restore's temporary directories: $(temp_dirs "$R")"
-KILLED+=("$R")
-pass "killed while CRIU ran (post-restore): CRIU and the restored process ended, the watch said so, nothing left running"
+pass "killed while CRIU ran (post-restore): CRIU and the restored process ended, the watch said so and removed the temporary directories, nothing left running"
 
 # --- restore --detach, its background supervisor killed while CRIU runs: the
 # watch says so on the waiting command's stderr (the supervisor's own goes to
@@ -96,6 +108,7 @@ criu_held 30 || fail "detach: CRIU's restore did not reach post-restore: $(cat "
 [ -e "/proc/$PID" ] || fail "detach: the process is not restored at post-restore"
 BG=$(ps -o ppid= -p "$HELD_CRIU" | tr -d ' ')
 [ -n "$BG" ] && [ "$BG" != "$W" ] && [ "$BG" != 1 ] || fail "detach: no background supervisor above CRIU ($BG)"
+[ "$(temp_dirs "$BG" | wc -l)" = 2 ] || fail "detach: the restore's temporary directories: $(temp_dirs "$BG")"
 kill -KILL "$BG"
 rc=0
 wait "$W" || rc=$?
@@ -111,12 +124,8 @@ grep -q "cusnap: the restore of $T/ck ended before the job was back (the restori
 [ -z "$(job_pids_all)" ] || fail "detach: a job is left: $("$CUSNAP" ps)"
 [ "$SUM0" = "$(sums)" ] || fail "detach: the killed restore changed the checkpoint"
 nothing_left detach
-# This restore came after the first killed one, within 10 minutes: it left
-# that one's directories.
-[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "detach: a restore took the recent directories of the killed one"
-[ "$(temp_dirs "$BG" | wc -l)" = 2 ] || fail "detach: the killed restore's temporary directories: $(temp_dirs "$BG")"
-KILLED+=("$BG")
-pass "restore --detach, its supervisor killed while CRIU ran: the watch said so on the command's stderr, no job left"
+temps_removed detach "$BG"
+pass "restore --detach, its supervisor killed while CRIU ran: the watch said so on the command's stderr and removed the temporary directories, no job left"
 
 # --- killed in the driver's restore
 # (FAKECUDA_LOG traces each driver call as it begins, before its delay: the
@@ -129,20 +138,45 @@ if fake_only "FAKECUDA_DELAY slows the simulated driver's restore"; then
   SUPERVISORS+=("$R")
   killed_restore driver grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/driver.out"
   nothing_left driver
-  KILLED+=("$R")
-  pass "killed in the driver's restore: the restored process ended, the watch said so, no job left"
+  pass "killed in the driver's restore: the restored process ended, the watch said so and removed the temporary directories, no job left"
 fi
 
+# --- the restore and its watch both killed while CRIU runs (held at
+# post-restore): nothing removes its temporary directories then. The
+# restored process, which the watch would have ended, is killed here.
+criu_hold_at post-restore
+CUSNAP_CRIU="$HOLD_CRIU" "$CUSNAP" restore "$T/ck" >"$T/both.out" 2>&1 &
+R=$!
+SUPERVISORS+=("$R")
+criu_held 30 || fail "both: CRIU's restore did not reach post-restore: $(cat "$T/both.out")"
+[ -e "/proc/$PID" ] || fail "both: the process is not restored at post-restore"
+# The watch: the restore's child that leads a session of its own (setsid).
+WATCH=$(ps -o pid=,sid=,comm= --ppid "$R" | awk '$1 == $2 && $3 == "cusnap" {print $1}')
+[ -n "$WATCH" ] || fail "both: no watch under the restore: $(ps -o pid=,sid=,args= --ppid "$R")"
+[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "both: the restore's temporary directories: $(temp_dirs "$R")"
+kill -KILL "$WATCH" "$R"
+rc=0
+wait "$R" || rc=$?
+[ "$rc" = 137 ] || fail "both: the restore exited $rc, not killed"
+wait_gone "$HELD_CRIU" 10
+criu_release
+kill -KILL "$PID" 2>/dev/null || true
+wait_gone "$PID" 10
+nothing_left both
+! grep -q "the checkpoint is unchanged" "$T/both.out" || fail "both: the killed watch acted: $(cat "$T/both.out")"
+sleep 1
+[ "$(temp_dirs "$R" | wc -l)" = 2 ] || fail "both: the temporary directories of the restore killed with its watch: $(temp_dirs "$R")"
+pass "the restore and its watch both killed: the temporary directories stay"
+
 # --- the checkpoint restores afterwards and the job counts on; it sweeps the
-# killed restores' temporary directories once they are 10 minutes old
-# (TempDir, sweep_stale_temp_dirs): aged here by hand.
-for r in "${KILLED[@]}"; do temp_dirs "$r" | xargs -r touch -d "-11 minutes"; done
+# temporary directories that the restore killed with its watch left, once
+# they are 10 minutes old (TempDir, sweep_stale_temp_dirs): aged here by
+# hand.
+temp_dirs "$R" | xargs -r touch -d "-11 minutes"
 restore_continues "$T/ck" "$T/r.out" rkill "$PID" "$LAST"
 pass "the checkpoint restores after the killed restores, counting on from $FIRST"
-for r in "${KILLED[@]}"; do
-  [ -z "$(temp_dirs "$r")" ] || fail "the killed restore $r's temporary directories were not swept: $(temp_dirs "$r")"
-done
-pass "the next restore swept the killed restores' temporary directories (${#KILLED[@]} restores)"
+[ -z "$(temp_dirs "$R")" ] || fail "the killed restore $R's temporary directories were not swept: $(temp_dirs "$R")"
+pass "the next restore swept the temporary directories of the restore killed with its watch"
 kill -TERM "$SUP"
 wait_exit "$SUP"
 wait_gone "$PID"
