@@ -85,21 +85,29 @@ int cmd_checkpoint(int argc, char** argv) {
   proto::Result r;
   auto wait = seconds(timeout_s) + control_timeout();
   bool ok;
+  nlohmann::json d = nlohmann::json::object();
   {
-    InterruptNotice notice("the checkpoint of job " + entry.status.name, json);
+    // The first interrupt asks the supervisor to cancel; the wait after it
+    // is bounded as one message's is.
+    CancelOnInterrupt cancel(entry, proto::kMsgCheckpoint, json, wait);
     ok = job_request(
         entry, control_timeout(), wait, proto::kMsgCheckpoint, req,
         [&](const proto::ProgressEvent& ev) {
           progress.update(ev.phase, ev.bytes_done, ev.bytes_total);
         },
-        &r, &err);
+        &r, &err, cancel.hook());
+    progress.finish();
+    if (rc = cancel.finish(json, ok, r, err, &d); rc >= 0) return rc;
   }
-  progress.finish();
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
 
-  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-  if (d.is_discarded()) d = nlohmann::json::object();
+  // The result's details, with what an interrupt added (a cancel too late).
+  if (nlohmann::json parsed = nlohmann::json::parse(r.details, nullptr, false);
+      parsed.is_object()) {
+    parsed.update(d);
+    d = std::move(parsed);
+  }
   if (d.value("job_stopped", false)) {
     // The supervisor answers before it exits; wait for it to let go of the
     // runtime directory, so that a restore started next finds it free.

@@ -139,7 +139,9 @@ std::chrono::milliseconds seconds(double s);
 /// takes: proto::sent_setting_checked).
 bool client_settings(proto::Settings* out, std::string* err);
 
-/// While it lives, SIGINT, SIGTERM and SIGHUP end this command at once,
+/// While it lives (restore, resume: operations that cannot be cancelled;
+/// checkpoint and suspend use CancelOnInterrupt, job_target.h), SIGINT,
+/// SIGTERM and SIGHUP end this command at once,
 /// saying on stderr that the operation (operation: "the checkpoint of job
 /// X") goes on in the job's supervisor (a signal to the client cannot cancel
 /// it) and how to follow it, and with json printing the failure object on

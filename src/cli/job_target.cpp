@@ -1,5 +1,13 @@
 #include "job_target.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "proto/json_text.h"
+
 #include <cstdio>
 
 namespace cusnap::cli {
@@ -52,6 +60,130 @@ void print_cut(const nlohmann::json& d) {
   if (int n = d.value("capture_retries", 0); n > 0)
     std::printf("waited for a CUDA stream capture to end: the device was drained at attempt %d\n",
                 n + 1);
+}
+
+namespace {
+
+constexpr int kCancelSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// Written before the handlers are installed, read only by them.
+volatile sig_atomic_t g_first_signal = 0;
+int g_cancel_write_fd = -1;
+std::string g_again_text;
+std::string g_again_json[3];
+struct sigaction g_cancel_old[3];
+
+void on_cancel_signal(int sig) {
+  if (g_first_signal == 0) {
+    g_first_signal = sig;
+    const char b = 1;
+    if (::write(g_cancel_write_fd, &b, 1) < 0) {
+    }
+    return;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (kCancelSignals[i] != sig) continue;
+    if (::write(STDERR_FILENO, g_again_text.data(), g_again_text.size()) < 0) {
+    }
+    if (!g_again_json[i].empty() &&
+        ::write(STDOUT_FILENO, g_again_json[i].data(), g_again_json[i].size()) < 0) {
+    }
+  }
+  ::_exit(128 + sig);
+}
+
+/// A line of cusnap's own on stderr, on a fresh line where a progress line
+/// may be drawn.
+void say(const std::string& msg) {
+  std::fprintf(stderr, "%scusnap: %s\n", ::isatty(STDERR_FILENO) ? "\r\033[K" : "", msg.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+CancelOnInterrupt::CancelOnInterrupt(const JobEntry& job, const char* op, bool json,
+                                     std::chrono::milliseconds bound)
+    : job_(job), op_(op), bound_(bound) {
+  if (::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) pipe_[0] = pipe_[1] = -1;
+  g_first_signal = 0;
+  g_cancel_write_fd = pipe_[1];
+  const std::string msg = "interrupted again: the " + op_ + " of job " + job.status.name +
+                          " may still be running, or rolling back, in its supervisor; its "
+                          "outcome is not known: cusnap ps shows the job's state";
+  g_again_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
+  for (int i = 0; i < 3; ++i) {
+    g_again_json[i] = json ? json_text(nlohmann::json{{"ok", false},
+                                                      {"exit_code", 128 + kCancelSignals[i]},
+                                                      {"error", msg}},
+                                       2) +
+                                 "\n"
+                           : "";
+    struct sigaction sa {};
+    sa.sa_handler = on_cancel_signal;
+    sigemptyset(&sa.sa_mask);
+    // Each handler runs with the others blocked: the first's byte is written
+    // before a second can end the command.
+    for (int sig : kCancelSignals) sigaddset(&sa.sa_mask, sig);
+    ::sigaction(kCancelSignals[i], &sa, &g_cancel_old[i]);
+  }
+}
+
+CancelOnInterrupt::~CancelOnInterrupt() {
+  for (int i = 0; i < 3; ++i) ::sigaction(kCancelSignals[i], &g_cancel_old[i], nullptr);
+  g_cancel_write_fd = -1;
+  for (int fd : pipe_)
+    if (fd >= 0) ::close(fd);
+}
+
+int CancelOnInterrupt::signal() const {
+  return g_first_signal;
+}
+
+InterruptHook CancelOnInterrupt::hook() {
+  InterruptHook h;
+  h.fd = pipe_[0];
+  h.on_interrupt = [this] {
+    const std::string what = "the " + op_ + " of job " + job_.status.name;
+    say("cancelling " + what + " (interrupt again to leave without waiting)");
+    proto::Result r;
+    std::string err;
+    if (!job_cancel(job_, control_timeout(), op_, &r, &err)) {
+      say("cannot ask the supervisor to cancel " + what + ": " + err + "; it goes on");
+    } else if (!r.ok) {
+      say("cannot cancel " + what + ": " + r.message);
+    } else {
+      nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+      if (d.is_object() && d.value("cancel", std::string()) == proto::kCancelTooLate)
+        say("too late to cancel " + what + ": it is past the point where it completes");
+    }
+    return bound_;
+  };
+  return h;
+}
+
+int CancelOnInterrupt::finish(bool json, bool ok, const proto::Result& r, const std::string& err,
+                              nlohmann::json* details) {
+  const int sig = g_first_signal;
+  if (sig == 0) return -1;
+  const int code = 128 + sig;
+  if (!ok) return fail_json(json, code, err);
+  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+  if (!r.ok && d.is_object() && d.value("cancelled", false)) {
+    const std::string msg = "cancelled: job " + job_.status.name + " runs on unchanged";
+    if (json)
+      print_json({{"ok", false},
+                  {"exit_code", code},
+                  {"cancelled", true},
+                  {"error", msg},
+                  {"job", job_.status.name},
+                  {"name", job_.status.name},
+                  {"pid", job_.status.root_pid}});
+    say(msg);
+    return code;
+  }
+  if (!r.ok) return report_result_failure(json, r);
+  say("too late to cancel: the " + op_ + " of job " + job_.status.name + " completed");
+  if (details != nullptr) (*details)["cancel"] = proto::kCancelTooLate;
+  return -1;
 }
 
 }  // namespace cusnap::cli

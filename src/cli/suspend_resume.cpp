@@ -30,17 +30,24 @@ int run(int argc, char** argv, bool suspend) {
   if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
   proto::Result r;
   bool ok;
-  {
-    InterruptNotice notice(
-        std::string(suspend ? "the suspend" : "the resume") + " of job " + entry.status.name, json);
-    ok = job_request(entry, control_timeout(), seconds(timeout_s) + control_timeout(),
-                     suspend ? proto::kMsgSuspend : proto::kMsgResume, req, nullptr, &r, &err);
+  const auto wait = seconds(timeout_s) + control_timeout();
+  nlohmann::json extra = nlohmann::json::object();  // what an interrupt adds to --json
+  if (suspend) {
+    // The first interrupt asks the supervisor to cancel the suspend.
+    CancelOnInterrupt cancel(entry, proto::kMsgSuspend, json, wait);
+    ok = job_request(entry, control_timeout(), wait, proto::kMsgSuspend, req, nullptr, &r, &err,
+                     cancel.hook());
+    if (rc = cancel.finish(json, ok, r, err, &extra); rc >= 0) return rc;
+  } else {
+    InterruptNotice notice("the resume of job " + entry.status.name, json);
+    ok = job_request(entry, control_timeout(), wait, proto::kMsgResume, req, nullptr, &r, &err);
   }
   if (!ok) return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
   if (json) {
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
     if (d.is_discarded()) d = nlohmann::json::object();
+    d.update(extra);
     d["ok"] = true;
     // The job's name and root, as ps and restore name them ("job" is the
     // name too, as earlier versions gave it).

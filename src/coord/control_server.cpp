@@ -247,7 +247,8 @@ void ControlServer::accept_loop() {
   }
 }
 
-bool ControlServer::begin_engine(const std::string& op, proto::Result* refusal) {
+bool ControlServer::begin_engine(const std::string& op, const ucred& cred,
+                                 std::shared_ptr<CancelToken> cancel, proto::Result* refusal) {
   std::lock_guard lk(ctx_->mu);
   if (!ctx_->engine_op.empty()) {
     *refusal = make_result(
@@ -262,14 +263,73 @@ bool ControlServer::begin_engine(const std::string& op, proto::Result* refusal) 
     return false;
   }
   ctx_->engine_op = op;
+  ctx_->cancel = std::move(cancel);
+  ctx_->engine_uid = cred.uid;
+  ctx_->engine_pid = cred.pid;
   ++ctx_->replies_pending;
   return true;
+}
+
+void ControlServer::serve_cancel(proto::Channel& ch, const proto::Message& req, const ucred& cred,
+                                 const JobInfo& info) {
+  std::string err;
+  proto::CancelRequest r;
+  if (!req.get(&r, &err) || !proto::validate(r, &err)) {
+    ch.send(proto::kMsgResult, make_result(false, kExitUsage, err), &err);
+    return;
+  }
+  std::string op;
+  std::shared_ptr<CancelToken> token;
+  uid_t uid = 0;
+  pid_t pid = 0;
+  {
+    std::lock_guard lk(ctx_->mu);
+    op = ctx_->engine_op;
+    token = ctx_->cancel;
+    uid = ctx_->engine_uid;
+    pid = ctx_->engine_pid;
+  }
+  std::string refusal;
+  if (op != r.op || !token)
+    refusal = "no " + r.op + " of job " + info.name + " is running: nothing to cancel";
+  else if (cred.uid != uid)
+    refusal = "permission denied: the " + op + " of job " + info.name + " was asked by uid " +
+              std::to_string(uid) + "; only that uid may cancel it, not uid " +
+              std::to_string(cred.uid);
+  else if (r.own && cred.pid != pid)
+    refusal = "the " + op + " of job " + info.name + " running was asked by another command (pid " +
+              std::to_string(pid) + "): nothing of this command's to cancel";
+  if (!refusal.empty()) {
+    ch.send(proto::kMsgResult, make_result(false, kExitRefused, refusal), &err);
+    return;
+  }
+  const bool taken = token->request();
+  nlohmann::json d = {{"job", info.name},
+                      {"operation", op},
+                      {"cancel", taken ? proto::kCancelRequested : proto::kCancelTooLate}};
+  ch.send(proto::kMsgResult, make_result(true, kExitOk, "", json_text(d)), &err);
+}
+
+/// What an operation that was asked to cancel and did not complete says:
+/// result, when the cancel was taken and the job rolled back (the failure
+/// codes that leave the job as it was), becomes a cancel, its details
+/// {"job", "cancelled": true}.
+static void mark_cancelled(const CancelToken& token, const std::string& job,
+                           proto::Result* result) {
+  if (result->ok || !token.requested()) return;
+  if (result->exit_code != kExitFailure && result->exit_code != kExitRefused) return;
+  nlohmann::json d = nlohmann::json::parse(result->details, nullptr, false);
+  if (!d.is_object()) d = nlohmann::json::object();
+  d["job"] = job;
+  d["cancelled"] = true;
+  result->details = json_text(d);
 }
 
 void ControlServer::end_engine(proto::Channel& ch, const proto::Result& result) {
   {
     std::lock_guard lk(ctx_->mu);
     ctx_->engine_op.clear();
+    ctx_->cancel.reset();
   }
   std::string err;
   ch.send(proto::kMsgResult, result, &err);
@@ -329,7 +389,8 @@ void ControlServer::serve(UniqueFd conn) {
       return;
     }
     proto::Result refusal;
-    if (!begin_engine("checkpoint", &refusal)) {
+    auto cancel = std::make_shared<CancelToken>();
+    if (!begin_engine("checkpoint", cred, cancel, &refusal)) {
       ch.send(proto::kMsgResult, refusal, &err);
       return;
     }
@@ -344,6 +405,7 @@ void ControlServer::serve(UniqueFd conn) {
     opts.leave_running = r.leave_running;
     opts.timeout = std::chrono::milliseconds(r.timeout_ms);
     opts.settings = r.settings;
+    opts.cancel = cancel.get();
     std::mutex send_mu;  // the engine may report progress from several threads
     bool client_gone = false;
     ProgressSink sink = [&](const Progress& p) {
@@ -382,6 +444,7 @@ void ControlServer::serve(UniqueFd conn) {
       result = make_result(true, kExitOk, "", json_text(d));
     } else {
       result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);
+      mark_cancelled(*cancel, info.name, &result);
     }
     std::lock_guard lk(send_mu);
     end_engine(ch, result);
@@ -395,7 +458,8 @@ void ControlServer::serve(UniqueFd conn) {
       return;
     }
     proto::Result refusal;
-    if (!begin_engine(req.type, &refusal)) {
+    auto cancel = suspend ? std::make_shared<CancelToken>() : nullptr;
+    if (!begin_engine(req.type, cred, cancel, &refusal)) {
       ch.send(proto::kMsgResult, refusal, &err);
       return;
     }
@@ -433,6 +497,7 @@ void ControlServer::serve(UniqueFd conn) {
     auto timeout = std::chrono::milliseconds(r.timeout_ms);
     SuspendResult sres;
     sres.code = kExitFailure;
+    sres.cancel = cancel.get();
     std::mutex send_mu;
     bool client_gone = false;
     bool ok;
@@ -453,7 +518,13 @@ void ControlServer::serve(UniqueFd conn) {
     if (ok) add_cut_details(sres.collective_cut, sres.capture_retries, &d);
     // A success that did less than asked says why (resume_job_coded).
     if (ok && !serr.empty()) d["note"] = serr;
-    end_engine(ch, make_result(ok, ok ? kExitOk : code, serr, json_text(d)));
+    proto::Result result = make_result(ok, ok ? kExitOk : code, serr, json_text(d));
+    if (cancel) mark_cancelled(*cancel, info.name, &result);
+    end_engine(ch, result);
+    return;
+  }
+  if (req.type == proto::kMsgCancel) {
+    serve_cancel(ch, req, cred, info);
     return;
   }
   ch.send(proto::kMsgResult, make_result(false, kExitUsage, "unknown request '" + req.type + "'"),

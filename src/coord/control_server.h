@@ -3,8 +3,11 @@
 // One thread accepts connections; each connection is served by a short-lived
 // thread of its own, so `ps` keeps answering while a checkpoint runs. Engine
 // calls (checkpoint, suspend, resume) run one at a time: a second one while
-// one is running is refused (kExitRefused) without waiting. Every peer is
-// checked with SO_PEERCRED: only root and the job's owner are served.
+// one is running is refused (kExitRefused) without waiting, but a "cancel"
+// of a running checkpoint or suspend is served at once (the engine looks at
+// it at its next phase boundary). Every peer is checked with SO_PEERCRED:
+// only root and the job's owner are served, and a cancel only from the uid
+// that asked for the operation.
 //
 // Lock order: JobContext::mu is a leaf; it is never held across an engine
 // call or a socket operation.
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -35,6 +39,12 @@ struct JobContext {
   JobInfo info;
   proto::JobStatus status;
   std::string engine_op;  ///< the engine call running ("checkpoint", ...), empty when idle
+  /// The running engine call's cancel (checkpoint and suspend only, else
+  /// null), and the peer that asked for the call (SO_PEERCRED): a cancel is
+  /// taken from its uid only.
+  std::shared_ptr<CancelToken> cancel;
+  uid_t engine_uid = 0;
+  pid_t engine_pid = 0;
   /// Engine calls whose result is not yet sent: the supervisor does not end
   /// before its client heard how the checkpoint that stopped the job went.
   int replies_pending = 0;
@@ -60,7 +70,13 @@ class ControlServer {
  private:
   void accept_loop();
   void serve(UniqueFd conn);
-  bool begin_engine(const std::string& op, proto::Result* refusal);
+  /// Marks op running for the peer cred; cancel: the token a cancel of it
+  /// reaches (null for an operation that cannot be cancelled).
+  bool begin_engine(const std::string& op, const ucred& cred, std::shared_ptr<CancelToken> cancel,
+                    proto::Result* refusal);
+  /// Serves a "cancel" from the peer cred (proto/control.h).
+  void serve_cancel(proto::Channel& ch, const proto::Message& req, const ucred& cred,
+                    const JobInfo& info);
   /// Marks the engine idle (so the client's next request is not refused),
   /// then sends the result.
   void end_engine(proto::Channel& ch, const proto::Result& result);

@@ -39,6 +39,7 @@ struct Fixture {
   std::promise<void> release;  ///< the fake checkpoint waits for this
   std::shared_future<void> released{release.get_future().share()};
   std::atomic<int> checkpoints{0};
+  bool commit_early = false;         ///< the fake checkpoint passes its point of no return at once
   proto::Settings suspend_settings;  ///< what the fake suspend was given
   std::chrono::milliseconds suspend_takes{0};  ///< how long the fake suspend works
   bool suspend_job_exits = false;              ///< the job exits while the fake suspend fails
@@ -61,10 +62,16 @@ struct Fixture {
     ctx.status.state = "running";
     CoordinatorOps ops;
     ops.checkpoint = [this](const JobInfo&, const CheckpointOptions& o, const ProgressSink& p,
-                            CheckpointResult* r, std::string*) {
+                            CheckpointResult* r, std::string* err) {
       ++checkpoints;
       p(Progress{"dump", 10, 100});
+      if (commit_early && o.cancel) o.cancel->commit();
       released.wait();
+      if (o.cancel && !o.cancel->commit()) {
+        r->code = kExitFailure;
+        *err = std::string(kCancelledReason) + "; the job runs on unchanged";
+        return false;
+      }
       p(Progress{"dump", 100, 100});
       r->dir = o.dir;
       r->bytes = 100;
@@ -577,4 +584,156 @@ TEST_CASE("control server: out of descriptors, the accept loop waits instead of 
   proto::Message m;
   REQUIRE(ch.recv(&m, &err));
   CHECK(m.type == proto::kMsgHello);
+}
+
+namespace {
+
+/// A cancel of op sent as a client does (job_cancel), or with own false.
+proto::Result send_cancel(const JobEntry& e, const std::string& op, bool own = true) {
+  proto::Result r;
+  std::string err;
+  if (own) {
+    REQUIRE(job_cancel(e, 1000ms, op, &r, &err));
+    return r;
+  }
+  proto::Channel ch;
+  REQUIRE(connect_job(e, 1000ms, &ch, &err));
+  REQUIRE(ch.send(proto::kMsgCancel, proto::CancelRequest{op, false}, &err));
+  REQUIRE(await_result(ch, 1000ms, nullptr, &r, &err));
+  return r;
+}
+
+std::string cancel_said(const proto::Result& r) {
+  auto j = nlohmann::json::parse(r.details, nullptr, false);
+  return j.is_object() ? j.value("cancel", std::string()) : std::string();
+}
+
+}  // namespace
+
+TEST_CASE("control server: a cancel reaches the running checkpoint; its result says cancelled") {
+  Fixture f;
+  bool own = true;
+  SUBCASE("from this client") {
+    own = true;
+  }
+  SUBCASE("from any client of the uid") {
+    own = false;
+  }
+  auto first = std::async(std::launch::async, [&] {
+    proto::Result r;
+    std::string e;
+    bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                          proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &r, &e);
+    return std::make_pair(ok, r);
+  });
+  while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
+  // A suspend is not running: nothing of it to cancel.
+  proto::Result none = send_cancel(f.entry, proto::kMsgSuspend, own);
+  CHECK_FALSE(none.ok);
+  CHECK(none.exit_code == kExitRefused);
+  CHECK(none.message.find("nothing to cancel") != std::string::npos);
+  proto::Result c = send_cancel(f.entry, proto::kMsgCheckpoint, own);
+  CHECK(c.ok);
+  CHECK(cancel_said(c) == proto::kCancelRequested);
+  CHECK(cancel_said(send_cancel(f.entry, proto::kMsgCheckpoint, own)) == proto::kCancelRequested);
+  f.release.set_value();
+  auto [ok, r] = first.get();
+  REQUIRE(ok);
+  CHECK_FALSE(r.ok);
+  CHECK(r.exit_code == kExitFailure);
+  auto d = nlohmann::json::parse(r.details);
+  CHECK(d["cancelled"] == true);
+  CHECK(d["job"] == "fake");
+  CHECK(f.ctx.status.state == "running");
+  // Over, the checkpoint has nothing left to cancel.
+  CHECK(send_cancel(f.entry, proto::kMsgCheckpoint, own).exit_code == kExitRefused);
+}
+
+TEST_CASE("control server: a cancel after the point of no return is too late; it completes") {
+  Fixture f;
+  f.commit_early = true;
+  auto first = std::async(std::launch::async, [&] {
+    proto::Result r;
+    std::string e;
+    bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                          proto::CheckpointRequest{"/tmp/ckpt", true, 1000, {}}, nullptr, &r, &e);
+    return std::make_pair(ok, r);
+  });
+  while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(20ms);  // past the fake's commit
+  proto::Result c = send_cancel(f.entry, proto::kMsgCheckpoint);
+  CHECK(c.ok);
+  CHECK(cancel_said(c) == proto::kCancelTooLate);
+  f.release.set_value();
+  auto [ok, r] = first.get();
+  REQUIRE(ok);
+  CHECK(r.ok);
+  CHECK_FALSE(nlohmann::json::parse(r.details).contains("cancelled"));
+}
+
+TEST_CASE("control server: a cancel of what cannot be cancelled is a usage error") {
+  Fixture f;
+  proto::Channel ch;
+  std::string err;
+  REQUIRE(connect_job(f.entry, 1000ms, &ch, &err));
+  REQUIRE(ch.send(proto::kMsgCancel, proto::CancelRequest{"resume", true}, &err));
+  proto::Result r;
+  REQUIRE(await_result(ch, 1000ms, nullptr, &r, &err));
+  CHECK_FALSE(r.ok);
+  CHECK(r.exit_code == kExitUsage);
+  CHECK(r.message.find("cannot be cancelled") != std::string::npos);
+  f.release.set_value();
+}
+
+TEST_CASE("job client: an interrupt while waiting asks for the cancel; the wait is then bounded") {
+  Fixture f;
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  proto::Result reply;
+  int interrupts = 0;
+  InterruptHook hook;
+  hook.fd = p[0];
+  hook.on_interrupt = [&] {
+    ++interrupts;
+    std::string e;
+    CHECK(job_cancel(f.entry, 1000ms, proto::kMsgCheckpoint, &reply, &e));
+    return std::chrono::milliseconds(300);
+  };
+  SUBCASE("the result comes within the bound") {
+    auto first = std::async(std::launch::async, [&] {
+      proto::Result r;
+      std::string e;
+      bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                            proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &r, &e,
+                            hook);
+      return std::make_pair(ok, r);
+    });
+    while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
+    REQUIRE(::write(p[1], "x", 1) == 1);
+    while (cancel_said(reply).empty()) std::this_thread::sleep_for(5ms);
+    f.release.set_value();
+    auto [ok, r] = first.get();
+    REQUIRE(ok);
+    CHECK(nlohmann::json::parse(r.details)["cancelled"] == true);
+  }
+  SUBCASE("no result within the bound: the outcome is not known") {
+    auto first = std::async(std::launch::async, [&] {
+      proto::Result r;
+      std::string e;
+      bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                            proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &r, &e,
+                            hook);
+      return std::make_pair(ok, e);
+    });
+    while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
+    REQUIRE(::write(p[1], "x", 1) == 1);
+    auto [ok, e] = first.get();  // heartbeats go on; the bound ends the wait
+    CHECK_FALSE(ok);
+    CHECK_MESSAGE(e.find("within the cancel's bound") != std::string::npos, e);
+    CHECK(e.find("not known") != std::string::npos);
+    f.release.set_value();
+  }
+  CHECK(interrupts == 1);
+  ::close(p[0]);
+  ::close(p[1]);
 }

@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -64,6 +65,40 @@ struct JobInfo {
   std::string stdout_pipe_id, stderr_pipe_id;
 };
 
+/// A request to cancel a checkpoint or a suspend, shared by whoever asks
+/// (the control server, for a client's "cancel") and the engine, which looks
+/// at each phase boundary and, where cheap, inside a long phase, and rolls
+/// back as for a failure. The engine commits once it passes the point after
+/// which the operation completes (the checkpoint's manifest is about to be
+/// written; every process of a suspend is checkpointed): a cancel asked
+/// after that is too late. Thread-safe.
+class CancelToken {
+ public:
+  /// Asks to cancel: true when the engine will (or did) see it, false when
+  /// it committed already (too late). Asking again says the same.
+  bool request() {
+    int expected = kNone;
+    if (state_.compare_exchange_strong(expected, kRequested)) return true;
+    return expected == kRequested;
+  }
+  /// Whether a cancel was asked before the engine committed.
+  bool requested() const { return state_.load() == kRequested; }
+  /// The engine passes its point of no return: false when a cancel was
+  /// asked before (the engine then rolls back instead).
+  bool commit() {
+    int expected = kNone;
+    return state_.compare_exchange_strong(expected, kCommitted) || expected == kCommitted;
+  }
+
+ private:
+  enum { kNone, kRequested, kCommitted };
+  std::atomic<int> state_{kNone};
+};
+
+/// The reason a cancelled operation gives (in *err, before what the roll
+/// back said).
+inline constexpr const char* kCancelledReason = "cancelled on request";
+
 struct CheckpointOptions {
   std::string dir;             ///< output directory: must not exist or be empty
   bool leave_running = false;  ///< restore GPU state in place and resume after the dump
@@ -76,6 +111,11 @@ struct CheckpointOptions {
   /// and claimed against other checkpoints given the same dir): from then on
   /// what is in it is this run's to remove should the run die.
   std::function<void()> on_claimed;
+  /// Looked at between phases, in the checksums, and at the end of the CRIU
+  /// dump: a cancel asked there rolls the job back as a failure does
+  /// (out->code kExitFailure, *err naming kCancelledReason); the
+  /// token is committed just before the manifest is written. May be null.
+  CancelToken* cancel = nullptr;
 };
 
 /// Timing of each phase in seconds, in the order they ran.
@@ -166,6 +206,11 @@ struct SuspendResult {
   std::map<pid_t, uint64_t> collective_cut;
   /// Times the quiesce was tried again because a stream capture was under way.
   int capture_retries = 0;
+  /// In, not out: looked at after the scan and once the driver has locked
+  /// every process (the shared memory saved); committed once each is
+  /// checkpointed. A cancel asked before rolls back as a failure does
+  /// (code kExitFailure, *err naming kCancelledReason). May be null.
+  CancelToken* cancel = nullptr;
 };
 /// The same, with the exit code that fits a failure (kExitRefused when
 /// nothing changed, kExitFailure otherwise) and the cut; settings: what the

@@ -168,6 +168,11 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   Stopwatch sw;
   out->code = kExitRefused;
   out->dir = opts.dir;
+  // A cancel asked of this checkpoint (CheckpointOptions::cancel); not
+  // heeded once a job left running could not be brought back in place
+  // (below): its checkpoint then completes, as the one good copy.
+  bool heed_cancel = opts.cancel != nullptr;
+  auto cancelled = [&] { return heed_cancel && opts.cancel->requested(); };
 
   // Preconditions: nothing changes until every one holds.
   report("check");
@@ -232,6 +237,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   std::vector<UniqueFd> pidfds;
   for (pid_t pid : pids) pidfds.push_back(open_pidfd(pid));
   out->phases.emplace_back("check", sw.lap());
+  if (cancelled()) {
+    *err =
+        "job " + job.name + ": " + kCancelledReason + " after the check phase; nothing was changed";
+    out->code = kExitFailure;
+    remove_output(opts.dir, dir_existed);
+    return false;
+  }
 
   // Shared memory: quiesce, save, release (a no-op for a job that shares none).
   SharedMemory shared;
@@ -248,6 +260,23 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     if (shared.active()) out->phases.emplace_back("shared-save", sw.lap());
     out->collective_cut = shared.cut_counts();
     out->capture_retries = shared.capture_retries();
+  }
+  if (cancelled()) {
+    std::string rb;
+    out->code = kExitFailure;
+    if (shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
+      *err = "job " + job.name + ": " + kCancelledReason + " after the shared-save phase; " +
+             after_roll_back(job, scan.cuda);
+      remove_output(opts.dir, dir_existed);
+      return false;
+    }
+    const std::string why =
+        std::string(kCancelledReason) + "; bringing the job's shared memory back failed: " + rb;
+    out->code = kExitJobLost;
+    *err = "job " + job.name + ": " + why +
+           leave_suspended(job, opts.dir, !dir_existed, "checkpoint", why);
+    remove_output(opts.dir, dir_existed, true);
+    return false;
   }
 
   // A roll back that failed leaves the job suspended (engine_internal.h);
@@ -270,8 +299,21 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   auto no_newcomer = [&](std::string* why) {
     return no_new_cuda_processes(job, driver, scan, "checkpoint", why);
   };
-  if (!driver_suspend_all(driver, scan.cuda, opts.timeout, &rolled_back, err, unchanged,
-                          no_newcomer)) {
+  // A cancel is looked at once every process is locked, and once each is
+  // checkpointed: driver_suspend_all rolls the driver back then.
+  auto not_cancelled = [&](const char* when, std::string* why) {
+    if (!cancelled()) return true;
+    *why = std::string(kCancelledReason) + " " + when;
+    return false;
+  };
+  if (!driver_suspend_all(
+          driver, scan.cuda, opts.timeout, &rolled_back, err,
+          [&](std::string* why) {
+            return unchanged(why) && not_cancelled("once the job was locked", why);
+          },
+          [&](std::string* why) {
+            return no_newcomer(why) && not_cancelled("after the driver checkpoint", why);
+          })) {
     std::string rb;
     if (rolled_back && !shared_rebuild_in_place(job, &shared, opts.dir, opts.timeout, {}, &rb)) {
       rolled_back = false;
@@ -360,6 +402,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
+  // A cancel during the dump is looked at once CRIU is done (run_criu has
+  // no way to end it early but its timeout).
   // Killed, CRIU lets go of the tasks it held, which would run on at once:
   // stopped first, they wait for the roll back (which continues them).
   run.before_kill = [&] {
@@ -395,6 +439,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       }
     // Stopped, no process can begin to use the GPU now: the last look.
     if (!no_newcomer(&why)) return roll_back(why);
+    if (cancelled()) return roll_back(std::string(kCancelledReason) + " after the CRIU dump");
   }
 
   // After --leave-running, a job that cannot be brought back in place is
@@ -418,6 +463,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     }
   }
 
+  if (!left_behind.empty()) heed_cancel = false;
+
   // Checksums and the manifest, written last: without it nothing restores.
   Manifest m;
   // After --leave-running the job already runs on: a failure only discards
@@ -434,8 +481,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     remove_output(opts.dir, dir_existed, left);
     return false;
   };
-  if (!hash_directory(opts.dir, &m.files, progress, &why))
-    return fail_late("checksum phase: " + why);
+  if (cancelled()) return fail_late(std::string(kCancelledReason) + " after the CRIU dump");
+  if (!hash_directory(opts.dir, &m.files, progress, &why, kHashChunkSize, cancelled))
+    return fail_late(cancelled() ? std::string(kCancelledReason) + " in the checksum phase"
+                                 : "checksum phase: " + why);
   if (const UniqueFd dfd(open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dfd)
     syncfs(dfd.get());
   out->phases.emplace_back("checksum", sw.lap());
@@ -481,6 +530,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (shared.active()) m.shim_processes = shared.processes();
   m.phases = out->phases;
   m.phases.emplace_back("manifest", 0.0);
+  // The point of no return: once the manifest is written the checkpoint is
+  // complete, and a cancel asked after this is too late.
+  if (heed_cancel && !opts.cancel->commit())
+    return fail_late(std::string(kCancelledReason) + " before the manifest was written");
   if (!write_manifest(opts.dir, m, &why)) return fail_late("manifest phase: " + why);
   out->phases.emplace_back("manifest", sw.lap());
   if (!left_behind.empty()) {

@@ -15,6 +15,9 @@ using namespace engine_detail;
 bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                        const proto::Settings& settings, SuspendResult* out, std::string* err) {
   ExitCode c = kExitRefused;
+  // A cancel asked of this suspend (SuspendResult::cancel).
+  CancelToken* cancel = out != nullptr ? out->cancel : nullptr;
+  auto cancelled = [&] { return cancel != nullptr && cancel->requested(); };
   Driver driver;
   JobScan scan;
   bool ok = require_root("suspend", err) && refuse_when_left_suspended(job, "suspend", err) &&
@@ -24,6 +27,11 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   driver.restore_memory().policy.origin = setting_origin(settings, kRestoreMarginSetting);
   if (ok && scan.cuda.empty()) {
     *err = "job " + job.name + " has no process using the GPU: nothing to suspend";
+    ok = false;
+  }
+  if (ok && cancelled()) {
+    *err = "job " + job.name + ": " + kCancelledReason + " after the check; nothing was changed";
+    c = kExitFailure;
     ok = false;
   }
   // Shared memory is saved in the runtime directory while suspended.
@@ -47,12 +55,28 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     // No process began to use the GPU or to share device memory since the
     // scan, once all are locked; none began to use the GPU, once all are
     // checkpointed (engine_checkpoint.cpp).
+    // A cancel is looked at once every process is locked, and once each is
+    // checkpointed, where the suspend commits: a cancel after that is too
+    // late. driver_suspend_all rolls back.
+    auto not_cancelled = [&](const char* when, std::string* why) {
+      if (!cancelled()) return true;
+      *why = std::string(kCancelledReason) + " " + when;
+      return false;
+    };
     ok = driver_suspend_all(
         driver, scan.cuda, timeout, &rolled_back, err,
         [&](std::string* why) {
-          return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why);
+          return job_unchanged_since_scan(job, driver, scan, &shared, "suspend", why) &&
+                 not_cancelled("once the job was locked", why);
         },
-        [&](std::string* why) { return no_new_cuda_processes(job, driver, scan, "suspend", why); });
+        [&](std::string* why) {
+          if (!no_new_cuda_processes(job, driver, scan, "suspend", why)) return false;
+          if (cancel != nullptr && !cancel->commit()) {
+            *why = std::string(kCancelledReason) + " after the driver checkpoint";
+            return false;
+          }
+          return true;
+        });
     if (ok) complete_gpu_use(job, &driver);
     if (!ok) {
       std::string rb;

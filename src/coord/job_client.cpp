@@ -1,6 +1,11 @@
 #include "coord/job_client.h"
 
+#include <poll.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 namespace cusnap {
 
@@ -59,9 +64,52 @@ bool job_hello(const JobEntry& job, std::chrono::milliseconds timeout, proto::Jo
 }
 
 bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
-                  const ProgressHandler& on_progress, proto::Result* out, std::string* err) {
+                  const ProgressHandler& on_progress, proto::Result* out, std::string* err,
+                  const InterruptHook& hook) {
+  using Clock = std::chrono::steady_clock;
   ch.set_timeout(wait);
+  bool interrupted = false;
+  Clock::time_point until{};  // the bound after the interrupt
   for (;;) {
+    // Wait for the next message, or the interrupt, here: the channel's
+    // receive waits for a whole message, deaf to anything else.
+    if (interrupted && Clock::now() >= until) {
+      *err =
+          "no result from the supervisor within the cancel's bound\nwhat became of the request "
+          "is not known: cusnap ps shows the job's state";
+      return false;
+    }
+    if (hook.fd >= 0) {
+      const bool watch = !interrupted;
+      pollfd p[2] = {{ch.fd(), POLLIN, 0}, {watch ? hook.fd : -1, POLLIN, 0}};
+      auto left = wait;
+      if (interrupted)
+        left = std::min(left, std::chrono::ceil<std::chrono::milliseconds>(
+                                  std::max(until - Clock::now(), Clock::duration::zero())));
+      // Whether a silence till poll's end is the cancel's bound (the loop's
+      // top says so), else one message's wait.
+      const bool cancel_bound = interrupted && left < wait;
+      const int n = ::poll(p, 2, int(std::min<int64_t>(left.count(), 1 << 30)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        *err = std::string("poll: ") + std::strerror(errno) +
+               "\nwhat became of the request is not known: cusnap ps shows the job's state";
+        return false;
+      }
+      if (watch && (p[1].revents & (POLLIN | POLLHUP))) {
+        interrupted = true;
+        const auto bound = hook.on_interrupt ? hook.on_interrupt() : wait;
+        until = Clock::now() + bound;
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      }
+      if (n == 0) {
+        if (cancel_bound) continue;  // said at the loop's top
+        *err =
+            "no answer from the supervisor: timed out\nwhat became of the request is not known: "
+            "cusnap ps shows the job's state";
+        return false;
+      }
+    }
     proto::Message m;
     bool refused = false;
     if (!ch.recv(&m, err, &refused)) {
@@ -87,6 +135,26 @@ bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
     }
     return m.get(out, err);
   }
+}
+
+bool job_cancel(const JobEntry& job, std::chrono::milliseconds timeout, const std::string& op,
+                proto::Result* out, std::string* err) {
+  proto::Channel ch;
+  proto::CancelRequest req;
+  req.op = op;
+  req.own = true;
+  if (!connect_job(job, timeout, &ch, err) || !ch.send(proto::kMsgCancel, req, err)) return false;
+  proto::Message m;
+  bool refused = false;
+  if (!ch.recv(&m, err, &refused)) {
+    if (refused) unreadable_reply(err);
+    return false;
+  }
+  if (m.type != proto::kMsgResult) {
+    *err = "unexpected '" + m.type + "' message from the supervisor";
+    return false;
+  }
+  return m.get(out, err);
 }
 
 }  // namespace cusnap

@@ -173,10 +173,13 @@ bool verify_manifest_files(const std::string& dir, const Manifest& m, const Prog
 /// Lists every regular file under dir (relative paths, sorted) except the
 /// manifest, with size and chunked SHA-256 in chunks of chunk_size, hashed on
 /// hash_thread_count() threads; progress gets phase "checksum". A file that
-/// changes size meanwhile is an error. (manifest_files.cpp)
+/// changes size meanwhile is an error. cancelled (may be empty) is asked
+/// about every 200 ms: true ends the hashing with *err "cancelled".
+/// (manifest_files.cpp)
 bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
                     const ProgressSink& progress, std::string* err,
-                    uint64_t chunk_size = kHashChunkSize);
+                    uint64_t chunk_size = kHashChunkSize,
+                    const std::function<bool()>& cancelled = {});
 
 /// The cusnap version compiled in.
 std::string cusnap_version();

@@ -72,10 +72,12 @@ bool sizes_unchanged(const std::vector<HashTarget>& targets, std::string* err) {
 }
 
 bool hash_targets(const std::vector<HashTarget>& targets, const ProgressSink& progress,
-                  const char* phase, std::vector<ChunkedDigest>* out, std::string* err) {
+                  const char* phase, std::vector<ChunkedDigest>* out, std::string* err,
+                  const std::function<bool()>& cancelled = {}) {
   uint64_t total = 0;
   for (const HashTarget& t : targets) total += t.size;
   HashOptions opts;
+  opts.cancelled = cancelled;
   if (progress) opts.progress = [&](uint64_t done) { progress(Progress{phase, done, total}); };
   return sha256_chunked_files(targets, opts, out, err) && sizes_unchanged(targets, err);
 }
@@ -132,7 +134,8 @@ bool shared_memory_saved(const std::string& dir, const Manifest& m, std::string*
 }  // namespace
 
 bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
-                    const ProgressSink& progress, std::string* err, uint64_t chunk_size) {
+                    const ProgressSink& progress, std::string* err, uint64_t chunk_size,
+                    const std::function<bool()>& cancelled) {
   std::vector<std::string> names;
   if (!list_files(dir, &names, err)) return false;
   std::vector<HashTarget> targets;
@@ -145,7 +148,7 @@ bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
     targets.push_back(t);
   }
   std::vector<ChunkedDigest> digests;
-  if (!hash_targets(targets, progress, "checksum", &digests, err)) return false;
+  if (!hash_targets(targets, progress, "checksum", &digests, err, cancelled)) return false;
   out->clear();
   for (size_t i = 0; i < names.size(); ++i) {
     ManifestFile f;

@@ -175,7 +175,7 @@ bool sha256_chunked_files(const std::vector<HashTarget>& targets, const HashOpti
   {
     std::unique_lock<std::mutex> l(pool.mu);
     while (pool.running > 0) {
-      if (!opts.progress) {
+      if (!opts.progress && !opts.cancelled) {
         pool.finished_cv.wait(l);
         continue;
       }
@@ -184,7 +184,8 @@ bool sha256_chunked_files(const std::vector<HashTarget>& targets, const HashOpti
         // The sink runs unlocked: it may be slow and need not be thread-safe
         // (only this thread calls it).
         l.unlock();
-        opts.progress(pool.done.load());
+        if (opts.progress) opts.progress(pool.done.load());
+        if (opts.cancelled && opts.cancelled()) pool.fail("cancelled");
         l.lock();
       }
     }

@@ -74,6 +74,10 @@ struct HashOptions {
   /// Bytes hashed so far, called from the calling thread about every 200 ms
   /// and once at the end; may be empty.
   std::function<void(uint64_t bytes_done)> progress;
+  /// Asked from the calling thread about every 200 ms: true ends the hashing
+  /// (the call fails with *err "cancelled"; each thread stops after its
+  /// current read). May be empty.
+  std::function<bool()> cancelled;
 };
 
 /// Hashes every target, all chunks of all files on one pool of threads

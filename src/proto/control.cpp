@@ -85,4 +85,14 @@ bool validate(const TimeoutRequest& r, std::string* err) {
   return validate_settings(r.settings, err) && validate_timeout(r.timeout_ms, err);
 }
 
+bool validate(const CancelRequest& r, std::string* err) {
+  if (r.op == kMsgCheckpoint || r.op == kMsgSuspend) return true;
+  *err = "the request asks to cancel '" + r.op.substr(0, 64) +
+         "', which cannot be cancelled (only a checkpoint or a suspend can): " + kUseThisClient;
+  if (!valid_utf8(*err))
+    *err =
+        "the request asks to cancel an operation that is not text; " + std::string(kUseThisClient);
+  return false;
+}
+
 }  // namespace cusnap::proto

@@ -12,6 +12,15 @@
 //   suspend    TimeoutRequest      result
 //   resume     TimeoutRequest      result
 //   inspect    {}                  result (details: JSON {"job":..., "processes": [...]})
+//   cancel     CancelRequest       result (details: JSON {"job", "operation", "cancel"})
+//
+// A cancel comes on a connection of its own while a checkpoint or a suspend
+// runs: it is served only for a peer of the uid that started the operation
+// (with own, only for the very process that started it), and asks the
+// supervisor's engine to stop at its next phase boundary and roll back.
+// "cancel" in its reply is "requested" or "too late" (the operation passed
+// the point after which it completes: the checkpoint is complete, the job
+// suspended); the operation's own result then says how it ended.
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +38,7 @@ inline constexpr const char* kMsgCheckpoint = "checkpoint";
 inline constexpr const char* kMsgSuspend = "suspend";
 inline constexpr const char* kMsgResume = "resume";
 inline constexpr const char* kMsgInspect = "inspect";
+inline constexpr const char* kMsgCancel = "cancel";
 inline constexpr const char* kMsgProgress = "progress";
 inline constexpr const char* kMsgResult = "result";
 
@@ -83,6 +93,20 @@ struct TimeoutRequest {
   MSGPACK_DEFINE_MAP(timeout_ms, settings);
 };
 
+/// Asks to cancel the running operation op ("checkpoint" or "suspend"; a
+/// resume cannot be cancelled). own: only when the peer sending this is the
+/// process that started it (a client cancelling its own request on an
+/// interrupt); else any peer of the uid that started it.
+struct CancelRequest {
+  std::string op;
+  bool own = true;
+  MSGPACK_DEFINE_MAP(op, own);
+};
+
+/// What the "cancel" field of a cancel's reply says.
+inline constexpr const char* kCancelRequested = "requested";
+inline constexpr const char* kCancelTooLate = "too late";
+
 /// Progress of a long operation; one with an empty phase is the supervisor's
 /// heartbeat (sent every quarter of its control timeout, at most 1 s, while
 /// an operation runs) and carries nothing else.
@@ -110,5 +134,6 @@ constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;
 
 bool validate(const CheckpointRequest& r, std::string* err);
 bool validate(const TimeoutRequest& r, std::string* err);
+bool validate(const CancelRequest& r, std::string* err);
 
 }  // namespace cusnap::proto

@@ -1,4 +1,5 @@
 #include "proto/control.h"
+#include "proto/wire.h"
 
 #include <doctest/doctest.h>
 
@@ -41,7 +42,11 @@ TEST_CASE("control: every refusal of a request says what failed and what to do")
   }
   SUBCASE("too many settings") {
     Settings many;
-    for (int i = 0; i < 10; ++i) many["CUSNAP_X" + std::to_string(i)] = "1";
+    std::string key = "CUSNAP_X0";
+    for (char c = '0'; c <= '9'; ++c) {
+      key.back() = c;
+      many.emplace(key, std::string(1, '1'));
+    }
     CHECK_FALSE(validate(TimeoutRequest{1000, many}, &err));
     CHECK(err.find("10 settings") != std::string::npos);
   }
@@ -55,8 +60,38 @@ TEST_CASE("control: every refusal of a request says what failed and what to do")
     CHECK(err.find("absolute path") != std::string::npos);
     CHECK(err.find("-o") != std::string::npos);
   }
+  SUBCASE("a cancel of an operation that cannot be cancelled") {
+    CHECK_FALSE(validate(CancelRequest{"resume", true}, &err));
+    CHECK(err.find("'resume'") != std::string::npos);
+    CHECK(err.find("only a checkpoint or a suspend") != std::string::npos);
+  }
+  SUBCASE("a cancel of an unknown operation, not text") {
+    CHECK_FALSE(validate(CancelRequest{std::string("\xff\0x", 3), false}, &err));
+    CHECK(err.find("not text") != std::string::npos);
+  }
   SUBCASE("a checkpoint directory that is not UTF-8") {
     CHECK_FALSE(validate(CheckpointRequest{"/a\xff", false, 1000, {}}, &err));
   }
   CHECK(says_what_to_do(err));
+}
+
+TEST_CASE("control: a cancel of a checkpoint or a suspend is valid; it round-trips the wire") {
+  std::string err;
+  CHECK(validate(CancelRequest{kMsgCheckpoint, true}, &err));
+  CHECK(validate(CancelRequest{kMsgSuspend, false}, &err));
+  CHECK_FALSE(validate(CancelRequest{"", true}, &err));
+  Message m;
+  const std::string body = encode_body(kMsgCancel, CancelRequest{kMsgSuspend, false});
+  REQUIRE(decode_body(body, &m, &err));
+  CHECK(m.type == kMsgCancel);
+  CancelRequest r;
+  REQUIRE(m.get(&r, &err));
+  CHECK(r.op == kMsgSuspend);
+  CHECK_FALSE(r.own);
+  SUBCASE("a cancel of another shape is refused, not taken") {
+    const std::string bad = encode_body(kMsgCancel, std::string("checkpoint"));
+    REQUIRE(decode_body(bad, &m, &err));
+    CHECK_FALSE(m.get(&r, &err));
+    CHECK(err.find("malformed 'cancel'") != std::string::npos);
+  }
 }
