@@ -118,7 +118,7 @@ uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
 }
 
 void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* release,
-            std::vector<HeldFd>* close_fds) {
+            std::vector<ListedFd>* close_fds) {
   auto it = s.allocs.find(id);
   if (it == s.allocs.end()) return;
   Alloc& a = it->second;
@@ -136,7 +136,8 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
       Lock c(s.cache_mu);
       auto ci = s.cache.find(id);
       if (ci != s.cache.end()) {
-        close_fds->push_back(ci->second);  // closed later, if its number still names it
+        // Closed later, if its number still names it; in the fork table until then.
+        close_fds->push_back(list_held(ci->second));
         s.cache.erase(ci);
         s.cache_gen.erase(id);
         maybe_shrink(s.cache);
@@ -149,12 +150,12 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
   }
 }
 
-void finish(const std::vector<CUmemGenericAllocationHandle>& release,
-            const std::vector<HeldFd>& fds) {
+void finish(const std::vector<CUmemGenericAllocationHandle>& release, std::vector<ListedFd>* fds) {
   auto rel = REAL(cuMemRelease);
   for (auto h : release)
     if (rel) rel(h);
-  for (HeldFd fd : fds) fd.close_if_ours();
+  if (fds)
+    for (ListedFd& fd : *fds) fd.reset();
 }
 
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p) {
@@ -174,21 +175,25 @@ CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle drive
   int fd = -1;
   CUresult r = exp(&fd, driver, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) return r;
-  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  fd = high_number(fd);  // kept for long: out of the numbers the application reuses first
-  bool kept = false;
+  // In the fork table until it enters the cache (at a fork, in the one or
+  // the other), at a high number: kept for long, out of the numbers the
+  // application reuses first.
+  ListedFd listed;
+  list_new(fd, &listed);
   {
     Lock l(s.mu);
     auto it = s.allocs.find(id);
     if (it != s.allocs.end()) {
       Lock c(s.cache_mu);
-      kept = s.cache.emplace(id, HeldFd::of(fd)).second;
-      if (kept) s.cache_gen[id] = it->second.generation;
+      if (listed.ours() && !s.cache.count(id)) {
+        s.cache.emplace(id, HeldFd::of(listed.get()));
+        s.cache_gen[id] = it->second.generation;
+        listed.release();  // the cache's now
+      }
       it->second.exported = true;
     }
   }
-  if (!kept) ::close(fd);
-  return CUDA_SUCCESS;
+  return CUDA_SUCCESS;  // one not kept is closed (listed)
 }
 
 std::string peer_socket_of(const State& s, const AllocKey& k) {
@@ -262,7 +267,7 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
       a.handles++;
     *id_out = id;
   }
-  finish(extra, {});
+  finish(extra);
   return CUDA_SUCCESS;
 }
 

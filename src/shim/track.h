@@ -10,7 +10,8 @@
 // is held only for table work, never across a driver call, and never by the
 // listener threads' descriptor path; State::cache_mu guards the export cache
 // (allocation id -> the real descriptor), the only thing the peer listener
-// reads. Lock order: mu before cache_mu. Both are taken inside the gate.
+// reads. Lock order: mu before cache_mu, then the fork table's lock
+// (fork_table.h). Both are taken inside the gate.
 #pragma once
 
 #include "shim/entries.h"

@@ -25,6 +25,7 @@
 #include <set>
 
 #include "shim/captures.h"
+#include "shim/fork_table.h"
 #include "shim/real_driver.h"
 #include "shim/track_ckpt_internal.h"
 #include "shim/track_copy.h"
@@ -302,7 +303,7 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
         if (CUresult r = REAL(cuMemRelease)(w.driver); r != CUDA_SUCCESS)
           return fail("allocation " + std::to_string(w.id) + ": " +
                       driver_error("cuMemRelease", r));
-      int cached = -1;
+      ListedFd cached;  // out of the cache into the fork table, then closed
       {
         Lock l(s.mu);
         auto it = s.allocs.find(w.id);
@@ -310,12 +311,12 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
         Lock c(s.cache_mu);
         auto ci = s.cache.find(w.id);
         if (ci != s.cache.end()) {
-          if (ci->second.ours()) cached = ci->second.fd;
+          cached = list_held(ci->second);
           s.cache.erase(ci);
           s.cache_gen.erase(w.id);
         }
       }
-      if (cached >= 0) ::close(cached);
+      cached.reset();
     }
     return ok_done();
   } catch (...) {
@@ -354,10 +355,12 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
       if (r != CUDA_SUCCESS) {
         err = driver_error("cuMemExportToShareableHandle", r);
         for (const RangeCopy& m : ranges) REAL(cuMemUnmap)(m.address, m.size);
-      } else {
-        ::fcntl(exported, F_SETFD, FD_CLOEXEC);
       }
     }
+    // In the fork table until it enters the cache, at a high number; the one
+    // it replaces leaves the cache into the table until it is closed.
+    ListedFd listed, replaced;
+    if (exported >= 0) list_new(exported, &listed);
     if (r != CUDA_SUCCESS) {
       REAL(cuMemRelease)(d);
       return fail("allocation " + std::to_string(id) + ": " + err);
@@ -374,24 +377,22 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
         x.driver_held = x.held_before;
         x.generation++;
         keep = x.held_before;
-        if (exported >= 0) {
+        if (listed.ours()) {
           // The new allocation's descriptor replaces whatever a release that
           // stopped half way left in the cache: importers must get this one.
           Lock c(s.cache_mu);
-          exported = high_number(exported);
-          auto [it, inserted] = s.cache.try_emplace(id, HeldFd::of(exported));
+          auto [it, inserted] = s.cache.try_emplace(id, HeldFd::of(listed.get()));
           if (!inserted) {
-            const int old = it->second.ours() ? it->second.fd : -1;
-            it->second = HeldFd::of(exported);
-            exported = old;
-          } else {
-            exported = -1;
+            replaced = list_held(it->second);
+            it->second = HeldFd::of(listed.get());
           }
+          listed.release();  // the cache's now
           s.cache_gen[id] = x.generation;
         }
       }
     }
-    if (exported >= 0) ::close(exported);
+    replaced.reset();
+    listed.reset();
     // Only mappings held it before: they hold it again.
     if (!keep) REAL(cuMemRelease)(d);
     return ok_done(a.size);

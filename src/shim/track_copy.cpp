@@ -207,8 +207,8 @@ struct DirectWorker {
         no = "the file is shorter than its part";  // the staging path names it: truncated
       if (no.empty()) {
         w = std::make_unique<Window>();
-        if (!w->open(f.fd, p.in_part, p.len, job.save || !job.read_only_flag,
-                     job.read_only_flag, job.save, &no))
+        if (!w->open(f, p.in_part, p.len, job.save || !job.read_only_flag, job.read_only_flag,
+                     job.save, &no))
           w.reset();
       }
       if (!w) {

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "proto/env_settings.h"
+#include "shim/fork_table.h"
 #include "shim/real_driver.h"
 #include "shim/track_state.h"
 
@@ -116,12 +117,11 @@ void prepare_part(int fd, bool save, bool shmem_only, PartFile* p) {
     return;
   }
   p->size = static_cast<uint64_t>(st.st_size);
-  if (shmem_only) {
-    struct statfs fs {};
-    if (::fstatfs(fd, &fs) != 0 || !shmem_magic(static_cast<unsigned long>(fs.f_type))) {
-      p->refused = "not on tmpfs/shmem (a writable file mapping cannot be pinned safely there)";
-      return;
-    }
+  struct statfs fs {};
+  p->shmem = ::fstatfs(fd, &fs) == 0 && shmem_magic(static_cast<unsigned long>(fs.f_type));
+  if (shmem_only && !p->shmem) {
+    p->refused = "not on tmpfs/shmem (a writable file mapping cannot be pinned safely there)";
+    return;
   }
   int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0) {
@@ -133,12 +133,14 @@ void prepare_part(int fd, bool save, bool shmem_only, PartFile* p) {
   if (enough) return;
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  int again = ::open(path, (save ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-  if (again < 0) {
+  // On tmpfs and the like the open cannot wait: it is made in one step with
+  // its entry in the fork table. Elsewhere (a network file system may wait
+  // on its server) it holds no lock, and a fork right after it copies it.
+  if (!open_listed(path, save ? O_RDWR : O_RDONLY, p->shmem, &p->reopened)) {
     p->refused = std::string("reopening the file with read access: ") + std::strerror(errno);
     return;
   }
-  p->reopened = std::make_unique<OwnedFd>(again);
+  const int again = p->reopened.get();
   struct stat st2 {};
   if (::fstat(again, &st2) != 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino) {
     p->refused = "reopening the file gave another file";
@@ -147,7 +149,7 @@ void prepare_part(int fd, bool save, bool shmem_only, PartFile* p) {
   p->fd = again;
 }
 
-bool Window::open(int fd, uint64_t off, uint64_t len, bool writable, bool read_only_flag,
+bool Window::open(const PartFile& f, uint64_t off, uint64_t len, bool writable, bool read_only_flag,
                   bool populate, std::string* why) {
   static const uint64_t page = [] {
     long p = ::sysconf(_SC_PAGESIZE);
@@ -155,7 +157,7 @@ bool Window::open(int fd, uint64_t off, uint64_t len, bool writable, bool read_o
   }();
   len_ = (len + page - 1) / page * page;
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* p = ::mmap(nullptr, len_, prot, MAP_SHARED, fd, static_cast<off_t>(off));
+  void* p = map_unforked(len_, prot, f.fd, static_cast<off_t>(off), f.shmem);
   if (p == MAP_FAILED) {
     *why = std::string("mmap of the file: ") + std::strerror(errno);
     return false;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "shim/entries.h"
+#include "shim/fork_table.h"
 
 namespace cusnap::shim::track {
 
@@ -38,39 +39,27 @@ bool read_all(int fd, void* p, uint64_t n, uint64_t off, std::string* err);
 
 // The direct path's part files.
 
-/// A descriptor this code opened (a reopened part file), closed at the end.
-class OwnedFd {
- public:
-  OwnedFd() = default;
-  explicit OwnedFd(int fd) : fd_(fd) {}
-  ~OwnedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OwnedFd(const OwnedFd&) = delete;
-  OwnedFd& operator=(const OwnedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
-
 /// One part file as the direct path sees it: a descriptor it can map (the
 /// given one, or the same file reopened with read access), its size, and
 /// why it cannot be mapped (empty when it can).
 struct PartFile {
   int fd = -1;
-  std::unique_ptr<OwnedFd> reopened;
+  ListedFd reopened;  ///< in the fork table (fork_table.h)
   uint64_t size = 0;
+  /// On tmpfs/shmem/hugetlbfs/ramfs: opening and mapping it cannot wait.
+  bool shmem = false;
   std::string refused;
 };
 
 /// Readies fds[k] for mapping: save needs read-write access (mmap of a
 /// shared writable mapping needs a readable descriptor), load read access.
 /// A descriptor with too little access is reopened through /proc/self/fd
-/// (the same file: checked by device and inode).
+/// (the same file: checked by device and inode), into the fork table: a
+/// child the application forks during the copy keeps no copy of it.
 void prepare_part(int fd, bool save, bool shmem_only, PartFile* p);
 
-/// One window of a part file, mapped and registered; a DMA into or out of
+/// One window of a part file, mapped (out of every child the application
+/// forks: map_unforked) and registered; a DMA into or out of
 /// it may be queued on a stream. The destructor waits for that DMA, then
 /// unregisters and unmaps: nothing outlives it.
 class Window {
@@ -80,10 +69,10 @@ class Window {
   Window(const Window&) = delete;
   Window& operator=(const Window&) = delete;
 
-  /// Maps [off, off + len) of fd and registers it. False and *why when the
+  /// Maps [off, off + len) of f and registers it. False and *why when the
   /// kernel or the driver refuses (nothing is left behind then).
-  bool open(int fd, uint64_t off, uint64_t len, bool writable, bool read_only_flag, bool populate,
-            std::string* why);
+  bool open(const PartFile& f, uint64_t off, uint64_t len, bool writable, bool read_only_flag,
+            bool populate, std::string* why);
 
   void* addr() const { return addr_; }
   /// A DMA on s uses the window: the destructor waits for s.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "shim/fork_table.h"
 #include "shim/gate.h"
 #include "shim/track_state.h"
 
@@ -41,14 +42,16 @@ uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
                      const CUmemAllocationProp& prop);
 /// After a change of counts (s.mu held): releases the driver handle when
 /// nothing logical or internal holds it, and forgets the allocation when
-/// nothing maps it either. What is to be released or closed goes to finish.
+/// nothing maps it either. What is to be released or closed goes to finish;
+/// an export-cache descriptor leaves the cache into the fork table
+/// (list_held), so a child forked before it is closed holds no copy.
 void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* release,
-            std::vector<HeldFd>* close_fds);
-/// Releases the driver handles, then closes each descriptor whose number
-/// still names its file (the application may have closed and reused one
-/// while the driver released).
+            std::vector<ListedFd>* close_fds);
+/// Releases the driver handles, then closes each descriptor (out of the fork
+/// table) whose number still names its file (the application may have
+/// closed and reused one while the driver released).
 void finish(const std::vector<CUmemGenericAllocationHandle>& release,
-            const std::vector<HeldFd>& fds);
+            std::vector<ListedFd>* fds = nullptr);
 /// The mapping that contains address p, or end() (s.mu held).
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p);
 /// Fills the export cache for an allocation created here (calls the driver,

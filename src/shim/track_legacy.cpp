@@ -128,7 +128,7 @@ namespace {
 CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
   uint64_t id = 0, size = 0;
   std::vector<CUmemGenericAllocationHandle> rel;
-  std::vector<HeldFd> fds;
+  std::vector<ListedFd> fds;
   bool ours = false;
   {
     Lock l(s.mu);
@@ -159,7 +159,7 @@ CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) 
       settle(s, id, &rel, &fds);
     }
   }
-  finish(rel, fds);
+  finish(rel, &fds);
   return CUDA_SUCCESS;
 }
 
@@ -305,7 +305,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
     }
     std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<HeldFd> fds;
+    std::vector<ListedFd> fds;
     {
       Lock l(s.mu);
       Alloc& a = s.allocs[id];
@@ -324,7 +324,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         *dptr = addr;
       }
     }
-    finish(rel, fds);
+    finish(rel, &fds);
     return r;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
@@ -373,7 +373,7 @@ CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noex
     REAL(cuMemUnmap)(o.address, o.size);
     REAL(cuMemAddressFree)(o.address, o.size);
     std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<HeldFd> fds;
+    std::vector<ListedFd> fds;
     {
       Lock l(s.mu);
       auto a = s.allocs.find(o.alloc);
@@ -383,7 +383,7 @@ CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noex
         settle(s, o.alloc, &rel, &fds);
       }
     }
-    finish(rel, fds);
+    finish(rel, &fds);
     return CUDA_SUCCESS;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

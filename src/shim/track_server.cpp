@@ -9,9 +9,10 @@
 // keeps several connections and takes a request only once it is there whole,
 // so a client that sends nothing or half a request holds up no other (serve).
 // A child the application forks closes the descriptors the listeners hold
-// (connections, parts of a save or load, an export being sent), and the
-// export an importer fetched while it is open, in its fork handler
-// (g_conn_fds), as it does the listening sockets. The application may
+// (connections, parts of a save or load, an export being sent), an
+// importer's connection to the creator and the export it fetched while they
+// are open, and the rest of the fork table (fork_table.h), in its fork
+// handler (g_conn_fds), as it does the listening sockets. The application may
 // close any of them and reuse the number: a listener checks each one's
 // identity before it polls, reads, writes, uses or closes it, and lets go of
 // one that no longer names its file without closing the number.
@@ -20,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -49,6 +51,7 @@
 #include "shim/cut.h"
 #include "shim/cut_control.h"
 #include "shim/entries.h"
+#include "shim/fork_table.h"
 #include "shim/gate.h"
 #include "shim/held_fd.h"
 #include "shim/track_state.h"
@@ -87,28 +90,38 @@ bool allowed(int fd, uid_t owner) {
 /// held outside the table: the import goes on, a child forked meanwhile
 /// keeps a copy.
 constexpr size_t kFetchedFds = 32;
+/// Importers' connections to creators g_conn_fds keeps room for (as many);
+/// one beyond that is held outside the table.
+constexpr size_t kImportConns = kFetchedFds;
+/// The direct path's part files reopened (one save or load at a time).
+constexpr size_t kReopenedParts = proto::kMaxParts;
 /// Entries g_conn_fds has room for: both listeners' connections; the parts
 /// of a save or load a control connection holds while they arrive (at most
 /// proto::kMaxParts, the one a request just brought included); on the peer
 /// listener, a descriptor a request brought and the export being sent; the
-/// exports importers fetched.
-constexpr size_t kHeldFds =
-    2 * kMaxConnections + kMaxConnections * proto::kMaxParts + 2 + kFetchedFds;
+/// exports importers fetched and their connections to the creators; the
+/// part files the direct path reopened.
+constexpr size_t kHeldFds = 2 * kMaxConnections + kMaxConnections * proto::kMaxParts + 2 +
+                            kFetchedFds + kImportConns + kReopenedParts;
 
-/// The descriptors both listeners hold, and the exports importers fetched
-/// (fetch_descriptor, in application threads), with the identity of the file
+/// The fork table (fork_table.h): the descriptors both listeners hold, the
+/// exports importers fetched and their connections to the creators
+/// (fetch_descriptor, in application threads), and the part files the direct
+/// path reopened (open_listed), with the identity of the file
 /// each names, for a child the application forks to close (the fork handlers
 /// below): descriptors the child did not make. A copy there would keep a
 /// connection the listener closed open, so its client would not see the end;
 /// keep a part file of a checkpoint open, or a memory file's pages, in a
 /// process that never saw it; or keep the creator's device memory alive
 /// through a copy of its export. g_conn_mu is held only around what makes a
-/// descriptor (an accept, the receipt of a request or a fetch's reply whose
-/// bytes have all arrived, a dup) and its entry, and around an entry's
+/// descriptor (an accept, a socket, the receipt of a request or a fetch's
+/// reply whose bytes have all arrived, a dup, an open that cannot wait) and
+/// its entry, and around the direct path's mmap with its MADV_DONTFORK, and around an entry's
 /// removal and the close, never across a wait nor a driver call, and by the
 /// fork's prepare handler: at a fork every descriptor a listener or an import
 /// holds is in the table, and none in it was closed by the shim. Lock order:
-/// State::cache_mu, then g_conn_mu (an importer takes g_conn_mu alone). One a
+/// State::cache_mu, then g_conn_mu (an importer and the bulk copies take
+/// g_conn_mu alone). One a
 /// channel closed itself (a request the stream cannot recover from) stays in
 /// the table until the listener drops it; the child checks the identity
 /// first, so a number the application reused meanwhile is left alone.
@@ -125,64 +138,107 @@ std::ptrdiff_t enter_locked(int fd) {
   return free->fd < 0 ? -1 : free - std::begin(g_conn_fds);
 }
 
-/// A descriptor a listener holds for a request (a part of a save or load
-/// that came with one, the duplicate of an export being sent), or an
-/// importer the export it fetched, in g_conn_fds while it is held. Closed,
-/// out of the table, only while its number still names the file it was; let
-/// go otherwise (the application closed it and may have reused the number).
-class RequestFd {
- public:
-  RequestFd() = default;
-  RequestFd(RequestFd&& o) noexcept
-      : fd_(std::move(o.fd_)), id_(o.id_), slot_(std::exchange(o.slot_, -1)) {}
-  RequestFd& operator=(RequestFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::move(o.fd_);
-      id_ = o.id_;
-      slot_ = std::exchange(o.slot_, -1);
-    }
-    return *this;
-  }
-  ~RequestFd() { reset(); }
+}  // namespace
 
-  /// Takes fd in (g_conn_mu held, in one step with what made fd); false,
-  /// fd left with the caller, when the table has no room.
-  bool take_locked(UniqueFd& fd) {
-    const std::ptrdiff_t slot = enter_locked(fd.get());
-    if (slot < 0) return false;
-    reset_locked();
-    fd_ = std::move(fd);
-    id_ = g_conn_fds[slot];
-    slot_ = slot;
-    return true;
-  }
-  int get() const { return fd_.get(); }
-  explicit operator bool() const { return static_cast<bool>(fd_); }
-  /// Whether the number still names the file taken in.
-  bool ours() const { return fd_ && id_.ours(); }
-  void reset() {
-    if (!fd_ && slot_ < 0) return;
-    std::lock_guard<std::mutex> l(g_conn_mu);
-    reset_locked();
-  }
+ListedFd::ListedFd(ListedFd&& o) noexcept
+    : fd_(std::move(o.fd_)), id_(o.id_), slot_(std::exchange(o.slot_, -1)) {}
 
- private:
-  void reset_locked() {
-    if (slot_ >= 0) g_conn_fds[slot_] = HeldFd{};
-    slot_ = -1;
-    if (!ours()) fd_.release();  // the application's number now: left alone
-    fd_.reset();
+ListedFd& ListedFd::operator=(ListedFd&& o) noexcept {
+  if (this != &o) {
+    reset();
+    fd_ = std::move(o.fd_);
+    id_ = o.id_;
+    slot_ = std::exchange(o.slot_, -1);
   }
+  return *this;
+}
 
-  UniqueFd fd_;
-  HeldFd id_;
-  std::ptrdiff_t slot_ = -1;
-};
+bool ListedFd::take_locked(UniqueFd& fd) {
+  const std::ptrdiff_t slot = enter_locked(fd.get());
+  if (slot < 0) return false;
+  reset_locked();
+  fd_ = std::move(fd);
+  id_ = g_conn_fds[slot];
+  slot_ = slot;
+  return true;
+}
 
-/// One connection of a listener. Its requests are read only once whole (the
-/// listener never waits on one client while others are pending), and handled
-/// one at a time on the listener's thread.
+void ListedFd::hold_unlisted_locked(UniqueFd& fd) {
+  reset_locked();
+  id_ = HeldFd::of(fd.get());
+  fd_ = std::move(fd);
+}
+
+int ListedFd::release() {
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  if (slot_ >= 0) g_conn_fds[slot_] = HeldFd{};
+  slot_ = -1;
+  return fd_.release();
+}
+
+void list_new(int fd, ListedFd* out) noexcept {
+  out->reset();
+  if (fd < 0) return;
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  UniqueFd u(high_number(fd));
+  if (!out->take_locked(u)) out->hold_unlisted_locked(u);  // no room: held outside it
+}
+
+ListedFd list_held(const HeldFd& h) noexcept {
+  ListedFd out;
+  if (!h.ours()) return out;
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  UniqueFd u(h.fd);
+  if (!out.take_locked(u)) out.hold_unlisted_locked(u);  // no room: held outside it
+  return out;
+}
+
+void ListedFd::reset() {
+  if (!fd_ && slot_ < 0) return;
+  std::lock_guard<std::mutex> l(g_conn_mu);
+  reset_locked();
+}
+
+void ListedFd::reset_locked() {
+  if (slot_ >= 0) g_conn_fds[slot_] = HeldFd{};
+  slot_ = -1;
+  if (!ours()) fd_.release();  // the application's number now: left alone
+  fd_.reset();
+}
+
+bool open_listed(const char* path, int flags, bool no_wait, ListedFd* out) noexcept {
+  out->reset();
+  std::unique_lock<std::mutex> l(g_conn_mu, std::defer_lock);
+  if (no_wait) l.lock();
+  UniqueFd fd(::open(path, flags | O_CLOEXEC));
+  if (!fd) return false;
+  if (!no_wait) l.lock();
+  if (!out->take_locked(fd)) out->hold_unlisted_locked(fd);  // no room: the open goes on
+  return true;
+}
+
+void* map_unforked(size_t len, int prot, int fd, off_t off, bool no_wait) noexcept {
+  std::unique_lock<std::mutex> l(g_conn_mu, std::defer_lock);
+  if (no_wait) l.lock();
+  void* p = ::mmap(nullptr, len, prot, MAP_SHARED, fd, off);
+  if (p == MAP_FAILED) return p;
+  if (!no_wait) l.lock();
+  if (::madvise(p, len, MADV_DONTFORK) != 0) {
+    const int saved = errno;
+    ::munmap(p, len);
+    errno = saved;
+    return MAP_FAILED;
+  }
+  return p;
+}
+
+namespace {
+
+/// One connection of a listener, or an importer's to a creator's peer socket
+/// (connect_listed). A listener reads its requests only once whole (it never
+/// waits on one client while others are pending), and handles them one at a
+/// time on its thread.
 struct Conn {
   Conn() = default;
   Conn(const Conn&) = delete;
@@ -210,7 +266,7 @@ struct Conn {
   /// closed first when the listener has kMaxConnections and more come.
   Clock::time_point last;
   /// A save or load whose parts are still arriving (control).
-  std::vector<RequestFd> parts;
+  std::vector<ListedFd> parts;
   uint64_t parts_of = 0;
   std::string parts_type;
   /// Its entry in g_conn_fds; -1 before the accept.
@@ -236,6 +292,55 @@ bool accept_into(int listen_fd, Conn* c, std::string* err) {
   return true;
 }
 
+/// Connects c to the Unix socket at path (an importer's connection to a
+/// creator's peer socket), bounded by the control timeout. The socket is
+/// made and entered in g_conn_fds in one step as a fork sees it, and
+/// connected holding no lock (a connect may wait for room in the backlog),
+/// so a child the application forks during the exchange closes its copy.
+/// With no room in the table the connection is held outside it and goes on.
+bool connect_listed(const std::string& path, Conn* c, std::string* err) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof sa.sun_path) {
+    *err = "socket path too long: " + path;
+    return false;
+  }
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  {
+    std::lock_guard<std::mutex> l(g_conn_mu);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) {
+      *err = std::string("socket: ") + std::strerror(errno);
+      return false;
+    }
+    c->slot = enter_locked(fd.get());
+    c->id = c->slot >= 0 ? g_conn_fds[c->slot] : HeldFd::of(fd.get());
+    c->ch = proto::Channel(std::move(fd), timeout());
+  }
+  const auto deadline = Clock::now() + timeout();
+  for (;;) {
+    if (::connect(c->ch.fd(), reinterpret_cast<sockaddr*>(&sa), len) == 0 || errno == EISCONN)
+      return true;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EINPROGRESS) {
+      *err = "connecting to " + path + ": " + std::strerror(errno);
+      return false;
+    }
+    // The backlog is full: wait for room, then try again.
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      *err = "connecting to " + path + ": timed out";
+      return false;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    struct pollfd p {
+      c->ch.fd(), POLLOUT, 0
+    };
+    (void)::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 10)));
+  }
+}
+
 /// The longest the receipt of a request may wait under g_conn_mu: none
 /// should (serve takes a request only once queued says it is all there), but
 /// a fork in the application must never wait on a client.
@@ -245,7 +350,7 @@ constexpr auto kRecvUnderLock = std::chrono::milliseconds(20);
 /// that came with it into *fd, in one step with its entry as a fork sees it.
 /// false as recv (the connection then dropped unless *refused); also, with
 /// *refused, when the table has no room for the descriptor.
-bool recv_request(Conn& c, proto::Message* msg, RequestFd* fd, std::string* err, bool* refused) {
+bool recv_request(Conn& c, proto::Message* msg, ListedFd* fd, std::string* err, bool* refused) {
   *refused = false;
   if (!c.ours()) {
     *err = "the connection's descriptor was closed in the process";
@@ -277,7 +382,7 @@ bool reply(Conn& c, std::string_view type, const T& payload, int pass_fd = -1) {
 /// Serves one "fetch" (the peer socket's one request per connection).
 void serve_peer(State& s, Conn& c) {
   proto::Message msg;
-  RequestFd brought;  // none is expected: closed with the request
+  ListedFd brought;  // none is expected: closed with the request
   std::string err;
   bool refused = false;
   if (!recv_request(c, &msg, &brought, &err, &refused)) {
@@ -297,7 +402,7 @@ void serve_peer(State& s, Conn& c) {
   }
   // The duplicate sent: in the table from the dup on (under both locks, as a
   // fork sees it), since a copy in a child would keep the allocation alive.
-  RequestFd dup;
+  ListedFd dup;
   int dup_errno = 0;
   if (req.creator_start != s.start_time) {
     r.error = "ticket names another process";
@@ -376,7 +481,7 @@ struct GateHold {
 /// Serves the control request queued whole on c. false: close the connection.
 bool serve_control(State& s, Conn& c, GateHold& hold) {
   proto::Message msg;
-  RequestFd brought;  // the descriptor that came with it
+  ListedFd brought;  // the descriptor that came with it
   std::string err;
   bool refused = false;
   if (!recv_request(c, &msg, &brought, &err, &refused)) {
@@ -789,18 +894,19 @@ bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* genera
   const NoCancel no_cancel;
   // The export, from its receipt to its close: in g_conn_fds (listed), or
   // outside it when the table has no room (unlisted; the import goes on).
-  RequestFd listed;
+  ListedFd listed;
   UniqueFd unlisted;
   try {
-    UniqueFd fd;
-    if (!proto::connect_unix(t.socket, timeout(), &fd, err)) return false;
+    // The connection: in g_conn_fds from its socket to its close (Conn).
+    Conn conn;
+    if (!connect_listed(t.socket, &conn, err)) return false;
     struct ucred cred {};
-    if (!proto::peer_credentials(fd.get(), &cred, err)) return false;
+    if (!proto::peer_credentials(conn.ch.fd(), &cred, err)) return false;
     if (!proto::peer_uid_allowed(cred.uid, state().uid) || cred.pid != t.creator_pid) {
       *err = "the peer socket is not the creator's";
       return false;
     }
-    proto::Channel ch(std::move(fd), timeout());
+    proto::Channel& ch = conn.ch;
     ch.set_max_body(proto::kMaxRequestBytes);  // a fetched reply is as small
     proto::FetchRequest req{t.creator_start, t.allocation};
     if (!ch.send(proto::kMsgFetch, req, err)) return false;
@@ -836,7 +942,7 @@ bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* genera
     return false;
   }
   use(listed ? listed.get() : unlisted.get());
-  return true;  // closed out of the table (RequestFd), the number left alone if reused
+  return true;  // closed out of the table (ListedFd), the number left alone if reused
 }
 
 }  // namespace cusnap::shim::track

@@ -156,10 +156,12 @@ void close_listener(int* fd, const std::string& path) noexcept;
 /// Asks the creator named by t for the real descriptor, calls use(fd) with
 /// it (use must not throw) and closes it; false and *err on failure, use not
 /// called. *generation (when given) gets the generation of the allocation it
-/// names. From its receipt to its close the descriptor is in the listeners'
-/// fork table (track_server.cpp), so a child another thread forks meanwhile
-/// closes its copy (which would keep the creator's memory alive); that table's
-/// lock is taken alone, never across a wait nor across use.
+/// names. From its receipt to its close the descriptor is in the fork table
+/// (fork_table.h), and so is the connection to the creator from its socket to
+/// its close, so a child another thread forks meanwhile closes its copies (of
+/// the export, which would keep the creator's memory alive, and of the
+/// connection); that table's lock is taken alone, never across a wait (the
+/// connect included) nor across use.
 bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* generation,
                       const std::function<void(int fd)>& use) noexcept;
 /// The records, for inspection. Takes s.mu.

@@ -112,7 +112,7 @@ CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandl
   if (!active()) return CUDA_ERROR_INVALID_HANDLE;
   State& s = state();
   std::vector<CUmemGenericAllocationHandle> rel;
-  std::vector<HeldFd> fds;
+  std::vector<ListedFd> fds;
   try {
     Lock l(s.mu);
     auto it = s.handles.find(handle);
@@ -129,7 +129,7 @@ CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandl
   CUresult r = CUDA_SUCCESS;
   for (auto h : rel)
     if (CUresult x = real(h); x != CUDA_SUCCESS) r = x;
-  for (HeldFd fd : fds) fd.close_if_ours();  // the number may be the application's since
+  for (ListedFd& fd : fds) fd.reset();  // the number may be the application's since
   return r;
 }
 
@@ -267,7 +267,7 @@ CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
         *handle = new_handle(s, id);
       }
     }
-    finish(extra, {});
+    finish(extra);
     return out;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
@@ -332,7 +332,7 @@ CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) n
     CUresult r = real(ptr, size);
     if (r != CUDA_SUCCESS || hit.empty()) return r;
     std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<HeldFd> fds;
+    std::vector<ListedFd> fds;
     {
       Lock l(s.mu);
       for (uint64_t a : hit) {
@@ -347,7 +347,7 @@ CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) n
         }
       }
     }
-    finish(rel, fds);
+    finish(rel, &fds);
     return CUDA_SUCCESS;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

@@ -82,13 +82,8 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
       *value = static_cast<uint64_t>(g_import_result);
       return 0;
     case kFork:
-      // The reply waits until the child is past fork (its fork handlers ran).
-      if (const int rc = cmds::fork_waiting_child(&g_child)) return rc;
-      *value = static_cast<uint64_t>(g_child);
-      return 0;
     case kReap:
-      cmds::reap_child(&g_child);
-      return 0;
+      return cmds::fork_or_reap(cmd == kFork, &g_child, value);
     default:
       return 1;
   }

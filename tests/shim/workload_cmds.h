@@ -89,6 +89,19 @@ inline void reap_child(pid_t* child) {
   *child = -1;
 }
 
+/// In a workload, the commands of the fork tests: fork (a waiting child,
+/// its pid the reply) or reap it. 0, or FC_REQ's 1.
+inline int fork_or_reap(bool fork, pid_t* child, uint64_t* value) {
+  if (!fork) {
+    reap_child(child);
+    return 0;
+  }
+  // The reply waits until the child is past fork (its fork handlers ran).
+  if (const int rc = fork_waiting_child(child)) return rc;
+  *value = static_cast<uint64_t>(*child);
+  return 0;
+}
+
 /// In a workload: a 2 MiB allocation of its own into *buf, exported as a
 /// POSIX file descriptor (a ticket) sent on sock. 0, or FC_REQ's 1.
 inline int export_ticket(int sock, fctest::VmmBuffer* buf) {
