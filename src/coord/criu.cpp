@@ -108,11 +108,12 @@ bool spawn(const std::string& prog, const std::vector<std::string>& args, int ou
   return true;
 }
 
-// Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out
-// (before_kill called, then killed), 2 reaped by someone else (status
-// unknown).
+// Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out,
+// 3 stopped because stop() said so (both: before_kill called, then killed),
+// 2 reaped by someone else (status unknown).
 int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function<void()>& tick,
-               int* status, const std::function<void()>& before_kill = {}) {
+               int* status, const std::function<void()>& before_kill = {},
+               const std::function<bool()>& stop = {}) {
   auto start = std::chrono::steady_clock::now();
   auto last_tick = start;
   for (int sleep_us = 1000;; sleep_us = std::min(sleep_us * 2, 50000)) {
@@ -120,11 +121,12 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function
     if (r == pid) return 0;
     if (r < 0 && errno == ECHILD) return 2;
     auto now = std::chrono::steady_clock::now();
-    if (now - start > timeout) {
+    const bool timed_out = now - start > timeout;
+    if (timed_out || (stop && stop())) {
       if (before_kill) before_kill();
       kill(pid, SIGKILL);
       waitpid(pid, status, 0);
-      return 1;
+      return timed_out ? 1 : 3;
     }
     if (tick && now - last_tick > std::chrono::milliseconds(250)) {
       tick();
@@ -460,8 +462,12 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   out_fd.reset();  // CRIU holds its own copy
   if (!ok) return false;
   int status = 0;
-  int w = wait_child(s.pid, run.timeout, run.on_tick, &status, run.before_kill);
+  int w = wait_child(s.pid, run.timeout, run.on_tick, &status, run.before_kill, run.stop_now);
   std::string why;
+  if (w == 3) {
+    *err = "criu " + action + " was stopped on request (killed)";
+    return false;
+  }
   if (w == 1) {
     why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";
     // CRIU stops each infected process at a hardware breakpoint; where those

@@ -79,6 +79,10 @@ struct CriuRun {
   /// stops the job here, so that no process of it runs on between CRIU's
   /// end, which lets go of the tasks it held, and the roll back).
   std::function<void()> before_kill;
+  /// Looked at about every 50 ms while CRIU runs: once it returns true,
+  /// CRIU is ended as at the timeout (before_kill, then killed) and
+  /// run_criu fails saying it was stopped on request.
+  std::function<bool()> stop_now;
   /// CRIU is killed (PR_SET_PDEATHSIG) when the thread that runs it dies: a
   /// restore whose process was killed must not finish without it (a dump
   /// must, for the guardian to find a whole checkpoint or none).

@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 
 using namespace cusnap;
 
@@ -121,6 +123,47 @@ TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and says so") {
+  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string fake = std::string(dir) + "/criu";
+  std::ofstream(fake) << "#!/bin/sh\nexec sleep 30\n";
+  chmod(fake.c_str(), 0755);
+  CriuInfo c;
+  c.path = fake;
+  CriuRun run;
+  run.args = {"dump"};
+  run.log_path = std::string(dir) + "/x.log";
+  std::atomic<bool> stop{false};
+  int asked = 0, before_kill = 0;
+  run.stop_now = [&] {
+    ++asked;
+    return stop.load();
+  };
+  run.before_kill = [&] { ++before_kill; };
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  std::string err;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(run_criu(c, run, &err));
+  const auto took = std::chrono::steady_clock::now() - start;
+  later.join();
+  CHECK_MESSAGE(err == "criu dump was stopped on request (killed)", err);
+  CHECK(before_kill == 1);
+  CHECK(asked > 1);
+  CHECK(took >= std::chrono::milliseconds(300));
+  CHECK(took < std::chrono::seconds(10));
+  // Not asked to stop, it runs to its end.
+  std::ofstream(fake) << "#!/bin/sh\nsleep 0.3\nexit 0\n";
+  stop = false;
+  before_kill = 0;
+  CHECK(run_criu(c, run, &err));
+  CHECK(before_kill == 0);
   std::filesystem::remove_all(dir);
 }
 

@@ -261,6 +261,12 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     out->collective_cut = shared.cut_counts();
     out->capture_retries = shared.capture_retries();
   }
+  // A roll back that failed leaves the job suspended (engine_internal.h);
+  // remove_dir: the directory was made here, and goes once empty.
+  auto left_suspended = [&](bool remove_dir, const std::string& why) {
+    return leave_suspended(job, opts.dir, remove_dir, "checkpoint", why, driver.restore_refused());
+  };
+
   if (cancelled()) {
     std::string rb;
     out->code = kExitFailure;
@@ -273,17 +279,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     const std::string why =
         std::string(kCancelledReason) + "; bringing the job's shared memory back failed: " + rb;
     out->code = kExitJobLost;
-    *err = "job " + job.name + ": " + why +
-           leave_suspended(job, opts.dir, !dir_existed, "checkpoint", why);
+    *err = "job " + job.name + ": " + why + left_suspended(!dir_existed, why);
     remove_output(opts.dir, dir_existed, true);
     return false;
   }
-
-  // A roll back that failed leaves the job suspended (engine_internal.h);
-  // remove_dir: the directory was made here, and goes once empty.
-  auto left_suspended = [&](bool remove_dir, const std::string& why) {
-    return leave_suspended(job, opts.dir, remove_dir, "checkpoint", why, driver.restore_refused());
-  };
 
   // The driver: lock every CUDA process, then checkpoint each.
   out->code = kExitFailure;
@@ -402,8 +401,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
-  // A cancel during the dump is looked at once CRIU is done (run_criu has
-  // no way to end it early but its timeout).
+  // A cancel during the dump ends CRIU as its timeout does.
+  run.stop_now = [&] { return cancelled(); };
   // Killed, CRIU lets go of the tasks it held, which would run on at once:
   // stopped first, they wait for the roll back (which continues them).
   run.before_kill = [&] {
@@ -411,6 +410,8 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   };
   std::string why;
   if (!run_criu(criu, run, &why)) {
+    if (cancelled())
+      return roll_back(std::string(kCancelledReason) + " during the CRIU dump: " + why);
     work.keep();
     if (why.find("Can't dump ghost file") != std::string::npos)
       why += "the job holds a deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=" + ghost_limit +

@@ -5,8 +5,8 @@
 # unchanged" and exits 130 (--json: one failure object, "cancelled": true),
 # the job counts on with its memory intact, and no checkpoint is left that a
 # restore would take. Cancelled in the driver phase (the simulated driver's
-# checkpoint slowed to 2 s), at the end of the CRIU dump (CRIU held at
-# post-dump), and a suspend; a second interrupt leaves at once, the outcome
+# checkpoint slowed to 2 s), during the CRIU dump (CRIU held at post-dump,
+# and ended at once), and a suspend; a second interrupt leaves at once, the outcome
 # not known, while the cancel goes on. Then a checkpoint and its restore
 # still work. (Before: an interrupt ended only the command, the operation
 # went on.)
@@ -69,15 +69,19 @@ no_checkpoint "$T/ck1"
 pass "checkpoint cancelled in the driver phase: exit 130, said so; the job runs on, no checkpoint"
 
 # A checkpoint cancelled while CRIU dumps (held at post-dump, the images
-# written): the dump ends, then it rolls back as a failed dump does.
+# written, the tree still seized): CRIU is ended at once, as at its timeout,
+# without waiting for it, and the checkpoint rolls back as a failed dump
+# does. (Before, the cancel waited for CRIU's end.)
 criu_hold_at post-dump
 start checkpoint -o "$T/ck2" --json
 criu_held || fail "CRIU was not held at post-dump"
 kill -INT "$C"
-for _ in $(seq 1 100); do grep -q "cusnap: cancelling" "$T/checkpoint.err" && break; sleep 0.05; done
-sleep 0.3
+for _ in $(seq 1 200); do kill -0 "$C" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$C" 2>/dev/null && fail "the cancel waits for the held CRIU: $(cat "$T/checkpoint.err")"
+kill -0 "$HELD_CRIU" 2>/dev/null && fail "the cancelled checkpoint's CRIU $HELD_CRIU runs on"
 criu_release
 cancelled checkpoint
+grep -q "cusnap: cancelling" "$T/checkpoint.err" || fail "nothing said of the cancel: $(cat "$T/checkpoint.err")"
 python3 -c '
 import json, sys
 text = open(sys.argv[1]).read()
