@@ -11,7 +11,8 @@
 #                checkpoint_*.sh) with the real driver: checkpoint/stop/restore
 #                twice, --leave-running, suspend/resume, two processes with
 #                private memory, the refusals, a corrupted checkpoint, a failing
-#                CRIU dump rolled back; and reliability_guardian_long_argv (a
+#                CRIU dump rolled back, a checkpoint cancelled (Ctrl-C) during
+#                its CRIU dump; and reliability_guardian_long_argv (a
 #                job with 190 KiB of arguments keeps an executed guardian
 #                through a restore), and restore_taken (a thread id taken, two
 #                restores at once, the old name of a job restored under

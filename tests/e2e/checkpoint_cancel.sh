@@ -9,9 +9,10 @@
 # and ended at once), and a suspend; a second interrupt leaves at once, the outcome
 # not known, while the cancel goes on. Then a checkpoint and its restore
 # still work. (Before: an interrupt ended only the command, the operation
-# went on.)
+# went on.) On the real driver, whose checkpoint of a small job is too quick
+# to be interrupted in time, only the cases CRIU's hold makes certain run.
 source "$(dirname "$0")/lib_checkpoint.sh"
-fake_only "FAKECUDA_DELAY slows the simulated driver" || exit 77
+SLOW="FAKECUDA_DELAY slows the simulated driver's checkpoint to 2 s"
 
 criu_hold_setup
 FAKECUDA_DELAY="cuCheckpointProcessCheckpoint:2000,cuCheckpointProcessRestore:1000" \
@@ -60,13 +61,15 @@ no_checkpoint() {
 }
 
 # A checkpoint cancelled while the driver checkpoints the job.
-start checkpoint -o "$T/ck1"
-sleep 0.5
-kill -INT "$C"
-cancelled checkpoint
-no_checkpoint "$T/ck1"
-[ ! -e "$T/ck1" ] || fail "the cancelled checkpoint left $T/ck1: $(ls -la "$T/ck1")"
-pass "checkpoint cancelled in the driver phase: exit 130, said so; the job runs on, no checkpoint"
+if fake_only "$SLOW"; then
+  start checkpoint -o "$T/ck1"
+  sleep 0.5
+  kill -INT "$C"
+  cancelled checkpoint
+  no_checkpoint "$T/ck1"
+  [ ! -e "$T/ck1" ] || fail "the cancelled checkpoint left $T/ck1: $(ls -la "$T/ck1")"
+  pass "checkpoint cancelled in the driver phase: exit 130, said so; the job runs on, no checkpoint"
+fi
 
 # A checkpoint cancelled while CRIU dumps (held at post-dump, the images
 # written, the tree still seized): CRIU is ended at once, as at its timeout,
@@ -92,37 +95,40 @@ assert j["error"] == "cancelled: job cc runs on unchanged" and j["name"] == "cc"
 no_checkpoint "$T/ck2"
 pass "checkpoint --json cancelled during the CRIU dump: one object, exit 130; the job runs on"
 
-# A suspend cancelled while the driver checkpoints the job.
-start suspend --json
-sleep 0.5
-kill -INT "$C"
-cancelled suspend
-python3 -c '
+# A suspend cancelled while the driver checkpoints the job, and a second
+# interrupt.
+if fake_only "$SLOW"; then
+  start suspend --json
+  sleep 0.5
+  kill -INT "$C"
+  cancelled suspend
+  python3 -c '
 import json, sys
 j = json.loads(open(sys.argv[1]).read())
 assert j["exit_code"] == 130 and j["cancelled"] is True, j' "$T/suspend.out" ||
-  fail "suspend --json: not one cancelled object: $(cat "$T/suspend.out")"
-[ ! -e "$T/run/cc/suspended" ] || fail "the cancelled suspend left its state: $(ls -la "$T/run/cc/suspended")"
-pass "suspend cancelled: exit 130, said so; the job runs on"
+    fail "suspend --json: not one cancelled object: $(cat "$T/suspend.out")"
+  [ ! -e "$T/run/cc/suspended" ] || fail "the cancelled suspend left its state: $(ls -la "$T/run/cc/suspended")"
+  pass "suspend cancelled: exit 130, said so; the job runs on"
 
-# A second interrupt leaves at once; the cancel goes on in the supervisor.
-start checkpoint -o "$T/ck3"
-sleep 0.5
-kill -INT "$C"
-for _ in $(seq 1 100); do grep -q "cusnap: cancelling" "$T/checkpoint.err" && break; sleep 0.05; done
-sleep 0.2
-kill -INT "$C"
-rc=0
-wait "$C" || rc=$?
-[ "$rc" = 130 ] || fail "second interrupt: exit $rc: $(cat "$T/checkpoint.err")"
-grep -q "cusnap: interrupted again: the checkpoint of job cc may still be running, or rolling back, in its supervisor; its outcome is not known: cusnap ps shows the job's state" \
-  "$T/checkpoint.err" || fail "second interrupt: not said: $(cat "$T/checkpoint.err")"
-grep -q "cusnap: cancelled" "$T/checkpoint.err" && fail "second interrupt: the command waited for the outcome"
-for _ in $(seq 1 200); do [ "$(job_field cc state)" = running ] && break; sleep 0.05; done
-[ "$(job_field cc state)" = running ] || fail "the cancel did not bring the job back: $(job_field cc state)"
-expect_running cc "$PID" "$T/job.out"
-no_checkpoint "$T/ck3"
-pass "a second interrupt leaves at once, saying the outcome is not known; the cancel completes"
+  # A second interrupt leaves at once; the cancel goes on in the supervisor.
+  start checkpoint -o "$T/ck3"
+  sleep 0.5
+  kill -INT "$C"
+  for _ in $(seq 1 100); do grep -q "cusnap: cancelling" "$T/checkpoint.err" && break; sleep 0.05; done
+  sleep 0.2
+  kill -INT "$C"
+  rc=0
+  wait "$C" || rc=$?
+  [ "$rc" = 130 ] || fail "second interrupt: exit $rc: $(cat "$T/checkpoint.err")"
+  grep -q "cusnap: interrupted again: the checkpoint of job cc may still be running, or rolling back, in its supervisor; its outcome is not known: cusnap ps shows the job's state" \
+    "$T/checkpoint.err" || fail "second interrupt: not said: $(cat "$T/checkpoint.err")"
+  grep -q "cusnap: cancelled" "$T/checkpoint.err" && fail "second interrupt: the command waited for the outcome"
+  for _ in $(seq 1 200); do [ "$(job_field cc state)" = running ] && break; sleep 0.05; done
+  [ "$(job_field cc state)" = running ] || fail "the cancel did not bring the job back: $(job_field cc state)"
+  expect_running cc "$PID" "$T/job.out"
+  no_checkpoint "$T/ck3"
+  pass "a second interrupt leaves at once, saying the outcome is not known; the cancel completes"
+fi
 
 # Then a checkpoint and its restore work as ever.
 "$CUSNAP" checkpoint cc -o "$T/ck4" >"$T/ck4.out" 2>&1 || fail "checkpoint after the cancels: $(cat "$T/ck4.out")"
