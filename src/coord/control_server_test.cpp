@@ -699,35 +699,36 @@ TEST_CASE("job client: an interrupt while waiting asks for the cancel; the wait 
     CHECK(job_cancel(f.entry, 1000ms, proto::kMsgCheckpoint, &reply, &e));
     return std::chrono::milliseconds(300);
   };
-  SUBCASE("the result comes within the bound") {
+  // A checkpoint asked on a thread, interrupted once the engine runs it.
+  struct Outcome {
+    bool ok;
+    proto::Result r;
+    std::string e;
+  };
+  auto interrupted_checkpoint = [&] {
     auto first = std::async(std::launch::async, [&] {
-      proto::Result r;
-      std::string e;
-      bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
-                            proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &r, &e,
-                            hook);
-      return std::make_pair(ok, r);
+      Outcome o{};
+      o.ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
+                         proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &o.r,
+                         &o.e, hook);
+      return o;
     });
     while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
     REQUIRE(::write(p[1], "x", 1) == 1);
+    return first;
+  };
+  SUBCASE("the result comes within the bound") {
+    auto first = interrupted_checkpoint();
     while (cancel_said(reply).empty()) std::this_thread::sleep_for(5ms);
     f.release.set_value();
-    auto [ok, r] = first.get();
-    REQUIRE(ok);
-    CHECK(nlohmann::json::parse(r.details)["cancelled"] == true);
+    const Outcome o = first.get();
+    REQUIRE(o.ok);
+    CHECK(nlohmann::json::parse(o.r.details)["cancelled"] == true);
   }
   SUBCASE("no result within the bound: the outcome is not known") {
-    auto first = std::async(std::launch::async, [&] {
-      proto::Result r;
-      std::string e;
-      bool ok = job_request(f.entry, 1000ms, 5000ms, proto::kMsgCheckpoint,
-                            proto::CheckpointRequest{"/tmp/ckpt", false, 1000, {}}, nullptr, &r, &e,
-                            hook);
-      return std::make_pair(ok, e);
-    });
-    while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
-    REQUIRE(::write(p[1], "x", 1) == 1);
-    auto [ok, e] = first.get();  // heartbeats go on; the bound ends the wait
+    const Outcome o = interrupted_checkpoint().get();  // heartbeats go on; the bound ends it
+    const bool ok = o.ok;
+    const std::string& e = o.e;
     CHECK_FALSE(ok);
     CHECK_MESSAGE(e.find("within the cancel's bound") != std::string::npos, e);
     CHECK(e.find("not known") != std::string::npos);

@@ -51,18 +51,7 @@ enum Cmd : uint64_t {
 
 VmmBuffer g_buf;
 pid_t g_child = -1;
-pthread_t g_importer_thread{};
-int g_ticket = -1;
-CUresult g_import_result = CUDA_ERROR_UNKNOWN;
-
-void* import_thread(void*) {
-  CUmemGenericAllocationHandle h = 0;
-  g_import_result =
-      cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(g_ticket)),
-                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (g_import_result == CUDA_SUCCESS) cuMemRelease(h);
-  return nullptr;
-}
+cmds::ThreadImport g_import;
 
 int act(int sock, uint64_t cmd, uint64_t* value) {
   switch (cmd) {
@@ -72,15 +61,9 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
     case kExport:
       return cmds::export_ticket(sock, &g_buf);
     case kImport:
-      g_ticket = recv_fd(sock);
-      FC_REQ(g_ticket >= 0);
-      FC_REQ(pthread_create(&g_importer_thread, nullptr, import_thread, nullptr) == 0);
-      return 0;
+      return g_import.start(sock);
     case kJoin:
-      FC_REQ(pthread_join(g_importer_thread, nullptr) == 0);
-      close(g_ticket);
-      *value = static_cast<uint64_t>(g_import_result);
-      return 0;
+      return g_import.join(value);
     case kFork:
     case kReap:
       return cmds::fork_or_reap(cmd == kFork, &g_child, value);

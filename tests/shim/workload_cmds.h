@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -114,6 +115,41 @@ inline int export_ticket(int sock, fctest::VmmBuffer* buf) {
   FC_REQ(sent);
   return 0;
 }
+
+/// In a workload: a ticket received on sock imported on a thread of its own
+/// (the test looks at the process while the driver imports), the handle
+/// released once imported. start() replies at once; join() waits for the
+/// thread and gives its CUresult. Each 0, or FC_REQ's 1.
+class ThreadImport {
+ public:
+  int start(int sock) {
+    ticket_ = fctest::recv_fd(sock);
+    FC_REQ(ticket_ >= 0);
+    FC_REQ(pthread_create(&thread_, nullptr, run, this) == 0);
+    return 0;
+  }
+  int join(uint64_t* value) {
+    FC_REQ(pthread_join(thread_, nullptr) == 0);
+    close(ticket_);
+    ticket_ = -1;
+    *value = static_cast<uint64_t>(result_);
+    return 0;
+  }
+
+ private:
+  static void* run(void* self) {
+    auto* t = static_cast<ThreadImport*>(self);
+    CUmemGenericAllocationHandle h = 0;
+    t->result_ = cuMemImportFromShareableHandle(
+        &h, reinterpret_cast<void*>(static_cast<intptr_t>(t->ticket_)),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (t->result_ == CUDA_SUCCESS) cuMemRelease(h);
+    return nullptr;
+  }
+  pthread_t thread_{};
+  int ticket_ = -1;
+  CUresult result_ = CUDA_ERROR_UNKNOWN;
+};
 
 inline long ms_since(std::chrono::steady_clock::time_point t) {
   return static_cast<long>(
