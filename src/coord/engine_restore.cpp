@@ -467,6 +467,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   std::string why;
   if (!run_criu(criu, run, &why)) {
     work.keep();
+    watch.keep_temp_dir(work.path());
     *err = "CRIU restore phase: " + why + "(its files are kept in " + work.path() + ")";
     // CRIU kills what it restored when it fails; make sure, but only of a
     // tree it left to us: another restore may hold the pid by now.

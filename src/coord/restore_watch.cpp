@@ -106,6 +106,12 @@ struct TempDirRef {
   ino_t ino = 0;
 };
 
+// What the restoring process sends the watch, a byte each: dismissed, or
+// keep temporary directory i (kKeepTemp + i, i < kMaxTemps).
+constexpr char kDismiss = 'd';
+constexpr char kKeepTemp = 'A';
+constexpr size_t kMaxTemps = 16;
+
 /// Whether name is one of a TempDir of the restoring process's: PREFIX PID
 /// "-" XXXXXX (mkdtemp's six letters or digits), PREFIX cusnap-restore- or
 /// cusnap-noplugins-, PID the restoring process's.
@@ -228,9 +234,14 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
   ::syscall(SYS_close_range, unsigned(r + 1), ~0U, 0U);
   uint64_t since = 0;
   if (!proto::proc_start_time(::getpid(), &since, true)) ::_exit(0);
+  bool keep[kMaxTemps] = {};
   for (;;) {
     char c;
     const ssize_t got = ::read(r, &c, 1);
+    if (got == 1 && c >= kKeepTemp && size_t(c - kKeepTemp) < n_temps) {
+      keep[c - kKeepTemp] = true;
+      continue;
+    }
     if (got == 1) ::_exit(0);  // dismissed
     if (got < 0 && errno == EINTR) continue;
     break;  // the restoring process is gone
@@ -278,13 +289,14 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
   msg.put("; the checkpoint is unchanged and restores again");
   // Its temporary directories: the restoring process's destructors did not
   // run. One left is named; a later restore sweeps it once 10 minutes old.
+  // One the restore kept (CRIU's log of a failed run) stays, named.
   for (size_t i = 0; i < n_temps; ++i) {
-    if (remove_temp_dir(temps[i], restorer)) continue;
-    msg.put("; its temporary directory ");
+    if (!keep[i] && remove_temp_dir(temps[i], restorer)) continue;
+    msg.put(keep[i] ? "; its files are kept in " : "; its temporary directory ");
     msg.put(temps[i].parent.c_str());
     msg.put("/");
     msg.put(temps[i].name.c_str());
-    msg.put(" could not be removed");
+    if (!keep[i]) msg.put(" could not be removed");
   }
   msg.put("\n");
   if (::write(2, msg.buf, msg.len) < 0) {
@@ -302,7 +314,9 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
   // this process's, a directory (not a link) of ours; its device and inode
   // are what the watch removes, nothing else under that name.
   std::vector<TempDirRef> temps;
+  temp_paths_.clear();
   for (const std::string& path : temp_dirs) {
+    if (temps.size() == kMaxTemps) break;
     const size_t slash = path.find_last_of('/');
     if (slash == std::string::npos || slash + 1 >= path.size()) continue;
     TempDirRef t;
@@ -315,6 +329,7 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
     t.dev = st.st_dev;
     t.ino = st.st_ino;
     temps.push_back(std::move(t));
+    temp_paths_.push_back(path);
   }
   // A socket pair, not a pipe: dismiss sends with MSG_NOSIGNAL, so a watch
   // that is gone cannot raise SIGPIPE in the restoring process.
@@ -337,9 +352,19 @@ bool RestoreWatch::start(const std::vector<pid_t>& pids, const std::string& dir,
   return true;
 }
 
+void RestoreWatch::keep_temp_dir(const std::string& path) {
+  if (pid_ <= 0) return;
+  for (size_t i = 0; i < temp_paths_.size(); ++i) {
+    if (temp_paths_[i] != path) continue;
+    const char keep = char(kKeepTemp + i);
+    if (::send(tell_.get(), &keep, 1, MSG_NOSIGNAL) < 0) {
+    }  // the watch is gone: nothing to tell it
+  }
+}
+
 void RestoreWatch::dismiss() {
   if (pid_ <= 0) return;
-  const char done = 'd';
+  const char done = kDismiss;
   if (::send(tell_.get(), &done, 1, MSG_NOSIGNAL) < 0) {
   }  // the watch is gone: nothing to tell it
   tell_.reset();

@@ -20,7 +20,9 @@
 // and inode, not a symbolic link, ours, named PREFIX PID "-" XXXXXX with the
 // restoring process's pid), without following a link inside; one it cannot
 // remove is named in its message and left to the sweep of a later restore
-// (sweep_stale_temp_dirs).
+// (sweep_stale_temp_dirs). One the restore has kept (keep_temp_dir: CRIU's
+// files of a failed run, which its error message names) stays, and the
+// watch's message names it.
 //
 // Once the restore ends, either way, the watch is dismissed and exits without
 // acting (a failed restore ends its own processes). The child does only
@@ -52,6 +54,10 @@ class RestoreWatch {
   /// never removed.
   bool start(const std::vector<pid_t>& pids, const std::string& dir, int report_fd,
              std::string* err, const std::vector<std::string>& temp_dirs = {});
+  /// The temporary directory path (one given to start) is to stay, as the
+  /// restore keeps CRIU's files of a failed run: should the restoring
+  /// process die now, the watch names it instead of removing it.
+  void keep_temp_dir(const std::string& path);
   /// The restore ended: the watch exits without acting, and is reaped.
   void dismiss();
   pid_t pid() const { return pid_; }
@@ -59,6 +65,7 @@ class RestoreWatch {
  private:
   UniqueFd tell_;  ///< our end of the socket pair the watch waits on
   pid_t pid_ = -1;
+  std::vector<std::string> temp_paths_;  ///< those start accepted, in the watch's order
 };
 
 }  // namespace cusnap

@@ -69,8 +69,11 @@ std::string file_text(const std::string& path) {
   return ss.str();
 }
 
+enum class End { kKilled, kKeptThenKilled, kDismissed };
+
 struct Outcome {
   pid_t before = 0, after = 0;  ///< started before and after the watch
+  std::string work;             ///< the first temporary directory
   std::string said;
   bool temps_left[2] = {};     ///< whether each temporary directory is there after
   bool others_intact = false;  ///< what the watch must not touch is all there
@@ -87,8 +90,10 @@ bool exists_nofollow(const std::string& path) {
 /// through a pipe; the watch reports to a file (its report_fd, not stderr).
 /// The restoring process gives the watch its two temporary directories
 /// (files, a subdirectory, links out to files and a directory that must
-/// stay), one named for another process, and a link named as its own.
-Outcome run_restorer(bool killed) {
+/// stay), one named for another process, and a link named as its own; with
+/// kKeptThenKilled it asks the watch to keep the first before it is killed.
+Outcome run_restorer(End end) {
+  const bool killed = end != End::kDismissed;
   char dir[] = "/tmp/cusnap-watch-XXXXXX";
   REQUIRE(::mkdtemp(dir));
   const std::string base = dir;
@@ -131,12 +136,14 @@ Outcome run_restorer(bool killed) {
     p[1] = sleeper(id);
     if (p[1] != id) ::_exit(4);
     if (::write(ids[1], p, sizeof p) != sizeof p) ::_exit(3);
+    if (end == End::kKeptThenKilled) watch.keep_temp_dir(work);
     if (killed) ::raise(SIGKILL);
     watch.dismiss();
     ::_exit(0);
   }
   ::close(ids[1]);
   Outcome o;
+  o.work = work;
   pid_t p[2] = {0, 0};
   REQUIRE(::read(ids[0], p, sizeof p) == sizeof p);
   ::close(ids[0]);
@@ -180,7 +187,7 @@ TEST_CASE("restore watch: the start time of a live process, none for a zombie or
 TEST_CASE("restore watch: the restoring process killed, what it restored is ended" *
           doctest::skip(::geteuid() != 0)) {  // clone3's set_tid, as CRIU restores
 
-  const Outcome o = run_restorer(true);
+  const Outcome o = run_restorer(End::kKilled);
   uint64_t t;
   // The one restored after the watch began is ended; the older one is not.
   CHECK_FALSE(cusnap::proto::proc_start_time(o.after, &t, true));
@@ -200,7 +207,7 @@ TEST_CASE("restore watch: the restoring process killed, what it restored is ende
 
 TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
           doctest::skip(::geteuid() != 0)) {
-  const Outcome o = run_restorer(false);
+  const Outcome o = run_restorer(End::kDismissed);
   uint64_t t;
   CHECK(cusnap::proto::proc_start_time(o.after, &t, true));
   CHECK(cusnap::proto::proc_start_time(o.before, &t, true));
@@ -211,4 +218,22 @@ TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
   CHECK(o.others_intact);
   ::kill(o.before, SIGKILL);
   ::kill(o.after, SIGKILL);
+}
+
+TEST_CASE("restore watch: a temporary directory the restore kept stays, named" *
+          doctest::skip(::geteuid() != 0)) {
+  const Outcome o = run_restorer(End::kKeptThenKilled);
+  uint64_t t;
+  CHECK_FALSE(cusnap::proto::proc_start_time(o.after, &t, true));
+  CHECK(o.said ==
+        "cusnap: the restore of /ck ended before the job was back (the restoring "
+        "process was killed): its restored process " +
+            std::to_string(o.after) +
+            " was ended; the checkpoint is unchanged and restores again; its files are kept "
+            "in " +
+            o.work + "\n");
+  CHECK(o.temps_left[0]);  // kept, as the failed restore's message says
+  CHECK_FALSE(o.temps_left[1]);
+  CHECK(o.others_intact);
+  ::kill(o.before, SIGKILL);
 }
