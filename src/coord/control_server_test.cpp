@@ -424,7 +424,10 @@ TEST_CASE("control server: a client that waits too little is told the outcome is
   // The client's wait is shorter than a heartbeat's interval (500 ms).
   CHECK_FALSE(job_request(f.entry, 1000ms, 200ms, proto::kMsgSuspend,
                           proto::TimeoutRequest{5000, {}}, nullptr, &r, &err));
-  CHECK(err.find("no answer from the supervisor") != std::string::npos);
+  CHECK_MESSAGE(err.find("job " + f.entry.status.name +
+                         ": no answer from the supervisor: timed out waiting 0.2 s for a "
+                         "message") == 0,
+                err);
   CHECK(err.find("cusnap ps") != std::string::npos);
   // The operation goes on without the client, and completes.
   for (int i = 0; i < 100 && f.ctx.status.state != "suspended"; ++i)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace cusnap {
@@ -31,6 +32,16 @@ bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::
 }
 
 namespace {
+
+/// "N s" (to a tenth below 10 s) for messages.
+std::string seconds_text(std::chrono::milliseconds d) {
+  char buf[32];
+  if (d < std::chrono::seconds(10))
+    std::snprintf(buf, sizeof buf, "%.1f s", double(d.count()) / 1000);
+  else
+    std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(d.count() / 1000));
+  return buf;
+}
 
 /// A reply the supervisor sent that this side cannot read: said as such.
 void unreadable_reply(std::string* err) {
@@ -104,9 +115,9 @@ bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
       }
       if (n == 0) {
         if (cancel_bound) continue;  // said at the loop's top
-        *err =
-            "no answer from the supervisor: timed out\nwhat became of the request is not known: "
-            "cusnap ps shows the job's state";
+        *err = "no answer from the supervisor: timed out waiting " + seconds_text(wait) +
+               " for a message\nwhat became of the request is not known: cusnap ps shows the "
+               "job's state";
         return false;
       }
     }
@@ -118,6 +129,8 @@ bool await_result(proto::Channel& ch, std::chrono::milliseconds wait,
         *err += "\nwhat became of the request is not known: cusnap ps shows the job's state";
         return false;
       }
+      if (*err == "timed out waiting for a message")
+        *err = "timed out waiting " + seconds_text(wait) + " for a message";
       *err = "no answer from the supervisor: " + *err +
              "\nwhat became of the request is not known: cusnap ps shows the job's state";
       return false;

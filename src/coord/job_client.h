@@ -49,8 +49,9 @@ bool job_cancel(const JobEntry& job, std::chrono::milliseconds timeout, const st
 /// Sends a request whose answer is progress events and then a result.
 /// Waiting for each message is bounded by wait (the operation's own timeout
 /// plus the control timeout). A refusal by the supervisor is a Result with
-/// ok=false, not an error; false + *err only when the exchange failed. hook:
-/// an interrupt it reacts to while it waits (await_result).
+/// ok=false, not an error; false + *err (naming the job) only when the
+/// exchange failed. hook: an interrupt it reacts to while it waits
+/// (await_result).
 template <class T>
 bool job_request(const JobEntry& job, std::chrono::milliseconds timeout,
                  std::chrono::milliseconds wait, std::string_view type, const T& payload,
@@ -58,8 +59,11 @@ bool job_request(const JobEntry& job, std::chrono::milliseconds timeout,
                  const InterruptHook& hook = {}) {
   proto::Channel ch;
   if (!connect_job(job, timeout, &ch, err)) return false;
-  if (!ch.send(type, payload, err)) return false;
-  return await_result(ch, wait, on_progress, out, err, hook);
+  if (!ch.send(type, payload, err) || !await_result(ch, wait, on_progress, out, err, hook)) {
+    *err = "job " + job.status.name + ": " + *err;
+    return false;
+  }
+  return true;
 }
 
 }  // namespace cusnap
