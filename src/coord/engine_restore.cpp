@@ -425,7 +425,8 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     const auto uuid_map = pair_uuid_map(pairs);
     if (!restore_memory_fits(restore_need(rm.use, cuda_pids, uuid_map), rm.policy,
                              map_gpus(rm.free_before, uuid_map), &why, &rm.note)) {
-      *err = "checkpoint " + opts.dir + ": " + why + "\nnothing was restored; the checkpoint is unchanged";
+      *err = "checkpoint " + opts.dir + ": " + why +
+             "\nnothing was restored; the checkpoint is unchanged";
       return false;
     }
   }

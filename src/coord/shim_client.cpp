@@ -119,9 +119,9 @@ bool ShimClient::gate_close(uint64_t wait_ms, std::string* err) {
   if (call(proto::kMsgGateClose, g, -1, timeout_ + std::chrono::milliseconds(wait_ms), &d, err))
     return true;
   if (d.code == ETIMEDOUT)
-    *err = "process " + std::to_string(pid_) + ", quiesce phase: a driver call did not return "
-           "within " + std::to_string(wait_ms) + " ms" + (d.error.empty() ? "" : " (" + d.error + ")") +
-           ", so the gate was opened again";
+    *err = "process " + std::to_string(pid_) +
+           ", quiesce phase: a driver call did not return within " + std::to_string(wait_ms) +
+           " ms" + (d.error.empty() ? "" : " (" + d.error + ")") + ", so the gate was opened again";
   return false;
 }
 

@@ -301,7 +301,9 @@ CUresult run_direct(Job& job, std::string* err) {
   auto pieces = pieces_of(job.size, job.fds->size(), window_bytes());
   return run_pieces(
       pieces, err,
-      [&](CUresult*, std::string*) { return std::make_unique<DirectWorker>(DirectWorker{job, nullptr, nullptr}); },
+      [&](CUresult*, std::string*) {
+        return std::make_unique<DirectWorker>(DirectWorker{job, nullptr, nullptr});
+      },
       [&](DirectWorker& w, const Piece& p, std::string* why) {
         CUresult r = w.one(p, why);
         if (r == CUDA_SUCCESS) return r;

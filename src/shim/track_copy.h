@@ -52,10 +52,11 @@
 
 namespace cusnap::shim::track {
 
-/// The bytes are split into fds.size() parts, in order: part
-/// k holds [k * per, (k + 1) * per) of the allocation from its file's offset
-/// 0 (per: part_bytes, ceil(size / parts) rounded up to 2 MiB). Separate files let the workers write in parallel
-/// (a file system serializes writes to one file).
+/// The bytes are split into fds.size() parts, in order: part k holds
+/// [k * per, (k + 1) * per) of the allocation from its file's offset 0 (per:
+/// part_bytes, ceil(size / parts) rounded up to 2 MiB). Separate files let
+/// the workers write in parallel (a file system serializes writes to one
+/// file).
 uint64_t part_bytes(uint64_t size, size_t parts) noexcept;
 /// Writes size bytes at device address src into the parts (each sized to
 /// its length first). A descriptor opened write-only is reopened read-write
