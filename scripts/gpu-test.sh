@@ -82,10 +82,11 @@
 #                each rank must go on at exactly its next step, every result
 #                right. Prints each cycle's times, phases and sizes.
 #   nccl-torchrun-devmap
-#                The same, two cycles, each restore with --device-map 0=1,1=0:
-#                every rank must come back on the other GPU (nvidia-smi).
+#                The same (CUSNAP_GPU_TEST_NCCL_CYCLES cycles), each restore
+#                with --device-map 0=1,1=0: every rank must come back on the
+#                other GPU (nvidia-smi).
 #   nccl-torchrun-expandable
-#                The same, two cycles, with
+#                The same (CUSNAP_GPU_TEST_NCCL_CYCLES cycles), with
 #                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
 #                SKIP for all three with fewer than two GPUs. Extra environment
 #                for the job: CUSNAP_GPU_TEST_NCCL_ENV ("VAR=VALUE ...").
@@ -943,9 +944,12 @@ nccl_cycles() {
   return 0
 }
 scenario_nccl_torchrun() { nccl_cycles nccl-torchrun "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
-scenario_nccl_torchrun_devmap() { nccl_cycles nccl-torchrun-devmap 2 "0=1,1=0"; }
+scenario_nccl_torchrun_devmap() {
+  nccl_cycles nccl-torchrun-devmap "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" "0=1,1=0"
+}
 scenario_nccl_torchrun_expandable() {
-  nccl_cycles nccl-torchrun-expandable 2 "" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  nccl_cycles nccl-torchrun-expandable "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" "" \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
 # lifted_and_on SAID LOG WHO AFTER: SAID (what WHO, the checkpoint or the
