@@ -847,9 +847,11 @@ NCCL_MIB=${CUSNAP_GPU_TEST_NCCL_MIB:-64}
 gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
 # proc_gpu PID: the UUID of the GPU the process computes on (empty when
 # nvidia-smi does not list it, e.g. from another PID namespace).
-proc_gpu() {
+proc_gpu() { proc_gpus "$1" | awk 'NR == 1'; }
+# proc_gpus PID: the UUID of each GPU the process has a context on, a line each.
+proc_gpus() {
   nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader 2>/dev/null |
-    awk -F', *' -v p="$1" '$1 == p {print $2; exit}'
+    awk -F', *' -v p="$1" '$1 == p {print $2}'
 }
 rank_pid() { sed -n "s/^rank $2 ready pid \([0-9]*\).*$/\1/p" "$1" | head -1; }
 
@@ -921,18 +923,21 @@ nccl_cycles() {
     g0=$(proc_gpu "$r0"); g1=$(proc_gpu "$r1")
     on="rank 0 on ${g0:-?}"
     [ "$nproc" -gt 1 ] && on+=", rank 1 on ${g1:-?}"
+    # Each swapped restore moves both ranks: rank 0 (launched on GPU 0) is
+    # on GPU 1 after an odd number of them, rank 1 the other way round.
+    if [ -n "$map" ]; then
+      local want0 want1
+      want0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i $((i % 2)))
+      want1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i $(((i + 1) % 2)))
+      if ! proc_gpus "$r0" | grep -x "$want0" >/dev/null || ! proc_gpus "$r1" | grep -x "$want1" >/dev/null; then
+        why="cycle $i: after --device-map $map rank 0 is on $(proc_gpus "$r0" | paste -sd' ') and rank 1 on $(proc_gpus "$r1" | paste -sd' '), not on $want0 and $want1"; break
+      fi
+    fi
     echo "  cycle $i: checkpoint ${ck_wall} s ($(json_field "$cj" bytes) bytes, cut $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("collective_cut", "none"))' "$cj" 2>/dev/null)), restore ${rs_wall} s; stopped at $(echo "$before" | tr '\n' ' ')-> now $(counts "$log" | tr '\n' ' ')${gaps[*]:+ (gaps: ${gaps[*]})}; $on"
     show_phases "    checkpoint" "$cj"
     show_phases "    restore" "$rj"
     rm -rf "$ck"
   done
-  if [ -z "$why" ] && [ -n "$map" ] && [ -n "$g0" ] && [ -n "$g1" ]; then
-    local first0 first1
-    first0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0); first1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
-    # After an odd number of swapped restores rank 0 is on GPU 1.
-    if [ $((cycles % 2)) = 1 ] && [ "$g0" != "$first1" ]; then why="rank 0 is on $g0, not on GPU 1 ($first1) after --device-map $map"; fi
-    if [ $((cycles % 2)) = 0 ] && [ "$g0" != "$first0" ]; then why="rank 0 is on $g0, not back on GPU 0 ($first0) after two swaps"; fi
-  fi
   if [ -n "$why" ] && [ -f "$log" ]; then
     # The job's whole output goes with its runtime directory when it stops.
     cp "$log" "$WORK/$scen.failed.log" 2>/dev/null && echo "    (the job's whole output is kept in $WORK/$scen.failed.log)"
