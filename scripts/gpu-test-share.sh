@@ -15,24 +15,9 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=${CUSNAP_GPU_WORK:-$(mktemp -d /tmp/cusnap-gpu-share.XXXXXX)}
-mkdir -p "$work"
-cuda=${CUDA_HOME:-/usr/local/cuda}
-fail=0
-say() { printf '== %s\n' "$*"; }
-bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
-
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  echo "gpu-test-share: no GPU here (nvidia-smi lists none); skipping"
-  exit 77
-fi
-nvidia-smi -L | head -8
-
-shim=${CUSNAP_SHIM:-}
-for c in "$root/.gpu-bundle/build/lib/libcusnap_shim.so" "$root/build-gpu/lib/libcusnap_shim.so"; do
-  [[ -z "$shim" && -r "$c" ]] && shim=$c
-done
+# shellcheck source=scripts/lib-gpu-script.sh
+source "$(dirname "$0")/lib-gpu-script.sh"
+gpu_script_start gpu-test-share
 if [[ -z "$shim" ]]; then
   echo "gpu-test-share: no libcusnap_shim.so: set CUSNAP_SHIM or run scripts/gpu-bundle.sh first"
   exit 1

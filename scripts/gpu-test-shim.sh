@@ -22,27 +22,12 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=${CUSNAP_GPU_WORK:-$(mktemp -d /tmp/cusnap-gpu-shim.XXXXXX)}
-mkdir -p "$work"
-cuda=${CUDA_HOME:-/usr/local/cuda}
-fail=0
-say() { printf '== %s\n' "$*"; }
-bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
-
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  echo "gpu-test-shim: no GPU here (nvidia-smi lists none); skipping"
-  exit 77
-fi
-nvidia-smi -L | head -8
-
-# 1. The shim.
-shim=${CUSNAP_SHIM:-}
-# A prebuilt shim (scripts/gpu-bundle.sh) first: the tracking sources need
-# msgpack-cxx headers, which the GPU machine lacks.
-for c in "$root/.gpu-bundle/build/lib/libcusnap_shim.so" "$root/build-gpu/lib/libcusnap_shim.so"; do
-  [[ -z "$shim" && -r "$c" ]] && shim=$c
-done
+# shellcheck source=scripts/lib-gpu-script.sh
+source "$(dirname "$0")/lib-gpu-script.sh"
+# 1. The shim: a prebuilt one (scripts/gpu-bundle.sh) first, as
+# gpu_script_start finds it: the tracking sources need msgpack-cxx headers,
+# which the GPU machine lacks.
+gpu_script_start gpu-test-shim
 if [[ -z "$shim" ]]; then
   shim=$work/lib/libcusnap_shim.so
   mkdir -p "$work/lib"
