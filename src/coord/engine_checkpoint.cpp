@@ -39,6 +39,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "coord/criu_interrupt.h"
 #include "coord/criu_leftovers.h"
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
@@ -401,8 +402,9 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
-  // A cancel during the dump ends CRIU as its timeout does.
-  run.stop_now = [&] { return cancelled(); };
+  // A cancel during the dump ends CRIU as its timeout does, but not while
+  // CRIU drives a process by ptrace alone (criu_interrupt.h).
+  run.stop_now = [&] { return cancelled() && criu_dump_killable(dump_log); };
   // Killed, CRIU lets go of the tasks it held, which would run on at once:
   // stopped first, they wait for the roll back (which continues them).
   run.before_kill = [&] {
