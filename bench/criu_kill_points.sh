@@ -12,7 +12,9 @@
 # grouped by the last of CRIU's log marks (criu_interrupt.h) before the kill:
 # killed inside an infection ("Parasite syscall_ip at") or a cure
 # ("Waiting for PID to trap"), the process is expected to die; anywhere
-# else, to run on. CRIU runs with CRIU_FAULT=130 (no hardware breakpoints),
+# else, to run on. It also counts the kills after which a helper process
+# CRIU forked (while it probes the kernel at its start) is left behind,
+# stopped, and ends those. CRIU runs with CRIU_FAULT=130 (no hardware breakpoints),
 # as cusnap runs it where those are not delivered; CUSNAP_CRIU names another
 # CRIU.
 set -uo pipefail
@@ -57,14 +59,19 @@ trial() {
   fate=dies
   kill -0 "$p" 2>/dev/null && [ "$b" -gt "$a" ] && fate="runs on"
   echo "${mark:-(no mark yet)}|$fate" >>"$work/results"
+  # A CRIU killed while it starts may leave a helper it forked (stopped):
+  # counted, and ended.
+  if pkill -9 -f -- "dump -t $p -D $work/d " 2>/dev/null; then echo "$mark" >>"$work/helpers"; fi
   kill -9 "$p" 2>/dev/null
   wait "$p" 2>/dev/null
   rm -f "$work/count"
 }
 whole=$(trial 2>/dev/null)
 : >"$work/results"
+: >"$work/helpers"
 for _ in $(seq 1 "$trials"); do
   trial $((whole * 6 / 10 + RANDOM % (whole * 4 / 10 + 1))) 2>/dev/null
 done
 echo "criu_kill_points: $trials trials of $criu, a whole dump taking $whole ms, each killed 60-100% into it; by CRIU's last log mark:"
 sort "$work/results" | uniq -c | awk -F'|' '{printf "  %-45s %s\n", $1, $2}'
+echo "  CRIU's own helper processes left behind by the kill (ended here): after $(wc -l <"$work/helpers") of $trials kills"
