@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "coord/procs.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -108,9 +109,19 @@ bool spawn(const std::string& prog, const std::vector<std::string>& args, int ou
   return true;
 }
 
+// Ends pid and every process it forked (CRIU's helpers: killed alone, CRIU
+// can leave one it forked while it probes the kernel stopped for ever). pid
+// is stopped first, so that it forks none after the look.
+void kill_with_descendants(pid_t pid) {
+  kill(pid, SIGSTOP);
+  for (pid_t p : process_tree(pid))
+    if (p != pid) kill(p, SIGKILL);
+  kill(pid, SIGKILL);
+}
+
 // Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out,
-// 3 stopped because stop() said so (both: before_kill called, then killed),
-// 2 reaped by someone else (status unknown).
+// 3 stopped because stop() said so (both: before_kill called, then pid and
+// its descendants killed), 2 reaped by someone else (status unknown).
 int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function<void()>& tick,
                int* status, const std::function<void()>& before_kill = {},
                const std::function<bool()>& stop = {}) {
@@ -124,7 +135,7 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function
     const bool timed_out = now - start > timeout;
     if (timed_out || (stop && stop())) {
       if (before_kill) before_kill();
-      kill(pid, SIGKILL);
+      kill_with_descendants(pid);
       waitpid(pid, status, 0);
       return timed_out ? 1 : 3;
     }

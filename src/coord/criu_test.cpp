@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "proto/proc_stat.h"
+
 using namespace cusnap;
 
 TEST_CASE("criu: version parsing") {
@@ -158,6 +160,26 @@ TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and say
   CHECK(asked > 1);
   CHECK(took >= std::chrono::milliseconds(300));
   CHECK(took < std::chrono::seconds(10));
+  // A process CRIU forked goes with it.
+  std::ofstream(fake) << "#!/bin/sh\nsleep 60 &\necho $! > " << dir << "/helper\nexec sleep 30\n";
+  stop = false;
+  std::thread again([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  CHECK_FALSE(run_criu(c, run, &err));
+  again.join();
+  pid_t helper = 0;
+  std::ifstream(std::string(dir) + "/helper") >> helper;
+  REQUIRE(helper > 0);
+  uint64_t t = 0;
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !cusnap::proto::proc_start_time(helper, &t, true);  // a zombie counts as gone
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK_MESSAGE(gone, "CRIU's helper " << helper << " outlived it");
+  if (!gone) ::kill(helper, SIGKILL);
   // Not asked to stop, it runs to its end.
   std::ofstream(fake) << "#!/bin/sh\nsleep 0.3\nexit 0\n";
   stop = false;
