@@ -20,11 +20,12 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
-#include "coord/procs.h"
+#include "coord/process_kill.h"
 #include "proto/unique_fd.h"
 
 namespace cusnap {
@@ -109,42 +110,63 @@ bool spawn(const std::string& prog, const std::vector<std::string>& args, int ou
   return true;
 }
 
-// Ends pid and every process it forked (CRIU's helpers: killed alone, CRIU
-// can leave one it forked while it probes the kernel stopped for ever). pid
-// is stopped first, so that it forks none after the look.
-void kill_with_descendants(pid_t pid) {
-  kill(pid, SIGSTOP);
-  for (pid_t p : process_tree(pid))
-    if (p != pid) kill(p, SIGKILL);
-  kill(pid, SIGKILL);
-}
+/// How wait_child's child ended.
+enum class ChildEnd {
+  kExited,     ///< *status holds its wait status
+  kTimedOut,   ///< the timeout passed: killed
+  kStopped,    ///< stop() asked for its end: killed
+  kLostStatus  ///< reaped by someone else; its status is unknown
+};
 
-// Waits for pid; *status gets its wait status. Returns 0 done, 1 timed out,
-// 3 stopped because stop() said so (both: before_kill called, then pid and
-// its descendants killed), 2 reaped by someone else (status unknown).
-int wait_child(pid_t pid, std::chrono::milliseconds timeout, const std::function<void()>& tick,
-               int* status, const std::function<void()>& before_kill = {},
-               const std::function<bool()>& stop = {}) {
-  auto start = std::chrono::steady_clock::now();
+/// Bounds of wait_child beyond its child's own end.
+struct ChildWait {
+  std::chrono::milliseconds timeout{0};
+  std::function<void()> tick{};         ///< about every 250 ms
+  std::function<void()> before_kill{};  ///< just before a kill
+  std::function<bool()> stop{};         ///< looked at about every 50 ms: true ends the child
+  /// When set, a kill (timeout or stop) waits until it returns true, at most
+  /// kill_grace more (then kills all the same).
+  std::function<bool()> killable{};
+  std::chrono::milliseconds kill_grace{0};
+};
+
+/// Waits for pid; *status gets its wait status. A timeout or stop kills pid
+/// with every process it forked (killed alone, CRIU can leave a helper it
+/// forked while it probes the kernel stopped for ever), after before_kill.
+ChildEnd wait_child(pid_t pid, const ChildWait& w, int* status) {
+  const auto start = std::chrono::steady_clock::now();
   auto last_tick = start;
+  std::optional<ChildEnd> ending;
+  std::chrono::steady_clock::time_point ending_since;
   for (int sleep_us = 1000;; sleep_us = std::min(sleep_us * 2, 50000)) {
-    pid_t r = waitpid(pid, status, WNOHANG);
-    if (r == pid) return 0;
-    if (r < 0 && errno == ECHILD) return 2;
-    auto now = std::chrono::steady_clock::now();
-    const bool timed_out = now - start > timeout;
-    if (timed_out || (stop && stop())) {
-      if (before_kill) before_kill();
-      kill_with_descendants(pid);
-      waitpid(pid, status, 0);
-      return timed_out ? 1 : 3;
+    const pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid) return ChildEnd::kExited;
+    if (r < 0 && errno == ECHILD) return ChildEnd::kLostStatus;
+    const auto now = std::chrono::steady_clock::now();
+    if (!ending) {
+      if (now - start > w.timeout)
+        ending = ChildEnd::kTimedOut;
+      else if (w.stop && w.stop())
+        ending = ChildEnd::kStopped;
+      ending_since = now;
     }
-    if (tick && now - last_tick > std::chrono::milliseconds(250)) {
-      tick();
+    if (ending && (!w.killable || now - ending_since >= w.kill_grace || w.killable())) {
+      if (w.before_kill) w.before_kill();
+      kill_process_tree(pid, TreeReap::kNotRoot);
+      waitpid(pid, status, 0);
+      return *ending;
+    }
+    if (w.tick && now - last_tick > std::chrono::milliseconds(250)) {
+      w.tick();
       last_tick = now;
     }
-    usleep(sleep_us);
+    usleep(ending ? std::min(sleep_us, 10000) : sleep_us);
   }
+}
+
+/// wait_child with a timeout alone.
+ChildEnd wait_child(pid_t pid, std::chrono::milliseconds timeout, int* status) {
+  return wait_child(pid, ChildWait{.timeout = timeout}, status);
 }
 
 bool file_has_line(const std::string& path, const std::string& needle) {
@@ -306,7 +328,7 @@ bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints,
     const bool killed = wait_child(s.pid,
                                    ended ? std::max(wait_left, std::chrono::milliseconds(0))
                                          : std::chrono::milliseconds(0),
-                                   nullptr, &status) == 1;
+                                   &status) == ChildEnd::kTimedOut;
     if (!ended || killed) {
       *err = "`" + path + " --version` did not finish within " +
              std::to_string(version_timeout.count()) +
@@ -473,13 +495,20 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   out_fd.reset();  // CRIU holds its own copy
   if (!ok) return false;
   int status = 0;
-  int w = wait_child(s.pid, run.timeout, run.on_tick, &status, run.before_kill, run.stop_now);
+  const ChildEnd w = wait_child(s.pid,
+                                ChildWait{.timeout = run.timeout,
+                                          .tick = run.on_tick,
+                                          .before_kill = run.before_kill,
+                                          .stop = run.stop_now,
+                                          .killable = run.killable,
+                                          .kill_grace = run.kill_grace},
+                                &status);
   std::string why;
-  if (w == 3) {
+  if (w == ChildEnd::kStopped) {
     *err = "criu " + action + " was stopped on request (killed)";
     return false;
   }
-  if (w == 1) {
+  if (w == ChildEnd::kTimedOut) {
     why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";
     // CRIU stops each infected process at a hardware breakpoint; where those
     // do not fire it waits for ever at "Waiting for PID to trap".
@@ -487,7 +516,7 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
       why +=
           " while it waited for a process to stop at a hardware breakpoint, which this "
           "machine may not deliver: set CUSNAP_CRIU_BREAKPOINTS=off";
-  } else if (w == 2) {
+  } else if (w == ChildEnd::kLostStatus) {
     // Another thread reaped CRIU; its log still tells how it ended.
     if (!run.success_line.empty() && file_has_line(run.log_path, run.success_line)) return true;
     why = "exit status lost; its log does not say it finished";
@@ -531,13 +560,13 @@ int run_program(const std::string& name, const std::vector<std::string>& args,
   Spawned s;
   if (!spawn(path, args, null_fd.get(), {}, &s, err)) return -1;
   int status = 0;
-  const int w = wait_child(s.pid, timeout, {}, &status);
-  if (w == 1) {
+  const ChildEnd w = wait_child(s.pid, timeout, &status);
+  if (w == ChildEnd::kTimedOut) {
     *err = path + " did not end within " + std::to_string(timeout.count()) + " ms and was killed";
     return -1;
   }
-  if (w == 2 || !WIFEXITED(status)) {
-    *err = path + (w == 2 ? ": exit status lost" : ": killed by a signal");
+  if (w == ChildEnd::kLostStatus || !WIFEXITED(status)) {
+    *err = path + (w == ChildEnd::kLostStatus ? ": exit status lost" : ": killed by a signal");
     return -1;
   }
   return WEXITSTATUS(status);

@@ -83,6 +83,12 @@ struct CriuRun {
   /// CRIU is ended as at the timeout (before_kill, then killed) and
   /// run_criu fails saying it was stopped on request.
   std::function<bool()> stop_now;
+  /// When set, CRIU ended (timeout or stop_now) is killed only once this
+  /// returns true (a dump: not while it drives a process by ptrace alone,
+  /// criu_interrupt.h), looked at about every 10 ms, or once kill_grace has
+  /// passed since the end was due (a CRIU hung there is killed all the same).
+  std::function<bool()> killable;
+  std::chrono::milliseconds kill_grace{5000};
   /// CRIU is killed (PR_SET_PDEATHSIG) when the thread that runs it dies: a
   /// restore whose process was killed must not finish without it (a dump
   /// must, for the guardian to find a whole checkpoint or none).

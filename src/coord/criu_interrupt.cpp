@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 
 #include "proto/unique_fd.h"
@@ -26,31 +27,27 @@ constexpr std::array<Mark, 4> kMarks{{
     {"Dumping mm (pid:", true},                  // cured: the mappings are dumped
 }};
 
-/// The last mark in text: its index in kMarks, or -1.
-int last_mark(std::string_view text) {
+/// The longest mark's length.
+constexpr size_t kLongestMark = [] {
+  size_t n = 0;
+  for (const Mark& m : kMarks) n = std::max(n, m.text.size());
+  return n;
+}();
+
+/// The last mark in text that ends after its first `seen` bytes (those were
+/// looked at before): its index in kMarks, or -1.
+int last_mark(std::string_view text, size_t seen = 0) {
   int found = -1;
   size_t at = 0;
   for (size_t i = 0; i < kMarks.size(); ++i) {
     const size_t p = text.rfind(kMarks[i].text);
-    if (p != std::string_view::npos && (found < 0 || p > at)) {
+    if (p == std::string_view::npos || p + kMarks[i].text.size() <= seen) continue;
+    if (found < 0 || p > at) {
       found = int(i);
       at = p;
     }
   }
   return found;
-}
-
-/// Reads [from, end) of fd into *out; false on a read error.
-bool read_from(int fd, off_t from, std::string* out) {
-  out->clear();
-  char buf[1 << 16];
-  for (off_t off = from;;) {
-    const ssize_t n = ::pread(fd, buf, sizeof buf, off);
-    if (n < 0) return false;
-    if (n == 0) return true;
-    out->append(buf, size_t(n));
-    off += n;
-  }
 }
 
 }  // namespace
@@ -60,15 +57,31 @@ bool criu_dump_killable_text(std::string_view log_text) {
   return m < 0 || kMarks[size_t(m)].killable;
 }
 
-bool criu_dump_killable(const std::string& log_path) {
-  UniqueFd fd(::open(log_path.c_str(), O_RDONLY | O_CLOEXEC));
+bool CriuDumpLog::killable() {
+  UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0) return true;
-  constexpr off_t kTail = 1 << 20;
+  if (st.st_size < looked_) {  // written anew: look at it from its start
+    looked_ = 0;
+    mark_ = -1;
+    tail_.clear();
+  }
   std::string text;
-  if (!read_from(fd.get(), st.st_size > kTail ? st.st_size - kTail : 0, &text)) return true;
-  if (last_mark(text) < 0 && st.st_size > kTail && !read_from(fd.get(), 0, &text)) return true;
-  return criu_dump_killable_text(text);
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::pread(fd.get(), buf, sizeof buf, looked_);
+    if (n < 0) return true;
+    if (n == 0) break;
+    text.assign(tail_).append(buf, size_t(n));
+    if (const int m = last_mark(text, tail_.size()); m >= 0) mark_ = m;
+    tail_ = text.substr(text.size() - std::min(text.size(), kLongestMark - 1));
+    looked_ += n;
+  }
+  return mark_ < 0 || kMarks[size_t(mark_)].killable;
+}
+
+bool criu_dump_killable(const std::string& log_path) {
+  return CriuDumpLog(log_path).killable();
 }
 
 }  // namespace cusnap

@@ -16,8 +16,11 @@
 // (-v4) marks where each begins and ends.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace cusnap {
 
@@ -28,8 +31,23 @@ namespace cusnap {
 /// at all included.
 bool criu_dump_killable_text(std::string_view log_text);
 
-/// The same for the log file at path, read from its end (its last MiB, then
-/// all of it when that holds no mark). True when it cannot be read.
+/// Follows a `criu dump` log as CRIU writes it, for the answer of
+/// criu_dump_killable_text about all of it at each look, reading only what
+/// was added since the last look.
+class CriuDumpLog {
+ public:
+  explicit CriuDumpLog(std::string path) : path_(std::move(path)) {}
+  /// Whether CRIU may be killed now; true when the log cannot be read.
+  bool killable();
+
+ private:
+  std::string path_;
+  off_t looked_ = 0;  ///< bytes of the log looked at so far
+  int mark_ = -1;     ///< the last mark in them (an index of the marks), or -1
+  std::string tail_;  ///< their last bytes, where a mark cut by the end may begin
+};
+
+/// The same for the log file at path, read whole once.
 bool criu_dump_killable(const std::string& log_path);
 
 }  // namespace cusnap

@@ -7,11 +7,14 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "coord/criu.h"
+#include "unit/fake_criu.h"
 
 using namespace cusnap;
+using cusnap::testing::FakeCriu;
 
 namespace {
 
@@ -50,10 +53,9 @@ TEST_CASE("criu interrupt: killable except while a process is infected or cured"
   CHECK_FALSE(criu_dump_killable_text(log));  // only the step's own end ends it
 }
 
-TEST_CASE("criu interrupt: the log file read from its end, the whole of it when needed") {
-  char dir[] = "/tmp/cusnap-criu-int-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string path = std::string(dir) + "/dump.log";
+TEST_CASE("criu interrupt: the log file followed as it grows, each byte read once") {
+  const FakeCriu fake;
+  const std::string path = fake.file("dump.log");
   CHECK(criu_dump_killable(path));  // none: nothing holds CRIU back
   std::string filler;
   for (int i = 0; i < 40000; ++i) filler += "(00.142533) Sent msg to daemon 66 0 0\n";
@@ -63,37 +65,108 @@ TEST_CASE("criu interrupt: the log file read from its end, the whole of it when 
   CHECK_FALSE(criu_dump_killable(path));
   std::ofstream(path) << kSeized << kInfect << kDaemon << filler;
   CHECK(criu_dump_killable(path));
-  std::filesystem::remove_all(dir);
+
+  // Followed: each look reads what was added, a mark cut by a look's end
+  // included.
+  std::ofstream(path) << kSeized;
+  CriuDumpLog log(path);
+  CHECK(log.killable());
+  auto append = [&](const std::string& text) { std::ofstream(path, std::ios::app) << text; };
+  append(kInfect);
+  CHECK_FALSE(log.killable());
+  append("(00.137545) Parasite 30746 has been swit");
+  CHECK_FALSE(log.killable());
+  append("ched to daemon mode\n");
+  CHECK(log.killable());
+  append(filler);
+  CHECK(log.killable());
+  append(std::string(kCure) + "(00.165619) Dumping mm (pi");
+  CHECK_FALSE(log.killable());
+  append("d: 30746)\n");
+  CHECK(log.killable());
+  append(kInfect);
+  CHECK_FALSE(log.killable());
+  // Written anew (shorter): looked at from its start.
+  std::ofstream(path) << kSeized;
+  CHECK(log.killable());
 }
 
-TEST_CASE("criu interrupt: a stop asked during an infection waits for the daemon") {
-  char dir[] = "/tmp/cusnap-criu-int-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string log = std::string(dir) + "/dump.log";
-  const std::string fake = std::string(dir) + "/criu";
-  // CRIU infecting a process for a second, then dumping with the daemon.
-  std::ofstream(fake) << "#!/bin/sh\nprintf '" << kSeized << kInfect << "' > " << log
-                      << "\nsleep 1\nprintf '" << kDaemon << "' >> " << log << "\nexec sleep 30\n";
-  chmod(fake.c_str(), 0755);
-  CriuInfo c;
-  c.path = fake;
+namespace {
+
+/// CRIU infecting a process for `infect` seconds (for ever: 0), then
+/// dumping with the daemon; its log at fake's dump.log.
+void infecting_criu(const FakeCriu& fake, int infect) {
+  const std::string log = fake.file("dump.log");
+  std::ostringstream script;
+  script << "#!/bin/sh\nprintf '" << kSeized << kInfect << "' > " << log << "\n";
+  if (infect == 0)
+    script << "exec sleep 30\n";
+  else
+    script << "sleep " << infect << "\nprintf '" << kDaemon << "' >> " << log
+           << "\nexec sleep 30\n";
+  fake.set_script(script.str());
+}
+
+/// A dump by fake asked to stop 100 ms after `start`, whose kill waits for
+/// its log (CriuDumpLog) to allow it, at most `grace`.
+struct GatedDump {
   CriuRun run;
-  run.args = {"dump"};
-  run.log_path = log;
+  CriuDumpLog log;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  GatedDump(const FakeCriu& fake, std::chrono::milliseconds grace) : log(fake.file("dump.log")) {
+    run.args = {"dump"};
+    run.log_path = fake.file("dump.log");
+    run.killable = [this] { return log.killable(); };
+    run.kill_grace = grace;
+    run.stop_now = [this] {
+      return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100);
+    };
+  }
+  GatedDump(const GatedDump&) = delete;
+  GatedDump& operator=(const GatedDump&) = delete;
+  /// Runs it again from now; false with *err as run_criu.
+  bool run_now(const FakeCriu& fake, std::string* err) {
+    log = CriuDumpLog(run.log_path);
+    start = std::chrono::steady_clock::now();
+    return run_criu(fake.info(), run, err);
+  }
+  std::chrono::steady_clock::duration took() const {
+    return std::chrono::steady_clock::now() - start;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("criu interrupt: a stop or timeout during an infection waits for the daemon") {
+  const FakeCriu fake;
+  infecting_criu(fake, 1);
+  GatedDump d(fake, std::chrono::seconds(20));
   int before_kill = 0;
-  run.before_kill = [&] { ++before_kill; };
-  const auto start = std::chrono::steady_clock::now();
-  // Asked from the start; granted once the log allows it.
-  run.stop_now = [&] {
-    return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100) &&
-           criu_dump_killable(log);
-  };
+  d.run.before_kill = [&] { ++before_kill; };
   std::string err;
-  CHECK_FALSE(run_criu(c, run, &err));
-  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK_FALSE(d.run_now(fake, &err));
   CHECK_MESSAGE(err == "criu dump was stopped on request (killed)", err);
   CHECK(before_kill == 1);
-  CHECK(took >= std::chrono::milliseconds(900));
-  CHECK(took < std::chrono::seconds(10));
-  std::filesystem::remove_all(dir);
+  CHECK(d.took() >= std::chrono::milliseconds(900));
+  CHECK(d.took() < std::chrono::seconds(10));
+
+  // The same at the timeout.
+  d.run.stop_now = {};
+  d.run.timeout = std::chrono::milliseconds(100);
+  CHECK_FALSE(d.run_now(fake, &err));
+  CHECK_MESSAGE(err.find("criu dump failed (timed out after 0 s and was killed)") == 0, err);
+  CHECK(before_kill == 2);
+  CHECK(d.took() >= std::chrono::milliseconds(900));
+  CHECK(d.took() < std::chrono::seconds(10));
+}
+
+TEST_CASE("criu interrupt: a CRIU hung in an infection is killed once the grace has passed") {
+  const FakeCriu fake;
+  infecting_criu(fake, 0);
+  GatedDump d(fake, std::chrono::milliseconds(600));
+  std::string err;
+  CHECK_FALSE(d.run_now(fake, &err));
+  CHECK_MESSAGE(err == "criu dump was stopped on request (killed)", err);
+  CHECK(d.took() >= std::chrono::milliseconds(700));
+  CHECK(d.took() < std::chrono::seconds(10));  // not the script's 30 s
 }

@@ -15,8 +15,10 @@
 #include <thread>
 
 #include "proto/proc_stat.h"
+#include "unit/fake_criu.h"
 
 using namespace cusnap;
+using cusnap::testing::FakeCriu;
 
 TEST_CASE("criu: version parsing") {
   CriuInfo c;
@@ -31,12 +33,8 @@ TEST_CASE("criu: version parsing") {
 }
 
 TEST_CASE("criu: too old and missing are refused with what to do") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  std::string fake = std::string(dir) + "/criu";
-  std::ofstream(fake) << "#!/bin/sh\necho 'Version: 3.17'\n";
-  chmod(fake.c_str(), 0755);
-  setenv("CUSNAP_CRIU", fake.c_str(), 1);
+  const FakeCriu fake("#!/bin/sh\necho 'Version: 3.17'\n");
+  setenv("CUSNAP_CRIU", fake.path().c_str(), 1);
   CriuInfo c;
   std::string err;
   CHECK_FALSE(find_criu(&c, &err, nullptr));
@@ -46,16 +44,11 @@ TEST_CASE("criu: too old and missing are refused with what to do") {
   CHECK_FALSE(find_criu(&c, &err, nullptr));
   CHECK(err.find("not an executable") != std::string::npos);
   unsetenv("CUSNAP_CRIU");
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: a `criu --version` that hangs is killed and refused") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string fake = std::string(dir) + "/criu";
-  std::ofstream(fake) << "#!/bin/sh\necho 'Version: 4.1.1'\nexec sleep 30\n";
-  chmod(fake.c_str(), 0755);
-  setenv("CUSNAP_CRIU", fake.c_str(), 1);
+  const FakeCriu fake("#!/bin/sh\necho 'Version: 4.1.1'\nexec sleep 30\n");
+  setenv("CUSNAP_CRIU", fake.path().c_str(), 1);
   CriuInfo c;
   std::string err;
   const auto start = std::chrono::steady_clock::now();
@@ -63,50 +56,42 @@ TEST_CASE("criu: a `criu --version` that hangs is killed and refused") {
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK(err.find("did not finish within 300 ms") != std::string::npos);
   // One that answers in time is taken.
-  std::ofstream(fake) << "#!/bin/sh\necho 'Version: 4.1.1'\n";
+  fake.set_script("#!/bin/sh\necho 'Version: 4.1.1'\n");
   CHECK(find_criu(&c, &err, "0", std::chrono::milliseconds(5000)));
   CHECK(c.version == "4.1.1");
   unsetenv("CUSNAP_CRIU");
-  std::filesystem::remove_all(dir);
 }
 
 namespace {
 
-/// Runs the executable script text as CRIU's `action` with its log at log;
-/// expects a failure and returns its message.
-std::string failed_run(const std::string& path, const std::string& script, const char* action,
-                       const std::string& log) {
-  std::ofstream(path) << script;
-  chmod(path.c_str(), 0755);
-  CriuInfo c;
-  c.path = path;
+/// Runs fake with the script text as CRIU's `action`, its log at the file
+/// `log` of fake's directory; expects a failure and returns its message.
+std::string failed_run(const FakeCriu& fake, const std::string& script, const char* action,
+                       const char* log = "x.log") {
+  fake.set_script(script);
   CriuRun run;
   run.args = {action};
-  run.log_path = log;
+  run.log_path = fake.file(log);
   std::string err;
-  CHECK_FALSE(run_criu(c, run, &err));
+  CHECK_FALSE(run_criu(fake.info(), run, &err));
   return err;
 }
 
 }  // namespace
 
 TEST_CASE("criu: a failing run quotes the end of its log") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
+  const FakeCriu fake;
   const std::string err =
-      failed_run(std::string(dir) + "/criu",
+      failed_run(fake,
                  "#!/bin/sh\necho 'Error (criu/cr-dump.c:1): something broke' > " +
-                     std::string(dir) + "/x.log\nexit 1\n",
-                 "dump", std::string(dir) + "/x.log");
+                     fake.file("x.log") + "\nexit 1\n",
+                 "dump");
   CHECK(err.find("criu dump failed (exit status 1)") != std::string::npos);
   CHECK(err.find("something broke") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string fake = std::string(dir) + "/criu";
+  const FakeCriu fake;
   // A test run in the background may have SIGINT ignored, which CRIU's
   // stand-in would inherit: the default for the test's length.
   struct sigaction dfl {
@@ -116,8 +101,7 @@ TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
   sigaction(SIGTERM, &dfl, &old_term);
   for (const char* sig : {"INT", "TERM", "KILL"}) {
     const std::string err =
-        failed_run(fake, "#!/bin/sh\nkill -" + std::string(sig) + " $$\nsleep 5\n", "restore",
-                   std::string(dir) + "/x.log");
+        failed_run(fake, "#!/bin/sh\nkill -" + std::string(sig) + " $$\nsleep 5\n", "restore");
     CHECK_MESSAGE(err.find("criu restore failed (killed by signal") != std::string::npos, err);
     CHECK_MESSAGE((err.find("interrupted, as by Ctrl-C") != std::string::npos) ==
                       (std::string(sig) != "KILL"),
@@ -125,20 +109,14 @@ TEST_CASE("criu: a run ended by SIGINT or SIGTERM is said to be interrupted") {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and says so") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string fake = std::string(dir) + "/criu";
-  std::ofstream(fake) << "#!/bin/sh\nexec sleep 30\n";
-  chmod(fake.c_str(), 0755);
-  CriuInfo c;
-  c.path = fake;
+  const FakeCriu fake("#!/bin/sh\nexec sleep 30\n");
+  const CriuInfo c = fake.info();
   CriuRun run;
   run.args = {"dump"};
-  run.log_path = std::string(dir) + "/x.log";
+  run.log_path = fake.file("x.log");
   std::atomic<bool> stop{false};
   int asked = 0, before_kill = 0;
   run.stop_now = [&] {
@@ -161,7 +139,7 @@ TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and say
   CHECK(took >= std::chrono::milliseconds(300));
   CHECK(took < std::chrono::seconds(10));
   // A process CRIU forked goes with it.
-  std::ofstream(fake) << "#!/bin/sh\nsleep 60 &\necho $! > " << dir << "/helper\nexec sleep 30\n";
+  fake.set_script("#!/bin/sh\nsleep 60 &\necho $! > " + fake.file("helper") + "\nexec sleep 30\n");
   stop = false;
   std::thread again([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -170,7 +148,7 @@ TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and say
   CHECK_FALSE(run_criu(c, run, &err));
   again.join();
   pid_t helper = 0;
-  std::ifstream(std::string(dir) + "/helper") >> helper;
+  std::ifstream(fake.file("helper")) >> helper;
   REQUIRE(helper > 0);
   uint64_t t = 0;
   bool gone = false;
@@ -181,18 +159,16 @@ TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and say
   CHECK_MESSAGE(gone, "CRIU's helper " << helper << " outlived it");
   if (!gone) ::kill(helper, SIGKILL);
   // Not asked to stop, it runs to its end.
-  std::ofstream(fake) << "#!/bin/sh\nsleep 0.3\nexit 0\n";
+  fake.set_script("#!/bin/sh\nsleep 0.3\nexit 0\n");
   stop = false;
   before_kill = 0;
   CHECK(run_criu(c, run, &err));
   CHECK(before_kill == 0);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process did before") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string log = std::string(dir) + "/restore.log";
+  const FakeCriu fake;
+  const std::string log = fake.file("restore.log");
   {
     std::ofstream l(log);
     l << "(00.010000)    650: inet: Restore: family AF_INET port 28028 state TCP_LISTEN\n"
@@ -204,8 +180,7 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
     for (int i = 0; i < 40; ++i) l << "(00.020000)    649: Opening 0x3000-0x4000 vma\n";
     l << "(00.030000) Error (criu/cr-restore.c:3): Restoring FAILED.\n";
   }
-  const std::string err =
-      failed_run(std::string(dir) + "/criu", "#!/bin/sh\nexit 1\n", "restore", log);
+  const std::string err = failed_run(fake, "#!/bin/sh\nexit 1\n", "restore", "restore.log");
   CHECK(err.find("criu restore failed (exit status 1); the errors in its log") !=
         std::string::npos);
   // The cause, the lines of that process before it, and the later errors.
@@ -215,7 +190,6 @@ TEST_CASE("criu: a failing run quotes CRIU's first errors and what that process 
   CHECK(err.find("Restoring FAILED") != std::string::npos);
   // Not another process's lines, nor the unwinding.
   CHECK(err.find("vma") == std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: the ghost limit comes from CUSNAP_CRIU_GHOST_LIMIT, unlimited when unset") {
@@ -251,16 +225,14 @@ TEST_CASE("criu: the network lock is nftables unless CUSNAP_CRIU_NETWORK_LOCK na
 }
 
 TEST_CASE("criu: a benign error line is not quoted as the cause") {
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string log = std::string(dir) + "/dump.log";
+  const FakeCriu fake;
+  const std::string log = fake.file("dump.log");
   std::ofstream(log) << "(00.040533) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE "
                         "for self: Operation not permitted\n"
                         "(00.050000) Error (criu/cr-dump.c:1): the real cause\n";
   const std::string errors = log_errors(log, 6, 3);
   CHECK(errors.find("the real cause") != std::string::npos);
   CHECK(errors.find("RLIMIT_NOFILE") == std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE(
@@ -285,14 +257,10 @@ TEST_CASE(
   MESSAGE("hardware breakpoints on this machine: " << why);
 
   // What CRIU's environment holds, through a stand-in that prints it.
-  char dir[] = "/tmp/cusnap-criu-test-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string fake = std::string(dir) + "/criu", out = std::string(dir) + "/out";
-  std::ofstream(fake) << "#!/bin/sh\necho \"fault=${CRIU_FAULT:-none}\"\n";
-  chmod(fake.c_str(), 0755);
+  const FakeCriu fake("#!/bin/sh\necho \"fault=${CRIU_FAULT:-none}\"\n");
+  const std::string out = fake.file("out");
   auto fault_seen = [&](bool no_breakpoints) {
-    CriuInfo c;
-    c.path = fake;
+    CriuInfo c = fake.info();
     c.no_breakpoints = no_breakpoints;
     CriuRun run;
     run.args = {"dump"};
@@ -305,7 +273,6 @@ TEST_CASE(
   };
   CHECK(fault_seen(false) == "fault=none");
   CHECK(fault_seen(true) == "fault=130");
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("criu: a helper program's exit status; missing or hung ones say so") {

@@ -402,9 +402,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   // A bound that grows with the memory to write (at 100 MB/s at worst).
   run.timeout = opts.timeout + std::chrono::milliseconds(rss / 100000);
   run.on_tick = [&] { report("dump", directory_bytes(criu_dir), rss); };
-  // A cancel during the dump ends CRIU as its timeout does, but not while
-  // CRIU drives a process by ptrace alone (criu_interrupt.h).
-  run.stop_now = [&] { return cancelled() && criu_dump_killable(dump_log); };
+  // A cancel during the dump ends CRIU as its timeout does; either waits
+  // while CRIU drives a process by ptrace alone (criu_interrupt.h), up to
+  // CUSNAP_CRIU_KILL_GRACE_MS.
+  run.stop_now = [&] { return cancelled(); };
+  CriuDumpLog dump_log_watch(dump_log);
+  run.killable = [&] { return dump_log_watch.killable(); };
+  run.kill_grace = criu_kill_grace();
   // Killed, CRIU lets go of the tasks it held, which would run on at once:
   // stopped first, they wait for the roll back (which continues them).
   run.before_kill = [&] {

@@ -21,6 +21,7 @@
 #include "coord/procs.h"
 #include "coord/restore_pairs.h"
 #include "coord/write_probe.h"
+#include "proto/env_settings.h"
 
 namespace cusnap {
 namespace engine_detail {
@@ -321,32 +322,11 @@ std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
   return base + std::chrono::milliseconds(bytes / 500000);
 }
 
-UniqueFd open_pidfd(pid_t pid) {
-  return UniqueFd(int(syscall(SYS_pidfd_open, pid, 0)));
-}
-
-void signal_pidfd(const UniqueFd& pidfd, int sig) {
-  if (pidfd) syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0);
-}
-
-bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  bool all = true;
-  for (const UniqueFd& pidfd : pidfds) {
-    if (!pidfd) continue;
-    const int fd = pidfd.get();
-    for (;;) {  // a pidfd polls readable once its process has exited
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      if (left.count() < 0) left = std::chrono::milliseconds(0);
-      pollfd p{fd, POLLIN, 0};
-      int r = ::poll(&p, 1, int(std::min<long long>(left.count(), 1 << 30)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) all = false;
-      break;
-    }
-  }
-  return all;
+std::chrono::milliseconds criu_kill_grace() {
+  uint64_t ms = 0;
+  if (std::string why; !proto::env_number_checked(proto::kCriuKillGraceMs, &ms, &why))
+    ms = proto::kCriuKillGraceMs.fallback;
+  return std::chrono::milliseconds(ms);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include "coord/driver.h"
 #include "coord/engine.h"
 #include "coord/manifest.h"
+#include "coord/process_kill.h"
 #include "coord/shared_memory.h"
 #include "proto/unique_fd.h"
 
@@ -185,13 +186,10 @@ std::string suspend_state_dir(const JobInfo& job);
 /// The time now, UTC, as ISO 8601 ("2026-12-02T09:15:12Z").
 std::string utc_now();
 
-/// pidfd of a process, none when gone; signals through it cannot hit a reused pid.
-UniqueFd open_pidfd(pid_t pid);
-/// Sends sig through pidfd; nothing when it holds none.
-void signal_pidfd(const UniqueFd& pidfd, int sig);
-/// Waits until every process of pidfds (empty entries skipped) has exited,
-/// at most `limit` in all; true if they all did.
-bool wait_pidfds_exited(const std::vector<UniqueFd>& pidfds, std::chrono::milliseconds limit);
+/// How long CRIU due to end may go on while a kill would end a process of
+/// the job: CUSNAP_CRIU_KILL_GRACE_MS (proto::kCriuKillGraceMs); its default
+/// for a bad value, which launch and restore refuse.
+std::chrono::milliseconds criu_kill_grace();
 
 /// How old a temporary directory of a process that is gone must be for
 /// sweep_stale_temp_dirs to take it (one of a process in another pid

@@ -18,6 +18,7 @@
 #include <functional>
 #include <set>
 
+#include "coord/criu_interrupt.h"
 #include "coord/criu_leftovers.h"
 #include "coord/engine_internal.h"
 #include "coord/manifest.h"
@@ -136,11 +137,30 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
     note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");
     return true;
   }
+  // Not while it drives a process by ptrace alone, which a kill would end
+  // (criu_interrupt.h), up to CUSNAP_CRIU_KILL_GRACE_MS more.
+  const auto grace = criu_kill_grace();
+  CriuDumpLog log(dump->log_path);
+  const auto grace_end = std::chrono::steady_clock::now() + grace;
+  bool killable = log.killable();
+  while (!killable && std::chrono::steady_clock::now() < grace_end &&
+         !wait_ended(criu, std::chrono::milliseconds(10)))
+    killable = log.killable();
+  if (wait_ended(criu, std::chrono::milliseconds(0))) {
+    note("CRIU (process " + list + ") of the dead supervisor finished; no process of it is left");
+    return true;
+  }
   for (pid_t pid : tree) signal_pidfd(open_pidfd(pid), SIGSTOP);
-  for (pid_t pid : criu) signal_pidfd(open_pidfd(pid), SIGKILL);
+  // With what each forked (a helper CRIU forked at its start, left alone,
+  // stays stopped for ever).
+  for (pid_t pid : criu) kill_process_tree(pid, TreeReap::kAll);
   bool gone = wait_ended(criu, std::chrono::seconds(10));
   note("CRIU (process " + list + ") of the dead supervisor still ran after " +
-       std::to_string(wait_ms) + " ms: killed" + (gone ? "" : ", but it did not end"));
+       std::to_string(wait_ms) + " ms: killed" +
+       (killable ? ""
+                 : " while it drove a process of the job by ptrace alone, " +
+                       std::to_string(grace.count()) + " ms after it was due to end") +
+       (gone ? "" : ", but it did not end"));
   return gone;
 }
 

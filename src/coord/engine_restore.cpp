@@ -285,35 +285,8 @@ bool child_of_ours(pid_t pid) {
 /// Kills the restored tree and reaps it: the caller is its subreaper, and a
 /// zombie left behind would hold a pid that the next restore of this
 /// checkpoint needs (where pid 1 does not reap, for ever).
-void kill_tree(pid_t root) {
-  std::vector<std::pair<pid_t, UniqueFd>> procs;
-  for (pid_t pid : process_tree(root)) {
-    UniqueFd fd = open_pidfd(pid);
-    signal_pidfd(fd, SIGKILL);
-    procs.emplace_back(pid, std::move(fd));
-  }
-  for (auto& [pid, fd] : procs) {
-    if (!fd) continue;
-    // The pidfd turns readable when the process has exited; then it is a
-    // zombie, ours once its parent (if not us) is gone too.
-    pollfd p{fd.get(), POLLIN, 0};
-    poll(&p, 1, 5000);
-    fd.reset();
-  }
-  for (int round = 0; round < 50; ++round) {
-    bool left = false;
-    for (auto& [pid, fd] : procs) {
-      if (pid <= 0) continue;
-      pid_t r = waitpid(pid, nullptr, WNOHANG);
-      if (r == pid ||
-          (r < 0 && errno == ECHILD && access(("/proc/" + std::to_string(pid)).c_str(), F_OK) != 0))
-        pid = 0;
-      else
-        left = true;
-    }
-    if (!left) return;
-    usleep(20000);
-  }
+void kill_restored(pid_t root) {
+  kill_process_tree(root, TreeReap::kAll);
 }
 
 }  // namespace
@@ -472,7 +445,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     *err = "CRIU restore phase: " + why + "(its files are kept in " + work.path() + ")";
     // CRIU kills what it restored when it fails; make sure, but only of a
     // tree it left to us: another restore may hold the pid by now.
-    if (child_of_ours(m.job.root_pid)) kill_tree(m.job.root_pid);
+    if (child_of_ours(m.job.root_pid)) kill_restored(m.job.root_pid);
     if (const pid_t id = id_in_use(ids, &holder); id && !child_of_ours(id)) {
       out->code = kExitRefused;
       *err = "process id " + std::to_string(id) +
@@ -495,7 +468,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   // driver_resume_all goes in reverse; restore in tree order instead.
   std::reverse(cuda.begin(), cuda.end());
   if (!driver_resume_all(driver, cuda, pairs, &why, gpu_choices(m))) {
-    kill_tree(root);
+    kill_restored(root);
     *err = "job " + m.job.name + ": " + why +
            "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
     return false;
@@ -509,7 +482,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     SharedMemory shared;
     if (!shared.load_records(opts.dir, m.shim_processes, &why) ||
         !shared_rebuild_in_place(m.job, &shared, opts.dir, opts.timeout, progress, &why)) {
-      kill_tree(root);
+      kill_restored(root);
       *err = "job " + m.job.name + ", shared memory: " + why +
              "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
       return false;

@@ -89,14 +89,14 @@ std::string end_leftovers(pid_t root, pid_t guardian, std::chrono::milliseconds 
   std::vector<UniqueFd> pidfds;
   std::string pids;
   for (pid_t p : rest) {
-    pidfds.push_back(engine_detail::open_pidfd(p));
-    engine_detail::signal_pidfd(pidfds.back(), SIGTERM);
+    pidfds.push_back(open_pidfd(p));
+    signal_pidfd(pidfds.back(), SIGTERM);
     pids += (pids.empty() ? "" : ", ") + std::to_string(p);
   }
-  const bool all = engine_detail::wait_pidfds_exited(pidfds, grace);
+  const bool all = wait_pidfds_exited(pidfds, grace);
   if (!all)
-    for (const UniqueFd& fd : pidfds) engine_detail::signal_pidfd(fd, SIGKILL);
-  engine_detail::wait_pidfds_exited(pidfds, std::chrono::seconds(5));
+    for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGKILL);
+  wait_pidfds_exited(pidfds, std::chrono::seconds(5));
   for (pid_t p : rest) ::waitpid(p, nullptr, WNOHANG);  // ours when orphaned
   const bool one = rest.size() == 1;
   return std::string("the job's first process ended; ") +

@@ -28,6 +28,11 @@ inline constexpr NumberSetting kCutHoldMs{"CUSNAP_CUT_HOLD_MS", 1, uint64_t(7) *
 inline constexpr NumberSetting kSaveParts{"CUSNAP_SAVE_PARTS", 1, 64, 8, "files"};
 inline constexpr NumberSetting kGuardianCriuWaitMs{
     "CUSNAP_GUARDIAN_CRIU_WAIT_MS", 0, uint64_t(7) * 24 * 3600 * 1000, 60000, "milliseconds"};
+/// How long CRIU, due to end (its timeout, a cancel, a dead supervisor's
+/// CRIU the guardian ends), may go on while it drives a process by ptrace
+/// alone, where a kill would end that process (coord/criu_interrupt.h).
+inline constexpr NumberSetting kCriuKillGraceMs{"CUSNAP_CRIU_KILL_GRACE_MS", 0,
+                                                uint64_t(3600) * 1000, 5000, "milliseconds"};
 inline constexpr NumberSetting kOutputLogMib{"CUSNAP_OUTPUT_LOG_MIB", 0, uint64_t(1) << 20, 64,
                                              "MiB (0: no cap)"};
 /// After the job's first process exited: how long the supervisor goes on
@@ -45,7 +50,8 @@ inline constexpr const NumberSetting* kShimNumberSettings[] = {&kShimStagingMib,
                                                                &kShimDirectMib, &kCutHoldMs};
 /// The settings a supervisor reads, checked by `launch` and `restore`.
 inline constexpr const NumberSetting* kSupervisorNumberSettings[] = {
-    &kSaveParts, &kGuardianCriuWaitMs, &kOutputLogMib, &kNetworkUnlockMs, &kExitGraceMs};
+    &kSaveParts,    &kGuardianCriuWaitMs, &kCriuKillGraceMs,
+    &kOutputLogMib, &kNetworkUnlockMs,    &kExitGraceMs};
 
 /// A setting the supervisor reads as text when its job is checkpointed,
 /// suspended or resumed (kClientSettings of control.h: a value the command's

@@ -77,6 +77,8 @@ CUSNAP_SAVE_PARTS=0 expect_usage "launch --no-shim with CUSNAP_SAVE_PARTS=0" \
   'CUSNAP_SAVE_PARTS="0"' "from 1 to 64" -- "$CUSNAP" launch --no-shim -- true
 CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m expect_usage "restore with CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m" \
   'CUSNAP_GUARDIAN_CRIU_WAIT_MS="1m"' -- "$CUSNAP" restore "$T/none"
+CUSNAP_CRIU_KILL_GRACE_MS=5s expect_usage "launch with CUSNAP_CRIU_KILL_GRACE_MS=5s" \
+  'CUSNAP_CRIU_KILL_GRACE_MS="5s"' "from 0 to 3600000" -- "$CUSNAP" launch -- true
 CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS=50 expect_usage "restore with CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS=50" \
   'CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS="50"' "from 100 to 3600000" -- "$CUSNAP" restore "$T/none"
 CUSNAP_CONTROL_TIMEOUT=30s expect_usage "ps with CUSNAP_CONTROL_TIMEOUT=30s" \
