@@ -17,10 +17,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "coord/restore_watch.h"
 #include "proto/control.h"
 
 namespace cusnap {
@@ -173,6 +175,11 @@ struct RestoreResult {
   /// Set on failure too: kExitNotFound, kExitBadCheckpoint, kExitRefused
   /// (nothing was started), kExitFailure (the restored tree was killed).
   ExitCode code = kExitOk;
+  /// The restore's watch (restore_watch.h), on after a restore that
+  /// succeeded: should this process die before the job has a guardian, it
+  /// ends the restored job. The caller dismisses it once the guardian runs
+  /// (or on the way out); none after a failure.
+  std::unique_ptr<RestoreWatch> watch;
 };
 
 /// Verifies dir (manifest version, every file's size and SHA-256, same GPU

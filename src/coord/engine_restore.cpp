@@ -411,8 +411,11 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   if (!criu_temp_dirs_usable(work, no_plugins, false, err)) return false;
   // Should this process be killed from here on, the watch ends what was
   // restored and removes these two directories, which the destructors would
-  // (restore_watch.h). Declared after them: dismissed first on the way out.
-  RestoreWatch watch;
+  // (restore_watch.h). Declared after them: dismissed first on the way out
+  // of a failure; after a success it goes on, in *out, until the caller has
+  // the job guarded.
+  auto watch_owner = std::make_unique<RestoreWatch>();
+  RestoreWatch& watch = *watch_owner;
   {
     std::vector<pid_t> pids;
     for (const ManifestProcess& p : m.processes) pids.push_back(p.pid);
@@ -492,6 +495,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   out->job = m.job;
   out->job.root_pid = root;
   out->code = kExitOk;
+  out->watch = std::move(watch_owner);
   return true;
 }
 

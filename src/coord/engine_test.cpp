@@ -311,6 +311,13 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
     close(q[1]);
     CHECK(rr.root_pid == job_pid);
     CHECK(rr.job.name == "counter");
+    // The watch goes on until the caller has the job guarded.
+    REQUIRE(rr.watch);
+    const pid_t watch = rr.watch->pid();
+    CHECK(watch > 0);
+    CHECK(kill(watch, 0) == 0);
+    rr.watch->dismiss();
+    CHECK(rr.watch->pid() == -1);
     auto after = read_numbers(q[0], 3, 20000);
     REQUIRE(after.size() == 3);
     CHECK(after[0] > 1);

@@ -166,6 +166,9 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   RestoreSummary summary{name, req.engine.dir, sup->rundir().path(), res.root_pid, res.phases};
   return sup->run(std::move(info), std::move(out_r), std::move(err_r), req.engine.dir,
                   default_coordinator_ops(), [&] {
+                    // The guardian runs now: it, no longer the watch, brings
+                    // the job through this process's death.
+                    if (res.watch) res.watch->dismiss();
                     if (req.on_restored) req.on_restored(summary);
                   });
 }

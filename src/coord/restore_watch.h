@@ -24,8 +24,9 @@
 // files of a failed run, which its error message names) stays, and the
 // watch's message names it.
 //
-// Once the restore ends, either way, the watch is dismissed and exits without
-// acting (a failed restore ends its own processes). The child does only
+// Once the restore fails, the watch is dismissed and exits without acting (a
+// failed restore ends its own processes); once it succeeds, the watch stays
+// until the job's guardian runs (RestoreResult::watch), then is dismissed. The child does only
 // async-signal-safe calls (the restoring process may have driver threads):
 // no exec, no allocation.
 #pragma once
