@@ -509,7 +509,11 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
     return false;
   }
   if (w == ChildEnd::kTimedOut) {
-    why = "timed out after " + std::to_string(run.timeout.count() / 1000) + " s and was killed";
+    const auto ms = run.timeout.count();
+    why =
+        "timed out after " +
+        (ms < 10000 && ms % 1000 ? std::to_string(ms) + " ms" : std::to_string(ms / 1000) + " s") +
+        " and was killed";
     // CRIU stops each infected process at a hardware breakpoint; where those
     // do not fire it waits for ever at "Waiting for PID to trap".
     if (!criu.no_breakpoints && log_tail(run.log_path, 4).find("to trap") != std::string::npos)

@@ -154,7 +154,7 @@ TEST_CASE("criu interrupt: a stop or timeout during an infection waits for the d
   d.run.stop_now = {};
   d.run.timeout = std::chrono::milliseconds(100);
   CHECK_FALSE(d.run_now(fake, &err));
-  CHECK_MESSAGE(err.find("criu dump failed (timed out after 0 s and was killed)") == 0, err);
+  CHECK_MESSAGE(err.find("criu dump failed (timed out after 100 ms and was killed)") == 0, err);
   CHECK(before_kill == 2);
   CHECK(d.took() >= std::chrono::milliseconds(900));
   CHECK(d.took() < std::chrono::seconds(10));
