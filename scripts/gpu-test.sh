@@ -17,7 +17,8 @@
 #                through a restore), and restore_taken (a thread id taken, two
 #                restores at once, the old name of a job restored under
 #                another, the job's working directory gone), and
-#                reliability_restore_killed (a restore killed while CRIU
+#                restore_interrupted (Ctrl-C before CRIU: nothing restored),
+#                and reliability_restore_killed (a restore killed while CRIU
 #                runs: its watch ends the restored process), and
 #                suspend_state_follows_driver (a job suspended or resumed by
 #                another program through the driver's API). Parts that need
@@ -318,6 +319,7 @@ scenario_e2e() {
   run_e2e checkpoint_ 600
   run_e2e reliability_guardian_long_argv 600
   run_e2e restore_taken 600
+  run_e2e restore_interrupted 600
   run_e2e reliability_restore_killed 600
   run_e2e suspend_state_follows_driver 600
 }

@@ -166,6 +166,12 @@ struct RestoreOptions {
   /// mid-restore (restore_watch.h): its stderr, or, for a background
   /// supervisor (--detach), that of the command waiting for it.
   int report_fd = 2;
+  /// Looked at while the checkpoint is verified (about every 200 ms of its
+  /// checksums, and between the checks) and once more just before CRIU
+  /// starts: the number of a signal that asks to stop the restore (SIGINT,
+  /// SIGTERM, SIGHUP), or 0. Nothing has been started then; once CRIU runs,
+  /// the restore goes on.
+  std::function<int()> interrupted;
 };
 
 struct RestoreResult {
@@ -175,6 +181,9 @@ struct RestoreResult {
   /// Set on failure too: kExitNotFound, kExitBadCheckpoint, kExitRefused
   /// (nothing was started), kExitFailure (the restored tree was killed).
   ExitCode code = kExitOk;
+  /// The signal that stopped the restore before anything was started
+  /// (RestoreOptions::interrupted); 0 otherwise.
+  int interrupted_by = 0;
   /// The restore's watch (restore_watch.h), on after a restore that
   /// succeeded: should this process die before the job has a guardian, it
   /// ends the restored job. The caller dismisses it once the guardian runs

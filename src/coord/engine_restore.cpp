@@ -194,7 +194,8 @@ std::vector<std::string> used_gpus(const Manifest& m) {
 
 bool verify_impl(const std::string& dir, const std::map<std::string, std::string>& device_map,
                  const ProgressSink& progress, Manifest* m, Driver* driver,
-                 std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err) {
+                 std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err,
+                 const std::function<bool()>& cancelled = {}) {
   std::error_code ec;
   unsigned hash_threads = 0;
   if (!hash_thread_count(&hash_threads, err)) {
@@ -234,7 +235,7 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   const bool map_first = any_cuda && !device_map.empty();
   if (map_first && !plan()) return false;
   *code = kExitBadCheckpoint;
-  if (!verify_manifest_files(dir, *m, progress, err)) return false;
+  if (!verify_manifest_files(dir, *m, progress, err, cancelled)) return false;
   if (!any_cuda || map_first) return true;
   return plan();
 }
@@ -355,12 +356,26 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     *err = "restore must run in a child subreaper (the cusnap supervisor); this process is not one";
     return false;
   }
+  // A signal that asks to stop, heeded until CRIU starts.
+  auto stop_asked = [&] {
+    if (!out->interrupted_by && opts.interrupted) out->interrupted_by = opts.interrupted();
+    return out->interrupted_by != 0;
+  };
+  auto stopped = [&](const char* when) {
+    const char* abbrev = sigabbrev_np(out->interrupted_by);
+    *err = "the restore of " + opts.dir + " was interrupted (" +
+           (abbrev ? "SIG" + std::string(abbrev) : std::to_string(out->interrupted_by)) + ") " +
+           when + ": nothing was restored; the checkpoint is unchanged";
+    return false;
+  };
   Manifest m;
   Driver driver;
   std::vector<CUcheckpointGpuPair> pairs;
   ExitCode code = kExitOk;
-  if (!verify_impl(opts.dir, opts.device_map, progress, &m, &driver, &pairs, &code, err)) {
+  if (!verify_impl(opts.dir, opts.device_map, progress, &m, &driver, &pairs, &code, err,
+                   stop_asked)) {
     out->code = code;
+    if (out->interrupted_by) return stopped("while the checkpoint was verified");
     return false;
   }
   out->phases.emplace_back("verify", sw.lap());
@@ -404,6 +419,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     }
   }
 
+  if (stop_asked()) return stopped("before CRIU started");
   out->code = kExitFailure;
   report("restore");
   TempDir work("cusnap-restore-");

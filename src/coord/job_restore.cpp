@@ -148,10 +148,15 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   RestoreOptions opts = req.engine;
   opts.stdout_fd = out_w.get();
   opts.stderr_fd = err_w.get();
+  // Ctrl-C (or SIGTERM, SIGHUP) before CRIU starts stops the restore; from
+  // then on it reaches the job once it is back.
+  opts.interrupted = [&] { return sup->take_signal(); };
   RestoreResult res;
   if (!restore_job(opts, req.progress ? req.progress : ProgressSink([](const Progress&) {}), &res,
-                   &err))
+                   &err)) {
+    if (res.interrupted_by) return failed(128 + res.interrupted_by, err);
     return failed(res.code == kExitOk ? kExitFailure : res.code, err);
+  }
   out_w.reset();
   err_w.reset();
 

@@ -166,9 +166,10 @@ bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, st
 /// shared memory each shim's records hold is saved whole. Hashes on
 /// hash_thread_count() threads; progress gets phase "verify" with bytes
 /// hashed of the listed total. A mismatch names the file and the byte range
-/// of its first bad chunk. (manifest_files.cpp)
+/// of its first bad chunk. cancelled, looked at about every 200 ms of the
+/// hashing, ends it early (false). (manifest_files.cpp)
 bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
-                           std::string* err);
+                           std::string* err, const std::function<bool()>& cancelled = {});
 
 /// Lists every regular file under dir (relative paths, sorted) except the
 /// manifest, with size and chunked SHA-256 in chunks of chunk_size, hashed on

@@ -163,7 +163,7 @@ bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
 }
 
 bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
-                           std::string* err) {
+                           std::string* err, const std::function<bool()>& cancelled) {
   std::vector<std::string> present;
   if (!list_files(dir, &present, err)) return false;
   std::set<std::string> listed;
@@ -188,7 +188,7 @@ bool verify_manifest_files(const std::string& dir, const Manifest& m, const Prog
     targets.push_back(t);
   }
   std::vector<ChunkedDigest> actual;
-  if (!hash_targets(targets, progress, "verify", &actual, err)) return false;
+  if (!hash_targets(targets, progress, "verify", &actual, err, cancelled)) return false;
   for (size_t i = 0; i < m.files.size(); ++i) {
     const ManifestFile& f = m.files[i];
     if (f.chunks.size() != actual[i].chunks.size()) {

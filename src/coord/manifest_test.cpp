@@ -290,6 +290,12 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
     write_file(d.path + "/criu/stats-restore", "x");
     CHECK(verify_manifest_files(d.path, back, nullptr, &err));
   }
+  SUBCASE("a cancel ends the verification, which then fails") {
+    int asked = 0;
+    CHECK_FALSE(verify_manifest_files(d.path, back, nullptr, &err, [&] { return ++asked > 0; }));
+    CHECK(asked > 0);
+    CHECK(verify_manifest_files(d.path, back, nullptr, &err, [] { return false; }));
+  }
   SUBCASE("no manifest: not a finished checkpoint") {
     fs::remove(d.path + "/manifest.json");
     CHECK_FALSE(read_manifest(d.path, &back, &err));

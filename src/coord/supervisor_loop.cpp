@@ -113,6 +113,17 @@ std::string pipe_id(int fd) {
   return "pipe:[" + std::to_string(st.st_ino) + "]";
 }
 
+int SupervisorLoop::take_signal() {
+  unsigned char sigs[64];
+  ssize_t n;
+  int first = 0;
+  while ((n = ::read(sig_r_.get(), sigs, sizeof sigs)) > 0)
+    for (ssize_t i = 0; i < n && !first; ++i)
+      if (std::find(std::begin(kForwarded), std::end(kForwarded), sigs[i]) != std::end(kForwarded))
+        first = sigs[i];
+  return first;
+}
+
 void SupervisorLoop::reset_signals_in_child() {
   struct sigaction sa {};
   sa.sa_handler = SIG_DFL;

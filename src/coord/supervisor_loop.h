@@ -41,6 +41,11 @@ class SupervisorLoop {
                        const std::string& restored_from, CoordinatorOps ops,
                        const std::function<void()>& on_started = {});
 
+  /// Before run: the first SIGINT, SIGTERM or SIGHUP that arrived since
+  /// prepare (or the last call), or 0; what it reads is not forwarded to the
+  /// job (a restore stopped before it started anything).
+  int take_signal();
+
   /// Resets the dispositions prepare() changed; for a child before exec.
   static void reset_signals_in_child();
 
