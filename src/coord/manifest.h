@@ -166,8 +166,9 @@ bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, st
 /// shared memory each shim's records hold is saved whole. Hashes on
 /// hash_thread_count() threads; progress gets phase "verify" with bytes
 /// hashed of the listed total. A mismatch names the file and the byte range
-/// of its first bad chunk. cancelled, looked at about every 200 ms of the
-/// hashing, ends it early (false). (manifest_files.cpp)
+/// of its first bad chunk. cancelled, looked at before the hashing and about
+/// every 200 ms of it, ends it early (false, *err "cancelled").
+/// (manifest_files.cpp)
 bool verify_manifest_files(const std::string& dir, const Manifest& m, const ProgressSink& progress,
                            std::string* err, const std::function<bool()>& cancelled = {});
 

@@ -188,6 +188,11 @@ bool verify_manifest_files(const std::string& dir, const Manifest& m, const Prog
     targets.push_back(t);
   }
   std::vector<ChunkedDigest> actual;
+  // Asked once before the hashing too (which asks only every 200 ms).
+  if (cancelled && cancelled()) {
+    *err = "cancelled";
+    return false;
+  }
   if (!hash_targets(targets, progress, "verify", &actual, err, cancelled)) return false;
   for (size_t i = 0; i < m.files.size(); ++i) {
     const ManifestFile& f = m.files[i];
