@@ -361,11 +361,11 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     if (!out->interrupted_by && opts.interrupted) out->interrupted_by = opts.interrupted();
     return out->interrupted_by != 0;
   };
-  auto stopped = [&](const char* when) {
+  auto stopped = [&] {
     const char* abbrev = sigabbrev_np(out->interrupted_by);
     *err = "the restore of " + opts.dir + " was interrupted (" +
-           (abbrev ? "SIG" + std::string(abbrev) : std::to_string(out->interrupted_by)) + ") " +
-           when + ": nothing was restored; the checkpoint is unchanged";
+           (abbrev ? "SIG" + std::string(abbrev) : std::to_string(out->interrupted_by)) +
+           ") before CRIU started: nothing was restored; the checkpoint is unchanged";
     return false;
   };
   Manifest m;
@@ -375,7 +375,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   if (!verify_impl(opts.dir, opts.device_map, progress, &m, &driver, &pairs, &code, err,
                    stop_asked)) {
     out->code = code;
-    if (out->interrupted_by) return stopped("while the checkpoint was verified");
+    if (out->interrupted_by) return stopped();
     return false;
   }
   out->phases.emplace_back("verify", sw.lap());
@@ -419,7 +419,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     }
   }
 
-  if (stop_asked()) return stopped("before CRIU started");
+  if (stop_asked()) return stopped();
   out->code = kExitFailure;
   report("restore");
   TempDir work("cusnap-restore-");
