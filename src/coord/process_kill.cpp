@@ -54,6 +54,17 @@ bool reaped_or_gone(pid_t pid) {
          (r < 0 && errno == ECHILD && access(("/proc/" + std::to_string(pid)).c_str(), F_OK) != 0);
 }
 
+/// Whether pid is stopped (by a signal or a tracer) or can no longer run (a
+/// zombie, gone).
+bool stopped_or_ended(pid_t pid) {
+  std::string stat;
+  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return true;
+  const size_t p = stat.rfind(')');
+  if (p == std::string::npos || p + 2 >= stat.size()) return true;
+  const char state = stat[p + 2];
+  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+}
+
 }  // namespace
 
 size_t kill_process_tree(pid_t root, TreeReap reap) {
@@ -73,6 +84,13 @@ size_t kill_process_tree(pid_t root, TreeReap reap) {
       added = true;
     }
     if (!added) break;
+    // A stop takes effect when the process next returns to user space: a
+    // fork under way completes first. Each is waited for (1 s a round at
+    // most, for one in an uninterruptible sleep), so that the next look sees
+    // every child they made.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (const auto& [pid, fd] : procs)
+      while (!stopped_or_ended(pid) && std::chrono::steady_clock::now() < until) usleep(1000);
   }
   // All are stopped now; killed leaves first, root last.
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) signal_pidfd(it->second, SIGKILL);
