@@ -57,12 +57,8 @@ bool reaped_or_gone(pid_t pid) {
 /// Whether pid is stopped (by a signal or a tracer) or can no longer run (a
 /// zombie, gone).
 bool stopped_or_ended(pid_t pid) {
-  std::string stat;
-  if (!read_text_file("/proc/" + std::to_string(pid) + "/stat", &stat)) return true;
-  const size_t p = stat.rfind(')');
-  if (p == std::string::npos || p + 2 >= stat.size()) return true;
-  const char state = stat[p + 2];
-  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+  const char state = process_state(pid);
+  return state == 0 || state == 'T' || state == 't' || state == 'Z' || state == 'X';
 }
 
 }  // namespace

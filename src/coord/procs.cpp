@@ -111,10 +111,15 @@ pid_t read_ppid(pid_t pid) {
   return read_stat(pid, &state, &ppid) ? ppid : 0;
 }
 
-bool process_runs(pid_t pid) {
+char process_state(pid_t pid) {
   char state = 0;
   int ppid = 0;
-  return read_stat(pid, &state, &ppid) && state != 'Z' && state != 'X';
+  return read_stat(pid, &state, &ppid) ? state : 0;
+}
+
+bool process_runs(pid_t pid) {
+  const char state = process_state(pid);
+  return state != 0 && state != 'Z' && state != 'X';
 }
 
 bool maps_use_cuda(std::string_view maps) {

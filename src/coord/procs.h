@@ -35,6 +35,9 @@ std::vector<pid_t> job_leftovers(pid_t session, pid_t supervisor, pid_t except);
 
 /// A process's parent (/proc/PID/stat); 0 when it cannot be read (gone).
 pid_t read_ppid(pid_t pid);
+/// A process's state letter (/proc/PID/stat: R, S, D, T, t, Z, X...); 0
+/// when it cannot be read (gone).
+char process_state(pid_t pid);
 /// Whether pid still runs: there, and neither a zombie nor dead.
 bool process_runs(pid_t pid);
 
@@ -76,10 +79,6 @@ bool job_shares_device_memory(const std::vector<pid_t>& pids, std::string* what)
 /// other ranks.
 std::vector<std::string> parse_nccl_segments(std::string_view maps);
 
-/// With the real driver the allocation names above are not visible; what
-/// shows is NCCL: two CUDA processes that map NCCL segments are ranks of one
-/// communicator, sharing device memory (GPU.md: the driver checkpoint of
-/// such a job hangs). Describes it in *what.
 /// A process that holds an io_uring instance (a descriptor or a mapping of
 /// one), which CRIU cannot checkpoint; *what names the process.
 bool find_io_uring(const std::vector<pid_t>& pids, std::string* what);
@@ -153,6 +152,10 @@ struct JobTcpSocket {
 /// processes share it, in the order found.
 std::vector<JobTcpSocket> job_tcp_sockets(const std::vector<pid_t>& pids);
 
+/// With the real driver the allocation names above are not visible; what
+/// shows is NCCL: two CUDA processes that map NCCL segments are ranks of one
+/// communicator, sharing device memory (GPU.md: the driver checkpoint of
+/// such a job hangs). Describes it in *what.
 bool job_uses_nccl_between_processes(const std::vector<pid_t>& cuda_pids, std::string* what);
 
 /// UUIDs ("GPU-...") of the NVIDIA GPUs the process has open (/dev/nvidiaN

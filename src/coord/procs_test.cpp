@@ -74,6 +74,32 @@ TEST_CASE("procs: the tree of a real process, root first") {
   CHECK(process_tree(child).empty());
 }
 
+TEST_CASE("procs: a process's state letter as it runs, stops, ends and is reaped") {
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  // Sleeping in pause() once it got there; R only until then.
+  char s = process_state(child);
+  CHECK((s == 'S' || s == 'R'));
+  CHECK(process_runs(child));
+  REQUIRE(kill(child, SIGSTOP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, WUNTRACED) == child);  // reported once stopped
+  CHECK(process_state(child) == 'T');
+  CHECK(process_runs(child));
+  REQUIRE(kill(child, SIGKILL) == 0);
+  siginfo_t info{};
+  REQUIRE(waitid(P_PID, id_t(child), &info, WEXITED | WNOWAIT) == 0);  // a zombie, not reaped
+  CHECK(process_state(child) == 'Z');
+  CHECK_FALSE(process_runs(child));
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  CHECK(process_state(child) == 0);
+  CHECK(read_ppid(child) == 0);
+}
+
 TEST_CASE("procs: NCCL segments in maps") {
   std::string maps =
       "7f00-7f10 rw-s 00000000 00:1a 5 /dev/shm/nccl-AbCd12\n"

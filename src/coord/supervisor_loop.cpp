@@ -50,7 +50,12 @@ GuardedOperation guarded_operation(const char* op, const std::string& state_dir,
 }
 
 int g_signal_pipe = -1;  // write end of the self-pipe; set once by prepare()
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
+
+/// Whether sig is one the supervisor forwards to the job (and that stops a
+/// restore before CRIU starts).
+bool forwarded(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+}
 
 void on_signal(int sig) {
   int saved = errno;
@@ -119,8 +124,7 @@ int SupervisorLoop::take_signal() {
   int first = 0;
   while ((n = ::read(sig_r_.get(), sigs, sizeof sigs)) > 0)
     for (ssize_t i = 0; i < n && !first; ++i)
-      if (std::find(std::begin(kForwarded), std::end(kForwarded), sigs[i]) != std::end(kForwarded))
-        first = sigs[i];
+      if (forwarded(sigs[i])) first = sigs[i];
   return first;
 }
 
@@ -417,8 +421,7 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       while ((n = ::read(sig_r_.get(), sigs, sizeof sigs)) > 0) {
         for (ssize_t i = 0; i < n; ++i) {
           int sig = sigs[i];
-          if (std::find(std::begin(kForwarded), std::end(kForwarded), sig) == std::end(kForwarded))
-            continue;
+          if (!forwarded(sig)) continue;
           // The job is a session (and process group) leader; after its root
           // is gone, the rest of the group still gets the signal.
           if (::kill(-root, sig) != 0 && !root_done) ::kill(root, sig);
