@@ -54,6 +54,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// After open_pidfd(pid) failed (errno still its): true when pid has ended
+/// (nothing to hold); else *why says why it cannot be held.
+bool unheld_ended(pid_t pid, std::string* why) {
+  const int e = errno;
+  if (e == ESRCH) return true;
+  *why = "cannot hold its process " + std::to_string(pid) + " (pidfd_open: " + std::strerror(e) +
+         ")" +
+         (e == EMFILE || e == ENFILE
+              ? ": the supervisor has too few descriptors for the job's processes (raise "
+                "\"ulimit -n\" for the cusnap launch or restore that supervises it)"
+              : "");
+  return false;
+}
+
 // Checks opts.dir without changing anything: absent (its parent must exist)
 // or an empty directory.
 bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
@@ -235,8 +249,20 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     remove_output(opts.dir, dir_existed);
     return false;
   }
+  // Each process is held by a descriptor, so that the stop, a roll back and
+  // the kill reach it, and only it. One that ended since the scan needs
+  // none; any other unheld fails the check.
   std::vector<UniqueFd> pidfds;
-  for (pid_t pid : pids) pidfds.push_back(open_pidfd(pid));
+  for (pid_t pid : pids) {
+    pidfds.push_back(open_pidfd(pid));
+    if (std::string why_not; !pidfds.back() && !unheld_ended(pid, &why_not)) {
+      *err = "job " + job.name + ": " + why_not + "; nothing was changed";
+      out->code = kExitFailure;
+      pidfds.clear();  // the descriptors the removal may need
+      remove_output(opts.dir, dir_existed);
+      return false;
+    }
+  }
   out->phases.emplace_back("check", sw.lap());
   if (cancelled()) {
     *err =
@@ -443,6 +469,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
       if (std::find(pids.begin(), pids.end(), pid) == pids.end()) {
         pids.push_back(pid);
         pidfds.push_back(open_pidfd(pid));
+        if (std::string why_not; !pidfds.back() && !unheld_ended(pid, &why_not)) {
+          ::kill(pid, SIGCONT);  // stopped with the tree, which no descriptor reaches
+          return roll_back(why_not);
+        }
       }
     // Stopped, no process can begin to use the GPU now: the last look.
     if (!no_newcomer(&why)) return roll_back(why);
@@ -489,11 +519,10 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     return false;
   };
   if (cancelled()) return fail_late(std::string(kCancelledReason) + " after the CRIU dump");
-  if (!hash_directory(opts.dir, &m.files, progress, &why, kHashChunkSize, cancelled))
+  if (!hash_directory(opts.dir, &m.files, progress, &why, kHashChunkSize, cancelled, hash_threads))
     return fail_late(cancelled() ? std::string(kCancelledReason) + " in the checksum phase"
                                  : "checksum phase: " + why);
-  if (const UniqueFd dfd(open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dfd)
-    syncfs(dfd.get());
+  if (!flush_to_disk(opts.dir, m.files, &why)) return fail_late("checksum phase: " + why);
   out->phases.emplace_back("checksum", sw.lap());
   m.created = utc_now();
   m.cusnap_version = cusnap_version();

@@ -174,14 +174,23 @@ bool verify_manifest_files(const std::string& dir, const Manifest& m, const Prog
 
 /// Lists every regular file under dir (relative paths, sorted) except the
 /// manifest, with size and chunked SHA-256 in chunks of chunk_size, hashed on
-/// hash_thread_count() threads; progress gets phase "checksum". A file that
-/// changes size meanwhile is an error. cancelled (may be empty) is asked
-/// about every 200 ms: true ends the hashing with *err "cancelled".
-/// (manifest_files.cpp)
+/// threads threads (0: hash_thread_count(), from this process's
+/// environment); progress gets phase "checksum". A file that changes size
+/// meanwhile is an error. cancelled (may be empty) is asked about every
+/// 200 ms: true ends the hashing with *err "cancelled". (manifest_files.cpp)
 bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
                     const ProgressSink& progress, std::string* err,
                     uint64_t chunk_size = kHashChunkSize,
-                    const std::function<bool()>& cancelled = {});
+                    const std::function<bool()>& cancelled = {}, unsigned threads = 0);
+
+/// Makes the files (as hash_directory lists them) under dir durable before a
+/// manifest vouches for them: a syncfs of dir's file system, then an fsync of
+/// each file and of each directory holding one. Writers such as CRIU do not
+/// sync their files, and the checksums read the page cache: a write-back
+/// error (EIO, or ENOSPC on a thin or network volume) shows only here. false
+/// with *err naming what could not be written. (manifest_files.cpp)
+bool flush_to_disk(const std::string& dir, const std::vector<ManifestFile>& files,
+                   std::string* err);
 
 /// The cusnap version compiled in.
 std::string cusnap_version();

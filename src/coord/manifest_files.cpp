@@ -2,7 +2,9 @@
 // at checkpoint (hash_directory) and before restore (verify_manifest_files),
 // with the shared memory the shims' records name.
 // Apart from manifest.cpp so that the parser builds without the hashing.
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +18,7 @@
 #include "coord/sha256_chunked.h"
 #include "coord/shared_memory.h"
 #include "proto/shim_messages.h"
+#include "proto/unique_fd.h"
 #include "proto/wire.h"
 
 namespace cusnap {
@@ -73,11 +76,12 @@ bool sizes_unchanged(const std::vector<HashTarget>& targets, std::string* err) {
 
 bool hash_targets(const std::vector<HashTarget>& targets, const ProgressSink& progress,
                   const char* phase, std::vector<ChunkedDigest>* out, std::string* err,
-                  const std::function<bool()>& cancelled = {}) {
+                  const std::function<bool()>& cancelled = {}, unsigned threads = 0) {
   uint64_t total = 0;
   for (const HashTarget& t : targets) total += t.size;
   HashOptions opts;
   opts.cancelled = cancelled;
+  opts.threads = threads;
   if (progress) opts.progress = [&](uint64_t done) { progress(Progress{phase, done, total}); };
   return sha256_chunked_files(targets, opts, out, err) && sizes_unchanged(targets, err);
 }
@@ -135,7 +139,7 @@ bool shared_memory_saved(const std::string& dir, const Manifest& m, std::string*
 
 bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
                     const ProgressSink& progress, std::string* err, uint64_t chunk_size,
-                    const std::function<bool()>& cancelled) {
+                    const std::function<bool()>& cancelled, unsigned threads) {
   std::vector<std::string> names;
   if (!list_files(dir, &names, err)) return false;
   std::vector<HashTarget> targets;
@@ -148,7 +152,7 @@ bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
     targets.push_back(t);
   }
   std::vector<ChunkedDigest> digests;
-  if (!hash_targets(targets, progress, "checksum", &digests, err, cancelled)) return false;
+  if (!hash_targets(targets, progress, "checksum", &digests, err, cancelled, threads)) return false;
   out->clear();
   for (size_t i = 0; i < names.size(); ++i) {
     ManifestFile f;
@@ -158,6 +162,37 @@ bool hash_directory(const std::string& dir, std::vector<ManifestFile>* out,
     f.sha256 = to_hex(digests[i].root);
     for (const Sha256Digest& d : digests[i].chunks) f.chunks.push_back(to_hex(d));
     out->push_back(std::move(f));
+  }
+  return true;
+}
+
+bool flush_to_disk(const std::string& dir, const std::vector<ManifestFile>& files,
+                   std::string* err) {
+  auto failed = [&](const std::string& what) {
+    *err = what + ": " + std::strerror(errno);
+    return false;
+  };
+  {
+    const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dfd) return failed("cannot open " + dir);
+    if (::syncfs(dfd.get()) != 0) return failed("cannot write " + dir + " to disk (syncfs)");
+  }
+  // Each file and each directory holding one, so that a write-back error
+  // names its file (one not seen yet is reported to a new descriptor's fsync).
+  std::set<std::string> dirs{dir};
+  for (const ManifestFile& f : files) {
+    const std::string path = dir + "/" + f.path;
+    const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) return failed("cannot open " + path);
+    if (::fsync(fd.get()) != 0) return failed("cannot write " + path + " to disk");
+    for (size_t slash = f.path.find('/'); slash != std::string::npos;
+         slash = f.path.find('/', slash + 1))
+      dirs.insert(dir + "/" + f.path.substr(0, slash));
+  }
+  for (const std::string& d : dirs) {
+    const UniqueFd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) return failed("cannot open " + d);
+    if (::fsync(fd.get()) != 0) return failed("cannot write the directory " + d + " to disk");
   }
   return true;
 }

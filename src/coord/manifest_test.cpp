@@ -303,6 +303,28 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
   }
 }
 
+TEST_CASE("manifest: the hashing takes the threads it is given; the files are flushed, by name") {
+  TempDir d;
+  write_file(d.path + "/criu/pages-1.img", "abc");
+  write_file(d.path + "/top", "x");
+  std::vector<ManifestFile> files;
+  std::string err;
+  // The count a checkpoint's command set is used, not this process's
+  // environment (a supervisor's, which may say otherwise).
+  setenv("CUSNAP_HASH_THREADS", "zero", 1);
+  CHECK_FALSE(hash_directory(d.path, &files, nullptr, &err));
+  CHECK(err.find("CUSNAP_HASH_THREADS=\"zero\"") == 0);
+  CHECK(hash_directory(d.path, &files, nullptr, &err, kHashChunkSize, {}, 2));
+  unsetenv("CUSNAP_HASH_THREADS");
+  REQUIRE(files.size() == 2);
+  CHECK(flush_to_disk(d.path, files, &err));
+  fs::remove(d.path + "/criu/pages-1.img");
+  CHECK_FALSE(flush_to_disk(d.path, files, &err));
+  CHECK(err == "cannot open " + d.path + "/criu/pages-1.img: No such file or directory");
+  CHECK_FALSE(flush_to_disk(d.path + "/gone", files, &err));
+  CHECK(err == "cannot open " + d.path + "/gone: No such file or directory");
+}
+
 TEST_CASE("manifest: chunked verification names the corrupted region") {
   TempDir d;
   std::string data(4 * 4096 + 10, '\0'), err;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The supervisor holds each process of the job by a descriptor (a pidfd)
+# through a checkpoint, so that the stop, a roll back and the final kill
+# reach every one. With too few descriptors left (its limit lowered while
+# the job runs) the checkpoint must refuse before it changes anything,
+# naming the limit, and the job must run on whole: a process it could not
+# hold would otherwise be left out of the kill, stopped for good.
+source "$(dirname "$0")/lib_checkpoint.sh"
+
+launch many "$T/launch.out" bash -c 'for _ in $(seq 40); do sleep 1000 & done; exec "$0" --mib 4 --interval-ms 20' "$PATTERN_JOB"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/launch.out" 3
+PID=$(wait_job many)
+mapfile -t TREE < <(pgrep -s "$PID")
+[ "${#TREE[@]}" -ge 41 ] || fail "the job has ${#TREE[@]} processes, expected at least 41"
+open=$(find "/proc/$SUP/fd" -mindepth 1 | wc -l)
+soft=$(prlimit --pid "$SUP" --nofile --output SOFT --noheadings | tr -d ' ')
+prlimit --pid "$SUP" --nofile=$((open + 12)):  # the soft limit; the hard one stays
+pass "job of ${#TREE[@]} processes; its supervisor's descriptor limit lowered to $((open + 12))"
+
+rc=0
+"$CUSNAP" checkpoint many -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "checkpoint exited $rc, expected 1: $(cat "$T/ckpt.out")"
+grep -q 'cannot hold its process [0-9]* (pidfd_open: Too many open files).*ulimit -n.*nothing was changed' "$T/ckpt.out" ||
+  fail "the refusal does not name the descriptor limit: $(cat "$T/ckpt.out")"
+[ ! -e "$T/ckpt" ] || fail "the refused checkpoint left $T/ckpt behind"
+for p in "${TREE[@]}"; do
+  state=$(awk '/^State:/ {print $2}' "/proc/$p/status" 2>/dev/null) || fail "process $p of the job is gone"
+  [ "$state" != T ] || fail "process $p of the job was left stopped"
+done
+n=$(last_count "$T/launch.out")
+wait_count "$T/launch.out" $((n + 3))
+! grep -q "pattern mismatch" "$T/launch.out" || fail "the job's memory changed"
+pass "refused before anything changed (exit 1); all ${#TREE[@]} processes run on, counting past $n"
+
+prlimit --pid "$SUP" --nofile="$soft":
+"$CUSNAP" checkpoint many -o "$T/ckpt" >"$T/ckpt2.out" 2>&1 || fail "checkpoint with the limit raised failed: $(cat "$T/ckpt2.out")"
+wait_exit "$SUP"
+for p in "${TREE[@]}"; do wait_gone "$p"; done
+pass "with the limit raised again the checkpoint completes and every process is gone"
+echo "PASS"
