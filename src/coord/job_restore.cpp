@@ -75,6 +75,22 @@ class ShimDirLink {
                "this checkpoint again (removing the link would cut its shims off)";
         return false;
       }
+      // Only a link a restore made is replaced: one to a runtime directory
+      // (which holds its lock file) of a job no longer running, or to one
+      // gone since. Any other is the system's or a user's, which a
+      // checkpoint (its manifest can be edited) must not remove.
+      struct stat tst;
+      const bool absolute = !to.empty() && to[0] == '/';
+      const bool gone = absolute && ::stat(to.c_str(), &tst) != 0 && errno == ENOENT;
+      const bool dead_rundir =
+          absolute && ::lstat((to + "/lock").c_str(), &tst) == 0 && S_ISREG(tst.st_mode);
+      if (!gone && !dead_rundir) {
+        *err = "the job's shims had their sockets in " + shim_dir + ", which is a link to " +
+               (to.empty() ? std::string("nothing readable") : to) +
+               ", not to a cusnap runtime directory: cusnap replaces only a link a restore made; "
+               "if this one is stale, remove it and restore again";
+        return false;
+      }
       if (::unlink(shim_dir.c_str()) != 0 && errno != ENOENT) {
         *err = "cannot remove the stale link " + shim_dir +
                " for the shims' sockets: " + std::strerror(errno);

@@ -6,8 +6,9 @@
 # new runtime directory while it supervises the job, and removes the link at
 # the end. The restored job is checkpointed again and restored under a third
 # name, which needs the same original path again; restoring that checkpoint
-# once more while it runs is refused, naming the running job; a stale link
-# (its supervisor gone) is replaced.
+# once more while it runs is refused, naming the running job; a link that
+# no restore made is refused and kept; a stale link (its supervisor gone) is
+# replaced.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 BASE1=$CUSNAP_RUNTIME_BASE
@@ -61,6 +62,20 @@ pass "restoring it again while it runs is refused, naming the running job (exit 
 kill -TERM "$SUP"
 wait_exit "$SUP"
 wait_gone "$PID"
+
+# A link there that no restore made (to a directory that is not a runtime
+# directory) is left alone: the restore is refused, saying so.
+mkdir -p "$BASE1" "$T/users" && chmod 700 "$BASE1"
+ln -s "$T/users" "$BASE1/orig"
+rc=0
+"$CUSNAP" restore "$T/ckpt2" --name fourth >"$T/restore5.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] || fail "a restore replaced a link no restore made"
+grep -q "not to a cusnap runtime directory" "$T/restore5.out" ||
+  fail "the refusal does not say the link is not cusnap's: $(cat "$T/restore5.out")"
+[ "$(readlink "$BASE1/orig")" = "$T/users" ] || fail "the refused restore changed the link: $(readlink "$BASE1/orig")"
+[ -d "$T/users" ] || fail "the link's target is gone"
+rm "$BASE1/orig"
+pass "a link in the shims' path that no restore made is refused and kept (exit $rc)"
 
 # A link left by a supervisor that died (pointing nowhere) is replaced.
 mkdir -p "$BASE1" && chmod 700 "$BASE1"
