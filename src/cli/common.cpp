@@ -384,13 +384,17 @@ std::chrono::milliseconds seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
 }
 
-bool client_settings(proto::Settings* out, std::string* err) {
-  for (const char* name : proto::kClientSettings)
+bool client_settings(std::span<const char* const> names, proto::Settings* out, std::string* err) {
+  for (const char* name : names)
     if (const char* v = std::getenv(name)) {
       if (!proto::sent_setting_checked(name, v, proto::kMaxSettingBytes, err)) return false;
       (*out)[name] = v;
     }
   return true;
+}
+
+bool client_settings(proto::Settings* out, std::string* err) {
+  return client_settings(proto::kClientSettings, out, err);
 }
 
 ProgressLine::ProgressLine(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}

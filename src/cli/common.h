@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -133,10 +134,13 @@ std::chrono::milliseconds control_timeout();
 /// Seconds from an option to milliseconds.
 std::chrono::milliseconds seconds(double s);
 
-/// The settings of this command's environment that count in the job's
-/// supervisor (proto::kClientSettings, man cusnap ENVIRONMENT); false and
-/// *err when one is longer than proto::kMaxSettingBytes (saying what it
-/// takes: proto::sent_setting_checked).
+/// The settings of this command's environment among names (each one of
+/// proto::kClientSettings, man cusnap ENVIRONMENT), which count in the job's
+/// supervisor before its own; false and *err when one is longer than
+/// proto::kMaxSettingBytes (saying what it takes:
+/// proto::sent_setting_checked).
+bool client_settings(std::span<const char* const> names, proto::Settings* out, std::string* err);
+/// The same with every one of proto::kClientSettings (a checkpoint's).
 bool client_settings(proto::Settings* out, std::string* err);
 
 /// While it lives (restore, resume: operations that cannot be cancelled;

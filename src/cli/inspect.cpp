@@ -2,6 +2,7 @@
 // verdict, or a running job's processes and state.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -51,6 +52,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
                 {"dir", absolute_dir(dir)},
                 {"name", ""},
                 {"valid", false},
+                {"needs_name", false},
                 {"error", err},
                 {"bytes", 0},
                 {"exit_code", int(read_code)}});
@@ -65,12 +67,16 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   uint64_t bytes = 0;
   for (const ManifestFile& f : m.files) bytes += f.size;
   if (struct stat st{}; ::stat((dir + "/manifest.json").c_str(), &st) == 0) bytes += st.st_size;
+  // A job name cusnap does not accept: a restore needs --name.
+  std::string name_err;
+  const bool needs_name = !valid_job_name(m.job.name, &name_err);
   if (json) {
     nlohmann::json j = {{"ok", valid},
                         {"kind", "checkpoint"},
                         {"dir", absolute_dir(dir)},
                         {"name", m.job.name},
                         {"valid", valid},
+                        {"needs_name", needs_name},
                         {"error", valid ? "" : verr},
                         {"bytes", bytes},
                         {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
@@ -125,8 +131,7 @@ int inspect_checkpoint(const std::string& dir, bool json) {
   }
   std::printf("  phases:\n");
   for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);
-  std::string name_err;
-  if (valid && !valid_job_name(m.job.name, &name_err))
+  if (valid && needs_name)
     std::printf(
         "  verdict:  valid, restorable with --name NAME only: its job name is not one cusnap "
         "accepts\n");
@@ -268,7 +273,17 @@ int cmd_inspect(int argc, char** argv) {
     // ./NAME would be.
     return inspect_checkpoint(target, json);
   }
-  if (int rc = resolve_job(target, json, &entry); rc >= 0) return rc;
+  // A name without a slash was looked for as a directory here too: the
+  // message says so.
+  std::string also;
+  if (target.find('/') == std::string::npos) {
+    const int e = ::stat(target.c_str(), &st) == 0 ? 0 : errno;
+    also = e == 0 ? ", and ./" + target + " is not a directory"
+           : e == ENOENT || e == ENOTDIR
+               ? ", and there is no checkpoint directory ./" + target
+               : ", and ./" + target + " cannot be looked at: " + std::strerror(e);
+  }
+  if (int rc = resolve_job(target, json, &entry, also); rc >= 0) return rc;
   return inspect_job(entry, json);
 }
 

@@ -19,7 +19,8 @@ void add_job_argument(CLI::App& app, std::string* job) {
       ->type_name("");
 }
 
-int resolve_job(const std::string& spec, bool json, JobEntry* out) {
+int resolve_job(const std::string& spec, bool json, JobEntry* out,
+                const std::string& not_found_also) {
   std::string err;
   bool unusable_base = false;
   if (find_job(spec, out, &err, &unusable_base)) return -1;
@@ -33,7 +34,7 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out) {
       spec.find_first_not_of("0123456789") == std::string::npos)
     err = "no job named " + spec + ", nor with PID or SUPERV " + spec +
           ", is running (cusnap ps lists the running jobs)";
-  return fail_json(json, kExitNotFound, err);
+  return fail_json(json, kExitNotFound, err + not_found_also);
 }
 
 int report_result_failure(bool json, const proto::Result& r) {

@@ -15,8 +15,10 @@ namespace cusnap::cli {
 void add_job_argument(CLI::App& app, std::string* job);
 
 /// Finds job spec; on failure prints the error (and JSON when asked) and
-/// returns the exit code, else -1.
-int resolve_job(const std::string& spec, bool json, JobEntry* out);
+/// returns the exit code, else -1. not_found_also is added to the message
+/// when no job has that name (what else was looked for).
+int resolve_job(const std::string& spec, bool json, JobEntry* out,
+                const std::string& not_found_also = "");
 
 /// Prints a failed exchange or a refused request; returns its exit code.
 int report_result_failure(bool json, const proto::Result& r);

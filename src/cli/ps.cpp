@@ -1,4 +1,5 @@
 // cusnap ps [--json]: every live job.
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -62,8 +63,19 @@ int cmd_ps(int argc, char** argv) {
     print_json(arr);
     return kExitOk;
   }
-  std::printf("%-24s %8s %8s %-13s %8s  %s\n", "NAME", "PID", "SUPERV", "STATE", "UPTIME",
-              "COMMAND");
+  // The NAME column as wide as the longest name shown (names are shown
+  // escaped, and counted in characters as a terminal shows them).
+  std::vector<std::string> shown_names;
+  size_t width = utf8_length("NAME");
+  for (const proto::JobStatus& s : jobs) {
+    shown_names.push_back(shown(s.name));
+    width = std::max(width, utf8_length(shown_names.back()));
+  }
+  auto padded = [width](const std::string& name) {
+    return name + std::string(width - std::min(width, utf8_length(name)), ' ');
+  };
+  std::printf("%s %8s %8s %-13s %8s  %s\n", padded("NAME").c_str(), "PID", "SUPERV", "STATE",
+              "UPTIME", "COMMAND");
   std::string starred, lost;  // the jobs marked * and !
   for (size_t i = 0; i < jobs.size(); ++i) {
     const proto::JobStatus& s = jobs[i];
@@ -73,7 +85,7 @@ int cmd_ps(int argc, char** argv) {
     std::string cmd = shown_args(s.argv);
     // Cut at a character, never inside one (a terminal would show U+FFFD).
     if (utf8_length(cmd) > 60) cmd = std::string(utf8_prefix(cmd, 57)) + "...";
-    std::printf("%-24s %8lld %8lld %-13s %8s  %s\n", shown(s.name).c_str(),
+    std::printf("%s %8lld %8lld %-13s %8s  %s\n", padded(shown_names[i]).c_str(),
                 static_cast<long long>(s.root_pid), static_cast<long long>(s.supervisor_pid),
                 state.c_str(), human_duration(now - s.started).c_str(), cmd.c_str());
   }

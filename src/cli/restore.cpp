@@ -34,42 +34,47 @@ bool device_key(const std::string& text, std::string* out) {
 
 /// --device-map OLD=NEW,...: each OLD once, each NEW once, each side a GPU
 /// index or UUID. Whether an index and a UUID name the same GPU only the
-/// restore knows (plan_device_pairs checks that too).
+/// restore knows (plan_device_pairs checks that too). *err names the entry
+/// at fault; CLI11 puts the option's name before it.
 bool parse_device_map(const std::string& text, std::map<std::string, std::string>* out,
                       std::string* err) {
   const std::string expected =
       ": expected OLD=NEW pairs separated by commas, each side a GPU index (such as 0) or a GPU "
       "UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L shows)";
   if (text.empty()) {
-    *err = "--device-map is empty" + expected;
+    *err = "must not be empty" + expected;
     return false;
   }
   std::map<std::string, std::string> item_of_old, item_of_new;  // key -> the entry naming it
   size_t pos = 0;
-  for (;;) {
+  for (int n = 1;; ++n) {
     size_t comma = text.find(',', pos);
     std::string item =
         text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty()) {
+      *err = "entry " + std::to_string(n) + " of '" + text + "' is empty" + expected;
+      return false;
+    }
     size_t eq = item.find('=');
     std::string from, to;
     if (eq == std::string::npos || item.find('=', eq + 1) != std::string::npos) {
-      *err = "--device-map: '" + item + "' is not OLD=NEW" + expected;
+      *err = "'" + item + "' is not OLD=NEW" + expected;
       return false;
     }
     const std::string old_text = item.substr(0, eq), new_text = item.substr(eq + 1);
     const bool old_ok = device_key(old_text, &from);
     if (!old_ok || !device_key(new_text, &to)) {
-      *err = "--device-map: '" + (old_ok ? new_text : old_text) + "' in '" + item +
+      *err = "'" + (old_ok ? new_text : old_text) + "' in '" + item +
              "' is neither a GPU index nor a GPU UUID" + expected;
       return false;
     }
     if (auto it = item_of_old.find(from); it != item_of_old.end()) {
-      *err = "--device-map: '" + it->second + "' and '" + item + "' both map GPU " + from +
+      *err = "'" + it->second + "' and '" + item + "' both map GPU " + from +
              ": map each OLD GPU once";
       return false;
     }
     if (auto it = item_of_new.find(to); it != item_of_new.end()) {
-      *err = "--device-map: '" + it->second + "' and '" + item + "' both map to GPU " + to +
+      *err = "'" + it->second + "' and '" + item + "' both map to GPU " + to +
              ": map each OLD GPU to a different NEW GPU";
       return false;
     }
@@ -80,6 +85,17 @@ bool parse_device_map(const std::string& text, std::map<std::string, std::string
     pos = comma + 1;
   }
   return true;
+}
+
+/// A bad --device-map is a bad command line, said as CLI11 says one.
+CLI::Validator device_map_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::map<std::string, std::string> map;
+        std::string err;
+        return parse_device_map(text, &map, &err) ? "" : err;
+      },
+      "", "device map");
 }
 
 }  // namespace
@@ -103,6 +119,7 @@ int cmd_restore(int argc, char** argv) {
       app.add_option("--device-map", device_map,
                      "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated; "
                      "each OLD and each NEW at most once")
+          ->check(device_map_check())
           ->type_name("OLD=NEW,...");
   add_runtime_dir_option(app, &req.cfg.runtime_dir);
   add_timeout_option(app, &timeout_s, "each phase", true);
@@ -112,8 +129,9 @@ int cmd_restore(int argc, char** argv) {
   if (rc >= 0) return rc;
 
   std::string err;
+  // Checked as it was parsed (device_map_check).
   if (map_opt->count() > 0 && !parse_device_map(device_map, &req.engine.device_map, &err))
-    return fail_json(json, kExitUsage, err);
+    return fail_json(json, kExitUsage, "--device-map: " + err);
   if (!proto::check_env_settings(false, true, &err)) return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
   if (::realpath(dir.c_str(), abs) == nullptr) {

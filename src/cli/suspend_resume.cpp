@@ -2,10 +2,20 @@
 // give them back.
 #include <cstdio>
 
+#include "coord/gpu_memory.h"
 #include "job_target.h"
 
 namespace cusnap::cli {
 namespace {
+
+/// The settings of proto::kClientSettings that the job's supervisor reads
+/// for a suspend (the free-memory margin: suspend_job_coded; ranks sharing a
+/// GPU: shared_prepare) and for a resume (the margin: resume_job_coded,
+/// recover_job), and so all these commands send: the others count for a
+/// checkpoint only, and a value of theirs cannot refuse a suspend or resume.
+constexpr const char* kSuspendSettings[] = {"CUSNAP_ALLOW_RANKS_SHARING_GPU",
+                                            kRestoreMarginSetting};
+constexpr const char* kResumeSettings[] = {kRestoreMarginSetting};
 
 int run(int argc, char** argv, bool suspend) {
   CLI::App app{suspend
@@ -27,7 +37,10 @@ int run(int argc, char** argv, bool suspend) {
   proto::TimeoutRequest req;
   req.timeout_ms = seconds(timeout_s).count();
   std::string err;
-  if (!client_settings(&req.settings, &err)) return fail_json(json, kExitUsage, err);
+  if (!client_settings(suspend ? std::span<const char* const>(kSuspendSettings)
+                               : std::span<const char* const>(kResumeSettings),
+                       &req.settings, &err))
+    return fail_json(json, kExitUsage, err);
   proto::Result r;
   bool ok;
   const auto wait = seconds(timeout_s) + control_timeout();

@@ -31,7 +31,7 @@ bool hash_thread_count(unsigned* n, std::string* err) {
 }
 
 bool hash_thread_count(const char* env, unsigned* n, std::string* err) {
-  if (env) {
+  if (env && *env) {
     uint64_t v = 0;
     if (!proto::parse_whole(env, 1, kMaxHashThreadsEnv, &v)) {
       *err = "CUSNAP_HASH_THREADS=\"" + std::string(env) +

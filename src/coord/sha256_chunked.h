@@ -47,10 +47,10 @@ constexpr uint64_t chunk_count(uint64_t size, uint64_t chunk_size) {
 /// The file digest from its chunk digests, in order.
 Sha256Digest chunked_root(const std::vector<Sha256Digest>& chunks);
 
-/// Threads to hash with: `value` (of CUSNAP_HASH_THREADS) when not nullptr
-/// (1 to kMaxHashThreadsEnv), else the hardware's threads up to
-/// kMaxHashThreads. False, with a message naming the variable, for anything
-/// else.
+/// Threads to hash with: `value` (of CUSNAP_HASH_THREADS) when neither
+/// nullptr nor empty (1 to kMaxHashThreadsEnv), else the hardware's threads
+/// up to kMaxHashThreads. False, with a message naming the variable, for
+/// anything else.
 bool hash_thread_count(const char* value, unsigned* n, std::string* err);
 /// The same with this process's CUSNAP_HASH_THREADS.
 bool hash_thread_count(unsigned* n, std::string* err);

@@ -61,7 +61,7 @@ bool parse_memory_margin(const char* text, bool* off, uint64_t* bytes) noexcept 
 
 bool hash_threads_valid(const char* value) noexcept {
   uint64_t n = 0;
-  return !value || parse_whole(value, 1, kMaxHashThreadsSetting, &n);
+  return !value || !*value || parse_whole(value, 1, kMaxHashThreadsSetting, &n);
 }
 
 bool memory_margin_valid(const char* value) noexcept {

@@ -66,8 +66,8 @@ struct TextSetting {
   const char* refusal;                        ///< the message after NAME="VALUE"
 };
 
-/// CUSNAP_HASH_THREADS: 1 to kMaxHashThreadsSetting (coord's
-/// hash_thread_count, which refuses an empty value too).
+/// CUSNAP_HASH_THREADS: 1 to kMaxHashThreadsSetting, or empty, which is
+/// unset (coord's hash_thread_count).
 inline constexpr uint64_t kMaxHashThreadsSetting = 256;
 /// CUSNAP_RESTORE_MEMORY_MARGIN's value (gpu_memory.h): "off", or a size,
 /// decimal digits alone or followed by K, M or G (either case), below 2^63

@@ -63,6 +63,19 @@ expect_err 2 "inspect ''" "TARGET" "empty" -- "$CUSNAP" inspect ''
 # A number is a name or a pid: the message says both were looked for.
 expect_err 4 "checkpoint of a pid no job has" "no job named 4242424, nor with PID or SUPERV 4242424" \
   "cusnap ps" -- "$CUSNAP" checkpoint 4242424
+# inspect NAME looks for a running job, then for the directory ./NAME: a
+# failure says that neither is there.
+mkdir -p "$T/here"
+touch "$T/here/plain"
+expect_err 4 "inspect of a name that is neither a job nor a directory here" \
+  "no job named 'nonexist' is running (see cusnap ps), and there is no checkpoint directory ./nonexist" \
+  -- env -C "$T/here" "$CUSNAP" inspect nonexist
+expect_err 4 "inspect of a number that is neither a job nor a directory here" \
+  "no job named 4242424, nor with PID or SUPERV 4242424" "and there is no checkpoint directory ./4242424" \
+  -- env -C "$T/here" "$CUSNAP" inspect 4242424
+expect_err 4 "inspect of a name that is a file here" \
+  "no job named 'plain' is running (see cusnap ps), and ./plain is not a directory" \
+  -- env -C "$T/here" "$CUSNAP" inspect plain
 
 # A checkpoint directory that is not there (4), and one that is but cannot
 # be searched by this user (1, Permission denied, not "no such").
@@ -138,10 +151,23 @@ expect_err 3 "suspend of a suspended job" "job docs is already suspended" "cusna
   "$CUSNAP" suspend docs
 "$CUSNAP" resume docs >/dev/null || fail "resume docs failed"
 # A setting too long to send the supervisor: what it takes, and that
-# unsetting it takes the default, as launch says of a bad value.
+# unsetting it takes the default, as launch says of a bad value. Suspend
+# and resume send only the settings they read: a checkpoint's own, however
+# bad, refuses neither.
 long=$(printf '1%.0s' $(seq 1 70))
-CUSNAP_HASH_THREADS=$long expect_err 2 "suspend with a 70-character CUSNAP_HASH_THREADS" \
-  "is not a number of threads from 1 to 256" "unset it to use every core" -- "$CUSNAP" suspend docs
+CUSNAP_ALLOW_RANKS_SHARING_GPU=$long expect_err 2 "suspend with a 70-character CUSNAP_ALLOW_RANKS_SHARING_GPU" \
+  "is neither 1 nor 0" "or unset it" -- "$CUSNAP" suspend docs
+[ "$(job_field docs state)" = running ] || fail "a refused suspend changed the job's state"
+CUSNAP_HASH_THREADS=$long CUSNAP_CRIU_GHOST_LIMIT=$long CUSNAP_CRIU_NETWORK_LOCK=$long \
+  CUSNAP_CRIU_BREAKPOINTS=$long "$CUSNAP" suspend docs >"$T/susp.out" 2>&1 ||
+  fail "suspend with 70-character checkpoint-only settings failed: $(cat "$T/susp.out")"
+CUSNAP_RESTORE_MEMORY_MARGIN=$(printf '0%.0s' $(seq 1 70))1M expect_err 2 \
+  "resume with a 72-character CUSNAP_RESTORE_MEMORY_MARGIN" "longer than 64 characters" -- "$CUSNAP" resume docs
+[ "$(job_field docs state)" = suspended ] || fail "a refused resume changed the job's state"
+CUSNAP_HASH_THREADS=$long CUSNAP_CRIU_GHOST_LIMIT=$long CUSNAP_ALLOW_RANKS_SHARING_GPU=$long \
+  "$CUSNAP" resume docs >"$T/res.out" 2>&1 ||
+  fail "resume with 70-character settings it does not read failed: $(cat "$T/res.out")"
+pass "suspend and resume with 70-character settings they do not read"
 CUSNAP_RESTORE_MEMORY_MARGIN=$(printf '0%.0s' $(seq 1 70))1M expect_err 2 \
   "checkpoint with a 72-character CUSNAP_RESTORE_MEMORY_MARGIN it takes" "longer than 64 characters" \
   "unset it for the default" -- "$CUSNAP" checkpoint docs -o "$T/long.ck"
@@ -149,6 +175,26 @@ CUSNAP_RESTORE_MEMORY_MARGIN=$(printf '0%.0s' $(seq 1 70))1M expect_err 2 \
 run_json ps.json "$CUSNAP" ps --json
 run_json insj.json "$CUSNAP" inspect docs --json
 run_json insc.json "$CUSNAP" inspect "$T/ck1" --json
+# A job name in the manifest that cusnap does not accept: --json says a
+# restore needs --name, as the text's verdict does.
+cp -a "$T/ck1" "$T/badname"
+python3 - "$T/badname/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["job"]["name"] = "bad name"
+json.dump(m, open(sys.argv[1], "w"))
+PY
+run_json insbad.json "$CUSNAP" inspect "$T/badname" --json
+python3 - "$T/insc.json" "$T/insbad.json" <<'PY' || fail "inspect --json's needs_name: $(cat "$T/insc.json" "$T/insbad.json")"
+import json, sys
+good, bad = (json.load(open(f)) for f in sys.argv[1:])
+assert good["needs_name"] is False and good["name"] == "docs", good
+assert bad["needs_name"] is True and bad["name"] == "bad name", bad
+PY
+"$CUSNAP" inspect "$T/badname" >"$T/badname.txt" 2>&1 || true
+grep -q "restorable with --name NAME only" "$T/badname.txt" ||
+  fail "inspect of $T/badname: $(cat "$T/badname.txt")"
+pass "inspect --json says needs_name for a manifest's job name cusnap does not accept"
 "$CUSNAP" checkpoint docs -o "$T/ck2" >"$T/ck2.out" 2>&1 || fail "checkpoint: $(cat "$T/ck2.out")"
 wait_exit "$SUP"
 wait_gone "$PID"
@@ -201,6 +247,7 @@ for f, page in [("ck.json", "cusnap-checkpoint.1"), ("ck.fail.json", "cusnap-che
                 ("resume.json", "cusnap-suspend.1"), ("resume.fail.json", "cusnap-suspend.1"),
                 ("ps.json", "cusnap-ps.1"), ("ps.fail.json", "cusnap-ps.1"),
                 ("insj.json", "cusnap-inspect.1"), ("insc.json", "cusnap-inspect.1"),
+                ("insbad.json", "cusnap-inspect.1"),
                 ("insj.fail.json", "cusnap-inspect.1"),
                 ("restore.json", "cusnap-restore.1"), ("restore.fail.json", "cusnap-restore.1")]:
     check(page, load(f), f)
@@ -215,3 +262,31 @@ for b in bad:
 sys.exit(1 if bad else 0)
 PY
 pass "every --json object (checkpoint, suspend, resume, ps, inspect, restore; success and failure) holds only the fields its man page names; inspect's job is ps's"
+
+# ps: the NAME column is as wide as the longest name shown, and the other
+# columns line up under their headings.
+LONGNAME=$(printf 'n%.0s' $(seq 1 45))
+launch "$LONGNAME" "$T/longname.out" sleep 60
+LONG_SUP=$LAST_SUPERVISOR
+launch s "$T/s.out" sleep 60
+S_SUP=$LAST_SUPERVISOR
+wait_job "$LONGNAME" >/dev/null
+wait_job s >/dev/null
+"$CUSNAP" ps >"$T/ps.txt" 2>&1 || fail "ps failed: $(cat "$T/ps.txt")"
+python3 - "$T/ps.txt" "$LONGNAME" <<'PY' || fail "ps's columns do not line up: $(cat "$T/ps.txt")"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+head = lines[0]
+rows = [re.match(r"(\S+) +(\d+) +(\d+) (\S+)", l) for l in lines[1:] if not l[:1] in "*!"]
+names = [m.group(1) for m in rows]
+assert sys.argv[2] in names and "s" in names, names
+for m in rows:
+    assert m.end(2) == head.index("PID") + 3, (head, m.group(0))
+    assert m.end(3) == head.index("SUPERV") + 6, (head, m.group(0))
+    assert m.start(4) == head.index("STATE"), (head, m.group(0))
+assert head.index("PID") <= len(sys.argv[2]) + 6, head
+PY
+kill -TERM "$LONG_SUP" "$S_SUP"
+wait_exit "$LONG_SUP"
+wait_exit "$S_SUP"
+pass "ps's NAME column is as wide as a 45-character name, and no wider"

@@ -34,6 +34,18 @@ expect_usage "--device-map with two OLD onto one NEW" "'0=2'" "'1=2'" "different
 expect_usage "--device-map with a malformed UUID" "'GPU-12'" -- \
   "$CUSNAP" restore "$T/none" --device-map GPU-12=0
 expect_usage "an empty --device-map" "--device-map" -- "$CUSNAP" restore "$T/none" --device-map ''
+# An empty entry is named as one; each of these is a usage error said as
+# every other is, with the line on --help.
+expect_usage "--device-map with an empty last entry" "--device-map: entry 2 of '0=1,' is empty" \
+  "Run 'cusnap restore --help' for usage." -- "$CUSNAP" restore "$T/none" --device-map 0=1,
+expect_usage "--device-map with an empty first entry" "entry 1 of ',0=1' is empty" -- \
+  "$CUSNAP" restore "$T/none" --device-map ,0=1
+expect_usage "--device-map a=b, the usage line" "Run 'cusnap restore --help' for usage." -- \
+  "$CUSNAP" restore "$T/none" --device-map a=b
+"$CUSNAP" restore "$T/none" --device-map 0=1, --json >"$T/dm.json" 2>/dev/null || true
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2 and "is empty" in d["error"], d' \
+  "$T/dm.json" || fail "restore --json --device-map 0=1,: $(cat "$T/dm.json")"
+pass "restore --json --device-map 0=1,: the failure object says the same"
 rc=0
 "$CUSNAP" restore "$T/none" --device-map 0=1,1=0,gpu-00000000-0000-0000-0000-00000000000A=2 \
   2>"$T/usage.err" || rc=$?
