@@ -110,7 +110,12 @@ int finish_supervised(const SuperviseOutcome& out);
 /// again once its file system reads.
 std::string unreadable_hint(int e, const std::string& action);
 
-/// "cusnap: error: MSG" on stderr; returns code.
+/// msg for the terminal: its control characters but line breaks and tabs
+/// shown as \xNN (a name or path the user gave may hold an escape sequence,
+/// which would act on the terminal).
+std::string terminal_text(const std::string& msg);
+
+/// "cusnap: error: MSG" on stderr, through terminal_text; returns code.
 int fail(int code, const std::string& msg);
 /// Same, and with json also {"ok": false, "exit_code", "error"} on stdout.
 int fail_json(bool json, int code, const std::string& msg);

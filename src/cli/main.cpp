@@ -96,11 +96,11 @@ int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr)
     return cusnap::kExitUsage;
   }
   if (const char* s = suggest(cmd))
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(),
-                 s);
+    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n",
+                 shown(cmd).c_str(), s);
   else
     std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n",
-                 cmd.c_str());
+                 shown(cmd).c_str());
   return cusnap::kExitUsage;
 }
 

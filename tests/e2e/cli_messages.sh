@@ -290,3 +290,17 @@ kill -TERM "$LONG_SUP" "$S_SUP"
 wait_exit "$LONG_SUP"
 wait_exit "$S_SUP"
 pass "ps's NAME column is as wide as a 45-character name, and no wider"
+
+# A control byte in what the user typed reaches the terminal escaped (an
+# escape sequence would act on it), in every kind of error.
+for args in "checkpoint|$(printf 'a\033[31mb')" "restore|$(printf '/no\033[2Jx')" \
+  "launch|-n|$(printf 'x\033y')|--|true" "$(printf 'ch\033eckpoint')"; do
+  IFS='|' read -r -a argv <<<"$args"
+  rc=0
+  "$CUSNAP" "${argv[@]}" >"$T/esc.out" 2>"$T/esc.err" || rc=$?
+  [ "$rc" != 0 ] || fail "cusnap ${argv[*]} succeeded"
+  ! grep -q $'\033' "$T/esc.err" || fail "cusnap ${argv[0]}: an escape byte reached stderr: $(od -c "$T/esc.err" | head -3)"
+  grep -qF '\x1b' "$T/esc.err" || fail "cusnap ${argv[0]}: the escape byte is not shown as \\x1b: $(cat "$T/esc.err")"
+done
+pass "control bytes in a job name, a path, a --name and a command are shown as \\x1b in the errors"
+echo "PASS"
