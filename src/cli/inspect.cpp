@@ -28,13 +28,21 @@ bool is_checkpoint_dir(const std::string& path) {
           ::stat((path + "/control.sock").c_str(), &st) != 0);
 }
 
+/// dir without the slashes that may end it ("/" stays), so that the paths
+/// made from it read as checkpoint and restore write them.
+std::string without_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
 std::string absolute_dir(const std::string& dir) {
   std::error_code ec;
   const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
-  return ec ? dir : abs.lexically_normal().string();
+  return ec ? dir : without_trailing_slashes(abs.lexically_normal().string());
 }
 
-int inspect_checkpoint(const std::string& dir, bool json) {
+int inspect_checkpoint(const std::string& given, bool json) {
+  const std::string dir = without_trailing_slashes(given);
   Manifest m;
   std::string err;
   ExitCode read_code = kExitOk;

@@ -195,6 +195,21 @@ PY
 grep -q "restorable with --name NAME only" "$T/badname.txt" ||
   fail "inspect of $T/badname: $(cat "$T/badname.txt")"
 pass "inspect --json says needs_name for a manifest's job name cusnap does not accept"
+# A directory given with a trailing slash reads as without it.
+run_json insslash.json "$CUSNAP" inspect "$T/ck1/" --json
+python3 - "$T/insslash.json" "$T/ck1" <<'PY' || fail "inspect --json of $T/ck1/: $(cat "$T/insslash.json")"
+import json, os, sys
+j = json.load(open(sys.argv[1]))
+assert j["dir"] == os.path.abspath(sys.argv[2]) and j["valid"], j
+PY
+cp -a "$T/ck1" "$T/ckv"
+rm "$(find "$T/ckv/criu" -name '*.img' | head -1)"
+rc=0
+"$CUSNAP" inspect "$T/ckv/" >"$T/ckv.out" 2>&1 || rc=$?
+[ "$rc" = 5 ] || fail "inspect of a damaged checkpoint: exit $rc, expected 5: $(cat "$T/ckv.out")"
+grep -qF "$T/ckv/criu/" "$T/ckv.out" && ! grep -qF "//" "$T/ckv.out" ||
+  fail "inspect of $T/ckv/ names its files oddly: $(cat "$T/ckv.out")"
+pass "a checkpoint given as DIR/ reads as DIR, in --json and in what a damaged one says"
 "$CUSNAP" checkpoint docs -o "$T/ck2" >"$T/ck2.out" 2>&1 || fail "checkpoint: $(cat "$T/ck2.out")"
 wait_exit "$SUP"
 wait_gone "$PID"
