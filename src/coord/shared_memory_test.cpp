@@ -272,19 +272,31 @@ TEST_CASE("shared memory: a rank at count 0 holding at its first collective join
     rank.run();
     _exit(0);
   }
+  // Ended however the case ends: a child left running holds the test's
+  // output open, and the run then never ends.
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } end_child{child};
   shim.start();
   const std::string sock = proto::shim_control_socket(shim.dir, child);
   for (int i = 0; i < 250 && access(sock.c_str(), F_OK) != 0; ++i)
     std::this_thread::sleep_for(20ms);  // until the child listens
   SharedMemory sm;
   std::string err;
-  REQUIRE(sm.inspect(shim.dir, {getpid(), child}, short_timeouts(), &err));
+  INFO(err);
+  // Two processes on a loaded machine: no timing is tested here.
+  SharedTimeouts timeouts;
+  timeouts.control = 5s;
+  timeouts.phase = 5s;
+  REQUIRE(sm.inspect(shim.dir, {getpid(), child}, timeouts, &err));
   REQUIRE(sm.processes().size() == 2);
   CHECK(sm.cut(&err));
   INFO(err);
   CHECK(sm.cut_counts() == std::map<pid_t, uint64_t>{{getpid(), 3}, {child, 3}});
   sm.cut_release();
   sm.disconnect();
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
 }
