@@ -3,7 +3,6 @@
 #include "shim/cut_control.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -17,6 +16,7 @@
 #include "shim/entries.h"
 #include "shim/gate.h"
 #include "shim/real_driver.h"
+#include "shim/stderr_line.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
@@ -84,11 +84,8 @@ uint8_t classify(CUfunction f) {
       name = nullptr;
   }
   const uint8_t v = name && name_is_collective(name) ? kYes : kNo;
-  if (debug_on()) {
-    const NoCancel no_cancel;  // stdio's write is a cancellation point (gate.h)
-    std::fprintf(stderr, "cusnap-shim[%d]: kernel %s: %s\n", static_cast<int>(::getpid()),
-                 name ? name : "(no name)", v == kYes ? "collective" : "not collective");
-  }
+  if (debug_on())
+    say("kernel %s: %s", name ? name : "(no name)", v == kYes ? "collective" : "not collective");
   return v;
 }
 
@@ -200,9 +197,9 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
 }
 
 /// Holds a launch of n collectives (outside the gate) until it may pass, or
-/// for hold_ms() at most.
-void hold(uint64_t n) {
-  Locked l;
+/// for the hold at most, under the cut's lock; the hold in ms when it ran out
+/// (the cut then dropped), else 0.
+uint64_t hold_locked(uint64_t n) {
   ++g_cut.held;
   timespec deadline{};
   clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -213,20 +210,33 @@ void hold(uint64_t n) {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1000000000L;
   }
+  uint64_t dropped = 0;
   while (!may_pass(n)) {
     if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass(n)) {
       // Nobody finished the cut: drop it rather than stall the application.
       g_cut.armed = false;
       pthread_cond_broadcast(&g_cut.cv);
-      std::fprintf(stderr,
-                   "cusnap-shim[%d]: a collective launch held %llu ms at a checkpoint's cut; "
-                   "the cut is dropped and the application goes on\n",
-                   static_cast<int>(::getpid()), static_cast<unsigned long long>(ms));
+      dropped = ms;
       break;
     }
   }
   --g_cut.held;
   g_cut.reserved += n;
+  return dropped;
+}
+
+/// Holds a launch of n collectives (hold_locked), and says on stderr, with the
+/// cut's lock dropped, when nobody finished the cut.
+void hold(uint64_t n) {
+  uint64_t dropped_after_ms = 0;
+  {
+    Locked l;
+    dropped_after_ms = hold_locked(n);
+  }
+  if (dropped_after_ms)
+    say("a collective launch held %llu ms at a checkpoint's cut; the cut is dropped and the "
+        "application goes on",
+        static_cast<unsigned long long>(dropped_after_ms));
 }
 
 }  // namespace

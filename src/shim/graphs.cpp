@@ -2,17 +2,15 @@
 #include "shim/graphs.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <new>
 
 #include "shim/cut.h"
-#include "shim/gate.h"
 #include "shim/pthread_lock.h"
 #include "shim/real_driver.h"
+#include "shim/stderr_line.h"
 
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
 
@@ -150,18 +148,19 @@ void note_exec(CUgraphExec e, CUgraph g) noexcept {
   const auto key = reinterpret_cast<uintptr_t>(e);
   if (key <= kTomb) return;
   const uint64_t c = count_collectives(g);  // outside the lock: driver calls
-  PthreadLock l(&g_mu);
-  if (c == 0) {
-    erase_locked(key);
-    return;
+  bool full = false;
+  {
+    PthreadLock l(&g_mu);
+    if (c == 0) {
+      erase_locked(key);
+      return;
+    }
+    full = !insert_locked(key, c);
   }
-  if (!insert_locked(key, c) && !g_full_reported.exchange(true)) {
-    const NoCancel no_cancel;  // fprintf is a cancellation point; this is noexcept
-    std::fprintf(stderr,
-                 "cusnap-shim[%d]: more than %u CUDA graph instances hold collective kernels; "
-                 "launches of the others are not counted at a checkpoint's cut\n",
-                 static_cast<int>(::getpid()), kSlots);
-  }
+  if (full && !g_full_reported.exchange(true))  // said with g_mu dropped (stderr_line.h)
+    say("more than %u CUDA graph instances hold collective kernels; launches of the others are "
+        "not counted at a checkpoint's cut",
+        kSlots);
 }
 
 void forget_exec(CUgraphExec e) noexcept {

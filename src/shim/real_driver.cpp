@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "shim/elf_lookup.h"
+#include "shim/stderr_line.h"
 
 namespace cusnap::shim {
 
@@ -67,8 +68,7 @@ void debug_log(const char* what, const char* name) noexcept {
     put(name);
   }
   buf[n++] = '\n';
-  ssize_t r = write(STDERR_FILENO, buf, n);
-  (void)r;
+  write_stderr(buf, n);
 }
 
 namespace detail {

@@ -13,6 +13,7 @@
 
 #include "proto/proc_stat.h"
 #include "shim/real_driver.h"
+#include "shim/stderr_line.h"
 #include "shim/track_internal.h"
 
 namespace cusnap::shim::track {
@@ -38,7 +39,7 @@ void reset_inherited(State& s) {
   std::lock_guard<std::mutex> c(s.cache_mu);
   for (auto& [id, held] : s.cache) held.close_if_ours();  // atfork_child did, mostly
   s.cache.clear();
-  s.cache_gen.clear();
+  s.cache_meta.clear();
   s.allocs.clear();
   s.by_key.clear();
   s.handles.clear();
@@ -99,7 +100,7 @@ void log(const char* what) noexcept {
     const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
     return e && *e && std::strcmp(e, "0") != 0;
   }();
-  if (on) std::fprintf(stderr, "cusnap-shim[%d]: %s\n", static_cast<int>(::getpid()), what);
+  if (on) say("%s", what);
 }
 
 uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
@@ -139,9 +140,9 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
         // Closed later, if its number still names it; in the fork table until then.
         close_fds->push_back(list_held(ci->second));
         s.cache.erase(ci);
-        s.cache_gen.erase(id);
+        s.cache_meta.erase(id);
         maybe_shrink(s.cache);
-        maybe_shrink(s.cache_gen);
+        maybe_shrink(s.cache_meta);
       }
     }
     s.allocs.erase(it);
@@ -187,7 +188,7 @@ CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle drive
       Lock c(s.cache_mu);
       if (listed.ours() && !s.cache.count(id)) {
         s.cache.emplace(id, HeldFd::of(listed.get()));
-        s.cache_gen[id] = it->second.generation;
+        s.cache_meta[id] = {it->second.generation, it->second.size};
         listed.release();  // the cache's now
       }
       it->second.exported = true;

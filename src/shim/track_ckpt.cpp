@@ -313,7 +313,7 @@ proto::Done release_shared(State& s, const std::string& origin) noexcept {
         if (ci != s.cache.end()) {
           cached = list_held(ci->second);
           s.cache.erase(ci);
-          s.cache_gen.erase(w.id);
+          s.cache_meta.erase(w.id);
         }
       }
       cached.reset();
@@ -387,7 +387,7 @@ proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
             it->second = HeldFd::of(listed.get());
           }
           listed.release();  // the cache's now
-          s.cache_gen[id] = x.generation;
+          s.cache_meta[id] = {x.generation, x.size};
         }
       }
     }

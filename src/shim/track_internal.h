@@ -31,7 +31,8 @@ bool tracking_on() noexcept;
 /// Whether cuMemAlloc is served by exportable VMM allocations
 /// ($CUSNAP_SHIM_LEGACY_VMM, read when tracking starts).
 bool legacy_vmm() noexcept;
-/// One line on stderr when $CUSNAP_SHIM_DEBUG is set.
+/// One line on stderr when $CUSNAP_SHIM_DEBUG is set (say, stderr_line.h: no
+/// lock of the shim's held).
 void log(const char* what) noexcept;
 
 // The tables (track.cpp).

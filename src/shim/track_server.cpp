@@ -33,7 +33,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -54,6 +53,7 @@
 #include "shim/fork_table.h"
 #include "shim/gate.h"
 #include "shim/held_fd.h"
+#include "shim/stderr_line.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
@@ -421,8 +421,11 @@ void serve_peer(State& s, Conn& c) {
       if (fd && !dup.take_locked(fd)) r.error = "no room to hold the descriptor";
     }
     if (dup) {
-      auto g = s.cache_gen.find(req.allocation);
-      r.generation = g == s.cache_gen.end() ? 0 : g->second;
+      auto m = s.cache_meta.find(req.allocation);
+      if (m != s.cache_meta.end()) {
+        r.generation = m->second.generation;
+        r.size = m->second.size;
+      }
     }
   }
   if (dup && !dup.ours()) {  // closed in the process since: never send its file
@@ -521,7 +524,11 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     hold.closed_by_client = hold.released = false;
     sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimDrain) {
-    sent = reply(c, proto::kMsgDone, drain(s));
+    // Only once the gate holds the application's threads: meanwhile they
+    // begin stream captures and destroy contexts under the drain.
+    proto::Done d = gate_closed() ? drain(s) : proto::Done{};
+    if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
+    sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
     // One descriptor per message: parts 0..parts-2 are held, the last runs it.
     proto::AllocationRequest req;
@@ -604,11 +611,45 @@ void open_unattended_gate(GateHold& hold, bool connections, Clock::time_point no
   if (!gate_closed()) return;  // opened in the process meanwhile
   cusnap_shim_build_info.control->gate_open();
   cut::release();
-  std::fprintf(stderr,
-               "cusnap-shim[%d]: the gate stayed closed %llu ms after its client went away; "
-               "it is opened and the application goes on\n",
-               static_cast<int>(::getpid()), static_cast<unsigned long long>(hold.hold_ms()));
+  say("the gate stayed closed %llu ms after its client went away; it is opened and the "
+      "application goes on",
+      static_cast<unsigned long long>(hold.hold_ms()));
 }
+
+/// The end of the control listener, however serve() ends (a poll error, its
+/// socket closed or no longer its own, an exception): no client can reach the
+/// gate or the cut any more. The cut is let go, and a gate a client closed is
+/// opened at once, the shim saying so, unless a release came since the close
+/// (GateHold): the memory it guards is then gone and only a rebuild could let
+/// the threads on; the shim says that the gate stays closed.
+void control_listener_ended(const GateHold& hold, const char* why) noexcept {
+  cut::release();
+  if (!hold.closed_by_client || !gate_closed()) return;
+  if (hold.released) {
+    say("the control socket's listener ended (%s) with the gate closed after a release of "
+        "shared memory; no coordinator can rebuild it now, so the gate stays closed",
+        why);
+    return;
+  }
+  cusnap_shim_build_info.control->gate_open();
+  say("the control socket's listener ended (%s) with the gate closed by a client; it is opened "
+      "and the application goes on",
+      why);
+}
+
+/// Runs control_listener_ended when the control listener's serve() returns or
+/// an exception leaves it.
+struct ControlEnd {
+  ControlEnd(const GateHold& h, bool control) : hold(h), on(control) {}
+  ControlEnd(const ControlEnd&) = delete;
+  ControlEnd& operator=(const ControlEnd&) = delete;
+  ~ControlEnd() {
+    if (on) control_listener_ended(hold, why);
+  }
+  const GateHold& hold;
+  const bool on;
+  const char* why = "out of memory";  // an exception
+};
 
 struct ListenerArg {
   State* s;
@@ -693,6 +734,7 @@ void serve(ListenerArg arg) {
   std::vector<std::unique_ptr<Conn>> conns;
   GateHold hold;
   hold.contact = Clock::now();
+  ControlEnd end(hold, !arg.peer);
   std::vector<struct pollfd> pfds;
   for (;;) {
     // A connection whose number the application closed (and may have reused
@@ -728,15 +770,20 @@ void serve(ListenerArg arg) {
       ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
     }
     const int n = ::poll(pfds.data(), pfds.size(), ms);
-    if (n < 0 && errno != EINTR) return;
+    if (n < 0 && errno != EINTR) {
+      end.why = "poll failed";
+      return;
+    }
     now = Clock::now();
     if (!conns.empty()) hold.contact = now;  // they were open until now
     // The application closed the socket (POLLNVAL), or closed it and its
     // number now names a file of its own: never accept the application's
     // connections. The coordinator finds the socket gone.
     if ((pfds[0].revents & POLLNVAL) ||
-        !listener_is_ours(arg.fd, arg.peer ? s.peer_path : s.ctl_path))
+        !listener_is_ours(arg.fd, arg.peer ? s.peer_path : s.ctl_path)) {
+      end.why = "the application closed its socket";
       return;
+    }
     // One request per connection whose request is whole; the rest wait for
     // theirs until their deadline.
     for (size_t i = 0; i < conns.size();) {
@@ -934,6 +981,15 @@ bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* genera
     }
     if (!reply.ok || (!listed && !unlisted)) {
       *err = reply.error.empty() ? "no descriptor in the reply" : reply.error;
+      return false;
+    }
+    // The importer records the ticket's size (a handle's bytes, which the
+    // application can forge): the creator's must agree. 0: a creator's shim
+    // that does not say.
+    if (reply.size != 0 && reply.size != t.bytes) {
+      *err = "allocation " + std::to_string(t.allocation) + " of process " +
+             std::to_string(t.creator_pid) + " has " + std::to_string(reply.size) +
+             " bytes, the ticket says " + std::to_string(t.bytes);
       return false;
     }
     if (generation) *generation = reply.generation;

@@ -117,8 +117,14 @@ struct State {
   std::atomic<uint64_t> sharing_calls{0};
 
   std::mutex cache_mu;  ///< export cache only; the peer listener takes nothing else
-  std::unordered_map<uint64_t, HeldFd> cache;        ///< local id (created here) -> real descriptor
-  std::unordered_map<uint64_t, uint64_t> cache_gen;  ///< local id -> generation of that descriptor
+  std::unordered_map<uint64_t, HeldFd> cache;  ///< local id (created here) -> real descriptor
+  /// What the peer listener tells an importer of a cached descriptor: the
+  /// generation of the allocation it names, and its size.
+  struct CachedExport {
+    uint64_t generation = 0;
+    uint64_t size = 0;
+  };
+  std::unordered_map<uint64_t, CachedExport> cache_meta;  ///< local id -> its cached descriptor's
 
   // Fixed once tracking starts in this process.
   std::string runtime_dir;

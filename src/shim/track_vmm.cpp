@@ -185,22 +185,24 @@ CUresult mem_import(decltype(&::cuMemImportFromShareableHandle) real,
       int32_t device = 0;
       if (auto gp = REAL(cuMemGetAllocationPropertiesFromHandle); gp && gp(&prop, d) == 0)
         device = prop.location.id;
-      Lock l(s.mu);
-      s.foreign_total++;
-      for (auto& [id, a] : s.allocs)
-        if (a.origin == Alloc::Origin::kForeign && a.driver_held && a.driver == d) {
-          *handle = new_handle(s, id);
-          return CUDA_SUCCESS;
-        }
-      uint64_t id = s.next_alloc++;
-      Alloc a;
-      a.origin = Alloc::Origin::kForeign;
-      a.driver = d;
-      a.device = device;
-      s.allocs.emplace(id, a);
-      s.foreign_alive++;
-      *handle = new_handle(s, id);
-      log("import of a descriptor that is not a ticket (counted as foreign)");
+      {
+        Lock l(s.mu);
+        s.foreign_total++;
+        for (auto& [id, a] : s.allocs)
+          if (a.origin == Alloc::Origin::kForeign && a.driver_held && a.driver == d) {
+            *handle = new_handle(s, id);
+            return CUDA_SUCCESS;
+          }
+        uint64_t id = s.next_alloc++;
+        Alloc a;
+        a.origin = Alloc::Origin::kForeign;
+        a.driver = d;
+        a.device = device;
+        s.allocs.emplace(id, a);
+        s.foreign_alive++;
+        *handle = new_handle(s, id);
+      }
+      log("import of a descriptor that is not a ticket (counted as foreign)");  // s.mu dropped
       return CUDA_SUCCESS;
     }
     unsigned char buf[sizeof(proto::Ticket) + 1];

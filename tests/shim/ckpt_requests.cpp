@@ -7,7 +7,8 @@
 // block (shared through legacy IPC); the importer imports the one and opens the
 // other. The test's own process is the coordinator: it speaks the control
 // protocol (src/proto) to both shims and never calls the driver itself.
-//   - inspect both; save/load/release/reimport refused while the gate is open
+//   - inspect both; drain/save/load/release/reimport refused while the gate is
+//     open (drain was served: it raced with the application's captures)
 //   - gate-close, drain; save of an unknown id, of an import, release of an
 //     unknown origin: refused; a request of another protocol version is told
 //     why and the connection serves on
@@ -286,10 +287,13 @@ int run() {
   REQ(fakecuda_memfds(I, C) >= 2);
   REQ(fakecuda_memfds(C, C) >= 2);
 
-  // While the gate is open, everything but drain is refused, and nothing changes.
+  // While the gate is open, every request of the checkpoint is refused, and
+  // nothing changes.
   {
     UniqueFd f(memfd_create("ckpt-open", MFD_CLOEXEC));
     REQ(f);
+    REQ(refused_with(cs.drain(), "gate is open"));
+    REQ(refused_with(is.drain(), "gate is open"));
     REQ(refused_with(cs.save(vmm_id, f.get()), "gate is open"));
     REQ(refused_with(cs.load(vmm_id, f.get()), "gate is open"));
     REQ(refused_with(cs.release("created"), "gate is open"));

@@ -24,9 +24,16 @@
 //     disconnect, not while a control connection is open, and never after a
 //     "release" came (the memory it guards is gone: only a gate-open opens it)
 //     (before: the gate stayed closed and the workload's calls waited for good)
+//   - the control listener ends (the application closed the shim's control
+//     socket) while a client holds the gate closed: the gate opens at once
+//     and the waiting call returns, well before the hold (before: nothing
+//     could open it any more, and the call waited for good); had a "release"
+//     come, it stays closed. Ends both workloads' control listeners: last.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +68,7 @@ enum Cmd : uint64_t {
   kCaller,      // a thread makes a driver call (waits while the gate is closed)
   kCallerDone,  // replies 1 once that thread's call returned (joined), else 0
   kGateClosed,  // replies 1 while the gate is closed
+  kCloseCtl,    // closes the shim's control socket (as the application may); replies how many
 };
 
 const cusnap_shim_control* control() {
@@ -75,6 +83,30 @@ void* caller_thread(void*) {
   cuDriverGetVersion(&v);
   g_called = true;
   return nullptr;
+}
+
+/// Closes the descriptors of this process that are the shim's listening
+/// control socket (by the address it is bound to); how many.
+uint64_t close_control_socket() {
+  const std::string path = proto::shim_control_socket(g_dir, getpid());
+  std::vector<int> found;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      const int fd = atoi(e->d_name);
+      sockaddr_un a{};
+      socklen_t len = sizeof a;
+      int listening = 0;
+      socklen_t llen = sizeof listening;
+      if (e->d_name[0] == '.' || fd == dirfd(d) ||
+          getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sun_family != AF_UNIX ||
+          getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &llen) != 0 || !listening)
+        continue;
+      if (path == a.sun_path) found.push_back(fd);
+    }
+    closedir(d);
+  }
+  for (int fd : found) close(fd);
+  return found.size();
 }
 
 VmmBuffer g_buf;
@@ -122,6 +154,9 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
       *value = closed ? 1 : 0;
       return 0;
     }
+    case kCloseCtl:
+      *value = close_control_socket();
+      return 0;
     default:
       return 1;
   }
@@ -132,7 +167,7 @@ int workload(int sock) {
 }
 
 Child g_creator, g_importer;
-std::string g_only;  // argv[1]: stuck, peer, many or gate runs that part alone
+std::string g_only;  // argv[1]: stuck, peer, many, gate or ended runs that part alone
 
 /// A raw connection to a socket path (a client that may send anything).
 UniqueFd raw_connect(const std::string& path) {
@@ -261,21 +296,21 @@ int many_clients() {
   return 0;
 }
 
-/// Waits up to ms for the caller's call to return; true when it did.
-bool caller_done_within(long ms) {
+/// Waits up to ms for the caller's call in workload w to return; true when it did.
+bool caller_done_within(long ms, const Child& w = g_creator) {
   const auto t0 = Clock::now();
   for (;;) {
     uint64_t done = 0;
-    if (!command(g_creator, kCallerDone, &done)) return false;
+    if (!command(w, kCallerDone, &done)) return false;
     if (done) return true;
     if (ms_since(t0) > ms) return false;
     usleep(20000);
   }
 }
 
-bool gate_closed() {
+bool gate_closed(const Child& w = g_creator) {
   uint64_t closed = 0;
-  return command(g_creator, kGateClosed, &closed) && closed == 1;
+  return command(w, kGateClosed, &closed) && closed == 1;
 }
 
 int gate_hold() {
@@ -332,6 +367,39 @@ int gate_hold() {
   return 0;
 }
 
+/// A client closes workload w's gate (and releases its memory when
+/// `release`), a thread of w waits at the gate, then w closes the shim's
+/// control socket; the client's next request wakes the listener, which finds
+/// its socket gone and ends (the client's connection with it).
+bool listener_ends_with_gate_closed(const Child& w, bool release) {
+  Shim c;
+  REQB(connect_short(&c, w.pid));
+  REQB(c.gate_close().ok);
+  if (release) REQB(c.release("imported").ok);
+  REQB(command(w, kCaller));
+  usleep(200000);
+  REQB(!caller_done_within(0, w));
+  uint64_t closed = 0;
+  REQB(command(w, kCloseCtl, &closed) && closed == 1);
+  proto::ShimRecords r;
+  REQB(!c.inspect(&r));
+  return true;
+}
+
+int listener_ended() {
+  REQ(listener_ends_with_gate_closed(g_creator, false));
+  const auto t0 = Clock::now();
+  REQ(caller_done_within(kHoldMs / 2));  // at once, not after the hold
+  fprintf(stderr, "the control listener ended: the gate opened after %ld ms\n", ms_since(t0));
+  REQ(!gate_closed());
+
+  REQ(listener_ends_with_gate_closed(g_importer, true));
+  usleep((kHoldMs + 1000) * 1000);
+  REQ(gate_closed(g_importer));
+  REQ(!caller_done_within(0, g_importer));
+  return 0;
+}
+
 int run() {
   setenv("CUSNAP_CONTROL_TIMEOUT", "20", 1);
   setenv("CUSNAP_CUT_HOLD_MS", std::to_string(kHoldMs).c_str(), 1);
@@ -344,6 +412,7 @@ int run() {
   REQ(!part("peer") || silent_peer_client() == 0);
   REQ(!part("many") || many_clients() == 0);
   REQ(!part("gate") || gate_hold() == 0);
+  REQ(!part("ended") || listener_ended() == 0);  // last: the listeners are gone after it
   REQ(cmds::finish(g_creator) && cmds::finish(g_importer));
   return 0;
 }

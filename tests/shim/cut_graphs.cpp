@@ -261,8 +261,11 @@ int run() {
   REQ(command(kJoinFork));
   REQ(launched() == 19);  // b captures: its collective runs at the instance's launches
   // A drain while the capture is under way is refused: its cuCtxSynchronize
-  // would invalidate the capture (kJoinEnd then fails).
+  // would invalidate the capture (kJoinEnd then fails). As the coordinator
+  // does: the gate closed first, opened again after the refusal.
+  REQ(g_shim.gate_close().ok);
   REQ(refused_with(g_shim.drain(), "stream capture"));
+  REQ(g_shim.gate_open().ok);
   REQ(command(kJoinEnd));
   REQ(launched() == 19);
   REQ(command(kLaunchJ));

@@ -17,14 +17,20 @@
 //     go by the shim itself after 4000 ms at least, the cut dropped
 //   - "arm" without hold_ms again: the shim's limit applies again (a hold_ms
 //     of an earlier arm is not kept)
+//   - the workload's stderr a pipe that is full (its reader reads nothing):
+//     the shim's line about the dropped cut is not written, and the launch
+//     comes back as before (before: the shim waited in that write, holding
+//     the cut's lock, and the launch and every "cut" request waited for good)
 // Each dropped cut lets the launch through: the count goes up by one.
 // The lower bounds hold on any machine (the shim's deadline starts after the
 // command was sent; 10 ms for the clock's whole milliseconds); the upper
 // bounds are generous, for a loaded machine.
+#include <fcntl.h>
 #include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -48,7 +54,22 @@ constexpr long kSlackMs = 10;
 enum Cmd : uint64_t {
   kLaunch = 1,  // one launch of the collective, then its stream synchronized
   kFinish,
+  kFullStderr,  // stderr becomes a pipe filled to the brim, whose reader never reads
 };
+
+/// Makes stderr a full pipe, writes to which wait (blocking, its reader
+/// open); true when done.
+bool full_stderr() {
+  static int pipe_fds[2] = {-1, -1};  // the reader stays open, unread
+  if (pipe(pipe_fds) != 0 || fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK) != 0) return false;
+  static const char page[4096] = {};
+  while (write(pipe_fds[1], page, sizeof page) > 0) {
+  }
+  if (errno != EAGAIN || fcntl(pipe_fds[1], F_SETFL, 0) != 0) return false;
+  pollfd p{pipe_fds[1], POLLOUT, 0};
+  if (poll(&p, 1, 0) != 0) return false;  // no room
+  return dup2(pipe_fds[1], STDERR_FILENO) == STDERR_FILENO && close(pipe_fds[1]) == 0;
+}
 
 int workload(int sock) {
   CUcontext ctx;
@@ -64,6 +85,10 @@ int workload(int sock) {
     uint64_t cmd = 0;
     if (!recv_u64(sock, &cmd)) return 1;
     if (cmd == kFinish) return 0;
+    if (cmd == kFullStderr) {
+      if (!send_u64(sock, full_stderr() ? 0 : 1)) return 1;
+      continue;
+    }
     if (cmd != kLaunch) return 1;
     const bool ok =
         cuLaunchKernel(coll, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr) == CUDA_SUCCESS &&
@@ -160,7 +185,12 @@ int run() {
   REQ(hold_alone(0, 0, kLongHold - 500, &took));
   REQ(took >= kShimLimit - kSlackMs);
 
-  REQ(launched() == 5);
+  // stderr full: the shim drops its line rather than wait with the cut's lock.
+  REQ(send_u64(g_job.sock, kFullStderr) && recv_u64(g_job.sock, &r) && r == 0);
+  REQ(hold_alone(0, 0, kLongHold - 500, &took));
+  REQ(took >= kShimLimit - kSlackMs);
+
+  REQ(launched() == 6);
   REQ(send_u64(g_job.sock, kFinish));
   REQ(g_job.join() == 0);
   return 0;

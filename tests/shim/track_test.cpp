@@ -126,7 +126,8 @@ bool poke(const std::string& path, const std::string& bytes, bool read_reply) {
 }  // namespace
 
 /// Peers that die mid-exchange, malformed and oversized messages on both
-/// sockets, a creator that dies: the shim keeps serving and never crashes.
+/// sockets, a creator that dies: the shim keeps serving and never crashes. A
+/// ticket whose size is not the allocation's is refused.
 int hostile() {
   setenv("CUSNAP_CONTROL_TIMEOUT", "1", 1);
   REQ_OK(init_primary());
@@ -189,11 +190,22 @@ int hostile() {
     REQ(ch.send(proto::kMsgGateOpen, proto::Empty{}, &err));
     REQ(ch.recv(&m, &err) && m.get(&done, &err) && done.ok);
   }
-  // Still serving: a child imports and reads.
+  // Still serving: a child imports and reads. First a copy of its ticket
+  // that says another size (a ticket memfd anyone can make): the creator's
+  // reply says the allocation's, and the import is refused (before, it was
+  // recorded with the ticket's size).
   Child c = spawn([&](int sock) {
     FC_REQ(init_primary() == CUDA_SUCCESS);
     int t = recv_fd(sock);
+    proto::Ticket forged{};
+    FC_REQ(pread(t, &forged, sizeof forged, 0) == sizeof forged && forged.bytes == kMiB2);
+    forged.bytes = 2 * kMiB2;
+    UniqueFd fk(memfd_create(proto::kTicketMemfdName, MFD_CLOEXEC));
+    FC_REQ(fk && pwrite(fk.get(), &forged, sizeof forged, 0) == sizeof forged);
     CUmemGenericAllocationHandle h;
+    FC_REQ(import_fd(fk.get(), &h) == CUDA_ERROR_INVALID_HANDLE);
+    proto::ShimRecords rc;
+    FC_REQ(inspect(getpid(), &rc) && rc.allocations.empty());
     FC_REQ(import_fd(t, &h) == CUDA_SUCCESS);
     CUdeviceptr p;
     FC_REQ(vmm_map_handle(h, kMiB2, &p) == CUDA_SUCCESS);
