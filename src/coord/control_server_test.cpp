@@ -467,10 +467,17 @@ TEST_CASE("control server: a request longer than kMaxRequestBytes is refused unr
   const std::string pad(proto::kMaxRequestBytes, 'x');
   const std::string body = proto::encode_body(proto::kMsgHello, pad);
   REQUIRE(body.size() > proto::kMaxRequestBytes);
-  REQUIRE(ch.send_body(body, -1, &err));
-  proto::Message m;
-  CHECK(!ch.recv(&m, &err));  // closed, or reset: the server left the body unread
-  CHECK((err == "connection closed" || err.find("reset") != std::string::npos));
+  // The server closes the connection once it has read the length: the
+  // sending fails (EPIPE, reset) when that comes before the body is in the
+  // socket's buffer, else the reading.
+  if (ch.send_body(body, -1, &err)) {
+    proto::Message m;
+    CHECK(!ch.recv(&m, &err));  // closed, or reset: the server left the body unread
+    CHECK((err == "connection closed" || err.find("reset") != std::string::npos));
+  } else {
+    INFO(err);
+    CHECK((err.find("Broken pipe") != std::string::npos || err.find("reset") != std::string::npos));
+  }
   // The server goes on serving.
   proto::JobStatus st;
   REQUIRE(job_hello(f.entry, 1000ms, &st, &err));
