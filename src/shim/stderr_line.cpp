@@ -2,7 +2,6 @@
 #include "shim/stderr_line.h"
 
 #include <poll.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,13 +9,14 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "shim/gate.h"
+
 namespace cusnap::shim {
 
 void write_stderr(const char* text, size_t n) noexcept {
   if (n == 0) return;
   // send, poll and write are cancellation points; callers are noexcept hooks.
-  int old = PTHREAD_CANCEL_ENABLE;
-  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+  const NoCancel no_cancel;
   const int saved = errno;
   if (::send(STDERR_FILENO, text, n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno == ENOTSOCK) {
     // A pipe reports room once it has a free page: a write of up to a page
@@ -31,7 +31,6 @@ void write_stderr(const char* text, size_t n) noexcept {
     }
   }
   errno = saved;
-  pthread_setcancelstate(old, nullptr);
 }
 
 void say(const char* fmt, ...) noexcept {
