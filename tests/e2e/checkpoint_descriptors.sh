@@ -18,11 +18,8 @@ soft=$(prlimit --pid "$SUP" --nofile --output SOFT --noheadings | tr -d ' ')
 prlimit --pid "$SUP" --nofile=$((open + 12)):  # the soft limit; the hard one stays
 pass "job of ${#TREE[@]} processes; its supervisor's descriptor limit lowered to $((open + 12))"
 
-rc=0
-"$CUSNAP" checkpoint many -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || rc=$?
-[ "$rc" = 1 ] || fail "checkpoint exited $rc, expected 1: $(cat "$T/ckpt.out")"
-grep -q 'cannot hold its process [0-9]* (pidfd_open: Too many open files).*ulimit -n.*nothing was changed' "$T/ckpt.out" ||
-  fail "the refusal does not name the descriptor limit: $(cat "$T/ckpt.out")"
+expect_refused 1 'cannot hold its process [0-9]* \(pidfd_open: Too many open files\).*ulimit -n.*nothing was changed' \
+  "$CUSNAP" checkpoint many -o "$T/ckpt"
 [ ! -e "$T/ckpt" ] || fail "the refused checkpoint left $T/ckpt behind"
 for p in "${TREE[@]}"; do
   state=$(awk '/^State:/ {print $2}' "/proc/$p/status" 2>/dev/null) || fail "process $p of the job is gone"
