@@ -153,7 +153,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     if (std::string err; !proto::control_timeout_checked(&ms, &err)) {
       if (wants_json(app, argc, argv))
         print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", err}});
-      std::fprintf(stderr, "cusnap: error: %s\n", terminal_text(err).c_str());
+      std::fprintf(stderr, "cusnap: error: %s\n", shown(err, Breaks::keep).c_str());
       return kExitUsage;
     }
     return -1;
@@ -169,7 +169,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     if (wants_json(app, argc, argv))
       print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", msg}});
     std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n",
-                 terminal_text(msg).c_str(), app.get_name().c_str());
+                 shown(msg, Breaks::keep).c_str(), app.get_name().c_str());
     return kExitUsage;
   }
 }
@@ -250,24 +250,8 @@ std::string unreadable_hint(int e, const std::string& action) {
   return ": check the file system it is on, and try again";
 }
 
-std::string terminal_text(const std::string& msg) {
-  std::string text;
-  text.reserve(msg.size());
-  for (char ch : msg) {
-    const auto c = static_cast<unsigned char>(ch);
-    if ((c >= 0x20 && c != 0x7f) || c == '\n' || c == '\t') {
-      text += ch;
-    } else {
-      char buf[5];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      text += buf;
-    }
-  }
-  return text;
-}
-
 int fail(int code, const std::string& msg) {
-  std::fprintf(stderr, "cusnap: error: %s\n", terminal_text(msg).c_str());
+  std::fprintf(stderr, "cusnap: error: %s\n", shown(msg, Breaks::keep).c_str());
   return code;
 }
 
@@ -361,12 +345,12 @@ std::string human_duration(int64_t s) {
   return buf;
 }
 
-std::string shown(const std::string& text) {
+std::string shown(const std::string& text, Breaks breaks) {
   std::string out;
   out.reserve(text.size());
   for (char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c != 0x7f) {
+    if ((c >= 0x20 && c != 0x7f) || (breaks == Breaks::keep && (c == '\n' || c == '\t'))) {
       out += ch;
     } else if (c == '\n') {
       out += "\\n";

@@ -110,22 +110,23 @@ int finish_supervised(const SuperviseOutcome& out);
 /// again once its file system reads.
 std::string unreadable_hint(int e, const std::string& action);
 
-/// msg for the terminal: its control characters but line breaks and tabs
-/// shown as \xNN (a name or path the user gave may hold an escape sequence,
-/// which would act on the terminal).
-std::string terminal_text(const std::string& msg);
-
-/// "cusnap: error: MSG" on stderr, through terminal_text; returns code.
+/// "cusnap: error: MSG" on stderr, through shown(MSG, Breaks::keep); returns
+/// code.
 int fail(int code, const std::string& msg);
 /// Same, and with json also {"ok": false, "exit_code", "error"} on stdout.
 int fail_json(bool json, int code, const std::string& msg);
 /// Prints a JSON value on stdout, one document per line.
 void print_json(const nlohmann::json& j);
 
+/// How shown() treats a line break or tab: escaped (a name, a path, a
+/// command line shown on one line) or kept (an error message of several
+/// lines).
+enum class Breaks { escape, keep };
 /// text for a terminal: control bytes (a newline, an escape sequence) as
 /// \n, \t, \r or \xNN, so that a name or command line read from a file or
-/// another process cannot rewrite the screen. Other bytes are kept.
-std::string shown(const std::string& text);
+/// another process cannot rewrite the screen. Other bytes are kept, and with
+/// Breaks::keep line breaks and tabs too.
+std::string shown(const std::string& text, Breaks breaks = Breaks::escape);
 /// Arguments for the terminal: each shown, space-separated.
 std::string shown_args(const std::vector<std::string>& args);
 

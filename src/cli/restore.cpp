@@ -87,13 +87,14 @@ bool parse_device_map(const std::string& text, std::map<std::string, std::string
   return true;
 }
 
-/// A bad --device-map is a bad command line, said as CLI11 says one.
-CLI::Validator device_map_check() {
+/// A bad --device-map is a bad command line, said as CLI11 says one; a good
+/// one is parsed into *map as it is read.
+CLI::Validator device_map_check(std::map<std::string, std::string>* map) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
-        std::map<std::string, std::string> map;
+      [map](std::string& text) -> std::string {
+        map->clear();
         std::string err;
-        return parse_device_map(text, &map, &err) ? "" : err;
+        return parse_device_map(text, map, &err) ? "" : err;
       },
       "", "device map");
 }
@@ -115,12 +116,11 @@ int cmd_restore(int argc, char** argv) {
   add_name_option(app, &req.cfg.name, "Job name (default: the name recorded in the checkpoint)");
   app.add_flag("--detach", req.detach,
                "Supervise the restored job in the background; output goes only to its log");
-  CLI::Option* map_opt =
-      app.add_option("--device-map", device_map,
-                     "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated; "
-                     "each OLD and each NEW at most once")
-          ->check(device_map_check())
-          ->type_name("OLD=NEW,...");
+  app.add_option("--device-map", device_map,
+                 "Restore onto other GPUs: OLD=NEW pairs (index or UUID), comma-separated; "
+                 "each OLD and each NEW at most once")
+      ->check(device_map_check(&req.engine.device_map))
+      ->type_name("OLD=NEW,...");
   add_runtime_dir_option(app, &req.cfg.runtime_dir);
   add_timeout_option(app, &timeout_s, "each phase", true);
   add_control_timeout_option(app, &control_s);
@@ -128,10 +128,7 @@ int cmd_restore(int argc, char** argv) {
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;
 
-  std::string err;
-  // Checked as it was parsed (device_map_check).
-  if (map_opt->count() > 0 && !parse_device_map(device_map, &req.engine.device_map, &err))
-    return fail_json(json, kExitUsage, "--device-map: " + err);
+  std::string err;  // req.engine.device_map: read as it was parsed (device_map_check)
   if (!proto::check_env_settings(false, true, &err)) return fail_json(json, kExitUsage, err);
   char abs[PATH_MAX];
   if (::realpath(dir.c_str(), abs) == nullptr) {
