@@ -61,9 +61,11 @@ bool fill_sockaddr(const std::string& path, sockaddr_un* sa, socklen_t* len, std
 /// Receives exactly n bytes into buf, collecting every descriptor that arrives
 /// in *fds. Any control data other than SCM_RIGHTS, or truncated control data,
 /// is an error (the descriptors received so far stay in *fds to be closed).
+/// *got: the bytes received, also when it fails.
 bool recv_exact(int fd, char* buf, size_t n, Clock::time_point deadline, std::vector<UniqueFd>* fds,
-                bool* closed_at_start, std::string* err) {
-  size_t got = 0;
+                size_t* got_out, std::string* err) {
+  size_t& got = *got_out;
+  got = 0;
   while (got < n) {
     iovec iov{buf + got, n - got};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
@@ -82,6 +84,8 @@ bool recv_exact(int fd, char* buf, size_t n, Clock::time_point deadline, std::ve
       *err = errno_text("recvmsg");
       return false;
     }
+    const size_t before = got;
+    got += static_cast<size_t>(r);
     bool bad_control = false;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -104,14 +108,50 @@ bool recv_exact(int fd, char* buf, size_t n, Clock::time_point deadline, std::ve
       return false;
     }
     if (r == 0) {
-      if (got == 0 && closed_at_start) *closed_at_start = true;
-      *err = got == 0 ? "connection closed" : "connection closed in the middle of a message";
+      *err = before == 0 ? "connection closed" : "connection closed in the middle of a message";
       return false;
     }
-    got += static_cast<size_t>(r);
   }
   return true;
 }
+
+/// Reads a body's array and map headers before the decoder does. The decoder
+/// allocates a container's elements (24 bytes each) as it reads its count,
+/// so counts each within the body's size still add up, nested 32 deep, to
+/// 32 times 24 bytes per byte of the body. Every element at every depth takes
+/// at least one byte of its own (a map's pair two), so the counts of a body
+/// that is what it claims add up to less than its size: a larger sum is
+/// refused before anything is allocated.
+struct DeclaredElements : msgpack::null_visitor {
+  explicit DeclaredElements(size_t bytes) : left(bytes) {}
+  size_t left;
+  size_t depth = 0;
+  bool too_many = false;
+  bool too_deep = false;
+
+  bool take(uint64_t elements) {
+    if (++depth > kMaxNesting) {
+      too_deep = true;
+      return false;
+    }
+    if (elements > left) {
+      too_many = true;
+      return false;
+    }
+    left -= size_t(elements);
+    return true;
+  }
+  bool start_array(uint32_t n) { return take(n); }
+  bool end_array() {
+    --depth;
+    return true;
+  }
+  bool start_map(uint32_t n) { return take(uint64_t(n) * 2); }
+  bool end_map() {
+    --depth;
+    return true;
+  }
+};
 
 }  // namespace
 
@@ -125,10 +165,21 @@ bool decode_body(std::string_view body, Message* out, std::string* err) {
     return false;
   }
   try {
+    DeclaredElements declared(body.size());
+    std::size_t scanned = 0;
+    // A body this fails otherwise (truncated, a never-used byte) the
+    // decoder below refuses with its own words.
+    if (!msgpack::parse(body.data(), body.size(), scanned, declared) &&
+        (declared.too_many || declared.too_deep)) {
+      *err = declared.too_deep ? "message nests arrays and maps deeper than " +
+                                     std::to_string(kMaxNesting) + " levels"
+                               : "message declares more array and map elements than its " +
+                                     std::to_string(body.size()) + " bytes can hold";
+      return false;
+    }
     std::size_t off = 0;
-    // The parser allocates an array's or a map's elements when it reads
-    // their count: bound every count by what the body can hold (each element
-    // takes at least one byte), so a few bytes cannot ask for gigabytes.
+    // Each count on its own is bounded too (each element takes at least
+    // one byte), as a second guard.
     const std::size_t n = body.size();
     const msgpack::unpack_limit limit(n, n / 2, n, n, n, kMaxNesting);
     msgpack::object_handle oh =
@@ -235,7 +286,12 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
   const auto deadline = Clock::now() + timeout_;
   std::vector<UniqueFd> fds;  // closes everything on any error path
   unsigned char hdr[4];
-  if (!recv_exact(fd_.get(), reinterpret_cast<char*>(hdr), 4, deadline, &fds, nullptr, err)) {
+  size_t got = 0;
+  if (!recv_exact(fd_.get(), reinterpret_cast<char*>(hdr), 4, deadline, &fds, &got, err)) {
+    // Nothing read yet (a timeout, a closed peer): the stream is in step,
+    // and a later recv may wait again. Part of a length read, or a message
+    // whose control data was refused: the next bytes are no message's start.
+    if (got > 0) fd_.reset();
     if (*err == "timed out") *err = "timed out waiting for a message";
     return false;
   }
@@ -248,7 +304,7 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
     return false;
   }
   body->resize(n);
-  if (!recv_exact(fd_.get(), body->data(), n, deadline, &fds, nullptr, err)) {
+  if (!recv_exact(fd_.get(), body->data(), n, deadline, &fds, &got, err)) {
     if (*err == "timed out") *err = "timed out in the middle of a message";
     fd_.reset();
     return false;

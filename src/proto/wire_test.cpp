@@ -284,7 +284,54 @@ TEST_CASE("wire: truncated control data is rejected without leaking a descriptor
   std::string err;
   CHECK(!p.b.recv(&m, &err));
   CHECK(err.find("truncated") != std::string::npos);
-  CHECK(open_fd_count() == before);
+  // The refused bytes were read: the stream is out of step, and the
+  // channel closed (its own descriptor, too, is gone).
+  CHECK(p.b.fd() < 0);
+  CHECK(open_fd_count() == before - 1);
+}
+
+TEST_CASE("wire: a length read in part closes the channel; a wait with nothing read does not") {
+  Pair p(std::chrono::milliseconds(100));
+  Message m;
+  std::string err;
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err == "timed out waiting for a message");
+  REQUIRE(p.b.fd() >= 0);  // nothing was read: a later recv may wait again
+  const std::string f = frame(encode_body("x", Empty{}));
+  send_raw(p.a.fd(), f.substr(0, 2), {});
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err == "timed out waiting for a message");
+  // Half a length was taken: what follows is not a message's start.
+  CHECK(p.b.fd() < 0);
+  CHECK(!p.b.recv(&m, &err));
+  CHECK(err == "channel is closed");
+}
+
+TEST_CASE("wire: counts that add up past the body's size are refused before decoding") {
+  Message m;
+  std::string err;
+  // [1, "t", [[[ ... ]]]]: 31 nested array32 headers, each claiming 60000
+  // elements. Each count alone is within the body's size; together they
+  // would have the decoder allocate some 45 MiB for a 64 KiB body.
+  std::string body("\x93\x01\xa1t", 4);
+  for (int i = 0; i < 31; ++i) body += std::string("\xdd\x00\x00\xea\x60", 5);
+  body.resize(64u << 10, '\xc0');  // nils: the bytes the counts are checked against
+  CHECK(!decode_body(body, &m, &err));
+  CHECK(err == "message declares more array and map elements than its 65536 bytes can hold");
+
+  // Deeper than kMaxNesting: refused by name.
+  std::string deep("\x93\x01\xa1t", 4);
+  for (size_t i = 0; i < kMaxNesting + 1; ++i) deep += '\x91';
+  deep += '\xc0';
+  CHECK(!decode_body(deep, &m, &err));
+  CHECK(err.find("deeper than 32 levels") != std::string::npos);
+
+  // A body whose counts are true, as deep as allowed, decodes.
+  std::string ok("\x93\x01\xa1t", 4);
+  for (size_t i = 0; i < kMaxNesting - 1; ++i) ok += '\x92';
+  ok += std::string(kMaxNesting, '\xc0');
+  REQUIRE(decode_body(ok, &m, &err));
+  CHECK(m.type == "t");
 }
 
 TEST_CASE("wire: a descriptor with a malformed body is closed") {
