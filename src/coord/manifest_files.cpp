@@ -114,6 +114,10 @@ bool shared_memory_saved(const std::string& dir, const Manifest& m, std::string*
              ": the checkpoint is corrupted";
       return false;
     }
+    if (std::string why; !proto::records_valid(r, &why)) {
+      *err = path + ": " + why + ": the checkpoint is corrupted";
+      return false;
+    }
     for (const proto::AllocationRecord& a : r.allocations) {
       if (!is_shared_creation(a)) continue;
       uint64_t held = 0;

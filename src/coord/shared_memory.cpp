@@ -64,14 +64,16 @@ uint64_t SharedMemory::shared_bytes() const {
   uint64_t n = 0;
   for (auto& p : procs_)
     for (auto& a : p->records.allocations)
-      if (is_shared_creation(a)) n += a.size;
+      if (is_shared_creation(a)) n = a.size > UINT64_MAX - n ? UINT64_MAX : n + a.size;
   return n;
 }
 
 std::chrono::milliseconds SharedMemory::bulk_timeout(uint64_t bytes) const {
   // The phase bound plus the bytes at 0.5 GB/s, so a large copy is never cut
-  // short while a stuck one still ends.
-  return t_.phase + std::chrono::milliseconds(bytes / 500000);
+  // short while a stuck one still ends; kMaxRecordBytes (the most a record
+  // may name) takes some 6.5 days, which keeps deadlines far from overflow.
+  const uint64_t capped = bytes < proto::kMaxRecordBytes ? bytes : proto::kMaxRecordBytes;
+  return t_.phase + std::chrono::milliseconds(capped / 500000);
 }
 
 bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>& cuda,

@@ -203,6 +203,10 @@ bool SharedMemory::load_records(const std::string& dir, const std::vector<pid_t>
              std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid);
       return false;
     }
+    if (std::string why; !proto::records_valid(p->records, &why)) {
+      *err = path + ": " + why + ": the checkpoint is corrupted";
+      return false;
+    }
     // The restored shims' gates are closed as they were dumped.
     p->gate_closed = true;
     procs_.push_back(std::move(p));

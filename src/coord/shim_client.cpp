@@ -109,6 +109,11 @@ bool ShimClient::inspect(proto::ShimRecords* out, std::string* err) {
            std::to_string(proto::kShimRecordsFormat) + "): the shim and cusnap differ";
     return false;
   }
+  if (!proto::records_valid(*out, &why)) {
+    *err = who + "its records are malformed (" + why + ")";
+    ch_ = proto::Channel();
+    return false;
+  }
   return true;
 }
 

@@ -1,5 +1,6 @@
 #include "proto/shim_messages.h"
 
+#include <cstdint>
 #include <cstdio>
 
 namespace cusnap::proto {
@@ -19,6 +20,57 @@ std::string shim_peer_socket(const std::string& runtime_dir, int64_t pid) {
 
 std::string shim_control_socket(const std::string& runtime_dir, int64_t pid) {
   return runtime_dir + "/shim-ctl." + std::to_string(pid) + ".sock";
+}
+
+namespace {
+
+/// A range [start, start + size) of at most kMaxRecordBytes that does not wrap.
+bool range_fits(uint64_t start, uint64_t size) {
+  return size <= kMaxRecordBytes && start <= UINT64_MAX - size;
+}
+
+}  // namespace
+
+bool records_valid(const ShimRecords& r, std::string* why) {
+  for (const AllocationRecord& a : r.allocations) {
+    const std::string who = "allocation " + std::to_string(a.id);
+    if (a.origin != "created" && a.origin != "imported" && a.origin != "foreign") {
+      *why = who + " has the unknown origin '" + a.origin.substr(0, 32) + "'";
+      return false;
+    }
+    if (a.size > kMaxRecordBytes) {
+      *why = who + " has the size " + std::to_string(a.size) + ", past " +
+             std::to_string(kMaxRecordBytes);
+      return false;
+    }
+  }
+  for (const MappingRecord& m : r.mappings)
+    if (!range_fits(m.address, m.size) || !range_fits(m.offset, m.size)) {
+      *why = "the mapping at " + std::to_string(m.address) + " of " + std::to_string(m.size) +
+             " bytes (offset " + std::to_string(m.offset) + ") wraps around or is too large";
+      return false;
+    }
+  for (const IpcRecord& m : r.ipc)
+    if (!range_fits(m.address, m.size)) {
+      *why = "the IPC mapping at " + std::to_string(m.address) + " of " + std::to_string(m.size) +
+             " bytes wraps around or is too large";
+      return false;
+    }
+  for (const MulticastRecord& m : r.multicast) {
+    if (m.size > kMaxRecordBytes) {
+      *why = "multicast object " + std::to_string(m.handle) + " has the size " +
+             std::to_string(m.size) + ", past " + std::to_string(kMaxRecordBytes);
+      return false;
+    }
+    for (const McBindingRecord& b : m.bindings)
+      if (!range_fits(b.mc_offset, b.size) || !range_fits(b.mem_offset, b.size) ||
+          !range_fits(b.address, b.size)) {
+        *why = "a binding of multicast object " + std::to_string(m.handle) +
+               " wraps around or is too large";
+        return false;
+      }
+  }
+  return true;
 }
 
 bool ticket_valid(const void* data, size_t n, Ticket* out, std::string* err) {

@@ -249,6 +249,16 @@ struct ShimRecords {
                      foreign_imports_alive, foreign_imports_total, sharing_calls);
 };
 
+/// The largest size a record may give an allocation, a mapping or a
+/// multicast object: 256 TiB, beyond any GPU's memory, so that sums and
+/// offsets of valid records cannot overflow.
+inline constexpr uint64_t kMaxRecordBytes = 1ull << 48;
+
+/// Checks records a shim sent or a checkpoint holds beyond their types:
+/// every origin known, every size at most kMaxRecordBytes, no address or
+/// offset whose range wraps around. false + *why (the first fault) otherwise.
+bool records_valid(const ShimRecords& r, std::string* why);
+
 /// An export ticket: the whole content of the memfd an export returns.
 struct Ticket {
   char magic[8];  ///< kTicketMagic

@@ -80,6 +80,50 @@ TEST_SUITE("proto.shim_messages") {
     CHECK(back.foreign_imports_alive == 1);
   }
 
+  TEST_CASE("records are checked beyond their types: origins, sizes, wrapping ranges") {
+    ShimRecords r;
+    r.pid = 9;
+    r.allocations.push_back({1, "created", 9, 100, 1, 2 << 20, 0, 1, true, false});
+    r.allocations.push_back({2, "imported", 8, 50, 4, 2 << 20, 0, 1, false, false});
+    r.allocations.push_back({3, "foreign", 0, 0, 0, 4096, 0, 1, false, false});
+    r.mappings.push_back({0x7000, 2 << 20, 0, 1, 0, {}});
+    r.ipc.push_back({0x9000, 2 << 20, 1, 2});
+    MulticastRecord m;
+    m.handle = 5;
+    m.size = 2 << 20;
+    m.bindings.push_back({1, 2, 0, 1, 0, 0, 2 << 20});
+    r.multicast.push_back(m);
+    std::string why;
+    REQUIRE(records_valid(r, &why));
+
+    ShimRecords bad = r;
+    bad.allocations[1].origin = "borrowed";
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why == "allocation 2 has the unknown origin 'borrowed'");
+    bad = r;
+    bad.allocations[0].size = kMaxRecordBytes + 1;  // summed into a copy's deadline
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why.find("allocation 1 has the size 281474976710657") == 0);
+    bad = r;
+    bad.mappings[0].address = UINT64_MAX - 4096;
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why.find("wraps around") != std::string::npos);
+    bad = r;
+    bad.mappings[0].offset = UINT64_MAX;
+    CHECK_FALSE(records_valid(bad, &why));
+    bad = r;
+    bad.ipc[0].size = UINT64_MAX;
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why.find("the IPC mapping") == 0);
+    bad = r;
+    bad.multicast[0].bindings[0].mc_offset = UINT64_MAX - 1;
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why == "a binding of multicast object 5 wraps around or is too large");
+    bad = r;
+    bad.multicast[0].size = UINT64_MAX;
+    CHECK_FALSE(records_valid(bad, &why));
+  }
+
   TEST_CASE("cut requests: hold_ms is optional both ways (protocol version 1)") {
     // A request of an older client (no hold_ms) is read as hold_ms 0.
     Message msg;
