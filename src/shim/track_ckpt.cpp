@@ -266,6 +266,14 @@ proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) 
   }
 }
 
+bool shared_released(State& s) noexcept {
+  Lock l(s.mu);
+  if (s.mc_released && !s.multicast.empty()) return true;
+  for (const auto& [id, a] : s.allocs)
+    if (a.released) return true;
+  return false;
+}
+
 proto::Done release_shared(State& s, const std::string& origin) noexcept {
   try {
     const bool imported = origin == "imported";

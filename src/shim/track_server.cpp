@@ -464,8 +464,9 @@ bool gate_closed() {
 /// thread alone. Such a gate that no client looks after any more (no control
 /// connection open) opens again by itself after the hold (the cut's:
 /// $CUSNAP_CUT_HOLD_MS, or the longer hold_ms of the last "arm"), unless a
-/// "release" came since it closed: the shared memory it guards is then gone,
-/// and only the coordinator's rebuild (or its guardian's) may let threads on.
+/// "release" took shared memory away since it closed: that memory is then
+/// gone, and only the coordinator's rebuild (or its guardian's) may let
+/// threads on.
 struct GateHold {
   bool closed_by_client = false;
   bool released = false;
@@ -574,8 +575,11 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     } else if (!gate_closed()) {
       d.error = "the gate is open: close it first";
     } else {
-      hold.released = true;  // from here on only a gate-open lets the threads on
       d = release_shared(s, req.origin);
+      // From here on only a gate-open lets the threads on, if memory is
+      // gone: a release that found nothing of this process shared, or
+      // failed before it released anything, leaves the gate to its hold.
+      if (shared_released(s)) hold.released = true;
     }
     sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimCut) {

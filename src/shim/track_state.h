@@ -177,6 +177,9 @@ proto::ShimRecords snapshot(State& s);
 proto::Done drain(State& s) noexcept;
 proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done release_shared(State& s, const std::string& origin) noexcept;
+/// Whether memory a release took away is still gone (an allocation not yet
+/// loaded or reimported, or multicast objects not rebuilt). Takes s.mu.
+bool shared_released(State& s) noexcept;
 proto::Done load_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done reimport_shared(State& s) noexcept;
 /// The driver's handle for a multicast handle the application holds.

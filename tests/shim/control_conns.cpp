@@ -22,8 +22,10 @@
 //   - a gate closed by a client that then goes away opens again by itself
 //     after the hold ($CUSNAP_CUT_HOLD_MS, 1.5 s here): not at the
 //     disconnect, not while a control connection is open, and never after a
-//     "release" came (the memory it guards is gone: only a gate-open opens it)
-//     (before: the gate stayed closed and the workload's calls waited for good)
+//     "release" took memory away (the memory it guards is gone: only a
+//     gate-open opens it) (before: the gate stayed closed and the workload's
+//     calls waited for good); a release that found nothing shared there
+//     leaves it to the hold (before: closed for good, nothing being gone)
 //   - the control listener ends (the application closed the shim's control
 //     socket) while a client holds the gate closed: the gate opens at once
 //     and the waiting call returns, well before the hold (before: nothing
@@ -65,6 +67,7 @@ enum Cmd : uint64_t {
   kInit = 1,    // context
   kExport,      // (creator) an allocation exported as a ticket, sent to the test
   kImport,      // (importer) takes a ticket; imports and releases it; replies the ms it took
+  kImportKeep,  // (importer) takes a ticket; imports it and keeps it (shared memory to release)
   kCaller,      // a thread makes a driver call (waits while the gate is closed)
   kCallerDone,  // replies 1 once that thread's call returned (joined), else 0
   kGateClosed,  // replies 1 while the gate is closed
@@ -132,6 +135,17 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
       close(ticket);
       FC_REQ(r == CUDA_SUCCESS);
       FC_REQ(cuMemRelease(h) == CUDA_SUCCESS);
+      return 0;
+    }
+    case kImportKeep: {
+      const int ticket = recv_fd(sock);
+      FC_REQ(ticket >= 0);
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r =
+          cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(ticket)),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      close(ticket);
+      FC_REQ(r == CUDA_SUCCESS);
       return 0;
     }
     case kCaller:
@@ -263,6 +277,19 @@ int silent_peer_client() {
   return 0;
 }
 
+/// The importer imports an allocation of the creator's and keeps it: memory
+/// of its own that a "release" takes away.
+bool importer_keeps_import() {
+  REQB(send_u64(g_creator.sock, kExport));
+  const int ticket = recv_fd(g_creator.sock);
+  uint64_t r = 1;
+  REQB(ticket >= 0 && recv_u64(g_creator.sock, &r) && r == 0);
+  const bool sent = send_u64(g_importer.sock, kImportKeep) && send_fd(g_importer.sock, ticket);
+  close(ticket);
+  REQB(sent && recv_u64(g_importer.sock, &r) && r == 0);
+  return true;
+}
+
 int many_clients() {
   const std::string ctl = proto::shim_control_socket(g_dir, g_creator.pid);
   const int before = cmds::socket_descriptors(g_creator.pid);
@@ -347,23 +374,37 @@ int gate_hold() {
   }
   REQ(caller_done_within(kHoldMs + 3000));
 
-  // After a release only a gate-open opens it.
+  // A release that found nothing shared (the creator saved nothing, imported
+  // nothing) took nothing away: the hold opens the gate as before.
   {
     Shim c;
     REQ(connect_short(&c, g_creator.pid));
     REQ(c.gate_close().ok);
     REQ(c.release("imported").ok);
+    REQ(c.release("created").ok);
   }
   REQ(command(g_creator, kCaller));
-  usleep((kHoldMs + 1500) * 1000);
-  REQ(gate_closed());
-  REQ(!caller_done_within(0));
+  REQ(caller_done_within(kHoldMs + 3000));
+  REQ(!gate_closed());
+
+  // After a release that took memory away only a gate-open opens it.
+  REQ(importer_keeps_import());
   {
     Shim c;
-    REQ(connect_short(&c, g_creator.pid));
+    REQ(connect_short(&c, g_importer.pid));
+    REQ(c.gate_close().ok);
+    REQ(c.release("imported").ok);
+  }
+  REQ(command(g_importer, kCaller));
+  usleep((kHoldMs + 1500) * 1000);
+  REQ(gate_closed(g_importer));
+  REQ(!caller_done_within(0, g_importer));
+  {
+    Shim c;
+    REQ(connect_short(&c, g_importer.pid));
     REQ(c.gate_open().ok);
   }
-  REQ(caller_done_within(3000));
+  REQ(caller_done_within(3000, g_importer));
   return 0;
 }
 
@@ -393,6 +434,7 @@ int listener_ended() {
   fprintf(stderr, "the control listener ended: the gate opened after %ld ms\n", ms_since(t0));
   REQ(!gate_closed());
 
+  REQ(importer_keeps_import());  // memory for the release to take away
   REQ(listener_ends_with_gate_closed(g_importer, true));
   usleep((kHoldMs + 1000) * 1000);
   REQ(gate_closed(g_importer));
