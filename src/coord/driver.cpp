@@ -163,8 +163,16 @@ bool Driver::devices(std::vector<GpuDevice>* out, std::string* err) {
 }
 
 bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
-  return !call_failed(cuCheckpointProcessGetState_(pid, state), "cuCheckpointProcessGetState", pid,
-                      err);
+  // Bounded as the others are: a roll back asks the state of a process
+  // whose checkpoint call did not return, and the answer may wait on it. An
+  // abandoned call writes into memory of its own.
+  auto fn = cuCheckpointProcessGetState_;
+  auto out = std::make_shared<CUprocessState>(CU_PROCESS_STATE_RUNNING);
+  if (!bounded_call([fn, pid, out] { return fn(pid, out.get()); }, "cuCheckpointProcessGetState",
+                    pid, err))
+    return false;
+  *state = *out;
+  return true;
 }
 
 bool Driver::lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err) {

@@ -7,7 +7,8 @@
  *
  * Built with CUSNAP_STUCK_CHECKPOINT: a driver whose checkpoint calls never
  * return in time (each sleeps 30 s), as the real one does for a job with a
- * collective in flight; the unit tests check that the coordinator gives up. */
+ * collective in flight, and whose state call for one pid never does either;
+ * the unit tests check that the coordinator gives up. */
 #include <string.h>
 #include <unistd.h>
 
@@ -67,8 +68,10 @@ CUresult cuCheckpointProcessUnlock(int pid, void* args) {
   (void)pid, (void)args;
   return stuck();
 }
+/* Asked of process 23456, the state too never comes in time (as it may not
+ * for a process whose checkpoint call is stuck); of any other, at once. */
 CUresult cuCheckpointProcessGetState(int pid, int* state) {
-  (void)pid;
+  if (pid == 23456) sleep(30);
   *state = 0;
   return 0;
 }
