@@ -308,7 +308,18 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
                          std::unique_ptr<RuntimeDir>* out, std::string* err) {
   if (!valid_job_name(name, err)) return false;
   const std::string base = runtime_base();
-  if (!ensure_private_dir(base, true, err)) return false;
+  // A base cusnap makes is private; one that is there is taken as it is,
+  // never tightened: it may be a directory of the user's (for example
+  // CUSNAP_RUNTIME_BASE=.), whose mode is theirs to set.
+  struct stat bst;
+  const bool base_there = ::lstat(base.c_str(), &bst) == 0;
+  if (!ensure_private_dir(base, !base_there, err)) {
+    if (base_there)
+      *err +=
+          "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses (a new one is "
+          "made private), or make this one private (chmod 700)";
+    return false;
+  }
   UniqueFd base_lock = lock_base(base);
   if (!base_lock) {
     *err = errno_text("locking " + base + "/.lock");
@@ -527,7 +538,12 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
     // reaches its shims (job_restore.cpp); that job is listed by its own entry.
     if (live && is_link && je.status.name != n) continue;
     if (!live) {
-      if (clean_stale && !runtime_dir_live(dir)) {
+      // Only a runtime directory (one holding its lock file) is cleaned: any
+      // other directory in the base is someone's, which remove_job_dir would
+      // empty of the names a supervisor uses (output.log, job.json, ...).
+      struct stat lk;
+      const bool rundir = ::lstat((dir + "/lock").c_str(), &lk) == 0 && S_ISREG(lk.st_mode);
+      if (clean_stale && rundir && !runtime_dir_live(dir)) {
         // Through a link only the link goes: its target is cleaned by the
         // next launch that reserves it.
         if (is_link)

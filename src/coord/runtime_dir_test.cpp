@@ -145,6 +145,43 @@ TEST_CASE("runtime dir: the directory of a dead supervisor is stale and cleaned"
   rd->remove();
 }
 
+TEST_CASE(
+    "runtime dir: a base that is there is taken as it is; only runtime directories are cleaned") {
+  TempBase b;
+  std::string err;
+  std::unique_ptr<RuntimeDir> rd;
+  const std::string base = b.path + "/base";
+  REQUIRE(mkdir(base.c_str(), 0755) == 0);  // say, CUSNAP_RUNTIME_BASE=. in a project
+  CHECK(!RuntimeDir::reserve("j", "", &rd, &err));
+  CHECK(err.find("its mode is 0755") != std::string::npos);
+  CHECK(err.find("point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses") !=
+        std::string::npos);
+  CHECK(mode_of(base) == 0755);  // not tightened
+  CHECK(access((base + "/j").c_str(), F_OK) != 0);
+
+  // Private, and holding directories of the user's with the names a
+  // supervisor uses, but no lock file: nothing in them is touched.
+  REQUIRE(chmod(base.c_str(), 0700) == 0);
+  const std::string data = base + "/data";
+  REQUIRE(mkdir(data.c_str(), 0700) == 0);
+  REQUIRE(mkdir((data + "/suspended").c_str(), 0700) == 0);
+  for (const char* f : {"/output.log", "/job.json", "/notes.txt", "/suspended/big.bin"})
+    REQUIRE(close(creat((data + f).c_str(), 0600)) == 0);
+  REQUIRE(mkdir((base + "/empty").c_str(), 0700) == 0);
+  REQUIRE(RuntimeDir::reserve("j", "", &rd, &err));
+  rd->remove();
+  CHECK(list_jobs(true).empty());
+  for (const char* f : {"/output.log", "/job.json", "/notes.txt", "/suspended/big.bin"})
+    CHECK_MESSAGE(access((data + f).c_str(), F_OK) == 0, data << f << " was removed");
+  CHECK(access((base + "/empty").c_str(), F_OK) == 0);
+  // A runtime directory a dead supervisor left (its lock) still goes.
+  REQUIRE(RuntimeDir::reserve("dead", "", &rd, &err));
+  const std::string dead = rd->path();
+  rd.reset();
+  CHECK(list_jobs(true).empty());
+  CHECK(access(dead.c_str(), F_OK) != 0);
+}
+
 TEST_CASE("runtime dir: a suspended job's saved shared memory goes with its directory") {
   TempBase b;
   std::string err;
