@@ -28,9 +28,10 @@ namespace engine_detail {
 
 bool require_root(const char* what, std::string* err) {
   if (geteuid() == 0) return true;
-  *err = std::string(what) +
-         " needs root (CRIU and the driver's process checkpoint API require it): run the job's "
-         "cusnap supervisor as root (sudo cusnap launch ...)";
+  const std::string op = what;
+  *err = op + " needs root (CRIU and the driver's process checkpoint API require it): " +
+         (op == "restore" ? "run the restore as root (sudo cusnap restore ...)"
+                          : "run the job's cusnap supervisor as root (sudo cusnap launch ...)");
   return false;
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "coord/engine_internal.h"
 #include "coord/manifest.h"
 #include "coord/restore_report.h"
 #include "coord/runtime_dir.h"
@@ -144,6 +145,12 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
                  ": the job name in its manifest is not a valid job name (1 to 64 letters, "
                  "digits, '.', '_' or '-'); restore it with --name NAME";
     return fail;  // kExitBadCheckpoint
+  }
+  // Before the runtime directory and the shims' link: a user who may not
+  // restore is told so, not that a link in root's directory failed.
+  if (!engine_detail::require_root("restore", &fail.error)) {
+    fail.exit_code = kExitRefused;
+    return fail;
   }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;

@@ -130,6 +130,25 @@ pass "a manifest's job name cusnap does not accept: shown escaped, restorable wi
 
 # The original runtime directory is gone; an intact copy restores.
 [ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the stopped job's runtime directory is still there"
+
+# A user other than root can read an intact copy but not restore it: told
+# to run the restore as root, before any directory or link is made (the
+# shims' link in root's runtime base used to fail first, Permission denied).
+if command -v setpriv >/dev/null; then
+  variant readable
+  chmod -R a+rX "$T/readable"
+  chmod 711 "$T"
+  expect_refused 3 "restore needs root.*run the restore as root \(sudo cusnap restore" \
+    setpriv --reuid=65534 --regid=65534 --clear-groups env "CUSNAP_RUNTIME_BASE=$T/nobody-base" \
+    "$CUSNAP" restore "$T/readable"
+  chmod 700 "$T"
+  ! grep -q "Permission denied" "$T/cmd.out" || fail "the refusal said: $(cat "$T/cmd.out")"
+  [ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the refused restore made $CUSNAP_RUNTIME_BASE/cj"
+  pass "a restore by a user other than root: refused (exit 3), saying to run it as root"
+else
+  echo "note: no setpriv: the restore by another user was not tried"
+fi
+
 variant intact
 restore_bg "$T/intact" "$T/restore.out"
 wait_count "$T/restore.out" $((LAST + 3))
