@@ -67,6 +67,27 @@ on=$(for fd in /proc/"$PID"/fd/*; do readlink "$fd"; done 2>/dev/null |
   sed -n "s|^/memfd:fakecuda:$PID:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' ')
 [ "$on" = "dev1 " ] || fail "the job's device memory is on '$on', expected dev1 (GPU 0 mapped onto 1)"
 pass "a partial map on another machine: GPU 0 onto 1 as asked, the job continues with its memory there"
+kill -TERM "${SUPERVISORS[-1]}"
+wait_exit "${SUPERVISORS[-1]}"
+wait_gone "$PID"
+
+memfd_devs() {
+  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
+    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
+}
+
+# The restoring command sees this machine's GPUs in another order
+# (CUDA_VISIBLE_DEVICES=1,0): a GPU is the one its UUID names, whatever its
+# place in that list; the job's memory is back on GPU 0 (the simulated
+# driver took the place for the machine's index).
+CUDA_VISIBLE_DEVICES=1,0 restore_bg "$T/ckpt" "$T/order.out"
+wait_count "$T/order.out" $((LAST + 3))
+[ "$(memfd_devs "$PID")" = "dev0 " ] ||
+  fail "restored by a command that sees the GPUs as 1,0, the job's memory is on '$(memfd_devs "$PID")', expected dev0"
+kill -TERM "$LAST_SUPERVISOR"
+wait_exit "$LAST_SUPERVISOR"
+wait_gone "$PID"
+pass "a restore by a command that sees the GPUs in another order: the job's memory on its own GPU"
 
 # Processes that each see one GPU: the parent GPU 0, its child GPU 1.
 launch vis "$T/vis.out" "$PATTERN_JOB" --mib 4 --children 1 --interval-ms 20 --visible 0/1
@@ -74,10 +95,6 @@ wait_count "$T/vis.out" 3
 wait_count "$T/vis.out" 3 "child 1 "
 VPID=$(wait_job vis)
 CPID=$(sed -n 's/^child 1 ready pid \([0-9]*\).*/\1/p' "$T/vis.out")
-memfd_devs() {
-  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
-    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
-}
 [ "$(memfd_devs "$VPID")" = "dev0 " ] && [ "$(memfd_devs "$CPID")" = "dev1 " ] ||
   fail "the job does not run on one GPU per process: parent on '$(memfd_devs "$VPID")', child on '$(memfd_devs "$CPID")'"
 "$CUSNAP" checkpoint vis -o "$T/vis-ckpt" >"$T/vis.ckpt.out" 2>&1 || fail "checkpoint of vis failed: $(cat "$T/vis.ckpt.out")"

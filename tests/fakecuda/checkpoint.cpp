@@ -173,7 +173,9 @@ CUresult remap_devices(const CtlRequest& req) {
       next[i].uuid = cd.uuid;
       next[i].name.assign(cd.name, strnlen(cd.name, sizeof cd.name));
       next[i].total_mem = cd.total_mem;
-      next[i].ledger_index = static_cast<int>(k);
+      // The machine's GPU, not its place in the caller's list, which
+      // CUDA_VISIBLE_DEVICES may filter and order otherwise.
+      next[i].ledger_index = cd.ledger_index;
       present = true;
     }
     if (!present) return CUDA_ERROR_INVALID_VALUE;
@@ -392,6 +394,7 @@ FC_EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
       cd.uuid = dev.uuid;
       snprintf(cd.name, sizeof cd.name, "%s", dev.name.c_str());
       cd.total_mem = dev.total_mem;
+      cd.ledger_index = dev.ledger_index;
     }
   }
   return call(pid, req, nullptr);

@@ -30,6 +30,7 @@ struct CtlDevice {
   CUuuid uuid;
   char name[96];
   uint64_t total_mem;
+  int32_t ledger_index;  ///< the machine's index of the GPU (Device::ledger_index)
 };
 
 struct CtlRequest {
