@@ -1,4 +1,6 @@
 // cusnap launch [--name N] [--runtime-dir D] [--no-shim] [--strict] -- CMD...
+#include <unistd.h>
+
 #include <memory>
 
 #include "common.h"
@@ -56,6 +58,12 @@ int cmd_launch(int argc, char** argv) {
   if (std::string err; !proto::check_env_settings(req.use_shim, true, &err))
     return fail(kExitUsage, err);
 
+  // A name cusnap chose is said once, where a person reads it: every other
+  // command needs it (a script's captured stderr holds only the job's own).
+  if (req.cfg.name.empty() && ::isatty(STDERR_FILENO))
+    req.on_named = [](const std::string& name) {
+      std::fprintf(stderr, "cusnap: job %s (cusnap ps lists it)\n", name.c_str());
+    };
   SuperviseOutcome out = launch_job(req);
   if (!out.error.empty()) return fail(out.exit_code, out.error);
   return finish_supervised(out);

@@ -128,6 +128,7 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
+  if (req.on_named) req.on_named(name);
 
   // Everything the child needs is built before fork: it only calls
   // async-signal-safe functions until exec.

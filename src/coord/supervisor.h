@@ -59,6 +59,9 @@ struct LaunchRequest {
   bool use_shim = true;
   /// Install the seccomp filter of seccomp_filter.h in the job before exec.
   bool strict = false;
+  /// Called with the job's name once it is reserved, before the job starts
+  /// (the name cusnap chose when cfg.name is empty).
+  std::function<void(const std::string& name)> on_named;
 };
 
 /// cusnap launch: starts the job and supervises it until it ends.

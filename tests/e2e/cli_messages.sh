@@ -318,4 +318,23 @@ for args in "checkpoint|$(printf 'a\033[31mb')" "restore|$(printf '/no\033[2Jx')
   grep -qF '\x1b' "$T/esc.err" || fail "cusnap ${argv[0]}: the escape byte is not shown as \\x1b: $(cat "$T/esc.err")"
 done
 pass "control bytes in a job name, a path, a --name and a command are shown as \\x1b in the errors"
+
+# launch without --name says the name it chose, on a terminal only: script(1)
+# gives it one; with stderr captured the job's output is all there is.
+if command -v script >/dev/null; then
+  script -qec "$(printf '%q ' "$CUSNAP" launch --no-shim -- sh -c 'echo out-of-the-job')" /dev/null \
+    >"$T/tty.out" 2>&1 || fail "launch on a terminal failed: $(cat "$T/tty.out")"
+  grep -qE "^cusnap: job sh-[A-Za-z0-9._-]+ \(cusnap ps lists it\)" "$T/tty.out" ||
+    fail "launch on a terminal did not say the job's name: $(cat "$T/tty.out")"
+  grep -q "out-of-the-job" "$T/tty.out" || fail "the job's output is missing: $(cat "$T/tty.out")"
+  script -qec "$(printf '%q ' "$CUSNAP" launch --no-shim --name given -- true)" /dev/null \
+    >"$T/tty.out" 2>&1 || fail "launch --name on a terminal failed: $(cat "$T/tty.out")"
+  ! grep -q "cusnap: job" "$T/tty.out" || fail "launch --name said the name it was given: $(cat "$T/tty.out")"
+  "$CUSNAP" launch --no-shim -- sh -c 'echo out-of-the-job' >"$T/notty.out" 2>"$T/notty.err" ||
+    fail "launch failed: $(cat "$T/notty.err")"
+  [ ! -s "$T/notty.err" ] || fail "launch with stderr captured wrote: $(cat "$T/notty.err")"
+  pass "launch without --name says the job's name on a terminal, and only there"
+else
+  echo "note: no script(1): the terminal case was not tried"
+fi
 echo "PASS"
