@@ -23,9 +23,11 @@
 namespace cusnap {
 namespace {
 
+/// The files a supervisor leaves in its directory; "lock" is removed last
+/// (remove_job_dir), since only a directory holding it is cleaned again.
 const char* const kKnownFiles[] = {
-    "control.sock", "job.json",       "job.json.tmp",       "output.log",   "output.log.1",
-    "lock",         "left-suspended", "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp"};
+    "control.sock",   "job.json",           "job.json.tmp", "output.log",       "output.log.1",
+    "left-suspended", "left-suspended.tmp", "gpu-use.json", "gpu-use.json.tmp", "lock"};
 
 /// Where a suspended job's shared memory is saved (suspend_state_dir).
 constexpr const char* kSuspendedDir = "suspended";
@@ -67,7 +69,8 @@ void remove_job_dir(const std::string& dir) {
   if (!d) return;
   struct stat st;
   if (::fstat(d.get(), &st) != 0 || st.st_uid != ::geteuid()) return;
-  for (const char* f : kKnownFiles) ::unlinkat(d.get(), f, 0);
+  for (const char* f : kKnownFiles)
+    if (std::strcmp(f, "lock") != 0) ::unlinkat(d.get(), f, 0);
   // The shared memory a suspend saved (engine_suspend.cpp): worth nothing
   // once the job is gone, and it may hold gigabytes on a tmpfs. Only a real
   // directory of ours; the runtime directory (0700) admits no one else.
@@ -89,6 +92,9 @@ void remove_job_dir(const std::string& dir) {
     }
     ::closedir(ds);
   }
+  // Last: a removal cut short (a killed supervisor, a failed remove_all)
+  // leaves a directory that the next launch or ps still cleans.
+  ::unlinkat(d.get(), "lock", 0);
   ::rmdir(dir.c_str());
 }
 
@@ -96,7 +102,8 @@ void remove_job_dir(const std::string& dir) {
 /// checkpoint -o), else taken when empty or when it is a runtime directory a
 /// supervisor left (its lock, and only names cusnap writes there): anything
 /// else in it is the user's, which the job's end would remove or expose.
-bool prepare_explicit_dir(const std::string& dir, std::string* err) {
+bool prepare_explicit_dir(const std::string& dir, std::string* err,
+                          const char* remedy = "give a new or empty directory to --runtime-dir") {
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) {
@@ -132,8 +139,7 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err) {
   // Type, owner and links are refused by ensure_private_dir, which says why.
   if (!first.empty() && (!foreign.empty() || !has_lock)) {
     *err = "refusing runtime directory " + dir + ": it holds '" +
-           (foreign.empty() ? first : foreign) +
-           "' and is not one cusnap left; give a new or empty directory to --runtime-dir";
+           (foreign.empty() ? first : foreign) + "' and is not one cusnap left; " + remedy;
     return false;
   }
   return ensure_private_dir(dir, true, err);
@@ -315,9 +321,10 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   const bool base_there = ::lstat(base.c_str(), &bst) == 0;
   if (!ensure_private_dir(base, !base_there, err)) {
     if (base_there)
-      *err +=
-          "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses (a new one is "
-          "made private), or make this one private (chmod 700)";
+      *err += err->find("its mode is") != std::string::npos
+                  ? "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses (a new one "
+                    "is made private), or make this one private (chmod 700)"
+                  : "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses";
     return false;
   }
   UniqueFd base_lock = lock_base(base);
@@ -375,7 +382,11 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     return false;
   }
   const bool existed = ::lstat(dir.c_str(), &dst) == 0;
-  if (!(explicit_dir.empty() ? ensure_private_dir(dir, true, err) : prepare_explicit_dir(dir, err)))
+  // BASE/NAME, too, is taken only when new, empty or a runtime directory a
+  // supervisor left: a directory of the user's there keeps its mode and files.
+  if (!(explicit_dir.empty()
+            ? prepare_explicit_dir(dir, err, "choose another --name, or move it out of the base")
+            : prepare_explicit_dir(dir, err)))
     return false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;
@@ -540,10 +551,11 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
     if (!live) {
       // Only a runtime directory (one holding its lock file) is cleaned: any
       // other directory in the base is someone's, which remove_job_dir would
-      // empty of the names a supervisor uses (output.log, job.json, ...).
+      // empty of the names a supervisor uses (output.log, job.json, ...). A
+      // link without a live job goes (only the link).
       struct stat lk;
       const bool rundir = ::lstat((dir + "/lock").c_str(), &lk) == 0 && S_ISREG(lk.st_mode);
-      if (clean_stale && rundir && !runtime_dir_live(dir)) {
+      if (clean_stale && (rundir || is_link) && !runtime_dir_live(dir)) {
         // Through a link only the link goes: its target is cleaned by the
         // next launch that reserves it.
         if (is_link)

@@ -168,6 +168,12 @@ TEST_CASE(
   for (const char* f : {"/output.log", "/job.json", "/notes.txt", "/suspended/big.bin"})
     REQUIRE(close(creat((data + f).c_str(), 0600)) == 0);
   REQUIRE(mkdir((base + "/empty").c_str(), 0700) == 0);
+  // Nor is such a directory taken as a job's own, by the job's name.
+  REQUIRE(chmod(data.c_str(), 0755) == 0);
+  CHECK(!RuntimeDir::reserve("data", "", &rd, &err));
+  CHECK(err.find("it holds") != std::string::npos);
+  CHECK(err.find("choose another --name") != std::string::npos);
+  CHECK(mode_of(data) == 0755);
   REQUIRE(RuntimeDir::reserve("j", "", &rd, &err));
   rd->remove();
   CHECK(list_jobs(true).empty());
