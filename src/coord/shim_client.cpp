@@ -92,9 +92,10 @@ bool ShimClient::inspect(proto::ShimRecords* out, std::string* err) {
   const std::string who = "process " + std::to_string(pid_) + ", shim inspection: ";
   std::string why;
   proto::Message msg;
-  if (!ch_.valid() || !ch_.send(proto::kMsgShimInspect, proto::Empty{}, &why) ||
+  const bool connected = ch_.valid();  // a failed recv may close the channel
+  if (!connected || !ch_.send(proto::kMsgShimInspect, proto::Empty{}, &why) ||
       !ch_.recv(&msg, &why)) {
-    *err = who + (ch_.valid() ? why : "not connected");
+    *err = who + (connected ? why : "not connected");
     ch_ = proto::Channel();
     return false;
   }

@@ -292,7 +292,8 @@ bool Channel::recv_body(std::string* body, UniqueFd* fd, std::string* err) {
     // and a later recv may wait again. Part of a length read, or a message
     // whose control data was refused: the next bytes are no message's start.
     if (got > 0) fd_.reset();
-    if (*err == "timed out") *err = "timed out waiting for a message";
+    if (*err == "timed out")
+      *err = got > 0 ? "timed out in the middle of a message" : "timed out waiting for a message";
     return false;
   }
   uint32_t n =

@@ -577,8 +577,9 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     } else {
       d = release_shared(s, req.origin);
       // From here on only a gate-open lets the threads on, if memory is
-      // gone: a release that found nothing of this process shared, or
-      // failed before it released anything, leaves the gate to its hold.
+      // gone (or marked to go: release_shared marks before it releases): a
+      // release that found nothing of this process shared leaves the gate
+      // to its hold.
       if (shared_released(s)) hold.released = true;
     }
     sent = reply(c, proto::kMsgDone, d);
