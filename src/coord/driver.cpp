@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "proto/shim_messages.h"
+#include "proto/wire.h"
 
 namespace cusnap {
 
@@ -167,9 +168,13 @@ bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
   // whose checkpoint call did not return, and the answer may wait on it. An
   // abandoned call writes into memory of its own.
   auto fn = cuCheckpointProcessGetState_;
-  auto out = std::make_shared<CUprocessState>(CU_PROCESS_STATE_RUNNING);
+  // Before an operation set its deadline (its first look at the job, or
+  // ps and inspect listing a job's processes), the control timeout bounds it.
+  auto out = std::make_shared<CUprocessState>(CU_PROCESS_STATE_FAILED);
+  const std::chrono::milliseconds bound =
+      deadline_.count() > 0 ? deadline_ : proto::control_timeout_from_env(proto::kDefaultTimeout);
   if (!bounded_call([fn, pid, out] { return fn(pid, out.get()); }, "cuCheckpointProcessGetState",
-                    pid, err))
+                    pid, err, bound))
     return false;
   *state = *out;
   return true;
@@ -178,13 +183,20 @@ bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
 bool Driver::lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err) {
   auto fn = cuCheckpointProcessLock_;
   unsigned ms = unsigned(std::max<int64_t>(1, timeout.count()));
-  return bounded_call(
+  const bool ok = bounded_call(
       [fn, pid, ms] {
         CUcheckpointLockArgs args{};
         args.timeoutMs = ms;
         return fn(pid, &args);
       },
       "cuCheckpointProcessLock", pid, err);
+  // Measured on an H200 (docs/gpu-runs/state-and-lock-h200.log): a lock
+  // waits for the process's device work and driver calls, and answers
+  // NOT_READY when they outlast its timeout, the process left running.
+  if (!ok && last_ == CUDA_ERROR_NOT_READY)
+    *err += " (its device work or a driver call did not finish within " + std::to_string(ms) +
+            " ms; the process runs on: try again, or with a longer --timeout)";
+  return ok;
 }
 
 bool Driver::checkpoint(pid_t pid, std::string* err) {
@@ -238,8 +250,9 @@ bool Driver::unlock(pid_t pid, std::string* err) {
 }
 
 bool Driver::bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid,
-                          std::string* err) {
-  if (deadline_.count() <= 0) return !call_failed(fn(), call, pid, err);
+                          std::string* err, std::chrono::milliseconds bound) {
+  const std::chrono::milliseconds deadline = bound.count() > 0 ? bound : deadline_;
+  if (deadline.count() <= 0) return !call_failed(fn(), call, pid, err);
   // The call runs on a helper thread so that a driver call that never
   // returns (GPU.md: a checkpoint with a collective in flight) cannot hold
   // the coordinator forever. A stuck call cannot be cancelled: its thread is
@@ -259,11 +272,12 @@ bool Driver::bounded_call(std::function<CUresult()> fn, const char* call, pid_t 
     sh->cv.notify_all();
   }).detach();
   std::unique_lock<std::mutex> l(sh->mu);
-  if (!sh->cv.wait_for(l, deadline_, [&] { return sh->done; })) {
+  if (!sh->cv.wait_for(l, deadline, [&] { return sh->done; })) {
     last_ = CUDA_ERROR_TIMEOUT;
     *err = std::string(call) + " of process " + std::to_string(pid) + " did not return within " +
-           std::to_string(deadline_.count() / 1000) +
-           " s: the driver may be stuck (a job with device work waiting on another process "
+           (deadline.count() >= 1000 ? std::to_string(deadline.count() / 1000) + " s"
+                                     : std::to_string(deadline.count()) + " ms") +
+           ": the driver may be stuck (a job with device work waiting on another process "
            "cannot be checkpointed by the driver alone); the process's GPU state is unknown";
     return false;
   }

@@ -91,7 +91,9 @@ class Driver {
 
  private:
   bool call_failed(CUresult r, const char* call, pid_t pid, std::string* err) const;
-  bool bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid, std::string* err);
+  /// bound: the limit of this call (0: the call deadline).
+  bool bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid, std::string* err,
+                    std::chrono::milliseconds bound = std::chrono::milliseconds(0));
 
   void* handle_ = nullptr;
   std::string path_;

@@ -1,7 +1,9 @@
 // Preconditions, the driver phases shared by checkpoint and suspend, and the
 // job listing for ps/inspect.
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,6 +37,29 @@ bool require_root(const char* what, std::string* err) {
   return false;
 }
 
+namespace {
+
+/// When this process has few descriptors left, why the driver, which opens
+/// its device files at cuInit, may have failed: measured on an H200 (driver
+/// 580.159.04), a supervisor 12 descriptors short of its limit gets
+/// CUDA_ERROR_NO_DEVICE from cuInit. Empty otherwise.
+std::string descriptor_shortage() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return "";
+  size_t open = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++open;
+    ::closedir(d);
+  }
+  if (open + 32 < lim.rlim_cur) return "";
+  return " (this process has " + std::to_string(open) + " of its " + std::to_string(lim.rlim_cur) +
+         " descriptors open, too few left for the driver's device files: raise \"ulimit -n\" "
+         "for the cusnap launch or restore that supervises the job)";
+}
+
+}  // namespace
+
 bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
               JobScan* out, std::string* err) {
   std::vector<pid_t> tree = process_tree(job.root_pid);
@@ -53,7 +78,8 @@ bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const cha
     if (!driver->load(err)) return false;
     if (!driver->version(&out->driver_version, err)) return false;
     if (!driver->devices(&out->gpus, err)) {
-      *err = "the CUDA driver at " + driver->path() + " shows no usable device: " + *err;
+      *err = "the CUDA driver at " + driver->path() + " shows no usable device: " + *err +
+             descriptor_shortage();
       return false;
     }
   }

@@ -538,8 +538,20 @@ TEST_CASE("engine: a driver call that never returns is given up after the deadli
   t0 = std::chrono::steady_clock::now();
   CHECK_FALSE(d.get_state(23456, &st, &err));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
-  CHECK(err.find("cuCheckpointProcessGetState of process 23456 did not return") !=
+  CHECK(err.find("cuCheckpointProcessGetState of process 23456 did not return within 200 ms") !=
         std::string::npos);
+  // Before an operation sets a deadline (ps, inspect, an operation's first
+  // look), the control timeout bounds the state call.
+  setenv("CUSNAP_LIBCUDA", lib.c_str(), 1);
+  Driver fresh;
+  REQUIRE(fresh.load(&err));
+  unsetenv("CUSNAP_LIBCUDA");
+  setenv("CUSNAP_CONTROL_TIMEOUT", "0.3", 1);
+  t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(fresh.get_state(23456, &st, &err));
+  unsetenv("CUSNAP_CONTROL_TIMEOUT");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(err.find("did not return within 300 ms") != std::string::npos);
 }
 
 TEST_CASE("engine: stale temporary directories of a killed checkpoint or restore are swept") {

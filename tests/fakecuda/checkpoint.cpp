@@ -195,7 +195,10 @@ CUresult do_lock(uint32_t timeout_ms) {
   } else if (!g.cv.wait_for(l, std::chrono::milliseconds(timeout_ms), drained)) {
     g.locking = false;
     g.cv.notify_all();
-    return CUDA_ERROR_TIMEOUT;
+    // Measured (docs/gpu-runs/state-and-lock-h200.log): a lock whose
+    // timeout passes with work in flight answers NOT_READY, the process
+    // left running.
+    return CUDA_ERROR_NOT_READY;
   }
   g.locking = false;
   g.state = CU_PROCESS_STATE_LOCKED;

@@ -3,6 +3,7 @@
 #include "gate.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -154,7 +155,11 @@ CUresult ctl_call(int pid, const CtlRequest& req, CtlReply* reply, int* fd_out) 
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     close(fd);
-    return CUDA_ERROR_INVALID_VALUE;
+    // Measured on an H200 (docs/gpu-runs/state-and-lock-h200.log): a process
+    // that never called cuInit (libcuda loaded or not) is answered
+    // NOT_INITIALIZED by GetState and Lock alike.
+    return ::kill(pid, 0) == 0 || errno == EPERM ? CUDA_ERROR_NOT_INITIALIZED
+                                                 : CUDA_ERROR_INVALID_VALUE;
   }
   if (!write_full(fd, &req, sizeof req)) {
     close(fd);
