@@ -83,8 +83,7 @@ class ShimDirLink {
       struct stat tst;
       const bool absolute = !to.empty() && to[0] == '/';
       const bool gone = absolute && ::stat(to.c_str(), &tst) != 0 && errno == ENOENT;
-      const bool dead_rundir =
-          absolute && ::lstat((to + "/lock").c_str(), &tst) == 0 && S_ISREG(tst.st_mode);
+      const bool dead_rundir = absolute && holds_lock_file(to);
       if (!gone && !dead_rundir) {
         *err = "the job's shims had their sockets in " + shim_dir + ", which is a link to " +
                (to.empty() ? std::string("nothing readable") : to) +

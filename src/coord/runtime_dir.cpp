@@ -320,8 +320,9 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   struct stat bst;
   const bool base_there = ::lstat(base.c_str(), &bst) == 0;
   if (!ensure_private_dir(base, !base_there, err)) {
+    // A directory of this user's is refused for its mode alone.
     if (base_there)
-      *err += err->find("its mode is") != std::string::npos
+      *err += S_ISDIR(bst.st_mode) && bst.st_uid == ::geteuid()
                   ? "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses (a new one "
                     "is made private), or make this one private (chmod 700)"
                   : "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses";
@@ -488,6 +489,11 @@ bool runtime_dir_live(const std::string& dir) {
   return errno == EWOULDBLOCK;
 }
 
+bool holds_lock_file(const std::string& dir) {
+  struct stat st;
+  return ::lstat((dir + "/lock").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err) {
   const std::string base = runtime_base();
   std::string why;
@@ -553,9 +559,7 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
       // other directory in the base is someone's, which remove_job_dir would
       // empty of the names a supervisor uses (output.log, job.json, ...). A
       // link without a live job goes (only the link).
-      struct stat lk;
-      const bool rundir = ::lstat((dir + "/lock").c_str(), &lk) == 0 && S_ISREG(lk.st_mode);
-      if (clean_stale && (rundir || is_link) && !runtime_dir_live(dir)) {
+      if (clean_stale && (is_link || holds_lock_file(dir)) && !runtime_dir_live(dir)) {
         // Through a link only the link goes: its target is cleaned by the
         // next launch that reserves it.
         if (is_link)
@@ -585,7 +589,7 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* un
       *err = errno_text("no job is running in " + spec);
       return false;
     }
-    if (::lstat((spec + "/lock").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (!holds_lock_file(spec)) {
       *err = "no job is running in " + spec +
              ": it is not a job's runtime directory (cusnap ps lists the running jobs)";
       return false;

@@ -90,6 +90,9 @@ struct JobEntry {
 
 /// Whether the supervisor of the runtime directory dir is alive (holds its lock).
 bool runtime_dir_live(const std::string& dir);
+/// Whether dir is a runtime directory, live or left by a dead supervisor: it
+/// holds a regular lock file (a link there is not followed).
+bool holds_lock_file(const std::string& dir);
 /// Every live job under the base, by name; directories of dead supervisors
 /// are removed on the way when clean_stale is set. *err (when given): why the runtime base was
 /// refused (a link, not a directory, another owner, unreadable); empty when it is fine or does not
