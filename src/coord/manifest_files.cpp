@@ -13,13 +13,11 @@
 #include <map>
 #include <set>
 
-#include "coord/file_read.h"
 #include "coord/manifest.h"
 #include "coord/sha256_chunked.h"
 #include "coord/shared_memory.h"
 #include "proto/shim_messages.h"
 #include "proto/unique_fd.h"
-#include "proto/wire.h"
 
 namespace cusnap {
 namespace fs = std::filesystem;
@@ -94,30 +92,9 @@ bool shared_memory_saved(const std::string& dir, const Manifest& m, std::string*
   std::map<std::string, uint64_t> sizes;
   for (const ManifestFile& f : m.files) sizes[f.path] = f.size;
   for (const pid_t pid : m.shim_processes) {
-    const std::string path = dir + "/" + shim_records_file(pid);
-    std::string data;
-    if (!read_file_bounded(path, {.max_bytes = proto::kMaxMessageBytes, .kind = "shim records"},
-                           &data, err))
-      return false;
     proto::ShimRecords r;
-    try {
-      msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
-      oh.get().convert(r);
-    } catch (const std::exception& e) {
-      *err = path + " is not a shim record (" + e.what() + "): the checkpoint is corrupted";
-      return false;
-    }
-    if (r.format != proto::kShimRecordsFormat || r.pid != pid) {
-      *err = path + " holds records of format " + std::to_string(r.format) + " for process " +
-             std::to_string(r.pid) + ", expected format " +
-             std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid) +
-             ": the checkpoint is corrupted";
-      return false;
-    }
-    if (std::string why; !proto::records_valid(r, &why)) {
-      *err = path + ": " + why + ": the checkpoint is corrupted";
-      return false;
-    }
+    if (!read_shim_records(dir, pid, &r, err)) return false;
+    const std::string path = dir + "/" + shim_records_file(pid);
     for (const proto::AllocationRecord& a : r.allocations) {
       if (!is_shared_creation(a)) continue;
       uint64_t held = 0;

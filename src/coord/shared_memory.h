@@ -154,6 +154,13 @@ class SharedMemory {
 /// The processes whose records were saved in dir (shim/<pid>.records).
 std::vector<pid_t> saved_shim_processes(const std::string& dir);
 
+/// Reads the records a checkpoint or suspend saved in dir for process pid
+/// (shim/<pid>.records) into *out, and checks them: a msgpack shim record of
+/// this format, for this process, valid (proto::records_valid). False with
+/// *err naming the file and what is wrong with it otherwise.
+bool read_shim_records(const std::string& dir, pid_t pid, proto::ShimRecords* out,
+                       std::string* err);
+
 /// Whether a saved allocation needs saving and releasing on its creator:
 /// created there and exported (through a ticket or a legacy IPC handle).
 bool is_shared_creation(const proto::AllocationRecord& a);

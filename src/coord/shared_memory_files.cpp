@@ -15,6 +15,8 @@
 #include <map>
 #include <tuple>
 
+#include "coord/file_read.h"
+#include "coord/manifest.h"
 #include "coord/shared_memory.h"
 #include "proto/control.h"
 #include "proto/env_settings.h"
@@ -26,12 +28,11 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string records_path(const std::string& dir, pid_t pid) {
-  return dir + "/shim/" + std::to_string(pid) + ".records";
+  return dir + "/" + shim_records_file(pid);
 }
 /// Part k of an allocation's saved bytes.
 std::string bytes_path(const std::string& dir, pid_t pid, uint64_t id, size_t k) {
-  return dir + "/shared/" + std::to_string(pid) + "-" + std::to_string(id) + "." +
-         std::to_string(k) + ".bin";
+  return dir + "/" + shared_memory_file(pid, id, uint32_t(k));
 }
 
 /// How many files an allocation's bytes are written to: one per 256 MiB up
@@ -74,31 +75,6 @@ bool write_file(const std::string& path, const std::string& data, std::string* e
   return true;
 }
 
-bool read_file(const std::string& path, size_t limit, std::string* out, std::string* err) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    *err = "cannot read " + path + ": " + (fd ? "not a regular file" : std::strerror(errno));
-    return false;
-  }
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    *err = path + " is larger than " + std::to_string(limit) + " bytes";
-    return false;
-  }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t off = 0;
-  while (off < out->size()) {
-    ssize_t r = ::read(fd.get(), out->data() + off, out->size() - off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      *err = "cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "file shrank");
-      return false;
-    }
-    off += static_cast<size_t>(r);
-  }
-  return true;
-}
-
 std::string hex(uint64_t v) {
   char b[24];
   std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
@@ -117,6 +93,35 @@ std::vector<pid_t> saved_shim_processes(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+bool read_shim_records(const std::string& dir, pid_t pid, proto::ShimRecords* out,
+                       std::string* err) {
+  const std::string path = records_path(dir, pid);
+  std::string data;
+  if (!read_file_bounded(
+          path, {.max_bytes = proto::kMaxMessageBytes, .no_follow = true, .kind = "shim records"},
+          &data, err))
+    return false;
+  try {
+    msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
+    oh.get().convert(*out);
+  } catch (const std::exception& e) {
+    *err = path + " is not a shim record (" + e.what() + "): the checkpoint is corrupted";
+    return false;
+  }
+  if (out->format != proto::kShimRecordsFormat || out->pid != pid) {
+    *err = path + " holds records of format " + std::to_string(out->format) + " for process " +
+           std::to_string(out->pid) + ", expected format " +
+           std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid) +
+           ": the checkpoint is corrupted";
+    return false;
+  }
+  if (std::string why; !proto::records_valid(*out, &why)) {
+    *err = path + ": " + why + ": the checkpoint is corrupted";
+    return false;
+  }
+  return true;
 }
 
 bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, std::string* err) {
@@ -188,25 +193,7 @@ bool SharedMemory::load_records(const std::string& dir, const std::vector<pid_t>
   for (pid_t pid : pids) {
     auto p = std::make_unique<Proc>();
     p->pid = pid;
-    std::string data, path = records_path(dir, pid);
-    if (!read_file(path, proto::kMaxMessageBytes, &data, err)) return false;
-    try {
-      msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
-      oh.get().convert(p->records);
-    } catch (const std::exception& e) {
-      *err = path + " is not a shim record: " + e.what();
-      return false;
-    }
-    if (p->records.format != proto::kShimRecordsFormat || p->records.pid != pid) {
-      *err = path + " holds records of format " + std::to_string(p->records.format) +
-             " for process " + std::to_string(p->records.pid) + ", expected format " +
-             std::to_string(proto::kShimRecordsFormat) + " for process " + std::to_string(pid);
-      return false;
-    }
-    if (std::string why; !proto::records_valid(p->records, &why)) {
-      *err = path + ": " + why + ": the checkpoint is corrupted";
-      return false;
-    }
+    if (!read_shim_records(dir, pid, &p->records, err)) return false;
     // The restored shims' gates are closed as they were dumped.
     p->gate_closed = true;
     procs_.push_back(std::move(p));
