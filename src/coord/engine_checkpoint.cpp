@@ -191,7 +191,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
 
   // Preconditions: nothing changes until every one holds.
   report("check");
-  if (!require_root("checkpoint", err)) return false;
+  if (!require_root("checkpoint", kRootForSupervisor, err)) return false;
   if (!refuse_when_left_suspended(job, "checkpoint", err)) return false;
   // Settings the client sent count before this supervisor's environment.
   auto value = [&](const char* name) { return setting(opts.settings, name); };

@@ -28,12 +28,10 @@
 namespace cusnap {
 namespace engine_detail {
 
-bool require_root(const char* what, std::string* err) {
+bool require_root(const char* what, const char* remedy, std::string* err) {
   if (geteuid() == 0) return true;
-  const std::string op = what;
-  *err = op + " needs root (CRIU and the driver's process checkpoint API require it): " +
-         (op == "restore" ? "run the restore as root (sudo cusnap restore ...)"
-                          : "run the job's cusnap supervisor as root (sudo cusnap launch ...)");
+  *err = std::string(what) +
+         " needs root (CRIU and the driver's process checkpoint API require it): " + remedy;
   return false;
 }
 

@@ -45,8 +45,15 @@ struct JobScan {
   int driver_version = 0;
 };
 
-/// The root check; message says to run as root.
-bool require_root(const char* what, std::string* err);
+/// What to do when an operation is refused for want of root: the one that
+/// runs it as root. Checkpoint, suspend and resume run in the job's
+/// supervisor; a restore runs in the restoring command.
+inline constexpr const char* kRootForSupervisor =
+    "run the job's cusnap supervisor as root (sudo cusnap launch ...)";
+inline constexpr const char* kRootForRestore = "run the restore as root (sudo cusnap restore ...)";
+
+/// The root check of operation `what`; the message ends with remedy.
+bool require_root(const char* what, const char* remedy, std::string* err);
 
 /// Scans the job and checks what every operation needs: the job is running,
 /// the driver has the checkpoint API (when a process uses CUDA), every CUDA

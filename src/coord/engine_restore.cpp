@@ -348,7 +348,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   Stopwatch sw;
   out->code = kExitRefused;
   report("check");
-  if (!require_root("restore", err)) return false;
+  if (!require_root("restore", kRootForRestore, err)) return false;
   CriuInfo criu;
   if (!find_criu(&criu, err, std::getenv("CUSNAP_CRIU_BREAKPOINTS"))) return false;
   int subreaper = 0;

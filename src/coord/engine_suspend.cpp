@@ -20,7 +20,8 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   auto cancelled = [&] { return cancel != nullptr && cancel->requested(); };
   Driver driver;
   JobScan scan;
-  bool ok = require_root("suspend", err) && refuse_when_left_suspended(job, "suspend", err) &&
+  bool ok = require_root("suspend", kRootForSupervisor, err) &&
+            refuse_when_left_suspended(job, "suspend", err) &&
             scan_job(job, &driver, CU_PROCESS_STATE_RUNNING, "suspend", &scan, err) &&
             (note_gpu_use(job, scan.cuda, setting(settings, kRestoreMarginSetting), &driver, err) ||
              refused_setting(settings, kRestoreMarginSetting, err));
@@ -108,7 +109,7 @@ bool job_suspended_now(const JobInfo& job) {
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                       const proto::Settings& settings, ExitCode* code, std::string* err) {
   ExitCode c = kExitRefused;
-  bool ok = require_root("resume", err);
+  bool ok = require_root("resume", kRootForSupervisor, err);
   // Left suspended by a failed roll back: the recovery takes every process
   // on from whatever state it is in, and the shared memory from where the
   // failed operation saved it.

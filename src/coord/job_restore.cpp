@@ -147,7 +147,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   }
   // Before the runtime directory and the shims' link: a user who may not
   // restore is told so, not that a link in root's directory failed.
-  if (!engine_detail::require_root("restore", &fail.error)) {
+  if (!engine_detail::require_root("restore", engine_detail::kRootForRestore, &fail.error)) {
     fail.exit_code = kExitRefused;
     return fail;
   }
