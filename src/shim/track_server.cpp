@@ -466,7 +466,8 @@ bool gate_closed() {
 /// $CUSNAP_CUT_HOLD_MS, or the longer hold_ms of the last "arm"), unless a
 /// "release" took shared memory away since it closed: that memory is then
 /// gone, and only the coordinator's rebuild (or its guardian's) may let
-/// threads on.
+/// threads on. A rebuild that brought back everything released (loads, a
+/// reimport) leaves the gate to its hold again.
 struct GateHold {
   bool closed_by_client = false;
   bool released = false;
@@ -563,6 +564,8 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
           d = msg.type == proto::kMsgShimSave ? save_allocation(s, req.allocation, fds)
                                               : load_allocation(s, req.allocation, fds);
         c.parts.clear();
+        // The last released allocation loaded again: as after a reimport.
+        if (d.ok && hold.released && !shared_released(s)) hold.released = false;
       }
     }
     if (!d.ok) c.parts.clear();
@@ -598,6 +601,8 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
   } else if (msg.type == proto::kMsgShimReimport) {
     proto::Done d = gate_closed() ? reimport_shared(s) : proto::Done{};
     if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
+    // Memory brought back: nothing guards the gate any more but its hold.
+    if (d.ok && hold.released && !shared_released(s)) hold.released = false;
     sent = reply(c, proto::kMsgDone, d);
   } else {
     proto::Done d;

@@ -25,7 +25,9 @@
 //     "release" took memory away (the memory it guards is gone: only a
 //     gate-open opens it) (before: the gate stayed closed and the workload's
 //     calls waited for good); a release that found nothing shared there
-//     leaves it to the hold (before: closed for good, nothing being gone)
+//     leaves it to the hold (before: closed for good, nothing being gone),
+//     and so does a reimport that brought the released memory back (before:
+//     closed for good)
 //   - the control listener ends (the application closed the shim's control
 //     socket) while a client holds the gate closed: the gate opens at once
 //     and the waiting call returns, well before the hold (before: nothing
@@ -387,8 +389,21 @@ int gate_hold() {
   REQ(caller_done_within(kHoldMs + 3000));
   REQ(!gate_closed());
 
-  // After a release that took memory away only a gate-open opens it.
+  // A release that took memory away, then a reimport that brought it back:
+  // nothing is gone, the hold opens the gate.
   REQ(importer_keeps_import());
+  {
+    Shim c;
+    REQ(connect_short(&c, g_importer.pid));
+    REQ(c.gate_close().ok);
+    REQ(c.release("imported").ok);
+    REQ(c.reimport().ok);
+  }
+  REQ(command(g_importer, kCaller));
+  REQ(caller_done_within(kHoldMs + 3000, g_importer));
+  REQ(!gate_closed(g_importer));
+
+  // After a release that took memory away only a gate-open opens it.
   {
     Shim c;
     REQ(connect_short(&c, g_importer.pid));
