@@ -1,6 +1,7 @@
 #include "shim/gate.h"
 
 #include <linux/membarrier.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -140,6 +141,25 @@ size_t Gate::in_flight_calls(uint32_t* out, size_t max) const noexcept {
   return n;
 }
 
+namespace {
+/// Blocks every signal the thread may block for the lifetime of the object,
+/// restoring its mask after.
+class SignalsHeld {
+ public:
+  SignalsHeld() noexcept {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_);
+  }
+  ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t old_{};
+};
+}  // namespace
+
 void Gate::enter_slow(int slot) noexcept {
   // pthread_cond_wait is a cancellation point: a pthread_cancel acted on here
   // would unwind with mu_ held (the wait takes it again first) and the ticket
@@ -148,6 +168,14 @@ void Gate::enter_slow(int slot) noexcept {
   // until the thread is through; the application's next cancellation point
   // acts on a request that came meanwhile.
   const NoCancel no_cancel;
+  // So do the thread's signals. A handler run here that calls the driver
+  // (an application's SIGINT handler resetting its device, say) would find
+  // the thread's depth 0, take the ticket after the thread's own and wait for
+  // it for good, as would every later arrival (tickets are served in order);
+  // one run while the thread holds mu_ would wait for mu_. Held until the
+  // thread is through (its depth 1), such a handler's call is a nested one and
+  // passes; a process-directed signal meanwhile goes to a thread not waiting.
+  const SignalsHeld signals_held;
   pthread_mutex_lock(&mu_);
   const uint64_t ticket = next_ticket_++;
   word_.fetch_or(kQueued, std::memory_order_relaxed);

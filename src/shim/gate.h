@@ -25,7 +25,9 @@
 //
 // A thread already inside the gate (depth > 0: the driver calling back into
 // the API on the same thread, or a signal handler) passes through without
-// waiting, so a close can always drain.
+// waiting, so a close can always drain. A thread in the slow path holds its
+// signals until it is through (depth 1), so a handler that calls the driver
+// never waits behind its own thread's ticket.
 //
 // Slow path: an arrival that finds CLOSED or QUEUED backs its depth out and
 // takes a ticket under mu_; tickets are admitted strictly in order once the

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -62,6 +63,17 @@ struct CallInside {
     t.join();
   }
 };
+
+/// The gate a SIGUSR1 handler enters and leaves (a handler that calls the
+/// driver), and whether it ran.
+std::atomic<Gate*> g_handler_gate{nullptr};
+std::atomic<int> g_handler_runs{0};
+void enter_in_handler(int) {
+  Gate* g = g_handler_gate.load();
+  g->enter();
+  g->leave();
+  ++g_handler_runs;
+}
 
 void* enter_process_gate_and_exit(void*) {
   cusnap::shim::gate().enter();
@@ -302,6 +314,56 @@ TEST_SUITE("shim.gate") {
     CHECK(g->open() == 0);
     g->enter();
     g->leave();
+    delete g;
+  }
+
+  TEST_CASE("a signal handler that enters the gate while its thread waits there") {
+    // Before: the handler, run on the waiting thread (depth 0), took the
+    // ticket after the thread's own and waited for it for good, and so did
+    // every later arrival. Leaked in that case (threads wait in it).
+    auto* g = new Gate;
+    g_handler_gate = g;
+    g_handler_runs = 0;
+    struct sigaction sa {
+    }, old{};
+    sa.sa_handler = enter_in_handler;
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+    REQUIRE(g->close(1000) == 0);
+    std::atomic<bool> through{false};
+    std::thread waiter([&] {
+      g->enter();
+      g->leave();
+      through = true;
+    });
+    REQUIRE(wait_for([&] { return g->waiting() == 1; }));
+    REQUIRE(pthread_kill(waiter.native_handle(), SIGUSR1) == 0);
+    std::this_thread::sleep_for(100ms);
+    CHECK(g->waiting() == 1);  // the handler waits for the gate with its thread
+    CHECK(g_handler_runs == 0);
+    CHECK(g->open() == 0);
+    const bool ok = wait_for([&] { return through.load(); });
+    CHECK(ok);
+    CHECK(g_handler_runs == 1);
+    // Later arrivals get through; the gate closes and opens as before.
+    std::atomic<bool> later{false};
+    std::thread after([&] {
+      g->enter();
+      g->leave();
+      later = true;
+    });
+    CHECK(wait_for([&] { return later.load(); }));
+    if (!ok || !later) {  // stuck in the gate for good: leave them and the gate
+      waiter.detach();
+      after.detach();
+      sigaction(SIGUSR1, &old, nullptr);
+      return;
+    }
+    waiter.join();
+    after.join();
+    CHECK(g->close(1000) == 0);
+    CHECK(g->open() == 0);
+    sigaction(SIGUSR1, &old, nullptr);
     delete g;
   }
 
