@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <new>
 
@@ -69,6 +70,14 @@ bool still_capturing(CUstream s, bool ptsz) {
   return is && is(pt ? nullptr : s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/// Whether thread tid of this process has exited (errno kept).
+bool thread_gone(long tid) {
+  const int saved = errno;
+  const bool gone = ::syscall(SYS_tgkill, ::getpid(), tid, 0) != 0 && errno == ESRCH;
+  errno = saved;
+  return gone;
+}
+
 }  // namespace
 
 void began(CUstream s, bool ptsz) noexcept {
@@ -114,9 +123,16 @@ bool any() noexcept {
     for (unsigned i = 0; i < kMax; ++i) seen[i] = g_origins[i];
   }
   for (const Origin& o : seen) {
-    if (!o.used || (o.tid != 0 && o.tid != self)) continue;
-    CUstream s = o.tid ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(o.stream);
-    if (still_capturing(s, false)) continue;
+    if (!o.used) continue;
+    if (o.tid != 0 && o.tid != self) {
+      // Another thread's default stream: only that thread may ask. One that
+      // exited capturing can never end its capture, which would count for
+      // ever (frees deferred for good, every drain refused).
+      if (!thread_gone(o.tid)) continue;
+    } else {
+      CUstream s = o.tid ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(o.stream);
+      if (still_capturing(s, false)) continue;
+    }
     PthreadLock l(&g_mu);
     Origin* f = find_locked(o);
     if (f && f->generation == o.generation) drop_locked(f);

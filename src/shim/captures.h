@@ -29,7 +29,8 @@ void ended(CUstream s, bool ptsz, CUresult r) noexcept;
 void destroyed(CUstream s) noexcept;
 /// Whether a capture may be under way in this process: the recorded ones,
 /// each asked again (cuStreamIsCapturing) where this thread can, so that one
-/// invalidated and never ended does not count for ever.
+/// invalidated and never ended does not count for ever; one on the default
+/// stream of a thread that has exited is dropped.
 bool any() noexcept;
 
 /// Fork: the child has no captures.

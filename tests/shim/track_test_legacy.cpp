@@ -2,6 +2,7 @@
 // legacy IPC, frees and allocations during stream captures, and peer access.
 // Helpers: track_test.h.
 #include <cstdint>
+#include <thread>
 
 #include "tests/shim/track_test.h"
 
@@ -101,6 +102,21 @@ int free_in_capture() {
   REQ_OK(cuMemAlloc(&f, 1 << 20));
   REQ_OK(cuStreamBeginCapture_v2(t, CU_STREAM_CAPTURE_MODE_RELAXED));
   REQ_OK(cuStreamDestroy(t));
+  REQ_OK(cuMemFree(f));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty());
+  // Nor does one on the default stream of a thread that exited capturing
+  // (before: every later free deferred for good).
+  CUcontext ctx = nullptr;
+  REQ_OK(cuCtxGetCurrent(&ctx));
+  CUresult began = CUDA_ERROR_UNKNOWN;
+  std::thread([&] {
+    began = cuCtxSetCurrent(ctx);
+    if (began == CUDA_SUCCESS)
+      began = cuStreamBeginCapture_v2(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED);
+  }).join();
+  REQ_OK(began);
+  REQ_OK(cuMemAlloc(&f, 1 << 20));
   REQ_OK(cuMemFree(f));
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty());
