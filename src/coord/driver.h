@@ -84,8 +84,13 @@ class Driver {
   /// Result of the last driver call made through this object.
   CUresult last_result() const { return last_; }
   /// A restore through this object failed for lack of GPU memory (or after
-  /// such a failure): the driver will not restore that process again.
+  /// such a failure), or a process's state was failed: the driver will not
+  /// restore that process again.
   bool restore_refused() const { return restore_refused_; }
+  /// A process's GPU state was found failed ("an uncorrectable error during
+  /// the checkpoint/restore process", cuda.h): as a refused restore, the
+  /// driver brings it back no more.
+  void note_state_failed() { restore_refused_ = true; }
   /// The free-memory check of restores through this object.
   RestoreMemory& restore_memory() { return restore_memory_; }
 

@@ -328,6 +328,21 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
       add(state_errors[k]);
       continue;
     }
+    // Neither restored nor unlocked by any call: a driver call on it failed
+    // inside the driver (a restore, say), and it is not brought back. Said,
+    // not counted as back (the job would be recorded running, its process
+    // stopped for good).
+    if (st != CU_PROCESS_STATE_CHECKPOINTED && st != CU_PROCESS_STATE_LOCKED &&
+        st != CU_PROCESS_STATE_RUNNING) {
+      if (st == CU_PROCESS_STATE_FAILED) d.note_state_failed();
+      add("driver restore phase: process " + std::to_string(pid) +
+          ": the driver reports its GPU state " +
+          (st == CU_PROCESS_STATE_FAILED
+               ? std::string("failed (an uncorrectable error in a checkpoint or restore call): "
+                             "the driver brings it back no more")
+               : "unknown (" + std::to_string(int(st)) + "): neither restored nor unlocked"));
+      continue;
+    }
     if (st == CU_PROCESS_STATE_CHECKPOINTED) {
       if (!restore_with_choices(d, pid, pairs, choices, &why)) {
         add("driver restore phase: " + why);

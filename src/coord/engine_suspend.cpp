@@ -157,10 +157,15 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
         ok = false;
         break;
       }
-      if (st == CU_PROCESS_STATE_LOCKED || st == CU_PROCESS_STATE_CHECKPOINTED) cuda.push_back(pid);
+      // A failed one is handed on with the others: driver_resume_all says
+      // it cannot come back (the resume fails), rather than the resume
+      // succeeding with a process stopped for good.
+      if (st == CU_PROCESS_STATE_LOCKED || st == CU_PROCESS_STATE_CHECKPOINTED ||
+          st == CU_PROCESS_STATE_FAILED)
+        cuda.push_back(pid);
       if (st == CU_PROCESS_STATE_FAILED) failed.push_back(pid);
     }
-    if (ok && cuda.empty() && !failed.empty()) {
+    if (ok && cuda.size() == failed.size() && !failed.empty()) {
       *err = "job " + job.name + ": the driver holds no process of it suspended, and process " +
              std::to_string(failed.front()) +
              " has its GPU state failed: the driver cannot bring it back; nothing was changed";

@@ -22,6 +22,10 @@
 #              memory; the guardian leaves the job suspended, marked so, and
 #              does not send the user to cusnap resume; inspect and ps say
 #              it cannot come back; the resume, through the guardian, too
+#   failed     a checkpoint whose dump fails and whose roll back's restore
+#              fails otherwise (CUDA_ERROR_UNKNOWN): the driver marks the
+#              process FAILED; the job is left suspended (exit 6) and marked
+#              as never coming back, not taken as running on
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "the simulated driver's restore_memory fault point" || exit 77
 
@@ -177,4 +181,38 @@ said "the driver will not restore its GPU state: stop it (SIGTERM to its supervi
 held guardian
 term_job
 pass "the supervisor killed during a checkpoint, the guardian's restore refused for memory: left suspended, marked so; inspect, ps and resume say it cannot come back"
+
+# ---- a roll back whose restore fails otherwise: the driver marks the process
+# FAILED, which nothing brings back. Before: the next pass took FAILED as
+# back, the checkpoint exited 1 saying the job runs on unchanged, recorded
+# running, its process stopped for good.
+start failed CUSNAP_CRIU="$T/criu-fail"
+echo "restore_memory:1:999" >"$T/job.$PID"
+op checkpoint failed -o "$T/failed.ckpt"
+[ "$RC" = 6 ] || fail "checkpoint exited $RC, expected 6"
+said "CRIU dump phase" checkpoint
+said "cuCheckpointProcessRestore of process $PID failed: CUDA_ERROR_UNKNOWN (999)" checkpoint
+said "process $PID: the driver reports its GPU state failed" checkpoint
+said "the job is left suspended" checkpoint
+grep -q "runs on unchanged" "$T/op.out" && fail "the checkpoint says the job runs on: $(cat "$T/op.out")"
+# held_failed: recorded suspended, its GPU state failed, counting no more.
+held_failed() {
+  [ "$(job_field failed state)" = suspended ] || fail "failed shows $(job_field failed state)"
+  [ "$(cuda_states failed)" = failed ] || fail "the job's GPU state is $(cuda_states failed)"
+  local n
+  n=$(last_count "$OUT")
+  sleep 0.3
+  [ "$(last_count "$OUT")" = "$n" ] || fail "failed counted on"
+}
+held_failed
+inspect_refused failed checkpoint "CRIU dump phase" "GPU state failed"
+op ps
+said "^failed .* suspended! " ps
+op resume failed
+[ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
+said "process $PID: the driver reports its GPU state failed" resume
+said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $SUP)" resume
+held_failed
+term_job
+pass "roll back: a restore that leaves the process FAILED: left suspended (exit 6), marked as never coming back; resume says so"
 echo PASS
