@@ -12,10 +12,10 @@
 // holds), serves a new control socket there and runs the supervisor's loop,
 // so `cusnap ps`, `checkpoint`, `suspend` and `resume` find the job as
 // before (its exit status is no longer known: the guardian is not its
-// parent). A recovery that fails leaves the job suspended (recover_job
-// marks it), and the guardian supervises it all the same, so that `cusnap
-// resume` can try again. Where that fails it copies the job's output into the log until
-// the job ends, so the job does not die of a broken pipe.
+// parent), and forks a guardian of its own. A recovery that fails leaves the job suspended
+// (recover_job marks it), and the guardian supervises it all the same, so that `cusnap resume` can
+// try again. Where that fails it copies the job's output into the log until the job ends, so the
+// job does not die of a broken pipe.
 #pragma once
 
 #include <sys/types.h>

@@ -325,9 +325,11 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
                    err.c_str(), info.name.c_str());
   }
   // The guardian brings the job back if we die during an operation
-  // (guardian.h); forked before any thread of ours starts.
+  // (guardian.h); forked before any thread of ours starts. A guardian that
+  // took the job over has one of its own too: killed during a later
+  // operation, it would leave the job locked with nobody to bring it back.
   Guardian guardian;
-  if (!adopted_) {
+  {
     std::string gerr;
     if (!guardian.start(info, out_r.get(), err_r.get(), rundir_->log_path(), rundir_->lock_fd(),
                         &gerr))

@@ -9,7 +9,8 @@
 #  - a checkpoint asked for while the job is being launched: it is refused
 #    or it completes and restores; the job is never lost;
 #  - the supervising cusnap is killed (SIGKILL) while the driver has the job
-#    locked: the guardian brings the job back (docs/reliability.md);
+#    locked: the guardian brings the job back (docs/reliability.md); so is
+#    the guardian once it supervises the job: a guardian of its own does;
 #  - it is killed before its checkpoint claimed its -o DIR, into which
 #    another job's checkpoint writes: that checkpoint is left whole.
 source "$(dirname "$0")/lib_checkpoint.sh"
@@ -156,6 +157,28 @@ grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
 # and restores.
 [ "$(job_field orphan pid)" = "$PID" ] || fail "cusnap ps does not list the job the guardian supervises"
 GUARD=$(job_field orphan supervisor_pid)
+# The guardian, supervising now, killed during a checkpoint too: a guardian of
+# its own brings the job back and supervises it (before: it had none; the job
+# stayed locked, and ps removed its runtime directory).
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
+CK=$!
+sleep 1
+kill -KILL "$GUARD"
+RC=0; wait "$CK" || RC=$?
+[ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor (a guardian) was killed"
+for _ in $(seq 1 200); do
+  [ "$(grep -c "guardian: the job runs on, supervised by process" "$LOG")" -ge 2 ] && break
+  sleep 0.05
+done
+[ "$(grep -c "guardian: the job runs on, supervised by process" "$LOG")" -ge 2 ] ||
+  fail "no guardian brought the job back after the guardian supervising it was killed: $(grep cusnap: "$LOG")"
+wait_guardian orphan "$GUARD" running
+state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
+case $state in *"state 0"*) ;; *) fail "after the second guardian's recovery the driver state is '$state'" ;; esac
+N=$(last_count "$LOG")
+wait_count "$LOG" $((N + 5)) "" 20
+[ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
+echo "   the guardian supervising the job killed mid-checkpoint: brought back again, supervised by $GUARD"
 rm -rf "$T/orphan.ck"
 BEFORE_CK=$(last_count "$LOG")
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ck2" >"$T/orphan-ck2.out" 2>&1 ||
