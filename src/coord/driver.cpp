@@ -172,7 +172,8 @@ bool Driver::get_state(pid_t pid, CUprocessState* state, std::string* err) {
   // ps and inspect listing a job's processes), the control timeout bounds it.
   auto out = std::make_shared<CUprocessState>(CU_PROCESS_STATE_FAILED);
   const std::chrono::milliseconds bound =
-      deadline_.count() > 0 ? deadline_ : proto::control_timeout_from_env(proto::kDefaultTimeout);
+      quick_deadline_.count() > 0 ? quick_deadline_
+                                  : proto::control_timeout_from_env(proto::kDefaultTimeout);
   if (!bounded_call([fn, pid, out] { return fn(pid, out.get()); }, "cuCheckpointProcessGetState",
                     pid, err, bound))
     return false;
@@ -189,7 +190,7 @@ bool Driver::lock(pid_t pid, std::chrono::milliseconds timeout, std::string* err
         args.timeoutMs = ms;
         return fn(pid, &args);
       },
-      "cuCheckpointProcessLock", pid, err);
+      "cuCheckpointProcessLock", pid, err, quick_deadline_);
   // Measured on an H200 (docs/gpu-runs/state-and-lock-h200.log): a lock
   // waits for the process's device work and driver calls, and answers
   // NOT_READY when they outlast its timeout, the process left running.
@@ -246,7 +247,7 @@ bool Driver::unlock(pid_t pid, std::string* err) {
         CUcheckpointUnlockArgs args{};
         return fn(pid, &args);
       },
-      "cuCheckpointProcessUnlock", pid, err);
+      "cuCheckpointProcessUnlock", pid, err, quick_deadline_);
 }
 
 bool Driver::bounded_call(std::function<CUresult()> fn, const char* call, pid_t pid,

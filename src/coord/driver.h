@@ -75,9 +75,15 @@ class Driver {
   bool restore(pid_t pid, const std::vector<CUcheckpointGpuPair>& pairs, std::string* err);
   bool unlock(pid_t pid, std::string* err);
 
-  /// Bounds every lock/checkpoint/restore/unlock call: past it the call is
-  /// reported as stuck (0 = wait as long as the driver takes).
-  void set_call_deadline(std::chrono::milliseconds d) { deadline_ = d; }
+  /// Bounds every checkpoint and restore call, which move the process's
+  /// device memory, by d, and every lock, unlock and state call, which move
+  /// none, by quick (0: d too): past it the call is reported as stuck (0 =
+  /// wait as long as the driver takes).
+  void set_call_deadline(std::chrono::milliseconds d,
+                         std::chrono::milliseconds quick = std::chrono::milliseconds(0)) {
+    deadline_ = d;
+    quick_deadline_ = quick.count() > 0 ? quick : d;
+  }
 
   /// "CUDA_ERROR_X (n)" for a result code.
   std::string error_name(CUresult r) const;
@@ -107,6 +113,7 @@ class Driver {
   bool restore_refused_ = false;
   RestoreMemory restore_memory_;
   std::chrono::milliseconds deadline_{0};
+  std::chrono::milliseconds quick_deadline_{0};
 
   CUresult (*cuInit_)(unsigned int) = nullptr;
   CUresult (*cuDriverGetVersion_)(int*) = nullptr;

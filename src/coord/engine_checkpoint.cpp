@@ -217,7 +217,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!note_gpu_use(job, scan.cuda, value(kRestoreMarginSetting), &driver, err))
     return refused(kRestoreMarginSetting);
   driver.restore_memory().policy.origin = setting_origin(opts.settings, kRestoreMarginSetting);
-  driver.set_call_deadline(driver_deadline(opts.timeout, scan.gpus));
+  set_driver_deadlines(driver, opts.timeout, scan.gpus);
   std::vector<pid_t> pids;
   for (const ProcessInfo& p : scan.procs) pids.push_back(p.pid);
   std::string what;

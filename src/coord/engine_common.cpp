@@ -166,12 +166,15 @@ bool driver_suspend_all(Driver& d, const std::vector<pid_t>& pids,
             ")";
   };
   for (pid_t pid : pids) {
+    // Brought back even when its lock fails: a lock given up at the call's
+    // deadline may still take hold afterwards (one the driver answered
+    // NOT_READY left the process running, which the bringing back leaves).
+    locked.push_back(pid);
     if (!d.lock(pid, timeout, &why)) {
       ended(pid, "lock");
       ok = false;
       break;
     }
-    locked.push_back(pid);
   }
   if (ok && when_locked && !when_locked(&why)) {
     ok = false;
@@ -360,6 +363,12 @@ std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
   uint64_t bytes = 0;
   for (const GpuDevice& g : gpus) bytes += g.total_mem;
   return base + std::chrono::milliseconds(bytes / 500000);
+}
+
+void set_driver_deadlines(Driver& d, std::chrono::milliseconds base,
+                          const std::vector<GpuDevice>& gpus) {
+  d.set_call_deadline(driver_deadline(base, gpus),
+                      base + proto::control_timeout_from_env(proto::kDefaultTimeout));
 }
 
 std::chrono::milliseconds criu_kill_grace() {

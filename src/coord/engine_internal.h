@@ -255,6 +255,13 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
 /// 1.5 GB/s), so a large job is never cut short while a hang still ends.
 std::chrono::milliseconds driver_deadline(std::chrono::milliseconds base,
                                           const std::vector<GpuDevice>& gpus);
+/// Bounds d's calls for an operation whose timeout is base: checkpoint and
+/// restore by driver_deadline; lock, unlock and the state, which move no
+/// memory, by base plus the control timeout (a lock's own timeout is base),
+/// so that a roll back's state calls after a stuck checkpoint do not each
+/// wait the time the machine's memory would take to copy.
+void set_driver_deadlines(Driver& d, std::chrono::milliseconds base,
+                          const std::vector<GpuDevice>& gpus);
 
 /// The free-memory check of the driver's restore (engine_memory.cpp,
 /// gpu_memory.h). note_gpu_use: before checkpoint or suspend touch the job,

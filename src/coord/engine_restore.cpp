@@ -379,7 +379,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     return false;
   }
   out->phases.emplace_back("verify", sw.lap());
-  driver.set_call_deadline(driver_deadline(opts.timeout, m.gpus));
+  set_driver_deadlines(driver, opts.timeout, m.gpus);
   // CRIU gives every process and thread its old id back.
   const std::vector<pid_t> ids = restored_ids(m);
   std::string holder;

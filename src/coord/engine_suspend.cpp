@@ -50,7 +50,7 @@ bool suspend_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     }
   }
   if (ok) {
-    driver.set_call_deadline(driver_deadline(timeout, scan.gpus));
+    set_driver_deadlines(driver, timeout, scan.gpus);
     bool rolled_back = true;
     c = kExitFailure;
     // No process began to use the GPU or to share device memory since the
@@ -184,7 +184,7 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     std::vector<GpuDevice> gpus;
     std::string ignored;
     driver.devices(&gpus, &ignored);
-    driver.set_call_deadline(driver_deadline(timeout, gpus));
+    set_driver_deadlines(driver, timeout, gpus);
   }
   if (ok && !driver_runs_all) {
     c = kExitFailure;

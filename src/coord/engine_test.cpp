@@ -552,6 +552,21 @@ TEST_CASE("engine: a driver call that never returns is given up after the deadli
   unsetenv("CUSNAP_CONTROL_TIMEOUT");
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   CHECK(err.find("did not return within 300 ms") != std::string::npos);
+  // The state, lock and unlock calls move no memory: an operation bounds
+  // them by its timeout plus the control timeout, not by the long deadline
+  // of the checkpoint and restore calls (the machine's memory at 0.5 GB/s,
+  // some 38 minutes on eight 141 GB GPUs).
+  setenv("CUSNAP_CONTROL_TIMEOUT", "0.1", 1);
+  std::vector<GpuDevice> eight(8);
+  for (GpuDevice& g : eight) g.total_mem = uint64_t(141) << 30;
+  CHECK(engine_detail::driver_deadline(std::chrono::milliseconds(200), eight) >
+        std::chrono::minutes(30));
+  engine_detail::set_driver_deadlines(fresh, std::chrono::milliseconds(200), eight);
+  unsetenv("CUSNAP_CONTROL_TIMEOUT");
+  t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(fresh.get_state(23456, &st, &err));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(err.find("did not return within 300 ms") != std::string::npos);
 }
 
 TEST_CASE("engine: stale temporary directories of a killed checkpoint or restore are swept") {
