@@ -378,13 +378,16 @@ bool listen_unix(const std::string& path, mode_t mode, UniqueFd* out, std::strin
     *err = errno_text("socket");
     return false;
   }
-  // The umask restricts the mode from bind on: no window in which others may connect.
-  mode_t old = ::umask(0777 & ~mode);
-  int r = ::bind(s.get(), reinterpret_cast<sockaddr*>(&sa), len);
-  int saved = errno;
-  ::umask(old);
-  if (r != 0) {
-    errno = saved;
+  // Linux gives the socket's file the mode of the socket's own inode less
+  // the umask: set first, it holds from bind on, with no window in which
+  // others may connect. Not the umask, which is the whole process's: the
+  // shim binds inside the application, whose threads may be creating files
+  // (or setting the umask) meanwhile.
+  if (::fchmod(s.get(), mode) != 0) {
+    *err = errno_text("fchmod of the socket");
+    return false;
+  }
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     *err = "binding " + path + ": " + std::strerror(errno);
     return false;
   }

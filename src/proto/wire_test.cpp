@@ -7,7 +7,11 @@
 #include <unistd.h>
 
 #include <doctest/doctest.h>
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "proto/control.h"
@@ -417,6 +421,34 @@ TEST_CASE("wire: listen with a mode, connect, accept") {
   CHECK(!connect_unix(std::string(tmpl) + "/missing.sock", std::chrono::milliseconds(200), &none,
                       &err));
   unlink(path.c_str());
+  // The mode holds with any umask, and the process's umask is never touched
+  // (the shim binds inside an application, whose threads create files): a
+  // thread reading it all the while sees only the application's.
+  const mode_t app_umask = 0002;
+  const mode_t before = umask(app_umask);
+  std::atomic<bool> done{false};
+  std::set<std::string> seen;
+  std::thread watch([&] {
+    while (!done) {
+      std::ifstream f("/proc/self/status");
+      for (std::string line; std::getline(f, line);)
+        if (line.rfind("Umask:", 0) == 0) seen.insert(line.substr(6));
+    }
+  });
+  bool modes_ok = true;
+  for (int i = 0; i < 300; ++i) {
+    UniqueFd m;
+    if (!listen_unix(path, 0600, &m, &err) || stat(path.c_str(), &st) != 0 ||
+        (st.st_mode & 0777) != 0600)
+      modes_ok = false;
+    unlink(path.c_str());
+  }
+  done = true;
+  watch.join();
+  umask(before);
+  CHECK(modes_ok);
+  CHECK(seen.size() == 1);
+  CHECK(seen.count("\t0002") == 1);
   rmdir(tmpl);
 }
 
