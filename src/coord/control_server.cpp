@@ -388,6 +388,26 @@ void ControlServer::serve(UniqueFd conn) {
       ch.send(proto::kMsgResult, make_result(false, kExitUsage, err), &err);
       return;
     }
+    // A job suspended by cusnap suspend is refused here, before its
+    // guardian hears of a checkpoint: were the supervisor to die before the
+    // engine's refusal, the guardian would bring the job back from the
+    // checkpoint's (empty) directory, opening its gates over the shared
+    // memory the suspend released. (One left suspended by a failed roll back
+    // is the engine's to refuse, saying why; its guardian recovers from the
+    // marked place.)
+    bool suspended = false;
+    {
+      std::lock_guard lk(ctx_->mu);
+      suspended = ctx_->status.state == "suspended";
+    }
+    if (suspended && left_suspended_details(info).empty()) {
+      ch.send(proto::kMsgResult,
+              make_result(false, kExitRefused,
+                          "job " + info.name + " is suspended: cusnap resume " + info.name +
+                              " brings it back, then it can be checkpointed; nothing was changed"),
+              &err);
+      return;
+    }
     proto::Result refusal;
     auto cancel = std::make_shared<CancelToken>();
     if (!begin_engine("checkpoint", cred, cancel, &refusal)) {

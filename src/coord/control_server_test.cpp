@@ -274,6 +274,16 @@ TEST_CASE("control server: suspend and resume move the state") {
   CHECK(r.exit_code == kExitRefused);  // already suspended, and what helps
   CHECK(r.message == "job fake is already suspended: cusnap resume fake brings it back");
   CHECK(f.ctx.status.state == "suspended");
+  // A checkpoint of the suspended job is refused before the engine (and the
+  // guardian) hear of it.
+  REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgCheckpoint,
+                      proto::CheckpointRequest{f.dir + "/ck", false, 1000, {}}, nullptr, &r, &err));
+  CHECK(r.exit_code == kExitRefused);
+  CHECK(r.message ==
+        "job fake is suspended: cusnap resume fake brings it back, then it can be checkpointed; "
+        "nothing was changed");
+  CHECK(f.checkpoints == 0);
+  CHECK(f.ctx.status.state == "suspended");
   REQUIRE(job_request(f.entry, 1000ms, 1000ms, proto::kMsgResume, proto::TimeoutRequest{1000, {}},
                       nullptr, &r, &err));
   CHECK(r.ok);
