@@ -177,7 +177,9 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
 /// checkpoint of JOB": the end of an error for a job that cannot come back
 /// (called in its supervisor).
 std::string cannot_come_back(const JobInfo& job);
-/// True when the job carries the marker.
+/// True when the job carries the marker, or when this process left it
+/// suspended and could not write the marker (a full disk): then kept in
+/// memory, so that the supervisor's cusnap resume still finds it.
 bool read_left_suspended(const JobInfo& job, LeftSuspended* out);
 /// The driver refused to restore the job's GPU state (after which it never
 /// does): the marker says so from now on, the rest of it unchanged.

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "coord/engine_internal.h"
@@ -41,15 +43,52 @@ nlohmann::json marker_json(const LeftSuspended& left) {
           {"remove_dir", left.remove_dir}};
 }
 
-/// Writes the marker atomically; "" or what went wrong.
+/// Markers this process could not write (a full disk, say), by path: the
+/// supervisor that left the job suspended keeps them, so that its cusnap
+/// resume still finds where the saved shared memory is. Other processes (ps,
+/// inspect, a guardian) see only the file.
+std::mutex g_unwritten_mu;
+std::map<std::string, LeftSuspended> g_unwritten;
+
+/// Writes the marker atomically and durably; "" or what went wrong (the
+/// temporary file then removed).
 std::string write_marker(const JobInfo& job, const LeftSuspended& left) {
   if (job.runtime_dir.empty()) return "the job has no runtime directory";
   const std::string text = json_text(marker_json(left)) + "\n", path = marker_path(job),
                     tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  bool ok = bool(fd) && ::write(fd.get(), text.data(), text.size()) == ssize_t(text.size()) &&
-            ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
-  return ok ? "" : "writing " + path + ": " + std::strerror(errno);
+  bool ok = bool(fd);
+  for (size_t off = 0; ok && off < text.size();) {
+    const ssize_t w = ::write(fd.get(), text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = ENOSPC;
+      ok = false;
+      break;
+    }
+    off += size_t(w);
+  }
+  ok = ok && ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    const int e = errno;
+    if (fd) ::unlink(tmp.c_str());
+    return "writing " + path + ": " + std::strerror(e);
+  }
+  if (UniqueFd dir{::open(job.runtime_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)})
+    ::fsync(dir.get());
+  return "";
+}
+
+/// Writes the marker, or keeps it in this process where that fails; "" or
+/// what went wrong with the file.
+std::string note_marker(const JobInfo& job, const LeftSuspended& left) {
+  std::string problem = write_marker(job, left);
+  std::lock_guard lk(g_unwritten_mu);
+  if (problem.empty())
+    g_unwritten.erase(marker_path(job));
+  else
+    g_unwritten[marker_path(job)] = left;
+  return problem;
 }
 
 }  // namespace
@@ -76,7 +115,7 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
   left.state_dir = state_dir;
   left.saved = saved;
   left.remove_dir = saved && remove_dir;
-  const std::string problem = write_marker(job, left);
+  const std::string problem = note_marker(job, left);
   std::string msg =
       "\nthe job is left suspended: its processes wait at the driver's and cusnap's "
       "gates with their GPU state kept";
@@ -84,14 +123,21 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
   if (restore_refused)
     return msg + "; but the driver will not restore its GPU state" + cannot_come_back(job);
   if (problem.empty()) return msg + "; run cusnap resume " + job.name + " to bring it back";
-  return msg + ", but cusnap could not note it (" + problem +
-         "), so cusnap resume will not find the saved shared memory";
+  return msg + "; run cusnap resume " + job.name +
+         " to bring it back. cusnap could not note it on disk (" + problem +
+         "): only this supervisor knows it is left so (cusnap ps and inspect do not show it)";
 }
 
 bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
   if (job.runtime_dir.empty()) return false;
   UniqueFd fd(::open(marker_path(job).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) return false;
+  if (!fd) {
+    std::lock_guard lk(g_unwritten_mu);
+    auto kept = g_unwritten.find(marker_path(job));
+    if (kept == g_unwritten.end()) return false;
+    *out = kept->second;
+    return true;
+  }
   std::string text;
   char buf[4096];
   for (ssize_t r; (r = ::read(fd.get(), buf, sizeof buf)) != 0;) {
@@ -122,10 +168,14 @@ void note_restore_refused(const JobInfo& job) {
   LeftSuspended left;
   if (!read_left_suspended(job, &left) || left.restore_refused) return;
   left.restore_refused = true;
-  write_marker(job, left);  // best effort: the resume's error says it too
+  note_marker(job, left);  // best effort: the resume's error says it too
 }
 
 void clear_left_suspended(const JobInfo& job, const LeftSuspended& left) {
+  {
+    std::lock_guard lk(g_unwritten_mu);
+    g_unwritten.erase(marker_path(job));
+  }
   std::error_code ec;
   // A completed checkpoint (--leave-running) holds its shared memory too.
   if (fs::exists(left.state_dir + "/" + kManifestName, ec)) {

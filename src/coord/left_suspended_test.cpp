@@ -111,6 +111,38 @@ TEST_CASE("left suspended: the marker names the saved state and refuses until cl
             0);
     CHECK_FALSE(read_left_suspended(job, &left));
   }
+  SUBCASE("a marker that cannot be written is kept by this process") {
+    // The temporary file cannot be made (a directory stands there), as on a
+    // full disk. Before: resume then found nothing left suspended and
+    // reported the job running, its gates closed over released memory.
+    REQUIRE(fs::create_directory(job.runtime_dir + "/left-suspended.tmp"));
+    const std::string dir = base + "/ckpt";
+    REQUIRE(fs::create_directories(dir + "/shim"));
+    { std::ofstream(dir + "/shim/42.records") << "x"; }
+    const std::string msg = leave_suspended(job, dir, true, "checkpoint", "dump failed");
+    CHECK(msg.find("run cusnap resume j to bring it back") != std::string::npos);
+    CHECK(msg.find("cusnap could not note it on disk (writing " + job.runtime_dir +
+                   "/left-suspended: ") != std::string::npos);
+    CHECK_FALSE(fs::exists(job.runtime_dir + "/left-suspended"));
+    REQUIRE(read_left_suspended(job, &left));
+    CHECK(left.state_dir == dir);
+    CHECK(left.saved);
+    CHECK_FALSE(refuse_when_left_suspended(job, "checkpoint", &err));
+    CHECK(left_suspended_state(job) == LeftSuspendedState::kResumable);
+    note_restore_refused(job);  // written nowhere either: kept
+    REQUIRE(read_left_suspended(job, &left));
+    CHECK(left.restore_refused);
+    clear_left_suspended(job, left);
+    CHECK_FALSE(read_left_suspended(job, &left));
+    // Once the file can be written, it is the file again.
+    fs::remove(job.runtime_dir + "/left-suspended.tmp");
+    leave_suspended(job, dir, true, "checkpoint", "dump failed");
+    CHECK(fs::exists(job.runtime_dir + "/left-suspended"));
+    CHECK_FALSE(fs::exists(job.runtime_dir + "/left-suspended.tmp"));
+    REQUIRE(read_left_suspended(job, &left));
+    clear_left_suspended(job, left);
+    CHECK_FALSE(read_left_suspended(job, &left));
+  }
   SUBCASE("an unreadable marker still refuses, pointing at the suspend's directory") {
     { std::ofstream(job.runtime_dir + "/left-suspended") << "not json"; }
     REQUIRE(read_left_suspended(job, &left));
