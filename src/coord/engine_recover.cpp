@@ -272,8 +272,11 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     return false;
   }
   if (was_left) clear_left_suspended(job, left);
-  // A checkpoint without its manifest is only debris.
   std::error_code ec;
+  // What a suspend saved is rebuilt: removed, as its resume does (left, its
+  // records would name processes to a later resume's rebuild).
+  if (!was_left && state_dir == suspend_state_dir(job)) std::filesystem::remove_all(state_dir, ec);
+  // A checkpoint without its manifest is only debris.
   if (remove_partial && !state_dir.empty() &&
       !std::filesystem::exists(state_dir + "/" + kManifestName, ec)) {
     for (const auto& e : std::filesystem::directory_iterator(state_dir, ec))

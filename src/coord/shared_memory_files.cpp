@@ -127,6 +127,9 @@ bool read_shim_records(const std::string& dir, pid_t pid, proto::ShimRecords* ou
 bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, std::string* err) {
   std::error_code ec;
   for (const char* sub : {"/shim", "/shared"}) {
+    // Only what this save writes: records left by an earlier operation (a
+    // suspend's directory is reused) would name processes to the rebuild.
+    fs::remove_all(dir + sub, ec);
     fs::create_directories(dir + sub, ec);
     if (!ec) fs::permissions(dir + sub, fs::perms::owner_all, ec);
     if (ec) {

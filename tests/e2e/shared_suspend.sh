@@ -2,7 +2,8 @@
 # suspend of two processes sharing a POSIX-fd allocation: the shim's gate
 # holds their driver calls, so neither count advances while suspended and
 # both processes stay; resume: both count on, the bytes intact, each seeing
-# the other's writes again.
+# the other's writes again. The supervisor killed during a suspend: its
+# guardian rebuilds the shared memory and removes what was saved.
 source "$(dirname "$0")/lib_shared.sh"
 
 PREFIXES=("" "importer ")
@@ -19,4 +20,46 @@ for p in "${PREFIXES[@]}"; do expect_running susp "$PID" "$LAUNCH_OUT" "$p"; don
 for k in "${!PREFIXES[@]}"; do wait_seen "$LAUNCH_OUT" "${PREFIXES[k]}" "${SEEN[k]}"; done
 no_errors "$LAUNCH_OUT"
 pass "resumed: both count on and share their memory"
+
+# The supervisor killed during a suspend, after the release: its guardian
+# rebuilds the shared memory from what the suspend saved, and removes it
+# (before: left in the runtime directory, its records naming processes to a
+# later resume's rebuild); a suspend and resume through the guardian work.
+LAUNCH_OUT=$T/orphan.out
+FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 "$CUSNAP" launch --name orphan -- \
+  env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20 >"$LAUNCH_OUT" 2>&1 &
+SUPERVISORS+=($!)
+SUP=$!
+for p in "${PREFIXES[@]}"; do wait_count "$LAUNCH_OUT" 5 "$p" 30; done
+PID=$(wait_job orphan)
+ready_pids "$LAUNCH_OUT" >>"$T/job-pids"
+SAVED=$CUSNAP_RUNTIME_BASE/orphan/suspended
+"$CUSNAP" suspend orphan >"$T/orphan.suspend.out" 2>&1 &
+SU=$!
+for _ in $(seq 1 100); do [ -n "$(ls "$SAVED/shared" 2>/dev/null)" ] && break; sleep 0.02; done
+[ -n "$(ls "$SAVED/shared" 2>/dev/null)" ] || fail "the suspend saved nothing in $SAVED"
+sleep 0.5
+kill -KILL "$SUP"
+wait "$SU" 2>/dev/null && fail "the suspend reported success after its supervisor was killed"
+LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
+for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
+grep -q "guardian: shared memory of 2 process(es): rebuilt" "$LOG" ||
+  fail "the guardian did not rebuild the shared memory: $(grep 'cusnap:' "$LOG" 2>/dev/null)"
+for p in "${PREFIXES[@]}"; do
+  n=$(last_count "$LOG" "$p")
+  wait_count "$LOG" $((n + 3)) "$p" 30
+done
+[ ! -e "$SAVED" ] || fail "what the suspend saved was left after the guardian rebuilt it: $(ls -R "$SAVED")"
+"$CUSNAP" suspend orphan >"$T/orphan.suspend2.out" 2>&1 ||
+  fail "a suspend through the guardian failed: $(cat "$T/orphan.suspend2.out")"
+"$CUSNAP" resume orphan >"$T/orphan.resume2.out" 2>&1 ||
+  fail "a resume through the guardian failed: $(cat "$T/orphan.resume2.out")"
+for p in "${PREFIXES[@]}"; do
+  n=$(last_count "$LOG" "$p")
+  wait_count "$LOG" $((n + 3)) "$p" 30
+  wait_seen "$LOG" "$p" "$(last_seen "$LOG" "$p")"
+done
+no_errors "$LOG"
+pass "supervisor killed during a suspend: the guardian rebuilt the shared memory and removed what was saved; suspend and resume work after"
+for p in $(ready_pids "$LAUNCH_OUT"); do kill -KILL "$p" 2>/dev/null; done
 echo "PASS"
