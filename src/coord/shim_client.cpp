@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace cusnap {
@@ -140,7 +141,12 @@ bool ShimClient::gate_open(std::string* err, bool keep_cut) {
 
 bool ShimClient::drain(std::chrono::milliseconds timeout, std::string* err, bool* busy) {
   proto::Done d;
-  const bool ok = call(proto::kMsgShimDrain, proto::Empty{}, -1, timeout, &d, err);
+  // The shim answers ETIMEDOUT a little before this side stops waiting, so
+  // that the connection stays in step and the gate can be opened on it.
+  proto::DrainRequest req;
+  const auto margin = std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1));
+  req.timeout_ms = uint64_t(std::max<int64_t>(1, (timeout - margin).count()));
+  const bool ok = call(proto::kMsgShimDrain, req, -1, timeout, &d, err);
   if (busy) *busy = !ok && d.code == EBUSY;
   return ok;
 }

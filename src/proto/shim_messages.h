@@ -85,6 +85,16 @@ struct GateRequest {
   MSGPACK_DEFINE_MAP(timeout_ms);
 };
 
+/// drain: timeout_ms bounds the wait for the process's device work (0 or
+/// absent, as an older client sends: until it has finished). Past it the
+/// shim answers done with code ETIMEDOUT and goes on serving, the drain left
+/// to finish on its own thread (a kernel may wait on a thread the gate
+/// holds, and end only once the gate opens).
+struct DrainRequest {
+  uint64_t timeout_ms = 0;
+  MSGPACK_DEFINE_MAP(timeout_ms);
+};
+
 /// gate-open: keep_cut keeps the cut across collective ranks armed, so held
 /// collective launches stay held (a retried quiesce); otherwise opening the
 /// gate lets them go. An empty map (older clients) is keep_cut false.

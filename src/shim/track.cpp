@@ -317,8 +317,10 @@ void atfork_prepare() noexcept {
   state().mu.lock();
   state().cache_mu.lock();
   conns_atfork_prepare();
+  drain_atfork_prepare();
 }
 void atfork_parent() noexcept {
+  drain_atfork_parent();
   conns_atfork_parent();
   state().cache_mu.unlock();
   state().mu.unlock();
@@ -335,6 +337,7 @@ void atfork_child() noexcept {
     close_listener(&s.ctl_listen, s.ctl_path);
   }
   conns_atfork_child();  // the listeners' connections
+  drain_atfork_child();  // no drain thread in the child
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

@@ -527,9 +527,17 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimDrain) {
     // Only once the gate holds the application's threads: meanwhile they
-    // begin stream captures and destroy contexts under the drain.
-    proto::Done d = gate_closed() ? drain(s) : proto::Done{};
-    if (!d.ok && d.error.empty()) d.error = "the gate is open: close it first";
+    // begin stream captures and destroy contexts under the drain. On a
+    // thread of its own, bounded: this listener must stay free to open the
+    // gate (drain_thread.cpp).
+    proto::DrainRequest req;
+    proto::Done d;
+    if (!msg.get(&req, &err))
+      d.error = err;
+    else if (!gate_closed())
+      d.error = "the gate is open: close it first";
+    else
+      d = drain_within(s, req.timeout_ms);
     sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
     // One descriptor per message: parts 0..parts-2 are held, the last runs it.

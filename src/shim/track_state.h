@@ -175,6 +175,14 @@ proto::ShimRecords snapshot(State& s);
 /// The checkpoint of shared memory, on the control listener's thread with the
 /// gate closed (track_ckpt.cpp). Each returns the reply to send.
 proto::Done drain(State& s) noexcept;
+/// drain on a thread of its own, waited for timeout_ms at most (0: until it
+/// ends); past it ETIMEDOUT, the drain going on (drain_thread.cpp). A drain
+/// still running from an earlier request is waited for first, then a fresh
+/// one runs: what the old one finds is not about now.
+proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept;
+void drain_atfork_prepare() noexcept;
+void drain_atfork_parent() noexcept;
+void drain_atfork_child() noexcept;
 proto::Done save_allocation(State& s, uint64_t id, const std::vector<int>& fds) noexcept;
 proto::Done release_shared(State& s, const std::string& origin) noexcept;
 /// Whether memory a release took away is still gone (an allocation not yet

@@ -147,6 +147,9 @@ struct Shim {
   }
   proto::Done reimport() { return call(proto::kMsgShimReimport, proto::Empty{}); }
   proto::Done drain() { return call(proto::kMsgShimDrain, proto::Empty{}); }
+  proto::Done drain(uint64_t timeout_ms) {
+    return call(proto::kMsgShimDrain, proto::DrainRequest{timeout_ms});
+  }
   proto::Done gate_close() { return call(proto::kMsgGateClose, proto::GateRequest{5000}); }
   proto::Done gate_open() { return call(proto::kMsgGateOpen, proto::Empty{}); }
 };

@@ -1,0 +1,125 @@
+// The drain of a checkpoint's quiesce on a thread of its own, waited for a
+// bounded time (track_state.h: drain_within).
+//
+// The drain synchronizes every context of the process: it waits for every
+// kernel. A kernel may wait on a thread the gate holds (one polling a flag
+// that thread would write through the driver; a collective whose progress
+// needs a proxy thread's driver call) and then never ends while the gate is
+// closed. Run on the control listener, such a drain held the listener: no
+// gate-open reached the shim, no hold ran out, and the workload stood still
+// for good. On its own thread the drain is waited for at most the request's
+// time; then the listener answers ETIMEDOUT and goes on serving, the
+// coordinator's gate-open lets the held thread on, the kernel ends, and the
+// drain's thread with it.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <new>
+
+#include "proto/control.h"
+#include "shim/track_ckpt_internal.h"
+#include "shim/track_state.h"
+
+namespace cusnap::shim::track {
+
+namespace {
+
+struct Run {
+  proto::Done result;
+  bool done = false;
+};
+
+struct Drains {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::shared_ptr<Run> running;  ///< the run whose thread has not ended
+};
+
+/// Never destroyed: a drain thread may outlive the process's static
+/// destructors (it ends with the process).
+Drains& drains() {
+  static Drains* d = new Drains;
+  return *d;
+}
+
+struct ThreadArg {
+  State* s;
+  std::shared_ptr<Run> run;
+};
+
+void* drain_main(void* p) {
+  std::unique_ptr<ThreadArg> a(static_cast<ThreadArg*>(p));
+  proto::Done d = drain(*a->s);
+  Drains& ds = drains();
+  std::lock_guard lk(ds.mu);
+  a->run->result = std::move(d);
+  a->run->done = true;
+  if (ds.running == a->run) ds.running.reset();
+  ds.cv.notify_all();
+  return nullptr;
+}
+
+}  // namespace
+
+proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept {
+  try {
+    Drains& ds = drains();
+    const uint64_t cap = uint64_t(proto::kMaxTimeoutMs);
+    const uint64_t ms = timeout_ms < cap ? timeout_ms : cap;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    std::unique_lock lk(ds.mu);
+    auto wait = [&](auto until) {
+      if (ms == 0) {
+        ds.cv.wait(lk, until);
+        return true;
+      }
+      return ds.cv.wait_until(lk, deadline, until);
+    };
+    const std::string within = " within " + std::to_string(ms) + " ms";
+    if (!wait([&] { return !ds.running; }))
+      return fail("the device work that an earlier drain waits for did not finish" + within,
+                  ETIMEDOUT);
+    auto run = std::make_shared<Run>();
+    auto* arg = new ThreadArg{&s, run};
+    // The application's signals are not for this thread.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    const int rc = pthread_create(&t, nullptr, drain_main, arg);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) {  // no thread to be had: on this one, as before
+      delete arg;
+      lk.unlock();
+      return drain(s);
+    }
+    pthread_detach(t);
+    ds.running = run;
+    if (!wait([&] { return run->done; }))
+      return fail("the device work did not finish" + within +
+                      " (a kernel still runs; one that waits on a thread held at the gate ends "
+                      "only once the gate opens); the drain goes on in the background",
+                  ETIMEDOUT);
+    return run->result;
+  } catch (...) {
+    return fail("out of memory");
+  }
+}
+
+void drain_atfork_prepare() noexcept {
+  drains().mu.lock();
+}
+void drain_atfork_parent() noexcept {
+  drains().mu.unlock();
+}
+void drain_atfork_child() noexcept {
+  Drains& ds = drains();
+  ds.running.reset();  // its thread is the parent's
+  ds.mu.unlock();
+}
+
+}  // namespace cusnap::shim::track
