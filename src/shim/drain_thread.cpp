@@ -10,17 +10,22 @@
 // for good. On its own thread the drain is waited for at most the request's
 // time; then the listener answers ETIMEDOUT and goes on serving, the
 // coordinator's gate-open lets the held thread on, the kernel ends, and the
-// drain's thread with it.
+// drain's thread with it: given up, it synchronizes nothing more (the
+// application runs again, and a synchronize would invalidate a capture it
+// begins).
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 
 #include "proto/control.h"
+#include "shim/gate.h"
 #include "shim/track_ckpt_internal.h"
 #include "shim/track_state.h"
 
@@ -31,6 +36,10 @@ namespace {
 struct Run {
   proto::Done result;
   bool done = false;
+  /// The listener answered without it: it stops before its next
+  /// synchronize (the application runs again once the gate opens, and may
+  /// begin a capture that a synchronize would invalidate).
+  std::atomic<bool> abandoned{false};
 };
 
 struct Drains {
@@ -53,7 +62,8 @@ struct ThreadArg {
 
 void* drain_main(void* p) {
   std::unique_ptr<ThreadArg> a(static_cast<ThreadArg*>(p));
-  proto::Done d = drain(*a->s);
+  const std::shared_ptr<Run> run = a->run;
+  proto::Done d = drain(*a->s, [run] { return !run->abandoned.load() && gate().is_closed(); });
   Drains& ds = drains();
   std::lock_guard lk(ds.mu);
   a->run->result = std::move(d);
@@ -92,18 +102,19 @@ proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept {
     pthread_t t;
     const int rc = pthread_create(&t, nullptr, drain_main, arg);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (rc != 0) {  // no thread to be had: on this one, as before
+    if (rc != 0) {  // on the listener it could hold every later request
       delete arg;
-      lk.unlock();
-      return drain(s);
+      return fail(std::string("no thread for the drain: ") + std::strerror(rc), EAGAIN);
     }
     pthread_detach(t);
     ds.running = run;
-    if (!wait([&] { return run->done; }))
+    if (!wait([&] { return run->done; })) {
+      run->abandoned = true;
       return fail("the device work did not finish" + within +
                       " (a kernel still runs; one that waits on a thread held at the gate ends "
-                      "only once the gate opens); the drain goes on in the background",
+                      "only once the gate opens); the drain is given up",
                   ETIMEDOUT);
+    }
     return run->result;
   } catch (...) {
     return fail("out of memory");
@@ -119,6 +130,7 @@ void drain_atfork_parent() noexcept {
 void drain_atfork_child() noexcept {
   Drains& ds = drains();
   ds.running.reset();  // its thread is the parent's
+  new (&ds.cv) std::condition_variable;  // the parent's waiters are not ours
   ds.mu.unlock();
 }
 

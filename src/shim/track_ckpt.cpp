@@ -185,8 +185,12 @@ std::string driver_error(const char* call, CUresult r) {
   return std::string(call) + " failed: " + (name ? name : "CUDA error " + std::to_string(r));
 }
 
-proto::Done drain(State& s) noexcept {
+proto::Done drain(State& s, const std::function<bool()>& go_on) noexcept {
   try {
+    // Checked before each synchronize: a drain given up on (the gate open
+    // again) must not synchronize the running application's contexts.
+    auto given_up = [&] { return go_on && !go_on(); };
+    const char* kGivenUp = "the drain was given up (the gate opened)";
     // Synchronizing a context while one of its streams captures fails and
     // invalidates the capture (captures.h): the workload's graph would be
     // lost. Refused instead, with EBUSY: the coordinator opens the gates so
@@ -213,6 +217,7 @@ proto::Done drain(State& s) noexcept {
       unsigned int flags = 0;
       int active = 0;
       if (!state_of || state_of(dev, &flags, &active) != CUDA_SUCCESS || !active) continue;
+      if (given_up()) return fail(kGivenUp, ECANCELED);
       DeviceContext ctx(dev);
       if (ctx.result() != CUDA_SUCCESS)
         return fail("device " + std::to_string(dev) + ": " +
@@ -222,6 +227,7 @@ proto::Done drain(State& s) noexcept {
     }
     auto set = REAL(cuCtxSetCurrent);
     for (CUcontext c : contexts) {
+      if (given_up()) return fail(kGivenUp, ECANCELED);
       if (!set || set(c) != CUDA_SUCCESS) continue;  // a context destroyed since
       CUresult r = sync();
       set(nullptr);

@@ -174,9 +174,12 @@ bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* genera
 proto::ShimRecords snapshot(State& s);
 /// The checkpoint of shared memory, on the control listener's thread with the
 /// gate closed (track_ckpt.cpp). Each returns the reply to send.
-proto::Done drain(State& s) noexcept;
+/// drain: go_on (when given) is asked before each synchronize; false ends
+/// the drain, ECANCELED.
+proto::Done drain(State& s, const std::function<bool()>& go_on = nullptr) noexcept;
 /// drain on a thread of its own, waited for timeout_ms at most (0: until it
-/// ends); past it ETIMEDOUT, the drain going on (drain_thread.cpp). A drain
+/// ends); past it ETIMEDOUT, the drain given up: it ends after the
+/// synchronize it is in (drain_thread.cpp). A drain
 /// still running from an earlier request is waited for first, then a fresh
 /// one runs: what the old one finds is not about now.
 proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept;

@@ -13,6 +13,10 @@
 //     good, so no gate-open was served and the workload stood still)
 //   - a drain while the kernel waits again and the gate-open comes from
 //     another connection: the same
+//   - a drain given up synchronizes nothing more once its synchronize
+//     returns: a capture begun in a second context after the gate opened
+//     ends whole (before: the drain's thread went on to that context and
+//     invalidated it)
 //   - with the kernel ended, a gate-close and a drain succeed at once, and
 //     the gate opens.
 #include <pthread.h>
@@ -37,15 +41,19 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 enum Cmd : uint64_t {
-  kInit = 1,  // context, the handshake kernel, its flags
-  kLaunch,    // launches the kernel at the next step: it waits for the peer flag
-  kSetPeer,   // a thread sets the peer flag to the step through the driver
-  kJoin,      // joins that thread; replies 1 when its call succeeded
-  kSync,      // cuCtxSynchronize; replies 1 when it succeeded
+  kInit = 1,    // context, the handshake kernel, its flags
+  kLaunch,      // launches the kernel at the next step: it waits for the peer flag
+  kSetPeer,     // a thread sets the peer flag to the step through the driver
+  kJoin,        // joins that thread; replies 1 when its call succeeded
+  kSync,        // cuCtxSynchronize; replies 1 when it succeeded
+  kCapture,     // begins a GLOBAL capture on a stream of a second context
+  kEndCapture,  // ends it; replies 1 when it ended whole (not invalidated)
 };
 
 HandshakeSetup g_hs;
 CUstream g_stream = nullptr;
+CUcontext g_ctx2 = nullptr;  // created: the drain synchronizes it after the primary one
+CUstream g_stream2 = nullptr;
 uint64_t g_step = 0;
 CUresult g_set_result = CUDA_ERROR_UNKNOWN;
 pthread_t g_setter{};
@@ -62,6 +70,9 @@ int act(uint64_t cmd, uint64_t* value) {
     case kInit:
       FC_REQ(g_hs.init("ncclDevKernel_Handshake_Drain") == 0);
       FC_REQ(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+      FC_REQ(cuCtxCreate(&g_ctx2, nullptr, 0, 0) == CUDA_SUCCESS);
+      FC_REQ(cuStreamCreate(&g_stream2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+      FC_REQ(cuCtxSetCurrent(g_hs.ctx) == CUDA_SUCCESS);
       return 0;
     case kLaunch: {
       ++g_step;
@@ -82,6 +93,18 @@ int act(uint64_t cmd, uint64_t* value) {
     case kSync:
       *value = cuCtxSynchronize() == CUDA_SUCCESS ? 1 : 0;
       return 0;
+    case kCapture:
+      FC_REQ(cuCtxSetCurrent(g_ctx2) == CUDA_SUCCESS);
+      FC_REQ(cuStreamBeginCapture_v2(g_stream2, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+      return 0;
+    case kEndCapture: {
+      CUgraph g = nullptr;
+      const CUresult r = cuStreamEndCapture(g_stream2, &g);
+      *value = r == CUDA_SUCCESS && g ? 1 : 0;
+      if (g) cuGraphDestroy(g);
+      FC_REQ(cuCtxSetCurrent(g_hs.ctx) == CUDA_SUCCESS);
+      return 0;
+    }
     default:
       return 1;
   }
@@ -133,6 +156,29 @@ int run() {
   REQ(command(g_workload, kInit));
   REQ(drain_held(true) == 0);
   REQ(drain_held(false) == 0);
+  // The drain given up synchronizes nothing more once its synchronize
+  // returns: a capture the application begins in the second context after
+  // the gate opened ends whole (before: the drain went on to synchronize
+  // that context, invalidating the capture).
+  REQ(command(g_workload, kLaunch));
+  {
+    Shim c;
+    REQ(c.connect(g_workload.pid));
+    REQ(c.gate_close().ok);
+    const proto::Done d = c.drain(500);  // the kernel waits for a flag not set yet
+    REQ(!d.ok && d.code == ETIMEDOUT);
+    REQ(c.gate_open().ok);
+  }
+  REQ(command(g_workload, kCapture));
+  REQ(command(g_workload, kSetPeer));  // the kernel ends, the drain's synchronize returns
+  uint64_t whole = 0;
+  REQ(command(g_workload, kJoin, &whole) && whole == 1);
+  usleep(300000);  // the kernel has ended, and the drain's synchronize with it
+  REQ(command(g_workload, kEndCapture, &whole));
+  fprintf(stderr, "a capture begun after the drain was given up ended %s\n",
+          whole ? "whole" : "invalidated");
+  REQ(whole == 1);
+  REQ(command(g_workload, kSync, &whole) && whole == 1);
   // Nothing left running: a drain succeeds at once.
   Shim c;
   REQ(c.connect(g_workload.pid));
