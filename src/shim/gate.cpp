@@ -142,14 +142,25 @@ size_t Gate::in_flight_calls(uint32_t* out, size_t max) const noexcept {
 }
 
 namespace {
-/// Blocks every signal the thread may block for the lifetime of the object,
-/// restoring its mask after.
+/// Blocks, for the lifetime of the object, the signals that have a handler
+/// of the application's (only a handler runs its code on this thread),
+/// restoring the thread's mask after. Signals left to their default action
+/// stay deliverable: SIGTERM and Ctrl-C still end a job whose threads wait
+/// at the gate (during a suspend, for as long as it lasts).
 class SignalsHeld {
  public:
   SignalsHeld() noexcept {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old_);
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa {};
+      if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &sa) != 0) continue;
+      const bool runs_code = (sa.sa_flags & SA_SIGINFO) != 0
+                                 ? sa.sa_sigaction != nullptr
+                                 : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+      if (runs_code) sigaddset(&handled, sig);
+    }
+    pthread_sigmask(SIG_BLOCK, &handled, &old_);
   }
   ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
   SignalsHeld(const SignalsHeld&) = delete;

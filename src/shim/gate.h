@@ -25,9 +25,10 @@
 //
 // A thread already inside the gate (depth > 0: the driver calling back into
 // the API on the same thread, or a signal handler) passes through without
-// waiting, so a close can always drain. A thread in the slow path holds its
-// signals until it is through (depth 1), so a handler that calls the driver
-// never waits behind its own thread's ticket.
+// waiting, so a close can always drain. A thread in the slow path holds the
+// signals that have a handler until it is through (depth 1), so a handler
+// that calls the driver never waits behind its own thread's ticket; signals
+// at their default action stay deliverable (SIGTERM still ends the process).
 //
 // Slow path: an arrival that finds CLOSED or QUEUED backs its depth out and
 // takes a ticket under mu_; tickets are admitted strictly in order once the

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -365,6 +366,36 @@ TEST_SUITE("shim.gate") {
     CHECK(g->open() == 0);
     sigaction(SIGUSR1, &old, nullptr);
     delete g;
+  }
+
+  TEST_CASE("a signal left to its default action still ends a process waiting at the gate") {
+    // Only signals with a handler are held during the wait: a job whose
+    // threads wait at the gate (a suspend) still ends on SIGTERM.
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      signal(SIGTERM, SIG_DFL);
+      Gate& g = cusnap::shim::gate();
+      if (g.close(1000) != 0) _exit(3);
+      std::thread waiter([&] {
+        g.enter();
+        g.leave();
+      });
+      // This thread too waits at the gate: no thread of the process is free.
+      g.enter();
+      _exit(4);
+    }
+    std::this_thread::sleep_for(300ms);
+    REQUIRE(kill(child, SIGTERM) == 0);
+    int status = 0;
+    const bool ended = wait_for([&] { return waitpid(child, &status, WNOHANG) == child; }, 3000ms);
+    if (!ended) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+    }
+    CHECK(ended);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGTERM);
   }
 
   TEST_CASE("the cancellation state a thread had is restored after the gate's wait") {
