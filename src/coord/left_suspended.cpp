@@ -130,14 +130,18 @@ std::string leave_suspended(const JobInfo& job, const std::string& state_dir, bo
 
 bool read_left_suspended(const JobInfo& job, LeftSuspended* out) {
   if (job.runtime_dir.empty()) return false;
-  UniqueFd fd(::open(marker_path(job).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) {
+  {
+    // What this process could not write is newer than any file there (a
+    // restore refused after the marker was written, say).
     std::lock_guard lk(g_unwritten_mu);
     auto kept = g_unwritten.find(marker_path(job));
-    if (kept == g_unwritten.end()) return false;
-    *out = kept->second;
-    return true;
+    if (kept != g_unwritten.end()) {
+      *out = kept->second;
+      return true;
+    }
   }
+  UniqueFd fd(::open(marker_path(job).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return false;
   std::string text;
   char buf[4096];
   for (ssize_t r; (r = ::read(fd.get(), buf, sizeof buf)) != 0;) {

@@ -132,6 +132,12 @@ TEST_CASE("left suspended: the marker names the saved state and refuses until cl
     note_restore_refused(job);  // written nowhere either: kept
     REQUIRE(read_left_suspended(job, &left));
     CHECK(left.restore_refused);
+    // Kept in memory wins over an older file there.
+    { std::ofstream(job.runtime_dir + "/left-suspended") << "{\"state_dir\":\"/elsewhere\"}"; }
+    REQUIRE(read_left_suspended(job, &left));
+    CHECK(left.restore_refused);
+    CHECK(left.state_dir == dir);
+    fs::remove(job.runtime_dir + "/left-suspended");
     clear_left_suspended(job, left);
     CHECK_FALSE(read_left_suspended(job, &left));
     // Once the file can be written, it is the file again.

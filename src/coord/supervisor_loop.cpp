@@ -358,7 +358,15 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
     auto guarded = [g](const char* op, auto inner) {
       return [g, op, inner](const JobInfo& j, std::chrono::milliseconds timeout,
                             const proto::Settings& settings, auto... a) {
-        g->begin(guarded_operation(op, j.runtime_dir + "/suspended", false, timeout, settings));
+        // A job left suspended keeps its saved memory where the marker
+        // says, which the guardian reads from the file; a marker that could
+        // not be written is known to this process alone (left_suspended.cpp),
+        // so its place is passed on here.
+        engine_detail::LeftSuspended left;
+        const std::string state_dir = engine_detail::read_left_suspended(j, &left)
+                                          ? left.state_dir
+                                          : engine_detail::suspend_state_dir(j);
+        g->begin(guarded_operation(op, state_dir, false, timeout, settings));
         bool ok = inner(j, timeout, settings, a...);
         g->end();
         return ok;
