@@ -262,6 +262,22 @@ bool ControlServer::begin_engine(const std::string& op, const ucred& cred,
         "job " + ctx_->status.name + " is " + ctx_->status.state + ": nothing to " + op);
     return false;
   }
+  // A checkpoint of a job suspended by cusnap suspend is refused here,
+  // before its guardian hears of a checkpoint: were the supervisor to die
+  // before the engine's refusal, the guardian would bring the job back from
+  // the checkpoint's (empty) directory, opening its gates over the shared
+  // memory the suspend released. With no operation running (above), the
+  // state cannot change under this lock. (One left suspended by a failed
+  // roll back is the engine's to refuse, saying why; its guardian recovers
+  // from the marked place.)
+  if (op == "checkpoint" && ctx_->status.state == "suspended" &&
+      left_suspended_state(ctx_->info) == LeftSuspendedState::kNo) {
+    *refusal = make_result(false, kExitRefused,
+                           "job " + ctx_->status.name + " is suspended: cusnap resume " +
+                               ctx_->status.name +
+                               " brings it back, then it can be checkpointed; nothing was changed");
+    return false;
+  }
   ctx_->engine_op = op;
   ctx_->cancel = std::move(cancel);
   ctx_->engine_uid = cred.uid;
@@ -386,26 +402,6 @@ void ControlServer::serve(UniqueFd conn) {
     proto::CheckpointRequest r;
     if (!req.get(&r, &err) || !proto::validate(r, &err)) {
       ch.send(proto::kMsgResult, make_result(false, kExitUsage, err), &err);
-      return;
-    }
-    // A job suspended by cusnap suspend is refused here, before its
-    // guardian hears of a checkpoint: were the supervisor to die before the
-    // engine's refusal, the guardian would bring the job back from the
-    // checkpoint's (empty) directory, opening its gates over the shared
-    // memory the suspend released. (One left suspended by a failed roll back
-    // is the engine's to refuse, saying why; its guardian recovers from the
-    // marked place.)
-    bool suspended = false;
-    {
-      std::lock_guard lk(ctx_->mu);
-      suspended = ctx_->status.state == "suspended";
-    }
-    if (suspended && left_suspended_details(info).empty()) {
-      ch.send(proto::kMsgResult,
-              make_result(false, kExitRefused,
-                          "job " + info.name + " is suspended: cusnap resume " + info.name +
-                              " brings it back, then it can be checkpointed; nothing was changed"),
-              &err);
       return;
     }
     proto::Result refusal;

@@ -58,15 +58,9 @@ std::string write_marker(const JobInfo& job, const LeftSuspended& left) {
                     tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   bool ok = bool(fd);
-  for (size_t off = 0; ok && off < text.size();) {
-    const ssize_t w = ::write(fd.get(), text.data() + off, text.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = ENOSPC;
-      ok = false;
-      break;
-    }
-    off += size_t(w);
+  if (ok) {
+    errno = ENOSPC;  // what a write that takes nothing means here
+    ok = write_all(fd.get(), text.data(), text.size());
   }
   ok = ok && ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) {

@@ -13,8 +13,6 @@
 // drain's thread with it: given up, it synchronizes nothing more (the
 // application runs again, and a synchronize would invalidate a capture it
 // begins).
-#include <pthread.h>
-#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +24,7 @@
 
 #include "proto/control.h"
 #include "shim/gate.h"
+#include "shim/thread_start.h"
 #include "shim/track_ckpt_internal.h"
 #include "shim/track_state.h"
 
@@ -95,18 +94,10 @@ proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept {
                   ETIMEDOUT);
     auto run = std::make_shared<Run>();
     auto* arg = new ThreadArg{&s, run};
-    // The application's signals are not for this thread.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    const int rc = pthread_create(&t, nullptr, drain_main, arg);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (rc != 0) {  // on the listener it could hold every later request
-      delete arg;
+    if (const int rc = start_detached(drain_main, arg); rc != 0) {
+      delete arg;  // a drain on the listener could hold every later request
       return fail(std::string("no thread for the drain: ") + std::strerror(rc), EAGAIN);
     }
-    pthread_detach(t);
     ds.running = run;
     if (!wait([&] { return run->done; })) {
       run->abandoned = true;

@@ -19,7 +19,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -54,6 +53,7 @@
 #include "shim/gate.h"
 #include "shim/held_fd.h"
 #include "shim/stderr_line.h"
+#include "shim/thread_start.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
@@ -874,19 +874,10 @@ void* listener_main(void* p) {
 }
 
 bool spawn(State& s, int fd, bool peer) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_t t;
   auto* arg = new ListenerArg{&s, fd, peer};
-  int rc = pthread_create(&t, nullptr, listener_main, arg);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
-    delete arg;
-    return false;
-  }
-  pthread_detach(t);
-  return true;
+  if (start_detached(listener_main, arg) == 0) return true;
+  delete arg;
+  return false;
 }
 
 }  // namespace

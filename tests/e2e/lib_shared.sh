@@ -63,6 +63,14 @@ start_job() {
   ready_pids "$out" >>"$T/job-pids"
 }
 
+# slow_driver_checkpoint_job NAME OUT: start_job of the sharing job under a
+# supervisor whose driver checkpoint takes 3 s (the job's own driver calls
+# are not slowed), so that a test can kill the supervisor after the release.
+slow_driver_checkpoint_job() {
+  FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 start_job "$1" "$2" \
+    env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20
+}
+
 # note_last OUT: LAST[prefix] and SEEN[prefix] from OUT (a stopped job's output).
 note_last() {
   local i

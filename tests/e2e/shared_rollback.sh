@@ -79,13 +79,7 @@ run_case criu "CUSNAP_CRIU=$T/criu-fail" "" "CRIU dump phase"
 # saved bytes and opens the gates; both processes count on (in the job's log)
 # and see each other's writes again.
 LAUNCH_OUT=$T/orphan.out
-FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 "$CUSNAP" launch --name orphan -- \
-  env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20 >"$LAUNCH_OUT" 2>&1 &
-SUPERVISORS+=($!)
-SUP=$!
-for p in "${PREFIXES[@]}"; do wait_count "$LAUNCH_OUT" 5 "$p" 30; done
-PID=$(wait_job orphan)
-ready_pids "$LAUNCH_OUT" >>"$T/job-pids"
+slow_driver_checkpoint_job orphan "$LAUNCH_OUT"
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ckpt" >"$T/orphan.ckpt.out" 2>&1 &
 CK=$!
 for _ in $(seq 1 100); do [ -n "$(ls "$T/orphan.ckpt/shared" 2>/dev/null)" ] && break; sleep 0.02; done

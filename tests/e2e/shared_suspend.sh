@@ -26,13 +26,7 @@ pass "resumed: both count on and share their memory"
 # (before: left in the runtime directory, its records naming processes to a
 # later resume's rebuild); a suspend and resume through the guardian work.
 LAUNCH_OUT=$T/orphan.out
-FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 "$CUSNAP" launch --name orphan -- \
-  env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20 >"$LAUNCH_OUT" 2>&1 &
-SUPERVISORS+=($!)
-SUP=$!
-for p in "${PREFIXES[@]}"; do wait_count "$LAUNCH_OUT" 5 "$p" 30; done
-PID=$(wait_job orphan)
-ready_pids "$LAUNCH_OUT" >>"$T/job-pids"
+slow_driver_checkpoint_job orphan "$LAUNCH_OUT"
 SAVED=$CUSNAP_RUNTIME_BASE/orphan/suspended
 "$CUSNAP" suspend orphan >"$T/orphan.suspend.out" 2>&1 &
 SU=$!
