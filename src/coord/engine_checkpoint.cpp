@@ -68,8 +68,19 @@ bool unheld_ended(pid_t pid, std::string* why) {
   return false;
 }
 
+/// Why an existing checkpoint directory is not taken: not_private's reason
+/// for it, said with what it risks and what to do.
+std::string dir_not_private(const std::string& dir, const std::string& why) {
+  return "the checkpoint directory " + dir + ": " + why +
+         ": a checkpoint holds the job's whole memory and a restore runs what it says as "
+         "root, so cusnap writes one only into a directory of its own user that no one else may "
+         "change (another user could plant links there that its files would be written "
+         "through, or change them before a restore); give a path that does not exist yet "
+         "(cusnap makes it, private) or a directory of your own";
+}
+
 // Checks opts.dir without changing anything: absent (its parent must exist)
-// or an empty directory.
+// or an empty directory of this user's that no one else may write to.
 bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
   std::error_code ec;
   if (dir.empty()) {
@@ -108,6 +119,10 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     *err = dir + " exists and is not a directory: choose another -o DIR";
     return false;
   }
+  if (std::string why = not_private(dir); !why.empty()) {
+    *err = dir_not_private(dir, why);
+    return false;
+  }
   if (!fs::is_empty(dir, ec)) {
     *err = "the checkpoint directory " + dir +
            " is not empty: choose a new or empty directory (-o DIR), or remove what is in it";
@@ -126,7 +141,7 @@ constexpr const char* kClaimFile = ".cusnap-claim";
 /// only one run can create, and must then hold nothing else; a run that loses
 /// leaves it to the winner. A directory made here is private to its owner, as
 /// a checkpoint holds the job's whole memory (one given empty keeps the mode
-/// it has).
+/// it has; what is written into it is private).
 bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
   if (!*existed && ::mkdir(dir.c_str(), 0700) != 0) {
     if (errno != EEXIST) {
@@ -134,6 +149,18 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
       return false;
     }
     *existed = true;  // another run made it since the check: not ours to remove
+  }
+  if (*existed) {  // as checked, unless replaced since (by a link, say)
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      *err = "the checkpoint directory " + dir +
+             " is no longer a directory (replaced since it was checked): choose another -o DIR";
+      return false;
+    }
+    if (std::string why = not_private(dir); !why.empty()) {
+      *err = dir_not_private(dir, why);
+      return false;
+    }
   }
   const std::string claim = dir + "/" + kClaimFile;
   UniqueFd fd(::open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
@@ -241,11 +268,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
   if (opts.on_claimed) opts.on_claimed();
   std::string criu_dir = opts.dir + "/criu";
-  std::error_code ec;
-  fs::create_directory(criu_dir, ec);
+  // Private whatever the mode of a directory given empty: CRIU makes its
+  // images readable by all, and they hold the job's memory.
+  const int made = ::mkdir(criu_dir.c_str(), 0700), mkdir_errno = errno;
   ::unlink((opts.dir + "/" + kClaimFile).c_str());  // criu/ now marks it taken
-  if (ec) {
-    *err = "cannot create the checkpoint directory " + criu_dir + ": " + ec.message();
+  if (made != 0) {
+    *err = "cannot create the checkpoint directory " + criu_dir + ": " +
+           std::strerror(mkdir_errno);
     remove_output(opts.dir, dir_existed);
     return false;
   }
@@ -460,6 +489,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
     return roll_back("CRIU dump phase: " + why + "(CRIU's log and output are kept in " +
                      work.path() + ")");
   }
+  std::error_code ec;
   fs::copy_file(run.log_path, criu_dir + "/dump.log", fs::copy_options::overwrite_existing, ec);
   out->phases.emplace_back("dump", sw.lap());
   if (!opts.leave_running) {

@@ -207,6 +207,10 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
     *err = "no checkpoint at " + dir + ": the directory does not exist";
     return false;
   }
+  if (!checkpoint_dir_private(dir, err)) {
+    *code = kExitRefused;
+    return false;
+  }
   *code = kExitBadCheckpoint;
   if (!read_manifest(dir, m, err)) return false;
   bool any_cuda = std::any_of(m->processes.begin(), m->processes.end(),

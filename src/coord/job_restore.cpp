@@ -151,6 +151,12 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     fail.exit_code = kExitRefused;
     return fail;
   }
+  // Before the shims' link, which the manifest names: nothing on this
+  // machine is changed for a checkpoint another user could have written.
+  if (!checkpoint_dir_private(req.engine.dir, &fail.error)) {
+    fail.exit_code = kExitRefused;
+    return fail;
+  }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
   auto failed = [&](int code, std::string msg) {

@@ -515,7 +515,7 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
 bool write_manifest(const std::string& dir, const Manifest& m, std::string* err) {
   std::string final_path = dir + "/" + kManifestName;
   std::string tmp = final_path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     *err = "cannot create " + tmp + ": " + std::strerror(errno);
     return false;

@@ -161,6 +161,18 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, std::string* err,
                          int* error_number = nullptr);
 
+/// "" when path (not followed) is owned by this process's effective user and
+/// no other user may write to it (no group or other write bit); else why
+/// not, in words. (manifest_files.cpp)
+std::string not_private(const std::string& path);
+
+/// Whether dir and every directory and file under it pass not_private: the
+/// images of a checkpoint decide which processes a restore runs, as which
+/// user, so root restores only what root wrote and no one else can change
+/// (meanwhile, between the verification and CRIU's reading, too). false with
+/// *err naming the first that does not and what to do. (manifest_files.cpp)
+bool checkpoint_dir_private(const std::string& dir, std::string* err);
+
 /// Checks that every listed file is there with its size, chunk digests and
 /// SHA-256, that no other file is (but kCriuRestoreStats), and that the
 /// shared memory each shim's records hold is saved whole. Hashes on

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -174,6 +175,44 @@ bool flush_to_disk(const std::string& dir, const std::vector<ManifestFile>& file
     const UniqueFd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd) return failed("cannot open " + d);
     if (::fsync(fd.get()) != 0) return failed("cannot write the directory " + d + " to disk");
+  }
+  return true;
+}
+
+std::string not_private(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return "cannot stat it: " + std::string(std::strerror(errno));
+  if (st.st_uid != ::geteuid())
+    return "it is owned by uid " + std::to_string(st.st_uid) + ", not by uid " +
+           std::to_string(::geteuid()) + " (this command's user)";
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !S_ISLNK(st.st_mode)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+    return std::string("other users may write to it (mode ") + mode + ")";
+  }
+  return "";
+}
+
+bool checkpoint_dir_private(const std::string& dir, std::string* err) {
+  auto refuse = [&](const std::string& path, const std::string& why) {
+    *err = path + ": " + why +
+           ". A checkpoint's files decide which processes a restore runs, as which user, so "
+           "cusnap takes only a checkpoint owned by the user that restores it and writable by "
+           "no one else; if you trust this one, chown -R " +
+           std::to_string(::geteuid()) + " " + dir + " and chmod -R go-w " + dir +
+           " (or copy it as that user), then restore again";
+    return false;
+  };
+  if (std::string why = not_private(dir); !why.empty()) return refuse(dir, why);
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    const std::string path = it->path().string();
+    if (std::string why = not_private(path); !why.empty()) return refuse(path, why);
+  }
+  if (ec) {
+    *err = "cannot list " + dir + ": " + ec.message();
+    return false;
   }
   return true;
 }

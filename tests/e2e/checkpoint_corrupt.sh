@@ -149,6 +149,28 @@ else
   echo "note: no setpriv: the restore by another user was not tried"
 fi
 
+# A checkpoint with a file another user owns or may write to: a restore
+# runs what its images say as root, so it is refused (exit 3) before
+# anything changes, the shims' link its manifest names included; inspect
+# says why.
+expect_untrusted() {
+  expect_refused 3 "$2.*chown -R 0 $T/$1 and chmod -R go-w $T/$1" "$CUSNAP" restore "$T/$1"
+  [ -z "$(job_pids_all)" ] || fail "$1: a job was started from an untrusted checkpoint"
+  local rc=0
+  "$CUSNAP" inspect "$T/$1" >"$T/$1.inspect" 2>&1 || rc=$?
+  [ "$rc" = 3 ] && grep -Eq "NOT restorable.*$2" "$T/$1.inspect" ||
+    fail "$1: inspect exited $rc: $(cat "$T/$1.inspect")"
+}
+ln -s "$T/not-mounted-yet" "$T/stale-link"
+edit_manifest theirs "m['job']['shim_dir'] = '$T/stale-link'"
+chown 65534 "$T/theirs/$PAGES"
+expect_untrusted theirs "$PAGES: it is owned by uid 65534, not by uid 0"
+[ -L "$T/stale-link" ] || fail "the refused restore removed the link its manifest named"
+variant writable
+chmod o+w "$T/writable/criu"
+expect_untrusted writable "criu: other users may write to it \(mode 0702\)"
+pass "a checkpoint another user owns or may change: refused (exit 3) before anything changed"
+
 variant intact
 restore_bg "$T/intact" "$T/restore.out"
 wait_count "$T/restore.out" $((LAST + 3))

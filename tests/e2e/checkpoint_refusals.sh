@@ -44,6 +44,17 @@ echo keep >"$T/full/something"
 DIR=$T/full check_refusal fulldir "not empty"
 [ "$(ls "$T/full")" = something ] || fail "the refused checkpoint changed $T/full"
 
+# An empty directory another user owns, or one others may write to: they
+# could plant links that the checkpoint's files are written through, or
+# change the files before a restore.
+mkdir -p "$T/theirs" "$T/open"
+chown 65534 "$T/theirs"
+chmod 0777 "$T/open"
+DIR=$T/theirs check_refusal theirs "theirs: it is owned by uid 65534, not by uid 0"
+DIR=$T/open check_refusal opendir "other users may write to it \(mode 0777\).*a path that does not exist yet"
+[ -z "$(find "$T/theirs" "$T/open" -mindepth 1)" ] ||
+  fail "a refused checkpoint wrote into $T/theirs or $T/open: $(find "$T/theirs" "$T/open" -mindepth 1)"
+
 # The output directory's parent is a file: said so, not "does not exist".
 echo x >"$T/afile"
 DIR=$T/afile/sub check_refusal parentfile "afile\) is not a directory"

@@ -10,8 +10,13 @@ SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job pj)
 
+# Into an empty directory that others may read: what the checkpoint writes
+# there (the job's memory) is private all the same.
+mkdir -m 0755 "$T/ckpt"
 "$CUSNAP" checkpoint pj -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
 [ -f "$T/ckpt/manifest.json" ] || fail "no manifest after the checkpoint"
+OPEN=$(find "$T/ckpt" -mindepth 1 -maxdepth 1 -perm /044)
+[ -z "$OPEN" ] || fail "others may read what the checkpoint wrote: $(ls -ld $OPEN)"
 # When the stopping checkpoint returns, the job is gone from the list, so a
 # restore started right away finds its name and directory free.
 "$CUSNAP" ps | grep -q '^pj ' && fail "cusnap ps still lists pj after the stopping checkpoint returned"
