@@ -168,11 +168,12 @@ int cmd_restore(int argc, char** argv) {
     if (json) {
       print_json(restored_json(s, req.detach));
     } else if (req.detach) {
+      std::fputs(gpu_moves_text(s).c_str(), stderr);
       std::printf("%s\n", s.name.c_str());
       std::fflush(stdout);
     } else {
-      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n", s.name.c_str(), s.root_pid,
-                   s.dir.c_str());
+      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n%s", s.name.c_str(),
+                   s.root_pid, s.dir.c_str(), gpu_moves_text(s).c_str());
     }
   };
   req.on_restored = report;
@@ -189,7 +190,7 @@ int cmd_restore(int argc, char** argv) {
   // command knows (its pid and runtime directory from its supervisor's
   // record, when found), not left unsaid.
   RestoreSummary known{
-      req.cfg.name.empty() ? manifest.job.name : req.cfg.name, abs, req.cfg.runtime_dir, 0, {}};
+      req.cfg.name.empty() ? manifest.job.name : req.cfg.name, abs, req.cfg.runtime_dir, 0, {}, {}};
   if (!out.name.empty()) known.name = out.name;
   if (summary_left_to_report(out, reported, known)) {
     if (JobEntry entry; find_job(known.name, &entry, &err)) {

@@ -178,6 +178,9 @@ struct RestoreResult {
   pid_t root_pid = 0;  ///< the restored tree's root, now our child (we are subreaper)
   JobInfo job;         ///< the job as recorded in the manifest, root_pid updated
   PhaseTimes phases;
+  /// Each GPU of the checkpoint restored onto another (--device-map, or a
+  /// GPU not here): its UUID, and the UUID of the GPU it is on now.
+  std::vector<std::pair<std::string, std::string>> gpu_moves;
   /// Set on failure too: kExitNotFound, kExitBadCheckpoint, kExitRefused
   /// (nothing was started), kExitFailure (the restored tree was killed).
   ExitCode code = kExitOk;

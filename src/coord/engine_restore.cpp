@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -231,7 +232,11 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
           "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
       return false;
     }
-    return plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err);
+    if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err)) return true;
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
+      *err += " (this command sees only the GPUs its CUDA_VISIBLE_DEVICES=" + std::string(visible) +
+              " names; unset it to count every GPU here)";
+    return false;
   };
   // A device map is the user's to get right: checked against the manifest
   // and the GPUs here before every file of a checkpoint of perhaps hundreds
@@ -514,6 +519,9 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   }
   out->job = m.job;
   out->job.root_pid = root;
+  for (const CUcheckpointGpuPair& p : pairs)
+    if (std::memcmp(&p.oldUuid, &p.newUuid, sizeof p.oldUuid) != 0)
+      out->gpu_moves.emplace_back(format_gpu_uuid(p.oldUuid), format_gpu_uuid(p.newUuid));
   out->code = kExitOk;
   out->watch = std::move(watch_owner);
   return true;

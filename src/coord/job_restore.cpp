@@ -196,7 +196,8 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   info.owner_uid = ::geteuid();
   info.stdout_pipe_id = pipe_id(out_r.get());
   info.stderr_pipe_id = pipe_id(err_r.get());
-  RestoreSummary summary{name, req.engine.dir, sup->rundir().path(), res.root_pid, res.phases};
+  RestoreSummary summary{name,         req.engine.dir, sup->rundir().path(),
+                         res.root_pid, res.phases,     res.gpu_moves};
   return sup->run(std::move(info), std::move(out_r), std::move(err_r), req.engine.dir,
                   default_coordinator_ops(), [&] {
                     // The guardian runs now: it, no longer the watch, brings

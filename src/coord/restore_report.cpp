@@ -5,6 +5,16 @@
 
 namespace cusnap {
 
+namespace {
+
+nlohmann::json moves_json(const RestoreSummary& s) {
+  nlohmann::json moves = nlohmann::json::array();
+  for (const auto& [from, to] : s.gpu_moves) moves.push_back({{"from", from}, {"to", to}});
+  return moves;
+}
+
+}  // namespace
+
 nlohmann::json restored_json(const RestoreSummary& s, bool detached) {
   nlohmann::json phases = nlohmann::json::array();
   for (const auto& [n, secs] : s.phases) phases.push_back({{"name", n}, {"seconds", secs}});
@@ -14,7 +24,15 @@ nlohmann::json restored_json(const RestoreSummary& s, bool detached) {
           {"pid", s.root_pid > 0 ? nlohmann::json(s.root_pid) : nlohmann::json(nullptr)},
           {"runtime_dir", s.runtime_dir},
           {"phases", phases},
+          {"gpu_moves", moves_json(s)},
           {"detached", detached}};
+}
+
+std::string gpu_moves_text(const RestoreSummary& s) {
+  std::string text;
+  for (const auto& [from, to] : s.gpu_moves)
+    text += "cusnap: the job's GPU " + from + " is now GPU " + to + "\n";
+  return text;
 }
 
 std::optional<RestoreSummary> summary_left_to_report(const SuperviseOutcome& out, bool reported,
@@ -30,7 +48,8 @@ std::string summary_to_json(const RestoreSummary& s) {
                                   {"dir", s.dir},
                                   {"runtime_dir", s.runtime_dir},
                                   {"root_pid", s.root_pid},
-                                  {"phases", phases}});
+                                  {"phases", phases},
+                                  {"gpu_moves", moves_json(s)}});
 }
 
 bool summary_from_json(const std::string& text, RestoreSummary* s) {
@@ -41,6 +60,7 @@ bool summary_from_json(const std::string& text, RestoreSummary* s) {
     s->runtime_dir = j.at("runtime_dir");
     s->root_pid = j.at("root_pid");
     for (const auto& p : j.at("phases")) s->phases.emplace_back(p.at("name"), p.at("seconds"));
+    for (const auto& g : j.at("gpu_moves")) s->gpu_moves.emplace_back(g.at("from"), g.at("to"));
     return true;
   } catch (const std::exception&) {
     return false;

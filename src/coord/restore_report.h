@@ -16,8 +16,12 @@ namespace cusnap {
 
 /// The object `cusnap restore --json` prints once the job runs (man
 /// cusnap-restore, --json): ok (true), name, dir, pid (null when not known,
-/// 0), runtime_dir, phases and detached.
+/// 0), runtime_dir, phases, gpu_moves ({from, to} GPU UUIDs) and detached.
 nlohmann::json restored_json(const RestoreSummary& s, bool detached);
+
+/// One line per GPU of the checkpoint restored onto another ("cusnap: the
+/// job's GPU OLD is now GPU NEW\n"); "" when none moved.
+std::string gpu_moves_text(const RestoreSummary& s);
 
 /// After restore_and_supervise returned out, on_restored having reported
 /// (reported) or not: the summary the command has still to report, `known`

@@ -11,7 +11,7 @@
 using namespace cusnap;
 
 TEST_CASE("restore report: the --json object of a restore that went well") {
-  RestoreSummary s{"job", "/ck", "/run/cusnap/job", 42, {{"criu-restore", 1.5}}};
+  RestoreSummary s{"job", "/ck", "/run/cusnap/job", 42, {{"criu-restore", 1.5}}, {}};
   const nlohmann::json j = restored_json(s, true);
   CHECK(j.at("ok") == true);
   CHECK(j.at("name") == "job");
@@ -21,12 +21,18 @@ TEST_CASE("restore report: the --json object of a restore that went well") {
   CHECK(j.at("phases").size() == 1);
   CHECK(j.at("phases")[0].at("seconds") == 1.5);
   CHECK(j.at("detached") == true);
+  CHECK(j.at("gpu_moves").empty());
+  CHECK(gpu_moves_text(s).empty());
   s.root_pid = 0;  // not known
   CHECK(restored_json(s, true).at("pid").is_null());
+  s.gpu_moves = {{"GPU-a", "GPU-b"}};
+  CHECK(restored_json(s, false).at("gpu_moves") ==
+        nlohmann::json::parse(R"([{"from": "GPU-a", "to": "GPU-b"}])"));
+  CHECK(gpu_moves_text(s) == "cusnap: the job's GPU GPU-a is now GPU GPU-b\n");
 }
 
 TEST_CASE("restore report: a detached success without a decoded summary is still reported") {
-  const RestoreSummary known{"job", "/ck", "/run/cusnap/job", 42, {}};
+  const RestoreSummary known{"job", "/ck", "/run/cusnap/job", 42, {}, {}};
   SuperviseOutcome detached;
   detached.detached = true;
   // on_restored reported it: nothing more.
@@ -113,7 +119,8 @@ TEST_CASE("restore report: the background restore's failure and success reach th
   }
   {
     DetachPair p;
-    const RestoreSummary sent{"j2", "/ck", "/run/cusnap/j2", 42, {{"criu-restore", 0.5}}};
+    const RestoreSummary sent{
+        "j2", "/ck", "/run/cusnap/j2", 42, {{"criu-restore", 0.5}}, {{"GPU-a", "GPU-b"}}};
     REQUIRE(p.child.send(proto::kMsgResult, proto::Result{true, kExitOk, "", summary_to_json(sent)},
                          &err));
     RestoreSummary got;
@@ -127,5 +134,6 @@ TEST_CASE("restore report: the background restore's failure and success reach th
     CHECK(got.runtime_dir == "/run/cusnap/j2");
     REQUIRE(got.phases.size() == 1);
     CHECK(got.phases[0].first == "criu-restore");
+    CHECK(got.gpu_moves == sent.gpu_moves);
   }
 }

@@ -80,6 +80,7 @@ struct RestoreSummary {
   std::string name, dir, runtime_dir;
   pid_t root_pid = 0;
   PhaseTimes phases;
+  std::vector<std::pair<std::string, std::string>> gpu_moves;  ///< RestoreResult's
 };
 
 struct RestoreRequest {

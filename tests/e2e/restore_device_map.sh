@@ -66,6 +66,9 @@ wait_count "$T/restore.out" $((LAST + 3))
 on=$(for fd in /proc/"$PID"/fd/*; do readlink "$fd"; done 2>/dev/null |
   sed -n "s|^/memfd:fakecuda:$PID:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' ')
 [ "$on" = "dev1 " ] || fail "the job's device memory is on '$on', expected dev1 (GPU 0 mapped onto 1)"
+# Another machine: every GPU is another, and the restore says so.
+grep -q "cusnap: the job's GPU GPU-[0-9a-f-]* is now GPU GPU-[0-9a-f-]*$" "$T/restore.out" ||
+  fail "the restore did not say where each GPU went: $(grep cusnap: "$T/restore.out")"
 pass "a partial map on another machine: GPU 0 onto 1 as asked, the job continues with its memory there"
 kill -TERM "${SUPERVISORS[-1]}"
 wait_exit "${SUPERVISORS[-1]}"
@@ -84,6 +87,7 @@ CUDA_VISIBLE_DEVICES=1,0 restore_bg "$T/ckpt" "$T/order.out"
 wait_count "$T/order.out" $((LAST + 3))
 [ "$(memfd_devs "$PID")" = "dev0 " ] ||
   fail "restored by a command that sees the GPUs as 1,0, the job's memory is on '$(memfd_devs "$PID")', expected dev0"
+grep -q "is now GPU" "$T/order.out" && fail "a restore onto the same GPUs said one moved: $(grep cusnap: "$T/order.out")"
 kill -TERM "$LAST_SUPERVISOR"
 wait_exit "$LAST_SUPERVISOR"
 wait_gone "$PID"
