@@ -273,8 +273,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   const int made = ::mkdir(criu_dir.c_str(), 0700), mkdir_errno = errno;
   ::unlink((opts.dir + "/" + kClaimFile).c_str());  // criu/ now marks it taken
   if (made != 0) {
-    *err = "cannot create the checkpoint directory " + criu_dir + ": " +
-           std::strerror(mkdir_errno);
+    *err = "cannot create the checkpoint directory " + criu_dir + ": " + std::strerror(mkdir_errno);
     remove_output(opts.dir, dir_existed);
     return false;
   }

@@ -181,7 +181,8 @@ bool flush_to_disk(const std::string& dir, const std::vector<ManifestFile>& file
 
 std::string not_private(const std::string& path) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return "cannot stat it: " + std::string(std::strerror(errno));
+  if (::lstat(path.c_str(), &st) != 0)
+    return "cannot stat it: " + std::string(std::strerror(errno));
   if (st.st_uid != ::geteuid())
     return "it is owned by uid " + std::to_string(st.st_uid) + ", not by uid " +
            std::to_string(::geteuid()) + " (this command's user)";

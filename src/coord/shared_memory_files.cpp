@@ -163,7 +163,8 @@ bool SharedMemory::save(const std::string& dir, const ProgressSink& progress, st
       for (size_t k = 0; k < save_parts(a.size); ++k) {
         std::string path = bytes_path(dir, p->pid, a.id, k);
         // Read-write: the shim may map the file to copy into it directly.
-        files.emplace_back(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+        files.emplace_back(
+            ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
         if (!files.back()) {
           *err = "save phase: cannot create " + path + ": " + std::strerror(errno);
           undo();
