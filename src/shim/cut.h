@@ -59,11 +59,13 @@ CUresult launch(CUfunction f, CUstream s, bool ptsz, Call&& call) noexcept {
   return r;
 }
 
-/// Runs a graph launch through the cut when its graph holds n > 0 collective
-/// kernel nodes.
+/// Runs a graph launch on stream s through the cut when its graph holds
+/// n > 0 collective kernel nodes and the launch runs (one captured into
+/// another graph becomes a child graph node, which that graph's launches
+/// count).
 template <class Call>
-CUresult launch_graph(uint64_t n, Call&& call) noexcept {
-  if (n == 0) return call();
+CUresult launch_graph(uint64_t n, CUstream s, bool ptsz, Call&& call) noexcept {
+  if (n == 0 || graphs::capturing(s, ptsz)) return call();
   before(n);
   const CUresult r = call();
   after(r == CUDA_SUCCESS, n);

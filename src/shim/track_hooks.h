@@ -181,18 +181,18 @@ struct Hook<Entry::cuGraphExecDestroy> {
     };
   }
 };
-#define CUSNAP_GRAPH_LAUNCH_HOOK(entry)                                            \
-  template <>                                                                    \
-  struct Hook<Entry::entry> {                                                    \
-    static auto bind(decltype(&::entry) real) noexcept {                         \
-      return [real](CUgraphExec e, CUstream s) noexcept {                        \
-        return cut::launch_graph(graphs::collectives_of(e),                      \
-                                 [&]() noexcept { return real(e, s); });         \
-      };                                                                         \
-    }                                                                            \
+#define CUSNAP_GRAPH_LAUNCH_HOOK(entry, ptsz)                            \
+  template <>                                                            \
+  struct Hook<Entry::entry> {                                            \
+    static auto bind(decltype(&::entry) real) noexcept {                 \
+      return [real](CUgraphExec e, CUstream s) noexcept {                \
+        return cut::launch_graph(graphs::collectives_of(e), s, ptsz,     \
+                                 [&]() noexcept { return real(e, s); }); \
+      };                                                                 \
+    }                                                                    \
   };
-CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch)
-CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)
+CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch, false)
+CUSNAP_GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz, true)
 #undef CUSNAP_GRAPH_LAUNCH_HOOK
 
 // Captures under way (captures.h): the shim makes no call a capture forbids.
