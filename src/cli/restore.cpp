@@ -192,6 +192,7 @@ int cmd_restore(int argc, char** argv) {
   RestoreSummary known{
       req.cfg.name.empty() ? manifest.job.name : req.cfg.name, abs, req.cfg.runtime_dir, 0, {}, {}};
   if (!out.name.empty()) known.name = out.name;
+  known.gpu_moves_known = false;
   if (summary_left_to_report(out, reported, known)) {
     if (JobEntry entry; find_job(known.name, &entry, &err)) {
       known.root_pid = entry.status.root_pid;

@@ -119,7 +119,7 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     *err = dir + " exists and is not a directory: choose another -o DIR";
     return false;
   }
-  if (std::string why = not_private(dir); !why.empty()) {
+  if (std::string why = not_private(dir, ::geteuid()); !why.empty()) {
     *err = dir_not_private(dir, why);
     return false;
   }
@@ -157,7 +157,7 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
              " is no longer a directory (replaced since it was checked): choose another -o DIR";
       return false;
     }
-    if (std::string why = not_private(dir); !why.empty()) {
+    if (std::string why = not_private(dir, ::geteuid()); !why.empty()) {
       *err = dir_not_private(dir, why);
       return false;
     }

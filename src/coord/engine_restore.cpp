@@ -227,15 +227,21 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
     *code = kExitRefused;
     std::vector<GpuDevice> present;
     if (!driver->load(err)) return false;
+    // What this command sees of the GPUs here, where that may be why.
+    auto visible_hint = [&] {
+      if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
+        *err += " (this command sees only the GPUs its CUDA_VISIBLE_DEVICES='" +
+                std::string(visible) + "' names; unset it to count every GPU here)";
+      return false;
+    };
     if (!driver->devices(&present, err)) {
       *err =
           "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
-      return false;
+      return visible_hint();
     }
     if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err)) return true;
-    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
-      *err += " (this command sees only the GPUs its CUDA_VISIBLE_DEVICES=" + std::string(visible) +
-              " names; unset it to count every GPU here)";
+    // Only where the GPUs here fall short (not for a map that is wrong).
+    if (err->find("this machine has") != std::string::npos) return visible_hint();
     return false;
   };
   // A device map is the user's to get right: checked against the manifest

@@ -41,6 +41,8 @@
 // The loader rejects anything it does not fully understand.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -161,16 +163,17 @@ bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, std::string* err,
                          int* error_number = nullptr);
 
-/// "" when path (not followed) is owned by this process's effective user and
-/// no other user may write to it (no group or other write bit); else why
-/// not, in words. (manifest_files.cpp)
-std::string not_private(const std::string& path);
+/// "" when path (not followed) is owned by uid owner and no other user may
+/// write to it (no group or other write bit); else why not, in words.
+/// (manifest_files.cpp)
+std::string not_private(const std::string& path, uid_t owner);
 
-/// Whether dir and every directory and file under it pass not_private: the
-/// images of a checkpoint decide which processes a restore runs, as which
-/// user, so root restores only what root wrote and no one else can change
-/// (meanwhile, between the verification and CRIU's reading, too). false with
-/// *err naming the first that does not and what to do. (manifest_files.cpp)
+/// Whether dir and every directory and file under it pass not_private for
+/// root, who restores (whoever asks, inspect included): the images of a
+/// checkpoint decide which processes a restore runs, as which user, so root
+/// restores only what root wrote and no one else can change (meanwhile,
+/// between the verification and CRIU's reading, too). false with *err naming
+/// the first that does not and what to do. (manifest_files.cpp)
 bool checkpoint_dir_private(const std::string& dir, std::string* err);
 
 /// Checks that every listed file is there with its size, chunk digests and

@@ -179,13 +179,13 @@ bool flush_to_disk(const std::string& dir, const std::vector<ManifestFile>& file
   return true;
 }
 
-std::string not_private(const std::string& path) {
+std::string not_private(const std::string& path, uid_t owner) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0)
     return "cannot stat it: " + std::string(std::strerror(errno));
-  if (st.st_uid != ::geteuid())
+  if (st.st_uid != owner)
     return "it is owned by uid " + std::to_string(st.st_uid) + ", not by uid " +
-           std::to_string(::geteuid()) + " (this command's user)";
+           std::to_string(owner) + (owner == 0 ? " (root)" : " (this command's user)");
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !S_ISLNK(st.st_mode)) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
@@ -198,18 +198,17 @@ bool checkpoint_dir_private(const std::string& dir, std::string* err) {
   auto refuse = [&](const std::string& path, const std::string& why) {
     *err = path + ": " + why +
            ". A checkpoint's files decide which processes a restore runs, as which user, so "
-           "cusnap takes only a checkpoint owned by the user that restores it and writable by "
-           "no one else; if you trust this one, chown -R " +
-           std::to_string(::geteuid()) + " " + dir + " and chmod -R go-w " + dir +
-           " (or copy it as that user), then restore again";
+           "cusnap restores (as root) only a checkpoint owned by root and writable by no one "
+           "else; if you trust this one, chown -R 0 " +
+           dir + " and chmod -R go-w " + dir + " (or copy it as root), then restore again";
     return false;
   };
-  if (std::string why = not_private(dir); !why.empty()) return refuse(dir, why);
+  if (std::string why = not_private(dir, 0); !why.empty()) return refuse(dir, why);
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
        it.increment(ec)) {
     const std::string path = it->path().string();
-    if (std::string why = not_private(path); !why.empty()) return refuse(path, why);
+    if (std::string why = not_private(path, 0); !why.empty()) return refuse(path, why);
   }
   if (ec) {
     *err = "cannot list " + dir + ": " + ec.message();

@@ -24,7 +24,7 @@ nlohmann::json restored_json(const RestoreSummary& s, bool detached) {
           {"pid", s.root_pid > 0 ? nlohmann::json(s.root_pid) : nlohmann::json(nullptr)},
           {"runtime_dir", s.runtime_dir},
           {"phases", phases},
-          {"gpu_moves", moves_json(s)},
+          {"gpu_moves", s.gpu_moves_known ? moves_json(s) : nlohmann::json(nullptr)},
           {"detached", detached}};
 }
 

@@ -29,6 +29,8 @@ TEST_CASE("restore report: the --json object of a restore that went well") {
   CHECK(restored_json(s, false).at("gpu_moves") ==
         nlohmann::json::parse(R"([{"from": "GPU-a", "to": "GPU-b"}])"));
   CHECK(gpu_moves_text(s) == "cusnap: the job's GPU GPU-a is now GPU GPU-b\n");
+  s.gpu_moves_known = false;  // a summary the command made up: not known
+  CHECK(restored_json(s, false).at("gpu_moves").is_null());
 }
 
 TEST_CASE("restore report: a detached success without a decoded summary is still reported") {

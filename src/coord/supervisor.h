@@ -81,6 +81,7 @@ struct RestoreSummary {
   pid_t root_pid = 0;
   PhaseTimes phases;
   std::vector<std::pair<std::string, std::string>> gpu_moves;  ///< RestoreResult's
+  bool gpu_moves_known = true;  ///< false: a summary the command made up (no result came)
 };
 
 struct RestoreRequest {

@@ -141,6 +141,12 @@ if command -v setpriv >/dev/null; then
   expect_refused 3 "restore needs root.*run the restore as root \(sudo cusnap restore" \
     setpriv --reuid=65534 --regid=65534 --clear-groups env "CUSNAP_RUNTIME_BASE=$T/nobody-base" \
     "$CUSNAP" restore "$T/readable"
+  # Its inspect judges the checkpoint for root, who restores: root's own
+  # files are not another user's.
+  setpriv --reuid=65534 --regid=65534 --clear-groups env "CUSNAP_RUNTIME_BASE=$T/nobody-base" \
+    "$CUSNAP" inspect "$T/readable" >"$T/readable.inspect" 2>&1 || true
+  grep -q "verdict:" "$T/readable.inspect" && ! grep -q "owned by uid" "$T/readable.inspect" ||
+    fail "inspect by another user: $(cat "$T/readable.inspect")"
   chmod 700 "$T"
   ! grep -q "Permission denied" "$T/cmd.out" || fail "the refusal said: $(cat "$T/cmd.out")"
   [ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the refused restore made $CUSNAP_RUNTIME_BASE/cj"
