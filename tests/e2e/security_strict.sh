@@ -22,8 +22,9 @@ child = subprocess.Popen([sys.argv[1], "--mib", "4", "--interval-ms", "20"])
 n = 0
 while True:
     n += 1
-    print("uring", uring(), flush=True)
-    print("probe count %d ok" % n, flush=True)
+    # One write a line: under -u, print writes its pieces apart, and the
+    # child's lines to the same file came in between them.
+    sys.stdout.write("uring %s\nprobe count %d ok\n" % (uring(), n))
     time.sleep(0.05)
 PY
 
