@@ -135,10 +135,10 @@ struct ReleaseRequest {
 };
 
 /// The cut: collective kernel launches (NCCL's, by kernel name) are counted
-/// per process. "arm" holds every later collective launch and answers the
-/// count; "target" lets launches on until the count reaches target, then
-/// holds again; "status" answers the counts; "release" (and gate-open) lets
-/// every held launch go. A held launch waits outside the gate. The answer to
+/// per GPU of the launching context. "arm" holds every later collective
+/// launch and answers the counts; "target" lets launches on each GPU on
+/// until its count reaches target, then holds again; "status" answers the counts; "release" (and
+/// gate-open) lets every held launch go. A held launch waits outside the gate. The answer to
 /// "status" names the GPUs (format_gpu_uuid) of the contexts the process
 /// launched its collectives in, at most kMaxCutDevices. "arm" may carry
 /// hold_ms, how long the coordinator may still need the cut (its operation's
@@ -158,8 +158,11 @@ struct CutState {
   bool ok = false;
   std::string error;
   bool armed = false;
-  uint64_t reserved = 0;  ///< launches let through (some may still be in the driver)
-  uint64_t launched = 0;  ///< launches that returned successfully
+  /// Launches let through (some may still be in the driver): the most on one GPU.
+  uint64_t reserved = 0;
+  /// Launches that returned successfully: the fewest on a GPU in use (with
+  /// launches let through, or one holding).
+  uint64_t launched = 0;
   uint64_t target = 0;
   uint32_t held = 0;                 ///< threads holding at a collective launch now
   std::vector<std::string> devices;  ///< GPUs the collectives ran on

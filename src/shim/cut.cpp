@@ -91,18 +91,30 @@ uint8_t classify(CUfunction f) {
 
 // ---- the cut state ------------------------------------------------------------
 
+/// Counts are kept per device of the launching context: a process that
+/// launches one collective on each of several GPUs per step (single-process
+/// multi-GPU NCCL) is lined up device by device, so that the cut never falls
+/// between its launches of one step. Slot kUnknown: a launch whose device the
+/// driver did not name.
+constexpr unsigned kDeviceSlots = 64;
+constexpr unsigned kUnknown = kDeviceSlots;
+
 struct Cut {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cv;
   bool armed = false;
   bool target_set = false;
   uint64_t target = 0;
-  uint64_t reserved = 0;
+  /// Launches let through, per device slot (under mu).
+  uint64_t reserved[kDeviceSlots + 1] = {};
+  /// Threads holding at a launch now, in all and per device slot (under mu).
   uint32_t held = 0;
+  uint32_t held_on[kDeviceSlots + 1] = {};
   /// How long a launch holds before the shim drops the cut: the coordinator's
   /// hold_ms from "arm" when longer than the shim's own limit.
   uint64_t hold_ms = 0;
-  std::atomic<uint64_t> launched{0};
+  /// Launches that returned successfully, per device slot.
+  std::atomic<uint64_t> launched[kDeviceSlots + 1] = {};
   /// Ordinals (below 64) of the devices whose contexts launched collectives.
   std::atomic<uint64_t> devices{0};
 };
@@ -130,16 +142,34 @@ struct Locked {
   ~Locked() { pthread_mutex_unlock(&g_cut.mu); }
 };
 
-bool may_pass(uint64_t n) {
-  return !g_cut.armed || (g_cut.target_set && g_cut.reserved + n <= g_cut.target);
+bool may_pass(unsigned slot, uint64_t n) {
+  return !g_cut.armed || (g_cut.target_set && g_cut.reserved[slot] + n <= g_cut.target);
 }
 
+/// The most launches let through on one device.
+uint64_t most_reserved_locked() {
+  uint64_t most = 0;
+  for (uint64_t r : g_cut.reserved) most = r > most ? r : most;
+  return most;
+}
+
+/// The process's counts as one: reserved, the most let through on one device
+/// (a target below it cannot be met); launched, the fewest returned on a
+/// device in use (one with launches let through or holding): the process
+/// stands at the target only once every device it launches collectives on
+/// does, a device that holds at its first collective included.
 proto::CutState state_locked() {
   proto::CutState st;
   st.ok = true;
   st.armed = g_cut.armed;
-  st.reserved = g_cut.reserved;
-  st.launched = g_cut.launched.load(std::memory_order_acquire);
+  st.reserved = most_reserved_locked();
+  bool any = false;
+  for (unsigned d = 0; d <= kDeviceSlots; ++d) {
+    if (g_cut.reserved[d] == 0 && g_cut.held_on[d] == 0) continue;
+    const uint64_t l = g_cut.launched[d].load(std::memory_order_acquire);
+    st.launched = !any || l < st.launched ? l : st.launched;
+    any = true;
+  }
   st.target = g_cut.target;
   st.held = g_cut.held;
   return st;
@@ -173,11 +203,11 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
       st.error = "the cut is not armed";
       return st;
     }
-    if (req.target < g_cut.reserved) {
+    if (const uint64_t most = most_reserved_locked(); req.target < most) {
       proto::CutState st = state_locked();
       st.ok = false;
-      st.error = "target " + std::to_string(req.target) + " is below the " +
-                 std::to_string(g_cut.reserved) + " collective launches already made";
+      st.error = "target " + std::to_string(req.target) + " is below the " + std::to_string(most) +
+                 " collective launches already made on one GPU";
       return st;
     }
     g_cut.target = req.target;
@@ -196,11 +226,12 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
   return state_locked();
 }
 
-/// Holds a launch of n collectives (outside the gate) until it may pass, or
-/// for the hold at most, under the cut's lock; the hold in ms when it ran out
-/// (the cut then dropped), else 0.
-uint64_t hold_locked(uint64_t n) {
+/// Holds a launch of n collectives on device slot `slot` (outside the gate)
+/// until it may pass, or for the hold at most, under the cut's lock; the hold
+/// in ms when it ran out (the cut then dropped), else 0.
+uint64_t hold_locked(unsigned slot, uint64_t n) {
   ++g_cut.held;
+  ++g_cut.held_on[slot];
   timespec deadline{};
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   const uint64_t ms = hold_ms() > g_cut.hold_ms ? hold_ms() : g_cut.hold_ms;
@@ -211,8 +242,9 @@ uint64_t hold_locked(uint64_t n) {
     deadline.tv_nsec -= 1000000000L;
   }
   uint64_t dropped = 0;
-  while (!may_pass(n)) {
-    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT && !may_pass(n)) {
+  while (!may_pass(slot, n)) {
+    if (pthread_cond_timedwait(&g_cut.cv, &g_cut.mu, &deadline) == ETIMEDOUT &&
+        !may_pass(slot, n)) {
       // Nobody finished the cut: drop it rather than stall the application.
       g_cut.armed = false;
       pthread_cond_broadcast(&g_cut.cv);
@@ -221,17 +253,18 @@ uint64_t hold_locked(uint64_t n) {
     }
   }
   --g_cut.held;
-  g_cut.reserved += n;
+  --g_cut.held_on[slot];
+  g_cut.reserved[slot] += n;
   return dropped;
 }
 
 /// Holds a launch of n collectives (hold_locked), and says on stderr, with the
 /// cut's lock dropped, when nobody finished the cut.
-void hold(uint64_t n) {
+void hold(unsigned slot, uint64_t n) {
   uint64_t dropped_after_ms = 0;
   {
     Locked l;
-    dropped_after_ms = hold_locked(n);
+    dropped_after_ms = hold_locked(slot, n);
   }
   if (dropped_after_ms)
     say("a collective launch held %llu ms at a checkpoint's cut; the cut is dropped and the "
@@ -263,12 +296,19 @@ bool is_collective(CUfunction f) noexcept {
   return classify(f) == kYes;  // table crowded: ask the driver each time
 }
 
-void before(uint64_t n) noexcept {
+unsigned before(uint64_t n) noexcept {
+  // The device of the launching context (a launch runs in the current one):
+  // counted apart, see Cut. A driver call, made before the cut's lock.
+  CUdevice d = -1;
+  unsigned slot = kUnknown;
+  if (auto get = REAL(cuCtxGetDevice);
+      get && get(&d) == CUDA_SUCCESS && d >= 0 && d < static_cast<CUdevice>(kDeviceSlots))
+    slot = static_cast<unsigned>(d);
   {
     Locked l;
-    if (may_pass(n) || gate().nested()) {
-      g_cut.reserved += n;
-      return;
+    if (may_pass(slot, n) || gate().nested()) {
+      g_cut.reserved[slot] += n;
+      return slot;
     }
   }
   // The wait below is a cancellation point: a pthread_cancel acted on there
@@ -278,22 +318,23 @@ void before(uint64_t n) noexcept {
   const NoCancel no_cancel;
   // Hold outside the gate, so that it can close while this launch waits.
   gate().leave();
-  hold(n);
+  hold(slot, n);
   gate().enter();  // waits here if the gate closed meanwhile
+  return slot;
 }
 
-void after(bool launched, uint64_t n) noexcept {
+void after(unsigned slot, bool launched, uint64_t n) noexcept {
+  if (slot > kUnknown) slot = kUnknown;
   if (launched) {
-    // The device of the launching context: two ranks on one GPU cannot be
-    // restored (docs/design.md), which the coordinator checks first.
-    CUdevice d = -1;
-    if (auto get = REAL(cuCtxGetDevice); get && get(&d) == CUDA_SUCCESS && d >= 0 && d < 64)
-      g_cut.devices.fetch_or(1ull << d, std::memory_order_acq_rel);
-    g_cut.launched.fetch_add(n, std::memory_order_acq_rel);
+    // Two ranks on one GPU cannot be restored (docs/design.md), which the
+    // coordinator checks first from these devices.
+    if (slot < kDeviceSlots) g_cut.devices.fetch_or(1ull << slot, std::memory_order_acq_rel);
+    g_cut.launched[slot].fetch_add(n, std::memory_order_acq_rel);
     return;
   }
   Locked l;
-  g_cut.reserved -= g_cut.reserved >= n ? n : g_cut.reserved;
+  uint64_t& r = g_cut.reserved[slot];
+  r -= r >= n ? n : r;
   pthread_cond_broadcast(&g_cut.cv);
 }
 
@@ -325,10 +366,14 @@ void atfork_child() noexcept {
   new (&g_cut.mu) pthread_mutex_t(PTHREAD_MUTEX_INITIALIZER);
   init_cv();
   g_cut.armed = g_cut.target_set = false;
-  g_cut.target = g_cut.reserved = 0;
+  g_cut.target = 0;
   g_cut.held = 0;
   g_cut.hold_ms = 0;
-  g_cut.launched.store(0, std::memory_order_relaxed);
+  for (unsigned d = 0; d <= kDeviceSlots; ++d) {
+    g_cut.reserved[d] = 0;
+    g_cut.held_on[d] = 0;
+    g_cut.launched[d].store(0, std::memory_order_relaxed);
+  }
   g_cut.devices.store(0, std::memory_order_relaxed);
 }
 

@@ -7,8 +7,8 @@
 // graph's collective nodes: graphs.h); the coordinator arms every
 // process (later collective launches hold, outside the gate), reads the
 // counts, sets one target for all (the largest), lets each process launch
-// until it reaches it, and only then closes the gates: no collective is left
-// half issued.
+// on each GPU until it reaches it, and only then closes the gates: no
+// collective is left half issued.
 //
 // A launch that holds waits outside the gate (it leaves and enters again), so
 // gates can close while it waits. A hold lasts at most $CUSNAP_CUT_HOLD_MS
@@ -33,11 +33,12 @@ bool is_collective(CUfunction f) noexcept;
 bool name_is_collective(const char* name) noexcept;
 
 /// Around the launch of n collective kernels (one kernel, or a graph's
-/// collective nodes): before() may hold (leaving the gate while it waits) and
-/// counts the n launches; after() records their outcome. A process holds
-/// unless all n fit below the target.
-void before(uint64_t n) noexcept;
-void after(bool launched, uint64_t n) noexcept;
+/// collective nodes) in the current context: before() may hold (leaving the
+/// gate while it waits) and counts the n launches on the context's device,
+/// whose slot it returns for after(), which records their outcome. A launch
+/// holds unless all n fit below the target on its device.
+unsigned before(uint64_t n) noexcept;
+void after(unsigned slot, bool launched, uint64_t n) noexcept;
 
 /// Lets every held launch go (gate-open does this too).
 void release() noexcept;
@@ -53,9 +54,9 @@ void atfork_child() noexcept;
 template <class Call>
 CUresult launch(CUfunction f, CUstream s, bool ptsz, Call&& call) noexcept {
   if (!is_collective(f) || graphs::capturing(s, ptsz)) return call();
-  before(1);
+  const unsigned slot = before(1);
   const CUresult r = call();
-  after(r == CUDA_SUCCESS, 1);
+  after(slot, r == CUDA_SUCCESS, 1);
   return r;
 }
 
@@ -66,9 +67,9 @@ CUresult launch(CUfunction f, CUstream s, bool ptsz, Call&& call) noexcept {
 template <class Call>
 CUresult launch_graph(uint64_t n, CUstream s, bool ptsz, Call&& call) noexcept {
   if (n == 0 || graphs::capturing(s, ptsz)) return call();
-  before(n);
+  const unsigned slot = before(n);
   const CUresult r = call();
-  after(r == CUDA_SUCCESS, n);
+  after(slot, r == CUDA_SUCCESS, n);
   return r;
 }
 
