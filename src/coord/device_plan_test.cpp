@@ -22,7 +22,10 @@ TEST_CASE("device plan: a NEW that is not a GPU here is refused naming this mach
   const std::vector<GpuDevice> here = {{0, "H200", kX, 1}, {1, "H200", kY, 1}};
   std::vector<CUcheckpointGpuPair> pairs;
   std::string err;
-  CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, {{"0", "1"}, {"1", "5"}}, &pairs, &err));
+  bool gpus_here = false;
+  CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, {{"0", "1"}, {"1", "5"}}, &pairs, &err,
+                                &gpus_here));
+  CHECK(gpus_here);  // the command may see too few GPUs (CUDA_VISIBLE_DEVICES)
   CHECK(err.find("not a GPU here") != std::string::npos);
   CHECK(err.find("'1=5'") != std::string::npos);
   // The GPUs NEW may name are this machine's, not those of the checkpoint
@@ -44,11 +47,31 @@ TEST_CASE("device plan: more GPUs used than this machine has of the model: no ma
        {std::map<std::string, std::string>{}, {{"0", "0"}}}) {
     CAPTURE(map.size());
     err.clear();
-    CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, map, &pairs, &err));
+    bool gpus_here = false;
+    CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, map, &pairs, &err, &gpus_here));
+    CHECK(gpus_here);
     CHECK(err.find("every one is taken") != std::string::npos);
     CHECK(err.find("--device-map") == std::string::npos);
     CHECK(err.find("used 2 H200 GPUs, this machine has 1") != std::string::npos);
     CHECK(err.find("at least 2 H200 GPUs") != std::string::npos);
+  }
+}
+
+TEST_CASE("device plan: a wrong map is not put down to the GPUs here") {
+  using engine_detail::plan_device_pairs;
+  const std::vector<GpuDevice> recorded = {{0, "H200", kA, 1}, {1, "H200", kB, 1}};
+  const std::vector<GpuDevice> here = {{0, "H200", kA, 1}, {1, "H200", kB, 1}, {2, "A100", kC, 1}};
+  std::vector<CUcheckpointGpuPair> pairs;
+  using Map = std::map<std::string, std::string>;
+  // An OLD the job did not use, two GPUs onto one, another model, one GPU twice.
+  for (const Map& map : {Map{{"7", "0"}}, Map{{"0", "1"}}, Map{{"0", "2"}},
+                         Map{{"0", "1"}, {std::string(kA), "0"}}}) {
+    CAPTURE(map.begin()->first);
+    std::string err;
+    bool gpus_here = true;
+    CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, map, &pairs, &err, &gpus_here));
+    CHECK_FALSE(gpus_here);
+    CHECK(err.find("this machine has") == std::string::npos);
   }
 }
 

@@ -246,11 +246,14 @@ bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool 
 /// one named by device_map (key: old index or UUID; value: new index or
 /// UUID), else the same UUID, else an unclaimed device of the same model.
 /// *pairs stays empty when every device maps to itself, else it pairs every
-/// used device. Fails, naming the GPU and model, when none fits.
+/// used device. Fails, naming the GPU and model, when none fits; then
+/// *gpus_here (when given) says whether the GPUs present are why (a map's NEW
+/// not here, no free GPU of a model), not the map or the checkpoint.
 bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
                        const std::vector<GpuDevice>& present,
                        const std::map<std::string, std::string>& device_map,
-                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err);
+                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err,
+                       bool* gpus_here = nullptr);
 
 /// How long one driver checkpoint call may take before it counts as stuck:
 /// the phase timeout plus the devices' memory at 0.5 GB/s (measured: about

@@ -32,7 +32,14 @@ namespace engine_detail {
 bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
                        const std::vector<GpuDevice>& present,
                        const std::map<std::string, std::string>& device_map,
-                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err) {
+                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err, bool* gpus_here) {
+  if (gpus_here) *gpus_here = false;
+  // A refusal for the GPUs this machine (or this command) shows, not for the
+  // map or the checkpoint.
+  auto short_here = [&] {
+    if (gpus_here) *gpus_here = true;
+    return false;
+  };
   auto find_present = [&](const std::string& key) -> const GpuDevice* {
     for (const GpuDevice& g : present)
       if (g.uuid == key || std::to_string(g.index) == key) return &g;
@@ -95,7 +102,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
                 g.name + ")";
       *err = "the device map sends GPU " + old.uuid + " to " + m->second + " (" + entry(m) +
              "), which is not a GPU here: this machine has GPU " + here;
-      return false;
+      return short_here();
     }
     if (!old.name.empty() && to->name != old.name) {
       *err = "the device map sends GPU " + old.uuid + " (" + old.name + ") to GPU " + to->uuid +
@@ -162,7 +169,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
                   : " (this machine has " + (here.empty() ? std::string("none") : here) +
                         "): restore it on a machine with that GPU model; --device-map "
                         "moves a job only between GPUs of the same model");
-      return false;
+      return short_here();
     }
   }
   pairs->clear();
@@ -239,10 +246,11 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
           "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
       return visible_hint();
     }
-    if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err)) return true;
+    bool gpus_here = false;
+    if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err, &gpus_here))
+      return true;
     // Only where the GPUs here fall short (not for a map that is wrong).
-    if (err->find("this machine has") != std::string::npos) return visible_hint();
-    return false;
+    return gpus_here ? visible_hint() : false;
   };
   // A device map is the user's to get right: checked against the manifest
   // and the GPUs here before every file of a checkpoint of perhaps hundreds
