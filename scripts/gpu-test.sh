@@ -95,6 +95,14 @@
 #                The nccl-torchrun job with one rank (one GPU): torchrun's agent
 #                and store, NCCL's threads and sockets (RAS listener, proxy),
 #                CUSNAP_GPU_TEST_NCCL_CYCLES cycles.
+#   nccl-1proc-2gpu
+#                Two GPUs driven by one process (single-process multi-GPU NCCL):
+#                one torchrun rank with torch_allreduce.py --local-gpus 2, which
+#                all-reduces a tensor on each GPU every step through
+#                torch.cuda.nccl (one collective kernel per GPU), every result
+#                checked; CUSNAP_GPU_TEST_NCCL_CYCLES cycles. The cut must line
+#                the process's two GPUs up (docs/design.md: counts per GPU).
+#                SKIP with fewer than two GPUs.
 #   nccl-torchrun-1rank-rollback
 #                The one-rank job with torch_allreduce.py --store-every 1 (a
 #                round trip to torchrun's store over TCP every step). Its CRIU
@@ -171,7 +179,7 @@ ROOT=$PWD
 SCENARIOS_ALL=(e2e timing shared-posix pinned-host shared-ipc torch-share-default torch-share-expandable
   torch-share-capture
   e2e-shared torch-share-noshim nccl-torchrun nccl-torchrun-devmap nccl-torchrun-expandable
-  nccl-torchrun-1rank nccl-torchrun-1rank-rollback nccl-torchrun-1rank-guardian nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
+  nccl-torchrun-1rank nccl-1proc-2gpu nccl-torchrun-1rank-rollback nccl-torchrun-1rank-guardian nccl-torchrun-1gpu torchrun-gloo nccl-torchrun-graph nccl-torchrun-1rank-graph
   nccl-torchrun-1gpu-graph restore-memory-check killed-in-driver-phase)
 SELECTED=()
 for a in "$@"; do
@@ -867,8 +875,9 @@ nccl_cycles() {
     first back gaps t0 ck_wall rs_wall i why='' pids g0 g1 r0 r1 ck_sum=0 rs_sum=0 extra=() copy tailpid \
     nproc=${NPROC:-2} backend=${BACKEND:-nccl} mib=$NCCL_MIB
   [ "$backend" = gloo ] && mib=4
-  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$nproc" ]; then
-    result SKIP "$scen" "needs $nproc GPUs, this machine has $(gpu_count)"; return 0
+  local need=$((nproc * ${LOCAL_GPUS:-1}))
+  if [ "$backend" = nccl ] && [ "$(gpu_count)" -lt "$need" ]; then
+    result SKIP "$scen" "needs $need GPUs, this machine has $(gpu_count)"; return 0
   fi
   torch_ready "$scen" || return 0
   read -r -a extra <<<"${CUSNAP_GPU_TEST_NCCL_ENV:-}"
@@ -957,6 +966,10 @@ scenario_nccl_torchrun_devmap() {
 scenario_nccl_torchrun_expandable() {
   nccl_cycles nccl-torchrun-expandable "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" "" \
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+}
+scenario_nccl_1proc_2gpu() {
+  NPROC=1 LOCAL_GPUS=2 TORCH_ARGS="--local-gpus 2" nccl_cycles nccl-1proc-2gpu \
+    "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }
 # lifted_and_on SAID LOG WHO AFTER: SAID (what WHO, the checkpoint or the

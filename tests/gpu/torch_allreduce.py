@@ -6,6 +6,7 @@
                                                              [--backend nccl|gloo]
                                                              [--share-gpu] [--sleep-ms M]
                                                              [--graph G] [--store-every K]
+                                                             [--local-gpus G]
 
 Rank R runs on GPU LOCAL_RANK (modulo the GPUs it sees) and holds an int64
 tensor of N MiB (default 64). Step s = 1, 2, ...: every rank fills its tensor
@@ -38,6 +39,14 @@ store (a round trip over its TCP connection to the agent's store) and checks
 the count it gets back (step / K): a connection that stopped working, or a
 store that lost its state, shows as an exception or a MISMATCH line.
 
+--local-gpus G (nccl only) makes each rank drive G GPUs itself, as single-process
+multi-GPU NCCL does (torch.cuda.nccl, ncclCommInitAll, torch.nn.DataParallel): rank R
+holds the tensor on each of GPUs R*G .. R*G+G-1 (modulo the GPUs it sees), the k-th
+filled with (i + s * 1000003) * (k + 1), and each step all-reduces them across those
+GPUs in one process (torch.cuda.nccl.all_reduce: one collective kernel per GPU)
+instead of across ranks; every element on every GPU is checked (expected
+(i + s * 1000003) G (G + 1) / 2). The cut must then line up the process's GPUs.
+
 --share-gpu lets the NCCL ranks share the GPUs they see (two ranks on one
 GPU). NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
 detected"), so each rank presents itself as a host of its own (NCCL_HOSTID)
@@ -69,9 +78,12 @@ def main():
     ap.add_argument("--sleep-ms", type=int, default=0)
     ap.add_argument("--graph", type=int, default=0)
     ap.add_argument("--store-every", type=int, default=0)
+    ap.add_argument("--local-gpus", type=int, default=0)
     a = ap.parse_args()
     if a.graph and a.backend != "nccl":
         ap.error("--graph needs the nccl backend")
+    if a.local_gpus and (a.backend != "nccl" or a.graph or a.share_gpu or a.local_gpus < 2):
+        ap.error("--local-gpus needs the nccl backend, at least 2, no --graph or --share-gpu")
 
     import torch
     import torch.distributed as dist
@@ -110,12 +122,31 @@ def main():
             for t in outs:
                 dist.all_reduce(t)
         torch.cuda.synchronize()
+    local_devs = []
+    if a.local_gpus:
+        import torch.cuda.nccl as nccl
+
+        count = torch.cuda.device_count()
+        local_devs = [torch.device("cuda", (local * a.local_gpus + k) % count)
+                      for k in range(a.local_gpus)]
+        if len({d.index for d in local_devs}) < a.local_gpus:
+            say(f"rank {rank} MISMATCH: --local-gpus {a.local_gpus} needs that many GPUs, "
+                f"this process sees {count}")
+            sys.exit(3)
+        local_base = [torch.arange(n, device=d, dtype=torch.int64) for d in local_devs]
+        where += " local " + ",".join(str(d.index) for d in local_devs)
     store = dist.distributed_c10d._get_default_store() if a.store_every else None
     say(f"rank {rank} ready pid {os.getpid()} device {where}")
     while a.steps == 0 or step < a.steps:
         step += 1
         v = base + step * 1000003
-        if graph is not None:
+        if local_devs:
+            g = a.local_gpus
+            vs = [b + step * 1000003 for b in local_base]
+            ts = [v_k * (k + 1) for k, v_k in enumerate(vs)]
+            nccl.all_reduce(ts)
+            results = [(t, v_k * (g * (g + 1) // 2)) for t, v_k in zip(ts, vs)]
+        elif graph is not None:
             step_dev.fill_(step)
             graph.replay()
             results = [(t, v * (scale + world * k)) for k, t in enumerate(outs)]
