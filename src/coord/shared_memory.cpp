@@ -349,6 +349,14 @@ bool SharedMemory::quiesce(std::string* err) {
       ok = false;
       why = "process " + std::to_string(p->pid) + " launched " + std::to_string(st.reserved) +
             " collectives, past the cut at " + std::to_string(at->second);
+    } else if (ok && st.launched != at->second) {
+      // Counts are per GPU: a first collective on a GPU the process had not
+      // launched one on passes a target above it, and its peers hold.
+      ok = false;
+      why = "process " + std::to_string(p->pid) +
+            " launched a collective on a GPU it had launched none on after the cut at " +
+            std::to_string(at->second) + " (it stands at " + std::to_string(st.launched) +
+            " there); nothing was changed, try again";
     }
     if (!ok) {
       *err = "quiesce phase: " + why;
@@ -369,6 +377,11 @@ bool SharedMemory::quiesce(std::string* err) {
                   " had launched no collective at the cut and was left out of it: a rank that "
                   "has not reached its first collective yet keeps its peers' collectives "
                   "waiting; try again once every rank launched one)";
+        else
+          *err +=
+              " (if a process drives several GPUs, one of them may not have launched its "
+              "first collective at the cut, which keeps the others' collectives waiting: "
+              "try again once the job has made a step)";
       }
       // A capture must be let go on, but the ranks stay lined up at the cut:
       // once the capture has ended, the thread holds at its next collective.

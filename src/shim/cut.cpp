@@ -98,6 +98,13 @@ uint8_t classify(CUfunction f) {
 /// driver did not name.
 constexpr unsigned kDeviceSlots = 64;
 constexpr unsigned kUnknown = kDeviceSlots;
+/// A device slot behind the process's most on one GPU, on which no launch
+/// holds and none was let through while the process let this many through on
+/// its other GPUs, is one the process no longer launches collectives on (a
+/// warm-up or barrier on another GPU, a communicator destroyed): left out of
+/// the process's count, whose target it could never reach. Far more than one
+/// step launches on one GPU (a graph of a decode step holds a few hundred).
+constexpr uint64_t kStaleLaunches = 1ull << 16;
 
 struct Cut {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -107,6 +114,10 @@ struct Cut {
   uint64_t target = 0;
   /// Launches let through, per device slot (under mu).
   uint64_t reserved[kDeviceSlots + 1] = {};
+  /// Launches let through on every slot, and that total when each slot last
+  /// let one through (under mu): how long a slot has been idle (kStaleLaunches).
+  uint64_t total = 0;
+  uint64_t last_at[kDeviceSlots + 1] = {};
   /// Threads holding at a launch now, in all and per device slot (under mu).
   uint32_t held = 0;
   uint32_t held_on[kDeviceSlots + 1] = {};
@@ -153,11 +164,19 @@ uint64_t most_reserved_locked() {
   return most;
 }
 
+/// Lets n launches through on slot `slot` (under the lock).
+void reserve_locked(unsigned slot, uint64_t n) {
+  g_cut.reserved[slot] += n;
+  g_cut.total += n;
+  g_cut.last_at[slot] = g_cut.total;
+}
+
 /// The process's counts as one: reserved, the most let through on one device
 /// (a target below it cannot be met); launched, the fewest returned on a
-/// device in use (one with launches let through or holding): the process
-/// stands at the target only once every device it launches collectives on
-/// does, a device that holds at its first collective included.
+/// device in use (one with launches let through or holding, and not left
+/// behind: kStaleLaunches): the process stands at the target only once every
+/// device it launches collectives on does, a device that holds at its first
+/// collective included.
 proto::CutState state_locked() {
   proto::CutState st;
   st.ok = true;
@@ -166,6 +185,9 @@ proto::CutState state_locked() {
   bool any = false;
   for (unsigned d = 0; d <= kDeviceSlots; ++d) {
     if (g_cut.reserved[d] == 0 && g_cut.held_on[d] == 0) continue;
+    if (g_cut.held_on[d] == 0 && g_cut.reserved[d] < st.reserved &&
+        g_cut.total - g_cut.last_at[d] > kStaleLaunches)
+      continue;
     const uint64_t l = g_cut.launched[d].load(std::memory_order_acquire);
     st.launched = !any || l < st.launched ? l : st.launched;
     any = true;
@@ -226,12 +248,12 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
   return state_locked();
 }
 
-/// Holds a launch of n collectives on device slot `slot` (outside the gate)
-/// until it may pass, or for the hold at most, under the cut's lock; the hold
-/// in ms when it ran out (the cut then dropped), else 0.
+/// Holds a launch of n collectives on device slot `slot` (outside the gate),
+/// counted in held and held_on by the caller under the same lock as the
+/// may_pass that failed, until it may pass, or for the hold at most, under
+/// the cut's lock; the hold in ms when it ran out (the cut then dropped),
+/// else 0.
 uint64_t hold_locked(unsigned slot, uint64_t n) {
-  ++g_cut.held;
-  ++g_cut.held_on[slot];
   timespec deadline{};
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   const uint64_t ms = hold_ms() > g_cut.hold_ms ? hold_ms() : g_cut.hold_ms;
@@ -254,7 +276,7 @@ uint64_t hold_locked(unsigned slot, uint64_t n) {
   }
   --g_cut.held;
   --g_cut.held_on[slot];
-  g_cut.reserved[slot] += n;
+  reserve_locked(slot, n);
   return dropped;
 }
 
@@ -307,9 +329,13 @@ unsigned before(uint64_t n) noexcept {
   {
     Locked l;
     if (may_pass(slot, n) || gate().nested()) {
-      g_cut.reserved[slot] += n;
+      reserve_locked(slot, n);
       return slot;
     }
+    // Counted as holding at once: a "status" in between must see this slot
+    // in use (a GPU at its first collective) and the process holding.
+    ++g_cut.held;
+    ++g_cut.held_on[slot];
   }
   // The wait below is a cancellation point: a pthread_cancel acted on there
   // would unwind with the cut's lock held, out of the gate and out of this
@@ -367,11 +393,13 @@ void atfork_child() noexcept {
   init_cv();
   g_cut.armed = g_cut.target_set = false;
   g_cut.target = 0;
+  g_cut.total = 0;
   g_cut.held = 0;
   g_cut.hold_ms = 0;
   for (unsigned d = 0; d <= kDeviceSlots; ++d) {
     g_cut.reserved[d] = 0;
     g_cut.held_on[d] = 0;
+    g_cut.last_at[d] = 0;
     g_cut.launched[d].store(0, std::memory_order_relaxed);
   }
   g_cut.devices.store(0, std::memory_order_relaxed);

@@ -22,6 +22,8 @@
 //     counts as a GPU in use (launched 0 while it holds); with target 3 it goes
 //     through, GPU 1 catches up, GPU 0 holds at 4 (launched 1: GPU 2's count)
 //   - released: the held launch goes on, and launches on every GPU pass
+//   - GPU 2 idle while GPUs 0 and 1 let 80000 launches through: left out of
+//     the count (launched is theirs); one launch there puts it back
 #include <poll.h>
 
 #include <cstdio>
@@ -41,6 +43,7 @@ constexpr int kDevices = 3;
 
 enum Cmd : uint64_t {
   kLaunch0 = 1,  // kLaunch0 + d: one launch on device d, then its stream synchronized
+  kMany = 50,    // then d and n: n launches on device d, then its stream synchronized
   kFinish = 100,
 };
 
@@ -64,12 +67,14 @@ int workload(int sock) {
     uint64_t cmd = 0;
     if (!recv_u64(sock, &cmd)) return 1;
     if (cmd == kFinish) return 0;
-    if (cmd < kLaunch0 || cmd >= kLaunch0 + kDevices) return 1;
-    const int d = static_cast<int>(cmd - kLaunch0);
-    const bool ok =
-        cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS &&
-        cuLaunchKernel(fn[d], 1, 1, 1, 32, 1, 1, 0, st[d], nullptr, nullptr) == CUDA_SUCCESS &&
-        cuStreamSynchronize(st[d]) == CUDA_SUCCESS;
+    uint64_t dev = cmd - kLaunch0, n = 1;
+    if (cmd == kMany && (!recv_u64(sock, &dev) || !recv_u64(sock, &n))) return 1;
+    if (dev >= kDevices) return 1;
+    const int d = static_cast<int>(dev);
+    bool ok = cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS;
+    for (uint64_t k = 0; ok && k < n; ++k)
+      ok = cuLaunchKernel(fn[d], 1, 1, 1, 32, 1, 1, 0, st[d], nullptr, nullptr) == CUDA_SUCCESS;
+    ok = ok && cuStreamSynchronize(st[d]) == CUDA_SUCCESS;
     if (!send_u64(sock, ok ? 0 : 1)) return 1;
   }
 }
@@ -105,9 +110,17 @@ bool launch(int d) {
          r == 0;
 }
 
-/// A launch on device d that must hold (no answer within 300 ms).
+/// A launch on device d that must hold: the shim counts one more thread
+/// holding (within 5 s), and no answer comes.
 bool launch_held(int d) {
-  return send_u64(g_job.sock, kLaunch0 + d) && !answered_within(300);
+  proto::CutState st;
+  if (!cut("status", 0, &st)) return false;
+  const uint32_t before = st.held;
+  if (!send_u64(g_job.sock, kLaunch0 + d)) return false;
+  for (int i = 0; i < 500 && st.held == before; ++i) {
+    if (answered_within(10) || !cut("status", 0, &st)) return false;
+  }
+  return st.held == before + 1 && !answered_within(100);
 }
 
 /// The answer of a held launch, once let go.
@@ -172,6 +185,24 @@ int run() {
   REQ(cut("status", 0, &st));
   show("released", st);
   REQ(st.reserved == 4 && st.launched == 2 && st.held == 0);
+
+  // GPU 2 left behind: once GPUs 0 and 1 let more than 65536 launches
+  // through since its last, it is no longer in use (a process that stopped
+  // launching collectives there), and the process stands at GPU 0 and 1's
+  // count; a launch there puts it back in use.
+  auto many = [](uint64_t d, uint64_t n) {
+    uint64_t r = 1;
+    return send_u64(g_job.sock, kMany) && send_u64(g_job.sock, d) && send_u64(g_job.sock, n) &&
+           answered_within(60000) && recv_u64(g_job.sock, &r) && r == 0;
+  };
+  REQ(many(0, 40000) && many(1, 40000));
+  REQ(cut("status", 0, &st));
+  show("GPU 0 and GPU 1 40000 more each", st);
+  REQ(st.reserved == 40004 && st.launched == 40004);
+  REQ(launch(2));
+  REQ(cut("status", 0, &st));
+  show("GPU 2 once more", st);
+  REQ(st.reserved == 40004 && st.launched == 3);
   REQ(send_u64(g_job.sock, kFinish));
   REQ(g_job.join() == 0);
   return 0;
