@@ -60,6 +60,7 @@ int inspect_checkpoint(const std::string& given, bool json) {
                 {"dir", absolute_dir(dir)},
                 {"name", ""},
                 {"valid", false},
+                {"files_intact", false},
                 {"needs_name", false},
                 {"error", err},
                 {"bytes", 0},
@@ -68,7 +69,8 @@ int inspect_checkpoint(const std::string& given, bool json) {
   }
   std::string verr;
   ExitCode code = kExitOk;
-  bool valid = verify_checkpoint_coded(dir, {}, &code, &verr);
+  bool files_intact = false;
+  bool valid = verify_checkpoint_coded(dir, {}, &code, &verr, &files_intact);
   if (!valid && code == kExitOk) code = kExitBadCheckpoint;
   // The checkpoint's size as `cusnap checkpoint` gives it: its files and
   // the manifest.
@@ -84,6 +86,7 @@ int inspect_checkpoint(const std::string& given, bool json) {
                         {"dir", absolute_dir(dir)},
                         {"name", m.job.name},
                         {"valid", valid},
+                        {"files_intact", files_intact},
                         {"needs_name", needs_name},
                         {"error", valid ? "" : verr},
                         {"bytes", bytes},
@@ -145,6 +148,11 @@ int inspect_checkpoint(const std::string& given, bool json) {
         "accepts\n");
   else if (valid)
     std::printf("  verdict:  valid, restorable\n");
+  else if (files_intact)
+    std::printf(
+        "  verdict:  files intact (every file's size and SHA-256 checked), NOT restorable here: "
+        "%s\n",
+        shown(verr).c_str());
   else
     std::printf("  verdict:  NOT restorable: %s\n", shown(verr).c_str());
   return valid ? kExitOk : code;

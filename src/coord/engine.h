@@ -200,10 +200,13 @@ struct RestoreResult {
 bool verify_checkpoint(const std::string& dir, std::string* err);
 /// The same, with the exit code that fits the failure (kExitNotFound,
 /// kExitBadCheckpoint, or kExitRefused when no matching GPU is present) and
-/// the device map to check against.
+/// the device map to check against. *files_intact (when given) says whether
+/// every file's size and SHA-256 were checked and right, also when it fails
+/// for what is here (no driver, no GPU of the model): a checkpoint copied to
+/// a machine without a GPU can still be checked.
 bool verify_checkpoint_coded(const std::string& dir,
                              const std::map<std::string, std::string>& device_map, ExitCode* code,
-                             std::string* err);
+                             std::string* err, bool* files_intact = nullptr);
 
 /// Restores a checkpoint: verify_checkpoint, CRIU restore (the tree becomes
 /// a child of the calling process, which must be a child subreaper), driver

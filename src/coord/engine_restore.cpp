@@ -203,7 +203,8 @@ std::vector<std::string> used_gpus(const Manifest& m) {
 bool verify_impl(const std::string& dir, const std::map<std::string, std::string>& device_map,
                  const ProgressSink& progress, Manifest* m, Driver* driver,
                  std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err,
-                 const std::function<bool()>& cancelled = {}) {
+                 const std::function<bool()>& cancelled = {}, bool* files_intact = nullptr) {
+  if (files_intact) *files_intact = false;
   std::error_code ec;
   unsigned hash_threads = 0;
   if (!hash_thread_count(&hash_threads, err)) {
@@ -259,6 +260,7 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
   if (map_first && !plan()) return false;
   *code = kExitBadCheckpoint;
   if (!verify_manifest_files(dir, *m, progress, err, cancelled)) return false;
+  if (files_intact) *files_intact = true;
   if (!any_cuda || map_first) return true;
   return plan();
 }
@@ -317,12 +319,12 @@ void kill_restored(pid_t root) {
 
 bool verify_checkpoint_coded(const std::string& dir,
                              const std::map<std::string, std::string>& device_map, ExitCode* code,
-                             std::string* err) {
+                             std::string* err, bool* files_intact) {
   Manifest m;
   Driver driver;
   std::vector<CUcheckpointGpuPair> pairs;
   ExitCode c = kExitOk;
-  bool ok = verify_impl(dir, device_map, nullptr, &m, &driver, &pairs, &c, err);
+  bool ok = verify_impl(dir, device_map, nullptr, &m, &driver, &pairs, &c, err, {}, files_intact);
   if (code) *code = ok ? kExitOk : c;
   return ok;
 }

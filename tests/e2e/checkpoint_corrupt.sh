@@ -30,8 +30,9 @@ d = json.load(open(sys.argv[1]))
 # A failure's shape, as every command gives it, plus the description.
 assert d["ok"] is False and d["exit_code"] == 5 and "SHA-256" in d["error"], d
 assert d["valid"] is False and d["kind"] == "checkpoint" and d["name"] == "cj", d
+assert d["files_intact"] is False, d
 PY
-pass "inspect --json of the flipped checkpoint: ok false, exit_code 5, the error"
+pass "inspect --json of the flipped checkpoint: ok false, exit_code 5, the error, files not intact"
 
 variant truncated
 truncate -s -4096 "$T/truncated/$PAGES"

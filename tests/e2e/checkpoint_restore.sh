@@ -33,7 +33,26 @@ d = json.load(open(sys.argv[1]))
 text = json.dumps(d)
 assert sys.argv[2] in text and "pj" in text, text
 assert d["ok"] is True and d["valid"] is True and d["kind"] == "checkpoint", d
+assert d["files_intact"] is True, d
 PY
+
+# Where no CUDA driver can be loaded (a storage machine), inspect still
+# checks every file: intact, but not restorable here (exit 3).
+rc=0
+CUSNAP_LIBCUDA=$T/no-such-libcuda.so.1 "$CUSNAP" inspect "$T/ckpt" --json >"$T/nodriver.json" 2>/dev/null || rc=$?
+[ "$rc" = 3 ] || fail "inspect without a driver exited $rc, expected 3: $(cat "$T/nodriver.json")"
+python3 - "$T/nodriver.json" <<'PY' || fail "inspect --json without a driver: $(cat "$T/nodriver.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is False and d["valid"] is False and d["files_intact"] is True, d
+assert d["exit_code"] == 3 and "no-such-libcuda" in d["error"], d
+PY
+rc=0
+CUSNAP_LIBCUDA=$T/no-such-libcuda.so.1 "$CUSNAP" inspect "$T/ckpt" >"$T/nodriver.txt" 2>&1 || rc=$?
+[ "$rc" = 3 ] || fail "inspect without a driver exited $rc, expected 3: $(cat "$T/nodriver.txt")"
+grep -q "verdict:  files intact (every file's size and SHA-256 checked), NOT restorable here: " \
+  "$T/nodriver.txt" || fail "inspect without a driver: $(grep verdict "$T/nodriver.txt")"
+pass "inspect without a driver: files intact, not restorable here (exit 3)"
 
 for round in 1 2; do
   restore_continues "$T/ckpt" "$T/restore$round.out" pj "$PID" "$LAST"

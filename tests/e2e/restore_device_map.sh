@@ -53,7 +53,8 @@ done
 rc=0
 FAKECUDA_DEVICES=1 FAKECUDA_UUID_SEED=5 "$CUSNAP" inspect "$T/ckpt" >"$T/inspect.out" 2>&1 || rc=$?
 [ "$rc" = 3 ] || fail "inspect on a machine with one GPU exited $rc, expected 3: $(cat "$T/inspect.out")"
-grep -q "NOT restorable: .*at least 2" "$T/inspect.out" || fail "inspect: $(cat "$T/inspect.out")"
+grep -q "files intact (every file's size and SHA-256 checked), NOT restorable here: .*at least 2" \
+  "$T/inspect.out" || fail "inspect: $(cat "$T/inspect.out")"
 grep -q -- "--device-map OLD=NEW" "$T/inspect.out" && fail "inspect suggests a device map: $(cat "$T/inspect.out")"
 [ -z "$(job_pids_all)" ] || fail "a job was started by a refused restore"
 pass "fewer GPUs here than the job used: refused with the counts, no device map suggested"
