@@ -101,7 +101,11 @@
 #                all-reduces a tensor on each GPU every step through
 #                torch.cuda.nccl (one collective kernel per GPU), every result
 #                checked; CUSNAP_GPU_TEST_NCCL_CYCLES cycles. The cut must line
-#                the process's two GPUs up (docs/design.md: counts per GPU).
+#                the process's two GPUs up (docs/design.md: counts per GPU): each
+#                checkpoint must make one, at about the step reached (counted
+#                per process it would be twice that). The two kernels of a step
+#                are launched microseconds apart, so a cut between them is rare
+#                either way: e2e.nccl_cut_multi makes it certain.
 #                SKIP with fewer than two GPUs.
 #   nccl-torchrun-1rank-rollback
 #                The one-rank job with torch_allreduce.py --store-every 1 (a
@@ -915,6 +919,18 @@ nccl_cycles() {
     if [ "$(wc -l <<<"$before")" -ne "$nproc" ] || [ -z "$before" ]; then
       why="cycle $i: the output before the checkpoint shows counts of $(wc -l <<<"$before") ranks, not $nproc: $(echo "$before" | tr '\n' ' ')"; break
     fi
+    if [ -n "${CUT_PER_STEP:-}" ]; then
+      # One collective kernel per GPU per step, counted per GPU: the cut
+      # stands at about the step reached (counted per process it would be
+      # twice that), and there must be one.
+      local cut step
+      cut=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])).get("collective_cut") or {}; print(max(c.values()) if c else "")' "$cj" 2>/dev/null)
+      step=$(awk '{print $2}' <<<"$before" | head -1)
+      if [ -z "$cut" ]; then why="cycle $i: the checkpoint made no collective cut: $(head -c 300 "$cj")"; break; fi
+      if [ $((2 * cut)) -ge $((3 * step + 4)) ]; then
+        why="cycle $i: the cut stands at $cut collective launches at step $step: not counted per GPU"; break
+      fi
+    fi
     t0=$(date +%s.%N)
     if ! timeout "$CLIENT_TIMEOUT" "$BIN/cusnap" restore "$ck" --detach ${map:+--device-map "$map"} --timeout "$PHASE_TIMEOUT" --json >"$rj" 2>&1; then
       why="cycle $i: restore failed: $(json_field "$rj" error | head -3)"; show_tail "$rj"
@@ -968,7 +984,7 @@ scenario_nccl_torchrun_expandable() {
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 }
 scenario_nccl_1proc_2gpu() {
-  NPROC=1 LOCAL_GPUS=2 TORCH_ARGS="--local-gpus 2" nccl_cycles nccl-1proc-2gpu \
+  NPROC=1 LOCAL_GPUS=2 CUT_PER_STEP=1 TORCH_ARGS="--local-gpus 2" nccl_cycles nccl-1proc-2gpu \
     "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""
 }
 scenario_nccl_torchrun_1rank() { NPROC=1 nccl_cycles nccl-torchrun-1rank "${CUSNAP_GPU_TEST_NCCL_CYCLES:-10}" ""; }

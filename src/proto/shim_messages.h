@@ -161,7 +161,7 @@ struct CutState {
   /// Launches let through (some may still be in the driver): the most on one GPU.
   uint64_t reserved = 0;
   /// Launches that returned successfully: the fewest on a GPU in use (with
-  /// launches let through, or one holding).
+  /// launches let through, or one holding, and not left behind: docs/shim.md).
   uint64_t launched = 0;
   uint64_t target = 0;
   uint32_t held = 0;                 ///< threads holding at a collective launch now

@@ -84,6 +84,8 @@ def main():
         ap.error("--graph needs the nccl backend")
     if a.local_gpus and (a.backend != "nccl" or a.graph or a.share_gpu or a.local_gpus < 2):
         ap.error("--local-gpus needs the nccl backend, at least 2, no --graph or --share-gpu")
+    if a.local_gpus and int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        ap.error("--local-gpus runs as one rank (--nproc-per-node 1): the rank drives the GPUs")
 
     import torch
     import torch.distributed as dist
@@ -139,7 +141,7 @@ def main():
     say(f"rank {rank} ready pid {os.getpid()} device {where}")
     while a.steps == 0 or step < a.steps:
         step += 1
-        v = base + step * 1000003
+        v = base + step * 1000003 if not local_devs else None
         if local_devs:
             g = a.local_gpus
             vs = [b + step * 1000003 for b in local_base]
