@@ -353,10 +353,10 @@ bool SharedMemory::quiesce(std::string* err) {
       // Counts are per GPU: a first collective on a GPU the process had not
       // launched one on passes a target above it, and its peers hold.
       ok = false;
-      why = "process " + std::to_string(p->pid) +
-            " launched a collective on a GPU it had launched none on after the cut at " +
-            std::to_string(at->second) + " (it stands at " + std::to_string(st.launched) +
-            " there); nothing was changed, try again";
+      why = "process " + std::to_string(p->pid) + " has a GPU at " + std::to_string(st.launched) +
+            " collective launches, not at the cut's " + std::to_string(at->second) +
+            " (it launched its first collective there, or its first in a long while, after the "
+            "cut); nothing was changed, try again";
     }
     if (!ok) {
       *err = "quiesce phase: " + why;
