@@ -345,18 +345,17 @@ bool SharedMemory::quiesce(std::string* err) {
     proto::CutState st;
     std::string why;
     bool ok = p->client.cut("status", 0, &st, &why);
-    if (ok && st.reserved != at->second) {
+    // Counts are per GPU: reserved is the most on one GPU, launched the
+    // fewest on a GPU in use. Past the cut on one GPU, or a first collective
+    // on a GPU that had none (a target above it lets it through, and its
+    // peers hold): either way not at the cut.
+    if (ok && (st.reserved != at->second || st.launched != at->second)) {
       ok = false;
-      why = "process " + std::to_string(p->pid) + " launched " + std::to_string(st.reserved) +
-            " collectives, past the cut at " + std::to_string(at->second);
-    } else if (ok && st.launched != at->second) {
-      // Counts are per GPU: a first collective on a GPU the process had not
-      // launched one on passes a target above it, and its peers hold.
-      ok = false;
-      why = "process " + std::to_string(p->pid) + " has a GPU at " + std::to_string(st.launched) +
-            " collective launches, not at the cut's " + std::to_string(at->second) +
-            " (it launched its first collective there, or its first in a long while, after the "
-            "cut); nothing was changed, try again";
+      why = "process " + std::to_string(p->pid) + " is not at the cut's " +
+            std::to_string(at->second) + " collective launches (the most on one of its GPUs " +
+            std::to_string(st.reserved) + ", the fewest " + std::to_string(st.launched) +
+            ": its shim let a held launch go, or it launched its first collective on a GPU, or "
+            "its first there in a long while, after the cut); nothing was changed, try again";
     }
     if (!ok) {
       *err = "quiesce phase: " + why;

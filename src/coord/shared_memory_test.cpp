@@ -42,6 +42,9 @@ struct FakeShim {
   /// go past it by `past` launches (a shim that dropped the cut).
   bool reach_target = false;
   uint64_t past = 0;
+  /// Once its gate is closed, "status" reports the fewest launches on a GPU
+  /// as this many (a first collective on a GPU after the cut), when not ~0.
+  uint64_t closed_launched = ~0ull;
   std::chrono::milliseconds drain_takes{0}, close_takes{0};
   bool close_times_out = false;
   int refuse_opens = 0;
@@ -101,6 +104,7 @@ struct FakeShim {
           }
           st.armed = armed;
           st.reserved = st.launched = launched;
+          if (closed && closed_launched != ~0ull) st.launched = closed_launched;
           st.held = held;
           st.target = req.target;
           sent = ch.send(proto::kMsgShimCutState, st, &err);
@@ -255,6 +259,28 @@ TEST_CASE("shared memory: a process past the cut's target fails the cut, which i
   CHECK(err.find("past the cut at 3") != std::string::npos);
   CHECK(sm.cut_counts().empty());
   CHECK_FALSE(shim.armed.load());
+  sm.disconnect();
+}
+
+TEST_CASE("shared memory: a GPU not at the cut once the gate closed fails the quiesce") {
+  FakeShim shim;
+  shim.launched = 3;
+  shim.closed_launched = 1;  // a first collective on another GPU passed the target of 3
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  REQUIRE(sm.cut(&err));
+  CHECK_FALSE(sm.quiesce(&err));  // the fake's drain would succeed
+  INFO(err);
+  CHECK(err.find("process " + std::to_string(getpid()) +
+                 " is not at the cut's 3 collective "
+                 "launches (the most on one of its GPUs 3, the fewest 1") != std::string::npos);
+  CHECK(err.find("nothing was changed") != std::string::npos);
+  // The gate is open again and the cut let go: the job runs on.
+  CHECK_FALSE(shim.closed.load());
+  CHECK_FALSE(shim.armed.load());
+  CHECK(sm.gates_left_closed().empty());
   sm.disconnect();
 }
 

@@ -116,10 +116,11 @@ struct Cut {
   uint64_t reserved[kDeviceSlots + 1] = {};
   /// Launches let through on every slot, and that total when each slot last
   /// let one through (under mu): how long a slot has been idle (kStaleLaunches).
+  /// A launch that failed stays in it (taken back from reserved only): the
+  /// total measures time, and never falls below a slot's last_at.
   uint64_t total = 0;
   uint64_t last_at[kDeviceSlots + 1] = {};
-  /// Threads holding at a launch now, in all and per device slot (under mu).
-  uint32_t held = 0;
+  /// Threads holding at a launch now, per device slot (under mu).
   uint32_t held_on[kDeviceSlots + 1] = {};
   /// How long a launch holds before the shim drops the cut: the coordinator's
   /// hold_ms from "arm" when longer than the shim's own limit.
@@ -184,6 +185,7 @@ proto::CutState state_locked() {
   st.reserved = most_reserved_locked();
   bool any = false;
   for (unsigned d = 0; d <= kDeviceSlots; ++d) {
+    st.held += g_cut.held_on[d];
     if (g_cut.reserved[d] == 0 && g_cut.held_on[d] == 0) continue;
     if (g_cut.held_on[d] == 0 && g_cut.reserved[d] < st.reserved &&
         g_cut.total - g_cut.last_at[d] > kStaleLaunches)
@@ -193,7 +195,6 @@ proto::CutState state_locked() {
     any = true;
   }
   st.target = g_cut.target;
-  st.held = g_cut.held;
   return st;
 }
 
@@ -249,7 +250,7 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
 }
 
 /// Holds a launch of n collectives on device slot `slot` (outside the gate),
-/// counted in held and held_on by the caller under the same lock as the
+/// counted in held_on by the caller under the same lock as the
 /// may_pass that failed, until it may pass, or for the hold at most, under
 /// the cut's lock; the hold in ms when it ran out (the cut then dropped),
 /// else 0.
@@ -274,7 +275,6 @@ uint64_t hold_locked(unsigned slot, uint64_t n) {
       break;
     }
   }
-  --g_cut.held;
   --g_cut.held_on[slot];
   reserve_locked(slot, n);
   return dropped;
@@ -334,7 +334,6 @@ unsigned before(uint64_t n) noexcept {
     }
     // Counted as holding at once: a "status" in between must see this slot
     // in use (a GPU at its first collective) and the process holding.
-    ++g_cut.held;
     ++g_cut.held_on[slot];
   }
   // The wait below is a cancellation point: a pthread_cancel acted on there
@@ -394,7 +393,6 @@ void atfork_child() noexcept {
   g_cut.armed = g_cut.target_set = false;
   g_cut.target = 0;
   g_cut.total = 0;
-  g_cut.held = 0;
   g_cut.hold_ms = 0;
   for (unsigned d = 0; d <= kDeviceSlots; ++d) {
     g_cut.reserved[d] = 0;

@@ -69,29 +69,12 @@ Gpu set_up(int g, size_t size) {
   Gpu out;
   WL_CHECK(cuDevicePrimaryCtxRetain(&out.ctx, g), kWho);
   WL_CHECK(cuCtxSetCurrent(out.ctx), kWho);
-  static const char image[] = "cusnap-collective-multi: placeholder module image";
-  CUmodule mod;
-  if (CUresult r = cuModuleLoadData(&mod, image); r != CUDA_SUCCESS) {
-    std::fprintf(stderr,
-                 "%s: cuModuleLoadData failed (%d): this workload runs only on the simulated "
-                 "driver (tests/fakecuda), whose %s kernel it launches\n",
-                 kWho, int(r), kKernel);
-    std::exit(2);
-  }
-  WL_CHECK(cuModuleGetFunction(&out.fn, mod, kKernel), kWho);
+  out.fn = load_fake_kernel(kKernel, kWho);
   WL_CHECK(cuStreamCreate(&out.stream, CU_STREAM_NON_BLOCKING), kWho);
   CUmemAllocationProp prop = posix_fd_prop(g);
   CUmemGenericAllocationHandle h;
   WL_CHECK(cuMemCreate(&h, size, &prop, 0), kWho);
-  WL_CHECK(cuMemAddressReserve(&out.mem, size, 0, 0, 0), kWho);
-  WL_CHECK(cuMemMap(out.mem, size, 0, h, 0), kWho);
-  CUmemAccessDesc access[kGpus]{};
-  for (int d = 0; d < kGpus; ++d) {
-    access[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[d].location.id = d;
-    access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  }
-  WL_CHECK(cuMemSetAccess(out.mem, size, access, kGpus), kWho);
+  out.mem = map_for(h, size, {0, 1}, kWho);
   WL_CHECK(cuMemsetD8(out.mem, 0, kSlotsOffset), kWho);
   return out;
 }

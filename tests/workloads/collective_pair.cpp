@@ -100,23 +100,6 @@ uint32_t value(unsigned rank, long step) {
   return uint32_t(step) * 2654435761u + rank * 0x01000193u + 0x5eed;
 }
 
-/// Reserves and maps `size` bytes of h with read-write access for every
-/// device in devs.
-CUdeviceptr map_for(CUmemGenericAllocationHandle h, size_t size, const std::vector<CUdevice>& devs,
-                    const char* who) {
-  CUdeviceptr ptr;
-  WL_CHECK(cuMemAddressReserve(&ptr, size, 0, 0, 0), who);
-  WL_CHECK(cuMemMap(ptr, size, 0, h, 0), who);
-  std::vector<CUmemAccessDesc> access(devs.size());
-  for (size_t i = 0; i < devs.size(); ++i) {
-    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[i].location.id = devs[i];
-    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  }
-  WL_CHECK(cuMemSetAccess(ptr, size, access.data(), access.size()), who);
-  return ptr;
-}
-
 /// An exportable allocation of one granule, mapped, never exported; replaced
 /// every step (--churn).
 struct Scratch {
@@ -191,19 +174,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
   for (int d = 0; d < count && d < 2; ++d) devs.push_back(d);
 
   // The module: a placeholder image that only the simulated driver accepts.
-  static const char image[] = "cusnap-collective-pair: placeholder module image";
-  CUmodule mod;
-  if (CUresult r = cuModuleLoadData(&mod, image); r != CUDA_SUCCESS) {
-    const char* name = nullptr;
-    cuGetErrorName(r, &name);
-    std::fprintf(stderr,
-                 "%s: cuModuleLoadData failed: %s (%d): this workload runs only on the simulated "
-                 "driver (tests/fakecuda), whose %s kernel it launches\n",
-                 who, name ? name : "?", int(r), kKernel);
-    return 2;
-  }
-  CUfunction fn;
-  WL_CHECK(cuModuleGetFunction(&fn, mod, kKernel), who);
+  CUfunction fn = load_fake_kernel(kKernel, who);
 
   CUmemAllocationProp prop = posix_fd_prop(dev);
   size_t gran = 0;

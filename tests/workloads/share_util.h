@@ -111,18 +111,47 @@ inline size_t vmm_size(CUdevice dev, size_t mib, const char* who) {
   return (want + gran - 1) / gran * gran;
 }
 
-/// Reserves, maps and grants read-write access to `size` bytes of handle h.
-inline CUdeviceptr map_rw(CUdevice dev, CUmemGenericAllocationHandle h, size_t size,
-                          const char* who) {
+/// Reserves and maps `size` bytes of h with read-write access for every
+/// device in devs.
+inline CUdeviceptr map_for(CUmemGenericAllocationHandle h, size_t size,
+                           const std::vector<CUdevice>& devs, const char* who) {
   CUdeviceptr ptr;
   WL_CHECK(cuMemAddressReserve(&ptr, size, 0, 0, 0), who);
   WL_CHECK(cuMemMap(ptr, size, 0, h, 0), who);
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = dev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  WL_CHECK(cuMemSetAccess(ptr, size, &access, 1), who);
+  std::vector<CUmemAccessDesc> access(devs.size());
+  for (size_t i = 0; i < devs.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devs[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  WL_CHECK(cuMemSetAccess(ptr, size, access.data(), access.size()), who);
   return ptr;
+}
+
+/// Reserves, maps and grants read-write access to `size` bytes of handle h.
+inline CUdeviceptr map_rw(CUdevice dev, CUmemGenericAllocationHandle h, size_t size,
+                          const char* who) {
+  return map_for(h, size, {dev}, who);
+}
+
+/// Loads the placeholder module of a workload that launches the simulated
+/// driver's collective kernel `kernel` (tests/fakecuda): the real driver
+/// refuses its image, and the workload exits with status 2 saying so.
+inline CUfunction load_fake_kernel(const char* kernel, const char* who) {
+  static const char image[] = "cusnap workload: placeholder module image";
+  CUmodule mod;
+  if (CUresult r = cuModuleLoadData(&mod, image); r != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    cuGetErrorName(r, &name);
+    std::fprintf(stderr,
+                 "%s: cuModuleLoadData failed: %s (%d): this workload runs only on the simulated "
+                 "driver (tests/fakecuda), whose %s kernel it launches\n",
+                 who, name ? name : "?", int(r), kernel);
+    std::exit(2);
+  }
+  CUfunction fn;
+  WL_CHECK(cuModuleGetFunction(&fn, mod, kernel), who);
+  return fn;
 }
 
 /// Creates an exportable allocation and maps it; returns the handle.
