@@ -32,13 +32,33 @@ using namespace engine_detail;
 
 namespace {
 
-/// The processes that trace a task of `tree` (TracerPid of any thread) and
-/// the processes whose arguments are a CRIU dump of `root` ("dump ... -t
-/// ROOT", a wrapper through CUSNAP_CRIU included): the CRIU that the dead
-/// supervisor started, orphaned now.
+/// Whether process pid, of this process's user, runs a CRIU dump: "dump"
+/// among its arguments, and with of_root "-t ROOT" too. Anyone can run a
+/// process with such arguments, and a debugger or strace traces the job as
+/// CRIU does: neither is the CRIU of a dead supervisor, which the recovery
+/// waits for and then kills.
+bool runs_criu_dump(pid_t pid, const std::string& root_s, bool of_root) {
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0 || st.st_uid != ::geteuid())
+    return false;
+  std::vector<std::string> argv;
+  if (!read_process_argv(pid, &argv)) return false;
+  bool dump = false, root = !of_root;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "dump") dump = true;
+    if (argv[i] == "-t" && i + 1 < argv.size() && argv[i + 1] == root_s) root = true;
+  }
+  return dump && root;
+}
+
+/// The processes running a CRIU dump (runs_criu_dump) that trace a task of
+/// `tree` (TracerPid of any thread), or whose arguments are a dump of `root`
+/// ("dump ... -t ROOT", a wrapper through CUSNAP_CRIU included): the CRIU
+/// that the dead supervisor started, orphaned now.
 std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
   std::set<pid_t> found;
   const pid_t self = ::getpid();
+  const std::string root_s = std::to_string(root);
   for (pid_t pid : tree) {
     std::error_code ec;
     for (const auto& t :
@@ -48,23 +68,16 @@ std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
       size_t at = status.find("TracerPid:");
       if (at == std::string::npos) continue;
       pid_t tracer = pid_t(std::atoi(status.c_str() + at + 10));
-      if (tracer > 0 && tracer != self) found.insert(tracer);
+      if (tracer > 0 && tracer != self && runs_criu_dump(tracer, root_s, false))
+        found.insert(tracer);
     }
   }
-  const std::string root_s = std::to_string(root);
   DIR* d = ::opendir("/proc");
   if (!d) return found;
   while (dirent* e = ::readdir(d)) {
     pid_t pid = pid_t(std::atoi(e->d_name));
     if (pid <= 0 || pid == self) continue;
-    std::vector<std::string> argv;
-    if (!read_process_argv(pid, &argv)) continue;
-    bool dump = false, of_root = false;
-    for (size_t i = 0; i < argv.size(); ++i) {
-      if (argv[i] == "dump") dump = true;
-      if (argv[i] == "-t" && i + 1 < argv.size() && argv[i + 1] == root_s) of_root = true;
-    }
-    if (dump && of_root) found.insert(pid);
+    if (runs_criu_dump(pid, root_s, true)) found.insert(pid);
   }
   ::closedir(d);
   return found;
@@ -116,12 +129,8 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
                  const std::function<void(const std::string&)>& note, DumpRun* dump) {
   std::set<pid_t> criu = orphaned_criu(job.root_pid, tree);
   if (criu.empty()) return true;
-  // Only a CRIU of our own user names the log to read (anyone can run a
-  // process with such arguments).
+  // Each of our own user (runs_criu_dump): the log it names may be read.
   for (pid_t pid : criu) {
-    struct stat st {};
-    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0 || st.st_uid != ::geteuid())
-      continue;
     if (DumpRun r = dump_run_of(pid); !r.log_path.empty() && dump->log_path.empty()) *dump = r;
   }
   std::string list;
@@ -215,7 +224,18 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
       note(why + ": the default margin is used");
       why.clear();
     }
-    if (!driver.load(&why)) {
+    std::vector<GpuDevice> gpus;
+    std::string unseen;
+    const bool loaded = driver.load(&why);
+    // Bounded as an operation's calls are (by the timeout, and by the
+    // devices' memory for a restore): a driver call that never returns must
+    // not keep the guardian from supervising the job, nor a resume from
+    // answering. Without the devices the timeout alone bounds a call.
+    if (loaded) {
+      if (!driver.devices(&gpus, &unseen)) gpus.clear();
+      set_driver_deadlines(driver, timeout, gpus);
+    }
+    if (!loaded) {
       note("the driver: " + why);
       ok = false;
     } else if (!driver_bring_back(driver, cuda, &why)) {

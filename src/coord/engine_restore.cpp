@@ -310,8 +310,14 @@ bool child_of_ours(pid_t pid) {
 
 /// Kills the restored tree and reaps it: the caller is its subreaper, and a
 /// zombie left behind would hold a pid that the next restore of this
-/// checkpoint needs (where pid 1 does not reap, for ever).
-void kill_restored(pid_t root) {
+/// checkpoint needs (where pid 1 does not reap, for ever). With tcp (the
+/// checkpoint saved established connections) their sockets go into repair
+/// mode first, as the watch does (restore_watch.h): past CRIU's network
+/// unlock they are out of it, and closed the ordinary way the peer would see
+/// the connection end and its port would stay in TIME-WAIT for a minute, in
+/// which the next restore of the checkpoint is refused.
+void kill_restored(pid_t root, bool tcp) {
+  if (tcp) set_tcp_repair(process_tree(root), TcpRepair::kOn);
   kill_process_tree(root, TreeReap::kAll);
 }
 
@@ -489,7 +495,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     *err = "CRIU restore phase: " + why + "(its files are kept in " + work.path() + ")";
     // CRIU kills what it restored when it fails; make sure, but only of a
     // tree it left to us: another restore may hold the pid by now.
-    if (child_of_ours(m.job.root_pid)) kill_restored(m.job.root_pid);
+    if (child_of_ours(m.job.root_pid)) kill_restored(m.job.root_pid, m.tcp_established);
     if (const pid_t id = id_in_use(ids, &holder); id && !child_of_ours(id)) {
       out->code = kExitRefused;
       *err = "process id " + std::to_string(id) +
@@ -512,7 +518,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   // driver_resume_all goes in reverse; restore in tree order instead.
   std::reverse(cuda.begin(), cuda.end());
   if (!driver_resume_all(driver, cuda, pairs, &why, gpu_choices(m))) {
-    kill_restored(root);
+    kill_restored(root, m.tcp_established);
     *err = "job " + m.job.name + ": " + why +
            "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
     return false;
@@ -526,7 +532,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     SharedMemory shared;
     if (!shared.load_records(opts.dir, m.shim_processes, &why) ||
         !shared_rebuild_in_place(m.job, &shared, opts.dir, opts.timeout, progress, &why)) {
-      kill_restored(root);
+      kill_restored(root, m.tcp_established);
       *err = "job " + m.job.name + ", shared memory: " + why +
              "\nthe restored processes were killed; the checkpoint " + opts.dir + " is unchanged";
       return false;

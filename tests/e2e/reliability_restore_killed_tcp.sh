@@ -19,7 +19,11 @@
 #                 the ordinary way, and the connection's port stayed in
 #                 TIME-WAIT for a minute, in which the next restore was
 #                 refused ("TCP port ... is in use")
-# Both with CRIU's nftables lock, then again with its iptables lock.
+# Both with CRIU's nftables lock, then again with its iptables lock. Last, a
+# restore that fails after CRIU's unlock (the driver restore of the job's
+# CUDA process, a child, fails): the restore kills what it restored with the
+# sockets in repair mode, as the watch does, so the checkpoint restores again
+# at once.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 # job_pids DIR: the pids of the checkpoint's processes.
@@ -103,7 +107,7 @@ restored() {
   grep -q mismatch "$out" && fail "$what: a number was lost on the connection"
   lock_there "$dir" || rc=$?
   [ "$rc" = 1 ] || fail "$what: CRIU's lock is still there after the restore"
-  pass "$what: killed before and after CRIU's unlock, then restored at once: counts on from $first over its connection, no lock left"
+  pass "$what: restored at once after the restores that failed: counts on from $first over its connection, no lock left"
 }
 
 launch tcp "$T/launch.out" python3 "$(dirname "$0")/tcp_pair.py"
@@ -136,6 +140,39 @@ pass "iptables, killed before CRIU's unlock: the checkpoint's 4 rules stay, the 
 killed_at "$T/ck-ipt" pre-resume
 pass "iptables, killed after CRIU's unlock: the processes ended"
 restored "$T/ck-ipt" "$T/r2.out" "$LAST" iptables
+kill -TERM "$SUP"
+wait_exit "$SUP"
+wait_gone "$PID"
+
+launch tcpcuda "$T/cuda.out" python3 "$(dirname "$0")/tcp_pair.py" --cuda-child "$PATTERN_JOB"
+SUP=$LAST_SUPERVISOR
+wait_count "$T/cuda.out" 5
+PID=$(wait_job tcpcuda)
+"$CUSNAP" checkpoint tcpcuda -o "$T/ck-cuda" >"$T/ck-cuda.out" 2>&1 || fail "checkpoint of tcpcuda failed: $(cat "$T/ck-cuda.out")"
+wait_exit "$SUP"
+wait_gone "$PID"
+LAST=$(last_count "$T/cuda.out")
+[ "$(job_pids "$T/ck-cuda" | wc -w)" = 3 ] || fail "tcpcuda: the checkpoint does not hold 3 processes: $(job_pids "$T/ck-cuda")"
+rc=0
+FAKECUDA_FAIL="cuCheckpointProcessRestore:1:999" "$CUSNAP" restore "$T/ck-cuda" >"$T/fail-cuda.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "driver-fail: the restore exited $rc, expected 1: $(cat "$T/fail-cuda.out")"
+grep -q "the restored processes were killed; the checkpoint $T/ck-cuda is unchanged" "$T/fail-cuda.out" ||
+  fail "driver-fail: $(cat "$T/fail-cuda.out")"
+for pid in $(job_pids "$T/ck-cuda"); do wait_gone "$pid" 10; done
+# Closed in repair mode, the connection leaves no socket behind; closed the
+# ordinary way, the side that closed first stays in TIME-WAIT for a minute
+# (on the listener's port, the next restore is refused).
+job_said PAIR_PORT "$T/cuda.out" "pair port "
+left=$(python3 - "$PAIR_PORT" <<'PY'
+import sys
+port = "%04X" % int(sys.argv[1])
+with open("/proc/net/tcp") as f:
+    next(f)
+    print(sum(1 for l in f if port in (l.split()[1][-4:], l.split()[2][-4:]) and l.split()[3] == "06"))
+PY
+)
+[ "$left" = 0 ] || fail "driver-fail: the killed restore left $left socket(s) of the job's connection in TIME-WAIT"
+restored "$T/ck-cuda" "$T/r3.out" "$LAST" driver-fail
 kill -TERM "$SUP"
 wait_exit "$SUP"
 echo "PASS"

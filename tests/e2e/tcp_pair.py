@@ -6,8 +6,12 @@
 # SO_REUSEPORT, as NCCL's RAS subsystem does in every NCCL process (on its
 # fixed port 28028; here a free port the parent picks and prints as "ras port
 # N", which the child binds again); each answers a connection with its name.
-# Used by checkpoint_tcp.sh, checkpoint_tcp_rollback.sh and
-# reliability_restore_killed_tcp.sh.
+# The pair's connection is made to the parent's listener, whose port it
+# prints as "pair port N".
+# With --cuda-child PATTERN_JOB the parent also runs cusnap-pattern-job (4
+# MiB, its output dropped) as a child: a job with a CUDA process, whose driver
+# restore a test can fail. Used by checkpoint_tcp.sh,
+# checkpoint_tcp_rollback.sh and reliability_restore_killed_tcp.sh.
 #
 # Each line goes out in one write(2) (say): print() with PYTHONUNBUFFERED=1
 # (or python3 -u) writes the text and its newline in two, and a checkpoint
@@ -15,7 +19,7 @@
 # launch's output without its newline, glued to the supervisor's "cusnap: job
 # ... checkpointed" line, and the restored job's output began with the
 # newline alone, so that a test reading counts line by line saw N missing.
-import os, socket, sys, threading, time
+import os, socket, subprocess, sys, threading, time
 
 def say(line):  # one line, in one write
     os.write(1, (line + "\n").encode())
@@ -41,6 +45,7 @@ port = srv.getsockname()[1]
 ras = ras_listen(0)
 ras_port = ras.getsockname()[1]
 say(f"ras port {ras_port}")
+say(f"pair port {port}")
 if os.fork() == 0:  # the client: echoes every number it gets, plus one
     srv.close()
     ras.close()
@@ -53,6 +58,9 @@ if os.fork() == 0:  # the client: echoes every number it gets, plus one
         f.flush()
     sys.exit(0)
 threading.Thread(target=ras_serve, args=(ras, "parent"), daemon=True).start()
+if len(sys.argv) == 3 and sys.argv[1] == "--cuda-child":
+    subprocess.Popen([sys.argv[2], "--mib", "4", "--interval-ms", "50"],
+                     stdout=subprocess.DEVNULL)
 s, _ = srv.accept()
 f = s.makefile("rw")
 n = 0
