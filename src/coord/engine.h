@@ -113,6 +113,11 @@ struct CheckpointOptions {
   /// and claimed against other checkpoints given the same dir): from then on
   /// what is in it is this run's to remove should the run die.
   std::function<void()> on_claimed;
+  /// Called just before CRIU's dump with the path of its log and, where it
+  /// locks the job's TCP connections, the lock's method (else empty): what a
+  /// recovery needs to lift that lock should this process die once CRIU has
+  /// ended (criu_leftovers.h).
+  std::function<void(const std::string& log_path, const std::string& network_lock)> on_dump;
   /// Looked at between phases, in the checksums, and at the end of the CRIU
   /// dump: a cancel asked there rolls the job back as a failure does
   /// (out->code kExitFailure, *err naming kCancelledReason); the
@@ -275,11 +280,18 @@ enum class RecoverBlock {
 /// *report gets one line per step; *blocked (if set) says what keeps a
 /// failed recovery from ever succeeding, when something does. margin:
 /// CUSNAP_RESTORE_MEMORY_MARGIN's value for the free-memory check (nullptr:
-/// this process's environment).
+/// this process's environment). dump: the CRIU dump the operation began (its
+/// log and network lock method, as GuardedOperation carries them), whose
+/// lock on the job's TCP connections is lifted where no CRIU is left to
+/// tell (it ended before the supervisor died).
 /// (engine_recover.cpp)
+struct RecoverDump {
+  std::string log_path, network_lock;
+};
 bool recover_job(const JobInfo& job, const std::string& state_dir, bool remove_partial,
                  std::string* report, std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                 RecoverBlock* blocked = nullptr, const char* margin = nullptr);
+                 RecoverBlock* blocked = nullptr, const char* margin = nullptr,
+                 const RecoverDump& dump = {});
 
 /// One process of the job as the engine sees it (for ps/inspect).
 struct ProcessInfo {

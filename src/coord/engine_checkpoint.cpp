@@ -468,6 +468,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   run.before_kill = [&] {
     for (const UniqueFd& fd : pidfds) signal_pidfd(fd, SIGSTOP);
   };
+  if (opts.on_dump) opts.on_dump(dump_log, tcp > 0 ? network_lock : "");
   std::string why;
   if (!run_criu(criu, run, &why)) {
     if (cancelled())

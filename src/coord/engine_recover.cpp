@@ -177,7 +177,7 @@ bool settle_criu(const JobInfo& job, const std::vector<pid_t>& tree,
 
 bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool remove_partial,
                  std::string* report, std::chrono::milliseconds timeout, RecoverBlock* blocked,
-                 const char* margin) {
+                 const char* margin, const RecoverDump& began) {
   RecoverBlock block = RecoverBlock::kNone;
   if (blocked) *blocked = block;
   // A job left suspended by a failed roll back keeps its saved shared memory
@@ -195,11 +195,15 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   // CRIU first: nothing touches the tasks while it holds them.
   DumpRun dump;
   if (!settle_criu(job, tree, note, &dump)) ok = false;
+  // No CRIU left to tell how it ran: it ended before the supervisor died
+  // (a dump that succeeded, then the checksums took minutes); the supervisor
+  // said how it started it.
+  if (dump.log_path.empty() && !began.log_path.empty())
+    dump = DumpRun{began.network_lock, began.log_path};
   tree = process_tree(job.root_pid);
   // A dump that succeeded (--leave-stopped) or was killed leaves the job's
   // TCP connections locked; lifted before the tree runs again. Sockets in
-  // repair mode are taken out of it even where no CRIU was seen (it may have
-  // ended before the guardian looked).
+  // repair mode are taken out of it even where no CRIU was seen.
   if (const std::string lifted = lift_criu_network_lock(tree, dump.network_lock, dump.log_path);
       !lifted.empty())
     note(lifted);

@@ -76,7 +76,7 @@ namespace {
     std::string report;
     // The operation's own timeout and free-memory margin, as its client set them.
     ok = recover_job(job, op.state_dir, op.remove_partial, &report, op.timeout, &blocked,
-                     op.margin ? op.margin->c_str() : nullptr);
+                     op.margin ? op.margin->c_str() : nullptr, {op.dump_log, op.network_lock});
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
   } else {
@@ -294,6 +294,8 @@ std::string guardian_begin_line(const GuardedOperation& op) {
                       {"remove_partial", op.remove_partial},
                       {"timeout_ms", static_cast<uint64_t>(op.timeout.count())}};
   if (op.margin) j["margin"] = hex_encode(*op.margin);
+  if (!op.dump_log.empty()) j["dump_log"] = hex_encode(op.dump_log);
+  if (!op.network_lock.empty()) j["network_lock"] = hex_encode(op.network_lock);
   return "begin " + j.dump();
 }
 
@@ -316,6 +318,9 @@ bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexce
       op.margin.emplace();
       if (!hex_decode(j["margin"].get<std::string>(), &*op.margin)) return false;
     }
+    if (!hex_decode(j.value("dump_log", ""), &op.dump_log) ||
+        !hex_decode(j.value("network_lock", ""), &op.network_lock))
+      return false;
     *out = std::move(op);
     return true;
   } catch (...) {

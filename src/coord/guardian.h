@@ -50,6 +50,10 @@ struct GuardedOperation {
   /// CUSNAP_RESTORE_MEMORY_MARGIN as the operation's client set it (or the
   /// supervisor's environment had it); absent: neither did.
   std::optional<std::string> margin;
+  /// A checkpoint's CRIU dump once it began: its log, and the method of its
+  /// lock on the job's TCP connections (empty: none). A recovery lifts that
+  /// lock even where CRIU ended before the supervisor died.
+  std::string dump_log, network_lock;
 };
 
 /// The line that announces op on the guardian's pipe: "begin " and one JSON

@@ -19,6 +19,8 @@ TEST_CASE("guardian: the operation's line carries every field, whatever the path
   op.remove_partial = true;
   op.timeout = std::chrono::milliseconds(2500);
   op.margin = "8M";
+  op.dump_log = "/tmp/cusnap-dump-7-abcdef/dump.log";
+  op.network_lock = "iptables";
   const std::string line = guardian_begin_line(op);
   CHECK(line.find('\n') == std::string::npos);  // one line on the pipe
   GuardedOperation back;
@@ -29,11 +31,17 @@ TEST_CASE("guardian: the operation's line carries every field, whatever the path
   CHECK(back.timeout == std::chrono::milliseconds(2500));
   REQUIRE(back.margin);
   CHECK(*back.margin == "8M");
+  CHECK(back.dump_log == op.dump_log);
+  CHECK(back.network_lock == "iptables");
 
-  SUBCASE("no margin set: none read back") {
+  SUBCASE("no margin set, no dump begun: none read back") {
     op.margin.reset();
+    op.dump_log.clear();
+    op.network_lock.clear();
     REQUIRE(parse_guardian_begin(guardian_begin_line(op), &back));
     CHECK_FALSE(back.margin);
+    CHECK(back.dump_log.empty());
+    CHECK(back.network_lock.empty());
   }
   SUBCASE("a path and a setting that are not UTF-8 cross whole") {
     op.state_dir = std::string("/ckpt/\xff\xfe/x");
@@ -71,6 +79,8 @@ TEST_CASE("guardian: what is not an operation's line is refused, the last one ke
                           "begin {\"op\": \"726573756d65\", \"timeout_ms\": \"60\"}",
                           "begin {\"op\": \"726573756d65\", \"margin\": null}",
                           "begin {\"op\": \"726573756d65\", \"margin\": \"8M\"}",
+                          "begin {\"op\": \"726573756d65\", \"dump_log\": 1}",
+                          "begin {\"op\": \"726573756d65\", \"network_lock\": \"nftables\"}",
                           "x begin {\"op\": \"726573756d65\"}"}) {
     CAPTURE(bad);
     GuardedOperation op = kept;

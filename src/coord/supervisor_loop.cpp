@@ -350,6 +350,12 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       claimed.on_claimed = [g, &o] {
         g->begin(guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings));
       };
+      claimed.on_dump = [g, &o](const std::string& log_path, const std::string& network_lock) {
+        GuardedOperation op = guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings);
+        op.dump_log = log_path;
+        op.network_lock = network_lock;
+        g->begin(op);
+      };
       bool ok = checkpoint(j, claimed, p, r, e);
       g->end();
       return ok;

@@ -21,7 +21,11 @@
 #   guardian finish  CRIU is let go 2 s later and succeeds (the lock stays)
 #   guardian hung    CRIU is held until the guardian kills it (after
 #                    CUSNAP_GUARDIAN_CRIU_WAIT_MS=2000)
-# the guardian lifts the lock before the job runs again, and says so. The
+# the guardian lifts the lock before the job runs again, and says so; and
+#   guardian after   CRIU succeeds while the supervisor is stopped, which is
+#                    then killed: no CRIU is left to say how it locked the
+#                    job, the guardian lifts the lock from what the
+#                    supervisor told it as the dump began. The
 # timeout case again with CRIU's iptables lock. And a
 # CRIU that fails to take its lock (no nftables here): the checkpoint says
 # which variable to set.
@@ -153,10 +157,14 @@ last=$(last_count "$T/launch.out")
 wait_count "$T/launch.out" $((last + 10)) "" 20
 pass "no lock: the checkpoint names CUSNAP_CRIU_NETWORK_LOCK, the job counts on"
 
-# guardian_case NAME WAIT_MS: a job of its own whose supervisor is killed
-# while CRIU is held at post-dump; the guardian recovers it.
+# guardian_case NAME WAIT_MS [after]: a job of its own whose supervisor is
+# killed while CRIU is held at post-dump; the guardian recovers it. With
+# "after", the supervisor is stopped instead, CRIU let go to end its dump
+# (successfully: the job left stopped, its connections locked), and the
+# supervisor killed then: no CRIU is left for the guardian to ask how it
+# ran, so it lifts the lock from what the supervisor told it as the dump began.
 guardian_case() {
-  local name=$1 out=$T/$1.out log=$CUSNAP_RUNTIME_BASE/$1/output.log sup pid ck rc=0
+  local name=$1 out=$T/$1.out log=$CUSNAP_RUNTIME_BASE/$1/output.log sup pid ck rc=0 st
   CUSNAP_GUARDIAN_CRIU_WAIT_MS=$2 "$CUSNAP" launch --name "$name" -- python3 "$TCP_PAIR" >"$out" 2>&1 &
   sup=$!
   SUPERVISORS+=("$sup")
@@ -166,9 +174,23 @@ guardian_case() {
   "$CUSNAP" checkpoint "$name" -o "$T/$name.ck" >"$T/$name.ck.out" 2>&1 &
   ck=$!
   criu_held 30 || fail "$name: CRIU's dump did not reach post-dump: $(cat "$T/$name.ck.out")"
+  if [ "${3:-}" = after ]; then
+    kill -STOP "$sup"
+    criu_release
+    # CRIU ends, a zombie: its parent, the supervisor, is stopped.
+    for _ in $(seq 1 600); do
+      st=$(awk '{print $3}' "/proc/$HELD_CRIU/stat" 2>/dev/null || echo gone)
+      [ "$st" = Z ] || [ "$st" = gone ] && break
+      sleep 0.05
+    done
+    [ "$st" = Z ] || [ "$st" = gone ] || fail "$name: CRIU did not end after its hold (state $st)"
+    grep -q "Dumping finished successfully" "$TMPDIR"/cusnap-dump-"$sup"-*/dump.log 2>/dev/null ||
+      fail "$name: CRIU's dump did not succeed"
+  fi
   kill -KILL "$sup"
+  kill -CONT "$sup" 2>/dev/null || true
   wait "$sup" 2>/dev/null || true
-  [ "$2" -gt 10000 ] && { sleep 2; criu_release; }
+  [ "$2" -gt 10000 ] && [ "${3:-}" != after ] && { sleep 2; criu_release; }
   wait "$ck" || rc=$?
   [ "$rc" != 0 ] || fail "$name: the checkpoint reported success after its supervisor was killed"
   for _ in $(seq 1 600); do grep -q "guardian: the job runs on" "$log" 2>/dev/null && break; sleep 0.05; done
@@ -177,11 +199,12 @@ guardian_case() {
     fail "$name: the guardian did not bring the job back: $(grep 'cusnap:' "$log" 2>/dev/null)"
   lifted "$name" "$log" "$log"
   kill -0 "$pid" 2>/dev/null || fail "$name: the job is gone"
-  pass "$name: supervisor killed mid-dump; the guardian lifted the lock: $LIFTED"
+  pass "$name: supervisor killed ${3:-mid-dump}; the guardian lifted the lock: $LIFTED"
   kill -TERM "$pid" 2>/dev/null || true
 }
 guardian_case guardian-finish 60000
 guardian_case guardian-hung 2000
+guardian_case guardian-after 60000 after
 
 # And the job still checkpoints and restores.
 rm -f "$SMALL/fill"
