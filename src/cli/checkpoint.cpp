@@ -110,10 +110,20 @@ int cmd_checkpoint(int argc, char** argv) {
   }
   if (d.value("job_stopped", false)) {
     // The supervisor answers before it exits; wait for it to let go of the
-    // runtime directory, so that a restore started next finds it free.
+    // runtime directory, so that a restore started next finds it free. The
+    // checkpoint is good either way: a supervisor slow to go is a warning.
     const auto until = std::chrono::steady_clock::now() + control_timeout();
     while (runtime_dir_live(entry.dir) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const bool gone = !runtime_dir_live(entry.dir);
+    d["supervisor_gone"] = gone;
+    if (!gone)
+      std::fprintf(stderr,
+                   "cusnap: warning: the supervisor of job %s has not exited %lld ms after the "
+                   "checkpoint: a restore started now may find the job's name or pids taken; "
+                   "wait until cusnap ps no longer lists it, then restore\n",
+                   shown(entry.status.name).c_str(),
+                   static_cast<long long>(control_timeout().count()));
   }
   if (json) {
     d["ok"] = true;
@@ -124,15 +134,16 @@ int cmd_checkpoint(int argc, char** argv) {
     print_json(d);
     return kExitOk;
   }
-  std::printf("checkpointed job %s to %s (%s)\n", entry.status.name.c_str(),
-              d.value("dir", req.dir).c_str(), human_bytes(d.value("bytes", uint64_t{0})).c_str());
+  const std::string name = shown(entry.status.name), out = d.value("dir", req.dir);
+  std::printf("checkpointed job %s to %s (%s)\n", name.c_str(), shown(out).c_str(),
+              human_bytes(d.value("bytes", uint64_t{0})).c_str());
   if (d.contains("phases")) print_phases(d["phases"]);
   print_cut(d);
   if (d.value("job_stopped", false))
-    std::printf("job %s stopped; restore it with: cusnap restore %s\n", entry.status.name.c_str(),
-                d.value("dir", req.dir).c_str());
+    std::printf("job %s stopped; restore it with: cusnap restore %s\n", name.c_str(),
+                shell_word(out).c_str());
   else
-    std::printf("job %s left running\n", entry.status.name.c_str());
+    std::printf("job %s left running\n", name.c_str());
   return kExitOk;
 }
 

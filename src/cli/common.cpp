@@ -238,10 +238,11 @@ int finish_supervised(const SuperviseOutcome& out) {
   // job; this line is cusnap's own.
   if (out.output_mid_line && (!out.warning.empty() || !out.stopped_dir.empty()))
     std::fputc('\n', stderr);
-  if (!out.warning.empty()) std::fprintf(stderr, "cusnap: warning: %s\n", out.warning.c_str());
+  if (!out.warning.empty())
+    std::fprintf(stderr, "cusnap: warning: %s\n", shown(out.warning, Breaks::keep).c_str());
   if (!out.stopped_dir.empty())
-    std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", out.name.c_str(),
-                 out.stopped_dir.c_str());
+    std::fprintf(stderr, "cusnap: job %s checkpointed to %s and stopped\n", shown(out.name).c_str(),
+                 shown(out.stopped_dir).c_str());
   return out.exit_code;
 }
 
@@ -365,6 +366,28 @@ std::string shown(const std::string& text, Breaks breaks) {
     }
   }
   return out;
+}
+
+std::string shell_word(const std::string& text) {
+  const auto plain = [](unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != 0 && std::strchr("_./:=@%+,-", c) != nullptr);
+  };
+  const auto control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
+  if (!text.empty() && std::all_of(text.begin(), text.end(), plain)) return text;
+  if (std::none_of(text.begin(), text.end(), control)) {
+    std::string out = "'";
+    for (char ch : text) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return out + "'";
+  }
+  // shown()'s \n, \t, \r and \xNN are $'...' escapes as they stand; a
+  // backslash and a quote of the text are escaped before.
+  std::string escaped;
+  for (char ch : text) {
+    if (ch == '\\' || ch == '\'') escaped += '\\';
+    escaped += ch;
+  }
+  return "$'" + shown(escaped) + "'";
 }
 
 std::string shown_args(const std::vector<std::string>& args) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -51,16 +52,24 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// typo, a prefix) when there is one.
 std::string unknown_option_message(const CLI::App& app, const std::string& word);
 
-/// A number of seconds that is a whole number of milliseconds from 1 ms to a
-/// week once rounded (what the supervisor accepts), without a note in --help
-/// (the option says "Seconds"). CLI11 puts the option's name before the
+/// A number of seconds from 0.001 to a week, written as digits with an
+/// optional fraction (no sign, exponent, hex or blank, which strtod takes),
+/// without a note in --help (the option says "Seconds"); the supervisor
+/// rounds it to whole milliseconds. CLI11 puts the option's name before the
 /// message.
 inline CLI::Validator positive() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        char* end = nullptr;
-        double v = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0' || !(v * 1000.0 + 0.5 >= 1) || !(v <= 604800))
+        const size_t dot = text.find('.');
+        const auto digits = [&](size_t from, size_t to) {
+          return to > from && std::all_of(text.begin() + from, text.begin() + to,
+                                          [](char c) { return c >= '0' && c <= '9'; });
+        };
+        const bool plain = dot == std::string::npos
+                               ? digits(0, text.size())
+                               : digits(0, dot) && digits(dot + 1, text.size());
+        const double v = plain ? std::strtod(text.c_str(), nullptr) : 0;
+        if (!plain || !(v >= 0.001) || !(v <= 604800))
           return "'" + text + "' is not a number of seconds from 0.001 to 604800 (a week)";
         return "";
       },
@@ -127,6 +136,10 @@ enum class Breaks { escape, keep };
 /// another process cannot rewrite the screen. Other bytes are kept, and with
 /// Breaks::keep line breaks and tabs too.
 std::string shown(const std::string& text, Breaks breaks = Breaks::escape);
+/// text as one shell word, for a command the user may paste: as it is when
+/// every byte is in [A-Za-z0-9_./:=@%+,-], else in single quotes (' as '\'');
+/// with a control byte, $'...' (bash, zsh, ksh) holding shown()'s escapes.
+std::string shell_word(const std::string& text);
 /// Arguments for the terminal: each shown, space-separated.
 std::string shown_args(const std::vector<std::string>& args);
 

@@ -179,6 +179,8 @@ void print_left_suspended(const std::string& name, const nlohmann::json& left) {
     std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
 }
 
+int print_job(const JobEntry& entry, nlohmann::json& d, bool json);
+
 int inspect_job(const JobEntry& entry, bool json) {
   proto::Result r;
   std::string err;
@@ -186,9 +188,21 @@ int inspect_job(const JobEntry& entry, bool json) {
                    nullptr, &r, &err))
     return fail_json(json, kExitFailure, err);
   if (!r.ok) return report_result_failure(json, r);
+  // Not an object (or, for the text, without a "job" object): nothing here
+  // could be read from it.
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-  if (d.is_discarded())
+  if (d.is_discarded() || !d.is_object() || (!json && !(d.contains("job") && d["job"].is_object())))
     return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  // A field of another type than the one read throws.
+  try {
+    return print_job(entry, d, json);
+  } catch (const nlohmann::json::exception&) {
+    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  }
+}
+
+/// The inspect result d (an object; with "job" an object, for the text).
+int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
   if (json) {
     d["ok"] = true;
     d["kind"] = "job";
@@ -225,7 +239,10 @@ int inspect_job(const JobEntry& entry, bool json) {
   if (!job.value("restored_from", std::string()).empty())
     std::printf("  restored from: %s\n", shown(job.value("restored_from", std::string())).c_str());
   std::printf("  processes:\n    %8s %-5s %-13s %s\n", "PID", "CUDA", "CUDA STATE", "COMMAND");
-  for (const auto& p : d["processes"]) {
+  for (const auto& p : d.contains("processes") && d["processes"].is_array()
+                           ? d["processes"]
+                           : nlohmann::json::array()) {
+    if (!p.is_object()) continue;
     std::vector<std::string> cmd = p.value("cmdline", std::vector<std::string>{});
     if (cmd.empty()) cmd = {p.value("exe", std::string())};
     std::printf("    %8lld %-5s %-13s %s\n", p.value("pid", 0LL),

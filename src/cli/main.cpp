@@ -115,6 +115,18 @@ int main(int argc, char** argv) {
     return cusnap::kExitUsage;
   }
   std::string cmd = argv[1];
+  // --help, --version and version take nothing after them, help one COMMAND:
+  // anything more is a mistake to say, not to ignore.
+  const bool info = cmd == "-h" || cmd == "--help" || cmd == "--version" || cmd == "version";
+  if ((info && argc > 2) || (cmd == "help" && argc > 3)) {
+    const int extra = info ? 2 : 3;
+    std::fprintf(stderr,
+                 "cusnap: error: unexpected argument '%s': 'cusnap %s' takes %s\n"
+                 "Run 'cusnap --help' for usage.\n",
+                 shown(argv[extra]).c_str(), shown(cmd).c_str(),
+                 info ? "none" : "at most one COMMAND");
+    return cusnap::kExitUsage;
+  }
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     if (cmd == "help" && argc > 2) {
       for (const Command& c : kCommands)

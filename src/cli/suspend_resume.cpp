@@ -59,7 +59,7 @@ int run(int argc, char** argv, bool suspend) {
   if (!r.ok) return report_result_failure(json, r);
   if (json) {
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-    if (d.is_discarded()) d = nlohmann::json::object();
+    if (d.is_discarded() || !d.is_object()) d = nlohmann::json::object();
     d.update(extra);
     d["ok"] = true;
     // The job's name and root, as ps and restore name them ("job" is the

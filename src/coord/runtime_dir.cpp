@@ -603,15 +603,33 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* un
     out->dir = spec;
     return job_status_from_json(text, &out->status, err);
   }
-  // A number is a supervisor's pid or the job's root process's (both in ps).
+  // A name first: an all-digit name may be another job's pid. Else a number
+  // is a supervisor's pid or the job's root process's (both in ps), which
+  // must be one job's.
   bool numeric = !spec.empty() && std::all_of(spec.begin(), spec.end(), ::isdigit);
   std::string why;
-  for (JobEntry& e : list_jobs(false, &why)) {
-    if (e.status.name == spec || (numeric && (std::to_string(e.status.supervisor_pid) == spec ||
-                                              std::to_string(e.status.root_pid) == spec))) {
+  std::vector<JobEntry> jobs = list_jobs(false, &why);
+  for (JobEntry& e : jobs) {
+    if (e.status.name == spec) {
       *out = std::move(e);
       return true;
     }
+  }
+  std::vector<JobEntry*> by_pid;
+  if (numeric)
+    for (JobEntry& e : jobs)
+      if (std::to_string(e.status.supervisor_pid) == spec ||
+          std::to_string(e.status.root_pid) == spec)
+        by_pid.push_back(&e);
+  if (by_pid.size() == 1) {
+    *out = std::move(*by_pid[0]);
+    return true;
+  }
+  if (by_pid.size() > 1) {
+    *err = "pid " + spec + " belongs to more than one job (";
+    for (size_t i = 0; i < by_pid.size(); ++i) *err += (i ? ", " : "") + by_pid[i]->status.name;
+    *err += "): give the job's name instead";
+    return false;
   }
   *err = why.empty() ? "no job named '" + spec + "' is running (see cusnap ps)"
                      : "cannot look for job '" + spec + "': " + why;

@@ -125,6 +125,33 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(list_jobs(true).empty());
 }
 
+TEST_CASE("runtime dir: a job's name is matched before another job's pid") {
+  TempBase b;
+  std::string err;
+  // Job "1" (listed first) has root pid 2, which is job "2"'s name.
+  std::unique_ptr<RuntimeDir> one, two;
+  REQUIRE(RuntimeDir::reserve("1", "", &one, &err));
+  REQUIRE(RuntimeDir::reserve("2", "", &two, &err));
+  proto::JobStatus s;
+  s.supervisor_pid = getpid();
+  s.name = "1";
+  s.root_pid = 2;
+  REQUIRE(one->write_status(s, &err));
+  s.name = "2";
+  s.root_pid = 77;
+  REQUIRE(two->write_status(s, &err));
+  JobEntry e;
+  REQUIRE(find_job("2", &e, &err));
+  CHECK(e.status.name == "2");
+  REQUIRE(find_job("77", &e, &err));
+  CHECK(e.status.name == "2");
+  // A pid of two jobs (both supervised here) names neither.
+  CHECK(!find_job(std::to_string(getpid()), &e, &err));
+  CHECK(err.find("more than one job (1, 2)") != std::string::npos);
+  one->remove();
+  two->remove();
+}
+
 TEST_CASE("runtime dir: the directory of a dead supervisor is stale and cleaned") {
   TempBase b;
   std::string err;

@@ -55,6 +55,13 @@ expect_err 2 "cusnap --json ps" "unknown option '--json' before the command" "di
 expect_err 2 "cusnap --name x launch -- true" "did you mean 'cusnap launch --name x -- true'?" -- \
   "$CUSNAP" --name x launch -- true
 expect_err 2 "cusnap chekpoint" "unknown command 'chekpoint'; did you mean 'checkpoint'?" -- "$CUSNAP" chekpoint
+# --help, --version and version take no argument, help one COMMAND: more is
+# a bad command line, not ignored.
+for args in "--version junk" "version junk" "--help junk" "-h junk" "help checkpoint junk"; do
+  read -r -a argv <<<"$args"
+  expect_err 2 "cusnap $args" "unexpected argument 'junk'" "Run 'cusnap --help' for usage." -- "$CUSNAP" "${argv[@]}"
+done
+[ "$("$CUSNAP" version)" = "$("$CUSNAP" --version)" ] || fail "cusnap version and --version differ"
 
 # An empty JOB or TARGET is a bad command line, as an empty DIR is.
 expect_err 2 "checkpoint ''" "JOB" "empty" -- "$CUSNAP" checkpoint ''
@@ -210,10 +217,19 @@ rc=0
 grep -qF "$T/ckv/criu/" "$T/ckv.out" && ! grep -qF "//" "$T/ckv.out" ||
   fail "inspect of $T/ckv/ names its files oddly: $(cat "$T/ckv.out")"
 pass "a checkpoint given as DIR/ reads as DIR, in --json and in what a damaged one says"
-"$CUSNAP" checkpoint docs -o "$T/ck2" >"$T/ck2.out" 2>&1 || fail "checkpoint: $(cat "$T/ck2.out")"
+# The restore it suggests is one shell word, whatever DIR holds; the
+# supervisor is gone when it returns (no warning).
+CK2="$T/ck 2's"
+"$CUSNAP" checkpoint docs -o "$CK2" >"$T/ck2.out" 2>"$T/ck2.err" ||
+  fail "checkpoint: $(cat "$T/ck2.out" "$T/ck2.err")"
+[ ! -s "$T/ck2.err" ] || fail "checkpoint wrote on stderr: $(cat "$T/ck2.err")"
+suggested=$(sed -n 's/^job docs stopped; restore it with: cusnap restore //p' "$T/ck2.out")
+grep -qF "'\\''s'" <<<"$suggested" || fail "the suggested restore is not quoted: $suggested"
+[ "$(eval "printf '%s' $suggested")" = "$CK2" ] || fail "the suggested restore names another directory: $suggested"
+pass "checkpoint suggests 'cusnap restore DIR' with DIR quoted for the shell"
 wait_exit "$SUP"
 wait_gone "$PID"
-run_json restore.json "$CUSNAP" restore "$T/ck2" --detach --json
+run_json restore.json "$CUSNAP" restore "$CK2" --detach --json
 kill -TERM "$(job_field docs supervisor_pid)"
 run_json ck.fail.json "$CUSNAP" checkpoint nosuch --json
 run_json suspend.fail.json "$CUSNAP" suspend nosuch --json
@@ -318,6 +334,52 @@ for args in "checkpoint|$(printf 'a\033[31mb')" "restore|$(printf '/no\033[2Jx')
   grep -qF '\x1b' "$T/esc.err" || fail "cusnap ${argv[0]}: the escape byte is not shown as \\x1b: $(cat "$T/esc.err")"
 done
 pass "control bytes in a job name, a path, a --name and a command are shown as \\x1b in the errors"
+
+# A supervisor whose details parse but are not what a command reads (not an
+# object, or a "job" that is not one): inspect says they are malformed (1),
+# suspend and resume, whose details only add to the summary, succeed; none
+# aborts.
+FAKE=$T/fakebase/fake
+mkdir -p -m 0700 "$T/fakebase" "$FAKE"
+cat >"$T/fake_supervisor.py" <<'PY'
+import fcntl, json, os, socket, struct, sys
+d, answers = sys.argv[1], sys.argv[2:]
+lock = open(f"{d}/lock", "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+json.dump({"name": "fake", "root_pid": os.getpid(), "supervisor_pid": os.getpid(), "argv": ["x"],
+           "owner_uid": os.geteuid(), "state": "running", "runtime_dir": d}, open(f"{d}/job.json", "w"))
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(f"{d}/control.sock")
+srv.listen(8)
+def s(text):
+    b = text.encode()
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else bytes([0xd9, len(b)])) + b
+for details in answers:
+    c, _ = srv.accept()
+    n = struct.unpack("<I", c.recv(4, socket.MSG_WAITALL))[0]
+    c.recv(n, socket.MSG_WAITALL)
+    body = (b"\x93\x01" + s("result") + b"\x84" + s("ok") + b"\xc3" + s("exit_code") + b"\x00" +
+            s("message") + s("") + s("details") + s(details))
+    c.sendall(struct.pack("<I", len(body)) + body)
+    c.close()
+PY
+python3 "$T/fake_supervisor.py" "$FAKE" '[1]' '[1]' '{"job": 5}' '{"job": {"name": 5}}' '[1]' '7' &
+FAKE_SUP=$!
+SUPERVISORS+=("$FAKE_SUP")
+for _ in $(seq 100); do [ -S "$FAKE/control.sock" ] && break; sleep 0.1; done
+for args in "inspect fake" "inspect fake --json" "inspect fake" "inspect fake"; do
+  read -r -a argv <<<"$args"
+  CUSNAP_RUNTIME_BASE=$T/fakebase expect_err 1 "$args, details not an object or without a job object" \
+    "the supervisor sent malformed details" -- "$CUSNAP" "${argv[@]}"
+done
+for args in "suspend fake --json" "resume fake --json"; do
+  read -r -a argv <<<"$args"
+  CUSNAP_RUNTIME_BASE=$T/fakebase run_json fake.json "$CUSNAP" "${argv[@]}"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is True, d' "$T/fake.json" ||
+    fail "$args with details that are not an object: $(cat "$T/fake.json" "$T/fake.json.err")"
+done
+wait "$FAKE_SUP" || fail "the fake supervisor failed"
+pass "details that are not an object, or whose job is not one, are malformed to inspect and ignored by suspend and resume"
 
 # launch without --name says the name it chose, on a terminal only: script(1)
 # gives it one; with stderr captured the job's output is all there is.

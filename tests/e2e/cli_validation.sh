@@ -57,6 +57,14 @@ expect_usage "checkpoint --timeout 0.0001" "--timeout" "0.001" "604800" -- "$CUS
 expect_usage "suspend --timeout 0" "--timeout" "0.001" -- "$CUSNAP" suspend nosuch --timeout 0
 expect_usage "restore --timeout 1e9" "--timeout" "604800" -- "$CUSNAP" restore "$T/none" --timeout 1e9
 expect_usage "launch --control-timeout 0" "--control-timeout" "31536000" -- "$CUSNAP" launch --control-timeout 0 -- true
+# --timeout is plain decimal digits, at least 0.001: no hex, exponent, sign
+# or blank (strtod's), nothing that only rounds up to 1 ms.
+for bad in 0x3c " 60" "60 " 6e1 +60 .5 5. 0.0005 0.000999; do
+  expect_usage "checkpoint --timeout '$bad'" "--timeout" "'$bad' is not a number of seconds from 0.001" -- \
+    "$CUSNAP" checkpoint nosuch --timeout "$bad"
+done
+[ "$("$CUSNAP" checkpoint nosuch --timeout 604800 2>/dev/null; echo $?)" = 4 ] ||
+  fail "checkpoint --timeout 604800 is refused"
 # --control-timeout takes what CUSNAP_CONTROL_TIMEOUT takes: up to a year.
 expect_usage "restore --control-timeout 31536001" "--control-timeout" "31536000" -- \
   "$CUSNAP" restore "$T/none" --control-timeout 31536001
@@ -233,7 +241,7 @@ PID=$(wait_job rel2)
 (cd "$CWD1" && "$CUSNAP" checkpoint "$PID" -o ../ckpt2/ --json) >"$T/ckpt2.out" 2>&1 ||
   fail "checkpoint of the restored job by its pid, into ../ckpt2/, failed: $(cat "$T/ckpt2.out")"
 TREAL=$(cd "$T" && pwd -P)
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["dir"] == sys.argv[2], d["dir"]' \
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["dir"] == sys.argv[2], d["dir"]; assert d["supervisor_gone"] is True, d' \
   "$T/ckpt2.out" "$TREAL/ckpt2" || fail "checkpoint --json names the directory as: $(cat "$T/ckpt2.out")"
 wait_exit "$SUP"
 wait_gone "$PID"
