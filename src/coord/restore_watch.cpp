@@ -98,6 +98,56 @@ void repair_tcp_sockets(pid_t pid) {
   }
 }
 
+/// The processes below pid started at or after since (forked by the
+/// restored job once CRIU let it run on, while the driver restore and the
+/// shared rebuild went on), each stopped on sight so that it forks no more,
+/// its own children looked for then; at most max, into out. Through
+/// /proc/P/task/T/children of every thread; system calls only.
+size_t stop_descendants(pid_t pid, uint64_t since, pid_t* out, size_t max) {
+  size_t found = 0;
+  alignas(dirent64) static char ents[4096];
+  static char kids[8192];
+  for (size_t next = 0, parent = pid;; parent = out[next++]) {
+    Text dir;
+    dir.put("/proc/");
+    dir.put(static_cast<unsigned long long>(parent));
+    dir.put("/task");
+    dir.put("", 1);
+    const UniqueFd tasks(::open(dir.buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    for (long got = tasks ? ::syscall(SYS_getdents64, tasks.get(), ents, sizeof ents) : 0; got > 0;
+         got = ::syscall(SYS_getdents64, tasks.get(), ents, sizeof ents)) {
+      for (long at = 0; at < got;) {
+        const auto* e = reinterpret_cast<const dirent64*>(ents + at);
+        at += e->d_reclen;
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        Text path;
+        path.put(dir.buf, dir.len - 1);
+        path.put("/");
+        path.put(e->d_name);
+        path.put("/children");
+        path.put("", 1);
+        const UniqueFd f(::open(path.buf, O_RDONLY | O_CLOEXEC));
+        const ssize_t n = f ? ::read(f.get(), kids, sizeof kids - 1) : -1;
+        for (ssize_t i = 0; i < n;) {
+          unsigned long long c = 0;
+          bool digit = false;
+          for (; i < n && kids[i] >= '0' && kids[i] <= '9'; ++i, digit = true)
+            c = c * 10 + static_cast<unsigned long long>(kids[i] - '0');
+          for (; i < n && (kids[i] < '0' || kids[i] > '9'); ++i) {
+          }
+          uint64_t t = 0;
+          if (!digit || c == 0 || c > 0x3fffffff || found >= max ||
+              !proto::proc_start_time(pid_t(c), &t, true) || t < since)
+            continue;
+          ::kill(pid_t(c), SIGSTOP);
+          out[found++] = pid_t(c);
+        }
+      }
+    }
+    if (next >= found) return found;
+  }
+}
+
 /// A temporary directory of the restore, for the watch to remove: split
 /// and checked before the fork (the watch allocates nothing).
 struct TempDirRef {
@@ -255,6 +305,9 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
   size_t count = 0;
   constexpr size_t kTracked = 4096;  // beyond: ended in the first second only, not named
   static uint64_t seen[kTracked];    // start time of pids[i] when first seen; 0: not seen
+  constexpr size_t kMaxBelow = 4096;
+  static pid_t below[kMaxBelow];  // what one of them started (stop_descendants)
+  size_t started = 0;             // of those, not restored, below a process first seen
   for (int pass = 0; pass < 50; ++pass) {
     size_t found = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -263,6 +316,17 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
       const uint64_t first = i < kTracked ? seen[i] : 0;
       if (first == 0 && pass >= 10) continue;  // new after the first second: not ours
       if (first != 0 && first != t) continue;  // another process under that id
+      // What it forked once CRIU let it run on is not in the checkpoint:
+      // ended with it (stopped first, or it would fork on), not left to init.
+      ::kill(pids[i], SIGSTOP);
+      const size_t k = stop_descendants(pids[i], since, below, kMaxBelow);
+      for (size_t j = 0; j < k; ++j) {
+        bool restored = false;  // a restored process is ended (and named) as pids[m]
+        for (size_t m = 0; m < n && !restored; ++m) restored = pids[m] == below[j];
+        if (restored) continue;
+        repair_tcp_sockets(below[j]);
+        if (::kill(below[j], SIGKILL) == 0 && first == 0) ++started;
+      }
       repair_tcp_sockets(pids[i]);
       if (::kill(pids[i], SIGKILL) != 0) continue;
       ++found;
@@ -285,6 +349,11 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
     msg.put(count == 1 ? " was ended" : " were ended");
   } else {
     msg.put("none of its processes was running");
+  }
+  if (started > 0) {
+    msg.put(" (with what they started since CRIU let them run: ");
+    msg.put(static_cast<unsigned long long>(started));
+    msg.put(started == 1 ? " process)" : " processes)");
   }
   msg.put("; the checkpoint is unchanged and restores again");
   // Its temporary directories: the restoring process's destructors did not

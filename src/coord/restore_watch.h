@@ -4,7 +4,9 @@
 // SIGINT, SIGTERM and SIGHUP wait for the supervisor loop, which forwards them
 // to the job), CRIU dies with it (CriuRun::die_with_caller) and the watch
 // ends what was restored of the job: each of the checkpoint's processes
-// alive under its id and started after the watch began. Nothing is left
+// alive under its id and started after the watch began, stopped first, and
+// with it what it started since CRIU let it run on (while the driver restore
+// and the shared rebuild went on; not in the checkpoint). Nothing is left
 // half-restored, holding its GPU memory, its process ids and its ports; the
 // checkpoint is unchanged and restores again. Before it ends a process, the
 // watch puts its TCP sockets into repair mode, as CRIU's dump leaves them:

@@ -21,6 +21,9 @@
 #    directories stay; a later restore leaves them while they are younger
 #    than 10 minutes, then sweeps them (here aged by hand before the last
 #    restore).
+#  - a job that forks on, its restore killed in the driver's restore: the
+#    watch ends what the restored processes started since CRIU let them run
+#    (not in the checkpoint) with them.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 checkpointed_job rkill "$T/job.out" "$T/ck"
@@ -180,3 +183,51 @@ pass "the next restore swept the temporary directories of the restore killed wit
 kill -TERM "$SUP"
 wait_exit "$SUP"
 wait_gone "$PID"
+
+# --- a job that forks on (a process starting "sleep 987654" every 100 ms,
+# its CUDA child a pattern job), its restore killed in the driver's restore:
+# the watch ends, with the restored processes, what they started once CRIU
+# let them run on, which the checkpoint does not hold (before, those were
+# left running, children of init).
+if fake_only "FAKECUDA_DELAY slows the simulated driver's restore"; then
+  cat >"$T/forker.py" <<'PY'
+import os, subprocess, sys, time
+subprocess.Popen([sys.argv[1], "--mib", "4", "--interval-ms", "20"], stdout=subprocess.DEVNULL)
+n = 0
+while True:
+    n += 1
+    subprocess.Popen(["sleep", "987654"])
+    os.write(1, b"count %d ok\n" % n)
+    time.sleep(0.1)
+PY
+  sleeps() { pgrep -f "^sleep 987654$" | wc -l; }
+  launch forker "$T/forker.out" python3 "$T/forker.py" "$PATTERN_JOB"
+  wait_count "$T/forker.out" 5
+  FPID=$(wait_job forker)
+  "$CUSNAP" checkpoint forker -o "$T/fk" >"$T/fk.out" 2>&1 || fail "forker: checkpoint failed: $(cat "$T/fk.out")"
+  wait_exit "$LAST_SUPERVISOR"
+  wait_gone "$FPID"
+  [ "$(sleeps)" = 0 ] || fail "forker: the checkpoint left $(sleeps) of its processes"
+  FAKECUDA_LOG=1 FAKECUDA_DELAY="cuCheckpointProcessRestore:3000" \
+    "$CUSNAP" restore "$T/fk" >"$T/fkr.out" 2>&1 &
+  R=$!
+  SUPERVISORS+=("$R")
+  for _ in $(seq 1 600); do
+    grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/fkr.out" && break
+    sleep 0.05
+  done
+  grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/fkr.out" ||
+    fail "forker: the restore never reached the driver's restore: $(cat "$T/fkr.out")"
+  restored=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["processes"]) - 2)' "$T/fk/manifest.json")
+  for _ in $(seq 1 40); do [ "$(sleeps)" -gt "$restored" ] && break; sleep 0.05; done
+  [ "$(sleeps)" -gt "$restored" ] || fail "forker: the restored job started nothing new ($(sleeps) sleeps, $restored restored)"
+  kill -KILL "$R"
+  wait "$R" 2>/dev/null || true
+  for _ in $(seq 1 100); do [ "$(sleeps)" = 0 ] && break; sleep 0.05; done
+  [ "$(sleeps)" = 0 ] || fail "forker: $(sleeps) processes the restored job started are left: $(pgrep -af '^sleep 987654$' | head -3)"
+  for _ in $(seq 1 100); do grep -q "the checkpoint is unchanged" "$T/fkr.out" && break; sleep 0.05; done
+  grep -q "were ended (with what they started since CRIU let them run: [0-9]* process" "$T/fkr.out" ||
+    fail "forker: the watch did not say it ended what the job started: $(grep cusnap: "$T/fkr.out")"
+  [ -z "$(job_pids_all)" ] || fail "forker: a job is left: $("$CUSNAP" ps)"
+  pass "a job that forks on, its restore killed in the driver's restore: the watch ended the restored processes and the $(sed -n 's/.*let them run: \([0-9]*\) process.*/\1/p' "$T/fkr.out") they started since"
+fi
