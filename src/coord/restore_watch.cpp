@@ -101,12 +101,24 @@ void repair_tcp_sockets(pid_t pid) {
 /// The processes below pid started at or after since (forked by the
 /// restored job once CRIU let it run on, while the driver restore and the
 /// shared rebuild went on), each stopped on sight so that it forks no more,
-/// its own children looked for then; at most max, into out. Through
-/// /proc/P/task/T/children of every thread; system calls only.
-size_t stop_descendants(pid_t pid, uint64_t since, pid_t* out, size_t max) {
+/// its own children looked for then; at most max, into out. A process of
+/// restored (n_restored of them) is neither taken nor walked: its own turn
+/// ends it and what is below it. Through /proc/P/task/T/children of every
+/// thread; system calls only.
+size_t stop_descendants(pid_t pid, uint64_t since, const pid_t* restored, size_t n_restored,
+                        pid_t* out, size_t max) {
   size_t found = 0;
   alignas(dirent64) static char ents[4096];
-  static char kids[8192];
+  static char kids[4096];
+  const auto take = [&](unsigned long long c) {
+    uint64_t t = 0;
+    if (c == 0 || c > 0x3fffffff || found >= max) return;
+    for (size_t m = 0; m < n_restored; ++m)
+      if (restored[m] == pid_t(c)) return;
+    if (!proto::proc_start_time(pid_t(c), &t, true) || t < since) return;
+    ::kill(pid_t(c), SIGSTOP);
+    out[found++] = pid_t(c);
+  };
   for (size_t next = 0, parent = pid;; parent = out[next++]) {
     Text dir;
     dir.put("/proc/");
@@ -127,21 +139,22 @@ size_t stop_descendants(pid_t pid, uint64_t since, pid_t* out, size_t max) {
         path.put("/children");
         path.put("", 1);
         const UniqueFd f(::open(path.buf, O_RDONLY | O_CLOEXEC));
-        const ssize_t n = f ? ::read(f.get(), kids, sizeof kids - 1) : -1;
-        for (ssize_t i = 0; i < n;) {
-          unsigned long long c = 0;
-          bool digit = false;
-          for (; i < n && kids[i] >= '0' && kids[i] <= '9'; ++i, digit = true)
-            c = c * 10 + static_cast<unsigned long long>(kids[i] - '0');
-          for (; i < n && (kids[i] < '0' || kids[i] > '9'); ++i) {
+        // A page of entries a read at most: read to the end, a number cut
+        // at a read's end carried into the next.
+        unsigned long long c = 0;
+        bool digit = false;
+        for (ssize_t n; f && (n = ::read(f.get(), kids, sizeof kids)) > 0;)
+          for (ssize_t i = 0; i < n; ++i) {
+            if (kids[i] >= '0' && kids[i] <= '9') {
+              c = c * 10 + static_cast<unsigned long long>(kids[i] - '0');
+              digit = true;
+            } else if (digit) {
+              take(c);
+              c = 0;
+              digit = false;
+            }
           }
-          uint64_t t = 0;
-          if (!digit || c == 0 || c > 0x3fffffff || found >= max ||
-              !proto::proc_start_time(pid_t(c), &t, true) || t < since)
-            continue;
-          ::kill(pid_t(c), SIGSTOP);
-          out[found++] = pid_t(c);
-        }
+        if (digit) take(c);
       }
     }
     if (next >= found) return found;
@@ -307,7 +320,7 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
   static uint64_t seen[kTracked];    // start time of pids[i] when first seen; 0: not seen
   constexpr size_t kMaxBelow = 4096;
   static pid_t below[kMaxBelow];  // what one of them started (stop_descendants)
-  size_t started = 0;             // of those, not restored, below a process first seen
+  size_t started = 0;             // of those, below a process first seen
   for (int pass = 0; pass < 50; ++pass) {
     size_t found = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -319,11 +332,8 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
       // What it forked once CRIU let it run on is not in the checkpoint:
       // ended with it (stopped first, or it would fork on), not left to init.
       ::kill(pids[i], SIGSTOP);
-      const size_t k = stop_descendants(pids[i], since, below, kMaxBelow);
+      const size_t k = stop_descendants(pids[i], since, pids, n, below, kMaxBelow);
       for (size_t j = 0; j < k; ++j) {
-        bool restored = false;  // a restored process is ended (and named) as pids[m]
-        for (size_t m = 0; m < n && !restored; ++m) restored = pids[m] == below[j];
-        if (restored) continue;
         repair_tcp_sockets(below[j]);
         if (::kill(below[j], SIGKILL) == 0 && first == 0) ++started;
       }
