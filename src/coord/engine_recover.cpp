@@ -38,9 +38,6 @@ namespace {
 /// CRIU does: neither is the CRIU of a dead supervisor, which the recovery
 /// waits for and then kills.
 bool runs_criu_dump(pid_t pid, const std::string& root_s, bool of_root) {
-  struct stat st {};
-  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0 || st.st_uid != ::geteuid())
-    return false;
   std::vector<std::string> argv;
   if (!read_process_argv(pid, &argv)) return false;
   bool dump = false, root = !of_root;
@@ -48,7 +45,10 @@ bool runs_criu_dump(pid_t pid, const std::string& root_s, bool of_root) {
     if (argv[i] == "dump") dump = true;
     if (argv[i] == "-t" && i + 1 < argv.size() && argv[i + 1] == root_s) root = true;
   }
-  return dump && root;
+  // The owner last: only a match, not every process of the machine, is looked up.
+  struct stat st {};
+  return dump && root && ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) == 0 &&
+         st.st_uid == ::geteuid();
 }
 
 /// The processes running a CRIU dump (runs_criu_dump) that trace a task of
@@ -228,15 +228,14 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
       note(why + ": the default margin is used");
       why.clear();
     }
-    std::vector<GpuDevice> gpus;
-    std::string unseen;
-    const bool loaded = driver.load(&why);
     // Bounded as an operation's calls are (by the timeout, and by the
     // devices' memory for a restore): a driver call that never returns must
     // not keep the guardian from supervising the job, nor a resume from
     // answering. Without the devices the timeout alone bounds a call.
+    const bool loaded = driver.load(&why);
     if (loaded) {
-      if (!driver.devices(&gpus, &unseen)) gpus.clear();
+      std::vector<GpuDevice> gpus;
+      if (std::string unseen; !driver.devices(&gpus, &unseen)) gpus.clear();
       set_driver_deadlines(driver, timeout, gpus);
     }
     if (!loaded) {

@@ -347,11 +347,11 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       // the same directory meanwhile, are not this run's.
       g->begin(guarded_operation("checkpoint", o.dir, false, o.timeout, o.settings));
       CheckpointOptions claimed = o;
-      claimed.on_claimed = [g, &o] {
-        g->begin(guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings));
-      };
-      claimed.on_dump = [g, &o](const std::string& log_path, const std::string& network_lock) {
-        GuardedOperation op = guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings);
+      const GuardedOperation mine =
+          guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings);
+      claimed.on_claimed = [g, mine] { g->begin(mine); };
+      claimed.on_dump = [g, mine](const std::string& log_path, const std::string& network_lock) {
+        GuardedOperation op = mine;
         op.dump_log = log_path;
         op.network_lock = network_lock;
         g->begin(op);
