@@ -54,7 +54,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1' && nvidia-smi -L >/dev/null 2>&1; then
+if grep -q 'libcuda.so.1' <<<"$(ldconfig -p 2>/dev/null)" && nvidia-smi -L >/dev/null 2>&1; then
   echo "== using the real GPU: $(nvidia-smi -L | head -n1)"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 else

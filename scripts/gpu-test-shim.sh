@@ -42,7 +42,7 @@ if [[ -z "$shim" ]]; then
     -Wl,--version-script="$root/src/shim/libcusnap_shim.map" -Wl,-z,defs -Wl,-z,now \
     -ldl -lpthread -o "$shim" || { echo "gpu-test-shim: cannot build the shim"; exit 1; }
 fi
-readelf -d "$shim" | grep -q 'NEEDED.*libcuda' && bad "the shim has NEEDED libcuda"
+grep -q 'NEEDED.*libcuda' <<<"$(readelf -d "$shim")" && bad "the shim has NEEDED libcuda"
 echo "shim: $shim"
 
 run_both() {  # NAME CMD...: runs CMD without and with the shim, compares stdout

@@ -210,7 +210,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 [ "$(id -u)" = 0 ] || skip "needs root (CRIU and the driver's checkpoint API)"
 command -v nvidia-smi >/dev/null || skip "no nvidia-smi: no NVIDIA driver on this machine"
-nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || skip "nvidia-smi lists no GPU"
+grep -q '^GPU ' <<<"$(nvidia-smi -L 2>/dev/null)" || skip "nvidia-smi lists no GPU"
 # The simulated driver must not be on the loader path.
 if [ -n "${LD_LIBRARY_PATH:-}" ]; then
   LD_LIBRARY_PATH=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v fakecuda | paste -sd: -)

@@ -16,7 +16,7 @@ gpu_script_start() {
   mkdir -p "$work"
   cuda=${CUDA_HOME:-/usr/local/cuda}
   fail=0
-  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! grep -q '^GPU' <<<"$(nvidia-smi -L 2>/dev/null)"; then
     echo "$name: no GPU here (nvidia-smi lists none); skipping"
     exit 77
   fi

@@ -121,7 +121,7 @@ cycle() {
   PID=$(wait_job ghost)
   grep -q "$FILE (deleted)" "/proc/$PID/maps" || fail "$4: the restored job does not map $FILE deleted"
   [ ! -e "$FILE" ] || fail "$4: the restore left $FILE behind"
-  if ls /dev/shm | grep -q "cusnap-e2e-ghost-$PID"; then fail "$4: the restore left a ghost in /dev/shm: $(ls /dev/shm)"; fi
+  if grep -q "cusnap-e2e-ghost-$PID" <<<"$(ls /dev/shm)"; then fail "$4: the restore left a ghost in /dev/shm: $(ls /dev/shm)"; fi
   pass "$4: checkpointed at count $LAST with the deleted file saved whole; restored, counts on from $FIRST with its 16 MiB intact, the file still deleted"
 }
 

@@ -19,7 +19,7 @@ OPEN=$(find "$T/ckpt" -mindepth 1 -maxdepth 1 -perm /044)
 [ -z "$OPEN" ] || fail "others may read what the checkpoint wrote: $(ls -ld $OPEN)"
 # When the stopping checkpoint returns, the job is gone from the list, so a
 # restore started right away finds its name and directory free.
-"$CUSNAP" ps | grep -q '^pj ' && fail "cusnap ps still lists pj after the stopping checkpoint returned"
+grep -q '^pj ' <<<"$("$CUSNAP" ps)" && fail "cusnap ps still lists pj after the stopping checkpoint returned"
 wait_exit "$SUP"
 [ "$EXIT_RC" = 0 ] || fail "the supervisor of the checkpointed job exited $EXIT_RC, expected 0"
 wait_gone "$PID"

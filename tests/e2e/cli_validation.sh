@@ -131,7 +131,7 @@ grep -q '^Usage: cusnap launch \[OPTIONS\] -- CMD \[ARGS...\]' "$T/help.out" ||
   fail "launch's usage line lacks '-- CMD': $(head -3 "$T/help.out")"
 grep -q -- '--control-timeout.*default: \$CUSNAP_CONTROL_TIMEOUT or 10' "$T/help.out" ||
   fail "launch --help lacks the --control-timeout default"
-"$CUSNAP" checkpoint --help | grep -q -- '--timeout.*allowance that grows with memory' ||
+grep -q -- '--timeout.*allowance that grows with memory' <<<"$("$CUSNAP" checkpoint --help)" ||
   fail "checkpoint --help does not mention the memory-scaled allowance"
 pass "help: unknown command refused, launch's usage names CMD, defaults shown"
 # --runtime-dir's default, as runtime_base() finds the base: each case said.
@@ -217,7 +217,7 @@ PID=$(cd "$CWD2" && wait_job rel)
 wait_count "$T/launch.out" 3
 [ "$(readlink "$CUSNAP_RUNTIME_BASE/rel")" = "$CWD1/rd" ] ||
   fail "the link of a relative --runtime-dir points to '$(readlink "$CUSNAP_RUNTIME_BASE/rel")', expected $CWD1/rd"
-(cd "$CWD2" && "$CUSNAP" ps) | grep -q '^rel ' || fail "ps from another directory does not list the job"
+grep -q '^rel ' <<<"$(cd "$CWD2" && "$CUSNAP" ps)" || fail "ps from another directory does not list the job"
 [ -L "$CUSNAP_RUNTIME_BASE/rel" ] || fail "ps from another directory removed the job's link"
 [ "$(job_field rel runtime_dir)" = "$CWD1/rd" ] || fail "runtime_dir is $(job_field rel runtime_dir)"
 pass "launch --runtime-dir ./rd/ is $CWD1/rd, and ps from elsewhere keeps its link"
@@ -233,7 +233,7 @@ SUPERVISORS+=("$SUP")
 wait_count "$T/restore.out" $((LAST + 3))
 [ "$(readlink "$CUSNAP_RUNTIME_BASE/rel2")" = "$CWD2/rd2" ] ||
   fail "the restore's link points to '$(readlink "$CUSNAP_RUNTIME_BASE/rel2")', expected $CWD2/rd2"
-(cd "$CWD1" && "$CUSNAP" ps) | grep -q '^rel2 ' || fail "ps from another directory does not list the restored job"
+grep -q '^rel2 ' <<<"$(cd "$CWD1" && "$CUSNAP" ps)" || fail "ps from another directory does not list the restored job"
 [ -L "$CUSNAP_RUNTIME_BASE/rel2" ] || fail "ps from another directory removed the restored job's link"
 PID=$(wait_job rel2)
 # Named by its root process's pid (ps's PID column), into ../ckpt2/: the

@@ -20,10 +20,10 @@ wait_for stuck '^imported' 10
 SPID=$(eval echo "\$CHILD_stuck")
 "$B/fakecuda_ckpt" suspend "$SPID" 5000 || fail "checkpoint of the holding importer"
 out=$("$B/fakecuda_ckpt" restore "$SPID" || true)
-echo "$out" | grep -q '(801)' || fail "restore of the holding importer: want 801, got: $out"
+grep -q '(801)' <<<"$out" || fail "restore of the holding importer: want 801, got: $out"
 [ "$("$B/fakecuda_ckpt" state "$SPID" | head -1)" = "state 2" ] || fail "holding importer not left CHECKPOINTED"
 out=$("$B/fakecuda_ckpt" unlock "$SPID" || true)
-echo "$out" | grep -q '(401)' || fail "unlock of the stuck importer: want 401, got: $out"
+grep -q '(401)' <<<"$out" || fail "unlock of the stuck importer: want 401, got: $out"
 kill_reap "$SPID"
 
 # 2. Released import, through CRIU.

@@ -5,7 +5,7 @@ source "$(dirname "$0")/lib_launch.sh"
 
 launch_bg psjob sleep 60
 out=$("$CUSNAP" ps)
-echo "$out" | grep -q '^NAME' || fail "no header: $out"
+grep -q '^NAME' <<<"$out" || fail "no header: $out"
 echo "$out" | grep -E "^psjob +[0-9]+ +$LAUNCH_PID +running .*sleep 60" >/dev/null || fail "job not listed: $out"
 pass "ps lists the job"
 json=$("$CUSNAP" ps --json)
@@ -25,8 +25,8 @@ pass "ps --json describes the job"
 PS_SUPERVISOR=$LAUNCH_PID
 launch_bg ctrljob sh -c "sleep 60" "$(printf 'x\033[31my\nz')"
 out=$("$CUSNAP" ps)
-echo "$out" | grep -q "$(printf '\033')" && fail "ps wrote an escape byte raw: $out"
-echo "$out" | grep -qF 'x\x1b[31my\nz' || fail "ps does not show the escaped argument: $out"
+grep -q "$(printf '\033')" <<<"$out" && fail "ps wrote an escape byte raw: $out"
+grep -qF 'x\x1b[31my\nz' <<<"$out" || fail "ps does not show the escaped argument: $out"
 "$CUSNAP" inspect ctrljob >"$SCRATCH/ctrl.txt"
 grep -q "$(printf '\033')" "$SCRATCH/ctrl.txt" && fail "inspect wrote an escape byte raw: $(cat -v "$SCRATCH/ctrl.txt")"
 grep -qF 'x\x1b[31my\nz' "$SCRATCH/ctrl.txt" || fail "inspect does not show the escaped argument: $(cat "$SCRATCH/ctrl.txt")"
@@ -61,9 +61,9 @@ root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid
 kill -KILL "$LAUNCH_PID"
 wait "$LAUNCH_PID" 2>/dev/null || true
 kill -KILL "$root" 2>/dev/null || true
-for _ in $(seq 1 100); do "$CUSNAP" ps | grep -q psjob || break; sleep 0.1; done
+for _ in $(seq 1 100); do grep -q psjob <<<"$("$CUSNAP" ps)" || break; sleep 0.1; done
 out=$("$CUSNAP" ps)
-echo "$out" | grep -q psjob && fail "ps lists a dead job: $out"
+grep -q psjob <<<"$out" && fail "ps lists a dead job: $out"
 [ ! -e "$CUSNAP_RUNTIME_BASE/psjob" ] || fail "stale directory not cleaned"
 pass "a dead supervisor's directory is cleaned"
 expect_eq "the name is free again" 0 "$(run_status "$CUSNAP" launch --name psjob -- true)"

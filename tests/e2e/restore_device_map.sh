@@ -28,7 +28,7 @@ FAKECUDA_UUID_SEED=5 expect_refused 3 \
   "'1=7'\\), which is not a GPU here: this machine has GPU 0 \\(GPU-[0-9a-f-]+, NVIDIA H200 \\(simulated\\)\\), 1 \\(GPU-" \
   "$CUSNAP" restore "$T/ckpt" --device-map 0=1,1=7
 for u in $(python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(open(sys.argv[1]))["gpus"]))' "$T/ckpt/manifest.json"); do
-  sed -n 's/.*this machine has //p' "$T/cmd.out" | grep -q "$u" && fail "the refusal lists the checkpoint's GPU $u as one here: $(cat "$T/cmd.out")"
+  grep -q "$u" <<<"$(sed -n 's/.*this machine has //p' "$T/cmd.out")" && fail "the refusal lists the checkpoint's GPU $u as one here: $(cat "$T/cmd.out")"
 done
 pass "a NEW that is not a GPU here: refused, listing this machine's GPUs"
 

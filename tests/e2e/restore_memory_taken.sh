@@ -160,7 +160,7 @@ for _ in $(seq 1 100); do grep -q "cusnap: guardian: the job cannot be brought b
 grep -q "cusnap: guardian: the job cannot be brought back; it is left suspended, supervised by process $GUARD (cusnap inspect guardian says why)" "$LOG" ||
   fail "the guardian's log does not say the job cannot come back: $(grep cusnap: "$LOG")"
 grep -q "CUDA_ERROR_OUT_OF_MEMORY" "$LOG" || fail "the guardian's log does not name the refusal: $(grep cusnap: "$LOG")"
-grep "cusnap: guardian:" "$LOG" | grep -q "run cusnap resume" &&
+grep -q "cusnap: guardian:.*run cusnap resume" "$LOG" &&
   fail "the guardian sends the user to cusnap resume: $(grep cusnap: "$LOG")"
 SUP=$GUARD
 held guardian

@@ -37,10 +37,10 @@ if fake_only "the simulated driver's checkpoint of an unreleased importer"; then
   echo "$IPID" >>"$T/job-pids"
   "$CKPT" suspend "$IPID" 5000 >"$T/fc.out" 2>&1 || fail "driver checkpoint of the importer: $(cat "$T/fc.out")"
   out=$("$CKPT" restore "$IPID" || true)
-  echo "$out" | grep -q '(801)' || fail "restore of the unreleased importer: want 801, got: $out"
+  grep -q '(801)' <<<"$out" || fail "restore of the unreleased importer: want 801, got: $out"
   [ "$("$CKPT" state "$IPID" | head -1)" = "state 2" ] || fail "the importer was not left CHECKPOINTED"
   out=$("$CKPT" unlock "$IPID" || true)
-  echo "$out" | grep -q '(401)' || fail "unlock of the stuck importer: want 401, got: $out"
+  grep -q '(401)' <<<"$out" || fail "unlock of the stuck importer: want 401, got: $out"
   pass "driver alone: the unreleased importer cannot be restored (801, then 401)"
   kill -9 "$IPID" "$DIRECT" 2>/dev/null || true
   wait "$DIRECT" 2>/dev/null || true

@@ -8,7 +8,7 @@ B=${CUSNAP_FAKECUDA_DIR:?}
 SHIM=$CUSNAP_BINARY_DIR/lib/libcusnap_shim.so
 SOAK=$CUSNAP_BINARY_DIR/bin/shim_track_soak
 [ -f "$SHIM" ] && [ -x "$SOAK" ] || { echo "SKIP: shim or shim_track_soak not built"; exit 77; }
-ldd "$SHIM" | grep -q libasan && { echo "SKIP: a sanitized shim is not launched through cusnap"; exit 77; }
+grep -q libasan <<<"$(ldd "$SHIM")" && { echo "SKIP: a sanitized shim is not launched through cusnap"; exit 77; }
 export LD_LIBRARY_PATH="$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 out=$("$CUSNAP" launch --name trk -- sh -c 'echo "$CUSNAP_RUNTIME_DIR"')
