@@ -179,28 +179,6 @@ void print_left_suspended(const std::string& name, const nlohmann::json& left) {
     std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
 }
 
-int print_job(const JobEntry& entry, nlohmann::json& d, bool json);
-
-int inspect_job(const JobEntry& entry, bool json) {
-  proto::Result r;
-  std::string err;
-  if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
-                   nullptr, &r, &err))
-    return fail_json(json, kExitFailure, err);
-  if (!r.ok) return report_result_failure(json, r);
-  // Not an object (or, for the text, without a "job" object): nothing here
-  // could be read from it.
-  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
-  if (d.is_discarded() || !d.is_object() || (!json && !(d.contains("job") && d["job"].is_object())))
-    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
-  // A field of another type than the one read throws.
-  try {
-    return print_job(entry, d, json);
-  } catch (const nlohmann::json::exception&) {
-    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
-  }
-}
-
 /// The inspect result d (an object; with "job" an object, for the text).
 int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
   if (json) {
@@ -253,6 +231,26 @@ int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
                 shown_args(cmd).c_str());
   }
   return kExitOk;
+}
+
+int inspect_job(const JobEntry& entry, bool json) {
+  proto::Result r;
+  std::string err;
+  if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
+                   nullptr, &r, &err))
+    return fail_json(json, kExitFailure, err);
+  if (!r.ok) return report_result_failure(json, r);
+  // Not an object (or, for the text, without a "job" object): nothing here
+  // could be read from it.
+  nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+  if (d.is_discarded() || !d.is_object() || (!json && !(d.contains("job") && d["job"].is_object())))
+    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  // A field of another type than the one read throws.
+  try {
+    return print_job(entry, d, json);
+  } catch (const nlohmann::json::exception&) {
+    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+  }
 }
 
 }  // namespace

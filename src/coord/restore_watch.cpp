@@ -35,7 +35,34 @@ struct Text {
     char d[proto::kDecimalMax];
     put(d, proto::format_decimal(v, d));
   }
+  /// The text so far, terminated (cut short by one byte when full).
+  const char* c_str() {
+    buf[len < sizeof buf ? len : sizeof buf - 1] = '\0';
+    return buf;
+  }
 };
+
+/// Calls f(name, number) for each entry of the directory at path whose name
+/// is a decimal number (a pid, a thread or a descriptor; "." and ".." are
+/// not): system calls only, no allocation.
+template <typename F>
+void each_numbered_entry(const char* path, F&& f) {
+  const UniqueFd dir(::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return;
+  alignas(dirent64) char ents[4096];
+  for (long got; (got = ::syscall(SYS_getdents64, dir.get(), ents, sizeof ents)) > 0;)
+    for (long at = 0; at < got;) {
+      const auto* e = reinterpret_cast<const dirent64*>(ents + at);
+      at += e->d_reclen;
+      unsigned long long v = 0;
+      bool number = e->d_name[0] != '\0';
+      for (const char* c = e->d_name; number && *c; ++c) {
+        number = *c >= '0' && *c <= '9' && v < 100000000;
+        v = v * 10 + static_cast<unsigned long long>(*c - '0');
+      }
+      if (number) f(e->d_name, v);
+    }
+}
 
 void sleep_ms(long ms) {
   timespec ts{ms / 1000, (ms % 1000) * 1000000L};
@@ -56,46 +83,30 @@ void repair_tcp_sockets(pid_t pid) {
   dir.put("/proc/");
   dir.put(static_cast<unsigned long long>(pid));
   dir.put("/fd");
-  dir.buf[dir.len < sizeof dir.buf ? dir.len : sizeof dir.buf - 1] = '\0';
   const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-  const UniqueFd fds(::open(dir.buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!pidfd || !fds) return;
-  alignas(dirent64) static char ents[8192];
-  for (;;) {
-    const long got = ::syscall(SYS_getdents64, fds.get(), ents, sizeof ents);
-    if (got <= 0) return;
-    for (long at = 0; at < got;) {
-      const auto* e = reinterpret_cast<const dirent64*>(ents + at);
-      at += e->d_reclen;
-      int target = 0;
-      bool number = e->d_name[0] != '\0';
-      for (const char* c = e->d_name; number && *c; ++c) {
-        number = *c >= '0' && *c <= '9' && target < 100000000;
-        target = target * 10 + (*c - '0');
-      }
-      if (!number) continue;  // "." and ".."
-      Text path;
-      path.put(dir.buf, dir.len);
-      path.put("/");
-      path.put(e->d_name);
-      path.put("", 1);  // the terminating NUL
-      constexpr char kSocket[] = "socket:[";
-      char link[64];
-      const ssize_t n = ::readlink(path.buf, link, sizeof link);
-      if (n < ssize_t(sizeof kSocket - 1) || std::memcmp(link, kSocket, sizeof kSocket - 1) != 0)
-        continue;
-      const UniqueFd sock(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
-      int protocol = 0;
-      socklen_t len = sizeof protocol;
-      if (!sock || ::getsockopt(sock.get(), SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 ||
-          protocol != IPPROTO_TCP)
-        continue;
-      // Refused for a listening socket, which closes without leaving its
-      // port taken.
-      const int on = 1;
-      (void)::setsockopt(sock.get(), IPPROTO_TCP, TCP_REPAIR, &on, sizeof on);
-    }
-  }
+  if (!pidfd) return;
+  each_numbered_entry(dir.c_str(), [&](const char* name, unsigned long long target) {
+    Text path;
+    path.put(dir.buf, dir.len);
+    path.put("/");
+    path.put(name);
+    constexpr char kSocket[] = "socket:[";
+    char link[64];
+    const ssize_t n = ::readlink(path.c_str(), link, sizeof link);
+    if (n < ssize_t(sizeof kSocket - 1) || std::memcmp(link, kSocket, sizeof kSocket - 1) != 0)
+      return;
+    const UniqueFd sock(
+        static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), static_cast<int>(target), 0)));
+    int protocol = 0;
+    socklen_t len = sizeof protocol;
+    if (!sock || ::getsockopt(sock.get(), SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 ||
+        protocol != IPPROTO_TCP)
+      return;
+    // Refused for a listening socket, which closes without leaving its
+    // port taken.
+    const int on = 1;
+    (void)::setsockopt(sock.get(), IPPROTO_TCP, TCP_REPAIR, &on, sizeof on);
+  });
 }
 
 /// The processes below pid started at or after since (forked by the
@@ -108,7 +119,6 @@ void repair_tcp_sockets(pid_t pid) {
 size_t stop_descendants(pid_t pid, uint64_t since, const pid_t* restored, size_t n_restored,
                         pid_t* out, size_t max) {
   size_t found = 0;
-  alignas(dirent64) static char ents[4096];
   static char kids[4096];
   const auto take = [&](unsigned long long c) {
     uint64_t t = 0;
@@ -124,39 +134,30 @@ size_t stop_descendants(pid_t pid, uint64_t since, const pid_t* restored, size_t
     dir.put("/proc/");
     dir.put(static_cast<unsigned long long>(parent));
     dir.put("/task");
-    dir.put("", 1);
-    const UniqueFd tasks(::open(dir.buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    for (long got = tasks ? ::syscall(SYS_getdents64, tasks.get(), ents, sizeof ents) : 0; got > 0;
-         got = ::syscall(SYS_getdents64, tasks.get(), ents, sizeof ents)) {
-      for (long at = 0; at < got;) {
-        const auto* e = reinterpret_cast<const dirent64*>(ents + at);
-        at += e->d_reclen;
-        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        Text path;
-        path.put(dir.buf, dir.len - 1);
-        path.put("/");
-        path.put(e->d_name);
-        path.put("/children");
-        path.put("", 1);
-        const UniqueFd f(::open(path.buf, O_RDONLY | O_CLOEXEC));
-        // A page of entries a read at most: read to the end, a number cut
-        // at a read's end carried into the next.
-        unsigned long long c = 0;
-        bool digit = false;
-        for (ssize_t n; f && (n = ::read(f.get(), kids, sizeof kids)) > 0;)
-          for (ssize_t i = 0; i < n; ++i) {
-            if (kids[i] >= '0' && kids[i] <= '9') {
-              c = c * 10 + static_cast<unsigned long long>(kids[i] - '0');
-              digit = true;
-            } else if (digit) {
-              take(c);
-              c = 0;
-              digit = false;
-            }
+    each_numbered_entry(dir.c_str(), [&](const char* thread, unsigned long long) {
+      Text path;
+      path.put(dir.buf, dir.len);
+      path.put("/");
+      path.put(thread);
+      path.put("/children");
+      const UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      // A page of entries a read at most: read to the end, a number cut
+      // at a read's end carried into the next.
+      unsigned long long c = 0;
+      bool digit = false;
+      for (ssize_t n; f && (n = ::read(f.get(), kids, sizeof kids)) > 0;)
+        for (ssize_t i = 0; i < n; ++i) {
+          if (kids[i] >= '0' && kids[i] <= '9') {
+            c = c * 10 + static_cast<unsigned long long>(kids[i] - '0');
+            digit = true;
+          } else if (digit) {
+            take(c);
+            c = 0;
+            digit = false;
           }
-        if (digit) take(c);
-      }
-    }
+        }
+      if (digit) take(c);
+    });
     if (next >= found) return found;
   }
 }

@@ -169,10 +169,18 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
 }
 
 bool parse_timeout_seconds(const char* text, int64_t* out_ms) noexcept {
-  if (!text || !*text) return false;
-  char* end = nullptr;
-  const double s = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !(s > 0) || s > 86400.0 * 365) return false;
+  if (!text) return false;
+  // Plain decimals only: digits, then a point and digits if any (strtod
+  // would take hex, exponents, signs, blanks, inf and nan).
+  const char* c = text;
+  const auto digits = [&c] {
+    const char* from = c;
+    while (*c >= '0' && *c <= '9') ++c;
+    return c > from;
+  };
+  if (!digits() || (*c == '.' && (++c, !digits())) || *c != '\0') return false;
+  const double s = std::strtod(text, nullptr);
+  if (!(s > 0) || s > 86400.0 * 365) return false;
   const int64_t ms = static_cast<int64_t>(s * 1000.0 + 0.5);
   *out_ms = ms < 1 ? 1 : ms;
   return true;

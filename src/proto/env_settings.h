@@ -143,7 +143,8 @@ bool shim_direct_io_valid(const char* value) noexcept;
 /// kSupervisorTextSettings (supervisor); the first bad one in *err.
 bool check_env_settings(bool shim, bool supervisor, std::string* err);
 
-/// text as seconds (fractional allowed, greater than 0, at most a year) in
+/// text as seconds (a plain decimal such as 10 or 2.5: no sign, exponent,
+/// hex or blank; greater than 0, at most a year) in
 /// milliseconds, at least 1. No allocation.
 bool parse_timeout_seconds(const char* text, int64_t* out_ms) noexcept;
 

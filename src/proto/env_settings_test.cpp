@@ -123,7 +123,8 @@ TEST_CASE("env_settings: the control timeout is seconds above 0, at most a year"
   CHECK(parse_timeout_seconds("0.0001", &ms));
   CHECK(ms == 1);  // never 0
   CHECK(parse_timeout_seconds("31536000", &ms));
-  for (const char* bad : {"", "0", "-1", "30s", "nan", "31536001", "abc"})
+  for (const char* bad : {"", "0", "-1", "30s", "nan", "31536001", "abc", "0x10", "1e3", "+5", " 5",
+                          "5 ", "inf", ".5", "5.", "1..2"})
     CHECK_MESSAGE(!parse_timeout_seconds(bad, &ms), bad);
   std::string err;
   {

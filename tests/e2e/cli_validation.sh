@@ -72,6 +72,13 @@ expect_usage "restore --control-timeout 31536001" "--control-timeout" "31536000"
 CUSNAP_CONTROL_TIMEOUT=31536000 "$CUSNAP" launch -- true || fail "CUSNAP_CONTROL_TIMEOUT=31536000 is refused"
 CUSNAP_CONTROL_TIMEOUT=31536001 expect_usage "CUSNAP_CONTROL_TIMEOUT=31536001" "31536000" -- "$CUSNAP" launch -- true
 pass "--control-timeout and CUSNAP_CONTROL_TIMEOUT both take up to 31536000 seconds"
+# ... and plain decimals only, as --timeout.
+for bad in 0x10 1e3 +5 " 5" inf .5; do
+  expect_usage "launch --control-timeout '$bad'" "--control-timeout" "is not a number of seconds" -- \
+    "$CUSNAP" launch --control-timeout "$bad" -- true
+  CUSNAP_CONTROL_TIMEOUT=$bad expect_usage "CUSNAP_CONTROL_TIMEOUT='$bad'" \
+    "CUSNAP_CONTROL_TIMEOUT=" "is not a number of seconds" -- "$CUSNAP" launch -- true
+done
 [ "$("$CUSNAP" checkpoint nosuch --timeout 0.001 2>/dev/null; echo $?)" = 4 ] ||
   fail "checkpoint --timeout 0.001 is refused"
 pass "checkpoint --timeout 0.001 is accepted"
