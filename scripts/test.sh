@@ -23,12 +23,42 @@ echo "== build (build/)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUSNAP_WERROR=ON "${cuda_include[@]}" >/dev/null
 cmake --build build -j"$jobs"
 
+# failed_lines DIR: what each failed test of DIR's last run said on failing
+# (its FAIL lines, else its ERROR and error lines; the last 8), printed again at the end
+# where a long log is not cut, since --output-on-failure puts them mid-log.
+failed_lines() {
+  python3 - "$1/Testing/Temporary/LastTest.log" <<'PY' || true
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+print("== what the failed tests said")
+for block in re.split(r"\n(?=\d+/\d+ Testing: )", text):
+    m = re.match(r"\d+/\d+ Testing: (\S+)", block)
+    if not m or "Test Passed." in block:
+        continue
+    lines = block.splitlines()
+    said = [l for l in lines if l.startswith("FAIL")] or \
+        [l for l in lines if re.search(r"FAIL|ERROR|error:|Timeout", l)]
+    print("-- " + m.group(1))
+    for l in said[-8:]:
+        print("   " + l[:400])
+PY
+}
+
 echo "== tests (build/)"
-(cd build && ctest --output-on-failure --no-tests=error -j"$jobs" --timeout 600)
+rc=0
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs" --timeout 600) || rc=$?
+if [ "$rc" != 0 ]; then
+  failed_lines build
+  exit "$rc"
+fi
 
 if [ "${CUSNAP_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== shim suite under ASan + UBSan (build-asan/)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCUSNAP_SANITIZE=ON "${cuda_include[@]}" >/dev/null
   cmake --build build-asan -j"$jobs"
-  (cd build-asan && ctest --output-on-failure --no-tests=error -L shim -j"$jobs" --timeout 600)
+  (cd build-asan && ctest --output-on-failure --no-tests=error -L shim -j"$jobs" --timeout 600) || rc=$?
+  if [ "$rc" != 0 ]; then
+    failed_lines build-asan
+    exit "$rc"
+  fi
 fi

@@ -327,6 +327,9 @@ expect_held() {
   [ "$st" = suspended ] || fail "$1 shows $st, not suspended"
   st=$(cuda_states "$1")
   [ "$st" = checkpointed ] || fail "$1's GPU state is $st"
+  # A line the job printed after its last driver call returned may still be
+  # on its way through the supervisor's echo: let it arrive first.
+  sleep 0.3
   n=$(last_count "$2")
   sleep 0.3
   [ "$(last_count "$2")" = "$n" ] || fail "$1 counted on while its GPU state was out"

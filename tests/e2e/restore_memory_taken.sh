@@ -143,7 +143,7 @@ chmod 755 "$T/criu-slow"
 start guardian CUSNAP_CRIU="$T/criu-slow"
 "$CUSNAP" checkpoint guardian -o "$T/guardian.ckpt" >"$T/guardian-ck.out" 2>&1 &
 CK=$!
-for _ in $(seq 1 200); do [ -s "$T/dump.pid" ] && break; sleep 0.05; done
+for _ in $(seq 1 1200); do [ -s "$T/dump.pid" ] && break; sleep 0.05; done
 [ -s "$T/dump.pid" ] || fail "the checkpoint never reached its dump: $(cat "$T/guardian-ck.out")"
 cat "$T/dump.pid" >>"$T/job-pids"
 [ "$(cuda_states guardian)" = checkpointed ] || fail "at the dump the job's GPU state is $(cuda_states guardian)"

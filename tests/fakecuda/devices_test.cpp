@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "device_env.h"
@@ -355,6 +356,38 @@ TEST_CASE("fakecuda: fault injection by environment") {
           size_t fr, tot;
           FC_REQ(cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS);
           FC_REQ(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(190));
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: a fault file is taken once its line has ended, however long") {
+  CHECK(run_child([] {
+          char dir[] = "/tmp/fakecuda-fail-file.XXXXXX";
+          FC_REQ(mkdtemp(dir) != nullptr);
+          const std::string path = std::string(dir) + "/fail." + std::to_string(getpid());
+          setenv("FAKECUDA_FAIL_FILE", (std::string(dir) + "/fail.%p").c_str(), 1);
+          FC_REQ(init_primary() == CUDA_SUCCESS);
+          // A writer caught between creating the file and ending its line:
+          // the file is left for a later call, no fault armed.
+          FILE* out = fopen(path.c_str(), "w");
+          FC_REQ(out != nullptr);
+          std::string spec = "cuMemAlloc:1:999,";
+          for (int i = 0; i < 40; ++i) spec += "cuCtxSynchronize:1000:999,";
+          spec += "cuMemAlloc:2:2";  // past the first 1000 bytes
+          FC_REQ(spec.size() > 1000);
+          fputs(spec.c_str(), out);
+          fflush(out);
+          CUdeviceptr p;
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_SUCCESS);
+          FC_REQ(access(path.c_str(), F_OK) == 0);
+          fputs("\n", out);
+          fclose(out);
+          // The line ended: taken whole (its last item too), the file removed.
+          FC_REQ(cuMemAlloc(&p, 100) == static_cast<CUresult>(999));
+          FC_REQ(access(path.c_str(), F_OK) != 0);
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_ERROR_OUT_OF_MEMORY);
+          FC_REQ(cuMemAlloc(&p, 100) == CUDA_SUCCESS);
+          rmdir(dir);
           return 0;
         }) == 0);
 }

@@ -26,6 +26,7 @@ struct Faults {
   std::mutex mu;
   bool parsed = false;
   bool log = false;
+  std::string fail_file;                            // FAKECUDA_FAIL_FILE, "%p" not yet replaced
   std::map<std::string, std::map<long, int>> fail;  // base -> nth -> error
   std::map<std::string, long> delay_ms;
   std::map<std::string, long> calls;
@@ -66,6 +67,8 @@ void parse_locked(Faults& f) {
   f.parsed = true;
   const char* log = getenv("FAKECUDA_LOG");
   f.log = log && strcmp(log, "0") != 0 && *log;
+  const char* fail_file = getenv("FAKECUDA_FAIL_FILE");
+  f.fail_file = fail_file ? fail_file : "";
   for (auto& it : split_spec(getenv("FAKECUDA_FAIL"))) {
     if (it.size() != 3) continue;
     f.fail[it[0]][strtol(it[1].c_str(), nullptr, 10)] =
@@ -90,31 +93,37 @@ void faults_reload() {
   Faults& f = faults();
   std::lock_guard<std::mutex> l(f.mu);
   f.parsed = false;
+  f.fail_file.clear();
   f.fail.clear();
   f.delay_ms.clear();
   f.calls.clear();
 }
 
-/// FAKECUDA_FAIL_FILE ("%p" stands for the pid): when that file exists, its
-/// "name:N:code,..." arms faults counted from now (the Nth call of name from
-/// here on), and the file is removed. Lets a test fail a call at a moment of
-/// its choosing in a running process. Precondition: f.mu held.
+/// FAKECUDA_FAIL_FILE ("%p" stands for the pid): when that file holds a
+/// line, its "name:N:code,...\n" arms faults counted from now (the Nth call
+/// of name from here on), and the file is removed. Lets a test fail a call at
+/// a moment of its choosing in a running process. The file is taken only
+/// once its line has ended: a writer creates it before it writes (a shell's
+/// `echo SPEC >FILE`), and a call that read it in between would remove it
+/// with no fault armed. Precondition: f.mu held.
 void arm_from_file(Faults& f) {
-  static const char* pattern = getenv("FAKECUDA_FAIL_FILE");
-  if (!pattern || !*pattern) return;
-  std::string path(pattern);
+  if (f.fail_file.empty()) return;
+  std::string path = f.fail_file;
   size_t p = path.find("%p");
   if (p != std::string::npos) path.replace(p, 2, std::to_string(getpid()));
   FILE* in = fopen(path.c_str(), "re");
   if (!in) return;
-  char buf[512] = {};
-  size_t n = fread(buf, 1, sizeof buf - 1, in);
+  constexpr size_t kMaxSpec = 1 << 16;
+  std::string spec;
+  char buf[4096];
+  for (size_t n; spec.size() < kMaxSpec && (n = fread(buf, 1, sizeof buf, in)) > 0;)
+    spec.append(buf, n);
   fclose(in);
+  const size_t end = spec.find('\n');
+  if (end == std::string::npos) return;  // not written whole yet
   unlink(path.c_str());
-  buf[n] = 0;
-  for (char* c = buf; *c; ++c)
-    if (*c == '\n') *c = 0;
-  for (auto& it : split_spec(buf)) {
+  spec.resize(end);
+  for (auto& it : split_spec(spec.c_str())) {
     if (it.size() != 3) continue;
     long nth = strtol(it[1].c_str(), nullptr, 10);
     f.fail[it[0]][f.calls[it[0]] + nth] = static_cast<int>(strtol(it[2].c_str(), nullptr, 10));
