@@ -15,13 +15,19 @@ source "$(dirname "$0")/lib_checkpoint.sh"
 SLOW="FAKECUDA_DELAY slows the simulated driver's checkpoint to 2 s"
 
 criu_hold_setup
-FAKECUDA_DELAY="cuCheckpointProcessCheckpoint:2000,cuCheckpointProcessRestore:1000" \
+# FAKECUDA_LOG=1: the supervisor's driver calls traced in $T/job.out (not the job's).
+FAKECUDA_LOG=1 FAKECUDA_DELAY="cuCheckpointProcessCheckpoint:2000,cuCheckpointProcessRestore:1000" \
   CUSNAP_CRIU="$HOLD_CRIU" "$CUSNAP" launch --name cc -- \
-  env -u FAKECUDA_DELAY "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/job.out" 2>&1 &
+  env -u FAKECUDA_DELAY -u FAKECUDA_LOG "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/job.out" 2>&1 &
 SUP=$!
 SUPERVISORS+=("$SUP")
 wait_count "$T/job.out" 3
 PID=$(wait_job cc)
+
+# driver_checkpoints: how many driver checkpoints the supervisor has begun
+# (the simulated driver traces a call, FAKECUDA_LOG, as it enters, before
+# its FAKECUDA_DELAY).
+driver_checkpoints() { grep -c "^fakecuda\[$SUP\]: cuCheckpointProcessCheckpoint" "$T/job.out" || true; }
 
 # start OP ARGS...: runs `cusnap OP cc ARGS` in the background (output in
 # $T/OP.out and $T/OP.err, its pid in C) and waits until the supervisor is
@@ -29,6 +35,7 @@ PID=$(wait_job cc)
 start() {
   local op=$1 state
   shift
+  BEFORE=$(driver_checkpoints)
   "$CUSNAP" "$op" cc "$@" >"$T/$op.out" 2>"$T/$op.err" &
   C=$!
   for _ in $(seq 1 200); do
@@ -36,6 +43,20 @@ start() {
     [ "$state" = checkpointing ] || [ "$state" = suspending ] && break
     sleep 0.02
   done
+}
+
+# in_driver_phase OP: waits (30 s at most) until the supervisor is in the
+# driver checkpoint of the operation start began, slowed to 2 s: a fixed
+# sleep may end before the operation's checks (criu --version, /proc) have,
+# on a loaded machine, and the interrupt cancel nothing yet.
+in_driver_phase() {
+  for _ in $(seq 1 1500); do
+    [ "$(driver_checkpoints)" -gt "$BEFORE" ] && break
+    kill -0 "$C" 2>/dev/null || break
+    sleep 0.02
+  done
+  [ "$(driver_checkpoints)" -gt "$BEFORE" ] || fail "$1: the driver's checkpoint did not begin: $(cat "$T/$1.err")"
+  kill -0 "$C" 2>/dev/null || fail "$1: the command ended before the interrupt: $(cat "$T/$1.err")"
 }
 
 # cancelled OP: the command C ended with 130, saying it was cancelled, and
@@ -63,7 +84,7 @@ no_checkpoint() {
 # A checkpoint cancelled while the driver checkpoints the job.
 if fake_only "$SLOW"; then
   start checkpoint -o "$T/ck1"
-  sleep 0.5
+  in_driver_phase checkpoint
   kill -INT "$C"
   cancelled checkpoint
   no_checkpoint "$T/ck1"
@@ -99,7 +120,7 @@ pass "checkpoint --json cancelled during the CRIU dump: one object, exit 130; th
 # interrupt.
 if fake_only "$SLOW"; then
   start suspend --json
-  sleep 0.5
+  in_driver_phase suspend
   kill -INT "$C"
   cancelled suspend
   python3 -c '
@@ -112,12 +133,15 @@ assert j["exit_code"] == 130 and j["cancelled"] is True, j' "$T/suspend.out" ||
 
   # A second interrupt leaves at once; the cancel goes on in the supervisor.
   start checkpoint -o "$T/ck3"
-  sleep 0.5
+  in_driver_phase checkpoint
   kill -INT "$C"
   for _ in $(seq 1 100); do grep -q "cusnap: cancelling" "$T/checkpoint.err" && break; sleep 0.05; done
   sleep 0.2
-  kill -INT "$C"
   rc=0
+  if ! kill -INT "$C" 2>/dev/null; then
+    wait "$C" || rc=$?
+    fail "second interrupt: the command had ended already (exit $rc): $(cat "$T/checkpoint.err")"
+  fi
   wait "$C" || rc=$?
   [ "$rc" = 130 ] || fail "second interrupt: exit $rc: $(cat "$T/checkpoint.err")"
   grep -q "cusnap: interrupted again: the checkpoint of job cc may still be running, or rolling back, in its supervisor; its outcome is not known: cusnap ps shows the job's state" \

@@ -26,7 +26,10 @@ wait
 EOF
 chmod +x "$T/job.sh"
 
-launch newcuda "$T/launch.out" "$T/job.sh"
+# The supervisor alone traces its driver calls (FAKECUDA_LOG; the simulated
+# driver's only), for rolls_back_when to start a worker during its lock.
+SUP_OUT=$T/launch.out
+FAKECUDA_LOG=1 launch newcuda "$SUP_OUT" env -u FAKECUDA_LOG "$T/job.sh"
 SUP=$LAST_SUPERVISOR
 wait_count "$T/launch.out" 5
 PID=$(wait_job newcuda)

@@ -266,18 +266,36 @@ expect_refused() {
 }
 
 # rolls_back_when JOB OP TRIGGER TEXT WAITCMD...: runs `cusnap OP JOB`
-# (a checkpoint into $T/ckpt-OP), creates the file TRIGGER half a second in,
-# runs WAITCMD (which waits for what the trigger starts), then expects OP
-# to have rolled back (exit 1) saying TEXT (grep) and that the job runs on,
-# leaving no checkpoint. OP's output is in $T/OP.out.
+# (a checkpoint into $T/ckpt-OP), creates the file TRIGGER once OP has taken
+# its first look at the job, runs WAITCMD (which waits for what the trigger
+# starts), then expects OP to have rolled back (exit 1) saying TEXT (grep)
+# and that the job runs on, leaving no checkpoint. OP's output is in $T/OP.out.
+# On the simulated driver the job's supervisor runs with FAKECUDA_LOG=1 (the
+# job without) and a slowed lock (FAKECUDA_DELAY), its output in SUP_OUT: the
+# trigger comes as the supervisor begins OP's first driver lock (traced as
+# the call enters, before its delay), after the look and before the check
+# once every process is locked; a fixed wait could come before the look on
+# a loaded machine. The real driver traces nothing: half a second in.
 rolls_back_when() {
-  local job=$1 op=$2 trigger=$3 text=$4 rc=0
+  local job=$1 op=$2 trigger=$3 text=$4 rc=0 locks=0
+  local lock='^fakecuda\[[0-9]*\]: cuCheckpointProcessLock'
   shift 4
   local args=("$job")
   [ "$op" = checkpoint ] && args+=(-o "$T/ckpt-$op")
+  [ "$REAL_DRIVER" = 1 ] || locks=$(grep -c "$lock" "${SUP_OUT:?}" || true)
   "$CUSNAP" "$op" "${args[@]}" >"$T/$op.out" 2>&1 &
   local cmd=$!
-  sleep 0.5
+  if [ "$REAL_DRIVER" = 1 ]; then
+    sleep 0.5
+  else
+    for _ in $(seq 1 600); do # 30 s
+      [ "$(grep -c "$lock" "$SUP_OUT" || true)" -gt "$locks" ] && break
+      kill -0 "$cmd" 2>/dev/null || break
+      sleep 0.05
+    done
+    [ "$(grep -c "$lock" "$SUP_OUT" || true)" -gt "$locks" ] ||
+      fail "$op did not reach the driver's lock: $(cat "$T/$op.out")"
+  fi
   touch "$trigger"
   "$@"
   wait "$cmd" || rc=$?

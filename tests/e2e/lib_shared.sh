@@ -66,9 +66,27 @@ start_job() {
 # slow_driver_checkpoint_job NAME OUT: start_job of the sharing job under a
 # supervisor whose driver checkpoint takes 3 s (the job's own driver calls
 # are not slowed), so that a test can kill the supervisor after the release.
+# The supervisor alone traces its driver calls into OUT (FAKECUDA_LOG), for
+# wait_driver_checkpoint.
 slow_driver_checkpoint_job() {
-  FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 start_job "$1" "$2" \
-    env -u FAKECUDA_DELAY "$SHARE_JOB" --mib 4 --interval-ms 20
+  FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 start_job "$1" "$2" \
+    env -u FAKECUDA_DELAY -u FAKECUDA_LOG "$SHARE_JOB" --mib 4 --interval-ms 20
+}
+
+# wait_driver_checkpoint OUT OP: waits (30 s at most) until the supervisor of
+# a slow_driver_checkpoint_job, its output in OUT, begins its driver
+# checkpoint: FAKECUDA_LOG traces the call as it enters, before its 3 s
+# delay, so the shim's save and release are done then and the driver
+# checkpoint is under way. Fails if OP (the operation's pid) ends first. A
+# fixed wait after the first saved file was too short on a loaded machine.
+wait_driver_checkpoint() {
+  local calls='^fakecuda\[[0-9]*\]: cuCheckpointProcessCheckpoint'
+  for _ in $(seq 1 600); do
+    grep -q "$calls" "$1" && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.05
+  done
+  grep -q "$calls" "$1" || fail "the supervisor did not begin its driver checkpoint (in $1)"
 }
 
 # note_last OUT: LAST[prefix] and SEEN[prefix] from OUT (a stopped job's output).

@@ -20,6 +20,32 @@ SMALL=$T/small
 cleanup_mount() { mountpoint -q "$SMALL" 2>/dev/null && umount -l "$SMALL" || true; }
 trap 'st=$?; set +e; cleanup_mount; (exit $st); cleanup_checkpoint_test' EXIT
 
+# A kill meant to land inside a slowed driver call waits for that call rather
+# than for a fixed time (the operation's checks before it, criu --version and
+# /proc, may take longer on a loaded machine). With FAKECUDA_LOG=1 in a
+# supervisor's environment (launch_env keeps it from the job) the simulated
+# driver traces each call, "fakecuda[PID]: CALL", to the supervisor's output
+# as the call enters, before its FAKECUDA_DELAY.
+# entered PID FILE CALL: how many CALLs process PID has begun.
+entered() { grep -c "^fakecuda\[$1\]: $3\( \|\$\)" "$2" || true; }
+usecs() { local t=${1/[.,]/}; echo $((10#$t)); } # of $EPOCHREALTIME
+# wait_entered PID FILE CALL BEFORE CMD CMD-OUT: waits (30 s at most, while the
+# command CMD runs) until PID has begun more than BEFORE CALLs, or fails. Sets
+# ABSENT to the last moment (usecs) that call had surely not begun.
+wait_entered() {
+  local now
+  ABSENT=$(usecs "$EPOCHREALTIME")
+  for _ in $(seq 1 1500); do
+    now=$EPOCHREALTIME
+    [ "$(entered "$1" "$2" "$3")" -gt "$4" ] && return 0
+    ABSENT=$(usecs "$now")
+    kill -0 "$5" 2>/dev/null || break
+    sleep 0.02
+  done
+  [ "$(entered "$1" "$2" "$3")" -gt "$4" ] ||
+    fail "process $1 did not begin $3 (command ended: $(kill -0 "$5" 2>/dev/null && echo no || echo yes)): $(cat "$6")"
+}
+
 # --- the disk fills during the dump
 mkdir -p "$SMALL"
 if mount -t tmpfs -o size=8m tmpfs "$SMALL" 2>/dev/null; then
@@ -63,13 +89,15 @@ kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
 
 # --- the job exits during a checkpoint (the lock is slowed down)
 if fake_only "the job killed during a checkpoint and a suspend (needs FAKECUDA_DELAY)"; then
-launch_env quit "$T/quit.out" FAKECUDA_DELAY=cuCheckpointProcessLock:1500 -- --mib 4 --interval-ms 20
+launch_env quit "$T/quit.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessLock:1500 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/quit.out" 3
 PID=$(wait_job quit)
+before=$(entered "$SUP" "$T/quit.out" cuCheckpointProcessLock)
 "$CUSNAP" checkpoint quit -o "$T/quit.ck" >"$T/quit-ck.out" 2>&1 &
 CK=$!
-sleep 0.5
+# Killed once the supervisor is in the (slowed) lock.
+wait_entered "$SUP" "$T/quit.out" cuCheckpointProcessLock "$before" "$CK" "$T/quit-ck.out"
 kill -KILL "$PID"
 RC=0; wait "$CK" || RC=$?
 [ "$RC" != 0 ] && [ "$RC" != 6 ] || fail "checkpoint of a job that died under it: exit $RC: $(cat "$T/quit-ck.out")"
@@ -83,13 +111,15 @@ pass "job killed during a checkpoint: exit $RC ($(grep -m1 'cusnap:' "$T/quit-ck
 
 # --- the job exits during a suspend's driver checkpoint: nothing is left
 # suspended (was exit 6 and "run cusnap resume", for a job that was gone)
-launch_env squit "$T/squit.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:1500 -- --mib 4 --interval-ms 20
+launch_env squit "$T/squit.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:1500 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/squit.out" 3
 PID=$(wait_job squit)
+before=$(entered "$SUP" "$T/squit.out" cuCheckpointProcessCheckpoint)
 "$CUSNAP" suspend squit >"$T/squit-s.out" 2>&1 &
 CK=$!
-sleep 0.5
+# Killed once the supervisor is in the (slowed) driver checkpoint.
+wait_entered "$SUP" "$T/squit.out" cuCheckpointProcessCheckpoint "$before" "$CK" "$T/squit-s.out"
 kill -KILL "$PID"
 RC=0; wait "$CK" || RC=$?
 [ "$RC" = 1 ] || fail "suspend of a job that died under it: exit $RC, expected 1: $(cat "$T/squit-s.out")"
@@ -216,7 +246,12 @@ pass "supervisor killed mid-checkpoint: no checkpoint; the guardian brought the 
 # first leaves the second's files alone (it removed them, taking the DIR it
 # had found absent for its own), and the second checkpoint completes and
 # restores.
-launch_env early2 "$T/early2.out" FAKECUDA_DELAY=cuDeviceTotalMem:4000 -- --mib 4 --interval-ms 20
+# early2's checkpoint waits in its checks: its driver version query, which
+# only an operation's checks make (not the guardian's recovery, though it
+# inherits FAKECUDA_DELAY), is slowed, long enough for the other checkpoint's
+# claim on a loaded machine.
+EARLY2_MS=10000
+launch_env early2 "$T/early2.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuDriverGetVersion:$EARLY2_MS -- --mib 4 --interval-ms 20
 SUP1=$LAST_SUPERVISOR
 launch_env other "$T/other.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
 wait_count "$T/early2.out" 3
@@ -224,13 +259,19 @@ wait_count "$T/other.out" 3
 PID1=$(wait_job early2)
 PID2=$(wait_job other)
 SHARED_DIR=$T/shared.ck
+before=$(entered "$SUP1" "$T/early2.out" cuDriverGetVersion)
 "$CUSNAP" checkpoint early2 -o "$SHARED_DIR" >"$T/early2-ck.out" 2>&1 &
 CK1=$!
-sleep 0.5 # early2's checkpoint waits in its checks (its device listing is slowed)
+wait_entered "$SUP1" "$T/early2.out" cuDriverGetVersion "$before" "$CK1" "$T/early2-ck.out"
 "$CUSNAP" checkpoint other -o "$SHARED_DIR" --leave-running >"$T/other-ck.out" 2>&1 &
 CK2=$!
-for _ in $(seq 1 100); do [ -d "$SHARED_DIR/criu" ] && break; sleep 0.02; done
-[ -d "$SHARED_DIR/criu" ] || fail "the second checkpoint never claimed $SHARED_DIR: $(cat "$T/other-ck.out")"
+# The claim, and the kill, well before early2's query returns (2 s spare).
+while [ $(($(usecs "$EPOCHREALTIME") - ABSENT)) -lt $(((EARLY2_MS - 2000) * 1000)) ]; do
+  [ -d "$SHARED_DIR/criu" ] && break
+  sleep 0.02
+done
+[ -d "$SHARED_DIR/criu" ] ||
+  fail "the second checkpoint did not claim $SHARED_DIR within $((EARLY2_MS / 1000 - 2)) s: $(cat "$T/other-ck.out")"
 kill -KILL "$SUP1"
 wait "$SUP1" 2>/dev/null || true
 wait "$CK1" 2>/dev/null || true

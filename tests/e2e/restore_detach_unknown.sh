@@ -33,8 +33,9 @@ killed_detached() {
   CUSNAP_CRIU="$T/criu-hold" "$CUSNAP" restore "$T/ck" --detach "$@" >"$T/$case.out" 2>"$T/$case.err" &
   local w=$!
   SUPERVISORS+=("$w")
-  for _ in $(seq 1 600); do [ -e "$T/hold.pid" ] && [ -e "/proc/$PID" ] && break; sleep 0.05; done
-  [ -e "$T/hold.pid" ] || fail "$case: the restore never got to CRIU: $(cat "$T/$case.err")"
+  # -s: the CRIU's shell creates hold.pid before it writes the pid in.
+  for _ in $(seq 1 600); do [ -s "$T/hold.pid" ] && [ -e "/proc/$PID" ] && break; sleep 0.05; done
+  [ -s "$T/hold.pid" ] || fail "$case: the restore never got to CRIU: $(cat "$T/$case.err")"
   hold=$(cat "$T/hold.pid")
   bg=$(ps -o ppid= -p "$hold" | tr -d ' ')
   [ -n "$bg" ] && [ "$bg" != "$w" ] && [ "$bg" != 1 ] || fail "$case: no background supervisor above CRIU ($bg)"

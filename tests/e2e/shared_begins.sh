@@ -24,8 +24,11 @@ EOF
 chmod +x "$T/job.sh"
 
 # start TAG: launches job TAG; sets SUP and PID once every process is set up.
+# The supervisor alone traces its driver calls into SUP_OUT (FAKECUDA_LOG),
+# for rolls_back_when to begin the sharing during its lock.
 start() {
-  launch "$1" "$T/$1.out" "$T/job.sh" "$1"
+  SUP_OUT=$T/$1.out
+  FAKECUDA_LOG=1 launch "$1" "$SUP_OUT" env -u FAKECUDA_LOG "$T/job.sh" "$1"
   SUP=$LAST_SUPERVISOR
   wait_count "$T/$1.out" 5
   PID=$(wait_job "$1")
@@ -58,7 +61,8 @@ refused_for_sharing suspend su
 
 # A shim that cannot be asked again (its socket removed during the driver
 # phase) may have begun to share: the checkpoint rolls back as well.
-launch gone "$T/gone.out" "$PATTERN_JOB" --mib 1 --interval-ms 20
+SUP_OUT=$T/gone.out
+FAKECUDA_LOG=1 launch gone "$SUP_OUT" env -u FAKECUDA_LOG "$PATTERN_JOB" --mib 1 --interval-ms 20
 wait_count "$T/gone.out" 5
 GONE=$(wait_job gone)
 rolls_back_when gone checkpoint "$T/go-gone" "its shim did not answer a second look" \

@@ -82,8 +82,8 @@ LAUNCH_OUT=$T/orphan.out
 slow_driver_checkpoint_job orphan "$LAUNCH_OUT"
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ckpt" >"$T/orphan.ckpt.out" 2>&1 &
 CK=$!
-for _ in $(seq 1 100); do [ -n "$(ls "$T/orphan.ckpt/shared" 2>/dev/null)" ] && break; sleep 0.02; done
-sleep 0.5
+# Killed once the driver checkpoint has begun: the save and release are done.
+wait_driver_checkpoint "$LAUNCH_OUT" "$CK"
 kill -KILL "$SUP"
 wait "$CK" 2>/dev/null && fail "the checkpoint reported success after its supervisor was killed"
 LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
