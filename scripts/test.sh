@@ -2,7 +2,8 @@
 # Builds cusnap and runs every test through CTest: the unit tests (one doctest
 # binary), the end-to-end tests (real CRIU, simulated driver) and the shim
 # suite again under AddressSanitizer and UndefinedBehaviorSanitizer.
-# Installs what it needs first (scripts/install-deps.sh; needs root).
+# Installs what it needs first (scripts/install-deps.sh; needs root). A
+# failed run ends with what each failed test said (its FAIL lines).
 #   scripts/test.sh            everything
 #   CUSNAP_SKIP_SANITIZE=1     skip the sanitizer build
 #   CUSNAP_JOBS=N              build parallelism (default: nproc)

@@ -45,6 +45,18 @@ nth_of() {
 # rss_kb PID / fd_count PID: resident set (kB) and open descriptors.
 rss_kb() { sed -n 's/^VmRSS:\s*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
 fd_count() { ls "/proc/$1/fd" | wc -l; }
+# fd_count_settled PID MAX: fd_count once it is MAX or fewer, waiting 5 s at
+# most (the supervisor's connection thread closes its socket just after its
+# reply, so a count right after a request can be high by it); else the last.
+fd_count_settled() {
+  local n
+  for _ in $(seq 1 100); do
+    n=$(fd_count "$1")
+    [ "$n" -le "$2" ] && break
+    sleep 0.05
+  done
+  echo "$n"
+}
 
 expect_guardian_brought_back() {
   local name=$1 pid=$2 state

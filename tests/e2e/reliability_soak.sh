@@ -51,7 +51,7 @@ for i in $(seq 1 "$N"); do
   "$CUSNAP" inspect lr >/dev/null || fail "cycle $i: inspect"
   if [ "$i" = "$WARM" ]; then RSS0=$(rss_kb "$SUP"); FD0=$(fd_count "$SUP"); fi
 done
-RSS1=$(rss_kb "$SUP"); FD1=$(fd_count "$SUP")
+RSS1=$(rss_kb "$SUP"); FD1=$(fd_count_settled "$SUP" "$FD0")
 expect_running lr "$PID" "$T/lr.out"
 echo "supervisor after cycle $WARM: RSS $RSS0 kB, $FD0 descriptors; after cycle $N: RSS $RSS1 kB, $FD1 descriptors" |
   tee -a "$REPORT"

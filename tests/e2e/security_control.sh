@@ -136,7 +136,7 @@ wait "$STALL" || fail "stall client: $(cat "$T/stall.txt")"
 sleep 1.5
 alive "24 stalled connections"
 
-FDS1=$(fd_count "$SUP")
+FDS1=$(fd_count_settled "$SUP" "$FDS0")
 [ "$FDS1" -le "$FDS0" ] || fail "the supervisor holds $FDS1 descriptors after the bad input, $FDS0 before"
 pass "no descriptor leaked in the supervisor ($FDS0 before, $FDS1 after)"
 

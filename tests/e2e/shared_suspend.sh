@@ -25,14 +25,20 @@ pass "resumed: both count on and share their memory"
 # rebuilds the shared memory from what the suspend saved, and removes it
 # (before: left in the runtime directory, its records naming processes to a
 # later resume's rebuild); a suspend and resume through the guardian work.
-if fake_only "the supervisor killed during a suspend (needs FAKECUDA_DELAY, FAKECUDA_LOG)"; then
 LAUNCH_OUT=$T/orphan.out
 slow_driver_checkpoint_job orphan "$LAUNCH_OUT"
 SAVED=$CUSNAP_RUNTIME_BASE/orphan/suspended
 "$CUSNAP" suspend orphan >"$T/orphan.suspend.out" 2>&1 &
 SU=$!
 # Killed once the driver checkpoint has begun: the save and release are done.
-wait_driver_checkpoint "$LAUNCH_OUT" "$SU"
+# The real driver neither traces nor is slowed: the first saved file, then
+# half a second (the timing the runs on GPUs passed with).
+if [ "$REAL_DRIVER" = 1 ]; then
+  for _ in $(seq 1 100); do [ -n "$(ls "$SAVED/shared" 2>/dev/null)" ] && break; sleep 0.02; done
+  sleep 0.5
+else
+  wait_driver_checkpoint "$LAUNCH_OUT" "$SU"
+fi
 [ -n "$(ls "$SAVED/shared" 2>/dev/null)" ] || fail "the suspend saved nothing in $SAVED"
 kill -KILL "$SUP"
 wait "$SU" 2>/dev/null && fail "the suspend reported success after its supervisor was killed"
@@ -57,5 +63,4 @@ done
 no_errors "$LOG"
 pass "supervisor killed during a suspend: the guardian rebuilt the shared memory and removed what was saved; suspend and resume work after"
 for p in $(ready_pids "$LAUNCH_OUT"); do kill -KILL "$p" 2>/dev/null; done
-fi
 echo "PASS"
