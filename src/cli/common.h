@@ -15,6 +15,7 @@
 
 #include "coord/engine.h"
 #include "proto/control.h"
+#include "proto/decimal.h"
 #include "proto/env_settings.h"
 
 namespace cusnap {
@@ -60,14 +61,7 @@ std::string unknown_option_message(const CLI::App& app, const std::string& word)
 inline CLI::Validator positive() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        const size_t dot = text.find('.');
-        const auto digits = [&](size_t from, size_t to) {
-          return to > from && std::all_of(text.begin() + from, text.begin() + to,
-                                          [](char c) { return c >= '0' && c <= '9'; });
-        };
-        const bool plain = dot == std::string::npos
-                               ? digits(0, text.size())
-                               : digits(0, dot) && digits(dot + 1, text.size());
+        const bool plain = proto::plain_decimal(text.c_str());
         const double v = plain ? std::strtod(text.c_str(), nullptr) : 0;
         if (!plain || !(v >= 0.001) || !(v <= 604800))
           return "'" + text + "' is not a number of seconds from 0.001 to 604800 (a week)";

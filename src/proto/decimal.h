@@ -22,4 +22,17 @@ inline size_t format_decimal(uint64_t v, char* out) noexcept {
   return n;
 }
 
+/// True when text is a plain decimal: digits, then a point and digits if any
+/// ("10", "2.5"; not "0x10", "1e3", "+5", " 5", "inf", ".5" or "5.", all of
+/// which strtod takes).
+inline bool plain_decimal(const char* text) noexcept {
+  const char* c = text;
+  const auto digits = [&c] {
+    const char* from = c;
+    while (*c >= '0' && *c <= '9') ++c;
+    return c > from;
+  };
+  return text && digits() && (*c != '.' || (++c, digits())) && *c == '\0';
+}
+
 }  // namespace cusnap::proto

@@ -27,6 +27,15 @@ TEST_CASE("decimal: every unsigned 64-bit number, in its shortest digits") {
   CHECK(decimal(UINT64_MAX).size() == proto::kDecimalMax);
 }
 
+TEST_CASE("decimal: a plain decimal is digits, then a point and digits if any") {
+  for (const char* good : {"0", "10", "2.5", "0.001", "604800"})
+    CHECK_MESSAGE(proto::plain_decimal(good), good);
+  for (const char* bad :
+       {"", "0x10", "1e3", "+5", "-1", " 5", "5 ", "inf", "nan", ".5", "5.", "1..2", "1.2.3"})
+    CHECK_MESSAGE(!proto::plain_decimal(bad), bad);
+  CHECK_FALSE(proto::plain_decimal(nullptr));
+}
+
 TEST_CASE("proc_stat: this process's start time is field 22 of its stat file") {
   std::ifstream in("/proc/self/stat");
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "proto/decimal.h"
+
 namespace cusnap::proto {
 
 namespace {
@@ -169,16 +171,7 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
 }
 
 bool parse_timeout_seconds(const char* text, int64_t* out_ms) noexcept {
-  if (!text) return false;
-  // Plain decimals only: digits, then a point and digits if any (strtod
-  // would take hex, exponents, signs, blanks, inf and nan).
-  const char* c = text;
-  const auto digits = [&c] {
-    const char* from = c;
-    while (*c >= '0' && *c <= '9') ++c;
-    return c > from;
-  };
-  if (!digits() || (*c == '.' && (++c, !digits())) || *c != '\0') return false;
+  if (!plain_decimal(text)) return false;
   const double s = std::strtod(text, nullptr);
   if (!(s > 0) || s > 86400.0 * 365) return false;
   const int64_t ms = static_cast<int64_t>(s * 1000.0 + 0.5);
