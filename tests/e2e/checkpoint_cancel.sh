@@ -25,9 +25,8 @@ wait_count "$T/job.out" 3
 PID=$(wait_job cc)
 
 # driver_checkpoints: how many driver checkpoints the supervisor has begun
-# (the simulated driver traces a call, FAKECUDA_LOG, as it enters, before
-# its FAKECUDA_DELAY).
-driver_checkpoints() { grep -c "^fakecuda\[$SUP\]: cuCheckpointProcessCheckpoint" "$T/job.out" || true; }
+# (calls_begun, lib_checkpoint.sh).
+driver_checkpoints() { calls_begun "$T/job.out" cuCheckpointProcessCheckpoint "$SUP"; }
 
 # start OP ARGS...: runs `cusnap OP cc ARGS` in the background (output in
 # $T/OP.out and $T/OP.err, its pid in C) and waits until the supervisor is
@@ -50,12 +49,8 @@ start() {
 # sleep may end before the operation's checks (criu --version, /proc) have,
 # on a loaded machine, and the interrupt cancel nothing yet.
 in_driver_phase() {
-  for _ in $(seq 1 1500); do
-    [ "$(driver_checkpoints)" -gt "$BEFORE" ] && break
-    kill -0 "$C" 2>/dev/null || break
-    sleep 0.02
-  done
-  [ "$(driver_checkpoints)" -gt "$BEFORE" ] || fail "$1: the driver's checkpoint did not begin: $(cat "$T/$1.err")"
+  wait_driver_call "$T/job.out" cuCheckpointProcessCheckpoint "$BEFORE" "$C" "$SUP" ||
+    fail "$1: the driver's checkpoint did not begin: $(cat "$T/$1.err")"
   kill -0 "$C" 2>/dev/null || fail "$1: the command ended before the interrupt: $(cat "$T/$1.err")"
 }
 

@@ -265,6 +265,34 @@ expect_refused() {
   echo "   refused as expected: $(grep -aE "$text" "$T/cmd.out" | head -1)"
 }
 
+# The simulated driver's trace: with FAKECUDA_LOG=1 it writes "fakecuda[PID]:
+# CALL ..." as each driver call enters, before its FAKECUDA_DELAY. A test that
+# must act inside a slowed call waits for that line rather than for a fixed
+# time: the operation's checks before the call (criu --version, the /proc
+# scan) may take longer on a loaded machine. Tests give the trace to the
+# supervisor alone (env -u FAKECUDA_LOG for the job).
+# calls_begun FILE CALL [PID]: how many CALLs FILE shows begun (by PID, when
+# given).
+calls_begun() { grep -c "^fakecuda\[${3:-[0-9]*}\]: $2\( \|\$\)" "$1" || true; }
+# usecs T: T, an $EPOCHREALTIME, in microseconds.
+usecs() { local t=${1/[.,]/}; echo $((10#$t)); }
+# wait_driver_call FILE CALL BEFORE CMD [PID] [SECONDS]: waits (SECONDS, 30 by
+# default) while process CMD runs until FILE shows more than BEFORE CALLs
+# begun (by PID, when given); returns 1 if they did not. Sets ABSENT to the
+# last moment (usecs) the call had surely not begun.
+wait_driver_call() {
+  local file=$1 call=$2 before=$3 cmd=$4 pid=${5:-} secs=${6:-30} now
+  ABSENT=$(usecs "$EPOCHREALTIME")
+  for _ in $(seq 1 $((secs * 50))); do
+    now=$EPOCHREALTIME
+    [ "$(calls_begun "$file" "$call" "$pid")" -gt "$before" ] && return 0
+    ABSENT=$(usecs "$now")
+    kill -0 "$cmd" 2>/dev/null || break
+    sleep 0.02
+  done
+  [ "$(calls_begun "$file" "$call" "$pid")" -gt "$before" ]
+}
+
 # rolls_back_when JOB OP TRIGGER TEXT WAITCMD...: runs `cusnap OP JOB`
 # (a checkpoint into $T/ckpt-OP), creates the file TRIGGER once OP has taken
 # its first look at the job, runs WAITCMD (which waits for what the trigger
@@ -278,22 +306,16 @@ expect_refused() {
 # a loaded machine. The real driver traces nothing: half a second in.
 rolls_back_when() {
   local job=$1 op=$2 trigger=$3 text=$4 rc=0 locks=0
-  local lock='^fakecuda\[[0-9]*\]: cuCheckpointProcessLock'
   shift 4
   local args=("$job")
   [ "$op" = checkpoint ] && args+=(-o "$T/ckpt-$op")
-  [ "$REAL_DRIVER" = 1 ] || locks=$(grep -c "$lock" "${SUP_OUT:?}" || true)
+  [ "$REAL_DRIVER" = 1 ] || locks=$(calls_begun "${SUP_OUT:?}" cuCheckpointProcessLock)
   "$CUSNAP" "$op" "${args[@]}" >"$T/$op.out" 2>&1 &
   local cmd=$!
   if [ "$REAL_DRIVER" = 1 ]; then
     sleep 0.5
   else
-    for _ in $(seq 1 600); do # 30 s
-      [ "$(grep -c "$lock" "$SUP_OUT" || true)" -gt "$locks" ] && break
-      kill -0 "$cmd" 2>/dev/null || break
-      sleep 0.05
-    done
-    [ "$(grep -c "$lock" "$SUP_OUT" || true)" -gt "$locks" ] ||
+    wait_driver_call "$SUP_OUT" cuCheckpointProcessLock "$locks" "$cmd" ||
       fail "$op did not reach the driver's lock: $(cat "$T/$op.out")"
   fi
   touch "$trigger"

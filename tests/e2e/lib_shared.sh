@@ -80,13 +80,8 @@ slow_driver_checkpoint_job() {
 # checkpoint is under way. Fails if OP (the operation's pid) ends first. A
 # fixed wait after the first saved file was too short on a loaded machine.
 wait_driver_checkpoint() {
-  local calls='^fakecuda\[[0-9]*\]: cuCheckpointProcessCheckpoint'
-  for _ in $(seq 1 600); do
-    grep -q "$calls" "$1" && return 0
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.05
-  done
-  grep -q "$calls" "$1" || fail "the supervisor did not begin its driver checkpoint (in $1)"
+  wait_driver_call "$1" cuCheckpointProcessCheckpoint 0 "$2" ||
+    fail "the supervisor did not begin its driver checkpoint (in $1)"
 }
 
 # note_last OUT: LAST[prefix] and SEEN[prefix] from OUT (a stopped job's output).

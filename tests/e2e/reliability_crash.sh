@@ -20,29 +20,14 @@ SMALL=$T/small
 cleanup_mount() { mountpoint -q "$SMALL" 2>/dev/null && umount -l "$SMALL" || true; }
 trap 'st=$?; set +e; cleanup_mount; (exit $st); cleanup_checkpoint_test' EXIT
 
-# A kill meant to land inside a slowed driver call waits for that call rather
-# than for a fixed time (the operation's checks before it, criu --version and
-# /proc, may take longer on a loaded machine). With FAKECUDA_LOG=1 in a
-# supervisor's environment (launch_env keeps it from the job) the simulated
-# driver traces each call, "fakecuda[PID]: CALL", to the supervisor's output
-# as the call enters, before its FAKECUDA_DELAY.
-# entered PID FILE CALL: how many CALLs process PID has begun.
-entered() { grep -c "^fakecuda\[$1\]: $3\( \|\$\)" "$2" || true; }
-usecs() { local t=${1/[.,]/}; echo $((10#$t)); } # of $EPOCHREALTIME
+# A kill meant to land inside a slowed driver call waits for that call's
+# trace line (wait_driver_call, lib_checkpoint.sh); launch_env keeps
+# FAKECUDA_LOG=1 from the job.
 # wait_entered PID FILE CALL BEFORE CMD CMD-OUT: waits (30 s at most, while the
 # command CMD runs) until PID has begun more than BEFORE CALLs, or fails. Sets
 # ABSENT to the last moment (usecs) that call had surely not begun.
 wait_entered() {
-  local now
-  ABSENT=$(usecs "$EPOCHREALTIME")
-  for _ in $(seq 1 1500); do
-    now=$EPOCHREALTIME
-    [ "$(entered "$1" "$2" "$3")" -gt "$4" ] && return 0
-    ABSENT=$(usecs "$now")
-    kill -0 "$5" 2>/dev/null || break
-    sleep 0.02
-  done
-  [ "$(entered "$1" "$2" "$3")" -gt "$4" ] ||
+  wait_driver_call "$2" "$3" "$4" "$5" "$1" ||
     fail "process $1 did not begin $3 (command ended: $(kill -0 "$5" 2>/dev/null && echo no || echo yes)): $(cat "$6")"
 }
 
@@ -93,7 +78,7 @@ launch_env quit "$T/quit.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessL
 SUP=$LAST_SUPERVISOR
 wait_count "$T/quit.out" 3
 PID=$(wait_job quit)
-before=$(entered "$SUP" "$T/quit.out" cuCheckpointProcessLock)
+before=$(calls_begun "$T/quit.out" cuCheckpointProcessLock "$SUP")
 "$CUSNAP" checkpoint quit -o "$T/quit.ck" >"$T/quit-ck.out" 2>&1 &
 CK=$!
 # Killed once the supervisor is in the (slowed) lock.
@@ -115,7 +100,7 @@ launch_env squit "$T/squit.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProces
 SUP=$LAST_SUPERVISOR
 wait_count "$T/squit.out" 3
 PID=$(wait_job squit)
-before=$(entered "$SUP" "$T/squit.out" cuCheckpointProcessCheckpoint)
+before=$(calls_begun "$T/squit.out" cuCheckpointProcessCheckpoint "$SUP")
 "$CUSNAP" suspend squit >"$T/squit-s.out" 2>&1 &
 CK=$!
 # Killed once the supervisor is in the (slowed) driver checkpoint.
@@ -259,7 +244,7 @@ wait_count "$T/other.out" 3
 PID1=$(wait_job early2)
 PID2=$(wait_job other)
 SHARED_DIR=$T/shared.ck
-before=$(entered "$SUP1" "$T/early2.out" cuDriverGetVersion)
+before=$(calls_begun "$T/early2.out" cuDriverGetVersion "$SUP1")
 "$CUSNAP" checkpoint early2 -o "$SHARED_DIR" >"$T/early2-ck.out" 2>&1 &
 CK1=$!
 wait_entered "$SUP1" "$T/early2.out" cuDriverGetVersion "$before" "$CK1" "$T/early2-ck.out"

@@ -44,27 +44,18 @@ said "the job is left suspended" checkpoint
 pass "checkpoint: the roll back failed, the job is left suspended, its GPU state locked"
 
 # ---- resume; the supervisor dies inside its unlock.
-# unlocks PID: how many driver unlocks PID has begun (FAKECUDA_LOG traces a
-# call as it enters, before its FAKECUDA_DELAY).
-unlocks() { grep -c "^fakecuda\[$1\]: cuCheckpointProcessUnlock" "$OUT" || true; }
-before=$(unlocks "$SUP")
+# The kill lands inside the unlock: wait_driver_call (lib_checkpoint.sh)
+# waits for the unlock's trace line, which comes as the call enters, before
+# its FAKECUDA_DELAY.
+before=$(calls_begun "$OUT" cuCheckpointProcessUnlock "$SUP")
 "$CUSNAP" resume "$NAME" >"$T/resume.out" 2>&1 &
 RESUME=$!
-usecs() { local t=${1/[.,]/}; echo $((10#$t)); } # of $EPOCHREALTIME
-absent=$EPOCHREALTIME # the last moment the unlock had surely not begun
-for _ in $(seq 1 3000); do # 60 s
-  now=$EPOCHREALTIME
-  [ "$(unlocks "$SUP")" -gt "$before" ] && break
-  absent=$now
-  kill -0 "$RESUME" 2>/dev/null || break
-  sleep 0.02
-done
-[ "$(unlocks "$SUP")" -gt "$before" ] ||
+wait_driver_call "$OUT" cuCheckpointProcessUnlock "$before" "$RESUME" "$SUP" 60 ||
   fail "the resume did not reach the driver's unlock: $(cat "$T/resume.out")"
 kill -0 "$RESUME" 2>/dev/null || fail "the resume ended before the supervisor was killed: $(cat "$T/resume.out")"
 killed=$EPOCHREALTIME
 kill -KILL "$SUP"
-late_ms=$((($(usecs "$killed") - $(usecs "$absent")) / 1000))
+late_ms=$((($(usecs "$killed") - ABSENT) / 1000))
 [ "$late_ms" -lt "$UNLOCK_MS" ] ||
   fail "the supervisor was killed up to $late_ms ms into its unlock, maybe after the $UNLOCK_MS ms it takes"
 echo "   the supervisor killed at most $late_ms ms into its unlock"
@@ -81,8 +72,8 @@ grep -q "the supervisor of job $NAME died during resume; the guardian brings the
   fail "the guardian did not say it finishes the resume: $(cat "$LOG")"
 grep -q "cusnap: guardian: the job runs on, supervised by process $G" "$LOG" ||
   fail "the guardian did not bring the job back: $(cat "$LOG")"
-[ "$(unlocks "$SUP")" = $((before + 1)) ] ||
-  fail "the supervisor began $(($(unlocks "$SUP") - before)) unlocks in the resume, not 1"
+[ "$(calls_begun "$OUT" cuCheckpointProcessUnlock "$SUP")" = $((before + 1)) ] ||
+  fail "the supervisor began $(($(calls_begun "$OUT" cuCheckpointProcessUnlock "$SUP") - before)) unlocks in the resume, not 1"
 [ ! -e "$CUSNAP_RUNTIME_BASE/$NAME/left-suspended" ] || fail "the recovery left the marker behind"
 expect_running "$NAME" "$PID" "$LOG"
 op inspect "$NAME" --json

@@ -212,11 +212,7 @@ PY
     "$CUSNAP" restore "$T/fk" >"$T/fkr.out" 2>&1 &
   R=$!
   SUPERVISORS+=("$R")
-  for _ in $(seq 1 600); do
-    grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/fkr.out" && break
-    sleep 0.05
-  done
-  grep -q "^fakecuda\[[0-9]*\]: cuCheckpointProcessRestore$" "$T/fkr.out" ||
+  wait_driver_call "$T/fkr.out" cuCheckpointProcessRestore 0 "$R" ||
     fail "forker: the restore never reached the driver's restore: $(cat "$T/fkr.out")"
   restored=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["processes"]) - 2)' "$T/fk/manifest.json")
   for _ in $(seq 1 40); do [ "$(sleeps)" -gt "$restored" ] && break; sleep 0.05; done
