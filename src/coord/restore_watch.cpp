@@ -42,11 +42,16 @@ struct Text {
   }
 };
 
-/// Calls f(name, number) for each entry of the directory at path whose name
+/// Calls f(entry, number) for each entry of the directory at path whose name
 /// is a decimal number (a pid, a thread or a descriptor; "." and ".." are
-/// not): system calls only, no allocation.
+/// not), entry holding "path/name" (f may add to it): system calls only, no
+/// allocation.
 template <typename F>
 void each_numbered_entry(const char* path, F&& f) {
+  Text entry;
+  entry.put(path);
+  entry.put("/");
+  const size_t base = entry.len;
   const UniqueFd dir(::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) return;
   alignas(dirent64) char ents[4096];
@@ -60,7 +65,10 @@ void each_numbered_entry(const char* path, F&& f) {
         number = *c >= '0' && *c <= '9' && v < 100000000;
         v = v * 10 + static_cast<unsigned long long>(*c - '0');
       }
-      if (number) f(e->d_name, v);
+      if (!number) continue;
+      entry.len = base;
+      entry.put(e->d_name);
+      f(entry, v);
     }
 }
 
@@ -85,11 +93,7 @@ void repair_tcp_sockets(pid_t pid) {
   dir.put("/fd");
   const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd) return;
-  each_numbered_entry(dir.c_str(), [&](const char* name, unsigned long long target) {
-    Text path;
-    path.put(dir.buf, dir.len);
-    path.put("/");
-    path.put(name);
+  each_numbered_entry(dir.c_str(), [&](Text& path, unsigned long long target) {
     constexpr char kSocket[] = "socket:[";
     char link[64];
     const ssize_t n = ::readlink(path.c_str(), link, sizeof link);
@@ -134,11 +138,7 @@ size_t stop_descendants(pid_t pid, uint64_t since, const pid_t* restored, size_t
     dir.put("/proc/");
     dir.put(static_cast<unsigned long long>(parent));
     dir.put("/task");
-    each_numbered_entry(dir.c_str(), [&](const char* thread, unsigned long long) {
-      Text path;
-      path.put(dir.buf, dir.len);
-      path.put("/");
-      path.put(thread);
+    each_numbered_entry(dir.c_str(), [&](Text& path, unsigned long long) {
       path.put("/children");
       const UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
       // A page of entries a read at most: read to the end, a number cut
