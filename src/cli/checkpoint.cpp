@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "coord/abs_path.h"
 #include "job_target.h"
 
 namespace cusnap::cli {
@@ -31,20 +32,16 @@ std::string default_dir(const std::string& name) {
   return dir;
 }
 
-/// p from the current directory, without '.', '..' or a trailing '/' (the
-/// directory's parent is then what it names, and --json says it plainly);
-/// false with *err when the current directory cannot be found (removed).
+/// p from the current directory, without '.', '..' or a trailing '/'
+/// (absolute_path: the directory's parent is then what it names, and --json
+/// says it plainly); false with *err when the current directory cannot be
+/// found (removed).
 bool absolute(const std::string& p, std::string* out, std::string* err) {
   std::error_code ec;
-  std::string abs = std::filesystem::absolute(p, ec).lexically_normal().string();
-  if (ec) {
-    *err = "cannot tell where " + p + " is: the current directory cannot be found (" +
-           ec.message() + "; removed?): give -o an absolute path, or change directory";
-    return false;
-  }
-  while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
-  *out = abs;
-  return true;
+  if (absolute_path(p, out, &ec)) return true;
+  *err = "cannot tell where " + p + " is: the current directory cannot be found (" + ec.message() +
+         "; removed?): give -o an absolute path, or change directory";
+  return false;
 }
 
 }  // namespace
@@ -75,6 +72,12 @@ int cmd_checkpoint(int argc, char** argv) {
   std::string err;
   if (!absolute(dir.empty() ? default_dir(entry.status.name) : dir, &req.dir, &err))
     return fail_json(json, kExitUsage, err);
+  // The supervisor takes no longer path (PATH_MAX); said here, of -o.
+  if (req.dir.size() > 4096)
+    return fail_json(json, kExitUsage,
+                     "the checkpoint directory's absolute path is " +
+                         std::to_string(req.dir.size()) +
+                         " bytes long, more than the 4096 a path may be: give -o a shorter one");
   req.leave_running = leave_running;
   req.timeout_ms = seconds(timeout_s).count();
   // The CRIU, hashing and sharing settings of this command's environment

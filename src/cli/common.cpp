@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "coord/abs_path.h"
 #include "coord/runtime_dir.h"
 #include "coord/supervisor.h"
 #include "proto/env_settings.h"
@@ -190,6 +191,11 @@ void add_control_timeout_option(CLI::App& app, double* seconds) {
                  "Seconds allowed for each exchange on the control socket (default: "
                  "$CUSNAP_CONTROL_TIMEOUT or 10)")
       ->check(control_seconds())
+      // Past the check: the supervisor's own bounds (the driver's lock and
+      // unlock, its talks with the shims, the guardian) and the job's
+      // shims read CUSNAP_CONTROL_TIMEOUT; the option stands for it there
+      // too, not for the control socket alone.
+      ->each([](const std::string& v) { ::setenv("CUSNAP_CONTROL_TIMEOUT", v.c_str(), 1); })
       ->type_name("SECONDS");
 }
 
@@ -211,10 +217,9 @@ void add_runtime_dir_option(CLI::App& app, std::string* dir) {
           [](std::string& text) -> std::string {
             if (text.empty() || text[0] == '/') return "";
             std::error_code ec;
-            std::filesystem::path p = std::filesystem::absolute(text, ec).lexically_normal();
-            if (ec) return "cannot make '" + text + "' absolute: " + ec.message();
-            std::string abs = p.string();
-            while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
+            std::string abs;
+            if (!absolute_path(text, &abs, &ec))
+              return "cannot make '" + text + "' absolute: " + ec.message();
             text = abs;
             return "";
           },

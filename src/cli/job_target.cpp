@@ -8,8 +8,6 @@
 
 #include "proto/json_text.h"
 
-#include <cstdio>
-
 namespace cusnap::cli {
 
 void add_job_argument(CLI::App& app, std::string* job) {
@@ -22,13 +20,11 @@ void add_job_argument(CLI::App& app, std::string* job) {
 int resolve_job(const std::string& spec, bool json, JobEntry* out,
                 const std::string& not_found_also) {
   std::string err;
-  bool unusable_base = false;
-  if (find_job(spec, out, &err, &unusable_base)) return -1;
-  if (unusable_base)  // what to do, as cusnap ps says it
-    return fail_json(json, kExitFailure,
-                     err +
-                         ": move it away, or set CUSNAP_RUNTIME_BASE to the runtime base the "
-                         "job was launched with");
+  JobMiss miss = JobMiss::kNone;
+  if (find_job(spec, out, &err, &miss)) return -1;
+  if (miss == JobMiss::kAmbiguous) return fail_json(json, kExitUsage, err);
+  if (miss == JobMiss::kUnusableBase)  // what to do, as cusnap ps says it
+    return fail_json(json, kExitFailure, err + "; " + runtime_base_lookup_remedy());
   // A number is looked up as a name and as both pids of ps.
   if (spec.find('/') == std::string::npos &&
       spec.find_first_not_of("0123456789") == std::string::npos)

@@ -129,6 +129,15 @@ int main(int argc, char** argv) {
   }
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     if (cmd == "help" && argc > 2) {
+      const std::string topic = argv[2];
+      if (topic == "help" || topic == "-h" || topic == "--help") {
+        usage(stdout);
+        return cusnap::kExitOk;
+      }
+      if (topic == "version" || topic == "--version") {
+        std::printf("Usage: cusnap version (or cusnap --version)\n\nPrints cusnap's version.\n");
+        return cusnap::kExitOk;
+      }
       for (const Command& c : kCommands)
         if (argv[2] == std::string(c.name)) {
           char help[] = "--help";

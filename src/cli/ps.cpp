@@ -30,9 +30,7 @@ int cmd_ps(int argc, char** argv) {
   std::vector<JobEntry> entries = list_jobs(true, &base_err);
   if (!base_err.empty())
     return fail_json(json, kExitFailure,
-                     base_err +
-                         ": cusnap cannot list its jobs; move it away or set "
-                         "CUSNAP_RUNTIME_BASE to another directory");
+                     base_err + ": cusnap cannot list its jobs; " + runtime_base_lookup_remedy());
   for (JobEntry& e : entries) {
     // The supervisor's own word is fresher than job.json; fall back to the file.
     proto::JobStatus live;

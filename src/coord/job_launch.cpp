@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "coord/abs_path.h"
 #include "coord/manifest.h"  // job_record_fits
 #include "coord/runtime_dir.h"
 #include "coord/seccomp_filter.h"
@@ -81,8 +82,7 @@ bool find_shim(std::string* path, std::string* err) {
     }
     // The job's processes may change directory before they start others.
     std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::absolute(s, ec);
-    *path = ec ? std::string(s) : abs.lexically_normal().string();
+    if (!absolute_path(s, path, &ec)) *path = s;
     return true;
   }
   char exe[PATH_MAX];

@@ -1,4 +1,5 @@
 #include "coord/runtime_dir.h"
+#include "coord/abs_path.h"
 #include "coord/file_read.h"
 #include "coord/write_probe.h"
 #include "proto/json_text.h"
@@ -208,13 +209,25 @@ std::string runtime_base() {
   // A relative base is taken from the current directory: every path made
   // from it is recorded (job.json) and given to the job (CUSNAP_RUNTIME_DIR),
   // which may change directory.
-  if (base[0] != '/') {
+  if (std::string abs; base[0] != '/') {
     std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::absolute(base, ec);
-    if (!ec) base = abs.lexically_normal().string();
+    if (absolute_path(base, &abs, &ec)) base = abs;
   }
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   return base;
+}
+
+std::string runtime_base_lookup_remedy() {
+  const std::string base = runtime_base();
+  const char* chosen = std::getenv("CUSNAP_RUNTIME_BASE");
+  struct stat st;
+  const bool open_dir = ::lstat(base.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                        st.st_uid == ::geteuid() && (st.st_mode & 07777) != 0700;
+  const std::string first = open_dir ? "make it private (chmod 700) if it is cusnap's, or "
+                            : chosen && *chosen
+                                ? ""
+                                : "move it away (it is cusnap's default runtime base), or ";
+  return first + "set CUSNAP_RUNTIME_BASE to the runtime base the jobs were launched with";
 }
 
 bool ensure_private_dir(const std::string& path, bool create, std::string* err) {
@@ -578,8 +591,8 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
   return jobs;
 }
 
-bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* unusable_base) {
-  if (unusable_base) *unusable_base = false;
+bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss* miss) {
+  if (miss) *miss = JobMiss::kNone;
   if (spec.find('/') != std::string::npos) {
     std::string text;
     // A directory without a lock is no runtime directory, whatever its mode
@@ -629,11 +642,12 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, bool* un
     *err = "pid " + spec + " belongs to more than one job (";
     for (size_t i = 0; i < by_pid.size(); ++i) *err += (i ? ", " : "") + by_pid[i]->status.name;
     *err += "): give the job's name instead";
+    if (miss) *miss = JobMiss::kAmbiguous;
     return false;
   }
   *err = why.empty() ? "no job named '" + spec + "' is running (see cusnap ps)"
                      : "cannot look for job '" + spec + "': " + why;
-  if (unusable_base) *unusable_base = !why.empty();
+  if (miss && !why.empty()) *miss = JobMiss::kUnusableBase;
   return false;
 }
 

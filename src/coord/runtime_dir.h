@@ -31,6 +31,10 @@ std::string default_job_name(const std::vector<std::string>& argv);
 
 /// The directory that holds every job's runtime directory.
 std::string runtime_base();
+/// What to do about a runtime base that list_jobs refused, for a command
+/// that looks for jobs: make it private again where only its mode is wrong,
+/// move the default base away, or name the base the jobs were launched with.
+std::string runtime_base_lookup_remedy();
 
 /// Makes sure path is a directory owned by the effective user, not a symlink,
 /// mode 0700 (creating it, and its missing parents, when create is set;
@@ -98,10 +102,15 @@ bool holds_lock_file(const std::string& dir);
 /// refused (a link, not a directory, another owner, unreadable); empty when it is fine or does not
 /// exist yet (no jobs).
 std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr);
+/// Why find_job found no job.
+enum class JobMiss {
+  kNone,          ///< no job is known by that name, pid or path
+  kUnusableBase,  ///< the runtime base could not be searched at all
+  kAmbiguous,     ///< the pid is more than one job's (a name is needed)
+};
 /// Finds a live job by name, supervisor or root pid, or runtime directory path.
-/// false + *err ("no job named X") when there is none; *unusable_base (when
-/// given) is set when the runtime base could not be searched at all.
-bool find_job(const std::string& spec, JobEntry* out, std::string* err,
-              bool* unusable_base = nullptr);
+/// false + *err ("no job named X") when there is none, and *miss (when given)
+/// says why.
+bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss* miss = nullptr);
 
 }  // namespace cusnap

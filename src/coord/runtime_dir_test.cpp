@@ -114,9 +114,9 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(e.status.name == "job1");
   CHECK(!find_job("43", &e, &err));
   REQUIRE(find_job(rd->path(), &e, &err));
-  bool unusable = true;
-  CHECK(!find_job("nope", &e, &err, &unusable));
-  CHECK_FALSE(unusable);
+  JobMiss miss = JobMiss::kAmbiguous;
+  CHECK(!find_job("nope", &e, &err, &miss));
+  CHECK(miss == JobMiss::kNone);
   CHECK(err.find("no job named 'nope'") != std::string::npos);
   CHECK(list_jobs(true).size() == 1);
 
@@ -146,8 +146,10 @@ TEST_CASE("runtime dir: a job's name is matched before another job's pid") {
   REQUIRE(find_job("77", &e, &err));
   CHECK(e.status.name == "2");
   // A pid of two jobs (both supervised here) names neither.
-  CHECK(!find_job(std::to_string(getpid()), &e, &err));
+  JobMiss miss = JobMiss::kNone;
+  CHECK(!find_job(std::to_string(getpid()), &e, &err, &miss));
   CHECK(err.find("more than one job (1, 2)") != std::string::npos);
+  CHECK(miss == JobMiss::kAmbiguous);
   one->remove();
   two->remove();
 }
@@ -268,10 +270,10 @@ TEST_CASE("runtime dir: a refused base is an error for the job list, a missing o
   CHECK(list_jobs(true, &err).empty());
   CHECK(err.find("symbolic link") != std::string::npos);
   JobEntry e;
-  bool unusable = false;
-  CHECK(!find_job("x", &e, &err, &unusable));  // the reason, not "no job named"
+  JobMiss miss = JobMiss::kNone;
+  CHECK(!find_job("x", &e, &err, &miss));  // the reason, not "no job named"
   CHECK(err.find("cannot look for job 'x': refusing runtime directory") != std::string::npos);
-  CHECK(unusable);
+  CHECK(miss == JobMiss::kUnusableBase);
   REQUIRE(unlink(base.c_str()) == 0);
   REQUIRE(close(creat(base.c_str(), 0600)) == 0);
   CHECK(list_jobs(false, &err).empty());

@@ -36,6 +36,25 @@ TEST_CASE("decimal: a plain decimal is digits, then a point and digits if any") 
   CHECK_FALSE(proto::plain_decimal(nullptr));
 }
 
+TEST_CASE("decimal: seconds in milliseconds, to the nearest, without the locale's strtod") {
+  const auto ms = [](const char* text) {
+    int64_t v = -1;
+    return proto::decimal_seconds_ms(text, 86400 * 365, &v) ? v : -1;
+  };
+  CHECK(ms("2.5") == 2500);
+  CHECK(ms("10") == 10000);
+  CHECK(ms("0.001") == 1);
+  CHECK(ms("0.0004") == 1);  // above 0: never 0 ms
+  CHECK(ms("0.0015") == 2);  // half up
+  CHECK(ms("1.23449") == 1234);
+  CHECK(ms("0.9999") == 1000);
+  CHECK(ms("31536000") == int64_t(31536000) * 1000);  // a year, the most
+  CHECK(ms("31536000.000") == int64_t(31536000) * 1000);
+  for (const char* bad : {"0", "0.000", "31536000.0001", "31536001", "99999999999999999999999",
+                          "2,5", "1e3", "", "-1"})
+    CHECK_MESSAGE(ms(bad) == -1, bad);
+}
+
 TEST_CASE("proc_stat: this process's start time is field 22 of its stat file") {
   std::ifstream in("/proc/self/stat");
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

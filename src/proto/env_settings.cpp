@@ -171,12 +171,7 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
 }
 
 bool parse_timeout_seconds(const char* text, int64_t* out_ms) noexcept {
-  if (!plain_decimal(text)) return false;
-  const double s = std::strtod(text, nullptr);
-  if (!(s > 0) || s > 86400.0 * 365) return false;
-  const int64_t ms = static_cast<int64_t>(s * 1000.0 + 0.5);
-  *out_ms = ms < 1 ? 1 : ms;
-  return true;
+  return decimal_seconds_ms(text, 86400 * 365, out_ms);
 }
 
 bool control_timeout_checked(int64_t* out_ms, std::string* err) {

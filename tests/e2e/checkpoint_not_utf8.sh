@@ -46,8 +46,14 @@ expect_refused 2 "is not valid UTF-8" "$CUSNAP" checkpoint bytes -o "$T/ckpt-$BA
 [ ! -e "$T/ckpt-$BAD" ] || fail "the refused checkpoint made its directory"
 expect_refused 1 "is not valid UTF-8" "$CUSNAP" launch --name rt --runtime-dir "$T/run-$BAD" -- true
 [ ! -e "$T/run-$BAD" ] || fail "the refused launch made its runtime directory"
+# A path longer than any the supervisor takes is refused by the command,
+# naming -o (not as a request from another program).
+long=$T$(for _ in $(seq 17); do printf '/%0250d' 0; done)
+expect_refused 2 "bytes long, more than the 4096 a path may be: give -o a shorter one" \
+  "$CUSNAP" checkpoint bytes -o "$long"
+[ ! -e "$T/$(printf '%0250d' 0)" ] || fail "the refused checkpoint made a directory"
 expect_running bytes "$PID" "$T/bytes.out"
-pass "a checkpoint or runtime directory that is not UTF-8 is refused, the job runs on"
+pass "a checkpoint or runtime directory that is not UTF-8, or a checkpoint directory too long, is refused, the job runs on"
 
 "$CUSNAP" checkpoint bytes -o "$T/ckpt" >"$T/ckpt.out" 2>&1 || fail "checkpoint failed: $(cat "$T/ckpt.out")"
 wait_exit "$SUP"

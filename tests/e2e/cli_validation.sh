@@ -127,12 +127,27 @@ for c in suspend resume inspect checkpoint; do
   CUSNAP_RUNTIME_BASE=$T/openbase "$CUSNAP" $c foo >/dev/null 2>"$T/base.err" || rc=$?
   [ "$rc" = 1 ] || fail "$c with an unusable runtime base exited $rc, expected 1: $(cat "$T/base.err")"
   grep -q "cannot look for job 'foo'.*mode is 0755" "$T/base.err" || fail "$c: $(cat "$T/base.err")"
+  grep -q "make it private (chmod 700) if it is cusnap's, or set CUSNAP_RUNTIME_BASE to the runtime base" \
+    "$T/base.err" || fail "$c: no remedy for a base open to others: $(cat "$T/base.err")"
 done
+# A base that is no directory: no chmod to suggest, and CUSNAP_RUNTIME_BASE
+# (the user's choice) is not to be moved away.
+touch "$T/filebase"
+rc=0
+CUSNAP_RUNTIME_BASE=$T/filebase "$CUSNAP" ps >/dev/null 2>"$T/base.err" || rc=$?
+[ "$rc" = 1 ] || fail "ps with a file for a runtime base exited $rc: $(cat "$T/base.err")"
+grep -q "is not a directory: cusnap cannot list its jobs; set CUSNAP_RUNTIME_BASE to the runtime base" \
+  "$T/base.err" || fail "ps with a file for a runtime base: $(cat "$T/base.err")"
 pass "an unusable runtime base: exit 1 with the reason, for suspend, resume, inspect and checkpoint"
 
 # cusnap help COMMAND.
 expect_usage "help of an unknown command" "'nosuch'" -- "$CUSNAP" help nosuch
 "$CUSNAP" help ps >/dev/null || fail "cusnap help ps failed"
+for a in help --help -h; do
+  "$CUSNAP" help $a >"$T/help.out" 2>&1 || fail "cusnap help $a failed: $(cat "$T/help.out")"
+  grep -q '^usage: cusnap COMMAND' "$T/help.out" || fail "cusnap help $a: $(head -3 "$T/help.out")"
+done
+"$CUSNAP" help version >"$T/help.out" 2>&1 || fail "cusnap help version failed: $(cat "$T/help.out")"
 "$CUSNAP" launch --help >"$T/help.out" || fail "launch --help failed"
 grep -q '^Usage: cusnap launch \[OPTIONS\] -- CMD \[ARGS...\]' "$T/help.out" ||
   fail "launch's usage line lacks '-- CMD': $(head -3 "$T/help.out")"

@@ -130,3 +130,31 @@ grep -q out "$CUSNAP_RUNTIME_BASE/closed/output.log" || fail "closed fds: no std
 [ ! -s "$CUSNAP_RUNTIME_BASE/closed/lock" ] || fail "closed fds: the lock file holds $(cat "$CUSNAP_RUNTIME_BASE/closed/lock")"
 kill "$CLOSED"; wait "$CLOSED" 2>/dev/null || true
 pass "launched with fds 0-2 closed, the job's output goes to output.log"
+
+# A job whose command is itself cusnap launch: the outer job's process is
+# the inner job's supervisor, so that pid belongs to both. It is refused as
+# ambiguous (exit 2, naming both jobs), not taken for "no such job".
+launch_bg outer "$CUSNAP" launch --name inner -- sleep 60
+OUTER=$LAUNCH_PID
+wait_for 10 test -s "$CUSNAP_RUNTIME_BASE/inner/job.json" || fail "the inner job did not start: $(cat "$SCRATCH/outer.err")"
+shared=$("$CUSNAP" ps --json | python3 -c 'import json,sys; print([j["pid"] for j in json.load(sys.stdin) if j["name"] == "outer"][0])')
+for c in suspend inspect; do
+  rc=0
+  "$CUSNAP" $c "$shared" >"$SCRATCH/twice.out" 2>&1 || rc=$?
+  [ "$rc" = 2 ] || fail "$c of a pid of two jobs exited $rc, expected 2: $(cat "$SCRATCH/twice.out")"
+  grep -q "pid $shared belongs to more than one job (inner, outer): give the job's name instead" \
+    "$SCRATCH/twice.out" || fail "$c of a pid of two jobs: $(cat "$SCRATCH/twice.out")"
+done
+[ "$("$CUSNAP" inspect inner --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["name"])')" = inner ] ||
+  fail "inspect inner did not find the inner job"
+kill "$OUTER"; wait "$OUTER" 2>/dev/null || true
+pass "a pid of two jobs (a nested launch) is refused as ambiguous, naming both"
+
+# --control-timeout stands for CUSNAP_CONTROL_TIMEOUT in the supervisor and
+# the job (whose shims read it), not for the control socket alone.
+got=$(CUSNAP_CONTROL_TIMEOUT=7 "$CUSNAP" launch --name ct --control-timeout 2.5 -- \
+  sh -c 'echo "timeout [$CUSNAP_CONTROL_TIMEOUT]"' 2>&1)
+grep -qxF "timeout [2.5]" <<<"$got" || fail "launch --control-timeout 2.5: the job saw $got"
+got=$(CUSNAP_CONTROL_TIMEOUT=7 "$CUSNAP" launch --name ct -- sh -c 'echo "timeout [$CUSNAP_CONTROL_TIMEOUT]"' 2>&1)
+grep -qxF "timeout [7]" <<<"$got" || fail "launch without --control-timeout: the job saw $got"
+pass "launch --control-timeout is the job's and the supervisor's CUSNAP_CONTROL_TIMEOUT"
