@@ -86,7 +86,9 @@ struct GateRequest {
 };
 
 /// drain: timeout_ms bounds the wait for the process's device work (0 or
-/// absent, as an older client sends: until it has finished). Past it the
+/// absent, as an older client sends: the gate's hold, CUSNAP_CUT_HOLD_MS;
+/// never without end, since the listener that waits is the one that opens
+/// the gate). Past it the
 /// shim answers done with code ETIMEDOUT and goes on serving, the drain left
 /// to finish on its own thread (a kernel may wait on a thread the gate
 /// holds, and end only once the gate opens).

@@ -12,7 +12,9 @@
 // coordinator's gate-open lets the held thread on, the kernel ends, and the
 // drain's thread with it: given up, it synchronizes nothing more (the
 // application runs again, and a synchronize would invalidate a capture it
-// begins).
+// begins). A request that names no time (an older client's) is waited for
+// as long as the gate's hold (track_server.cpp, serve_control), never
+// without end.
 
 #include <atomic>
 #include <chrono>
@@ -81,13 +83,11 @@ proto::Done drain_within(State& s, uint64_t timeout_ms) noexcept {
     const uint64_t ms = timeout_ms < cap ? timeout_ms : cap;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
     std::unique_lock lk(ds.mu);
-    auto wait = [&](auto until) {
-      if (ms == 0) {
-        ds.cv.wait(lk, until);
-        return true;
-      }
-      return ds.cv.wait_until(lk, deadline, until);
-    };
+    // Never unbounded: this is the control listener's thread, the only one
+    // that serves a gate-open and opens a gate left unattended, and a drain
+    // may never finish while the gate is closed (above). The caller chooses
+    // the bound of a request that names none.
+    auto wait = [&](auto until) { return ds.cv.wait_until(lk, deadline, until); };
     const std::string within = " within " + std::to_string(ms) + " ms";
     if (!wait([&] { return !ds.running; }))
       return fail("the device work that an earlier drain waits for did not finish" + within,

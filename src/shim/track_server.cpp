@@ -117,9 +117,12 @@ constexpr size_t kHeldFds = 2 * kMaxConnections + kMaxConnections * proto::kMaxP
 /// descriptor (an accept, a socket, the receipt of a request or a fetch's
 /// reply whose bytes have all arrived, a dup, an open that cannot wait) and
 /// its entry, and around the direct path's mmap with its MADV_DONTFORK, and around an entry's
-/// removal and the close, never across a wait nor a driver call, and by the
+/// removal and the close (a regular file's close, which may write back its
+/// pages, holds no lock and comes before its entry's removal:
+/// ListedFd::reset), never across a wait nor a driver call, and by the
 /// fork's prepare handler: at a fork every descriptor a listener or an import
-/// holds is in the table, and none in it was closed by the shim. Lock order:
+/// holds is in the table, and none in it was closed by the shim but such a
+/// file whose close is under way. Lock order:
 /// State::cache_mu, then g_conn_mu (an importer and the bulk copies take
 /// g_conn_mu alone). One a
 /// channel closed itself (a request the stream cannot recover from) stays in
@@ -196,6 +199,30 @@ ListedFd list_held(const HeldFd& h) noexcept {
 
 void ListedFd::reset() {
   if (!fd_ && slot_ < 0) return;
+  // A regular file's close may write its dirty pages back (NFS, FUSE: a part
+  // file the direct path wrote through its mapping), for as long as that
+  // takes; under g_conn_mu it would hold up every fork of the application
+  // (the prepare handler takes it), every import and both listeners. So it
+  // is closed holding no lock, its entry removed only after the close: a
+  // fork before the close copies it and the child closes its copy (the
+  // entry is there); after it, the child has no copy, and a number reused
+  // meanwhile names another file, which the child's identity check leaves
+  // alone (only the shim itself could have opened the same file there, and
+  // then its own entry asks the child to close it too). Taking the entry
+  // out first instead would let a fork in between copy the file into a
+  // child that never closes it. Other descriptors (sockets, the driver's
+  // device files, whose numbers the driver reopens with the same identity)
+  // are closed under the lock, as before.
+  struct stat st {};
+  if (fd_ && ::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == id_.dev &&
+      st.st_ino == id_.ino) {
+    fd_.reset();
+    if (slot_ < 0) return;  // held outside the table (it had no room)
+    std::lock_guard<std::mutex> l(g_conn_mu);
+    g_conn_fds[slot_] = HeldFd{};
+    slot_ = -1;
+    return;
+  }
   std::lock_guard<std::mutex> l(g_conn_mu);
   reset_locked();
 }
@@ -327,17 +354,20 @@ bool connect_listed(const std::string& path, Conn* c, std::string* err) {
       *err = "connecting to " + path + ": " + std::strerror(errno);
       return false;
     }
-    // The backlog is full: wait for room, then try again.
+    // The backlog is full: wait a little, then try again. Not a poll: an
+    // AF_UNIX socket that is not connected reports POLLOUT|POLLHUP at once,
+    // so the loop would spin on a core of the application's, inside its
+    // import call, until the deadline (as proto::connect_unix, a sleep).
     const auto now = Clock::now();
     if (now >= deadline) {
       *err = "connecting to " + path + ": timed out";
       return false;
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-    struct pollfd p {
-      c->ch.fd(), POLLOUT, 0
+    struct timespec ts {
+      0, std::clamp<int64_t>(left, 1, 10) * 1000 * 1000
     };
-    (void)::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 10)));
+    ::nanosleep(&ts, nullptr);  // interrupted: the next attempt comes sooner
   }
 }
 
@@ -529,7 +559,10 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     // Only once the gate holds the application's threads: meanwhile they
     // begin stream captures and destroy contexts under the drain. On a
     // thread of its own, bounded: this listener must stay free to open the
-    // gate (drain_thread.cpp).
+    // gate (drain_thread.cpp). A request that names no time (0: an older
+    // client's, "until it has finished") is bounded by the gate's hold: no
+    // longer than the shim lets a gate stay closed with nobody to open it,
+    // which is what the listener stuck in the drain would make it.
     proto::DrainRequest req;
     proto::Done d;
     if (!msg.get(&req, &err))
@@ -537,7 +570,7 @@ bool serve_control(State& s, Conn& c, GateHold& hold) {
     else if (!gate_closed())
       d.error = "the gate is open: close it first";
     else
-      d = drain_within(s, req.timeout_ms);
+      d = drain_within(s, req.timeout_ms != 0 ? req.timeout_ms : hold.hold_ms());
     sent = reply(c, proto::kMsgDone, d);
   } else if (msg.type == proto::kMsgShimSave || msg.type == proto::kMsgShimLoad) {
     // One descriptor per message: parts 0..parts-2 are held, the last runs it.
@@ -714,16 +747,26 @@ Queued queued(int fd) {
   return static_cast<uint64_t>(avail) >= 4 + n ? Queued::kWhole : Queued::kPart;
 }
 
+/// Out-of-band data (an AF_UNIX stream takes one byte with MSG_OOB): poll
+/// then reports POLLIN for good while a peek skips the byte and finds
+/// nothing, so a loop that waits for input would spin. No client of the
+/// shim, and no shim, sends any: a connection that has some is dropped.
+constexpr short kOutOfBand = POLLPRI;
+
 /// Waits, holding no lock, until a whole message (or the end of the stream,
 /// or an error: recv reports which) is queued on fd, until deadline; false
-/// when none came by then. Polls while nothing is queued, looks again every
-/// 5 ms while part of one is (poll would report it at once).
-bool await_whole(int fd, Clock::time_point deadline) {
+/// and *err when none came by then, or out-of-band data came. Polls while
+/// nothing is queued, looks again every 5 ms while part of one is (poll
+/// would report it at once).
+bool await_whole(int fd, Clock::time_point deadline, std::string* err) {
   for (;;) {
     const Queued q = queued(fd);
     if (q == Queued::kWhole) return true;
     const auto now = Clock::now();
-    if (now >= deadline) return false;
+    if (now >= deadline) {
+      *err = "timed out waiting for a message";
+      return false;
+    }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
     const int ms = static_cast<int>(std::clamp<int64_t>(left, 1, q == Queued::kPart ? 5 : 1 << 30));
     if (q == Queued::kPart) {
@@ -733,9 +776,12 @@ bool await_whole(int fd, Clock::time_point deadline) {
       ::nanosleep(&ts, nullptr);
     } else {
       struct pollfd p {
-        fd, POLLIN | POLLRDHUP, 0
+        fd, POLLIN | POLLRDHUP | kOutOfBand, 0
       };
-      (void)::poll(&p, 1, ms);
+      if (::poll(&p, 1, ms) > 0 && (p.revents & kOutOfBand)) {
+        *err = "out-of-band data on the connection";
+        return false;
+      }
     }
   }
 }
@@ -777,7 +823,8 @@ void serve(ListenerArg arg) {
     for (auto& c : conns) {
       const bool p = queued(c->ch.fd()) == Queued::kPart;
       part = part || p;
-      pfds.push_back(pollfd{c->ch.fd(), static_cast<short>(p ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
+      const short ev = p ? POLLRDHUP | kOutOfBand : POLLIN | POLLRDHUP | kOutOfBand;
+      pfds.push_back(pollfd{c->ch.fd(), ev, 0});
       wake = std::min(wake, c->deadline);
     }
     if (!arg.peer && hold.pending() && conns.empty()) wake = std::min(wake, hold.expiry());
@@ -806,9 +853,12 @@ void serve(ListenerArg arg) {
     // theirs until their deadline.
     for (size_t i = 0; i < conns.size();) {
       Conn& c = *conns[i];
+      const short ev = i + 1 < pfds.size() && pfds[i + 1].fd == c.ch.fd() ? pfds[i + 1].revents : 0;
       bool keep = true;
       if (!c.ours()) {
         keep = false;  // the application's number since the poll: let go
+      } else if (ev & kOutOfBand) {
+        keep = false;  // dropped unanswered: poll would report it again at once, for good
       } else if (queued(c.ch.fd()) == Queued::kWhole) {
         c.last = now;
         try {
@@ -823,8 +873,6 @@ void serve(ListenerArg arg) {
         now = Clock::now();
         c.deadline = now + timeout();
       } else {
-        const short ev =
-            i + 1 < pfds.size() && pfds[i + 1].fd == c.ch.fd() ? pfds[i + 1].revents : 0;
         keep = now < c.deadline && !(ev & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP));
       }
       if (keep) {
@@ -929,14 +977,25 @@ bool start_servers(State& s) noexcept {
     s.peer_listen = peer.release();
     s.ctl_listen = ctl.release();
     g_running.store(0, std::memory_order_relaxed);
-    if (!spawn(s, s.peer_listen, true) || !spawn(s, s.ctl_listen, false)) return false;
-    for (int i = 0; i < 2000 && g_running.load(std::memory_order_acquire) < 2; ++i) {
+    const int spawned = !spawn(s, s.peer_listen, true) ? 0 : !spawn(s, s.ctl_listen, false) ? 1 : 2;
+    for (int i = 0; i < 2000 && g_running.load(std::memory_order_acquire) < spawned; ++i) {
       struct timespec ts {
         0, 500000
       };
       ::nanosleep(&ts, nullptr);
     }
-    return true;
+    if (spawned == 2) return true;
+    // No thread for a listener (pthread_create failed): no socket may stay
+    // bound with nothing to accept on it, where a coordinator would wait out
+    // its timeout; gone, it finds no shim here and says so. A peer listener
+    // already running wakes at the shutdown, finds its socket no longer its
+    // own and ends.
+    if (listener_is_ours(s.peer_listen, s.peer_path)) ::shutdown(s.peer_listen, SHUT_RDWR);
+    ::unlink(s.peer_path.c_str());
+    ::unlink(s.ctl_path.c_str());
+    close_listener(&s.peer_listen, s.peer_path);
+    close_listener(&s.ctl_listen, s.ctl_path);
+    return false;
   } catch (...) {
     return false;
   }
@@ -970,10 +1029,7 @@ bool fetch_descriptor(const proto::Ticket& t, std::string* err, uint64_t* genera
     // is queued, under g_conn_mu with its descriptor's entry (bounded as a
     // listener's receipt is): a fork in another application thread then
     // never waits on the creator, and a child it makes closes the copy.
-    if (!await_whole(ch.fd(), Clock::now() + timeout())) {
-      *err = "timed out waiting for a message";
-      return false;
-    }
+    if (!await_whole(ch.fd(), Clock::now() + timeout(), err)) return false;
     proto::Message msg;
     bool got;
     {

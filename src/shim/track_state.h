@@ -177,8 +177,9 @@ proto::ShimRecords snapshot(State& s);
 /// drain: go_on (when given) is asked before each synchronize; false ends
 /// the drain, ECANCELED.
 proto::Done drain(State& s, const std::function<bool()>& go_on = nullptr) noexcept;
-/// drain on a thread of its own, waited for timeout_ms at most (0: until it
-/// ends); past it ETIMEDOUT, the drain given up: it ends after the
+/// drain on a thread of its own, waited for timeout_ms at most (never
+/// longer: 0 waits not at all; the caller picks a bound for a request that
+/// names none); past it ETIMEDOUT, the drain given up: it ends after the
 /// synchronize it is in (drain_thread.cpp). A drain
 /// still running from an earlier request is waited for first, then a fresh
 /// one runs: what the old one finds is not about now.

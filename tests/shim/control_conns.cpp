@@ -19,6 +19,12 @@
 //     1 s when another waits; before: each silent client held the listener
 //     for the 20 s in turn); then 16 clients at once each making 5
 //     exchanges: all answered
+//   - a client that sends one byte of out-of-band data (MSG_OOB) to the
+//     control socket, and one to the peer socket: the shim drops its
+//     connection at once, spends no CPU time on it, and answers the
+//     coordinator (before: poll reported input for good while a peek found
+//     none, and the listener spun on a core of the workload's until the
+//     connection's 20 s ran out)
 //   - a gate closed by a client that then goes away opens again by itself
 //     after the hold ($CUSNAP_CUT_HOLD_MS, 1.5 s here): not at the
 //     disconnect, not while a control connection is open, and never after a
@@ -35,6 +41,7 @@
 //     come, it stays closed. Ends both workloads' control listeners: last.
 #include <dirent.h>
 #include <dlfcn.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -42,6 +49,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -183,7 +191,7 @@ int workload(int sock) {
 }
 
 Child g_creator, g_importer;
-std::string g_only;  // argv[1]: stuck, peer, many, gate or ended runs that part alone
+std::string g_only;  // argv[1]: stuck, peer, many, oob, gate or ended runs that part alone
 
 /// A raw connection to a socket path (a client that may send anything).
 UniqueFd raw_connect(const std::string& path) {
@@ -276,6 +284,39 @@ int silent_peer_client() {
   fprintf(stderr, "import beside a silent client of the creator's peer socket: %llu ms\n",
           (unsigned long long)took);
   REQ(took < 2000);
+  return 0;
+}
+
+/// A client sends one byte of out-of-band data on a connection to either of
+/// the creator's sockets: the connection is dropped at once, and the
+/// listener neither spins nor stops serving.
+int out_of_band_clients() {
+  for (const bool peer : {false, true}) {
+    const char* which = peer ? "peer" : "control";
+    UniqueFd c = raw_connect(peer ? proto::shim_peer_socket(g_dir, g_creator.pid)
+                                  : proto::shim_control_socket(g_dir, g_creator.pid));
+    REQ(c);
+    usleep(100000);  // the shim has taken it
+    const double cpu0 = cmds::cpu_seconds(g_creator.pid);
+    const auto t0 = Clock::now();
+    REQ(::send(c.get(), "!", 1, MSG_OOB | MSG_NOSIGNAL) == 1);
+    pollfd p{c.get(), POLLIN, 0};
+    char b = 0;
+    // Closed with the byte unread: the end of the stream, or ECONNRESET.
+    const bool polled = ::poll(&p, 1, 3000) == 1;
+    const ssize_t got = ::recv(c.get(), &b, 1, MSG_DONTWAIT);
+    const bool ended = polled && (got == 0 || (got < 0 && errno == ECONNRESET));
+    const long took = ms_since(t0);
+    if (took < 1000) usleep(static_cast<useconds_t>(1000 - took) * 1000);
+    const double spent = cmds::cpu_seconds(g_creator.pid) - cpu0;
+    fprintf(stderr,
+            "an out-of-band byte on the %s socket: connection %s after %ld ms; the workload's "
+            "CPU time over 1 s: %.2f s\n",
+            which, ended ? "dropped" : "still open", took, spent);
+    REQ(ended && took < 1000);
+    REQ(cpu0 >= 0 && spent < 0.25);
+    REQ(answered_within(g_creator.pid, 1000, "the coordinator after an out-of-band byte"));
+  }
   return 0;
 }
 
@@ -468,6 +509,7 @@ int run() {
   REQ(!part("stuck") || stuck_clients() == 0);
   REQ(!part("peer") || silent_peer_client() == 0);
   REQ(!part("many") || many_clients() == 0);
+  REQ(!part("oob") || out_of_band_clients() == 0);
   REQ(!part("gate") || gate_hold() == 0);
   REQ(!part("ended") || listener_ended() == 0);  // last: the listeners are gone after it
   REQ(cmds::finish(g_creator) && cmds::finish(g_importer));

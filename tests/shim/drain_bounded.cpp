@@ -13,6 +13,11 @@
 //     good, so no gate-open was served and the workload stood still)
 //   - a drain while the kernel waits again and the gate-open comes from
 //     another connection: the same
+//   - a drain that names no time (an older client's empty request: "until
+//     it has finished") is bounded by the gate's hold ($CUSNAP_CUT_HOLD_MS,
+//     1.5 s here): answered ETIMEDOUT after it, then the same (before: the
+//     drain was waited for without end on the control listener, which then
+//     served nothing, the gate-open included, and the workload stood still)
 //   - a drain given up synchronizes nothing more once its synchronize
 //     returns: a capture begun in a second context after the gate opened
 //     ends whole (before: the drain's thread went on to that context and
@@ -26,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "tests/fakecuda/fakecuda_test_util.h"
@@ -115,11 +121,13 @@ int workload(int sock) {
 }
 
 Child g_workload;
+constexpr long kHoldMs = 1500;  // $CUSNAP_CUT_HOLD_MS of the workload
 
 /// Closes the gate, holds a thread at it whose call the running kernel waits
-/// for, and drains with timeout_ms 500: answered ETIMEDOUT in time; the gate
-/// then opens through `opener` (the same connection, or another one).
-int drain_held(bool same_connection) {
+/// for, and drains with timeout_ms (0: a request that names none, bounded by
+/// the hold): answered ETIMEDOUT in time; the gate then opens through
+/// `opener` (the same connection, or another one).
+int drain_held(bool same_connection, long timeout_ms = 500) {
   REQ(command(g_workload, kLaunch));
   Shim c;
   REQ(c.connect(g_workload.pid));
@@ -127,14 +135,17 @@ int drain_held(bool same_connection) {
   REQ(command(g_workload, kSetPeer));
   usleep(200000);  // the setter waits at the gate
   auto t0 = Clock::now();
-  const proto::Done d = c.drain(500);
+  const proto::Done d = timeout_ms ? c.drain(uint64_t(timeout_ms)) : c.drain();
   const long took = cmds::ms_since(t0);
   fprintf(stderr,
-          "drain with a kernel waiting on a held thread: ok %d, code %d, after %ld ms: %s\n",
-          (int)d.ok, d.code, took, d.error.c_str());
+          "drain (timeout_ms %ld) with a kernel waiting on a held thread: ok %d, code %d, after "
+          "%ld ms: %s\n",
+          timeout_ms, (int)d.ok, d.code, took, d.error.c_str());
+  const long bound = timeout_ms ? timeout_ms : kHoldMs;
   REQ(!d.ok && d.code == ETIMEDOUT);
-  REQ(d.error.find("the device work did not finish within 500 ms") != std::string::npos);
-  REQ(took >= 400 && took < 3000);
+  REQ(d.error.find("the device work did not finish within " + std::to_string(bound) + " ms") !=
+      std::string::npos);
+  REQ(took >= bound - 100 && took < bound + 2500);
   t0 = Clock::now();
   if (same_connection) {
     REQ(c.gate_open().ok);
@@ -156,6 +167,7 @@ int run() {
   REQ(command(g_workload, kInit));
   REQ(drain_held(true) == 0);
   REQ(drain_held(false) == 0);
+  REQ(drain_held(true, 0) == 0);
   // The drain given up synchronizes nothing more once its synchronize
   // returns: a capture the application begins in the second context after
   // the gate opened ends whole (before: the drain went on to synchronize
@@ -194,5 +206,6 @@ int run() {
 }  // namespace
 
 int main() {
+  setenv("CUSNAP_CUT_HOLD_MS", std::to_string(kHoldMs).c_str(), 1);  // the workload's
   return coordinator_main("shim.track.drain_bounded", "drainb", run, [] { g_workload.kill(); });
 }

@@ -35,14 +35,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "shim/cusnap_shim.h"
 #include "tests/fakecuda/fakecuda_test_util.h"
 #include "tests/shim/ckpt_client.h"
+#include "tests/shim/workload_cmds.h"
 
 using namespace fctest;
 using namespace ckpt_client;
@@ -280,22 +279,6 @@ bool cut(Shim& shim, const char* op, uint64_t target, proto::CutState* st) {
   return true;
 }
 
-/// The workload's CPU time (user + system) in seconds.
-double cpu_seconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t p = stat.rfind(')');
-  if (p == std::string::npos) return -1;
-  std::istringstream in(stat.substr(p + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i) {  // fields 14 and 15
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 int run() {
   g_job = spawn(workload);
   REQ(g_job.pid > 0);
@@ -338,9 +321,9 @@ int run() {
   REQ(command(kFdsOut));
   Shim late;
   REQ(late.connect(g_job.pid));
-  const double before = cpu_seconds(g_job.pid);
+  const double before = cmds::cpu_seconds(g_job.pid);
   usleep(1000000);
-  const double spent = cpu_seconds(g_job.pid) - before;
+  const double spent = cmds::cpu_seconds(g_job.pid) - before;
   fprintf(stderr, "workload CPU time over 1 s without descriptors: %.2f s\n", spent);
   REQ(before >= 0 && spent < 0.25);
   REQ(command(kFdsBack));

@@ -10,9 +10,12 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -126,8 +129,9 @@ bool poke(const std::string& path, const std::string& bytes, bool read_reply) {
 }  // namespace
 
 /// Peers that die mid-exchange, malformed and oversized messages on both
-/// sockets, a creator that dies: the shim keeps serving and never crashes. A
-/// ticket whose size is not the allocation's is refused.
+/// sockets, a creator that dies, a creator's peer socket whose backlog is
+/// full: the shim keeps serving, never crashes and never spins. A ticket
+/// whose size is not the allocation's is refused.
 int hostile() {
   setenv("CUSNAP_CONTROL_TIMEOUT", "1", 1);
   REQ_OK(init_primary());
@@ -264,6 +268,59 @@ int hostile() {
     close(tk);
     close(pfd[0]);
     close(pfd[1]);
+  }
+  // A "creator" whose peer socket's backlog is full (it accepts nothing):
+  // the import waits out the exchange timeout (1 s) between attempts to
+  // connect without spinning (before, it polled the socket not yet
+  // connected, which reports POLLOUT|POLLHUP at once: a core of the
+  // application's busy for the whole second, inside its import call).
+  {
+    const std::string full = g_dir + "/full-peer.sock";
+    UniqueFd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", full.c_str());
+    REQ(l && bind(l.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQ(listen(l.get(), 0) == 0);  // room for one pending connection
+    std::vector<UniqueFd> queued;  // fill it
+    for (int i = 0; i < 4; ++i) {
+      UniqueFd q(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      REQ(q);
+      if (connect(q.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+        REQ(errno == EAGAIN);
+        break;
+      }
+      queued.push_back(std::move(q));
+    }
+    REQ(!queued.empty() && queued.size() < 4);
+    UniqueFd tk(memfd_create("cusnap-ticket", MFD_CLOEXEC));
+    proto::Ticket t{};
+    memcpy(t.magic, proto::kTicketMagic, 8);
+    t.version = proto::kTicketVersion;
+    t.size = sizeof(t);
+    t.creator_pid = getpid();
+    t.creator_start = 1;
+    t.allocation = 1;
+    t.bytes = kMiB2;
+    snprintf(t.socket, sizeof(t.socket), "%s", full.c_str());
+    REQ(tk && pwrite(tk.get(), &t, sizeof(t), 0) == sizeof(t));
+    auto cpu_ms = [] {
+      timespec ts{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
+    };
+    const double cpu0 = cpu_ms();
+    const auto t0 = std::chrono::steady_clock::now();
+    CUmemGenericAllocationHandle hk;
+    REQ(import_fd(tk.get(), &hk) == CUDA_ERROR_INVALID_HANDLE);
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    const double cpu = cpu_ms() - cpu0;
+    fprintf(stderr, "import from a peer socket with a full backlog: %lld ms, %.0f ms of CPU\n",
+            (long long)took, cpu);
+    REQ(took >= 900 && took < 4000);  // the exchange timeout
+    REQ(cpu < 300);
   }
   int td = recv_fd(dead.sock);
   REQ(td >= 0);

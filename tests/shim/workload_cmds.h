@@ -2,7 +2,7 @@
 // workload processes it forks (fctest::spawn): the test sends a command, a
 // u64 of the test's own numbering from 1, and the workload runs it and
 // replies one u64; kFinish ends the workload. Also what such tests look at
-// from outside: the sockets a process holds. Header-only.
+// from outside: the sockets a process holds, its CPU time. Header-only.
 #pragma once
 
 #include <dirent.h>
@@ -18,8 +18,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "tests/fakecuda/fakecuda_test_util.h"
@@ -155,6 +158,22 @@ inline long ms_since(std::chrono::steady_clock::time_point t) {
   return static_cast<long>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
           .count());
+}
+
+/// pid's CPU time (user + system) in seconds; -1 when it cannot be read.
+inline double cpu_seconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t p = stat.rfind(')');
+  if (p == std::string::npos) return -1;
+  std::istringstream in(stat.substr(p + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {  // fields 14 and 15
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 /// pid's descriptors: number -> what /proc/PID/fd/NUMBER links to (a path,
