@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "coord/abs_path.h"
 #include "coord/criu_leftovers.h"
 #include "coord/engine.h"
 #include "coord/manifest.h"
@@ -37,8 +38,8 @@ std::string without_trailing_slashes(std::string dir) {
 
 std::string absolute_dir(const std::string& dir) {
   std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
-  return ec ? dir : without_trailing_slashes(abs.lexically_normal().string());
+  std::string abs;
+  return absolute_path(dir, &abs, &ec) ? abs : dir;
 }
 
 int inspect_checkpoint(const std::string& given, bool json) {
@@ -110,7 +111,7 @@ int inspect_checkpoint(const std::string& given, bool json) {
   for (const ManifestProcess& p : m.processes)
     for (const auto& [uuid, b] : p.gpu_memory) need[uuid] += b;
   for (const auto& [uuid, b] : need) {
-    std::string gpu = uuid;
+    std::string gpu = shown(uuid);
     for (const GpuDevice& g : m.gpus)
       if (g.uuid == uuid) gpu = "gpu " + std::to_string(g.index);
     std::printf("  needs:    %s of device memory on %s\n", human_bytes(b).c_str(), gpu.c_str());
@@ -127,21 +128,24 @@ int inspect_checkpoint(const std::string& given, bool json) {
     std::printf("  tcp:      %s%s%s\n",
                 m.tcp_established ? "established connections saved" : "no established connections",
                 ports.empty() ? "" : "; listening on ", ports.c_str());
-    // The lock CRIU left on the machine it ran on (criu_leftovers.h).
+    // The lock CRIU left on the machine it ran on (criu_leftovers.h). The
+    // manifest's run id is a UUID (manifest.cpp); the command is quoted all
+    // the same, as one to paste.
     if (m.criu_network_lock == "nftables" && !m.criu_run_id.empty()) {
       const std::string table = criu_nft_tables(m.criu_run_id).front();
       std::printf(
           "  lock:     on the machine it was taken on, nftables table inet %s drops those "
           "connections until a restore removes it; if the checkpoint will never be restored "
           "there: nft delete table inet %s\n",
-          table.c_str(), table.c_str());
+          shown(table).c_str(), shell_word(table).c_str());
     } else if (m.criu_network_lock == "iptables")
       std::printf(
           "  lock:     on the machine it was taken on, CRIU's iptables rules (mark 0xC114) drop "
           "those connections until a restore removes them\n");
   }
   std::printf("  phases:\n");
-  for (const auto& [name, secs] : m.phases) std::printf("    %-22s %8.2f s\n", name.c_str(), secs);
+  for (const auto& [name, secs] : m.phases)
+    std::printf("    %-22s %8.2f s\n", shown(name).c_str(), secs);
   if (valid && needs_name)
     std::printf(
         "  verdict:  valid, restorable with --name NAME only: its job name is not one cusnap "
@@ -162,21 +166,22 @@ int inspect_checkpoint(const std::string& given, bool json) {
 void print_left_suspended(const std::string& name, const nlohmann::json& left) {
   const std::string op = left.value("operation", std::string());
   const std::string since = left.value("since", std::string());
-  std::printf("  left suspended by a failed %s%s%s\n", op.empty() ? "operation" : op.c_str(),
-              since.empty() ? "" : " at ", since.c_str());
-  std::string reason = left.value("reason", std::string());
+  std::printf("  left suspended by a failed %s%s%s\n", op.empty() ? "operation" : shown(op).c_str(),
+              since.empty() ? "" : " at ", shown(since).c_str());
+  // Its lines kept, each after the first indented under the first.
+  std::string reason = shown(left.value("reason", std::string()), Breaks::keep);
   for (size_t at = 0; (at = reason.find('\n', at)) != std::string::npos; at += 1)
     reason.insert(++at, "               ");
   if (!reason.empty()) std::printf("    because:   %s\n", reason.c_str());
   const std::string dir = left.value("state_dir", std::string());
   if (left.value("saved", false) && !dir.empty())
-    std::printf("    kept:      its shared memory, in %s\n", dir.c_str());
+    std::printf("    kept:      its shared memory, in %s\n", shown(dir).c_str());
   if (left.value("restore_refused", false))
     std::printf(
         "    next:      the driver will not restore its GPU state: stop the job and restore "
         "an earlier checkpoint of it\n");
   else
-    std::printf("    next:      cusnap resume %s brings it back\n", name.c_str());
+    std::printf("    next:      cusnap resume %s brings it back\n", shell_word(name).c_str());
 }
 
 /// The inspect result d (an object; with "job" an object, for the text).
@@ -206,7 +211,7 @@ int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
   }
   const auto& job = d["job"];
   std::printf("job %s\n", shown(job.value("name", std::string())).c_str());
-  std::printf("  state:       %s\n", job.value("state", std::string()).c_str());
+  std::printf("  state:       %s\n", shown(job.value("state", std::string())).c_str());
   if (d.contains("left_suspended") && d["left_suspended"].is_object())
     print_left_suspended(job.value("name", std::string()), d["left_suspended"]);
   std::printf("  pid:         %lld (supervisor %lld)\n", job.value("root_pid", 0LL),
@@ -227,7 +232,7 @@ int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
                 p.value("uses_cuda", false) ? "yes" : "no",
                 p.value("cuda_state", std::string()).empty()
                     ? "-"
-                    : p.value("cuda_state", std::string()).c_str(),
+                    : shown(p.value("cuda_state", std::string())).c_str(),
                 shown_args(cmd).c_str());
   }
   return kExitOk;
@@ -294,9 +299,10 @@ int cmd_inspect(int argc, char** argv) {
                          ": it is not a directory (a checkpoint directory, or a job's runtime "
                          "directory, was expected)");
   JobEntry entry;
+  JobMiss miss = JobMiss::kNone;
   if (target.find('/') != std::string::npos) {
     if (is_checkpoint_dir(target)) return inspect_checkpoint(target, json);
-  } else if (std::string err; find_job(target, &entry, &err)) {
+  } else if (std::string err; find_job(target, &entry, &err, &miss)) {
     // A name (or pid) without a slash is the running job's first.
     return inspect_job(entry, json);
   } else if (::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -309,6 +315,13 @@ int cmd_inspect(int argc, char** argv) {
   std::string also;
   if (target.find('/') == std::string::npos) {
     const int e = ::stat(target.c_str(), &st) == 0 ? 0 : errno;
+    // No job, and ./NAME a file: as ./NAME is (exit 5), saying both.
+    if (e == 0 && miss == JobMiss::kNone)
+      return fail_json(json, kExitBadCheckpoint,
+                       "cannot inspect " + target +
+                           ": no job of that name or pid is running, and ./" + target +
+                           " is not a directory (a checkpoint directory, or a job's runtime "
+                           "directory, was expected)");
     also = e == 0 ? ", and ./" + target + " is not a directory"
            : e == ENOENT || e == ENOTDIR
                ? ", and there is no checkpoint directory ./" + target

@@ -168,12 +168,13 @@ int cmd_restore(int argc, char** argv) {
     if (json) {
       print_json(restored_json(s, req.detach));
     } else if (req.detach) {
-      std::fputs(gpu_moves_text(s).c_str(), stderr);
-      std::printf("%s\n", s.name.c_str());
+      std::fputs(shown(gpu_moves_text(s), Breaks::keep).c_str(), stderr);
+      std::printf("%s\n", shown(s.name).c_str());
       std::fflush(stdout);
     } else {
-      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n%s", s.name.c_str(),
-                   s.root_pid, s.dir.c_str(), gpu_moves_text(s).c_str());
+      std::fprintf(stderr, "cusnap: restored job %s (pid %d) from %s\n%s", shown(s.name).c_str(),
+                   s.root_pid, shown(s.dir).c_str(),
+                   shown(gpu_moves_text(s), Breaks::keep).c_str());
     }
   };
   req.on_restored = report;
@@ -201,7 +202,7 @@ int cmd_restore(int argc, char** argv) {
     std::fprintf(stderr,
                  "cusnap: warning: the background restore succeeded, but its summary could not "
                  "be read: cusnap ps shows job %s\n",
-                 known.name.c_str());
+                 shown(known.name).c_str());
     report(known);
   }
   if (out.detached) return kExitOk;

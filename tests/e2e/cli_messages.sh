@@ -80,8 +80,9 @@ expect_err 4 "inspect of a name that is neither a job nor a directory here" \
 expect_err 4 "inspect of a number that is neither a job nor a directory here" \
   "no job named 4242424, nor with PID or SUPERV 4242424" "and there is no checkpoint directory ./4242424" \
   -- env -C "$T/here" "$CUSNAP" inspect 4242424
-expect_err 4 "inspect of a name that is a file here" \
-  "no job named 'plain' is running (see cusnap ps), and ./plain is not a directory" \
+# No job of that name, and ./NAME a file: taken as ./NAME would be (exit 5).
+expect_err 5 "inspect of a name that is a file here" \
+  "cannot inspect plain: no job of that name or pid is running, and ./plain is not a directory" \
   -- env -C "$T/here" "$CUSNAP" inspect plain
 
 # A checkpoint directory that is not there (4), and one that is but cannot
