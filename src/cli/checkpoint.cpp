@@ -73,11 +73,13 @@ int cmd_checkpoint(int argc, char** argv) {
   if (!absolute(dir.empty() ? default_dir(entry.status.name) : dir, &req.dir, &err))
     return fail_json(json, kExitUsage, err);
   // The supervisor takes no longer path (PATH_MAX); said here, of -o.
-  if (req.dir.size() > 4096)
+  if (req.dir.size() > proto::kMaxCheckpointDirBytes)
     return fail_json(json, kExitUsage,
                      "the checkpoint directory's absolute path is " +
                          std::to_string(req.dir.size()) +
-                         " bytes long, more than the 4096 a path may be: give -o a shorter one");
+                         " bytes long, more than the " +
+                         std::to_string(proto::kMaxCheckpointDirBytes) +
+                         " a path may be: give -o a shorter one");
   req.leave_running = leave_running;
   req.timeout_ms = seconds(timeout_s).count();
   // The CRIU, hashing and sharing settings of this command's environment

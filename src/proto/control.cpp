@@ -64,11 +64,12 @@ bool validate_settings(const Settings& settings, std::string* err) {
 }  // namespace
 
 bool validate(const CheckpointRequest& r, std::string* err) {
-  if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > 4096 ||
+  if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > kMaxCheckpointDirBytes ||
       r.dir.find('\0') != std::string::npos) {
     *err =
-        "the checkpoint directory in the request is not an absolute path of at most 4096 "
-        "bytes without a NUL byte: give -o a directory that is; " +
+        "the checkpoint directory in the request is not an absolute path of at most " +
+        std::to_string(kMaxCheckpointDirBytes) +
+        " bytes without a NUL byte: give -o a directory that is; " +
         std::string(kUseThisClient);
     return false;
   }

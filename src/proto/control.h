@@ -79,8 +79,11 @@ inline constexpr const char* kClientSettings[] = {
 inline constexpr size_t kMaxSettingBytes = 64;
 using Settings = std::map<std::string, std::string>;
 
+/// The longest checkpoint directory a request may name (PATH_MAX).
+inline constexpr size_t kMaxCheckpointDirBytes = 4096;
+
 struct CheckpointRequest {
-  std::string dir;  ///< absolute path
+  std::string dir;  ///< absolute path, at most kMaxCheckpointDirBytes
   bool leave_running = false;
   int64_t timeout_ms = 60000;
   Settings settings;  ///< from the client's environment (kClientSettings)

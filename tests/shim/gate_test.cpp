@@ -264,22 +264,39 @@ TEST_SUITE("shim.gate") {
     Gate& g = *gp;
     std::vector<std::thread> ts;
     std::atomic<long> calls{0};
+    std::atomic<bool> stop{false};
+    // Set between a close that returned and the open after it: a thread that
+    // sees it from inside the gate got through (or stayed in) a closed gate.
+    std::atomic<bool> closed{false};
+    std::atomic<long> inside_closed{0};
     for (int i = 0; i < 4; ++i)
       ts.emplace_back([&] {
-        for (int k = 0; k < 20000; ++k) {
+        while (!stop.load()) {
           g.enter();
+          for (int w = 0; w < 50; ++w) std::atomic_signal_fence(std::memory_order_seq_cst);
+          if (closed.load()) ++inside_closed;
           ++calls;
           g.leave();
         }
       });
-    // Close and open while they run: every close drains.
-    for (int k = 0; k < 20; ++k) {
+    // Close and open while they run: every close drains, and no thread is
+    // inside while it is closed. (in_flight() may read 1 for a moment here:
+    // a thread that stored its depth after the closer's fence sees CLOSED and
+    // backs out.)
+    for (int k = 0; k < 50; ++k) {
+      const long seen = calls.load();
+      while (calls.load() < seen + 200) std::this_thread::yield();  // they are passing
       CHECK(g.close(5000) == 0);
-      CHECK(g.in_flight() == 0);
+      closed.store(true);
+      const long before = calls.load();
+      for (int y = 0; y < 200; ++y) std::this_thread::yield();
+      CHECK(calls.load() == before);
+      closed.store(false);
       CHECK(g.open() == 0);
     }
+    stop.store(true);
     for (auto& t : ts) t.join();
-    CHECK(calls.load() == 80000);
+    CHECK(inside_closed.load() == 0);
     CHECK(g.in_flight() == 0);
   }
 
