@@ -40,6 +40,7 @@ struct Fixture {
   std::shared_future<void> released{release.get_future().share()};
   std::atomic<int> checkpoints{0};
   bool commit_early = false;         ///< the fake checkpoint passes its point of no return at once
+  std::atomic<bool> committed{false};  ///< it has (commit_early)
   proto::Settings suspend_settings;  ///< what the fake suspend was given
   std::chrono::milliseconds suspend_takes{0};  ///< how long the fake suspend works
   bool suspend_job_exits = false;              ///< the job exits while the fake suspend fails
@@ -65,7 +66,10 @@ struct Fixture {
                             CheckpointResult* r, std::string* err) {
       ++checkpoints;
       p(Progress{"dump", 10, 100});
-      if (commit_early && o.cancel) o.cancel->commit();
+      if (commit_early && o.cancel) {
+        o.cancel->commit();
+        committed = true;
+      }
       released.wait();
       if (o.cancel && !o.cancel->commit()) {
         r->code = kExitFailure;
@@ -679,8 +683,7 @@ TEST_CASE("control server: a cancel after the point of no return is too late; it
                           proto::CheckpointRequest{"/tmp/ckpt", true, 1000, {}}, nullptr, &r, &e);
     return std::make_pair(ok, r);
   });
-  while (f.checkpoints == 0) std::this_thread::sleep_for(5ms);
-  std::this_thread::sleep_for(20ms);  // past the fake's commit
+  while (!f.committed) std::this_thread::sleep_for(5ms);  // past the fake's commit
   proto::Result c = send_cancel(f.entry, proto::kMsgCheckpoint);
   CHECK(c.ok);
   CHECK(cancel_said(c) == proto::kCancelTooLate);

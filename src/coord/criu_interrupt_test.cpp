@@ -107,8 +107,17 @@ void infecting_criu(const FakeCriu& fake, int infect) {
   fake.set_script(script.str());
 }
 
-/// A dump by fake asked to stop 100 ms after `start`, whose kill waits for
-/// its log (CriuDumpLog) to allow it, at most `grace`.
+/// Whether the log at path says the infection has begun.
+bool infecting(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().find(kInfect) != std::string::npos;
+}
+
+/// A dump by fake asked to stop 100 ms after `start` once its log says it is
+/// infecting (the fake's shell may start late on a loaded machine), whose
+/// kill waits for its log (CriuDumpLog) to allow it, at most `grace`.
 struct GatedDump {
   CriuRun run;
   CriuDumpLog log;
@@ -119,13 +128,15 @@ struct GatedDump {
     run.killable = [this] { return log.killable(); };
     run.kill_grace = grace;
     run.stop_now = [this] {
-      return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100);
+      return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100) &&
+             infecting(run.log_path);
     };
   }
   GatedDump(const GatedDump&) = delete;
   GatedDump& operator=(const GatedDump&) = delete;
   /// Runs it again from now; false with *err as run_criu.
   bool run_now(const FakeCriu& fake, std::string* err) {
+    std::filesystem::remove(run.log_path);  // not the last run's
     log = CriuDumpLog(run.log_path);
     start = std::chrono::steady_clock::now();
     return run_criu(fake.info(), run, err);
@@ -150,11 +161,12 @@ TEST_CASE("criu interrupt: a stop or timeout during an infection waits for the d
   CHECK(d.took() >= std::chrono::milliseconds(900));
   CHECK(d.took() < std::chrono::seconds(10));
 
-  // The same at the timeout.
+  // The same at the timeout (long enough for the fake's shell to have
+  // started; the infection lasts 1 s from there).
   d.run.stop_now = {};
-  d.run.timeout = std::chrono::milliseconds(100);
+  d.run.timeout = std::chrono::milliseconds(500);
   CHECK_FALSE(d.run_now(fake, &err));
-  CHECK_MESSAGE(err.find("criu dump failed (timed out after 100 ms and was killed)") == 0, err);
+  CHECK_MESSAGE(err.find("criu dump failed (timed out after 500 ms and was killed)") == 0, err);
   CHECK(before_kill == 2);
   CHECK(d.took() >= std::chrono::milliseconds(900));
   CHECK(d.took() < std::chrono::seconds(10));

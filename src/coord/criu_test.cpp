@@ -124,12 +124,12 @@ TEST_CASE("criu: a run stop_now asks to end is killed after before_kill, and say
     return stop.load();
   };
   run.before_kill = [&] { ++before_kill; };
+  const auto start = std::chrono::steady_clock::now();  // before the 300 ms begin
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     stop = true;
   });
   std::string err;
-  const auto start = std::chrono::steady_clock::now();
   CHECK_FALSE(run_criu(c, run, &err));
   const auto took = std::chrono::steady_clock::now() - start;
   later.join();

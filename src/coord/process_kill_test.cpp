@@ -37,7 +37,7 @@ int running_in_group(pid_t pgrp) {
 }
 
 /// A process (in a group of its own) that forks 200 sleepers as fast as it
-/// can, then waits; it is forking when this returns.
+/// can, then waits; it has forked its first when this returns (up to 5 s).
 pid_t forking_tree() {
   const pid_t child = fork();
   if (child == 0) {
@@ -47,7 +47,8 @@ pid_t forking_tree() {
     _exit(127);
   }
   setpgid(child, child);
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (int i = 0; i < 1000 && running_in_group(child) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   return child;
 }
 

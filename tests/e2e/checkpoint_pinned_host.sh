@@ -18,7 +18,7 @@ for kind in alloc register; do
   PID=$(wait_job "pin-$kind")
   grep -q "ready kind $kind pinned" "$T/$kind.out" || fail "$kind: no ready line: $(head -3 "$T/$kind.out")"
   "$CUSNAP" suspend "pin-$kind" >"$T/$kind.s" 2>&1 || fail "$kind: suspend failed: $(cat "$T/$kind.s")"
-  n=$(last_count "$T/$kind.out")
+  n=$(settled_count "$T/$kind.out")
   sleep 0.5
   [ "$(last_count "$T/$kind.out")" -le $((n + 1)) ] || fail "$kind: the job counted on while suspended"
   "$CUSNAP" resume "pin-$kind" >"$T/$kind.r" 2>&1 || fail "$kind: resume failed: $(cat "$T/$kind.r")"

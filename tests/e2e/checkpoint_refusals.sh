@@ -85,7 +85,14 @@ wait_count "$T/busy.out" 3
 BUSY_PID=$(wait_job busy)
 "$CUSNAP" checkpoint busy -o "$T/busy1" --leave-running >"$T/busy1.out" 2>&1 &
 FIRST=$!
-sleep 0.7
+# The first has reached the supervisor (it then spends 2 s in the lock).
+for _ in $(seq 1 200); do
+  [ "$(job_field busy state)" = checkpointing ] && break
+  kill -0 "$FIRST" 2>/dev/null || break
+  sleep 0.05
+done
+[ "$(job_field busy state)" = checkpointing ] ||
+  fail "the first checkpoint never showed in ps: $(cat "$T/busy1.out")"
 expect_refused 3 "already|in progress|busy|running" "$CUSNAP" checkpoint busy -o "$T/busy2"
 wait "$FIRST" || fail "the first checkpoint failed: $(cat "$T/busy1.out")"
 [ -f "$T/busy1/manifest.json" ] || fail "the first checkpoint wrote no manifest"
@@ -97,19 +104,23 @@ pass "busy: a second checkpoint refused while the first ran"
 # is slowed between its check of the directory (absent) and its first write,
 # and racea's takes the directory meanwhile. raceb's is refused; racea's
 # checkpoint is whole and its own (before the claim, both wrote their images
-# into it and one's roll back removed the other's).
+# into it and one's roll back removed the other's). raceb's supervisor traces
+# its driver calls (FAKECUDA_LOG=1, not the job's): racea's checkpoint starts
+# once raceb's has begun the slowed call, past its check.
 "$CUSNAP" launch --name racea -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/racea.out" 2>&1 &
 SUPERVISORS+=($!)
-FAKECUDA_DELAY=cuCheckpointProcessGetState:3000 "$CUSNAP" launch --name raceb -- \
-  "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/raceb.out" 2>&1 &
+FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessGetState:3000 "$CUSNAP" launch --name raceb -- \
+  env -u FAKECUDA_LOG "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/raceb.out" 2>&1 &
 SUPERVISORS+=($!)
 wait_count "$T/racea.out" 3
 wait_count "$T/raceb.out" 3
 RACEA_PID=$(wait_job racea)
 RACEB_PID=$(wait_job raceb)
+before=$(calls_begun "$T/raceb.out" cuCheckpointProcessGetState)
 "$CUSNAP" checkpoint raceb -o "$T/race" --leave-running >"$T/raceb.ck" 2>&1 &
 SECOND=$!
-sleep 1
+wait_driver_call "$T/raceb.out" cuCheckpointProcessGetState "$before" "$SECOND" ||
+  fail "raceb's checkpoint never asked the driver for the job's state: $(cat "$T/raceb.ck")"
 "$CUSNAP" checkpoint racea -o "$T/race" --leave-running --json >"$T/racea.ck" 2>&1 ||
   fail "racea's checkpoint failed: $(cat "$T/racea.ck")"
 rc=0

@@ -9,8 +9,7 @@ wait_count "$T/launch.out" 5
 PID=$(wait_job sr)
 
 "$CUSNAP" suspend sr >"$T/suspend.out" 2>&1 || fail "suspend failed: $(cat "$T/suspend.out")"
-sleep 0.3
-N1=$(last_count "$T/launch.out")
+N1=$(settled_count "$T/launch.out")
 sleep 1
 N2=$(last_count "$T/launch.out")
 [ "$N1" = "$N2" ] || fail "the suspended job went on counting ($N1 -> $N2)"

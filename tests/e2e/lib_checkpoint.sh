@@ -149,6 +149,22 @@ first_count() {
   echo "${n:-0}"
 }
 
+# settled_count FILE [PREFIX]: the last count in FILE once the lines already
+# on their way through the supervisor's echo are out: the same twice 0.3 s
+# apart (at most about 5 s: a job that counts on never settles, and the
+# caller's next look finds it moved).
+settled_count() {
+  local n m
+  n=$(last_count "$1" "${2:-}")
+  for _ in $(seq 1 16); do
+    sleep 0.3
+    m=$(last_count "$1" "${2:-}")
+    [ "$m" = "$n" ] && break
+    n=$m
+  done
+  echo "$n"
+}
+
 # wait_count FILE N [PREFIX] [SECONDS]: waits until FILE counted to at least N.
 wait_count() {
   local file=$1 n=$2 prefix=${3:-} secs=${4:-60}
@@ -369,8 +385,7 @@ expect_held() {
   [ "$st" = checkpointed ] || fail "$1's GPU state is $st"
   # A line the job printed after its last driver call returned may still be
   # on its way through the supervisor's echo: let it arrive first.
-  sleep 0.3
-  n=$(last_count "$2")
+  n=$(settled_count "$2")
   sleep 0.3
   [ "$(last_count "$2")" = "$n" ] || fail "$1 counted on while its GPU state was out"
 }

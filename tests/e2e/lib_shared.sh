@@ -270,12 +270,17 @@ PY
 }
 
 # counts_held OUT SECONDS: a suspended job stands still: once lines already
-# on their way are out (0.3 s), no prefix's count moves for SECONDS. Sets
-# LAST and SEEN (note_last).
+# on their way are out (no count moved over 0.3 s; at most about 5 s), no
+# prefix's count moves for SECONDS. Sets LAST and SEEN (note_last).
 counts_held() {
-  local k n
-  sleep 0.3
+  local k n before
   note_last "$1"
+  for _ in $(seq 1 16); do
+    before="${LAST[*]}"
+    sleep 0.3
+    note_last "$1"
+    [ "${LAST[*]}" = "$before" ] && break
+  done
   sleep "$2"
   for k in "${!PREFIXES[@]}"; do
     n=$(last_count "$1" "${PREFIXES[k]}")

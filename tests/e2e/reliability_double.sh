@@ -148,7 +148,7 @@ left_suspended always checkpoint
 [ ! -e "$T/always.ckpt" ] || fail "always: the failed checkpoint left its directory"
 grep -q '"locked"' <("$CUSNAP" inspect always --json) ||
   fail "always: the job's GPU state is not locked: $("$CUSNAP" inspect always --json)"
-n=$(last_count "$LAUNCH_OUT"); sleep 0.3
+n=$(settled_count "$LAUNCH_OUT"); sleep 0.3
 [ "$(last_count "$LAUNCH_OUT")" = "$n" ] || fail "always: the job counted on while left suspended"
 pass "always: checkpoint left the job suspended ($(grep -m1 'left suspended' "$T/op.out"))"
 # The supervisor dies now: its guardian takes the job over, suspended.

@@ -116,10 +116,14 @@ int run() {
   UniqueFd peer;
   std::string err;
   REQ(proto::connect_unix(proto::shim_peer_socket(g_dir, g_workload.pid), kTimeout, &peer, &err));
-  usleep(300000);
+  // Both accepted (the peer listener takes its own time): up to 5 s.
   std::set<std::string> conns;
-  for (auto& [ino, fd] : sockets_of(g_workload.pid))
-    if (!before.count(ino)) conns.insert(ino);
+  for (int i = 0; i < 500 && conns.size() < 2; ++i) {
+    if (i > 0) usleep(10000);
+    conns.clear();
+    for (auto& [ino, fd] : sockets_of(g_workload.pid))
+      if (!before.count(ino)) conns.insert(ino);
+  }
   for (auto& ino : conns) fprintf(stderr, "the workload's connection: %s\n", ino.c_str());
   REQ(conns.size() == 2);
 
@@ -145,7 +149,7 @@ int run() {
   // The workload's listeners close both at the control timeout: their clients
   // see the end though the child lives.
   const bool ctl_eof = eof_within(ctl.ch.fd(), kControlTimeoutMs + 3000);
-  const bool peer_eof = eof_within(peer.get(), 1000);
+  const bool peer_eof = eof_within(peer.get(), kControlTimeoutMs + 3000);
   fprintf(stderr, "with the child alive: control connection %s, peer connection %s\n",
           ctl_eof ? "ended" : "still open", peer_eof ? "ended" : "still open");
   REQ(::kill(static_cast<pid_t>(child), 0) == 0);  // the child was alive throughout

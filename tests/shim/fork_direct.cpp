@@ -91,7 +91,7 @@ int run() {
   // The part, the reopened file and the window's mapping, while the window
   // is being registered.
   const auto t0 = Clock::now();
-  while (proc_traces(g_workload.pid, kTag) < 3 && cmds::ms_since(t0) < kRegisterMs / 2)
+  while (proc_traces(g_workload.pid, kTag) < 3 && cmds::ms_since(t0) < kRegisterMs)
     usleep(5000);
   const int held = proc_traces(g_workload.pid, kTag);
   fprintf(stderr, "the workload holds %d descriptor(s) and mapping(s) of the part file\n", held);
@@ -100,7 +100,9 @@ int run() {
   const bool forked = command(g_workload, kFork, &child) && child > 0;
   const int copies = forked ? proc_traces(static_cast<pid_t>(child), kTag) : -1;
   fprintf(stderr, "the child holds %d descriptor(s) and mapping(s) of the part file\n", copies);
-  const bool saving = cmds::ms_since(t0) < kRegisterMs;  // the fork fell in the save
+  // The fork fell in the save: the workload held the part file before it
+  // and still does after.
+  const bool saving = proc_traces(g_workload.pid, kTag) == 3;
   const bool alive = forked && ::kill(static_cast<pid_t>(child), 0) == 0;
   save.join();
   REQ(forked && alive && command(g_workload, kReap));

@@ -109,7 +109,7 @@ int run() {
 
   // The importer's thread holds the fetched export while the driver imports it.
   const auto t0 = Clock::now();
-  while (export_descriptors(g_importer.pid) == 0 && cmds::ms_since(t0) < kImportMs / 2)
+  while (export_descriptors(g_importer.pid) == 0 && cmds::ms_since(t0) < kImportMs)
     usleep(5000);
   const int held = export_descriptors(g_importer.pid);
   fprintf(stderr, "the importer holds %d descriptor(s) of the creator's export\n", held);
@@ -119,7 +119,9 @@ int run() {
   REQ(command(g_importer, kFork, &child) && child > 0);
   const int copies = export_descriptors(static_cast<pid_t>(child));
   fprintf(stderr, "the child holds %d descriptor(s) of the creator's export\n", copies);
-  const bool importing = cmds::ms_since(t0) < kImportMs;  // the fork fell in the import
+  // The fork fell in the import: the importer held the export before it and
+  // still does after (the copies count, taken in between, is of that fork).
+  const bool importing = export_descriptors(g_importer.pid) == 1;
   REQ(::kill(static_cast<pid_t>(child), 0) == 0);
   REQ(command(g_importer, kReap));
 

@@ -133,11 +133,11 @@ TEST_SUITE("shim.gate") {
       Gate& g = *gp;
       CallInside inside{g};
       REQUIRE(wait_for([&] { return g.in_flight() == 1; }));
+      const auto t0 = std::chrono::steady_clock::now();  // before the releaser's 100 ms
       std::thread releaser([&] {
         std::this_thread::sleep_for(100ms);
         inside.release = true;
       });
-      const auto t0 = std::chrono::steady_clock::now();
       const int rc = g.close(timeout_ms);
       const auto took = std::chrono::steady_clock::now() - t0;
       releaser.join();

@@ -234,12 +234,20 @@ bool connect_to(const Listener& l, proto::Channel* ch) {
 /// next client.
 int reused_connection(const Listener& l) {
   REQ(command(g_workload, kMark));
+  const auto marked = cmds::sockets_of(g_workload.pid);
   proto::Channel ch;
   REQ(connect_to(l, &ch));
-  if (l.exchange_first)
+  if (l.exchange_first) {
     REQ(l.request(ch));  // accepted and served
-  else
-    usleep(300000);  // accepted
+  } else {
+    // Accepted: the workload holds a socket it had not (up to 5 s).
+    const auto accepted = [&] {
+      for (auto& [ino, fd] : cmds::sockets_of(g_workload.pid))
+        if (!marked.count(ino)) return true;
+      return false;
+    };
+    for (int i = 0; i < 500 && !accepted(); ++i) usleep(10000);
+  }
   uint64_t number = 0;
   REQ(command(g_workload, kSteal, &number));
   fprintf(stderr, "%s: the application's socket is at the connection's number %llu\n", l.name,
