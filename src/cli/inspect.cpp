@@ -66,7 +66,7 @@ int inspect_checkpoint(const std::string& given, bool json) {
                 {"error", err},
                 {"bytes", 0},
                 {"exit_code", int(read_code)}});
-    return read_code;
+    return fail(read_code, err);  // on stderr too, as without --json
   }
   std::string verr;
   ExitCode code = kExitOk;
@@ -94,7 +94,7 @@ int inspect_checkpoint(const std::string& given, bool json) {
                         {"manifest", nlohmann::json::parse(manifest_to_json(m))}};
     if (!valid) j["exit_code"] = int(code);  // as every failed command's JSON has it
     print_json(j);
-    return valid ? kExitOk : code;
+    return valid ? kExitOk : code;  // the verdict, on stdout as without --json
   }
   std::printf("checkpoint %s\n", shown(dir).c_str());
   std::printf("  job:      %s\n", shown(m.job.name).c_str());

@@ -25,6 +25,7 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out,
   if (miss == JobMiss::kAmbiguous) return fail_json(json, kExitUsage, err);
   if (miss == JobMiss::kUnusableBase)  // what to do, as cusnap ps says it
     return fail_json(json, kExitFailure, err + "; " + runtime_base_lookup_remedy());
+  if (miss == JobMiss::kUnusableDir) return fail_json(json, kExitFailure, err);
   // A number is looked up as a name and as both pids of ps.
   if (spec.find('/') == std::string::npos &&
       spec.find_first_not_of("0123456789") == std::string::npos)

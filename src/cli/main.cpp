@@ -71,8 +71,14 @@ void open_standard_fds() {
 
 /// "unknown command" on stderr, with the likely one; returns kExitUsage.
 /// An option before the command (cusnap --json ps, cusnap -v) is said to be
-/// one, with the command line it likely meant: no command is like it.
+/// one, with the command line it likely meant: no command is like it. A
+/// --json among the arguments (before a --) also prints the failure object
+/// on stdout, as a command's bad command line does.
 int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr) {
+  bool json = false;
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i)
+    json = json || std::string(argv[i]) == "--json";
+  std::string msg;
   if (cmd.size() > 1 && cmd[0] == '-') {
     std::string moved;
     for (int i = 2; i < argc && moved.empty(); ++i)
@@ -82,26 +88,20 @@ int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr)
           for (int j = 1; j < i; ++j) moved += std::string(" ") + argv[j];
           for (int j = i + 1; j < argc; ++j) moved += std::string(" ") + argv[j];
         }
-    if (!moved.empty())
-      std::fprintf(stderr,
-                   "cusnap: error: unknown option '%s' before the command: a command's options "
-                   "follow it; did you mean '%s'?\n",
-                   shown(cmd).c_str(), shown(moved).c_str());
-    else
-      std::fprintf(stderr,
-                   "cusnap: error: unknown option '%s': before a command cusnap takes only --help "
-                   "and --version; a command's options follow it (cusnap COMMAND [OPTIONS]; "
-                   "'cusnap --help' lists the commands)\n",
-                   shown(cmd).c_str());
-    return cusnap::kExitUsage;
+    msg = !moved.empty() ? "unknown option '" + cmd +
+                               "' before the command: a command's options follow it; did you "
+                               "mean '" +
+                               moved + "'?"
+                         : "unknown option '" + cmd +
+                               "': before a command cusnap takes only --help and --version; a "
+                               "command's options follow it (cusnap COMMAND [OPTIONS]; 'cusnap "
+                               "--help' lists the commands)";
+  } else if (const char* s = suggest(cmd)) {
+    msg = "unknown command '" + cmd + "'; did you mean '" + s + "'?";
+  } else {
+    msg = "unknown command '" + cmd + "'; run 'cusnap --help' for the list";
   }
-  if (const char* s = suggest(cmd))
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; did you mean '%s'?\n",
-                 shown(cmd).c_str(), s);
-  else
-    std::fprintf(stderr, "cusnap: error: unknown command '%s'; run 'cusnap --help' for the list\n",
-                 shown(cmd).c_str());
-  return cusnap::kExitUsage;
+  return fail_json(json, cusnap::kExitUsage, msg);
 }
 
 }  // namespace

@@ -257,7 +257,7 @@ bool job_suspended_now(const JobInfo& job);
 bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                       const proto::Settings& settings, ExitCode* code, std::string* err);
 
-/// What keeps a recovery from ever bringing the job back (recover_job).
+/// What kept a recovery from bringing the job back (recover_job).
 enum class RecoverBlock {
   kNone,
   /// The driver refused a restore for lack of GPU memory: it never restores
@@ -265,7 +265,15 @@ enum class RecoverBlock {
   kRestoreRefused,
   /// The shared memory the failed operation saved (and released) is gone.
   kSavedMemoryGone,
+  /// The GPUs lack the free memory the restore needs now (the check before
+  /// any restore): nothing was restored; a later try may succeed.
+  kMemoryShort,
 };
+
+/// Whether block keeps every later recovery from succeeding too.
+inline bool blocks_for_good(RecoverBlock block) {
+  return block == RecoverBlock::kRestoreRefused || block == RecoverBlock::kSavedMemoryGone;
+}
 
 /// Brings a job back to running after its supervisor died during an
 /// operation whose state directory was state_dir (the checkpoint directory,

@@ -244,7 +244,10 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
-      if (driver.restore_refused()) block = RecoverBlock::kRestoreRefused;
+      if (driver.restore_refused())
+        block = RecoverBlock::kRestoreRefused;
+      else if (driver.restore_memory().fell_short)
+        block = RecoverBlock::kMemoryShort;
     } else {
       note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
     }

@@ -129,9 +129,19 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
                         cannot_come_back(job)
               : blocked == RecoverBlock::kRestoreRefused
                   ? "\nthe driver will not restore its GPU state" + cannot_come_back(job)
+              : blocked == RecoverBlock::kMemoryShort
+                  ? "\nthe job stays suspended: run cusnap resume " + job.name +
+                        " again once the memory is free"
                   : "\nthe job stays suspended: run cusnap resume " + job.name + " again");
     }
-    if (code) *code = ok ? kExitOk : kExitFailure;
+    // Memory found short before any restore: refused, as a resume of a job
+    // suspended by cusnap suspend is (below); a restore the driver refused
+    // now leaves the job one that cannot come back: lost, as below.
+    if (code)
+      *code = ok ? kExitOk
+              : blocked == RecoverBlock::kMemoryShort ? kExitRefused
+              : blocked == RecoverBlock::kRestoreRefused && !left.restore_refused ? kExitJobLost
+                                                                                  : kExitFailure;
     return ok;
   }
   Driver driver;
@@ -198,6 +208,7 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
       // The driver never restores the process again: marked like a job a
       // failed roll back left suspended, so that ps and inspect say it
       // cannot come back, and checkpoint and suspend say why they refuse.
+      c = kExitJobLost;
       const std::string why = *err;
       *err = "job " + job.name + ": " + why +
              leave_suspended(job, suspend_state_dir(job), false, "resume", why, true);

@@ -99,7 +99,7 @@ namespace {
       // cusnap resume: the report above says what to do instead.
       const std::string by = "supervised by process " + std::to_string(::getpid());
       log(ok ? "cusnap: guardian: the job runs on, " + by + "\n"
-          : blocked != RecoverBlock::kNone
+          : blocks_for_good(blocked)
               ? "cusnap: guardian: the job cannot be brought back; it is left suspended, " + by +
                     " (cusnap inspect " + job.name + " says why)\n"
               : "cusnap: guardian: the job could not be brought back completely; it is left "

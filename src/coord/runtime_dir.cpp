@@ -597,8 +597,19 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss*
     std::string text;
     // A directory without a lock is no runtime directory, whatever its mode
     // (nothing in it is opened); one with a lock must be private to be read.
+    // What cannot be looked at, or is not cusnap's to use, is no missing
+    // job: said as an error (exit 1), with what to do.
+    auto unusable = [&](const std::string& why, const char* todo) {
+      if (miss) *miss = JobMiss::kUnusableDir;
+      *err = why + ": " + todo;
+      return false;
+    };
     struct stat st;
     if (::lstat(spec.c_str(), &st) != 0) {
+      const int e = errno;
+      if (e != ENOENT && e != ENOTDIR)
+        return unusable(errno_text("cannot look for a job in " + spec),
+                        "run cusnap as the job's owner (or root)");
       *err = errno_text("no job is running in " + spec);
       return false;
     }
@@ -607,14 +618,21 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss*
              ": it is not a job's runtime directory (cusnap ps lists the running jobs)";
       return false;
     }
-    if (!ensure_private_dir(spec, false, err)) return false;
+    if (std::string why; !ensure_private_dir(spec, false, &why))
+      return unusable(why,
+                      "run cusnap as the job's owner, and keep its runtime directory private "
+                      "(chmod 700)");
     if (!runtime_dir_live(spec) || !read_file(spec + "/job.json", &text)) {
       *err = "no job is running in " + spec +
              ": its supervisor has ended (cusnap ps lists the running jobs)";
       return false;
     }
     out->dir = spec;
-    return job_status_from_json(text, &out->status, err);
+    if (std::string why; !job_status_from_json(text, &out->status, &why))
+      return unusable(spec + "/" + why,
+                      "written by another cusnap version, or damaged: use the cusnap that "
+                      "launched the job");
+    return true;
   }
   // A name first: an all-digit name may be another job's pid. Else a number
   // is a supervisor's pid or the job's root process's (both in ps), which

@@ -107,6 +107,10 @@ enum class JobMiss {
   kNone,          ///< no job is known by that name, pid or path
   kUnusableBase,  ///< the runtime base could not be searched at all
   kAmbiguous,     ///< the pid is more than one job's (a name is needed)
+  /// a runtime directory given as a path that cannot be used: not to be
+  /// looked at by this user, not private, or its job.json malformed (*err
+  /// says what to do)
+  kUnusableDir,
 };
 /// Finds a live job by name, supervisor or root pid, or runtime directory path.
 /// false + *err ("no job named X") when there is none, and *miss (when given)

@@ -7,6 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <sstream>
+#include <string>
+
 using namespace cusnap;
 
 namespace {
@@ -119,6 +123,31 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(miss == JobMiss::kNone);
   CHECK(err.find("no job named 'nope'") != std::string::npos);
   CHECK(list_jobs(true).size() == 1);
+  // The runtime directory given as a path, made open to others, or its
+  // record damaged: no missing job, an unusable directory (exit 1).
+  miss = JobMiss::kNone;
+  REQUIRE(chmod(rd->path().c_str(), 0755) == 0);
+  CHECK(!find_job(rd->path(), &e, &err, &miss));
+  CHECK(miss == JobMiss::kUnusableDir);
+  CHECK(err.find("its mode is 0755") != std::string::npos);
+  CHECK(err.find("chmod 700") != std::string::npos);
+  REQUIRE(chmod(rd->path().c_str(), 0700) == 0);
+  const std::string good = [&] {
+    std::ifstream in(rd->job_json_path());
+    std::stringstream t;
+    t << in.rdbuf();
+    return t.str();
+  }();
+  std::ofstream(rd->job_json_path(), std::ios::trunc) << "{\"name\": 3}";
+  miss = JobMiss::kNone;
+  CHECK(!find_job(rd->path(), &e, &err, &miss));
+  CHECK(miss == JobMiss::kUnusableDir);
+  CHECK(err.find(rd->path() + "/job.json is malformed") != std::string::npos);
+  std::ofstream(rd->job_json_path(), std::ios::trunc) << good;
+  miss = JobMiss::kAmbiguous;
+  CHECK(!find_job(rd->path() + "/nothing", &e, &err, &miss));
+  CHECK(miss == JobMiss::kNone);
+  REQUIRE(find_job(rd->path(), &e, &err));
 
   rd->remove();
   CHECK(access((b.path + "/base/job1").c_str(), F_OK) != 0);

@@ -55,6 +55,16 @@ expect_err 2 "cusnap --json ps" "unknown option '--json' before the command" "di
 expect_err 2 "cusnap --name x launch -- true" "did you mean 'cusnap launch --name x -- true'?" -- \
   "$CUSNAP" --name x launch -- true
 expect_err 2 "cusnap chekpoint" "unknown command 'chekpoint'; did you mean 'checkpoint'?" -- "$CUSNAP" chekpoint
+# With --json among the arguments, the failure object on stdout too (a
+# script reads it); a --json after -- is the job's, not cusnap's.
+for args in "chekpoint x --json" "--json ps"; do
+  rc=0; "$CUSNAP" $args >"$T/o.json" 2>/dev/null || rc=$?
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==2 and "unknown" in d["error"], d' \
+    "$T/o.json" && [ "$rc" = 2 ] || fail "cusnap $args: exit $rc, stdout: $(cat "$T/o.json")"
+done
+rc=0; "$CUSNAP" lanch -- x --json >"$T/o.json" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] && [ ! -s "$T/o.json" ] || fail "cusnap lanch -- x --json: exit $rc, stdout: $(cat "$T/o.json")"
+pass "a mistyped command given --json prints the failure object"
 # --help, --version and version take no argument, help one COMMAND: more is
 # a bad command line, not ignored.
 for args in "--version junk" "version junk" "--help junk" "-h junk" "help checkpoint junk"; do
@@ -116,9 +126,11 @@ if command -v setpriv >/dev/null; then
     "inspect it as a user who can read it" "!not a usable checkpoint" -- \
     "${as_nobody[@]}" "$CUSNAP" inspect "$T/shut"
   rc=0
-  "${as_nobody[@]}" "$CUSNAP" inspect "$T/shut" --json >"$T/shut.json" 2>/dev/null || rc=$?
+  "${as_nobody[@]}" "$CUSNAP" inspect "$T/shut" --json >"$T/shut.json" 2>"$T/shut.err" || rc=$?
   [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==1 and "Permission denied" in d["error"], d' "$T/shut.json" ||
     fail "inspect --json of an unreadable manifest: exit $rc: $(cat "$T/shut.json")"
+  grep -q "cusnap: error: cannot inspect $T/shut" "$T/shut.err" ||
+    fail "inspect --json of an unreadable manifest said nothing on stderr: $(cat "$T/shut.err")"
   rc=0
   "${as_nobody[@]}" "$CUSNAP" restore "$T/shut" --json >"$T/shut.json" 2>/dev/null || rc=$?
   [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==1 and "Permission denied" in d["error"], d' "$T/shut.json" ||

@@ -69,7 +69,7 @@ op suspend resume
 [ "$RC" = 0 ] || fail "suspend exited $RC"
 take_memory
 op resume resume
-[ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
+[ "$RC" = 6 ] || fail "resume exited $RC, expected 6 (the job cannot come back)"
 said "cuCheckpointProcessRestore of process $PID failed: CUDA_ERROR_OUT_OF_MEMORY (2)" resume
 said "the GPU lacks the free memory to restore it" resume
 said "the driver will not restore its GPU state: stop it (SIGTERM to its supervisor, process $SUP) and restore an earlier checkpoint of resume" resume
@@ -123,7 +123,7 @@ op inspect leftover
 said "next:      cusnap resume leftover brings it back" inspect
 take_memory
 op resume leftover
-[ "$RC" = 1 ] || fail "resume exited $RC, expected 1"
+[ "$RC" = 6 ] || fail "resume exited $RC, expected 6 (the job cannot come back)"
 said "CUDA_ERROR_OUT_OF_MEMORY (2)" resume
 said "the driver will not restore its GPU state: stop it" resume
 op inspect leftover
