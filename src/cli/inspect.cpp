@@ -244,17 +244,19 @@ int inspect_job(const JobEntry& entry, bool json) {
   if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
                    nullptr, &r, &err))
     return fail_json(json, kExitFailure, err);
-  if (!r.ok) return report_result_failure(json, r);
+  if (!r.ok) return report_result_failure(json, r, "inspect", entry.status.name);
   // Not an object (or, for the text, without a "job" object): nothing here
   // could be read from it.
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (d.is_discarded() || !d.is_object() || (!json && !(d.contains("job") && d["job"].is_object())))
-    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+    return fail_json(json, kExitFailure, "the job's supervisor sent details this cusnap cannot read: it was likely started by "
+                     "another version of cusnap; use that version to inspect it");
   // A field of another type than the one read throws.
   try {
     return print_job(entry, d, json);
   } catch (const nlohmann::json::exception&) {
-    return fail_json(json, kExitFailure, "the supervisor sent malformed details");
+    return fail_json(json, kExitFailure, "the job's supervisor sent details this cusnap cannot read: it was likely started by "
+                     "another version of cusnap; use that version to inspect it");
   }
 }
 

@@ -34,9 +34,15 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out,
   return fail_json(json, kExitNotFound, err + not_found_also);
 }
 
-int report_result_failure(bool json, const proto::Result& r) {
+int report_result_failure(bool json, const proto::Result& r, const std::string& op,
+                          const std::string& job) {
   int code = r.exit_code == kExitOk ? kExitFailure : r.exit_code;
-  return fail_json(json, code, r.message.empty() ? "the operation failed" : r.message);
+  return fail_json(json, code,
+                   !r.message.empty() ? r.message
+                                      : "the " + op + " of job " + job +
+                                            " failed, and its supervisor said no more: cusnap "
+                                            "ps and cusnap inspect " +
+                                            job + " show the job's state");
 }
 
 void print_phases(const nlohmann::json& phases) {
@@ -178,7 +184,7 @@ int CancelOnInterrupt::finish(bool json, bool ok, const proto::Result& r, const 
     say(msg);
     return code;
   }
-  if (!r.ok) return report_result_failure(json, r);
+  if (!r.ok) return report_result_failure(json, r, op_, job_.status.name);
   say("too late to cancel: the " + op_ + " of job " + job_.status.name + " completed");
   if (details != nullptr) (*details)["cancel"] = proto::kCancelTooLate;
   return -1;

@@ -20,8 +20,11 @@ void add_job_argument(CLI::App& app, std::string* job);
 int resolve_job(const std::string& spec, bool json, JobEntry* out,
                 const std::string& not_found_also = "");
 
-/// Prints a failed exchange or a refused request; returns its exit code.
-int report_result_failure(bool json, const proto::Result& r);
+/// Prints a failed exchange or a refused request (op: "checkpoint" and the
+/// like, of job; said when the supervisor gave no message); returns its exit
+/// code.
+int report_result_failure(bool json, const proto::Result& r, const std::string& op,
+                          const std::string& job);
 
 /// PhaseTimes-like JSON array [{"name","seconds"}] as text lines.
 void print_phases(const nlohmann::json& phases);

@@ -23,8 +23,9 @@ bool connect_job(const JobEntry& job, std::chrono::milliseconds timeout, proto::
   // The other way round from the supervisor's check: we talk only to a
   // supervisor running as root or as ourselves (root talks to anyone's).
   if (!(::geteuid() == 0 || cred.uid == 0 || cred.uid == ::geteuid())) {
-    *err =
-        "refusing to talk to " + path + ": its supervisor runs as uid " + std::to_string(cred.uid);
+    *err = "refusing to talk to " + path + ": its supervisor runs as uid " +
+           std::to_string(cred.uid) + ", neither root nor this user: run cusnap as uid " +
+           std::to_string(cred.uid) + " or as root";
     return false;
   }
   *out = proto::Channel(std::move(fd), timeout);

@@ -383,7 +383,7 @@ for _ in $(seq 100); do [ -S "$FAKE/control.sock" ] && break; sleep 0.1; done
 for args in "inspect fake" "inspect fake --json" "inspect fake" "inspect fake"; do
   read -r -a argv <<<"$args"
   CUSNAP_RUNTIME_BASE=$T/fakebase expect_err 1 "$args, details not an object or without a job object" \
-    "the supervisor sent malformed details" -- "$CUSNAP" "${argv[@]}"
+    "the job's supervisor sent details this cusnap cannot read" "use that version" -- "$CUSNAP" "${argv[@]}"
 done
 for args in "suspend fake --json" "resume fake --json"; do
   read -r -a argv <<<"$args"
