@@ -105,7 +105,7 @@ int cmd_checkpoint(int argc, char** argv) {
     if (rc = cancel.finish(json, ok, r, err, &d); rc >= 0) return rc;
   }
   if (!ok) return fail_json(json, kExitFailure, err);
-  if (!r.ok) return report_result_failure(json, r, "checkpoint", entry.status.name);
+  if (!r.ok) return report_result_failure(json, r, "checkpoint", entry);
 
   // The result's details, with what an interrupt added (a cancel too late).
   if (nlohmann::json parsed = nlohmann::json::parse(r.details, nullptr, false);

@@ -244,7 +244,7 @@ int inspect_job(const JobEntry& entry, bool json) {
   if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
                    nullptr, &r, &err))
     return fail_json(json, kExitFailure, err);
-  if (!r.ok) return report_result_failure(json, r, "inspect", entry.status.name);
+  if (!r.ok) return report_result_failure(json, r, "inspect", entry);
   // Not an object (or, for the text, without a "job" object): nothing here
   // could be read from it.
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);

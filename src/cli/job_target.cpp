@@ -35,14 +35,22 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out,
 }
 
 int report_result_failure(bool json, const proto::Result& r, const std::string& op,
-                          const std::string& job) {
-  int code = r.exit_code == kExitOk ? kExitFailure : r.exit_code;
-  return fail_json(json, code,
-                   !r.message.empty() ? r.message
-                                      : "the " + op + " of job " + job +
-                                            " failed, and its supervisor said no more: cusnap "
-                                            "ps and cusnap inspect " +
-                                            job + " show the job's state");
+                          const JobEntry& job) {
+  const int code = r.exit_code == kExitOk ? kExitFailure : r.exit_code;
+  const std::string& name = job.status.name;
+  const std::string msg = !r.message.empty()
+                              ? r.message
+                              : "the " + op + " of job " + name +
+                                    " failed, and its supervisor said no more: cusnap ps and "
+                                    "cusnap inspect " +
+                                    name + " show the job's state";
+  if (!json) return fail(code, msg);
+  nlohmann::json j = {{"ok", false}, {"exit_code", code},         {"error", msg},
+                      {"job", name}, {"name", name},              {"pid", job.status.root_pid}};
+  const nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
+  if (d.is_object() && d.contains("state") && d["state"].is_string()) j["state"] = d["state"];
+  print_json(j);
+  return fail(code, msg);
 }
 
 void print_phases(const nlohmann::json& phases) {
@@ -184,7 +192,7 @@ int CancelOnInterrupt::finish(bool json, bool ok, const proto::Result& r, const 
     say(msg);
     return code;
   }
-  if (!r.ok) return report_result_failure(json, r, op_, job_.status.name);
+  if (!r.ok) return report_result_failure(json, r, op_, job_);
   say("too late to cancel: the " + op_ + " of job " + job_.status.name + " completed");
   if (details != nullptr) (*details)["cancel"] = proto::kCancelTooLate;
   return -1;

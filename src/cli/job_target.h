@@ -20,11 +20,12 @@ void add_job_argument(CLI::App& app, std::string* job);
 int resolve_job(const std::string& spec, bool json, JobEntry* out,
                 const std::string& not_found_also = "");
 
-/// Prints a failed exchange or a refused request (op: "checkpoint" and the
-/// like, of job; said when the supervisor gave no message); returns its exit
-/// code.
+/// Prints the failure the job's supervisor answered (op: "checkpoint" and
+/// the like, said when it gave no message); returns its exit code. The JSON
+/// object names the job (job, name, pid, as a cancel's does) and, where the
+/// supervisor said it, the job's state after the failure.
 int report_result_failure(bool json, const proto::Result& r, const std::string& op,
-                          const std::string& job);
+                          const JobEntry& job);
 
 /// PhaseTimes-like JSON array [{"name","seconds"}] as text lines.
 void print_phases(const nlohmann::json& phases);

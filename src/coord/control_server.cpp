@@ -440,6 +440,7 @@ void ControlServer::serve(UniqueFd conn) {
       ok = ops_.checkpoint(info, opts, sink, &res, &cerr);
     }
     proto::Result result;
+    std::string after;
     {
       std::lock_guard lk(ctx_->mu);
       if (ok && res.job_stopped) {
@@ -449,6 +450,7 @@ void ControlServer::serve(UniqueFd conn) {
         // A roll back that failed leaves the job suspended (engine.h).
         ctx_->set_state_locked(state_after(ctx_->status.state, before, res.code == kExitJobLost));
       }
+      after = ctx_->status.state;
     }
     if (ok) {
       nlohmann::json d = {{"dir", res.dir.empty() ? r.dir : res.dir},
@@ -459,7 +461,9 @@ void ControlServer::serve(UniqueFd conn) {
       add_cut_details(res.collective_cut, res.capture_retries, &d);
       result = make_result(true, kExitOk, "", json_text(d));
     } else {
-      result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr);
+      // The job's state after it, as a failed suspend's or resume's says.
+      result = make_result(false, res.code == kExitOk ? kExitFailure : res.code, cerr,
+                           json_text({{"job", info.name}, {"state", after}}));
       mark_cancelled(*cancel, info.name, &result);
     }
     std::lock_guard lk(send_mu);

@@ -162,6 +162,15 @@ run_json() {  # run_json FILE CMD...: CMD's stdout into FILE, one JSON document
 run_json ck.json "$CUSNAP" checkpoint docs -o "$T/ck1" --leave-running --json
 run_json suspend.json "$CUSNAP" suspend docs --json
 run_json resume.json "$CUSNAP" resume docs --json
+# A checkpoint the supervisor refuses (its directory is not empty): the
+# failure object names the job and its state after the failure.
+rc=0; "$CUSNAP" checkpoint docs -o "$T/ck1" --json >"$T/ck.refused.json" 2>/dev/null || rc=$?
+[ "$rc" = 3 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==3 and d["name"]==d["job"]=="docs" and d["pid"]>0 and d["state"]=="running", d' "$T/ck.refused.json" ||
+  fail "a refused checkpoint --json: exit $rc: $(cat "$T/ck.refused.json")"
+rc=0; "$CUSNAP" resume docs --json >"$T/resume.refused.json" 2>/dev/null || rc=$?
+[ "$rc" = 3 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["name"]=="docs", d' "$T/resume.refused.json" ||
+  fail "a refused resume --json: exit $rc: $(cat "$T/resume.refused.json")"
+pass "a failure the supervisor answers names the job (and its state after a checkpoint's) in --json"
 # Suspend of a suspended job and resume of a running one: refused (3),
 # naming the command that helps.
 expect_err 3 "resume of a running job" "job docs is not suspended" "cusnap suspend docs" -- \
@@ -287,6 +296,7 @@ def check(page, doc, what):
 
 load = lambda f: json.load(open(f"{t}/{f}"))
 for f, page in [("ck.json", "cusnap-checkpoint.1"), ("ck.fail.json", "cusnap-checkpoint.1"),
+                ("ck.refused.json", "cusnap-checkpoint.1"), ("resume.refused.json", "cusnap-suspend.1"),
                 ("suspend.json", "cusnap-suspend.1"), ("suspend.fail.json", "cusnap-suspend.1"),
                 ("resume.json", "cusnap-suspend.1"), ("resume.fail.json", "cusnap-suspend.1"),
                 ("ps.json", "cusnap-ps.1"), ("ps.fail.json", "cusnap-ps.1"),
