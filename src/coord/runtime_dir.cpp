@@ -324,7 +324,12 @@ bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::s
 }
 
 bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_dir,
-                         std::unique_ptr<RuntimeDir>* out, std::string* err) {
+                         std::unique_ptr<RuntimeDir>* out, std::string* err, bool* in_use) {
+  if (in_use) *in_use = false;
+  const auto taken = [&] {
+    if (in_use) *in_use = true;
+    return false;
+  };
   if (!valid_job_name(name, err)) return false;
   const std::string base = runtime_base();
   // A base cusnap makes is private; one that is there is taken as it is,
@@ -352,7 +357,7 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     if (e.status.name == name) {
       *err = "a job named '" + name + "' is already running (supervisor pid " +
              std::to_string(e.status.supervisor_pid) + "); choose another --name";
-      return false;
+      return taken();
     }
   }
   // BASE/NAME may be the link through which a job restored under another
@@ -369,7 +374,7 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
              "', restored from a checkpoint of job " + name +
              ", is already running (supervisor pid " + std::to_string(other.supervisor_pid) +
              ") and reaches its shims through " + base + "/" + name + "; choose another --name";
-      return false;
+      return taken();
     }
   }
   const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
@@ -404,7 +409,7 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     return false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;
-    return false;
+    return taken();
   }
   // BASE/NAME given as --runtime-dir (by any spelling) is no link's target.
   const bool linked =
@@ -426,7 +431,14 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     return false;
   }
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    *err = errno_text("locking " + dir + "/lock");  // another's now: left as it is
+    // Another supervisor's now (it took the directory since the look
+    // above): left as it is.
+    if (errno == EWOULDBLOCK) {
+      *err = "a job is already running in runtime directory " + dir +
+             " (its supervisor took it a moment ago); choose another --name or --runtime-dir";
+      return taken();
+    }
+    *err = errno_text("locking " + dir + "/lock");
     return false;
   }
   // What a dead supervisor left behind (its lock is ours now).

@@ -106,8 +106,19 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(mode_of(rd->job_json_path()) == 0600);
 
   std::unique_ptr<RuntimeDir> dup;
-  CHECK(!RuntimeDir::reserve("job1", "", &dup, &err));
+  bool in_use = false;
+  CHECK(!RuntimeDir::reserve("job1", "", &dup, &err, &in_use));
   CHECK(err.find("already running") != std::string::npos);
+  CHECK(in_use);
+  // The same directory under another name: taken too.
+  in_use = false;
+  CHECK(!RuntimeDir::reserve("job2", rd->path(), &dup, &err, &in_use));
+  CHECK(err.find("already running in runtime directory") != std::string::npos);
+  CHECK(in_use);
+  // A name cusnap refuses is no directory in use.
+  in_use = true;
+  CHECK(!RuntimeDir::reserve("bad/name", "", &dup, &err, &in_use));
+  CHECK_FALSE(in_use);
 
   JobEntry e;
   REQUIRE(find_job("job1", &e, &err));
