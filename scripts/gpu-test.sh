@@ -64,9 +64,9 @@
 #                tests/e2e/restore_memory_check.sh with the real driver: a 4 GiB
 #                job, a PyTorch hog leaving 1 GiB free; resume, restore and a
 #                roll back are not tried while the memory is taken (exit 3, 3
-#                and 6), the job kept, and come back once the hog is gone; the
-#                control with the check off loses the job (OUT_OF_MEMORY, then
-#                304); a job that ran with 16 MiB free (a filler started
+#                and 6; a resume of the rolled-back job, 3), the job kept, and
+#                come back once the hog is gone; the control with the check
+#                off loses the job (OUT_OF_MEMORY, exit 6, then 304); a job that ran with 16 MiB free (a filler started
 #                after it) resumes and restores beside the filler. Device-map
 #                cases with two GPUs.
 #   torch-share-noshim

@@ -17,8 +17,9 @@
 #               so the map swaps them: sending two onto one is refused)
 #   roll back   a checkpoint whose dump fails while the hog takes the memory
 #               the driver checkpoint freed: the roll back does not try the
-#               restore, the job is left suspended (exit 6), and cusnap
-#               resume brings it back once the hog is gone
+#               restore, the job is left suspended (exit 6); a resume with
+#               the hog still there is refused (exit 3, the job as it was),
+#               and brings it back once the hog is gone
 #   guardian    the supervisor killed during the dump of a checkpoint,
 #               the hog holding the memory: the guardian's recovery checks
 #               with the margin the checkpoint's client set (the supervisor
@@ -26,6 +27,7 @@
 #               job suspended; resumed once the hog is gone
 #   control     CUSNAP_RESTORE_MEMORY_MARGIN=off: the resume asks the driver,
 #               which fails CUDA_ERROR_OUT_OF_MEMORY, and the job is lost
+#               (exit 6, suspended!); a later resume fails as before (exit 1)
 #   the setting a bad value is refused (exit 3 from checkpoint and suspend)
 #   hostpids    NVML listing the processes under other pids (a container):
 #               the rise of the free memory at the driver checkpoint stands
