@@ -15,6 +15,7 @@
 #include "coord/supervisor.h"
 #include "proto/env_settings.h"
 #include "proto/json_text.h"
+#include "proto/utf8.h"
 #include "proto/wire.h"
 
 namespace cusnap::cli {
@@ -215,6 +216,15 @@ void add_runtime_dir_option(CLI::App& app, std::string* dir) {
                  "relative DIR is taken from the current directory; new, empty, or left by a dead "
                  "supervisor; made private (0700)")
       ->check(not_empty())
+      // Recorded as JSON (job.json, ps): a bad command line, as checkpoint -o's is.
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return valid_utf8(text)
+                       ? ""
+                       : "the directory is not valid UTF-8, which cusnap cannot record: choose "
+                         "another";
+          },
+          "", "UTF-8"))
       ->transform(CLI::Validator(
           [](std::string& text) -> std::string {
             if (text.empty() || text[0] == '/') return "";

@@ -332,6 +332,16 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   };
   if (!valid_job_name(name, err)) return false;
   const std::string base = runtime_base();
+  const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
+  // Kept in job.json and read back by ps, inspect and the guardian: a path
+  // JSON cannot carry whole would name another directory. Refused before
+  // anything is made (the base too).
+  if (!valid_utf8(dir)) {
+    *err = "the runtime directory " + dir +
+           " is not valid UTF-8, which cusnap cannot record: choose another with --runtime-dir "
+           "or CUSNAP_RUNTIME_BASE";
+    return false;
+  }
   // A base cusnap makes is private; one that is there is taken as it is,
   // never tightened: it may be a directory of the user's (for example
   // CUSNAP_RUNTIME_BASE=.), whose mode is theirs to set.
@@ -376,15 +386,6 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
              ") and reaches its shims through " + base + "/" + name + "; choose another --name";
       return taken();
     }
-  }
-  const std::string dir = explicit_dir.empty() ? base + "/" + name : explicit_dir;
-  // Kept in job.json and read back by ps, inspect and the guardian: a path
-  // JSON cannot carry whole would name another directory.
-  if (!valid_utf8(dir)) {
-    *err = "the runtime directory " + dir +
-           " is not valid UTF-8, which cusnap cannot record: choose another with --runtime-dir "
-           "or CUSNAP_RUNTIME_BASE";
-    return false;
   }
   // A directory elsewhere is found through the link BASE/NAME, which only
   // replaces a link: anything else there (the stale directories of dead
