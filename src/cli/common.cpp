@@ -216,15 +216,6 @@ void add_runtime_dir_option(CLI::App& app, std::string* dir) {
                  "relative DIR is taken from the current directory; new, empty, or left by a dead "
                  "supervisor; made private (0700)")
       ->check(not_empty())
-      // Recorded as JSON (job.json, ps): a bad command line, as checkpoint -o's is.
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            return valid_utf8(text)
-                       ? ""
-                       : "the directory is not valid UTF-8, which cusnap cannot record: choose "
-                         "another";
-          },
-          "", "UTF-8"))
       ->transform(CLI::Validator(
           [](std::string& text) -> std::string {
             if (text.empty() || text[0] == '/') return "";
@@ -236,6 +227,16 @@ void add_runtime_dir_option(CLI::App& app, std::string* dir) {
             return "";
           },
           "", "absolute"))
+      // Recorded as JSON (job.json, ps): a bad command line, as checkpoint -o's is (after
+      // the current directory is put before a relative one).
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return valid_utf8(text)
+                       ? ""
+                       : "the directory is not valid UTF-8, which cusnap cannot record: choose "
+                         "another";
+          },
+          "", "UTF-8"))
       ->type_name("DIR");
 }
 

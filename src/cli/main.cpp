@@ -88,18 +88,18 @@ int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr)
           for (int j = 1; j < i; ++j) moved += std::string(" ") + argv[j];
           for (int j = i + 1; j < argc; ++j) moved += std::string(" ") + argv[j];
         }
-    msg = !moved.empty() ? "unknown option '" + cmd +
+    msg = !moved.empty() ? "unknown option '" + shown(cmd) +
                                "' before the command: a command's options follow it; did you "
                                "mean '" +
-                               moved + "'?"
-                         : "unknown option '" + cmd +
+                               shown(moved) + "'?"
+                         : "unknown option '" + shown(cmd) +
                                "': before a command cusnap takes only --help and --version; a "
                                "command's options follow it (cusnap COMMAND [OPTIONS]; 'cusnap "
                                "--help' lists the commands)";
   } else if (const char* s = suggest(cmd)) {
-    msg = "unknown command '" + cmd + "'; did you mean '" + s + "'?";
+    msg = "unknown command '" + shown(cmd) + "'; did you mean '" + s + "'?";
   } else {
-    msg = "unknown command '" + cmd + "'; run 'cusnap --help' for the list";
+    msg = "unknown command '" + shown(cmd) + "'; run 'cusnap --help' for the list";
   }
   return fail_json(json, cusnap::kExitUsage, msg);
 }

@@ -162,13 +162,14 @@ TEST_CASE("criu interrupt: a stop or timeout during an infection waits for the d
   CHECK(d.took() < std::chrono::seconds(10));
 
   // The same at the timeout (long enough for the fake's shell to have
-  // started; the infection lasts 1 s from there).
+  // started; the infection lasts 3 s from there).
+  infecting_criu(fake, 3);
   d.run.stop_now = {};
-  d.run.timeout = std::chrono::milliseconds(500);
+  d.run.timeout = std::chrono::milliseconds(1500);
   CHECK_FALSE(d.run_now(fake, &err));
-  CHECK_MESSAGE(err.find("criu dump failed (timed out after 500 ms and was killed)") == 0, err);
+  CHECK_MESSAGE(err.find("criu dump failed (timed out after 1500 ms and was killed)") == 0, err);
   CHECK(before_kill == 2);
-  CHECK(d.took() >= std::chrono::milliseconds(900));
+  CHECK(d.took() >= std::chrono::milliseconds(2900));
   CHECK(d.took() < std::chrono::seconds(10));
 }
 

@@ -244,7 +244,9 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
     } else if (!driver_bring_back(driver, cuda, &why)) {
       note("driver restore: " + why);
       ok = false;
-      if (driver.restore_refused())
+      // A job the driver refused once is refused for good, whatever this
+      // try found (the memory short again, or a 304).
+      if (driver.restore_refused() || (was_left && left.restore_refused))
         block = RecoverBlock::kRestoreRefused;
       else if (driver.restore_memory().fell_short)
         block = RecoverBlock::kMemoryShort;
@@ -258,7 +260,12 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   std::vector<pid_t> saved;
   std::string why;
   bool gates_stay = false;
-  if (was_left && left.saved && saved_shim_processes(state_dir).empty()) {
+  if (block == RecoverBlock::kMemoryShort) {
+    // Nothing was restored: the shared memory and the gates wait for the
+    // GPU state (a thread let through would call a checkpointed driver), and
+    // the job stays as it was.
+    gates_stay = true;
+  } else if (was_left && left.saved && saved_shim_processes(state_dir).empty()) {
     // The gates stay closed: the memory they guard is released.
     gates_stay = true;
     block = RecoverBlock::kSavedMemoryGone;

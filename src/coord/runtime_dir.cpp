@@ -622,10 +622,14 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss*
       const int e = errno;
       if (e != ENOENT && e != ENOTDIR)
         return unusable(errno_text("cannot look for a job in " + spec),
-                        "run cusnap as the job's owner (or root)");
+                        "run cusnap as the job's owner");
       *err = errno_text("no job is running in " + spec);
       return false;
     }
+    // A directory of another user's (0700) hides its lock.
+    if (struct stat ls; ::lstat((spec + "/lock").c_str(), &ls) != 0 && errno == EACCES)
+      return unusable(errno_text("cannot look for a job in " + spec),
+                      "run cusnap as the job's owner");
     if (!holds_lock_file(spec)) {
       *err = "no job is running in " + spec +
              ": it is not a job's runtime directory (cusnap ps lists the running jobs)";

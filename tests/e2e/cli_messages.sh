@@ -135,8 +135,15 @@ if command -v setpriv >/dev/null; then
   "${as_nobody[@]}" "$CUSNAP" restore "$T/shut" --json >"$T/shut.json" 2>/dev/null || rc=$?
   [ "$rc" = 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and d["exit_code"]==1 and "Permission denied" in d["error"], d' "$T/shut.json" ||
     fail "restore --json of an unreadable manifest: exit $rc: $(cat "$T/shut.json")"
-  chmod 700 "$T"
   pass "restore --json and inspect --json of an unreadable manifest: exit_code 1"
+  # A job's runtime directory of root's (0700, its lock hidden) given as
+  # JOB: this user cannot look, which is no missing job (4) but an error (1).
+  mkdir -m 700 "$T/rootrd"
+  touch "$T/rootrd/lock"
+  expect_err 1 "checkpoint of a runtime directory this user cannot look into" \
+    "cannot look for a job in $T/rootrd: Permission denied" "run cusnap as the job's owner" -- \
+    "${as_nobody[@]}" "$CUSNAP" checkpoint "$T/rootrd"
+  chmod 700 "$T"
 else
   echo "note: no setpriv: unreadable directories not tried"
 fi

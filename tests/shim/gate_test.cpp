@@ -283,9 +283,16 @@ TEST_SUITE("shim.gate") {
     // inside while it is closed. (in_flight() may read 1 for a moment here:
     // a thread that stored its depth after the closer's fence sees CLOSED and
     // backs out.)
-    for (int k = 0; k < 50; ++k) {
+    bool stuck = false;  // the threads stopped passing an open gate
+    for (int k = 0; k < 50 && !stuck; ++k) {
       const long seen = calls.load();
-      while (calls.load() < seen + 200) std::this_thread::yield();  // they are passing
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (calls.load() < seen + 200 && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();  // they are passing
+      if (calls.load() < seen + 200) {
+        stuck = true;
+        break;
+      }
       CHECK(g.close(5000) == 0);
       closed.store(true);
       const long before = calls.load();
@@ -296,6 +303,7 @@ TEST_SUITE("shim.gate") {
     }
     stop.store(true);
     for (auto& t : ts) t.join();
+    CHECK_FALSE(stuck);
     CHECK(inside_closed.load() == 0);
     CHECK(g.in_flight() == 0);
   }
