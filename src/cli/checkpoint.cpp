@@ -76,8 +76,7 @@ int cmd_checkpoint(int argc, char** argv) {
   if (req.dir.size() > proto::kMaxCheckpointDirBytes)
     return fail_json(json, kExitUsage,
                      "the checkpoint directory's absolute path is " +
-                         std::to_string(req.dir.size()) +
-                         " bytes long, more than the " +
+                         std::to_string(req.dir.size()) + " bytes long, more than the " +
                          std::to_string(proto::kMaxCheckpointDirBytes) +
                          " a path may be: give -o a shorter one");
   req.leave_running = leave_running;

@@ -238,6 +238,11 @@ int print_job(const JobEntry& entry, nlohmann::json& d, bool json) {
   return kExitOk;
 }
 
+/// What a job's details this cusnap cannot read say, and what to do.
+constexpr const char* kUnreadableDetails =
+    "the job's supervisor sent details this cusnap cannot read: it was likely started by another "
+    "version of cusnap; use that version to inspect it";
+
 int inspect_job(const JobEntry& entry, bool json) {
   proto::Result r;
   std::string err;
@@ -249,14 +254,12 @@ int inspect_job(const JobEntry& entry, bool json) {
   // could be read from it.
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (d.is_discarded() || !d.is_object() || (!json && !(d.contains("job") && d["job"].is_object())))
-    return fail_json(json, kExitFailure, "the job's supervisor sent details this cusnap cannot read: it was likely started by "
-                     "another version of cusnap; use that version to inspect it");
+    return fail_json(json, kExitFailure, kUnreadableDetails);
   // A field of another type than the one read throws.
   try {
     return print_job(entry, d, json);
   } catch (const nlohmann::json::exception&) {
-    return fail_json(json, kExitFailure, "the job's supervisor sent details this cusnap cannot read: it was likely started by "
-                     "another version of cusnap; use that version to inspect it");
+    return fail_json(json, kExitFailure, kUnreadableDetails);
   }
 }
 

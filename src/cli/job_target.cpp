@@ -45,8 +45,8 @@ int report_result_failure(bool json, const proto::Result& r, const std::string& 
                                     "cusnap inspect " +
                                     name + " show the job's state";
   if (!json) return fail(code, msg);
-  nlohmann::json j = {{"ok", false}, {"exit_code", code},         {"error", msg},
-                      {"job", name}, {"name", name},              {"pid", job.status.root_pid}};
+  nlohmann::json j = {{"ok", false}, {"exit_code", code}, {"error", msg},
+                      {"job", name}, {"name", name},      {"pid", job.status.root_pid}};
   const nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (d.is_object() && d.contains("state") && d["state"].is_string()) j["state"] = d["state"];
   print_json(j);

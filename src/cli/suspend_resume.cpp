@@ -56,8 +56,7 @@ int run(int argc, char** argv, bool suspend) {
     ok = job_request(entry, control_timeout(), wait, proto::kMsgResume, req, nullptr, &r, &err);
   }
   if (!ok) return fail_json(json, kExitFailure, err);
-  if (!r.ok)
-    return report_result_failure(json, r, suspend ? "suspend" : "resume", entry);
+  if (!r.ok) return report_result_failure(json, r, suspend ? "suspend" : "resume", entry);
   if (json) {
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
     if (d.is_discarded() || !d.is_object()) d = nlohmann::json::object();

@@ -138,8 +138,8 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
     // suspended by cusnap suspend is (below); a restore the driver refused
     // now leaves the job one that cannot come back: lost, as below.
     if (code)
-      *code = ok ? kExitOk
-              : blocked == RecoverBlock::kMemoryShort ? kExitRefused
+      *code = ok                                                                  ? kExitOk
+              : blocked == RecoverBlock::kMemoryShort                             ? kExitRefused
               : blocked == RecoverBlock::kRestoreRefused && !left.restore_refused ? kExitJobLost
                                                                                   : kExitFailure;
     return ok;

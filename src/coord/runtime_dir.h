@@ -57,8 +57,7 @@ class RuntimeDir {
   /// Refuses when a live job holds the name or the directory, *in_use (when
   /// given) then true: the caller's refusal (exit 3), not an error.
   static bool reserve(const std::string& name, const std::string& explicit_dir,
-                      std::unique_ptr<RuntimeDir>* out, std::string* err,
-                      bool* in_use = nullptr);
+                      std::unique_ptr<RuntimeDir>* out, std::string* err, bool* in_use = nullptr);
   /// Takes over the directory at path whose lock the caller already holds
   /// (a guardian adopting a job whose supervisor died).
   static std::unique_ptr<RuntimeDir> adopt(const std::string& path, UniqueFd lock);

@@ -66,11 +66,9 @@ bool validate_settings(const Settings& settings, std::string* err) {
 bool validate(const CheckpointRequest& r, std::string* err) {
   if (r.dir.empty() || r.dir[0] != '/' || r.dir.size() > kMaxCheckpointDirBytes ||
       r.dir.find('\0') != std::string::npos) {
-    *err =
-        "the checkpoint directory in the request is not an absolute path of at most " +
-        std::to_string(kMaxCheckpointDirBytes) +
-        " bytes without a NUL byte: give -o a directory that is; " +
-        std::string(kUseThisClient);
+    *err = "the checkpoint directory in the request is not an absolute path of at most " +
+           std::to_string(kMaxCheckpointDirBytes) +
+           " bytes without a NUL byte: give -o a directory that is; " + std::string(kUseThisClient);
     return false;
   }
   // The manifest, the guardian and the results record it as JSON text.

@@ -223,10 +223,10 @@ bool answered_within(pid_t pid, long ms, const char* what) {
   const auto t0 = Clock::now();
   Shim s;
   proto::ShimRecords r;
-  const bool ok =
-      connect_short(&s, pid, std::max<std::chrono::milliseconds>(
-                                 kShort, std::chrono::milliseconds(ms + 1000))) &&
-      s.inspect(&r);
+  const bool ok = connect_short(&s, pid,
+                                std::max<std::chrono::milliseconds>(
+                                    kShort, std::chrono::milliseconds(ms + 1000))) &&
+                  s.inspect(&r);
   const long took = ms_since(t0);
   fprintf(stderr, "%s: %s after %ld ms\n", what, ok ? "answered" : "not answered", took);
   return ok && took < ms;

@@ -91,8 +91,7 @@ int run() {
   // The part, the reopened file and the window's mapping, while the window
   // is being registered.
   const auto t0 = Clock::now();
-  while (proc_traces(g_workload.pid, kTag) < 3 && cmds::ms_since(t0) < kRegisterMs)
-    usleep(5000);
+  while (proc_traces(g_workload.pid, kTag) < 3 && cmds::ms_since(t0) < kRegisterMs) usleep(5000);
   const int held = proc_traces(g_workload.pid, kTag);
   fprintf(stderr, "the workload holds %d descriptor(s) and mapping(s) of the part file\n", held);
 

@@ -109,8 +109,7 @@ int run() {
 
   // The importer's thread holds the fetched export while the driver imports it.
   const auto t0 = Clock::now();
-  while (export_descriptors(g_importer.pid) == 0 && cmds::ms_since(t0) < kImportMs)
-    usleep(5000);
+  while (export_descriptors(g_importer.pid) == 0 && cmds::ms_since(t0) < kImportMs) usleep(5000);
   const int held = export_descriptors(g_importer.pid);
   fprintf(stderr, "the importer holds %d descriptor(s) of the creator's export\n", held);
   REQ(held == 1);

@@ -204,7 +204,7 @@ int slow_close() {
   fprintf(stderr, "a fork of the workload while the shim closes a part file for %ld ms: %lld ms\n",
           kSlowCloseMs, (long long)fork_ms);
   REQ(fork_ms != ~0ull);  // the slow close came, and the fork with it
-  REQ(fork_ms < 1000);  // not held for the close's 1.5 s
+  REQ(fork_ms < 1000);    // not held for the close's 1.5 s
   proto::ShimRecords r;
   REQ(c.inspect(&r));  // and the listener goes on
   REQ(cmds::finish(g_job));
