@@ -65,17 +65,14 @@ const CLI::Option* option_named(const CLI::App& app, const std::string& word) {
   return nullptr;
 }
 
-/// --json given as a flag, for a command that has it: among the options
-/// (before a "--", and for launch before CMD), not the value of an option
-/// given as its own argument ("--name --json": missing_value_message refuses
-/// it, and the user did not ask for JSON).
-bool wants_json(const CLI::App& app, int argc, char** argv) {
-  if (app.get_option_no_throw("--json") == nullptr) return false;
+}  // namespace
+
+bool json_among(const CLI::App* app, int argc, char** argv) {
   bool json = false;  // the last one counts, as for CLI11
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--") break;
-    if (app.get_prefix_command() && (a.empty() || a[0] != '-')) break;
+    if (app != nullptr && app->get_prefix_command() && (a.empty() || a[0] != '-')) break;
     if (a == "--json") {
       json = true;
     } else if (a.starts_with("--json=")) {
@@ -83,12 +80,22 @@ bool wants_json(const CLI::App& app, int argc, char** argv) {
       std::string v = a.substr(7);
       for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       json = !(v == "false" || v == "0" || v == "no" || v == "off" || v == "disable");
-    } else if (const CLI::Option* o = option_named(app, a);
+    } else if (const CLI::Option* o = app != nullptr ? option_named(*app, a) : nullptr;
                o != nullptr && o->get_items_expected_min() > 0) {
       ++i;  // its value, whatever it looks like
     }
   }
   return json;
+}
+
+namespace {
+
+/// --json given as a flag, for a command that has it: among the options
+/// (before a "--", and for launch before CMD), not the value of an option
+/// given as its own argument ("--name --json": missing_value_message refuses
+/// it, and the user did not ask for JSON).
+bool wants_json(const CLI::App& app, int argc, char** argv) {
+  return app.get_option_no_throw("--json") != nullptr && json_among(&app, argc, argv);
 }
 
 /// An option that takes a value, given as its own argument ("-n NAME"),
@@ -153,8 +160,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     // Every command reads it, and so do the supervisor and the job's shims.
     int64_t ms = 0;
     if (std::string err; !proto::control_timeout_checked(&ms, &err)) {
-      if (wants_json(app, argc, argv))
-        print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", err}});
+      if (wants_json(app, argc, argv)) print_json(failure_object(kExitUsage, err));
       std::fprintf(stderr, "cusnap: error: %s\n", shown(err, Breaks::keep).c_str());
       return kExitUsage;
     }
@@ -168,8 +174,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     const std::string msg = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr
                                 ? extras_message(app, app.remaining())
                                 : std::string(e.what());
-    if (wants_json(app, argc, argv))
-      print_json({{"ok", false}, {"exit_code", int(kExitUsage)}, {"error", msg}});
+    if (wants_json(app, argc, argv)) print_json(failure_object(kExitUsage, msg));
     std::fprintf(stderr, "cusnap: error: %s\nRun '%s --help' for usage.\n",
                  shown(msg, Breaks::keep).c_str(), app.get_name().c_str());
     return kExitUsage;
@@ -303,12 +308,8 @@ InterruptNotice::InterruptNotice(const std::string& operation, bool json) {
   // A progress line may be on the terminal: start on a fresh line.
   g_notice_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
   for (int i = 0; i < 3; ++i) {
-    g_notice_json[i] = json ? json_text(nlohmann::json{{"ok", false},
-                                                       {"exit_code", 128 + kNoticeSignals[i]},
-                                                       {"error", msg}},
-                                        2) +
-                                  "\n"
-                            : "";
+    g_notice_json[i] =
+        json ? json_text(failure_object(128 + kNoticeSignals[i], msg), 2) + "\n" : "";
     struct sigaction sa {};
     sa.sa_handler = on_notice_signal;
     sigemptyset(&sa.sa_mask);
@@ -321,8 +322,12 @@ InterruptNotice::~InterruptNotice() {
 }
 
 int fail_json(bool json, int code, const std::string& msg) {
-  if (json) print_json({{"ok", false}, {"exit_code", code}, {"error", msg}});
+  if (json) print_json(failure_object(code, msg));
   return fail(code, msg);
+}
+
+nlohmann::json failure_object(int code, const std::string& msg) {
+  return {{"ok", false}, {"exit_code", code}, {"error", msg}};
 }
 
 void print_json(const nlohmann::json& j) {

@@ -46,6 +46,10 @@ void init_app(CLI::App& app, const std::string& name);
 /// of a command that has --json, given among the arguments, also prints
 /// {"ok": false, "exit_code": 2, "error"} on stdout (fail_json).
 int parse(CLI::App& app, int argc, char** argv);
+/// --json (or --json=VALUE CLI11 reads as true, the last one counting)
+/// among argv[1..] before a "--"; with app, not an option's value nor past
+/// launch's CMD. Without app (no command to ask) every word is looked at.
+bool json_among(const CLI::App* app, int argc, char** argv);
 
 /// Levenshtein distance, for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b);
@@ -118,6 +122,9 @@ std::string unreadable_hint(int e, const std::string& action);
 int fail(int code, const std::string& msg);
 /// Same, and with json also {"ok": false, "exit_code", "error"} on stdout.
 int fail_json(bool json, int code, const std::string& msg);
+/// The failure object every command prints with --json:
+/// {"ok": false, "exit_code", "error"}.
+nlohmann::json failure_object(int code, const std::string& msg);
 /// Prints a JSON value on stdout, one document per line.
 void print_json(const nlohmann::json& j);
 

@@ -34,6 +34,13 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out,
   return fail_json(json, kExitNotFound, err + not_found_also);
 }
 
+nlohmann::json job_failure_object(int code, const std::string& msg, const JobEntry& job) {
+  nlohmann::json j = failure_object(code, msg);
+  j["job"] = j["name"] = job.status.name;
+  j["pid"] = job.status.root_pid;
+  return j;
+}
+
 int report_result_failure(bool json, const proto::Result& r, const std::string& op,
                           const JobEntry& job) {
   const int code = r.exit_code == kExitOk ? kExitFailure : r.exit_code;
@@ -45,8 +52,7 @@ int report_result_failure(bool json, const proto::Result& r, const std::string& 
                                     "cusnap inspect " +
                                     name + " show the job's state";
   if (!json) return fail(code, msg);
-  nlohmann::json j = {{"ok", false}, {"exit_code", code}, {"error", msg},
-                      {"job", name}, {"name", name},      {"pid", job.status.root_pid}};
+  nlohmann::json j = job_failure_object(code, msg, job);
   const nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (d.is_object() && d.contains("state") && d["state"].is_string()) j["state"] = d["state"];
   print_json(j);
@@ -123,12 +129,7 @@ CancelOnInterrupt::CancelOnInterrupt(const JobEntry& job, const char* op, bool j
                           "outcome is not known: cusnap ps shows the job's state";
   g_again_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
   for (int i = 0; i < 3; ++i) {
-    g_again_json[i] = json ? json_text(nlohmann::json{{"ok", false},
-                                                      {"exit_code", 128 + kCancelSignals[i]},
-                                                      {"error", msg}},
-                                       2) +
-                                 "\n"
-                           : "";
+    g_again_json[i] = json ? json_text(failure_object(128 + kCancelSignals[i], msg), 2) + "\n" : "";
     struct sigaction sa {};
     sa.sa_handler = on_cancel_signal;
     sigemptyset(&sa.sa_mask);
@@ -181,14 +182,11 @@ int CancelOnInterrupt::finish(bool json, bool ok, const proto::Result& r, const 
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (!r.ok && d.is_object() && d.value("cancelled", false)) {
     const std::string msg = "cancelled: job " + job_.status.name + " runs on unchanged";
-    if (json)
-      print_json({{"ok", false},
-                  {"exit_code", code},
-                  {"cancelled", true},
-                  {"error", msg},
-                  {"job", job_.status.name},
-                  {"name", job_.status.name},
-                  {"pid", job_.status.root_pid}});
+    if (json) {
+      nlohmann::json j = job_failure_object(code, msg, job_);
+      j["cancelled"] = true;
+      print_json(j);
+    }
     say(msg);
     return code;
   }

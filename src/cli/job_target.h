@@ -20,6 +20,10 @@ void add_job_argument(CLI::App& app, std::string* job);
 int resolve_job(const std::string& spec, bool json, JobEntry* out,
                 const std::string& not_found_also = "");
 
+/// failure_object with the job named: job, name (both the job's name) and
+/// pid (its root process).
+nlohmann::json job_failure_object(int code, const std::string& msg, const JobEntry& job);
+
 /// Prints the failure the job's supervisor answered (op: "checkpoint" and
 /// the like, said when it gave no message); returns its exit code. The JSON
 /// object names the job (job, name, pid, as a cancel's does) and, where the

@@ -75,9 +75,7 @@ void open_standard_fds() {
 /// --json among the arguments (before a --) also prints the failure object
 /// on stdout, as a command's bad command line does.
 int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr) {
-  bool json = false;
-  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i)
-    json = json || std::string(argv[i]) == "--json";
+  const bool json = json_among(nullptr, argc, argv);
   std::string msg;
   if (cmd.size() > 1 && cmd[0] == '-') {
     std::string moved;

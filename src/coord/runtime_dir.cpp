@@ -617,19 +617,20 @@ bool find_job(const std::string& spec, JobEntry* out, std::string* err, JobMiss*
       *err = why + ": " + todo;
       return false;
     };
+    // errno from a look that failed for another reason than absence.
+    auto cannot_look = [&] {
+      return unusable(errno_text("cannot look for a job in " + spec),
+                      "run cusnap as the job's owner");
+    };
     struct stat st;
     if (::lstat(spec.c_str(), &st) != 0) {
-      const int e = errno;
-      if (e != ENOENT && e != ENOTDIR)
-        return unusable(errno_text("cannot look for a job in " + spec),
-                        "run cusnap as the job's owner");
+      if (errno != ENOENT && errno != ENOTDIR) return cannot_look();
       *err = errno_text("no job is running in " + spec);
       return false;
     }
     // A directory of another user's (0700) hides its lock.
     if (struct stat ls; ::lstat((spec + "/lock").c_str(), &ls) != 0 && errno == EACCES)
-      return unusable(errno_text("cannot look for a job in " + spec),
-                      "run cusnap as the job's owner");
+      return cannot_look();
     if (!holds_lock_file(spec)) {
       *err = "no job is running in " + spec +
              ": it is not a job's runtime directory (cusnap ps lists the running jobs)";
