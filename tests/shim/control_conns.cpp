@@ -85,11 +85,6 @@ enum Cmd : uint64_t {
   kCloseCtl,    // closes the shim's control socket (as the application may); replies how many
 };
 
-const cusnap_shim_control* control() {
-  auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
-  return info ? info->control : nullptr;
-}
-
 std::atomic<bool> g_called{false};
 
 void* caller_thread(void*) {
@@ -174,8 +169,8 @@ int act(int sock, uint64_t cmd, uint64_t* value) {
       return 0;
     case kGateClosed: {
       int closed = 0;
-      FC_REQ(control());
-      control()->gate_state(&closed, nullptr, nullptr);
+      FC_REQ(cmds::shim_control());
+      cmds::shim_control()->gate_state(&closed, nullptr, nullptr);
       *value = closed ? 1 : 0;
       return 0;
     }

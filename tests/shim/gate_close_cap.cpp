@@ -58,9 +58,9 @@ pthread_t g_busy{};
 
 /// Whether the shim counts a driver call in flight now.
 bool call_in_flight() {
-  auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
   uint64_t in_flight = 0;
-  if (info && info->control) info->control->gate_state(nullptr, &in_flight, nullptr);
+  if (const cusnap_shim_control* c = cmds::shim_control())
+    c->gate_state(nullptr, &in_flight, nullptr);
   return in_flight == 1;
 }
 

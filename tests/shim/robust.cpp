@@ -63,11 +63,6 @@ enum Cmd : uint64_t {
   kFinish,
 };
 
-const cusnap_shim_control* control() {
-  auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
-  return info ? info->control : nullptr;
-}
-
 void sleep_ms(long ms) {
   timespec ts{ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, nullptr);
@@ -173,7 +168,7 @@ int workload(int sock) {
         break;
       }
       case kGateWait: {
-        const cusnap_shim_control* c = control();
+        const cusnap_shim_control* c = cmds::shim_control();
         FC_REQ(c && pthread_create(&gate_t, nullptr, gate_thread, nullptr) == 0);
         uint64_t waiting = 0;
         for (int i = 0; i < 500 && waiting == 0; ++i) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include <sstream>
 #include <string>
 
+#include "shim/cusnap_shim.h"
 #include "tests/fakecuda/fakecuda_test_util.h"
 
 namespace cmds {
@@ -44,6 +46,13 @@ inline int serve(int sock, const std::function<int(uint64_t cmd, uint64_t* value
     if (const int rc = act(cmd, &value)) return rc;
     if (!fctest::send_u64(sock, value)) return 1;
   }
+}
+
+/// In a workload: the preloaded shim's control table (its gate), found as a
+/// test may look for it, by symbol; nullptr without the shim.
+inline const cusnap_shim_control* shim_control() {
+  auto* info = static_cast<const cusnap_shim_info*>(dlsym(RTLD_DEFAULT, "cusnap_shim_build_info"));
+  return info ? info->control : nullptr;
 }
 
 /// In the test: runs cmd in workload w, its reply into *value; false (saying
