@@ -13,7 +13,7 @@
 // drain's thread with it: given up, it synchronizes nothing more (the
 // application runs again, and a synchronize would invalidate a capture it
 // begins). A request that names no time (an older client's) is waited for
-// as long as the gate's hold (track_server.cpp, serve_control), never
+// as long as the gate's hold (track_control.cpp, serve_control), never
 // without end.
 
 #include <atomic>

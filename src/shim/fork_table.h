@@ -1,4 +1,4 @@
-// The fork table (defined in track_server.cpp): the descriptors the shim
+// The fork table (fork_table.cpp): the descriptors the shim
 // holds for a while in the application's process (the listeners'
 // connections and the parts of a save or load; an importer's connection to
 // the creator and the export it fetched; the direct path's reopened part
@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <mutex>
 
 #include "proto/unique_fd.h"
 #include "shim/held_fd.h"
@@ -88,5 +89,24 @@ ListedFd list_held(const HeldFd& h) noexcept;
 /// between the two copies the mapping. MAP_FAILED and errno as mmap's, or
 /// madvise's (nothing left mapped).
 void* map_unforked(size_t len, int prot, int fd, off_t off, bool no_wait) noexcept;
+
+/// Connections each of the shim's two listeners keeps open at once
+/// (track_server.cpp); the table has room for all of them.
+inline constexpr size_t kMaxListenerConnections = 8;
+
+// The table itself, for the listeners' and importers' connections
+// (track_server.cpp, Conn), which make a socket and enter it, or take one
+// out and close it, in one step under the table's lock.
+
+/// The table's lock (the fork's prepare handler holds it).
+std::mutex& fork_table_mutex() noexcept;
+/// Enters fd (the lock held): its slot, or -1 when the table is full (never
+/// while the listeners keep to their limits) or fstat fails.
+std::ptrdiff_t fork_table_enter_locked(int fd) noexcept;
+/// The entry at slot, a slot fork_table_enter_locked gave (the lock held):
+/// fd with the identity of the file it named then.
+HeldFd fork_table_entry_locked(std::ptrdiff_t slot) noexcept;
+/// Empties slot (the lock held); nothing for -1.
+void fork_table_clear_locked(std::ptrdiff_t slot) noexcept;
 
 }  // namespace cusnap::shim::track
