@@ -172,9 +172,8 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
                      ": choose another -o DIR";
     return false;
   }
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().filename() == kClaimFile) continue;
+  for (const std::string& name : list_dir(dir)) {
+    if (name == kClaimFile) continue;
     ::unlink(claim.c_str());
     *err = "the checkpoint directory " + dir +
            " is no longer empty (another checkpoint wrote into it): choose another -o DIR";
@@ -192,10 +191,11 @@ void remove_output(const std::string& dir, bool existed, bool keep_saved = false
     fs::remove_all(dir, ec);
     return;
   }
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  // Names read first (list_dir): a directory_iterator's increment throws on
+  // a read error, and entries are removed as the loop goes.
+  for (const std::string& name : list_dir(dir)) {
     if (keep_saved && (name == "shim" || name == "shared")) continue;
-    fs::remove_all(e.path(), ec);
+    fs::remove_all(dir + "/" + name, ec);
   }
   if (!existed) fs::remove(dir, ec);  // only when empty
 }

@@ -1,6 +1,7 @@
 // Preconditions, the driver phases shared by checkpoint and suspend, and the
 // job listing for ps/inspect.
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -229,6 +230,17 @@ bool driver_bring_back(Driver& d, const std::vector<pid_t>& all, std::string* er
   }
 }
 
+std::vector<pid_t> initialized_only(Driver& d, const std::vector<pid_t>& pids) {
+  std::vector<pid_t> out;
+  for (pid_t pid : pids) {
+    CUprocessState st;
+    std::string why;
+    if (!d.get_state(pid, &st, &why) && d.last_result() == CUDA_ERROR_NOT_INITIALIZED) continue;
+    out.push_back(pid);
+  }
+  return out;
+}
+
 std::string after_roll_back(const JobInfo& job, const std::vector<pid_t>& pids) {
   if (!process_runs(job.root_pid))
     return "the job ended (its process " + std::to_string(job.root_pid) + " is gone)";
@@ -413,6 +425,8 @@ size_t sweep_stale_temp_dirs(const std::string& base, std::chrono::seconds min_a
         now - st.st_mtime < min_age.count())
       continue;
     if (::kill(owner, 0) == 0 || errno != ESRCH) continue;  // its maker may still use it
+    // Kept for the files a failure's message names (TempDir::keep).
+    if (struct stat kst; ::lstat((path + "/" + kTempKeptMarker).c_str(), &kst) == 0) continue;
     std::error_code ec;
     if (std::filesystem::remove_all(path, ec) > 0 && !ec) ++removed;
   }
@@ -455,6 +469,15 @@ bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool 
     return false;
   }
   return true;
+}
+
+void TempDir::keep() {
+  keep_ = true;
+  if (path_.empty()) return;
+  // Best effort: without the marker a sweep may take it once its maker is gone.
+  const int fd =
+      ::open((path_ + "/" + kTempKeptMarker).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
 }
 
 TempDir::~TempDir() {

@@ -146,6 +146,12 @@ bool driver_resume_all(Driver& d, const std::vector<pid_t>& pids,
 /// its GPU. *err: each pass's failures.
 bool driver_bring_back(Driver& d, const std::vector<pid_t>& pids, std::string* err);
 
+/// pids less those that map the driver but never initialised it (its state
+/// query fails CUDA_ERROR_NOT_INITIALIZED, as for a child forked after its
+/// parent started CUDA): they have no GPU state to save or bring back. A
+/// query that fails otherwise keeps the process (its caller says the error).
+std::vector<pid_t> initialized_only(Driver& d, const std::vector<pid_t>& pids);
+
 /// What became of the job after a roll back that succeeded: "the job runs on
 /// unchanged", or which of pids (or the job's root) ended meanwhile.
 std::string after_roll_back(const JobInfo& job, const std::vector<pid_t>& pids);
@@ -205,10 +211,14 @@ std::chrono::milliseconds criu_kill_grace();
 /// namespace, which kill cannot see, is left while it may be in use).
 inline constexpr std::chrono::seconds kStaleTempAge{600};
 
+/// In a temporary directory a failure kept for its files (TempDir::keep).
+inline constexpr const char* kTempKeptMarker = ".cusnap-kept";
+
 /// Removes base's temporary directories of checkpoints and restores
 /// (TempDir's, named PREFIX PID "-" XXXXXX) whose maker is gone and that were
 /// last changed at least min_age ago: a process killed outright leaves its
-/// directory behind. Only directories of this user. Returns how many.
+/// directory behind. Only directories of this user, and none kept for its
+/// files (kTempKeptMarker). Returns how many.
 size_t sweep_stale_temp_dirs(const std::string& base, std::chrono::seconds min_age);
 
 /// A private empty directory under $TMPDIR (or /tmp), named PREFIX PID
@@ -222,7 +232,9 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
   bool ok() const { return !path_.empty(); }
-  void keep() { keep_ = true; }
+  /// Not removed by the destructor, nor swept later: a message names it
+  /// for the files it keeps (a marker file, kTempKeptMarker, says so).
+  void keep();
   /// Why it could not be made, naming the directory and whether TMPDIR chose it.
   const std::string& failure() const { return failure_; }
   int error_number() const { return errno_; }

@@ -60,11 +60,12 @@ std::set<pid_t> orphaned_criu(pid_t root, const std::vector<pid_t>& tree) {
   const pid_t self = ::getpid();
   const std::string root_s = std::to_string(root);
   for (pid_t pid : tree) {
-    std::error_code ec;
-    for (const auto& t :
-         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    // Names read first (list_dir): a range-for over a directory_iterator
+    // throws from its increment when the process ends meanwhile.
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task/";
+    for (const std::string& t : list_dir(tasks)) {
       std::string status;
-      if (!read_text_file(t.path().string() + "/status", &status)) continue;
+      if (!read_text_file(tasks + t + "/status", &status)) continue;
       size_t at = status.find("TracerPid:");
       if (at == std::string::npos) continue;
       pid_t tracer = pid_t(std::atoi(status.c_str() + at + 10));
@@ -238,10 +239,14 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
       if (std::string unseen; !driver.devices(&gpus, &unseen)) gpus.clear();
       set_driver_deadlines(driver, timeout, gpus);
     }
+    // A process that maps the driver but never initialised it (a worker
+    // forked after its parent started CUDA) has no GPU state to bring back:
+    // left out, as a checkpoint's scan and a resume leave it out.
+    const std::vector<pid_t> on_gpu = loaded ? initialized_only(driver, cuda) : cuda;
     if (!loaded) {
       note("the driver: " + why);
       ok = false;
-    } else if (!driver_bring_back(driver, cuda, &why)) {
+    } else if (!driver_bring_back(driver, on_gpu, &why)) {
       note("driver restore: " + why);
       ok = false;
       // A job the driver refused once is refused for good, whatever this
@@ -251,7 +256,7 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
       else if (driver.restore_memory().fell_short)
         block = RecoverBlock::kMemoryShort;
     } else {
-      note("driver state of " + std::to_string(cuda.size()) + " process(es): running");
+      note("driver state of " + std::to_string(on_gpu.size()) + " process(es): running");
     }
   }
   // Shared memory: rebuilt from the saved bytes where the operation saved
@@ -312,8 +317,8 @@ bool recover_job(const JobInfo& job, const std::string& state_dir_given, bool re
   // A checkpoint without its manifest is only debris.
   if (remove_partial && !state_dir.empty() &&
       !std::filesystem::exists(state_dir + "/" + kManifestName, ec)) {
-    for (const auto& e : std::filesystem::directory_iterator(state_dir, ec))
-      std::filesystem::remove_all(e.path(), ec);
+    for (const std::string& name : list_dir(state_dir))
+      std::filesystem::remove_all(state_dir + "/" + name, ec);
     note("the unfinished checkpoint in " + state_dir + " was removed");
   }
   return true;

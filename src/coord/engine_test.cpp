@@ -595,7 +595,15 @@ TEST_CASE("engine: stale temporary directories of a killed checkpoint or restore
   make("cusnap-restore-Ab12Cd", true);                 // no pid: another version's
   make("cusnap-restore-" + dead + "-Ab12Cd-x", true);  // not one of ours
   make("other-" + dead + "-Ab12Cd", true);
+  make("cusnap-restore-" + dead + "-Kp12Kp", false);  // kept by a failure for its files
+  std::ofstream(base + "/cusnap-restore-" + dead + "-Kp12Kp/" + engine_detail::kTempKeptMarker);
+  {
+    const timespec t[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, (base + "/cusnap-restore-" + dead + "-Kp12Kp").c_str(), t, 0) ==
+            0);
+  }
   CHECK(engine_detail::sweep_stale_temp_dirs(base, std::chrono::seconds(600)) == 2);
+  CHECK(fs::exists(base + "/cusnap-restore-" + dead + "-Kp12Kp/restore.log"));
   CHECK_FALSE(fs::exists(base + "/cusnap-restore-" + dead + "-Ab12Cd"));
   CHECK_FALSE(fs::exists(base + "/cusnap-noplugins-" + dead + "-Ab12Cd"));
   CHECK(fs::exists(base + "/cusnap-dump-" + live + "-Ab12Cd"));

@@ -3,6 +3,7 @@
 
 #include "coord/coordinator_ops.h"
 #include "coord/hex.h"
+#include "coord/procs.h"
 #include "coord/supervisor_loop.h"
 #include "proto/control.h"
 #include "proto/json_text.h"
@@ -16,15 +17,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 namespace cusnap {
 
 namespace {
+
+/// What the kernel adds to /proc/PID/exe once the file was replaced.
+constexpr std::string_view kDeletedSuffix = " (deleted)";
 
 /// The guardian process. Never returns.
 [[noreturn]] void guardian_main(const JobInfo& job, int cmd_r, int out_r, int err_r, int log_fd,
@@ -84,7 +89,7 @@ namespace {
   }
   // A job the recovery could not bring back completely is left suspended
   // (recover_job marks it): supervised, cusnap resume can try again.
-  if (lock_fd >= 0 && !job.runtime_dir.empty() && ::kill(job.root_pid, 0) == 0) {
+  if (lock_fd >= 0 && !job.runtime_dir.empty() && process_runs(job.root_pid)) {
     // Supervise it from here on: a control socket in the same place, so ps,
     // checkpoint, suspend and resume find the job again.
     SupervisorConfig cfg;
@@ -112,8 +117,12 @@ namespace {
     }
     log("cusnap: guardian: cannot supervise the job (" + fail.error + ")\n");
   }
-  log(ok ? "cusnap: guardian: the job runs on, unsupervised; its output goes on into this log\n"
-         : "cusnap: guardian: the job could not be brought back completely\n");
+  if (!process_runs(job.root_pid))  // gone, or a zombie no supervisor reaps
+    log("cusnap: guardian: the job has ended (its process " + std::to_string(job.root_pid) +
+        " is gone)\n");
+  else
+    log(ok ? "cusnap: guardian: the job runs on, unsupervised; its output goes on into this log\n"
+           : "cusnap: guardian: the job could not be brought back completely\n");
   // The output: into the log until every writer is gone.
   std::vector<char> data(1 << 16);
   for (;;) {
@@ -265,9 +274,12 @@ bool Guardian::start(const JobInfo& job, int out_r, int err_r, const std::string
     if (n > 0) {
       self[n] = 0;
       const char* base = std::strrchr(self, '/');
-      // Only the cusnap binary knows the command (not a test program).
-      if (base && std::strcmp(base + 1, "cusnap") == 0)
-        ::execv("/proc/self/exe", const_cast<char* const*>(args));
+      // Only the cusnap binary knows the command (not a test program). One
+      // replaced on disk since it started (an upgrade) reads "cusnap
+      // (deleted)": its image is executed all the same, as the same version.
+      std::string_view name = base ? base + 1 : "";
+      if (name.ends_with(kDeletedSuffix)) name.remove_suffix(kDeletedSuffix.size());
+      if (name == "cusnap") ::execv("/proc/self/exe", const_cast<char* const*>(args));
     }
     // No exec (no /proc?): carry on in this image, which a launch's
     // supervisor left without driver state.

@@ -24,6 +24,16 @@
 namespace cusnap {
 namespace {
 
+/// A directory stream over a duplicate of fd (close-on-exec, closed by
+/// closedir, or here when fdopendir fails); nullptr when neither works.
+DIR* dir_stream_of(int fd) {
+  const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return nullptr;
+  DIR* ds = ::fdopendir(copy);
+  if (!ds) ::close(copy);
+  return ds;
+}
+
 /// The files a supervisor leaves in its directory; "lock" is removed last
 /// (remove_job_dir), since only a directory holding it is cleaned again.
 const char* const kKnownFiles[] = {
@@ -83,7 +93,7 @@ void remove_job_dir(const std::string& dir) {
   }
   // The shims' peer and control sockets (src/proto/shim_messages.h), which a
   // killed process leaves behind.
-  if (DIR* ds = ::fdopendir(::dup(d.get()))) {
+  if (DIR* ds = dir_stream_of(d.get())) {
     while (const dirent* e = ::readdir(ds)) {
       const std::string_view n = e->d_name;
       struct stat fst;
@@ -127,7 +137,7 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err,
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   std::string foreign, first;
   bool has_lock = false;
-  if (DIR* ds = d ? ::fdopendir(::dup(d.get())) : nullptr) {
+  if (DIR* ds = d ? dir_stream_of(d.get()) : nullptr) {
     while (const dirent* e = ::readdir(ds)) {
       const std::string_view n = e->d_name;
       if (n == "." || n == "..") continue;

@@ -17,6 +17,7 @@
 
 #include "coord/file_read.h"
 #include "coord/manifest.h"
+#include "coord/procs.h"
 #include "coord/shared_memory.h"
 #include "proto/control.h"
 #include "proto/env_settings.h"
@@ -85,9 +86,7 @@ std::string hex(uint64_t v) {
 
 std::vector<pid_t> saved_shim_processes(const std::string& dir) {
   std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir + "/shim", ec)) {
-    std::string name = e.path().filename().string();
+  for (const std::string& name : list_dir(dir + "/shim")) {
     if (name.size() > 8 && name.compare(name.size() - 8, 8, ".records") == 0)
       out.push_back(pid_t(std::atoi(name.c_str())));
   }

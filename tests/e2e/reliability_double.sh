@@ -16,7 +16,8 @@
 #             supervisor killed while its job is left suspended, whose
 #             guardian takes the job over and resumes it); the saved shared
 #             memory removed by hand: the resume says so and keeps the gates
-#             closed; --leave-running, whose in-place restore fails after
+#             closed; a job with a forked worker that never started CUDA,
+#             whose resume leaves the worker out; --leave-running, whose in-place restore fails after
 #             the dump: left suspended, and its checkpoint is completed and
 #             restores
 source "$(dirname "$0")/lib_shared.sh"
@@ -180,6 +181,26 @@ resumed susp
 expect_running susp "$PID" "$LAUNCH_OUT"
 cycle susp
 pass "suspend: left suspended, resumed, then checkpointed and restored"
+
+# ---- a worker forked after CUDA started that never calls the driver (its
+# state query answers CUDA_ERROR_NOT_INITIALIZED, as a data-loader worker's
+# does): the suspend leaves it out, and so must the resume of the job its
+# failed roll back left suspended (it failed on the worker for good).
+NOW_PREFIXES=("parent ")
+start idle "$FORK_CHILD" --idle-child --mib 4 --interval-ms 20
+CHILD=$(sed -n 's/^child idle ready pid \([0-9]*\)$/\1/p' "$LAUNCH_OUT")
+[ -n "$CHILD" ] || fail "idle: the idle child did not start: $(cat "$LAUNCH_OUT")"
+arm "$CK:1:999$(unlocks 3)"
+op_rc suspend idle
+left_suspended idle suspend
+resumed idle
+counts_on "$LAUNCH_OUT"
+n=$(grep -c "^child idle [0-9]" "$LAUNCH_OUT")
+sleep 0.3
+[ "$(grep -c "^child idle [0-9]" "$LAUNCH_OUT")" -gt "$n" ] || fail "idle: the idle child stopped"
+kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20; wait_gone "$CHILD" 20
+pass "a worker that never started CUDA: left out of the resume after a failed roll back"
+NOW_PREFIXES=("")
 
 # ---- --leave-running: the in-place driver restore after the dump fails every
 # pass. The job is left suspended, and the checkpoint is completed all the

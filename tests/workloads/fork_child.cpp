@@ -1,7 +1,7 @@
 // cusnap-fork-child: a CUDA process that forks a child which starts CUDA of
 // its own after the fork.
 //
-//   cusnap-fork-child [--mib M] [--interval-ms T] [--exec-child]
+//   cusnap-fork-child [--mib M] [--interval-ms T] [--exec-child | --idle-child]
 //
 // The parent initialises the driver, allocates M MiB (default 2; at least
 // 1 MiB more than the slots) with cuMemAlloc and fills it with a pattern
@@ -15,6 +15,9 @@
 // CUDA_ERROR_NOT_INITIALIZED, as the real driver's does in a child forked from
 // a process that initialised it (measured on an H200,
 // tests/gpu/probes/fork_after_init.cpp; the simulated driver does the same).
+// --idle-child: the child never calls the driver (as a data-loader worker
+// forked from a CUDA process): it maps the driver, its state query answers
+// CUDA_ERROR_NOT_INITIALIZED; it prints "child idle N" every T ms.
 //
 // Exit status: 2 a driver call failed, 3 a byte was wrong, 4 the other
 // process ended, 64 bad usage.
@@ -56,7 +59,7 @@ Region make_region(bool child_role, size_t mib) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args(argc, argv, "cusnap-fork-child", {"--exec-child", "--child-role"},
+  Args args(argc, argv, "cusnap-fork-child", {"--exec-child", "--idle-child", "--child-role"},
             {"--mib", "--interval-ms"});
   size_t mib = size_t(args.num("--mib", 2));
   long interval_ms = args.num("--interval-ms", 100);
@@ -70,6 +73,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (child > 0) loop(parent, false, interval_ms, child);
+  if (args.flag("--idle-child")) {
+    const pid_t first_parent = getppid();
+    std::printf("child idle ready pid %d\n", int(getpid()));
+    for (long count = 1; getppid() == first_parent; ++count) {
+      std::printf("child idle %ld\n", count);
+      usleep(useconds_t(interval_ms * 1000));
+    }
+    return 4;
+  }
   bool exec_child = args.flag("--exec-child");
   if (!exec_child && cuInit(0) == CUDA_ERROR_NOT_INITIALIZED) {
     std::fprintf(stderr,
