@@ -191,13 +191,18 @@ void add_timeout_option(CLI::App& app, double* seconds, const char* bounds, bool
       ->type_name("SECONDS");
 }
 
-void add_control_timeout_option(CLI::App& app, double* seconds) {
+void add_control_timeout_option(CLI::App& app, double* seconds, bool restore) {
   *seconds = std::chrono::duration<double>(control_timeout()).count();
   app.add_option("--control-timeout", *seconds,
-                 "Seconds allowed for each exchange on the control socket (default: "
-                 "$CUSNAP_CONTROL_TIMEOUT or 10); given to the supervisor and the job as "
-                 "CUSNAP_CONTROL_TIMEOUT, it bounds their driver locks and talks with the "
-                 "shims too")
+                 restore ? "Seconds allowed for each exchange on the control socket (default: "
+                           "$CUSNAP_CONTROL_TIMEOUT or 10); given to the supervisor as "
+                           "CUSNAP_CONTROL_TIMEOUT, it bounds its driver calls and talks with "
+                           "the shims too (the restored processes keep the environment they "
+                           "were checkpointed with)"
+                         : "Seconds allowed for each exchange on the control socket (default: "
+                           "$CUSNAP_CONTROL_TIMEOUT or 10); given to the supervisor and the job "
+                           "as CUSNAP_CONTROL_TIMEOUT, it bounds their driver locks and talks "
+                           "with the shims too")
       ->check(control_seconds())
       // Past the check: the supervisor's own bounds (the driver's lock and
       // unlock, its talks with the shims, the guardian) and the job's

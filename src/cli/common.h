@@ -68,7 +68,9 @@ inline CLI::Validator positive() {
         const bool plain = proto::plain_decimal(text.c_str());
         const double v = plain ? std::strtod(text.c_str(), nullptr) : 0;
         if (!plain || !(v >= 0.001) || !(v <= 604800))
-          return "'" + text + "' is not a number of seconds from 0.001 to 604800 (a week)";
+          return "'" + text +
+                 "' is not a number of seconds from 0.001 to 604800 (a week), written as digits "
+                 "with an optional fraction (0.5, 30, 1.25)";
         return "";
       },
       "", "positive");
@@ -83,7 +85,8 @@ inline CLI::Validator control_seconds() {
         int64_t ms = 0;
         if (!proto::parse_timeout_seconds(text.c_str(), &ms))
           return "'" + text +
-                 "' is not a number of seconds greater than 0 and at most 31536000 (a year)";
+                 "' is not a number of seconds greater than 0 and at most 31536000 (a year), "
+                 "written as digits with an optional fraction (0.5, 30, 1.25)";
         return "";
       },
       "", "control seconds");
@@ -95,8 +98,9 @@ inline CLI::Validator control_seconds() {
 /// engine_checkpoint.cpp and engine_restore.cpp).
 void add_timeout_option(CLI::App& app, double* seconds, const char* bounds, bool criu);
 /// "--control-timeout SECONDS", for commands that supervise the job; *seconds
-/// starts as control_timeout().
-void add_control_timeout_option(CLI::App& app, double* seconds);
+/// starts as control_timeout(). restore: the job's processes are not given it
+/// (they keep their checkpointed environment), and the help says so.
+void add_control_timeout_option(CLI::App& app, double* seconds, bool restore = false);
 /// "--runtime-dir DIR", for commands that supervise the job: not empty, and
 /// made absolute against the current directory as it is parsed (the job's
 /// link in the runtime base, and everything else that reads it later, run

@@ -151,7 +151,10 @@ int inspect_checkpoint(const std::string& given, bool json) {
         "  verdict:  valid, restorable with --name NAME only: its job name is not one cusnap "
         "accepts\n");
   else if (valid)
-    std::printf("  verdict:  valid, restorable\n");
+    std::printf(
+        "  verdict:  valid, restorable: files intact, the GPU model present (a restore checks "
+        "the rest as it begins: root, the job's pids, name and TCP ports free, and the GPUs' "
+        "free memory)\n");
   else if (files_intact)
     std::printf(
         "  verdict:  files intact (every file's size and SHA-256 checked), NOT restorable here: "

@@ -123,7 +123,7 @@ int cmd_restore(int argc, char** argv) {
       ->type_name("OLD=NEW,...");
   add_runtime_dir_option(app, &req.cfg.runtime_dir);
   add_timeout_option(app, &timeout_s, "each phase", true);
-  add_control_timeout_option(app, &control_s);
+  add_control_timeout_option(app, &control_s, true);
   app.add_flag("--json", json, "Print the restore's result as JSON");
   int rc = parse(app, argc, argv);
   if (rc >= 0) return rc;

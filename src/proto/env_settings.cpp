@@ -1,5 +1,6 @@
 #include "proto/env_settings.h"
 
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +151,24 @@ bool shim_direct_io_valid(const char* v) noexcept {
   return false;
 }
 
+bool collective_kernels_valid(const char* v) noexcept {
+  if (!v || !*v) return true;
+  if (std::strlen(v) > kMaxCollectiveKernelsBytes) return false;
+  unsigned parts = 1;
+  bool empty = true;  // the part under way has no character yet
+  for (const char* p = v; *p; ++p) {
+    if (*p == ',') {
+      if (empty || ++parts > kMaxCollectiveKernelPrefixes) return false;
+      empty = true;
+    } else if (std::isspace(static_cast<unsigned char>(*p))) {
+      return false;
+    } else {
+      empty = false;
+    }
+  }
+  return !empty;
+}
+
 bool check_env_settings(bool shim, bool supervisor, std::string* err) {
   uint64_t v = 0;
   if (shim) {
@@ -158,6 +177,14 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
     if (const char* d = std::getenv("CUSNAP_SHIM_DIRECT_IO"); !shim_direct_io_valid(d)) {
       *err = quoted("CUSNAP_SHIM_DIRECT_IO", d) +
              " is none of off, auto and on (unset it for the default, off)";
+      return false;
+    }
+    if (const char* k = std::getenv("CUSNAP_COLLECTIVE_KERNELS"); !collective_kernels_valid(k)) {
+      *err = quoted("CUSNAP_COLLECTIVE_KERNELS", k) + " is not 1 to " +
+             std::to_string(kMaxCollectiveKernelPrefixes) +
+             " kernel name prefixes separated by commas, without blanks, " +
+             std::to_string(kMaxCollectiveKernelsBytes) + " characters at most (unset it for " +
+             "the default, " + kDefaultCollectiveKernels + ")";
       return false;
     }
   }

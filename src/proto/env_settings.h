@@ -4,6 +4,7 @@
 // workload, never fails on one: it takes the default).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -137,6 +138,19 @@ bool env_number_checked(const NumberSetting& s, uint64_t* out, std::string* err)
 
 /// CUSNAP_SHIM_DIRECT_IO: unset, empty, off, 0, auto, on or 1.
 bool shim_direct_io_valid(const char* value) noexcept;
+
+/// CUSNAP_COLLECTIVE_KERNELS, the prefixes of the kernel names the shim
+/// counts as collectives (shim/cut.h): at most this many, in at most this
+/// many bytes (the shim keeps them in a buffer of its own).
+inline constexpr unsigned kMaxCollectiveKernelPrefixes = 8;
+inline constexpr size_t kMaxCollectiveKernelsBytes = 255;
+/// The default, for an unset or empty value.
+inline constexpr const char* kDefaultCollectiveKernels = "ncclDevKernel,ncclKernel";
+/// Unset, empty, or 1 to kMaxCollectiveKernelPrefixes non-empty prefixes
+/// separated by commas, without blanks, kMaxCollectiveKernelsBytes at most: a
+/// value the shim would cut short, or read as no prefix at all, would count
+/// no collective and leave the ranks uncut. No allocation.
+bool collective_kernels_valid(const char* value) noexcept;
 
 /// Checks, in the environment, every setting of kShimNumberSettings and
 /// CUSNAP_SHIM_DIRECT_IO (shim) and/or of kSupervisorNumberSettings and

@@ -31,15 +31,15 @@ constexpr uint8_t kNo = 1, kYes = 2;
 std::atomic<uintptr_t> g_keys[kSlots];
 std::atomic<uint8_t> g_vals[kSlots];
 
-constexpr unsigned kMaxPrefixes = 8;
-char g_prefix_buf[256];
+constexpr unsigned kMaxPrefixes = proto::kMaxCollectiveKernelPrefixes;
+char g_prefix_buf[proto::kMaxCollectiveKernelsBytes + 1];
 const char* g_prefixes[kMaxPrefixes];
 unsigned g_nprefixes = 0;
 pthread_once_t g_prefix_once = PTHREAD_ONCE_INIT;
 
 void load_prefixes() {
   const char* e = std::getenv("CUSNAP_COLLECTIVE_KERNELS");
-  if (!e || !*e) e = "ncclDevKernel,ncclKernel";
+  if (!e || !*e) e = proto::kDefaultCollectiveKernels;
   std::snprintf(g_prefix_buf, sizeof g_prefix_buf, "%s", e);
   char* save = nullptr;
   for (char* t = strtok_r(g_prefix_buf, ",", &save); t && g_nprefixes < kMaxPrefixes;

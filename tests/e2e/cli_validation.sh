@@ -100,6 +100,11 @@ CUSNAP_CUT_HOLD_MS=-5 expect_usage "launch with CUSNAP_CUT_HOLD_MS=-5" 'CUSNAP_C
   "$CUSNAP" launch -- true
 CUSNAP_SHIM_DIRECT_IO=yes expect_usage "launch with CUSNAP_SHIM_DIRECT_IO=yes" \
   "off, auto and on" -- "$CUSNAP" launch -- true
+CUSNAP_COLLECTIVE_KERNELS=,,, expect_usage "launch with CUSNAP_COLLECTIVE_KERNELS=,,," \
+  'CUSNAP_COLLECTIVE_KERNELS=",,,"' "1 to 8 kernel name prefixes" -- "$CUSNAP" launch -- true
+CUSNAP_COLLECTIVE_KERNELS=a,b,c,d,e,f,g,h,ncclKernel expect_usage \
+  "launch with nine CUSNAP_COLLECTIVE_KERNELS prefixes" "1 to 8 kernel name prefixes" -- \
+  "$CUSNAP" launch -- true
 CUSNAP_SAVE_PARTS=0 expect_usage "launch --no-shim with CUSNAP_SAVE_PARTS=0" \
   'CUSNAP_SAVE_PARTS="0"' "from 1 to 64" -- "$CUSNAP" launch --no-shim -- true
 CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m expect_usage "restore with CUSNAP_GUARDIAN_CRIU_WAIT_MS=1m" \
