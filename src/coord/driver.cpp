@@ -63,7 +63,8 @@ bool Driver::load(std::string* err) {
     const char* e = dlerror();
     *err = "cannot load the CUDA driver " + path_ + ": " + (e ? e : "unknown error") +
            ": install the NVIDIA driver (or put the simulated driver's directory in "
-           "LD_LIBRARY_PATH), or set CUSNAP_LIBCUDA to the driver library";
+           "LD_LIBRARY_PATH, where the job finds it too), or set CUSNAP_LIBCUDA to the driver "
+           "library cusnap loads (the job's programs still find theirs through the loader)";
     return false;
   }
   auto sym = [&](const char* name, const char* alt = nullptr) -> void* {

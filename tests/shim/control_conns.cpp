@@ -253,6 +253,16 @@ int stuck_clients() {
     proto::ShimRecords r;
     while (!stop && p.inspect(&r)) ++pinged;
   });
+  // A REQ that fails below returns with the thread stopped and joined (a
+  // joinable std::thread destroyed would end the test in std::terminate).
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{stop, pinger};
   // The other client is exchanging before the coordinator's turn.
   for (int i = 0; i < 500 && pinged == 0; ++i) usleep(10000);
   Shim coord;
