@@ -115,6 +115,15 @@ bool resume_job_coded(const JobInfo& job, std::chrono::milliseconds timeout,
   // failed operation saved it.
   LeftSuspended left;
   if (ok && read_left_suspended(job, &left)) {
+    // A bad margin is refused before anything is tried, as for a plain
+    // resume (the guardian's own recovery takes the default instead: it must
+    // not stop on a setting).
+    if (RestoreMemoryPolicy policy;
+        !restore_memory_policy(setting(settings, kRestoreMarginSetting), &policy, err)) {
+      refused_setting(settings, kRestoreMarginSetting, err);
+      if (code) *code = kExitRefused;
+      return false;
+    }
     std::string report;
     RecoverBlock blocked = RecoverBlock::kNone;
     ok = recover_job(job, left.state_dir, false, &report, timeout, &blocked,

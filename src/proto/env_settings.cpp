@@ -154,19 +154,20 @@ bool shim_direct_io_valid(const char* v) noexcept {
 bool collective_kernels_valid(const char* v) noexcept {
   if (!v || !*v) return true;
   if (std::strlen(v) > kMaxCollectiveKernelsBytes) return false;
-  unsigned parts = 1;
-  bool empty = true;  // the part under way has no character yet
+  // As the shim reads it: the prefixes are the non-empty parts between commas.
+  unsigned prefixes = 0;
+  bool in_part = false;
   for (const char* p = v; *p; ++p) {
     if (*p == ',') {
-      if (empty || ++parts > kMaxCollectiveKernelPrefixes) return false;
-      empty = true;
+      in_part = false;
     } else if (std::isspace(static_cast<unsigned char>(*p))) {
       return false;
-    } else {
-      empty = false;
+    } else if (!in_part) {
+      in_part = true;
+      if (++prefixes > kMaxCollectiveKernelPrefixes) return false;
     }
   }
-  return !empty;
+  return prefixes > 0;
 }
 
 bool check_env_settings(bool shim, bool supervisor, std::string* err) {

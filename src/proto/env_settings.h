@@ -146,10 +146,11 @@ inline constexpr unsigned kMaxCollectiveKernelPrefixes = 8;
 inline constexpr size_t kMaxCollectiveKernelsBytes = 255;
 /// The default, for an unset or empty value.
 inline constexpr const char* kDefaultCollectiveKernels = "ncclDevKernel,ncclKernel";
-/// Unset, empty, or 1 to kMaxCollectiveKernelPrefixes non-empty prefixes
-/// separated by commas, without blanks, kMaxCollectiveKernelsBytes at most: a
-/// value the shim would cut short, or read as no prefix at all, would count
-/// no collective and leave the ranks uncut. No allocation.
+/// Unset, empty, or 1 to kMaxCollectiveKernelPrefixes prefixes (the
+/// non-empty parts between commas, as the shim reads them), without blanks,
+/// kMaxCollectiveKernelsBytes at most: a value the shim would cut short, or
+/// read as no prefix at all, would count no collective and leave the ranks
+/// uncut. No allocation.
 bool collective_kernels_valid(const char* value) noexcept;
 
 /// Checks, in the environment, every setting of kShimNumberSettings and

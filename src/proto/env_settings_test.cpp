@@ -111,10 +111,10 @@ TEST_CASE("env_settings: CUSNAP_SHIM_DIRECT_IO is off, auto or on") {
   // The shim's collective prefixes: what it would read as none, or cut short.
   CHECK(collective_kernels_valid(nullptr));
   CHECK(collective_kernels_valid(""));
-  for (const char* ok : {"ncclDevKernel,ncclKernel", "myAllReduce", "a,b,c,d,e,f,g,h"})
+  for (const char* ok : {"ncclDevKernel,ncclKernel", "myAllReduce", "a,b,c,d,e,f,g,h", ",nccl",
+                         "nccl,", "a,,b", ",a,b,c,d,e,f,g,h,"})
     CHECK_MESSAGE(collective_kernels_valid(ok), ok);
-  for (const char* bad :
-       {",,,", ",nccl", "nccl,", "a,,b", "nccl, ncclKernel", " nccl", "a,b,c,d,e,f,g,h,i"})
+  for (const char* bad : {",,,", ",", "nccl, ncclKernel", " nccl", "a,b,c,d,e,f,g,h,i"})
     CHECK_MESSAGE(!collective_kernels_valid(bad), bad);
   CHECK(collective_kernels_valid(std::string(255, 'k').c_str()));
   CHECK_FALSE(collective_kernels_valid(std::string(256, 'k').c_str()));

@@ -185,7 +185,9 @@ pass "suspend: left suspended, resumed, then checkpointed and restored"
 # ---- a worker forked after CUDA started that never calls the driver (its
 # state query answers CUDA_ERROR_NOT_INITIALIZED, as a data-loader worker's
 # does): the suspend leaves it out, and so must the resume of the job its
-# failed roll back left suspended (it failed on the worker for good).
+# failed roll back left suspended (it failed on the worker for good). A bad
+# CUSNAP_RESTORE_MEMORY_MARGIN is refused by that resume (exit 3), as by a
+# plain one (it took the default).
 NOW_PREFIXES=("parent ")
 start idle "$FORK_CHILD" --idle-child --mib 4 --interval-ms 20
 CHILD=$(sed -n 's/^child idle ready pid \([0-9]*\)$/\1/p' "$LAUNCH_OUT")
@@ -193,10 +195,19 @@ CHILD=$(sed -n 's/^child idle ready pid \([0-9]*\)$/\1/p' "$LAUNCH_OUT")
 arm "$CK:1:999$(unlocks 3)"
 op_rc suspend idle
 left_suspended idle suspend
+# A bad margin is refused before anything is tried, as for a plain resume.
+CUSNAP_RESTORE_MEMORY_MARGIN=lots op_rc resume idle
+[ "$RC" = 3 ] || fail "idle: a resume with a bad margin exited $RC, expected 3: $(cat "$T/op.out")"
+grep -q 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' "$T/op.out" ||
+  fail "idle: the refusal does not name the margin: $(cat "$T/op.out")"
+[ -e "$CUSNAP_RUNTIME_BASE/idle/left-suspended" ] || fail "idle: the refused resume dropped the marker"
 resumed idle
 counts_on "$LAUNCH_OUT"
 n=$(grep -c "^child idle [0-9]" "$LAUNCH_OUT")
-sleep 0.3
+for _ in $(seq 1 100); do
+  [ "$(grep -c "^child idle [0-9]" "$LAUNCH_OUT")" -gt "$n" ] && break
+  sleep 0.05
+done
 [ "$(grep -c "^child idle [0-9]" "$LAUNCH_OUT")" -gt "$n" ] || fail "idle: the idle child stopped"
 kill -TERM "$SUP"; wait_exit "$SUP"; wait_gone "$PID" 20; wait_gone "$CHILD" 20
 pass "a worker that never started CUDA: left out of the resume after a failed roll back"

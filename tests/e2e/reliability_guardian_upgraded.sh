@@ -48,6 +48,7 @@ for _ in $(seq 1 100); do
   [ -n "$(pgrep -P "$G1" -f __guardian)" ] && break
   sleep 0.05
 done
+[ -n "$(pgrep -P "$G1" -f __guardian)" ] || fail "guardian $G1 started no guardian of its own"
 kill -KILL "$G1"
 wait_guardian "$NAME" "$G1" running
 G2=$GUARD
@@ -77,6 +78,11 @@ PID=$(wait_job "$NAME")
 LOG=$CUSNAP_RUNTIME_BASE/$NAME/output.log
 kill -STOP "$SUP"
 kill -KILL "$PID"
+# A zombie its stopped supervisor does not reap before the supervisor dies.
+for _ in $(seq 1 200); do
+  [ "$(awk '{print $3}' "/proc/$PID/stat" 2>/dev/null)" = Z ] && break
+  sleep 0.05
+done
 kill -KILL "$SUP"
 wait "$SUP" 2>/dev/null || true
 for _ in $(seq 1 200); do grep -q "cusnap: guardian:" "$LOG" 2>/dev/null && break; sleep 0.05; done
