@@ -193,16 +193,17 @@ void add_timeout_option(CLI::App& app, double* seconds, const char* bounds, bool
 
 void add_control_timeout_option(CLI::App& app, double* seconds, bool restore) {
   *seconds = std::chrono::duration<double>(control_timeout()).count();
+  // Who is given the setting: a restore's processes keep their environment.
+  const std::string given =
+      restore ? "given to the supervisor as CUSNAP_CONTROL_TIMEOUT, it bounds its driver calls and "
+                "talks with the shims too (the restored processes keep the environment they were "
+                "checkpointed with)"
+              : "given to the supervisor and the job as CUSNAP_CONTROL_TIMEOUT, it bounds their "
+                "driver locks and talks with the shims too";
   app.add_option("--control-timeout", *seconds,
-                 restore ? "Seconds allowed for each exchange on the control socket (default: "
-                           "$CUSNAP_CONTROL_TIMEOUT or 10); given to the supervisor as "
-                           "CUSNAP_CONTROL_TIMEOUT, it bounds its driver calls and talks with "
-                           "the shims too (the restored processes keep the environment they "
-                           "were checkpointed with)"
-                         : "Seconds allowed for each exchange on the control socket (default: "
-                           "$CUSNAP_CONTROL_TIMEOUT or 10); given to the supervisor and the job "
-                           "as CUSNAP_CONTROL_TIMEOUT, it bounds their driver locks and talks "
-                           "with the shims too")
+                 "Seconds allowed for each exchange on the control socket (default: "
+                 "$CUSNAP_CONTROL_TIMEOUT or 10); " +
+                     given)
       ->check(control_seconds())
       // Past the check: the supervisor's own bounds (the driver's lock and
       // unlock, its talks with the shims, the guardian) and the job's

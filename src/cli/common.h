@@ -57,6 +57,10 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// typo, a prefix) when there is one.
 std::string unknown_option_message(const CLI::App& app, const std::string& word);
 
+/// How a number of seconds is written, said when one is refused.
+inline constexpr const char* kSecondsForm =
+    "written as digits with an optional fraction (0.5, 30, 1.25)";
+
 /// A number of seconds from 0.001 to a week, written as digits with an
 /// optional fraction (no sign, exponent, hex or blank, which strtod takes),
 /// without a note in --help (the option says "Seconds"); the supervisor
@@ -68,9 +72,8 @@ inline CLI::Validator positive() {
         const bool plain = proto::plain_decimal(text.c_str());
         const double v = plain ? std::strtod(text.c_str(), nullptr) : 0;
         if (!plain || !(v >= 0.001) || !(v <= 604800))
-          return "'" + text +
-                 "' is not a number of seconds from 0.001 to 604800 (a week), written as digits "
-                 "with an optional fraction (0.5, 30, 1.25)";
+          return "'" + text + "' is not a number of seconds from 0.001 to 604800 (a week), " +
+                 kSecondsForm;
         return "";
       },
       "", "positive");
@@ -85,8 +88,8 @@ inline CLI::Validator control_seconds() {
         int64_t ms = 0;
         if (!proto::parse_timeout_seconds(text.c_str(), &ms))
           return "'" + text +
-                 "' is not a number of seconds greater than 0 and at most 31536000 (a year), "
-                 "written as digits with an optional fraction (0.5, 30, 1.25)";
+                 "' is not a number of seconds greater than 0 and at most 31536000 (a year), " +
+                 kSecondsForm;
         return "";
       },
       "", "control seconds");
