@@ -163,9 +163,10 @@ std::chrono::milliseconds seconds(double s);
 
 /// The settings of this command's environment among names (each one of
 /// proto::kClientSettings, man cusnap ENVIRONMENT), which count in the job's
-/// supervisor before its own; false and *err when one is longer than
-/// proto::kMaxSettingBytes (saying what it takes:
-/// proto::sent_setting_checked).
+/// supervisor before its own; false and *err when one is not a value its
+/// setting takes or is longer than proto::kMaxSettingBytes (saying what it
+/// takes: proto::sent_setting_checked). The caller exits kExitUsage, as
+/// launch does for the same value.
 bool client_settings(std::span<const char* const> names, proto::Settings* out, std::string* err);
 /// The same with every one of proto::kClientSettings (a checkpoint's).
 bool client_settings(proto::Settings* out, std::string* err);

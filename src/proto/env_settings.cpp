@@ -104,9 +104,10 @@ bool text_setting_checked(const TextSetting& s, const char* value, std::string* 
 }
 
 bool sent_setting_checked(const char* name, const char* value, size_t max_bytes, std::string* err) {
-  if (!value || std::strlen(value) <= max_bytes) return true;
+  if (!value) return true;
   for (const TextSetting* s : kSupervisorTextSettings)
     if (std::strcmp(s->name, name) == 0 && !text_setting_checked(*s, value, err)) return false;
+  if (std::strlen(value) <= max_bytes) return true;
   // One it takes, written long (a size with leading zeros).
   *err = quoted(name, value) + " is longer than " + std::to_string(max_bytes) +
          " characters, the most a command sends to the job's supervisor: write it shorter, or "

@@ -118,10 +118,11 @@ inline constexpr const TextSetting* kSupervisorTextSettings[] = {
 bool text_setting_checked(const TextSetting& s, const char* value, std::string* err);
 
 /// A setting of kSupervisorTextSettings a command sends its job's
-/// supervisor (a value longer than max_bytes is not sent): false with *err
-/// when value is longer, saying what the setting takes and that unsetting it
-/// takes the default (the setting's refusal when the value is not one it
-/// takes, as launch would say it).
+/// supervisor, checked before it is sent, so that checkpoint, suspend and
+/// resume refuse a bad value as launch does (a bad command line): false with
+/// *err giving the setting's refusal, in launch's words, when the value is
+/// not one it takes, or saying that a value longer than max_bytes (which is
+/// not sent) must be written shorter or unset for the default.
 bool sent_setting_checked(const char* name, const char* value, size_t max_bytes, std::string* err);
 
 /// text as a whole number from lo to hi: decimal digits only (no sign, blank

@@ -222,11 +222,13 @@ TEST_CASE("env_settings: every setting a client may send is one launch and resto
 }
 
 TEST_CASE(
-    "env_settings: a setting too long to send says what it takes and how to get the default") {
+    "env_settings: a setting a command sends is checked first; one too long says what it takes "
+    "and how to get the default") {
   std::string err;
   CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", nullptr, 64, &err));
   CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", "8", 64, &err));
-  CHECK(sent_setting_checked("CUSNAP_HASH_THREADS", std::string(64, '1').c_str(), 64, &err));
+  CHECK(sent_setting_checked("CUSNAP_RESTORE_MEMORY_MARGIN", (std::string(62, '0') + "1M").c_str(),
+                             64, &err));
   // Not a value it takes: the words launch uses for it.
   const std::string threads(70, '1');
   CHECK_FALSE(sent_setting_checked("CUSNAP_HASH_THREADS", threads.c_str(), 64, &err));
@@ -236,6 +238,15 @@ TEST_CASE(
   CHECK_FALSE(sent_setting_checked("CUSNAP_CRIU_NETWORK_LOCK", lock.c_str(), 64, &err));
   CHECK(err.find("is not nftables, iptables or skip (CRIU's network lock methods): unset it for "
                  "nftables") != std::string::npos);
+  // A short value it does not take is refused before it is sent, in the
+  // same words, so that a command refuses it as launch does.
+  CHECK_FALSE(sent_setting_checked("CUSNAP_CRIU_GHOST_LIMIT", "12X", 64, &err));
+  CHECK(err == "CUSNAP_CRIU_GHOST_LIMIT=\"12X\" " + std::string(kCriuGhostLimit.refusal));
+  CHECK_FALSE(sent_setting_checked("CUSNAP_RESTORE_MEMORY_MARGIN", "lots", 64, &err));
+  CHECK(err.find("CUSNAP_RESTORE_MEMORY_MARGIN=\"lots\" is not a size") == 0);
+  CHECK_FALSE(sent_setting_checked("CUSNAP_ALLOW_RANKS_SHARING_GPU", "yes", 64, &err));
+  CHECK(sent_setting_checked("CUSNAP_ALLOW_RANKS_SHARING_GPU", "1", 64, &err));
+  CHECK(sent_setting_checked("CUSNAP_RESTORE_MEMORY_MARGIN", "off", 64, &err));
   // One it takes, written long: too long, and what to do.
   const std::string margin = std::string(70, '0') + "1M";
   CHECK_FALSE(sent_setting_checked("CUSNAP_RESTORE_MEMORY_MARGIN", margin.c_str(), 64, &err));

@@ -8,7 +8,7 @@
 # them) and the file still deleted. CUSNAP_CRIU_GHOST_LIMIT caps the size:
 # a limit below the file's fails the checkpoint with a message that names the
 # variable, and the job runs on unchanged; a value that is not a size is
-# refused (exit 3) before anything happens. The supervisor's environment or,
+# refused (exit 2) before anything happens. The supervisor's environment or,
 # first, that of `cusnap checkpoint` sets it.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
@@ -56,18 +56,18 @@ stop_ghost() {
 
 # The supervisor reads the limit when it checkpoints (unless the client's
 # environment has one, below). Not a size: launch refuses it before the job
-# starts (exit 2), and a checkpoint given it refuses it before anything
-# happens (exit 3).
+# starts (exit 2), and a checkpoint given it refuses it before it sends it
+# (exit 2 too).
 expect_refused 2 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' \
   timeout 30 env CUSNAP_CRIU_GHOST_LIMIT=12X "$CUSNAP" launch --name ghost -- python3 "$T/ghost.py"
 [ -z "$(job_pids_all)" ] || fail "launch started a job with CUSNAP_CRIU_GHOST_LIMIT=12X"
 ghost_job "$T/bad.out"
-expect_refused 3 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' \
+expect_refused 2 'CUSNAP_CRIU_GHOST_LIMIT="12X" is not a size' \
   env CUSNAP_CRIU_GHOST_LIMIT=12X "$CUSNAP" checkpoint ghost -o "$T/bad"
 [ ! -e "$T/bad" ] || fail "a refused checkpoint left $T/bad"
 expect_running ghost "$PID" "$T/bad.out"
 stop_ghost
-pass "a limit that is not a size: refused by launch (exit 2) and by checkpoint (exit 3), the job ran on"
+pass "a limit that is not a size: refused by launch and by checkpoint (exit 2), the job ran on"
 
 # A limit below the file's size: the dump fails, the message names the limit,
 # nothing is left, the job runs on.
@@ -94,7 +94,7 @@ CUSNAP_CRIU_GHOST_LIMIT=4M "$CUSNAP" checkpoint ghost -o "$T/client" >"$T/client
 [ "$rc" = 1 ] || fail "checkpoint with CUSNAP_CRIU_GHOST_LIMIT=4M in its environment exited $rc, expected 1: $(cat "$T/client.out")"
 grep -q "deleted file bigger than CUSNAP_CRIU_GHOST_LIMIT=4M: raise the limit" "$T/client.out" ||
   fail "the client's limit did not count: $(cat "$T/client.out")"
-expect_refused 3 'CUSNAP_CRIU_NETWORK_LOCK="bogus" is not nftables, iptables or skip' \
+expect_refused 2 'CUSNAP_CRIU_NETWORK_LOCK="bogus" is not nftables, iptables or skip' \
   env CUSNAP_CRIU_NETWORK_LOCK=bogus "$CUSNAP" checkpoint ghost -o "$T/client2"
 expect_refused 2 'CUSNAP_HASH_THREADS="1{32}\.\.\." is not a number of threads from 1 to 256 \(unset it to use every core\)' \
   env CUSNAP_HASH_THREADS="$(printf '1%.0s' $(seq 1 70))" "$CUSNAP" checkpoint ghost -o "$T/client3"

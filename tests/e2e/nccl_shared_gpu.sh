@@ -6,8 +6,8 @@
 # device 0: the checkpoint and the suspend are refused (exit 3, also as
 # JSON) before anything changes, naming both processes and the GPU; the job
 # counts on. An invalid CUSNAP_ALLOW_RANKS_SHARING_GPU is refused by launch
-# (the supervisor would read it) and by checkpoint and suspend, whose own
-# value counts before the supervisor's;
+# (the supervisor would read it) and by checkpoint and suspend before they
+# send it (exit 2 from each), whose own value counts before the supervisor's;
 # with CUSNAP_ALLOW_RANKS_SHARING_GPU=1 in the environment of cusnap
 # checkpoint (the job launched without it) the checkpoint goes ahead
 # (--leave-running) and the ranks' next collective fails after the driver's
@@ -50,13 +50,13 @@ expect_refused 2 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
 [ -z "$(job_pids_all)" ] || fail "launch started a job with CUSNAP_ALLOW_RANKS_SHARING_GPU=yes"
 LAUNCH_OUT=$T/bad.out
 CUSNAP_ALLOW_RANKS_SHARING_GPU=1 start_job bad "$LAUNCH_OUT" "$PAIR" --print-every 1
-CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
+CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 2 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
   "$CUSNAP" checkpoint bad -o "$T/ck"
-CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
+CUSNAP_ALLOW_RANKS_SHARING_GPU=yes expect_refused 2 'CUSNAP_ALLOW_RANKS_SHARING_GPU="yes" is neither 1 nor 0' \
   "$CUSNAP" suspend bad
 CUSNAP_ALLOW_RANKS_SHARING_GPU=0 expect_refused 3 "both run collective kernels.*checkpoint is refused" \
   "$CUSNAP" checkpoint bad -o "$T/ck"
-CUSNAP_ALLOW_RANKS_SHARING_GPU=on expect_refused 3 'CUSNAP_ALLOW_RANKS_SHARING_GPU="on" is neither' \
+CUSNAP_ALLOW_RANKS_SHARING_GPU=on expect_refused 2 'CUSNAP_ALLOW_RANKS_SHARING_GPU="on" is neither' \
   "$CUSNAP" suspend bad
 [ ! -e "$T/ck" ] || fail "a refused checkpoint left $T/ck"
 counts_advance "$LAUNCH_OUT"

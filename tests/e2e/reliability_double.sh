@@ -186,8 +186,8 @@ pass "suspend: left suspended, resumed, then checkpointed and restored"
 # state query answers CUDA_ERROR_NOT_INITIALIZED, as a data-loader worker's
 # does): the suspend leaves it out, and so must the resume of the job its
 # failed roll back left suspended (it failed on the worker for good). A bad
-# CUSNAP_RESTORE_MEMORY_MARGIN is refused by that resume (exit 3), as by a
-# plain one (it took the default).
+# CUSNAP_RESTORE_MEMORY_MARGIN is refused by that resume before it is sent
+# (exit 2), as by a plain one; the job stays left suspended.
 NOW_PREFIXES=("parent ")
 start idle "$FORK_CHILD" --idle-child --mib 4 --interval-ms 20
 CHILD=$(sed -n 's/^child idle ready pid \([0-9]*\)$/\1/p' "$LAUNCH_OUT")
@@ -197,7 +197,7 @@ op_rc suspend idle
 left_suspended idle suspend
 # A bad margin is refused before anything is tried, as for a plain resume.
 CUSNAP_RESTORE_MEMORY_MARGIN=lots op_rc resume idle
-[ "$RC" = 3 ] || fail "idle: a resume with a bad margin exited $RC, expected 3: $(cat "$T/op.out")"
+[ "$RC" = 2 ] || fail "idle: a resume with a bad margin exited $RC, expected 2: $(cat "$T/op.out")"
 grep -q 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' "$T/op.out" ||
   fail "idle: the refusal does not name the margin: $(cat "$T/op.out")"
 [ -e "$CUSNAP_RUNTIME_BASE/idle/left-suspended" ] || fail "idle: the refused resume dropped the marker"

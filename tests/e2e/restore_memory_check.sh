@@ -28,7 +28,8 @@
 #   control     CUSNAP_RESTORE_MEMORY_MARGIN=off: the resume asks the driver,
 #               which fails CUDA_ERROR_OUT_OF_MEMORY, and the job is lost
 #               (exit 6, suspended!); a later resume fails as before (exit 1)
-#   the setting a bad value is refused (exit 3 from checkpoint and suspend)
+#   the setting a bad value is refused before it is sent (exit 2 from
+#               checkpoint and suspend, as from launch)
 #   hostpids    NVML listing the processes under other pids (a container):
 #               the rise of the free memory at the driver checkpoint stands
 #               for the job's use, and the resume is refused all the same
@@ -160,10 +161,10 @@ pass "a job that ran with less free than the margin resumes and restores beside 
 # ---- the setting
 start resume
 CUSNAP_RESTORE_MEMORY_MARGIN=lots op checkpoint resume -o "$T/bad.ckpt"
-[ "$RC" = 3 ] || fail "checkpoint with a bad margin exited $RC, expected 3"
+[ "$RC" = 2 ] || fail "checkpoint with a bad margin exited $RC, expected 2"
 said 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' checkpoint
 CUSNAP_RESTORE_MEMORY_MARGIN=-1 op suspend resume
-[ "$RC" = 3 ] || fail "suspend with a bad margin exited $RC, expected 3"
+[ "$RC" = 2 ] || fail "suspend with a bad margin exited $RC, expected 2"
 expect_running resume "$PID" "$OUT"
 term_job
 pass "a bad CUSNAP_RESTORE_MEMORY_MARGIN is refused, the job runs on"

@@ -22,7 +22,7 @@ import array, os, socket, struct, sys, time
 
 def mp_str(s):
     b = s.encode()
-    return bytes([0xa0 | len(b)]) + b
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else bytes([0xd9, len(b)])) + b
 
 def body(version, typ, payload=b"\x80"):
     return b"\x93" + bytes([version]) + mp_str(typ) + payload
@@ -96,6 +96,13 @@ elif case == "ckpt-as-other":
     payload = (b"\x83" + mp_str("dir") + mp_str(sys.argv[3]) + mp_str("leave_running") + b"\xc3"
                + mp_str("timeout_ms") + b"\xcd\x27\x10")
     print(exchange(frame(body(1, "checkpoint", payload))))
+elif case == "badsetting":
+    # A setting no cusnap command sends (each checks it first): the
+    # supervisor refuses it itself.
+    payload = (b"\x84" + mp_str("dir") + mp_str(sys.argv[3]) + mp_str("leave_running") + b"\xc3"
+               + mp_str("timeout_ms") + b"\xcd\x27\x10" + mp_str("settings") + b"\x81"
+               + mp_str("CUSNAP_RESTORE_MEMORY_MARGIN") + mp_str("lots"))
+    print(exchange(frame(body(1, "checkpoint", payload))))
 PY
 client() { timeout 30 python3 "$T/client.py" "$SOCK" "$@"; }
 
@@ -123,6 +130,13 @@ alive "an unknown request is answered with an error"
 client badckpt >"$T/badckpt.txt"
 grep -qi "malformed\|absolute" "$T/badckpt.txt" || fail "malformed checkpoint request: $(cat "$T/badckpt.txt")"
 alive "a malformed checkpoint request is answered with an error"
+client badsetting "$T/badset" >"$T/badset.txt"
+grep -qF 'CUSNAP_RESTORE_MEMORY_MARGIN="lots" is not a size' "$T/badset.txt" ||
+  fail "a checkpoint request with a bad setting was not refused for it: $(cat "$T/badset.txt")"
+grep -qF 'exit_code\x03' "$T/badset.txt" ||
+  fail "a checkpoint request with a bad setting was not refused with exit code 3: $(cat "$T/badset.txt")"
+[ ! -e "$T/badset" ] || fail "a checkpoint request with a bad setting created $T/badset"
+alive "a checkpoint request with a setting cusnap would not send is refused by the supervisor"
 client fds >"$T/fds.txt"
 grep -q "hello" "$T/fds.txt" || fail "a hello with a descriptor attached got no answer: $(cat "$T/fds.txt")"
 alive "descriptors attached to requests"
