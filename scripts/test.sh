@@ -7,6 +7,7 @@
 #   scripts/test.sh            everything
 #   CUSNAP_SKIP_SANITIZE=1     skip the sanitizer build
 #   CUSNAP_JOBS=N              build parallelism (default: nproc)
+#   CUSNAP_ALLOW_SKIPS=1       a skipped test does not fail the run
 #   CUSNAP_CUDA_INCLUDE=DIR    the CUDA headers' directory, for install-deps.sh
 #                              and the builds (default /usr/local/cuda/include)
 set -euo pipefail
@@ -45,21 +46,38 @@ for block in re.split(r"\n(?=\d+/\d+ Testing: )", text):
 PY
 }
 
+# no_skips DIR: fails when a test of DIR's last run was skipped. This script
+# installs everything the tests need and runs as root on the simulated
+# driver, so a skip here is a check that did not run (a missing tool, a
+# broken set-up), not one that passed. CUSNAP_ALLOW_SKIPS=1 lets it be.
+no_skips() {
+  local skipped
+  skipped=$(grep -oE 'Test +#[0-9]+: [^ ]+ [.]*[*]+Skipped' "$1" | awk '{print $3}' || true)
+  [ -z "$skipped" ] && return 0
+  echo "== skipped tests (each needs something this machine should have; CUSNAP_ALLOW_SKIPS=1 allows them):"
+  echo "$skipped" | sed 's/^/   /'
+  [ "${CUSNAP_ALLOW_SKIPS:-0}" = 1 ]
+}
+
 echo "== tests (build/)"
 rc=0
-(cd build && ctest --output-on-failure --no-tests=error -j"$jobs" --timeout 600) || rc=$?
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs" --timeout 600) 2>&1 |
+  tee build/ctest-output.log || rc=$?
 if [ "$rc" != 0 ]; then
   failed_lines build
   exit "$rc"
 fi
+no_skips build/ctest-output.log
 
 if [ "${CUSNAP_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== shim suite under ASan + UBSan (build-asan/)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCUSNAP_SANITIZE=ON "${cuda_include[@]}" >/dev/null
   cmake --build build-asan -j"$jobs"
-  (cd build-asan && ctest --output-on-failure --no-tests=error -L shim -j"$jobs" --timeout 600) || rc=$?
+  (cd build-asan && ctest --output-on-failure --no-tests=error -L shim -j"$jobs" --timeout 600) 2>&1 |
+    tee build-asan/ctest-output.log || rc=$?
   if [ "$rc" != 0 ]; then
     failed_lines build-asan
     exit "$rc"
   fi
+  no_skips build-asan/ctest-output.log
 fi

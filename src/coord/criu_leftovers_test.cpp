@@ -96,7 +96,7 @@ TEST_CASE("criu leftovers: the table's name is cut as CRIU cuts it") {
 }
 
 TEST_CASE("criu leftovers: sockets left in repair mode are taken out of it, and only those" *
-          doctest::skip(geteuid() != 0)) {  // TCP_REPAIR needs CAP_NET_ADMIN
+          doctest::test_suite("root")) {  // TCP_REPAIR needs CAP_NET_ADMIN
   UniqueFd a, b;
   REQUIRE(loopback_pair(&a, &b));
   const int on = 1;
@@ -125,7 +125,7 @@ TEST_CASE("criu leftovers: sockets left in repair mode are taken out of it, and 
 }
 
 TEST_CASE("criu leftovers: CRIU's nftables table is removed, under either name" *
-          doctest::skip(geteuid() != 0)) {
+          doctest::test_suite("root")) {
   for (const std::string& name : criu_nft_tables(kId)) {
     CAPTURE(name);
     REQUIRE(nft("add table inet " + name) == 0);
@@ -156,7 +156,7 @@ TEST_CASE("criu leftovers: without CAP_NET_ADMIN the table is not removed, and t
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("criu leftovers: the lift says what it did" * doctest::skip(geteuid() != 0)) {
+TEST_CASE("criu leftovers: the lift says what it did" * doctest::test_suite("root")) {
   UniqueFd a, b;
   REQUIRE(loopback_pair(&a, &b));
   const int on = 1;
@@ -246,7 +246,8 @@ std::string rule_args(const std::vector<std::string>& cmd, const char* verb) {
 }  // namespace
 
 TEST_CASE("criu leftovers: CRIU's iptables rules are removed, and only those" *
-          doctest::skip(geteuid() != 0 || !have_iptables())) {  // install-deps installs it
+          doctest::test_suite("root")) {
+  REQUIRE_MESSAGE(have_iptables(), "iptables is missing: scripts/install-deps.sh installs it");
   UniqueFd a, b;
   REQUIRE(loopback_pair(&a, &b));
   std::vector<TcpTableEntry> sockets;

@@ -246,13 +246,15 @@ bool have_criu() {
   return geteuid() == 0 && find_criu(&c, &err, nullptr);
 }
 
+/// The suite "root" runs as ctest's unit.root, skipped (not passed) when not
+/// root; as root a missing CRIU fails it.
+constexpr const char* kNeedsCriu = "needs CRIU >= 4.1 (scripts/install-deps.sh installs it)";
+
 }  // namespace
 
-TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and counts on") {
-  if (!have_criu()) {
-    MESSAGE("skipped: needs root and CRIU >= 4.1");
-    return;
-  }
+TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and counts on" *
+          doctest::test_suite("root")) {
+  REQUIRE_MESSAGE(have_criu(), kNeedsCriu);
   REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
   int p[2];
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
@@ -348,12 +350,11 @@ TEST_CASE("engine: a CPU-only job is checkpointed, stopped, restored twice, and 
 }
 
 TEST_CASE(
-    "engine: a CUDA pattern job on the simulated driver: suspend/resume, checkpoint, restore") {
+    "engine: a CUDA pattern job on the simulated driver: suspend/resume, checkpoint, restore" *
+    doctest::test_suite("root")) {
   std::string job_bin = std::string(CUSNAP_BINARY_DIR) + "/bin/cusnap-pattern-job";
-  if (!have_criu() || access(job_bin.c_str(), X_OK) != 0) {
-    MESSAGE("skipped: needs root, CRIU >= 4.1 and " << job_bin);
-    return;
-  }
+  REQUIRE_MESSAGE(have_criu(), kNeedsCriu);
+  REQUIRE_MESSAGE(access(job_bin.c_str(), X_OK) == 0, job_bin << " is not built");
   REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
   int p[2];
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
@@ -436,12 +437,12 @@ TEST_CASE(
   fs::remove_all(base);
 }
 
-TEST_CASE("engine: two processes with private memory each; shared memory is refused") {
+TEST_CASE("engine: two processes with private memory each; shared memory is refused" *
+          doctest::test_suite("root")) {
   std::string bin = std::string(CUSNAP_BINARY_DIR) + "/bin/";
-  if (!have_criu() || access((bin + "cusnap-share-job").c_str(), X_OK) != 0) {
-    MESSAGE("skipped: needs root, CRIU >= 4.1 and the workloads");
-    return;
-  }
+  REQUIRE_MESSAGE(have_criu(), kNeedsCriu);
+  REQUIRE_MESSAGE(access((bin + "cusnap-share-job").c_str(), X_OK) == 0,
+                  bin << "cusnap-share-job is not built");
   REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
   char tmpl[] = "/tmp/cusnap-engine-test-XXXXXX";
   std::string base = mkdtemp(tmpl);

@@ -185,7 +185,7 @@ TEST_CASE("restore watch: the start time of a live process, none for a zombie or
 }
 
 TEST_CASE("restore watch: the restoring process killed, what it restored is ended" *
-          doctest::skip(::geteuid() != 0)) {  // clone3's set_tid, as CRIU restores
+          doctest::test_suite("root")) {  // clone3's set_tid, as CRIU restores
 
   const Outcome o = run_restorer(End::kKilled);
   uint64_t t;
@@ -206,7 +206,7 @@ TEST_CASE("restore watch: the restoring process killed, what it restored is ende
 }
 
 TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
-          doctest::skip(::geteuid() != 0)) {
+          doctest::test_suite("root")) {
   const Outcome o = run_restorer(End::kDismissed);
   uint64_t t;
   CHECK(cusnap::proto::proc_start_time(o.after, &t, true));
@@ -221,7 +221,7 @@ TEST_CASE("restore watch: dismissed, it ends nothing and says nothing" *
 }
 
 TEST_CASE("restore watch: a temporary directory the restore kept stays, named" *
-          doctest::skip(::geteuid() != 0)) {
+          doctest::test_suite("root")) {
   const Outcome o = run_restorer(End::kKeptThenKilled);
   uint64_t t;
   CHECK_FALSE(cusnap::proto::proc_start_time(o.after, &t, true));
