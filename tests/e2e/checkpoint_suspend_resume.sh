@@ -14,7 +14,8 @@ sleep 1
 N2=$(last_count "$T/launch.out")
 [ "$N1" = "$N2" ] || fail "the suspended job went on counting ($N1 -> $N2)"
 kill -0 "$PID" || fail "the suspended job's process is gone"
-"$CUSNAP" inspect sr --json >"$T/inspect.json" 2>&1 || true
+# Shown suspended, the driver's state checkpointed.
+expect_held sr "$T/launch.out"
 pass "suspended at count $N1"
 
 # A checkpoint of a suspended job is refused, changing nothing.

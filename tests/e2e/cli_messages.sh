@@ -42,9 +42,11 @@ expect_err 2 "inspect -x" "unknown option '-x'" "!did you mean" -- "$CUSNAP" ins
 expect_err 2 "launch --no-shin" "unknown option '--no-shin'; did you mean '--no-shim'?" "after '--'" -- \
   "$CUSNAP" launch --no-shin -- true
 expect_err 2 "suspend a b" "unexpected argument 'b'" "cusnap suspend [OPTIONS] JOB" -- "$CUSNAP" suspend a b
-"$CUSNAP" resume job --json --timout 5 >"$T/o.json" 2>/dev/null || true
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2 and "did you mean '"'"'--timeout'"'"'" in d["error"], d' \
-  "$T/o.json" || fail "resume --json --timout: $(cat "$T/o.json")"
+# The exit status is the object's exit_code (2).
+rc=0
+"$CUSNAP" resume job --json --timout 5 >"$T/o.json" 2>/dev/null || rc=$?
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2==int(sys.argv[2]) and "did you mean '"'"'--timeout'"'"'" in d["error"], d' \
+  "$T/o.json" "$rc" || fail "resume --json --timout: exit $rc: $(cat "$T/o.json")"
 pass "resume --json --timout 5: the failure object says the same"
 
 # An option before the command is said to be one, not taken for a mistyped

@@ -42,9 +42,11 @@ expect_usage "--device-map with an empty first entry" "entry 1 of ',0=1' is empt
   "$CUSNAP" restore "$T/none" --device-map ,0=1
 expect_usage "--device-map a=b, the usage line" "Run 'cusnap restore --help' for usage." -- \
   "$CUSNAP" restore "$T/none" --device-map a=b
-"$CUSNAP" restore "$T/none" --device-map 0=1, --json >"$T/dm.json" 2>/dev/null || true
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2 and "is empty" in d["error"], d' \
-  "$T/dm.json" || fail "restore --json --device-map 0=1,: $(cat "$T/dm.json")"
+# The exit status is the object's exit_code (2).
+rc=0
+"$CUSNAP" restore "$T/none" --device-map 0=1, --json >"$T/dm.json" 2>/dev/null || rc=$?
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==2==int(sys.argv[2]) and "is empty" in d["error"], d' \
+  "$T/dm.json" "$rc" || fail "restore --json --device-map 0=1,: exit $rc: $(cat "$T/dm.json")"
 pass "restore --json --device-map 0=1,: the failure object says the same"
 rc=0
 "$CUSNAP" restore "$T/none" --device-map 0=1,1=0,gpu-00000000-0000-0000-0000-00000000000A=2 \
@@ -115,9 +117,11 @@ CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS=50 expect_usage "restore with CUSNAP_NETWORK_UN
   'CUSNAP_NETWORK_UNLOCK_TIMEOUT_MS="50"' "from 100 to 3600000" -- "$CUSNAP" restore "$T/none"
 CUSNAP_CONTROL_TIMEOUT=30s expect_usage "ps with CUSNAP_CONTROL_TIMEOUT=30s" \
   'CUSNAP_CONTROL_TIMEOUT="30s"' "seconds" -- "$CUSNAP" ps
-CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --json >"$T/ct.json" 2>/dev/null || true
-python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["exit_code"]==2 and "CUSNAP_CONTROL_TIMEOUT" in j["error"], j' \
-  "$T/ct.json" || fail "ps --json with a bad CUSNAP_CONTROL_TIMEOUT printed no failure object: $(cat "$T/ct.json")"
+rc=0
+CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --json >"$T/ct.json" 2>/dev/null || rc=$?
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["exit_code"]==2==int(sys.argv[2]) and "CUSNAP_CONTROL_TIMEOUT" in j["error"], j' \
+  "$T/ct.json" "$rc" ||
+  fail "ps --json with a bad CUSNAP_CONTROL_TIMEOUT: exit $rc, expected 2 with a failure object saying so: $(cat "$T/ct.json")"
 CUSNAP_CONTROL_TIMEOUT=30s "$CUSNAP" ps --help >/dev/null || fail "ps --help refused for a bad CUSNAP_CONTROL_TIMEOUT"
 CUSNAP_SHIM_COPY_THREADS=100 "$CUSNAP" launch --no-shim -- true ||
   fail "launch --no-shim refused a setting only the shim reads"

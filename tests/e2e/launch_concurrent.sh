@@ -9,8 +9,8 @@ REAL_CRIU=$(command -v criu || echo /usr/local/sbin/criu)
 [ -x "$REAL_CRIU" ] || { echo "SKIP: criu not installed"; exit 77; }
 : "${CUSNAP_FAKECUDA_DIR:?set by CTest}"
 JOB_BIN="$CUSNAP_BINARY_DIR/bin/cusnap-pattern-job"
-[ -x "$JOB_BIN" ] && [ -e "$CUSNAP_FAKECUDA_DIR/libcuda.so.1" ] ||
-  { echo "SKIP: build cusnap_workloads and fakecuda first"; exit 77; }
+[ -x "$JOB_BIN" ] || fail "$JOB_BIN is not built"
+[ -e "$CUSNAP_FAKECUDA_DIR/libcuda.so.1" ] || fail "$CUSNAP_FAKECUDA_DIR/libcuda.so.1 is not built"
 export LD_LIBRARY_PATH="$CUSNAP_FAKECUDA_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 cat >"$SCRATCH/slow-criu" <<SH

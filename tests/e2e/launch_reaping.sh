@@ -4,14 +4,27 @@
 source "$(dirname "$0")/lib_launch.sh"
 
 # The job's root starts a grandchild and lets its parent exit: the grandchild
-# is orphaned, reparents to the supervisor, then exits.
-launch_bg reap sh -c "sh -c 'sleep 0.5 & exit 0'; touch $SCRATCH/spawned; sleep 60"
+# is orphaned and reparents to the supervisor (without the subreaper it would
+# go to init, which reaps it too: so the test looks at its parent while it
+# still runs). It exits once $SCRATCH/go exists, and the supervisor reaps it.
+cat >"$SCRATCH/orphan.sh" <<SH
+#!/bin/sh
+echo \$\$ > "$SCRATCH/reap-orphan.pid.tmp" && mv "$SCRATCH/reap-orphan.pid.tmp" "$SCRATCH/reap-orphan.pid"
+while [ ! -e "$SCRATCH/go" ]; do sleep 0.05; done
+exit 0
+SH
+chmod +x "$SCRATCH/orphan.sh"
+launch_bg reap sh -c "sh -c '$SCRATCH/orphan.sh & exit 0'; touch $SCRATCH/spawned; sleep 60"
 wait_for 10 test -e "$SCRATCH/spawned" || fail "job did not start"
-sleep 1.5
-zombies=$(ps -o pid=,stat= --ppid "$LAUNCH_PID" | awk '$2 ~ /^Z/' || true)
-[ -z "$zombies" ] || fail "zombies under the supervisor: $zombies"
+wait_for 10 test -s "$SCRATCH/reap-orphan.pid" || fail "the orphan did not start"
+orphan=$(cat "$SCRATCH/reap-orphan.pid")
+# Its parent exited (and was reaped by the root) before "spawned" was written.
+expect_eq "parent of the orphaned process $orphan" "$LAUNCH_PID" \
+  "$(awk '/^PPid:/ {print $2}' "/proc/$orphan/status")"
+touch "$SCRATCH/go"
+wait_for 10 sh -c "! test -e /proc/$orphan" ||
+  fail "the orphan $orphan was not reaped: $(grep -E '^(State|PPid):' "/proc/$orphan/status" 2>/dev/null | tr '\n' ' ')"
 pass "orphans of the job are reaped"
-grep -q '^PPid:' /proc/$LAUNCH_PID/status
 # The job's root is a session leader, in its own process group.
 root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$CUSNAP_RUNTIME_BASE/reap/job.json")
 expect_eq "job root is a session leader" "$root" "$(ps -o sid= -p "$root" | tr -d ' ')"

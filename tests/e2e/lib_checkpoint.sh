@@ -215,22 +215,56 @@ wait_exit() {
   wait "$1" || EXIT_RC=$?
 }
 
-# expect_running NAME PID OUTFILE [PREFIX]: the job still runs as PID, its
-# GPU state is running, and it keeps counting (so its pattern is intact).
+# expect_running NAME PID OUTFILE [PREFIX]: the job still runs as PID, cusnap
+# inspect shows each of its CUDA processes' GPU state running (a job without
+# CUDA shows none), and it keeps counting (so its pattern is intact).
+# With DRIVER_STATE_UNKNOWN=1 (a supervisor whose driver has no checkpoint
+# API, so inspect cannot tell) each CUDA process must show no state instead,
+# and the simulated driver is asked itself (on the real one the counting
+# shows it).
 expect_running() {
   local name=$1 pid=$2 out=$3 prefix=${4:-}
   [ "$(job_field "$name" pid)" = "$pid" ] || fail "job $name no longer runs as pid $pid"
   kill -0 "$pid" 2>/dev/null || fail "job $name (pid $pid) is gone"
-  local n
+  local n states p st want=running
   n=$(last_count "$out" "$prefix")
   wait_count "$out" $((n + 2)) "$prefix"
-  if "$CUSNAP" inspect "$name" --json >"$T/inspect.json" 2>/dev/null; then
-    if grep -q '"checkpointed"\|"locked"' "$T/inspect.json"; then
-      fail "job $name has GPU state locked or checkpointed: $(cat "$T/inspect.json")"
+  "$CUSNAP" inspect "$name" --json >"$T/inspect.json" 2>"$T/inspect.err" ||
+    fail "cusnap inspect of the running job $name failed: $(cat "$T/inspect.err" "$T/inspect.json")"
+  # "PID=STATE" of each CUDA process ("none" for an empty state).
+  states=$(python3 -c '
+import json, sys
+procs = json.load(open(sys.argv[1]))["processes"]
+print(" ".join("%d=%s" % (p["pid"], p.get("cuda_state") or "none") for p in procs if p.get("uses_cuda")))' \
+    "$T/inspect.json") || fail "cusnap inspect $name --json lists no processes: $(cat "$T/inspect.json")"
+  [ "${DRIVER_STATE_UNKNOWN:-0}" = 1 ] && want=none
+  for p in $states; do
+    [ "${p#*=}" = "$want" ] ||
+      fail "job $name has GPU states '$states', expected each $want: $(cat "$T/inspect.json")"
+    if [ "$want" = none ] && [ "$REAL_DRIVER" != 1 ]; then
+      st=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "${p%%=*}" 2>&1 | head -1 || true)
+      [ "$st" = "state 0" ] || fail "job $name: the driver's state of process ${p%%=*} is '$st', not running (0)"
     fi
-  fi
+  done
   grep -q "pattern mismatch" "$out" && fail "job $name found a wrong byte"
   return 0
+}
+
+# wait_driver_state PID STATE WHILE [SECONDS]: waits until the simulated
+# driver shows process PID in STATE (a CUprocessState number, as fakecuda_ckpt
+# prints it) while process WHILE (the command that should bring it there)
+# runs; true once seen, false when WHILE ended or SECONDS (default 12) passed.
+# DRIVER_STATE holds what was read last.
+wait_driver_state() {
+  local pid=$1 want="state $2" while=$3 i n=$(((${4:-12}) * 50))
+  DRIVER_STATE=
+  for ((i = 0; i < n; i++)); do
+    DRIVER_STATE=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$pid" 2>&1 | head -1 || true)
+    [ "$DRIVER_STATE" = "$want" ] && return 0
+    kill -0 "$while" 2>/dev/null || return 1
+    sleep 0.02
+  done
+  return 1
 }
 
 # criu_iptables_rules: how many iptables and ip6tables rules of CRIU's

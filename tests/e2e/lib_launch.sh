@@ -5,7 +5,7 @@ set -euo pipefail
 
 : "${CUSNAP_BINARY_DIR:?set by CTest}"
 CUSNAP="$CUSNAP_BINARY_DIR/bin/cusnap"
-[ -x "$CUSNAP" ] || { echo "SKIP: $CUSNAP not built"; exit 77; }
+[ -x "$CUSNAP" ] || { echo "FAIL: $CUSNAP is not built"; exit 1; }
 
 export CUSNAP_RUNTIME_BASE="$(mktemp -d /tmp/cusnap-e2e-base.XXXXXX)"
 SCRATCH="$(mktemp -d /tmp/cusnap-e2e.XXXXXX)"

@@ -148,14 +148,18 @@ else
 fi
 
 # --- the supervising cusnap is killed while the driver holds the job locked
+CU_PROCESS_STATE_LOCKED=1  # cuda.h's CUprocessState, as fakecuda_ckpt prints it
 if fake_only "the supervisor killed mid-checkpoint (needs FAKECUDA_DELAY, fakecuda_ckpt)"; then
-launch_env orphan "$T/orphan.out" FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
+launch_env orphan "$T/orphan.out" FAKECUDA_LOG=1 FAKECUDA_DELAY=cuCheckpointProcessCheckpoint:3000 -- --mib 4 --interval-ms 20
 SUP=$LAST_SUPERVISOR
 wait_count "$T/orphan.out" 3
 PID=$(wait_job orphan)
+before=$(calls_begun "$T/orphan.out" cuCheckpointProcessCheckpoint "$SUP")
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
 CK=$!
-sleep 1
+# Killed once the supervisor is in the (slowed) driver checkpoint: the job
+# is locked.
+wait_entered "$SUP" "$T/orphan.out" cuCheckpointProcessCheckpoint "$before" "$CK" "$T/orphan-ck.out"
 kill -KILL "$SUP"
 RC=0; wait "$CK" || RC=$?
 wait "$SUP" 2>/dev/null || true
@@ -165,6 +169,9 @@ kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
 # The guardian brings the job back: driver state running again, the job's
 # output flowing into its log, the unfinished checkpoint removed.
 expect_guardian_brought_back orphan "$PID"
+BRINGS="cusnap: the supervisor of job orphan died during checkpoint; the guardian brings the job back"
+[ "$(grep -cF "$BRINGS" "$LOG")" = 1 ] ||
+  fail "the guardian did not say once that it brings the job back from the checkpoint: $(grep cusnap: "$LOG")"
 [ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
 echo "   after the supervisor's death: job $PID running (driver state 0), counting on in its log ($N -> $(last_count "$LOG")), client exit $RC"
 grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
@@ -175,9 +182,13 @@ GUARD=$(job_field orphan supervisor_pid)
 # The guardian, supervising now, killed during a checkpoint too: a guardian of
 # its own brings the job back and supervises it (before: it had none; the job
 # stayed locked, and ps removed its runtime directory).
+# The guardian traces nothing (its stderr is /dev/null): the driver's state
+# of the job tells when it is locked, which it stays through the slowed
+# driver checkpoint.
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
 CK=$!
-sleep 1
+wait_driver_state "$PID" "$CU_PROCESS_STATE_LOCKED" "$CK" 30 ||
+  fail "the guardian's checkpoint did not lock the job (driver state '$DRIVER_STATE'): $(cat "$T/orphan-ck.out")"
 kill -KILL "$GUARD"
 RC=0; wait "$CK" || RC=$?
 [ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor (a guardian) was killed"
@@ -187,6 +198,8 @@ for _ in $(seq 1 200); do
 done
 [ "$(grep -c "guardian: the job runs on, supervised by process" "$LOG")" -ge 2 ] ||
   fail "no guardian brought the job back after the guardian supervising it was killed: $(grep cusnap: "$LOG")"
+[ "$(grep -cF "$BRINGS" "$LOG")" = 2 ] ||
+  fail "the second guardian did not say it brings the job back from the checkpoint: $(grep cusnap: "$LOG")"
 wait_guardian orphan "$GUARD" running
 state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
 case $state in *"state 0"*) ;; *) fail "after the second guardian's recovery the driver state is '$state'" ;; esac

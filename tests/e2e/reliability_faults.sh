@@ -150,14 +150,23 @@ trial_restore() {  # trial_restore SPEC
   fi
 }
 
-# run_all OP TRIAL-ARGS...: the clean run, then one run per call it made.
+# run_all OP MIN "CALL..." TRIAL-ARGS...: the clean run, then one run per call
+# it made. The clean run's trace must show at least MIN calls of the
+# operating process, each CALL among them: a trace that shows none (or only
+# the driver's set-up) would leave nothing to inject and pass on zero runs.
 run_all() {
-  local op=$1; shift
+  local op=$1 min=$2 need=$3; shift 3
   "$@" FAKECUDA_LOG=1
   [ "$OUTCOME" = completed ] || fail "$op: the clean run did not complete: $OUTCOME $MSG"
   mapfile -t CALLS < <(driver_calls "$TRIAL_SUP" "$TRIAL_OUT")
   local first=$BEFORE last=$AFTER i call k
   echo "$op: $((last - first)) driver calls in the operation"
+  [ $((last - first)) -ge "$min" ] ||
+    fail "$op: the trace shows $((last - first)) driver calls in the operation, expected at least $min: ${CALLS[*]:$first:$((last - first))}"
+  for call in $need; do
+    printf '%s\n' "${CALLS[@]:$first:$((last - first))}" | grep -qx "$call" ||
+      fail "$op: $call is not among the operation's driver calls: ${CALLS[*]:$first:$((last - first))}"
+  done
   for ((i = first; i < last; i++)); do
     call=${CALLS[$i]}
     k=$(nth_of "$call" "$i" "${CALLS[@]}")
@@ -184,11 +193,15 @@ wait_exit "$LAST_SUPERVISOR"
 wait_gone "$CKPT_PID"
 CKPT_LAST=$(last_count "$T/base.out")
 
-run_all checkpoint trial_ckpt_stop
-run_all "checkpoint --leave-running" trial_ckpt_lr
-run_all suspend trial_susp
-run_all resume trial_res
-run_all restore trial_restore
+# The driver's set-up (cuInit, the version and device queries) makes about
+# six calls; at least eight, with the operation's own calls among them.
+LOCKS="cuCheckpointProcessLock cuCheckpointProcessCheckpoint"
+BRINGS_BACK="cuCheckpointProcessRestore cuCheckpointProcessUnlock"
+run_all checkpoint 8 "$LOCKS" trial_ckpt_stop
+run_all "checkpoint --leave-running" 8 "$LOCKS $BRINGS_BACK" trial_ckpt_lr
+run_all suspend 8 "$LOCKS" trial_susp
+run_all resume 8 "$BRINGS_BACK" trial_res
+run_all restore 8 "$BRINGS_BACK" trial_restore
 
 echo "summary: $RUNS runs with one injected driver failure each"
 for k in "${!TALLY[@]}"; do echo "  $k: ${TALLY[$k]}"; done | sort
