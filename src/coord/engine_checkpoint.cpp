@@ -172,7 +172,17 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
                      ": choose another -o DIR";
     return false;
   }
-  for (const std::string& name : list_dir(dir)) {
+  // A directory that cannot be listed is not known to be empty.
+  int list_errno = 0;
+  const std::vector<std::string> names = list_dir(dir, &list_errno);
+  if (list_errno != 0) {
+    ::unlink(claim.c_str());
+    if (!*existed) ::rmdir(dir.c_str());  // only while it is empty
+    *err = "cannot list the checkpoint directory " + dir + ": " + std::strerror(list_errno) +
+           ": choose another -o DIR";
+    return false;
+  }
+  for (const std::string& name : names) {
     if (name == kClaimFile) continue;
     ::unlink(claim.c_str());
     *err = "the checkpoint directory " + dir +

@@ -59,7 +59,6 @@ std::string write_marker(const JobInfo& job, const LeftSuspended& left) {
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   bool ok = bool(fd);
   if (ok) {
-    errno = ENOSPC;  // what a write that takes nothing means here
     ok = write_all(fd.get(), text.data(), text.size());
   }
   ok = ok && ::fsync(fd.get()) == 0 && ::rename(tmp.c_str(), path.c_str()) == 0;

@@ -388,7 +388,11 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
     r.num(*job, "job", "root_pid", &m->job.root_pid);
     r.str(*job, "job", "stdout_pipe", &m->job.stdout_pipe_id);
     r.str(*job, "job", "stderr_pipe", &m->job.stderr_pipe_id);
-    r.str(*job, "job", "shim_dir", &m->job.shim_dir, kPath);
+    // Optional in version 2, whose first manifests were written without it:
+    // empty, the shims' sockets are in the restored job's runtime directory.
+    m->job.shim_dir.clear();
+    if (m->version >= 3 || job->contains("shim_dir"))
+      r.str(*job, "job", "shim_dir", &m->job.shim_dir, kPath);
     // The restored job's record: one ps could not read would hide the job.
     if (std::string why; r.ok && !job_record_fits(m->job.argv, m->job.cwd, &why)) r.fail(why);
   }
@@ -527,7 +531,10 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
   const std::string text = manifest_to_json(m);
   bool ok = write_all(fd, text.data(), text.size()) && fsync(fd) == 0;
   int saved = errno;
-  ok = (close(fd) == 0) && ok;
+  if (close(fd) != 0 && ok) {  // the first failure is the one told
+    ok = false;
+    saved = errno;
+  }
   if (!ok) {
     *err = "cannot write " + tmp + ": " + std::strerror(saved);
     unlink(tmp.c_str());

@@ -1,9 +1,11 @@
 // DIR/manifest.json, the record of a checkpoint. Format (version 3):
 //
-//   { "format": "cusnap-checkpoint", "version": 2, "created": "<UTC ISO 8601>",
+//   { "format": "cusnap-checkpoint", "version": 3, "created": "<UTC ISO 8601>",
 //     "cusnap_version": "0.1.0",
 //     "job": { "name", "argv": [..], "cwd", "owner_uid", "root_pid",
-//              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]" },
+//              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]",
+//              "shim_dir" },          the runtime directory the shims bound
+//                                     their sockets in ("": the job's own)
 //     "processes": [ { "pid", "ppid", "exe", "cmdline": [..], "uses_cuda",
 //                      "gpus": ["GPU-..."],
 //                      "gpu_memory": {"GPU-...": bytes} } ],   root first;
@@ -30,7 +32,9 @@
 //                                     are shim/<pid>.records, the bytes
 //                                     shared/<pid>-<allocation>.<k>.bin, k from 0
 //
-// Version 2 (no shim_processes: nothing shared) is still read.//
+// Version 2 (no shim_processes: nothing shared) is still read; its job.shim_dir
+// is optional, as the first version 2 manifests were written without it.
+//
 // files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a
 // power of two from 4 KiB to 1 GiB (cusnap writes 64 MiB), chunks holds
 // ceil(size / chunk_size) digests, and sha256 is the SHA-256 of their
@@ -168,12 +172,19 @@ bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, st
 /// (manifest_files.cpp)
 std::string not_private(const std::string& path, uid_t owner);
 
-/// Whether dir and every directory and file under it pass not_private for
-/// root, who restores (whoever asks, inspect included): the images of a
+/// "" when no user but root can rename dir or put another directory in its
+/// place: every directory above it (to /) is root's and writable by no one
+/// else, or sticky; else which one is not, and why. dir is absolute and
+/// resolved (no link in it). (manifest_files.cpp)
+std::string path_not_held(const std::string& dir);
+
+/// Whether dir (resolved: the directory a link names) and every directory
+/// and file under it pass not_private for root, who restores (whoever asks,
+/// inspect included), and its path passes path_not_held: the images of a
 /// checkpoint decide which processes a restore runs, as which user, so root
-/// restores only what root wrote and no one else can change (meanwhile,
-/// between the verification and CRIU's reading, too). false with *err naming
-/// the first that does not and what to do. (manifest_files.cpp)
+/// restores only what root wrote and no one else can change or replace
+/// (meanwhile, between the verification and CRIU's reading, too). false with
+/// *err naming the first that does not and what to do. (manifest_files.cpp)
 bool checkpoint_dir_private(const std::string& dir, std::string* err);
 
 /// Checks that every listed file is there with its size, chunk digests and

@@ -3,6 +3,8 @@
 // with the shared memory the shims' records name.
 // Apart from manifest.cpp so that the parser builds without the hashing.
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -194,7 +196,37 @@ std::string not_private(const std::string& path, uid_t owner) {
   return "";
 }
 
-bool checkpoint_dir_private(const std::string& dir, std::string* err) {
+std::string path_not_held(const std::string& dir) {
+  // From the parent of dir up to /: each is root's, and no one else may
+  // rename what it holds (no group or other write bit, or the sticky bit,
+  // under which only root renames the root-owned entry below it).
+  for (std::string d = dir; d.size() > 1;) {
+    const size_t slash = d.rfind('/');
+    d = slash == 0 ? "/" : d.substr(0, slash);
+    struct stat st;
+    if (::lstat(d.c_str(), &st) != 0) return d + ": cannot stat it: " + std::strerror(errno);
+    if (st.st_uid != 0 || ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !(st.st_mode & S_ISVTX))) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+      return d + ", a directory above it, " +
+             (st.st_uid != 0 ? "is owned by uid " + std::to_string(st.st_uid)
+                             : std::string("may be written by other users (mode ") + mode + ")") +
+             ": whoever may change it could put another checkpoint in this one's place "
+             "between the verification and CRIU's reading";
+    }
+  }
+  return "";
+}
+
+bool checkpoint_dir_private(const std::string& given, std::string* err) {
+  // The directory itself, not a link to it, and the path to it (a restore
+  // reads its files by path).
+  char real[PATH_MAX];
+  if (::realpath(given.c_str(), real) == nullptr) {
+    *err = "cannot resolve " + given + ": " + std::strerror(errno);
+    return false;
+  }
+  const std::string dir = real;
   auto refuse = [&](const std::string& path, const std::string& why) {
     *err = path + ": " + why +
            ". A checkpoint's files decide which processes a restore runs, as which user, so "
@@ -203,6 +235,14 @@ bool checkpoint_dir_private(const std::string& dir, std::string* err) {
            dir + " and chmod -R go-w " + dir + " (or copy it as root), then restore again";
     return false;
   };
+  if (std::string why = path_not_held(dir); !why.empty()) {
+    *err = dir + ": " + why +
+           ". A checkpoint's files decide which processes a restore runs, as which user, so "
+           "cusnap restores (as root) only a checkpoint that no one but root can change or "
+           "replace: copy it as root into a directory whose parents only root may change "
+           "(such as /var/lib or a directory of root's under /tmp), then restore it from there";
+    return false;
+  }
   if (std::string why = not_private(dir, 0); !why.empty()) return refuse(dir, why);
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);

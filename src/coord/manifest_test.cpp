@@ -1,12 +1,18 @@
 #include "coord/manifest.h"
 
 #include <doctest/doctest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +67,32 @@ struct TempDir {
 void write_file(const std::string& path, const std::string& data) {
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path, std::ios::binary) << data;
+}
+
+/// Runs fn in a forked child in which system call nr is not made but
+/// returns -error (error 0: returns 0, as a write that took nothing); fn's
+/// return value is the child's exit status.
+template <class Fn>
+int with_syscall_failing(long nr, int error, Fn fn) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (uint32_t(error) & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      _exit(10);
+    _exit(fn());
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  return WEXITSTATUS(status);
 }
 
 }  // namespace
@@ -151,6 +183,30 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
     v3.replace(v3.find("\"version\": 2"), 12, "\"version\": 3");
     CHECK_FALSE(manifest_from_json(v3, &old, &err));
     CHECK(err.find("shim_processes is missing") != std::string::npos);
+  }
+  // The first version 2 manifests have no job.shim_dir: read as empty (the
+  // restored job's own runtime directory); version 3 needs it.
+  {
+    Manifest withdir = sample();
+    withdir.job.shim_dir = "/run/cusnap/train";
+    nlohmann::json v2 = nlohmann::json::parse(manifest_to_json(withdir));
+    v2["version"] = 2;
+    v2.erase("shim_processes");
+    v2["job"].erase("shim_dir");
+    Manifest old;
+    old.job.shim_dir = "/left/from/before";
+    CHECK_MESSAGE(manifest_from_json(v2.dump(), &old, &err), err);
+    CHECK(old.job.shim_dir.empty());
+    v2["job"]["shim_dir"] = "/run/cusnap/train";
+    CHECK_MESSAGE(manifest_from_json(v2.dump(), &old, &err), err);
+    CHECK(old.job.shim_dir == "/run/cusnap/train");
+    v2["job"]["shim_dir"] = 7;
+    CHECK_FALSE(manifest_from_json(v2.dump(), &old, &err));
+    CHECK(err == "manifest field job.shim_dir is not a string");
+    nlohmann::json v3 = nlohmann::json::parse(manifest_to_json(withdir));
+    v3["job"].erase("shim_dir");
+    CHECK_FALSE(manifest_from_json(v3.dump(), &old, &err));
+    CHECK(err == "manifest field job.shim_dir is missing");
   }
   {
     Manifest withshim = sample();
@@ -319,6 +375,34 @@ TEST_CASE("manifest: atomic write, read back, and file verification") {
     CHECK_FALSE(read_manifest(d.path, &back, &err));
     CHECK(err.find("did not finish") != std::string::npos);
   }
+}
+
+TEST_CASE("manifest: a failed write says why, a failed close or a write taking nothing too") {
+  TempDir d;
+  const Manifest m = sample();
+  const std::string tmp = d.path + "/manifest.json.tmp";
+  // The child's exit status: 0 when write_manifest failed with that reason,
+  // 11 when it succeeded, 12 when it gave another. errno starts at 0, so a
+  // reason taken from no failure reads "Success".
+  auto fails_with = [&](const std::string& reason) {
+    return [&, reason]() -> int {
+      std::string err;
+      errno = 0;
+      if (write_manifest(d.path, m, &err)) return 11;
+      return err == "cannot write " + tmp + ": " + reason ? 0 : 12;
+    };
+  };
+  SUBCASE("the close fails") {
+    CHECK(with_syscall_failing(__NR_close, EIO, fails_with("Input/output error")) == 0);
+  }
+  SUBCASE("a write takes nothing") {
+    CHECK(with_syscall_failing(__NR_write, 0, fails_with("Input/output error")) == 0);
+  }
+  SUBCASE("a write fails") {
+    CHECK(with_syscall_failing(__NR_write, ENOSPC, fails_with("No space left on device")) == 0);
+  }
+  CHECK_FALSE(fs::exists(tmp));
+  CHECK_FALSE(fs::exists(d.path + "/" + kManifestName));
 }
 
 TEST_CASE("manifest: the hashing takes the threads it is given; the files are flushed, by name") {

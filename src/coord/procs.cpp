@@ -25,10 +25,25 @@
 namespace cusnap {
 
 std::vector<std::string> list_dir(const std::string& path) {
+  int ignored = 0;
+  return list_dir(path, &ignored);
+}
+
+std::vector<std::string> list_dir(const std::string& path, int* error_number) {
   std::vector<std::string> names;
   DIR* d = opendir(path.c_str());
-  if (!d) return names;
-  while (dirent* e = readdir(d)) {
+  if (!d) {
+    *error_number = errno;
+    return names;
+  }
+  *error_number = 0;
+  for (;;) {
+    errno = 0;  // readdir's end and its failure differ only in errno
+    const dirent* e = readdir(d);
+    if (!e) {
+      *error_number = errno;
+      break;
+    }
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     names.emplace_back(e->d_name);
   }

@@ -93,6 +93,10 @@ bool parse_num(std::string_view s, T* v) {
 
 /// The names in a directory (not . and ..); empty when it cannot be read.
 std::vector<std::string> list_dir(const std::string& path);
+/// As above; *error_number is 0 when the whole directory was read, else the
+/// errno of what failed (opendir, or a readdir that ended the listing
+/// early), so that an empty list can be told from one that failed.
+std::vector<std::string> list_dir(const std::string& path, int* error_number);
 
 /// The socket descriptors of a process: fd number -> socket inode (as
 /// /proc/PID/net/tcp shows it).

@@ -5,7 +5,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
 using namespace cusnap;
+namespace fs = std::filesystem;
 
 TEST_CASE("procs: libcuda detection looks at file names") {
   CHECK(maps_use_cuda(
@@ -35,6 +41,29 @@ TEST_CASE("procs: sharing between processes is found") {
   CHECK(find_shared_device_memory({{10, {{10, 1}}}, {11, {{10, 1}}}}, &what));
   CHECK(what.find("process 11 maps device allocation 1 of process 10") != std::string::npos);
   CHECK(find_shared_device_memory({{10, {{12, 1}}}, {11, {{12, 1}}}}, &what));
+}
+
+TEST_CASE("procs: a directory's names, and whether it could be listed") {
+  char t[] = "/tmp/cusnap-procs-test-XXXXXX";
+  REQUIRE(mkdtemp(t) != nullptr);
+  const std::string dir = t;
+  int e = -1;
+  CHECK(list_dir(dir, &e).empty());
+  CHECK(e == 0);  // empty, and listed
+  std::ofstream(dir + "/a") << "x";
+  fs::create_directory(dir + "/b");
+  std::vector<std::string> names = list_dir(dir, &e);
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"a", "b"});
+  CHECK(e == 0);
+  CHECK(list_dir(dir) == list_dir(dir, &e));
+  // What cannot be listed says why; the form without it lists nothing.
+  CHECK(list_dir(dir + "/a", &e).empty());
+  CHECK(e == ENOTDIR);
+  CHECK(list_dir(dir + "/gone", &e).empty());
+  CHECK(e == ENOENT);
+  CHECK(list_dir(dir + "/gone").empty());
+  fs::remove_all(dir);
 }
 
 TEST_CASE("procs: the tree of a real process, root first") {

@@ -56,7 +56,8 @@ inline bool make_pipe(UniqueFd* read_end, UniqueFd* write_end, int flags, const 
 
 /// Writes all n bytes to fd, through EINTR, short writes and EAGAIN (a
 /// descriptor someone made non-blocking: waits until it takes more). False
-/// when the write fails (errno says why), a reader that went away included.
+/// when the write fails (errno says why, EIO for a write that took nothing),
+/// a reader that went away included.
 inline bool write_all(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
@@ -66,6 +67,7 @@ inline bool write_all(int fd, const char* p, size_t n) {
       ::poll(&pf, 1, 1000);
       continue;
     }
+    if (w == 0) errno = EIO;  // no error of its own: errno is stale
     if (w <= 0) return false;
     p += w;
     n -= static_cast<size_t>(w);

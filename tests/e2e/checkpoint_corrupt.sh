@@ -204,6 +204,37 @@ chmod o+w "$T/writable/criu"
 expect_untrusted writable "criu: other users may write to it \(mode 0702\)"
 pass "a checkpoint another user owns or may change: refused (exit 3) before anything changed"
 
+# A checkpoint of root's below a directory another user may change: that
+# user could put another checkpoint in its place between the verification
+# and CRIU's reading, so it is refused the same way; a link to it is judged
+# as the directory it names. Below a sticky directory of root's (as /tmp)
+# only root renames it: taken.
+expect_held_path() {  # expect_held_path DIR WHY
+  expect_refused 3 "$2.*copy it as root into a directory whose parents only root may change" \
+    "$CUSNAP" restore "$1"
+  [ -z "$(job_pids_all)" ] || fail "$1: a job was started from a checkpoint another user can replace"
+  local rc=0
+  "$CUSNAP" inspect "$1" >"$T/held.inspect" 2>&1 || rc=$?
+  [ "$rc" = 3 ] && grep -Eq "NOT restorable.*$2" "$T/held.inspect" ||
+    fail "$1: inspect exited $rc: $(cat "$T/held.inspect")"
+}
+mkdir -p "$T/theirs-home" "$T/group-dir" "$T/sticky-dir"
+cp -a "$T/ckpt" "$T/theirs-home/ck"
+chown 65534 "$T/theirs-home"
+expect_held_path "$T/theirs-home/ck" "$T/theirs-home, a directory above it, is owned by uid 65534"
+ln -s "$T/theirs-home/ck" "$T/link-to-theirs"
+expect_held_path "$T/link-to-theirs" "$T/theirs-home, a directory above it, is owned by uid 65534"
+cp -a "$T/ckpt" "$T/group-dir/ck"
+chmod 0775 "$T/group-dir"
+expect_held_path "$T/group-dir/ck" "$T/group-dir, a directory above it, may be written by other users \(mode 0775\)"
+cp -a "$T/ckpt" "$T/sticky-dir/ck"
+chmod 1777 "$T/sticky-dir"
+rc=0
+"$CUSNAP" inspect "$T/sticky-dir/ck" >"$T/sticky.inspect" 2>&1 || rc=$?
+[ "$rc" = 0 ] && grep -q "verdict:  valid, restorable" "$T/sticky.inspect" ||
+  fail "a checkpoint below a sticky directory of root's: inspect exited $rc: $(cat "$T/sticky.inspect")"
+pass "a checkpoint below a directory another user may change: refused (exit 3), also through a link; below a sticky directory of root's: valid"
+
 variant intact
 restore_bg "$T/intact" "$T/restore.out"
 wait_count "$T/restore.out" $((LAST + 3))
