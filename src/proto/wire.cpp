@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "proto/env_settings.h"
@@ -66,9 +67,15 @@ bool recv_exact(int fd, char* buf, size_t n, Clock::time_point deadline, std::ve
                 size_t* got_out, std::string* err) {
   size_t& got = *got_out;
   got = 0;
+  constexpr size_t kFdsPerReceipt = 8;  // what the control buffer holds
   while (got < n) {
     iovec iov{buf + got, n - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerReceipt)];
+    // Room for every descriptor one receipt can bring, made before it: once
+    // received, a descriptor is stored without allocating, so none is left
+    // open unowned by a failed allocation (this may throw; nothing is
+    // received then).
+    fds->reserve(fds->size() + kFdsPerReceipt);
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -93,7 +100,11 @@ bool recv_exact(int fd, char* buf, size_t n, Clock::time_point deadline, std::ve
         for (size_t i = 0; i < count; ++i) {
           int rfd;
           std::memcpy(&rfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds->emplace_back(rfd);
+          UniqueFd held(rfd);  // closed here unless stored
+          if (fds->size() < fds->capacity())
+            fds->push_back(std::move(held));  // within the reserved room: no allocation
+          else
+            bad_control = true;  // more than the buffer holds: never
         }
       } else {
         bad_control = true;

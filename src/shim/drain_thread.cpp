@@ -61,10 +61,18 @@ struct ThreadArg {
   std::shared_ptr<Run> run;
 };
 
-void* drain_main(void* p) {
+void* drain_main(void* p) noexcept {
   std::unique_ptr<ThreadArg> a(static_cast<ThreadArg*>(p));
   const std::shared_ptr<Run> run = a->run;
-  proto::Done d = drain(*a->s, [run] { return !run->abandoned.load() && gate().is_closed(); });
+  proto::Done d;
+  // Nothing may leave the thread (std::terminate): the predicate's
+  // std::function may allocate, and a failure to is the drain's failure.
+  try {
+    d = drain(*a->s, [run] { return !run->abandoned.load() && gate().is_closed(); });
+  } catch (...) {
+    d.ok = false;
+    d.error = "out of memory";  // within the string's own buffer: no allocation
+  }
   Drains& ds = drains();
   std::lock_guard lk(ds.mu);
   a->run->result = std::move(d);

@@ -29,6 +29,12 @@ std::atomic<unsigned> g_high{0};
 
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 pthread_key_t g_key;
+/// Whether g_key is the shim's. Without a key of its own (the process used
+/// up PTHREAD_KEYS_MAX) no thread gets a slot, since none would be freed at
+/// its exit: every thread takes the shared path. g_key's value is then not
+/// the shim's (0 is the first key handed out, likely another library's) and
+/// is never used.
+bool g_key_ok = false;
 
 long membarrier(int cmd) {
   return syscall(__NR_membarrier, cmd, 0, 0);
@@ -39,7 +45,7 @@ void release_slot(void* v) {
 }
 
 void init_once() {
-  pthread_key_create(&g_key, release_slot);
+  g_key_ok = pthread_key_create(&g_key, release_slot) == 0;
   const long q = membarrier(MEMBARRIER_CMD_QUERY);
   const bool ok = q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
                   membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
@@ -100,6 +106,10 @@ void Gate::release_thread_slot(void* v) noexcept {
 int Gate::claim_slot() noexcept {
   if (t_slot_ == -1) return -1;  // none left, or released at thread exit
   pthread_once(&g_once, init_once);
+  if (!g_key_ok) {
+    t_slot_ = -1;
+    return -1;
+  }
   for (unsigned i = 0; i < kMaxThreads; ++i) {
     uint8_t expect = 0;
     if (g_used[i].load(std::memory_order_relaxed) == 0 &&

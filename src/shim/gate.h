@@ -8,7 +8,8 @@
 //   bit 0  CLOSED   set by close(), cleared by open()
 //   bit 1  QUEUED   threads wait in the slow path; new arrivals queue behind them
 //   bits 2+         calls in flight of threads without a slot (more than
-//                   kMaxThreads threads), counted with fetch_add/fetch_sub
+//                   kMaxThreads threads, or no pthread key left for the
+//                   registry), counted with fetch_add/fetch_sub
 //
 // Memory ordering (store-buffering pattern, asymmetric fence): a thread stores
 // its depth, then loads word_; close() sets CLOSED with a read-modify-write and
@@ -133,7 +134,8 @@ class Gate {
   /// slow path of any gate, counted per gate; for tests of the admission order.
   static uint64_t last_admission() noexcept { return t_admission_; }
 
-  /// This thread's slot index, or -1 when every slot is taken.
+  /// This thread's slot index, or -1 when every slot is taken (or the
+  /// process had no pthread key left for the registry: no slot is given).
   __attribute__((always_inline)) static int thread_slot() noexcept {
     int t = t_slot_;
     return __builtin_expect(t >= 0, 1) ? t : claim_slot();

@@ -24,7 +24,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shim/real_driver.h"
@@ -256,7 +258,9 @@ CUresult run_pieces(const std::vector<Piece>& pieces, std::string* err, Make mak
   std::atomic<bool> stop{false};
   std::mutex mu;
   CUresult result = CUDA_SUCCESS;
-  auto work = [&] {
+  // A worker's body lets nothing out (a worker thread's exception would end
+  // the process): a failure, allocation included, is the copy's failure.
+  auto work = [&]() noexcept {
     std::string why;
     CUresult r = CUDA_SUCCESS;
     if (auto set = REAL(cuCtxSetCurrent)) set(ctx);
@@ -270,7 +274,7 @@ CUresult run_pieces(const std::vector<Piece>& pieces, std::string* err, Make mak
       st.reset();  // waits for what it queued
     } catch (...) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
-      why = "out of memory";
+      why = "out of memory";  // within the string's own buffer: no allocation
     }
     if (auto set = REAL(cuCtxSetCurrent)) set(nullptr);
     if (r != CUDA_SUCCESS) {
@@ -278,7 +282,7 @@ CUresult run_pieces(const std::vector<Piece>& pieces, std::string* err, Make mak
       std::lock_guard<std::mutex> l(mu);
       if (result == CUDA_SUCCESS) {
         result = r;
-        *err = why;
+        *err = std::move(why);  // a move: no allocation
       }
     }
   };

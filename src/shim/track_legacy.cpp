@@ -4,6 +4,7 @@
 #include "shim/track.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -36,13 +37,52 @@ CUresult capture_allows_alloc() noexcept {
   return CUDA_SUCCESS;
 }
 
-}  // namespace
+/// Takes the cuMemAlloc block at dptr out of the tables (s.mu held): the id,
+/// size and device of its allocation; false when the shim does not serve it.
+bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_t* dev) {
+  auto b = s.legacy_blocks.find(dptr);
+  if (b == s.legacy_blocks.end()) return false;
+  *id = b->second;
+  s.legacy_blocks.erase(b);
+  maybe_shrink(s.legacy_blocks);
+  auto m = s.ranges.find(dptr);
+  if (m != s.ranges.end()) {
+    *size = m->second.size;
+    s.ranges.erase(m);
+  }
+  auto a = s.allocs.find(*id);
+  if (a != s.allocs.end()) *dev = a->second.device;
+  return true;
+}
 
-CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
-  if (!active() || !legacy_vmm()) return real(dptr, bytes);
-  if (!dptr || bytes == 0) return real(dptr, bytes);
-  if (captures::any())
-    if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
+/// Unmaps a block take_block took out of the tables, frees its reservation
+/// and releases its allocation once nothing else holds it. The first error
+/// of the driver's; what can be released is released all the same.
+CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size) {
+  CUresult r = REAL(cuMemUnmap)(dptr, size);
+  const CUresult freed = REAL(cuMemAddressFree)(dptr, size);
+  if (r == CUDA_SUCCESS) r = freed;
+  std::vector<CUmemGenericAllocationHandle> rel;
+  std::vector<ListedFd> fds;
+  {
+    Lock l(s.mu);
+    auto a = s.allocs.find(id);
+    if (a != s.allocs.end()) {
+      if (a->second.mappings) a->second.mappings--;
+      if (a->second.pins) a->second.pins--;
+      settle(s, id, &rel, &fds);
+    }
+  }
+  finish(rel, &fds);
+  return r;
+}
+
+/// Serves cuMemAlloc with an exportable allocation (POSIX-fd handle type) of
+/// the current context's device, rounded up to the granularity and mapped
+/// read-write at a reservation of its own, recorded as a block. On any
+/// failure it undoes what it did and returns the error; the caller then
+/// leaves the allocation to the driver.
+CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexcept {
   CUdevice dev = 0;
   auto get_dev = REAL(cuCtxGetDevice);
   auto gran = REAL(cuMemGetAllocationGranularity);
@@ -53,9 +93,11 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   auto unmap = REAL(cuMemUnmap);
   auto release = REAL(cuMemRelease);
   auto addr_free = REAL(cuMemAddressFree);
+  *failed = "a VMM entry point of the driver";
   if (!get_dev || !gran || !create || !reserve || !map || !access || !unmap || !release ||
       !addr_free)
-    return real(dptr, bytes);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  *failed = "cuCtxGetDevice";
   CUresult r = get_dev(&dev);
   if (r != CUDA_SUCCESS) return r;
   CUmemAllocationProp prop{};
@@ -64,12 +106,15 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   prop.location.id = dev;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t g = 0;
-  if (gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0)
-    return real(dptr, bytes);
+  *failed = "cuMemGetAllocationGranularity";
+  if ((r = gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS) return r;
+  if (g == 0 || bytes > SIZE_MAX - (g - 1)) return CUDA_ERROR_INVALID_VALUE;
   const size_t size = (bytes + g - 1) / g * g;
   CUmemGenericAllocationHandle d = 0;
+  *failed = "cuMemCreate";
   if ((r = create(&d, size, &prop, 0)) != CUDA_SUCCESS) return r;
   CUdeviceptr addr = 0;
+  *failed = "cuMemAddressReserve";
   if ((r = reserve(&addr, size, 0, 0, 0)) != CUDA_SUCCESS) {
     release(d);
     return r;
@@ -77,11 +122,13 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   CUmemAccessDesc desc{};
   desc.location = prop.location;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  *failed = "cuMemMap";
   if ((r = map(addr, size, 0, d, 0)) != CUDA_SUCCESS) {
     addr_free(addr, size);
     release(d);
     return r;
   }
+  *failed = "cuMemSetAccess";
   if ((r = access(addr, size, &desc, 1)) != CUDA_SUCCESS) {
     unmap(addr, size);
     addr_free(addr, size);
@@ -89,9 +136,12 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
     return r;
   }
   State& s = state();
+  *failed = "the shim's tables (out of memory)";
+  uint64_t id = 0;
   try {
     Lock l(s.mu);
-    uint64_t id = add_created(s, d, size, prop);
+    id = s.next_alloc;  // add_created's, known before it records anything
+    add_created(s, d, size, prop);
     Alloc& a = s.allocs[id];
     a.legacy = true;
     a.pins = 1;
@@ -103,23 +153,135 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
   } catch (...) {
+    {
+      Lock l(s.mu);
+      auto b = s.legacy_blocks.find(addr);
+      if (b != s.legacy_blocks.end() && b->second == id) s.legacy_blocks.erase(b);
+      auto m = s.ranges.find(addr);
+      if (m != s.ranges.end() && m->second.alloc == id) s.ranges.erase(m);
+      auto a = s.allocs.find(id);
+      if (a != s.allocs.end() && a->second.driver == d) {
+        s.by_key.erase(a->second.key);
+        s.allocs.erase(a);
+      }
+    }
     unmap(addr, size);
     addr_free(addr, size);
     release(d);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // Devices with peer access to this one reach the block as they would the driver's.
+  *failed = "the peer grant (cuMemSetAccess)";
   try {
     r = grant_peers(s, addr);
   } catch (...) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r != CUDA_SUCCESS) {
-    mem_free(REAL(cuMemFree_v2), addr);
+    // Nothing ran on the block: no synchronize, as a free would.
+    try {
+      uint64_t got = 0;
+      int32_t on = 0;
+      bool ours;
+      {
+        Lock l(s.mu);
+        ours = take_block(s, addr, &id, &got, &on);
+      }
+      if (ours) drop_block(s, addr, id, got);
+    } catch (...) {
+    }
     return r;
   }
   *dptr = addr;
   return CUDA_SUCCESS;
+}
+
+/// Waits, before a block's memory goes, for the device work that may still
+/// use it, as cuMemFree does, and returns what the synchronize returns (a
+/// sticky error of an earlier kernel is the free's answer, as the driver's).
+/// The shim records the block's device, not the context it was made in:
+/// the current context when it is on that device (the driver's own free
+/// synchronizes there too); else that device's primary context, when
+/// active (a runtime application that frees a block of another device than
+/// its current one); else the current context, if any.
+CUresult sync_device_of_block(int32_t dev) {
+  auto sync = REAL(cuCtxSynchronize);
+  auto get_cur = REAL(cuCtxGetCurrent);
+  auto get_dev = REAL(cuCtxGetDevice);
+  if (!sync) return CUDA_SUCCESS;
+  CUcontext cur = nullptr;
+  const bool has_cur = get_cur && get_cur(&cur) == CUDA_SUCCESS && cur;
+  CUdevice cur_dev = 0;
+  if (has_cur && get_dev && get_dev(&cur_dev) == CUDA_SUCCESS && cur_dev == dev) return sync();
+  auto state_of = REAL(cuDevicePrimaryCtxGetState);
+  auto retain = REAL(cuDevicePrimaryCtxRetain);
+  auto release = REAL(cuDevicePrimaryCtxRelease_v2);
+  auto push = REAL(cuCtxPushCurrent_v2);
+  auto pop = REAL(cuCtxPopCurrent_v2);
+  unsigned int flags = 0;
+  int active = 0;
+  CUcontext primary = nullptr;
+  if (state_of && retain && release && push && pop &&
+      state_of(dev, &flags, &active) == CUDA_SUCCESS && active &&
+      retain(&primary, dev) == CUDA_SUCCESS) {
+    const bool pushed = push(primary) == CUDA_SUCCESS;
+    CUresult r = CUDA_SUCCESS;
+    if (pushed) {
+      r = sync();
+      CUcontext popped = nullptr;
+      pop(&popped);
+    }
+    release(dev);
+    if (pushed) return r;
+  }
+  return has_cur ? sync() : CUDA_SUCCESS;
+}
+
+/// What of a free's synchronize is the free's answer. A capture's refusal
+/// of the synchronize is not: the driver's own cuMemFree is allowed beside
+/// a RELAXED capture, where cuCtxSynchronize is refused in every mode
+/// (capture-sync-h200.log), so that refusal comes of the shim's way of
+/// freeing (a capture the shim saw is deferred, above; one it did not, say
+/// on the default stream of a thread that exited capturing, reaches here).
+/// Anything else (a sticky error of an earlier kernel) the driver's free
+/// reports too.
+CUresult answer_of_sync(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    case CUDA_ERROR_STREAM_CAPTURE_MERGE:
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED:
+    case CUDA_ERROR_STREAM_CAPTURE_UNJOINED:
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION:
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    case CUDA_ERROR_CAPTURED_EVENT:
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+      return CUDA_SUCCESS;
+    default:
+      return r;
+  }
+}
+
+}  // namespace
+
+CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
+  if (!active() || !legacy_vmm()) return real(dptr, bytes);
+  if (!dptr || bytes == 0) return real(dptr, bytes);
+  if (captures::any())
+    if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
+  // Where the shim cannot serve the block (the rounding to the granularity
+  // tips a nearly full device over; a device without POSIX-fd handles), the
+  // driver's own cuMemAlloc may: the block is then the driver's, untracked,
+  // as with CUSNAP_SHIM_LEGACY_VMM=0 (its IPC handles are the driver's, and
+  // count as foreign imports where opened).
+  const char* failed = "";
+  const CUresult r = serve_block(dptr, bytes, &failed);
+  if (r == CUDA_SUCCESS) return r;
+  char line[160];
+  std::snprintf(line, sizeof line, "cuMemAlloc of %zu bytes left to the driver: %s gave %d", bytes,
+                failed, static_cast<int>(r));
+  log(line);
+  return real(dptr, bytes);
 }
 
 namespace {
@@ -127,40 +289,18 @@ namespace {
 /// cuMemFree of a block: the driver's for one that is not the shim's.
 CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
   uint64_t id = 0, size = 0;
-  std::vector<CUmemGenericAllocationHandle> rel;
-  std::vector<ListedFd> fds;
+  int32_t dev = 0;
   bool ours = false;
   {
     Lock l(s.mu);
-    auto b = s.legacy_blocks.find(dptr);
-    if (b != s.legacy_blocks.end()) {
-      ours = true;
-      id = b->second;
-      s.legacy_blocks.erase(b);
-      maybe_shrink(s.legacy_blocks);
-      auto m = s.ranges.find(dptr);
-      if (m != s.ranges.end()) {
-        size = m->second.size;
-        s.ranges.erase(m);
-      }
-    }
+    ours = take_block(s, dptr, &id, &size, &dev);
   }
   if (!ours) return real(dptr);
-  // cuMemFree synchronizes with the device before the memory goes.
-  if (auto sync = REAL(cuCtxSynchronize)) sync();
-  REAL(cuMemUnmap)(dptr, size);
-  REAL(cuMemAddressFree)(dptr, size);
-  {
-    Lock l(s.mu);
-    auto a = s.allocs.find(id);
-    if (a != s.allocs.end()) {
-      if (a->second.mappings) a->second.mappings--;
-      if (a->second.pins) a->second.pins--;
-      settle(s, id, &rel, &fds);
-    }
-  }
-  finish(rel, &fds);
-  return CUDA_SUCCESS;
+  // The first error, as the driver's cuMemFree reports it; the block is
+  // released all the same.
+  const CUresult synced = answer_of_sync(sync_device_of_block(dev));
+  const CUresult dropped = drop_block(s, dptr, id, size);
+  return synced != CUDA_SUCCESS ? synced : dropped;
 }
 
 }  // namespace

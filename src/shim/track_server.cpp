@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -396,11 +397,28 @@ void serve(ListenerArg arg) {
   }
 }
 
+/// Takes a listening socket down if fd is still the shim's (listening, bound
+/// to path): shut down (a listener polling it wakes), its path unlinked,
+/// closed. Under the fork table's lock, as every close of a descriptor the
+/// listeners hold, so a listener that ends by itself and start_servers never
+/// both close the number: the second finds it no longer the shim's (and a
+/// number the application reused since is left alone).
+void take_down(int fd, const std::string& path) noexcept {
+  std::lock_guard<std::mutex> l(fork_table_mutex());
+  if (!listener_is_ours(fd, path)) return;
+  ::shutdown(fd, SHUT_RDWR);
+  ::unlink(path.c_str());
+  ::close(fd);
+}
+
 void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
-  (void)exchange_timeout();  // initialise the static before any fork can copy it half-done
-  (void)GateHold{}.hold_ms();
+  try {
+    (void)exchange_timeout();  // initialise the static before any fork can copy it half-done
+    (void)GateHold{}.hold_ms();
+  } catch (...) {  // nothing leaves the thread: serve() tries again
+  }
   // Not the application's to cancel: unwinding into the catch below would
   // abort the process.
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
@@ -411,6 +429,13 @@ void* listener_main(void* p) {
     serve(arg);
   } catch (...) {
   }
+  // Ended by itself (poll failed, out of memory): a socket left bound and
+  // listening with no one to accept would take every client into its
+  // backlog, to wait out its whole timeout (an importer inside the
+  // application's import call). Gone, a client finds no shim here at once.
+  // A socket the application closed is not the shim's any more: left alone.
+  State& s = *arg.s;
+  take_down(arg.fd, arg.peer ? s.peer_path : s.ctl_path);
   return nullptr;
 }
 
@@ -490,13 +515,13 @@ bool start_servers(State& s) noexcept {
     // No thread for a listener (pthread_create failed): no socket may stay
     // bound with nothing to accept on it, where a coordinator would wait out
     // its timeout; gone, it finds no shim here and says so. A peer listener
-    // already running wakes at the shutdown, finds its socket no longer its
-    // own and ends.
-    if (listener_is_ours(s.peer_listen, s.peer_path)) ::shutdown(s.peer_listen, SHUT_RDWR);
+    // already running wakes at the shutdown, finds its socket closed and
+    // ends.
+    take_down(s.peer_listen, s.peer_path);
+    take_down(s.ctl_listen, s.ctl_path);
     ::unlink(s.peer_path.c_str());
     ::unlink(s.ctl_path.c_str());
-    close_listener(&s.peer_listen, s.peer_path);
-    close_listener(&s.ctl_listen, s.ctl_path);
+    s.peer_listen = s.ctl_listen = -1;
     return false;
   } catch (...) {
     return false;

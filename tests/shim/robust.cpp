@@ -22,17 +22,24 @@
 //     the shim's control socket: the listener does not spin (the workload's
 //     CPU time stays low over 1 s) and serves the connection once
 //     descriptors are free again
+//   - a control listener whose poll fails (the workload's RLIMIT_NOFILE
+//     lowered below the descriptors it polls: EINVAL) ends and takes its
+//     socket down: the path is gone, and a client's connect fails at once
+//     (without the fix the socket stayed bound and listening, and a client
+//     connected into its backlog to wait out its whole timeout)
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -60,6 +67,8 @@ enum Cmd : uint64_t {
   kShareCancel,  // a thread makes the sharing calls with a cancellation pending
   kFdsOut,       // take every descriptor the process may open
   kFdsBack,      // give them back
+  kPollLimit,    // RLIMIT_NOFILE 1: a poll of more than one descriptor fails
+  kLimitBack,    // the limit as it was
   kFinish,
 };
 
@@ -241,6 +250,16 @@ int workload(int sock) {
         fds.clear();
         FC_REQ(setrlimit(RLIMIT_NOFILE, &old_limit) == 0);
         break;
+      case kPollLimit: {
+        getrlimit(RLIMIT_NOFILE, &old_limit);
+        rlimit low = old_limit;
+        low.rlim_cur = 1;  // the descriptors open stay open
+        FC_REQ(setrlimit(RLIMIT_NOFILE, &low) == 0);
+        break;
+      }
+      case kLimitBack:
+        FC_REQ(setrlimit(RLIMIT_NOFILE, &old_limit) == 0);
+        break;
       case kFinish:
         return 0;
       default:
@@ -323,6 +342,30 @@ int run() {
   REQ(before >= 0 && spent < 0.25);
   REQ(command(kFdsBack));
   REQ(cut(late, "status", 0, &st));  // served now
+
+  // The control listener's poll fails: with `late` open it polls two
+  // descriptors, more than RLIMIT_NOFILE 1 allows (EINVAL). A byte of a
+  // request on `late` wakes it to poll again (unless its next poll came
+  // after the limit already: then it has ended and closed `late`). It
+  // ends, its socket gone.
+  const std::string ctl = proto::shim_control_socket(g_dir, g_job.pid);
+  REQ(command(kPollLimit));
+  (void)!send(late.ch.fd(), "\x01", 1, MSG_NOSIGNAL);
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    gone = access(ctl.c_str(), F_OK) != 0;
+    if (!gone) usleep(10000);
+  }
+  REQ(command(kLimitBack));
+  REQ(gone);
+  {
+    UniqueFd fd;
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    REQ(!proto::connect_unix(ctl, std::chrono::seconds(5), &fd, &err));
+    REQ(cmds::ms_since(t0) < 1000);
+    fprintf(stderr, "connect after the control listener ended: %s\n", err.c_str());
+  }
 
   REQ(send_u64(g_job.sock, kFinish));
   REQ(g_job.join() == 0);

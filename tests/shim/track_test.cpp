@@ -377,6 +377,8 @@ int main(int argc, char** argv) {
       {"peer", peer},
       {"free_in_capture", free_in_capture},
       {"alloc_in_capture", alloc_in_capture},
+      {"alloc_fallback", alloc_fallback},
+      {"free_sync", free_sync},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

@@ -105,12 +105,15 @@ int access_unions();
 int foreign();
 int multicast();
 
-// cuMemAlloc blocks: legacy IPC, stream captures, peer access
+// cuMemAlloc blocks: legacy IPC, stream captures, peer access, the driver's
+// allocation where the shim cannot serve one, what a free waits for
 // (track_test_legacy.cpp).
 int ipc();
 int free_in_capture();
 int alloc_in_capture();
 int peer();
+int alloc_fallback();
+int free_sync();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

@@ -1,9 +1,17 @@
 // shim_track_test scenarios on cuMemAlloc blocks (served by VMM mappings):
-// legacy IPC, frees and allocations during stream captures, and peer access.
-// Helpers: track_test.h.
+// legacy IPC, frees and allocations during stream captures, peer access, the
+// driver's cuMemAlloc where the shim cannot serve a block, and what a free
+// waits for and answers. Helpers: track_test.h.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
+#include "tests/fakecuda/kernels_test_util.h"
 #include "tests/shim/track_test.h"
 
 namespace track_test {
@@ -195,6 +203,21 @@ unsigned long long driver_access(CUdeviceptr p, int dev) {
   return f;
 }
 
+/// Initialises the driver and retains the primary contexts of devices 0
+/// and 1 (into *c0, *c1); 0, or 1 after saying what failed.
+int two_primary_contexts(CUcontext* c0, CUcontext* c1, CUdevice* d0 = nullptr,
+                         CUdevice* d1 = nullptr) {
+  REQ_OK(cuInit(0));
+  CUdevice dev0, dev1;
+  REQ_OK(cuDeviceGet(&dev0, 0));
+  REQ_OK(cuDeviceGet(&dev1, 1));
+  REQ_OK(cuDevicePrimaryCtxRetain(c0, dev0));
+  REQ_OK(cuDevicePrimaryCtxRetain(c1, dev1));
+  if (d0) *d0 = dev0;
+  if (d1) *d1 = dev1;
+  return 0;
+}
+
 }  // namespace
 
 /// Peer access reaches cuMemAlloc blocks served by VMM mappings: device 1's
@@ -204,13 +227,9 @@ unsigned long long driver_access(CUdeviceptr p, int dev) {
 /// application set itself. The enable also goes through the pointer
 /// cuGetProcAddress hands out (the runtime's cudaDeviceEnablePeerAccess path).
 int peer() {
-  REQ_OK(cuInit(0));
   CUdevice dev0, dev1;
-  REQ_OK(cuDeviceGet(&dev0, 0));
-  REQ_OK(cuDeviceGet(&dev1, 1));
   CUcontext c0, c1;
-  REQ_OK(cuDevicePrimaryCtxRetain(&c0, dev0));
-  REQ_OK(cuDevicePrimaryCtxRetain(&c1, dev1));
+  REQ(two_primary_contexts(&c0, &c1, &dev0, &dev1) == 0);
   const unsigned long long RW = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const size_t n = 1 << 20;
 
@@ -275,6 +294,147 @@ int peer() {
   REQ_OK(cuMemFree(before));
   REQ_OK(cuMemFree(after));
   REQ_OK(cuMemFree(kept));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
+namespace {
+
+/// The simulated driver's memory files this process made (one per
+/// allocation it holds, the driver's cuMemAlloc blocks included).
+int own_memory_files() {
+  const std::string mine = "memfd:fakecuda:" + std::to_string(getpid()) + ":";
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char target[256];
+      const std::string link = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t len = readlink(link.c_str(), target, sizeof target - 1);
+      if (len > 0 && std::string(target, size_t(len)).find(mine) != std::string::npos) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+/// Where the shim cannot serve a cuMemAlloc block with an exportable
+/// allocation (cuMemCreate, cuMemAddressReserve, cuMemMap or cuMemSetAccess
+/// fails, or the grant to a device with peer access does: a device nearly
+/// full, one without POSIX-fd handles), the driver's own cuMemAlloc serves
+/// it, untracked, as with CUSNAP_SHIM_LEGACY_VMM=0: the allocation succeeds,
+/// nothing of the attempt is left (no record, no memory), its IPC handle is
+/// the driver's, and its free is the driver's. The next block is the
+/// shim's again. Before, the driver's error reached the application.
+int alloc_fallback() {
+  struct Case {
+    const char* fail;  // FAKECUDA_FAIL in the child
+    bool peer;         // device 1 has peer access to device 0
+  };
+  const Case cases[] = {{"cuMemCreate:1:2", false},
+                        {"cuMemAddressReserve:1:2", false},
+                        {"cuMemMap:1:2", false},
+                        {"cuMemSetAccess:1:2", false},
+                        {"cuMemSetAccess:2:2", true}};  // the peer grant, after the block's own
+  for (const Case& k : cases) {
+    Child c = spawn([&](int) {
+      setenv("FAKECUDA_FAIL", k.fail, 1);
+      CUcontext c0 = nullptr, c1 = nullptr;
+      FC_REQ(init_primary(&c0) == CUDA_SUCCESS);
+      if (k.peer) {
+        CUdevice dev1;
+        FC_REQ(cuDeviceGet(&dev1, 1) == CUDA_SUCCESS);
+        FC_REQ(cuDevicePrimaryCtxRetain(&c1, dev1) == CUDA_SUCCESS);
+        FC_REQ(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+        FC_REQ(cuCtxEnablePeerAccess(c0, 0) == CUDA_SUCCESS);
+        FC_REQ(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+      }
+      FC_REQ(own_memory_files() == 0);
+      CUdeviceptr d = 0;
+      const CUresult got = cuMemAlloc(&d, 1 << 20);
+      if (got != CUDA_SUCCESS) fprintf(stderr, "%s: cuMemAlloc gave %d\n", k.fail, int(got));
+      FC_REQ(got == CUDA_SUCCESS && d != 0);
+      fill(d, 1 << 20, 0x5A);
+      FC_REQ(all(d, 1 << 20, 0x5A));
+      proto::ShimRecords r;
+      FC_REQ(inspect(getpid(), &r));
+      FC_REQ(r.allocations.empty() && r.mappings.empty());  // the driver's block: untracked
+      FC_REQ(r.foreign_imports_alive == 0 && r.foreign_imports_total == 0);
+      FC_REQ(own_memory_files() == 1);  // the driver's block only: the attempt left nothing
+      CUipcMemHandle h;
+      FC_REQ(cuIpcGetMemHandle(&h, d) == CUDA_SUCCESS);
+      FC_REQ(memcmp(h.reserved, proto::kIpcMagic, sizeof(proto::kIpcMagic)) != 0);
+      FC_REQ(cuMemFree(d) == CUDA_SUCCESS);
+      FC_REQ(own_memory_files() == 0);
+      FC_REQ(cuMemAlloc(&d, 1 << 20) == CUDA_SUCCESS);  // the shim's again
+      FC_REQ(inspect(getpid(), &r));
+      FC_REQ(r.allocations.size() == 1 && r.allocations[0].legacy);
+      FC_REQ(cuMemFree(d) == CUDA_SUCCESS);
+      FC_REQ(inspect(getpid(), &r));
+      FC_REQ(r.allocations.empty() && r.mappings.empty());
+      return 0;
+    });
+    REQ(c.join() == 0);
+  }
+  return 0;
+}
+
+/// cuMemFree of a block the shim serves waits for the work of the block's
+/// device before the memory goes, as the driver's does, also with another
+/// device's context current (a runtime application after cudaSetDevice):
+/// a kernel whose flag is in the block ends well. And it answers what the
+/// synchronize answers, as the driver's: a sticky error of an earlier kernel;
+/// the block is freed all the same (a free that synchronized the current
+/// context only would unmap the block under the kernel, which would fail).
+int free_sync() {
+  CUcontext c0, c1;
+  REQ(two_primary_contexts(&c0, &c1) == 0);
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUfunction f = load_function("ncclDevKernel_Handshake");
+  REQ(f != nullptr);
+  CUstream st;
+  REQ_OK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr flag = 0, peer_flag = 0;
+  REQ_OK(cuMemAlloc(&flag, 8));
+  REQ_OK(cuMemAlloc(&peer_flag, 8));
+  *word(flag) = 0;
+  *word(peer_flag) = 0;
+  uint64_t step = 1;
+  void* args[] = {&flag, &peer_flag, &step};
+  REQ_OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st, args, nullptr));
+  std::thread peer([&] {
+    usleep(300 * 1000);
+    *word(peer_flag) = 1;  // the kernel ends
+  });
+  REQ_OK(cuCtxSetCurrent(c1));
+  const auto t0 = std::chrono::steady_clock::now();
+  const CUresult freed = cuMemFree(flag);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  peer.join();
+  fprintf(stderr, "free from device 1 of a block a kernel of device 0 uses: %lld ms\n",
+          (long long)ms);
+  REQ_OK(freed);
+  REQ(ms >= 250);
+  REQ_OK(cuCtxSetCurrent(c0));
+  REQ_OK(cuStreamSynchronize(st));  // the kernel ended well: its flag stayed until it had
+
+  // A kernel whose flag is at an address nothing maps fails, sticky.
+  CUdeviceptr nowhere = 4096;
+  void* bad[] = {&nowhere, &peer_flag, &step};
+  REQ_OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st, bad, nullptr));
+  CUdeviceptr d = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  REQ(cuMemFree(d) == CUDA_ERROR_ILLEGAL_ADDRESS);
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.mappings.size() == 1);  // peer_flag's: d is gone
+  REQ(r.mappings[0].address == peer_flag);
+  REQ(cuMemFree(d) == CUDA_ERROR_INVALID_VALUE);  // the driver's answer: freed already
+  REQ(cuMemFree(peer_flag) == CUDA_ERROR_ILLEGAL_ADDRESS);
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty() && r.mappings.empty());
   return 0;
