@@ -2,6 +2,10 @@
 #include "gate.h"
 #include "state.h"
 
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +125,36 @@ int attribute_value(CUdevice_attribute a, CUdevice dev, bool multicast) {
   }
 }
 
+/// The descriptors the real driver's first cuInit needs below the soft
+/// RLIMIT_NOFILE, and holds from then on: an eventfd, two pipes,
+/// /dev/nvidiactl, /dev/nvidia-uvm twice, /dev/nvidia0 four times and a
+/// socket (measured with one GPU, H100, driver 580.159.04; README.md,
+/// "cuInit and descriptors").
+constexpr int kInitDescriptors = 13;
+
+/// How many descriptors, up to kInitDescriptors, this process can open now:
+/// it opens them (an eventfd and duplicates of it) and closes them again.
+int descriptors_available() {
+  int fds[kInitDescriptors];
+  fds[0] = eventfd(0, EFD_CLOEXEC);
+  if (fds[0] < 0) return 0;
+  int n = 1;
+  for (; n < kInitDescriptors; ++n)
+    if ((fds[n] = fcntl(fds[0], F_DUPFD_CLOEXEC, 0)) < 0) break;
+  for (int i = 0; i < n; ++i) close(fds[i]);
+  return n;
+}
+
+/// The real driver's first cuInit with `available` descriptors left, as
+/// measured: 0-5 OPERATING_SYSTEM, for good in the process; 6-7 UNKNOWN;
+/// 8-12 NO_DEVICE. The last two fail only this call.
+CUresult init_with_descriptors(int available) {
+  if (available >= kInitDescriptors) return CUDA_SUCCESS;
+  if (available >= 8) return CUDA_ERROR_NO_DEVICE;
+  if (available >= 6) return CUDA_ERROR_UNKNOWN;
+  return CUDA_ERROR_OPERATING_SYSTEM;
+}
+
 /// Device lookup shared by the queries below; caller holds no lock.
 CUresult check_device(CUdevice dev) {
   if (!driver().initialized) return CUDA_ERROR_NOT_INITIALIZED;
@@ -140,6 +174,15 @@ FC_EXPORT CUresult cuInit(unsigned int Flags) {
   if (d.forked_after_init) {
     const char* reinit = getenv("FAKECUDA_FORK_REINIT");
     if (!reinit || std::strcmp(reinit, "1") != 0) return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  // The first cuInit needs descriptors below the soft RLIMIT_NOFILE, as the
+  // real driver's, which opens its device files (kInitDescriptors); once
+  // initialised it needs none. None is kept open here.
+  if (!d.initialized) {
+    if (d.init_failed_for_good) return CUDA_ERROR_OPERATING_SYSTEM;
+    const CUresult r = init_with_descriptors(descriptors_available());
+    if (r == CUDA_ERROR_OPERATING_SYSTEM) d.init_failed_for_good = true;
+    if (r != CUDA_SUCCESS) return r;
   }
   {
     std::lock_guard<std::mutex> l(d.mu);

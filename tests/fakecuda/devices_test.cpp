@@ -1,13 +1,16 @@
 // Simulated driver: initialisation, error strings, devices, contexts, the
 // profiler API, streams, events and modules.
 #include <cudaProfiler.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -37,6 +40,87 @@ TEST_CASE("fakecuda: calls before cuInit fail NOT_INITIALIZED; version and error
           FC_REQ(cuDriverGetVersion(&v) == CUDA_SUCCESS && v == 12080);
           return 0;
         }) == 0);
+}
+
+namespace {
+
+/// Lowers this process's soft RLIMIT_NOFILE to the highest limit below which
+/// exactly `free_fds` descriptors can still be opened; the old limit in *old.
+bool leave_descriptors(int free_fds, rlimit* old) {
+  if (getrlimit(RLIMIT_NOFILE, old) != 0) return false;
+  std::set<int> open;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return false;
+  while (const dirent* e = readdir(d))
+    if (e->d_name[0] != '.' && std::atoi(e->d_name) != dirfd(d)) open.insert(std::atoi(e->d_name));
+  closedir(d);
+  rlim_t limit = 0;
+  for (int left = 0;; ++limit) {
+    if (!open.count(static_cast<int>(limit)) && ++left > free_fds) break;
+  }
+  rlimit low = *old;
+  low.rlim_cur = limit;  // descriptor `limit` would be the (free_fds + 1)-th
+  return setrlimit(RLIMIT_NOFILE, &low) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("fakecuda: the first cuInit needs 13 descriptors below the soft RLIMIT_NOFILE") {
+  // As the real driver (H100 and H200, 580.159.04): with 8-12 descriptors left
+  // cuInit fails NO_DEVICE, with 6-7 UNKNOWN, and a later cuInit with the
+  // limit raised succeeds; with 0-5 it fails OPERATING_SYSTEM, and so does
+  // every later cuInit of the process, but a child forked after it
+  // initialises. Once initialised the driver needs no descriptor for cuInit.
+  // Children forked from here start afresh (FAKECUDA_FORK_REINIT).
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  struct Case {
+    int free_fds;
+    CUresult first, again;
+  };
+  const Case cases[] = {{0, CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_OPERATING_SYSTEM},
+                        {5, CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_OPERATING_SYSTEM},
+                        {6, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS},
+                        {7, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS},
+                        {8, CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS},
+                        {12, CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS},
+                        {13, CUDA_SUCCESS, CUDA_SUCCESS},
+                        {40, CUDA_SUCCESS, CUDA_SUCCESS}};
+  for (const Case& c : cases) {
+    CAPTURE(c.free_fds);
+    CHECK(run_child([c] {
+            rlimit old{};
+            FC_REQ(leave_descriptors(c.free_fds, &old));
+            FC_REQ(cuInit(0) == c.first);
+            int n = 0, v = 0;
+            FC_REQ(cuDeviceGetCount(&n) ==
+                   (c.first == CUDA_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED));
+            FC_REQ(cuDriverGetVersion(&v) == CUDA_SUCCESS && v == 13000);
+            FC_REQ(setrlimit(RLIMIT_NOFILE, &old) == 0);
+            // The simulated driver keeps none of the descriptors it needed.
+            FC_REQ(leave_descriptors(c.free_fds, &old));
+            const CUresult again = cuInit(0);
+            FC_REQ(setrlimit(RLIMIT_NOFILE, &old) == 0);
+            FC_REQ(again == c.first);
+            FC_REQ(cuInit(0) == c.again);
+            FC_REQ(cuDeviceGetCount(&n) ==
+                   (c.again == CUDA_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED));
+            if (c.again == CUDA_SUCCESS) {
+              // Initialised: no descriptor left is no matter.
+              FC_REQ(leave_descriptors(0, &old));
+              const CUresult r = cuInit(0);
+              FC_REQ(setrlimit(RLIMIT_NOFILE, &old) == 0);
+              FC_REQ(r == CUDA_SUCCESS);
+            } else {
+              FC_REQ(run_child([] {
+                       int m = 0;
+                       FC_REQ(cuInit(0) == CUDA_SUCCESS);
+                       FC_REQ(cuDeviceGetCount(&m) == CUDA_SUCCESS && m == 1);
+                       return 0;
+                     }) == 0);
+            }
+            return 0;
+          }) == 0);
+  }
 }
 
 TEST_CASE("fakecuda: error names and strings") {

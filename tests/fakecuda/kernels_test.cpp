@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -257,8 +258,10 @@ namespace {
 
 /// A target whose kernel waits for a peer flag that a thread stores (a host
 /// store, no driver call: the process is locked) when told to; its main thread
-/// sits in cuStreamSynchronize and reports the result.
-int waiting_target(int sock) {
+/// waits for the kernel and reports the result: in cuStreamSynchronize
+/// (sync), or polling cuStreamQuery with no driver call in between (as an
+/// NCCL job's threads watch their collectives with event queries).
+int waiting_target(int sock, bool sync) {
   HandshakeSetup k;
   FC_REQ(k.init(kHandshake) == 0);
   CUfunction f = k.f;
@@ -274,23 +277,83 @@ int waiting_target(int sock) {
   });
   arrive.detach();
   FC_REQ(send_u64(sock, 1));
-  CUresult r = cuStreamSynchronize(s);
+  CUresult r;
+  if (sync) {
+    r = cuStreamSynchronize(s);
+  } else {
+    while ((r = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY) usleep(2000);
+  }
   FC_REQ(send_u64(sock, r));
   uint64_t bye;
   recv_u64(sock, &bye);
   return 0;
 }
 
+/// After the unlock: the target's wait for its kernel answered success, and
+/// it ends well once told to.
+void expect_waited_ok(Child& t) {
+  REQUIRE(readable_within(t.sock, 5000));
+  uint64_t wait_result = 99;
+  CHECK(recv_u64(t.sock, &wait_result));
+  CHECK(wait_result == CUDA_SUCCESS);
+  send_u64(t.sock, 0);
+  CHECK(t.join() == 0);
+}
+
+int polling_target(int sock) {
+  return waiting_target(sock, false);
+}
+int synchronizing_target(int sock) {
+  return waiting_target(sock, true);
+}
+
 }  // namespace
 
-TEST_CASE("fakecuda: checkpoint of a process with a waiting kernel returns once the peer arrives") {
+TEST_CASE(
+    "fakecuda: a lock waits for a thread synchronizing on a kernel; NOT_READY at its timeout") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  Child t = spawn(waiting_target);
+  Child t = spawn(synchronizing_target);
   uint64_t ready = 0;
   REQUIRE(recv_u64(t.sock, &ready));
   usleep(20 * 1000);  // the target's main thread is in cuStreamSynchronize
 
-  // The lock succeeds: the thread that waits for the kernel is not in flight.
+  // Measured on the real driver (docs/design.md): the kernel runs on, the
+  // lock fails NOT_READY once its timeout passes, the process left running.
+  CUcheckpointLockArgs la{};
+  la.timeoutMs = 300;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(cuCheckpointProcessLock(t.pid, &la) == CUDA_ERROR_NOT_READY);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(300));
+  CUprocessState st = CU_PROCESS_STATE_FAILED;
+  CHECK(cuCheckpointProcessGetState(t.pid, &st) == CUDA_SUCCESS);
+  CHECK(st == CU_PROCESS_STATE_RUNNING);
+  CHECK_FALSE(readable_within(t.sock, 50));  // still synchronizing
+
+  // With a longer timeout the lock waits for the kernel, then succeeds.
+  std::atomic<int> locked{-1};
+  std::thread lk([&] {
+    CUcheckpointLockArgs longer{};
+    longer.timeoutMs = 5000;
+    locked = cuCheckpointProcessLock(t.pid, &longer);
+  });
+  usleep(200 * 1000);
+  CHECK(locked.load() == -1);  // waiting for the kernel
+  CHECK(send_u64(t.sock, 1));  // the peer arrives: the kernel ends
+  lk.join();
+  CHECK(locked.load() == CUDA_SUCCESS);
+  CHECK(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
+  expect_waited_ok(t);
+}
+
+TEST_CASE("fakecuda: checkpoint of a process with a waiting kernel returns once the peer arrives") {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  Child t = spawn(polling_target);
+  uint64_t ready = 0;
+  REQUIRE(recv_u64(t.sock, &ready));
+  usleep(20 * 1000);  // the target's main thread polls the stream
+
+  // The lock succeeds: no thread is inside the driver (each query returns at
+  // once); the device work goes on, and the checkpoint waits for it.
   CUcheckpointLockArgs la{};
   la.timeoutMs = 2000;
   REQUIRE(cuCheckpointProcessLock(t.pid, &la) == CUDA_SUCCESS);
@@ -316,14 +379,9 @@ TEST_CASE("fakecuda: checkpoint of a process with a waiting kernel returns once 
   CUprocessState st = CU_PROCESS_STATE_FAILED;
   CHECK(cuCheckpointProcessGetState(t.pid, &st) == CUDA_SUCCESS);
   CHECK(st == CU_PROCESS_STATE_CHECKPOINTED);
-  // The synchronizing thread stays behind the gate until the unlock.
+  // The polling thread stays behind the gate until the unlock.
   CHECK_FALSE(readable_within(t.sock, 100));
   CHECK(cuCheckpointProcessRestore(t.pid, nullptr) == CUDA_SUCCESS);
   CHECK(cuCheckpointProcessUnlock(t.pid, nullptr) == CUDA_SUCCESS);
-  REQUIRE(readable_within(t.sock, 5000));
-  uint64_t sync_result = 99;
-  CHECK(recv_u64(t.sock, &sync_result));
-  CHECK(sync_result == CUDA_SUCCESS);
-  send_u64(t.sock, 0);
-  CHECK(t.join() == 0);
+  expect_waited_ok(t);
 }

@@ -81,6 +81,7 @@ void after_fork_child() {
   d.devices.clear();
   d.forked_after_init = d.forked_after_init || d.initialized;
   d.initialized = false;
+  d.init_failed_for_good = false;  // measured: such a child initialises
   ctx_stack().clear();
   Gate& g = gate();
   g.state = CU_PROCESS_STATE_RUNNING;

@@ -219,6 +219,10 @@ struct Driver {
   /// real driver's does (tests/gpu/probes/fork_after_init.cpp), unless
   /// FAKECUDA_FORK_REINIT=1. The checkpoint API works all the same.
   bool forked_after_init = false;
+  /// cuInit failed CUDA_ERROR_OPERATING_SYSTEM for want of descriptors (at
+  /// most 5 could be opened): it fails so for good in this process, as the
+  /// real driver's does, though not in a child forked later (devices.cpp).
+  std::atomic<bool> init_failed_for_good{false};
   bool multicast = false;
   std::vector<Device> devices;
   std::vector<Context*> primary;  ///< one per device, never freed
