@@ -113,7 +113,7 @@ void remove_job_dir(const std::string& dir) {
 /// checkpoint -o), else taken when empty or when it is a runtime directory a
 /// supervisor left (its lock, and only names cusnap writes there): anything
 /// else in it is the user's, which the job's end would remove or expose.
-bool prepare_explicit_dir(const std::string& dir, std::string* err,
+bool prepare_explicit_dir(const std::string& dir, std::string* err, bool* refused,
                           const char* remedy = "give a new or empty directory to --runtime-dir") {
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0) {
@@ -130,9 +130,10 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err,
       *err = "the parent of the runtime directory " + dir + " (" + parent + ") " +
              (there ? "is not a directory" : "does not exist") +
              ": create it or choose another --runtime-dir";
+      *refused = true;
       return false;
     }
-    return ensure_private_dir(dir, true, err);
+    return ensure_private_dir(dir, true, err, refused);
   }
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   std::string foreign, first;
@@ -151,9 +152,10 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err,
   if (!first.empty() && (!foreign.empty() || !has_lock)) {
     *err = "refusing runtime directory " + dir + ": it holds '" +
            (foreign.empty() ? first : foreign) + "' and is not one cusnap left; " + remedy;
+    *refused = true;
     return false;
   }
-  return ensure_private_dir(dir, true, err);
+  return ensure_private_dir(dir, true, err, refused);
 }
 
 }  // namespace
@@ -240,7 +242,12 @@ std::string runtime_base_lookup_remedy() {
   return first + "set CUSNAP_RUNTIME_BASE to the runtime base the jobs were launched with";
 }
 
-bool ensure_private_dir(const std::string& path, bool create, std::string* err) {
+bool ensure_private_dir(const std::string& path, bool create, std::string* err, bool* refused) {
+  const auto refuse = [&](std::string why) {
+    *err = std::move(why);
+    if (refused) *refused = true;
+    return false;
+  };
   if (path.empty()) {
     *err = "empty runtime directory path";
     return false;
@@ -256,7 +263,7 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err) 
       std::string parent = path.substr(0, slash);
       struct stat pst;
       if (::stat(parent.c_str(), &pst) != 0 && errno == ENOENT &&
-          !ensure_private_dir(parent, true, err))
+          !ensure_private_dir(parent, true, err, refused))
         return false;
     }
     if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -268,27 +275,20 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err) 
       return false;
     }
   }
-  if (S_ISLNK(st.st_mode)) {
-    *err = "refusing runtime directory " + path + ": it is a symbolic link";
-    return false;
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    *err = "refusing runtime directory " + path + ": it is not a directory";
-    return false;
-  }
-  if (st.st_uid != ::geteuid()) {
-    *err = "refusing runtime directory " + path + ": it is owned by uid " +
-           std::to_string(st.st_uid) + ", not by uid " + std::to_string(::geteuid());
-    return false;
-  }
+  if (S_ISLNK(st.st_mode))
+    return refuse("refusing runtime directory " + path + ": it is a symbolic link");
+  if (!S_ISDIR(st.st_mode))
+    return refuse("refusing runtime directory " + path + ": it is not a directory");
+  if (st.st_uid != ::geteuid())
+    return refuse("refusing runtime directory " + path + ": it is owned by uid " +
+                  std::to_string(st.st_uid) + ", not by uid " + std::to_string(::geteuid()));
   if ((st.st_mode & 07777) != 0700) {
     // Only a directory cusnap makes is tightened; a lookup changes nothing.
     if (!create) {
       char mode[8];
       std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-      *err = "refusing runtime directory " + path + ": its mode is " + mode +
-             ", and cusnap's runtime directories are private (0700)";
-      return false;
+      return refuse("refusing runtime directory " + path + ": its mode is " + mode +
+                    ", and cusnap's runtime directories are private (0700)");
     }
     UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!d || ::fchmod(d.get(), 0700) != 0) {
@@ -334,10 +334,11 @@ bool job_status_from_json(const std::string& text, proto::JobStatus* out, std::s
 }
 
 bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_dir,
-                         std::unique_ptr<RuntimeDir>* out, std::string* err, bool* in_use) {
-  if (in_use) *in_use = false;
+                         std::unique_ptr<RuntimeDir>* out, std::string* err, bool* refused) {
+  bool refusal = false;
+  if (refused) *refused = false;
   const auto taken = [&] {
-    if (in_use) *in_use = true;
+    if (refused) *refused = true;
     return false;
   };
   if (!valid_job_name(name, err)) return false;
@@ -350,21 +351,21 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     *err = "the runtime directory " + dir +
            " is not valid UTF-8, which cusnap cannot record: choose another with --runtime-dir "
            "or CUSNAP_RUNTIME_BASE";
-    return false;
+    return taken();
   }
   // A base cusnap makes is private; one that is there is taken as it is,
   // never tightened: it may be a directory of the user's (for example
   // CUSNAP_RUNTIME_BASE=.), whose mode is theirs to set.
   struct stat bst;
   const bool base_there = ::lstat(base.c_str(), &bst) == 0;
-  if (!ensure_private_dir(base, !base_there, err)) {
+  if (!ensure_private_dir(base, !base_there, err, &refusal)) {
     // A directory of this user's is refused for its mode alone.
     if (base_there)
       *err += S_ISDIR(bst.st_mode) && bst.st_uid == ::geteuid()
                   ? "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses (a new one "
                     "is made private), or make this one private (chmod 700)"
                   : "; point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses";
-    return false;
+    return refusal ? taken() : false;
   }
   UniqueFd base_lock = lock_base(base);
   if (!base_lock) {
@@ -409,15 +410,16 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
       !(::stat(dir.c_str(), &dst) == 0 && same_file(lst, dst))) {
     *err = "cannot link " + link + " to the runtime directory " + dir + ": " + link +
            " is there and is not a link cusnap made; remove it, or choose another --name";
-    return false;
+    return taken();
   }
   const bool existed = ::lstat(dir.c_str(), &dst) == 0;
   // BASE/NAME, too, is taken only when new, empty or a runtime directory a
   // supervisor left: a directory of the user's there keeps its mode and files.
   if (!(explicit_dir.empty()
-            ? prepare_explicit_dir(dir, err, "choose another --name, or move it out of the base")
-            : prepare_explicit_dir(dir, err)))
-    return false;
+            ? prepare_explicit_dir(dir, err, &refusal,
+                                   "choose another --name, or move it out of the base")
+            : prepare_explicit_dir(dir, err, &refusal)))
+    return refusal ? taken() : false;
   if (runtime_dir_live(dir)) {
     *err = "a job is already running in runtime directory " + dir;
     return taken();

@@ -38,8 +38,11 @@ std::string runtime_base_lookup_remedy();
 
 /// Makes sure path is a directory owned by the effective user, not a symlink,
 /// mode 0700 (creating it, and its missing parents, when create is set;
-/// tightening the mode of one we own).
-bool ensure_private_dir(const std::string& path, bool create, std::string* err);
+/// tightening the mode of one we own). *refused (when given) is set when it
+/// is refused for what is there (a link, not a directory, another owner, a
+/// mode not tightened), not for a system call's failure.
+bool ensure_private_dir(const std::string& path, bool create, std::string* err,
+                        bool* refused = nullptr);
 
 /// The most of a job.json that ps, inspect, a name's reservation and a
 /// guardian's takeover read: a longer one is taken for damaged.
@@ -54,10 +57,14 @@ class RuntimeDir {
  public:
   /// Reserves the directory of job name (explicit_dir when not empty):
   /// creates it, takes its lock, cleans what a dead supervisor left there.
-  /// Refuses when a live job holds the name or the directory, *in_use (when
-  /// given) then true: the caller's refusal (exit 3), not an error.
+  /// Refuses when a live job holds the name or the directory, or when what
+  /// is there may not be taken (a base or directory that is not private, a
+  /// link, a directory of the user's with files in it, a missing parent, a
+  /// path that is not UTF-8): *refused (when given) then true, the caller's
+  /// refusal before anything changed (exit 3); false for a system call that
+  /// failed (exit 1).
   static bool reserve(const std::string& name, const std::string& explicit_dir,
-                      std::unique_ptr<RuntimeDir>* out, std::string* err, bool* in_use = nullptr);
+                      std::unique_ptr<RuntimeDir>* out, std::string* err, bool* refused = nullptr);
   /// Takes over the directory at path whose lock the caller already holds
   /// (a guardian adopting a job whose supervisor died).
   static std::unique_ptr<RuntimeDir> adopt(const std::string& path, UniqueFd lock);

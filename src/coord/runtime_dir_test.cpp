@@ -106,19 +106,19 @@ TEST_CASE("runtime dir: a name is reserved once, found, and released") {
   CHECK(mode_of(rd->job_json_path()) == 0600);
 
   std::unique_ptr<RuntimeDir> dup;
-  bool in_use = false;
-  CHECK(!RuntimeDir::reserve("job1", "", &dup, &err, &in_use));
+  bool refused = false;
+  CHECK(!RuntimeDir::reserve("job1", "", &dup, &err, &refused));
   CHECK(err.find("already running") != std::string::npos);
-  CHECK(in_use);
+  CHECK(refused);
   // The same directory under another name: taken too.
-  in_use = false;
-  CHECK(!RuntimeDir::reserve("job2", rd->path(), &dup, &err, &in_use));
+  refused = false;
+  CHECK(!RuntimeDir::reserve("job2", rd->path(), &dup, &err, &refused));
   CHECK(err.find("already running in runtime directory") != std::string::npos);
-  CHECK(in_use);
+  CHECK(refused);
   // A name cusnap refuses is no directory in use.
-  in_use = true;
-  CHECK(!RuntimeDir::reserve("bad/name", "", &dup, &err, &in_use));
-  CHECK_FALSE(in_use);
+  refused = true;
+  CHECK(!RuntimeDir::reserve("bad/name", "", &dup, &err, &refused));
+  CHECK_FALSE(refused);
 
   JobEntry e;
   REQUIRE(find_job("job1", &e, &err));
@@ -221,7 +221,9 @@ TEST_CASE(
   std::unique_ptr<RuntimeDir> rd;
   const std::string base = b.path + "/base";
   REQUIRE(mkdir(base.c_str(), 0755) == 0);  // say, CUSNAP_RUNTIME_BASE=. in a project
-  CHECK(!RuntimeDir::reserve("j", "", &rd, &err));
+  bool refused = false;
+  CHECK(!RuntimeDir::reserve("j", "", &rd, &err, &refused));
+  CHECK(refused);  // a refusal before anything changed (exit 3), not a failure
   CHECK(err.find("its mode is 0755") != std::string::npos);
   CHECK(err.find("point CUSNAP_RUNTIME_BASE at a directory that cusnap alone uses") !=
         std::string::npos);
@@ -239,7 +241,9 @@ TEST_CASE(
   REQUIRE(mkdir((base + "/empty").c_str(), 0700) == 0);
   // Nor is such a directory taken as a job's own, by the job's name.
   REQUIRE(chmod(data.c_str(), 0755) == 0);
-  CHECK(!RuntimeDir::reserve("data", "", &rd, &err));
+  refused = false;
+  CHECK(!RuntimeDir::reserve("data", "", &rd, &err, &refused));
+  CHECK(refused);
   CHECK(err.find("it holds") != std::string::npos);
   CHECK(err.find("choose another --name") != std::string::npos);
   CHECK(mode_of(data) == 0755);
@@ -346,7 +350,9 @@ TEST_CASE("runtime dir: an explicit directory holding the user's files is refuse
   REQUIRE(mkdir(dir.c_str(), 0755) == 0);
   REQUIRE(close(creat((dir + "/notes.txt").c_str(), 0644)) == 0);
   REQUIRE(close(creat((dir + "/output.log").c_str(), 0644)) == 0);
-  CHECK(!RuntimeDir::reserve("mine", dir, &rd, &err));
+  bool refused = false;
+  CHECK(!RuntimeDir::reserve("mine", dir, &rd, &err, &refused));
+  CHECK(refused);
   CHECK(err.find("refusing runtime directory " + dir + ": it holds 'notes.txt'") !=
         std::string::npos);
   // cusnap's names alone, without the lock of a supervisor, are not enough.
@@ -358,8 +364,16 @@ TEST_CASE("runtime dir: an explicit directory holding the user's files is refuse
   struct stat st;
   CHECK(lstat((b.path + "/base/mine").c_str(), &st) != 0);  // no link either
   // A missing parent is not made.
-  CHECK(!RuntimeDir::reserve("deep", b.path + "/no/such/rd", &rd, &err));
+  refused = false;
+  CHECK(!RuntimeDir::reserve("deep", b.path + "/no/such/rd", &rd, &err, &refused));
+  CHECK(refused);
   CHECK(err.find("(" + b.path + "/no/such) does not exist") != std::string::npos);
+  // A link, or a directory of another user's, is refused as well.
+  REQUIRE(symlink(dir.c_str(), (b.path + "/link").c_str()) == 0);
+  refused = false;
+  CHECK(!RuntimeDir::reserve("ln", b.path + "/link", &rd, &err, &refused));
+  CHECK(refused);
+  CHECK(err.find("it is a symbolic link") != std::string::npos);
   CHECK(access((b.path + "/no").c_str(), F_OK) != 0);
 }
 

@@ -180,8 +180,9 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   if (!proto::env_number_checked(proto::kExitGraceMs, &grace_ms, &err))
     return failed(kExitUsage, err);
   s->cfg_.drain_grace = std::chrono::milliseconds(grace_ms);
-  if (bool in_use = false; !RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err, &in_use))
-    return failed(in_use ? kExitRefused : kExitFailure, err);
+  if (bool refused = false;
+      !RuntimeDir::reserve(name, cfg.runtime_dir, &s->rundir_, &err, &refused))
+    return failed(refused ? kExitRefused : kExitFailure, err);
   if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err))
     return failed(kExitFailure, err);
   if (!s->rundir_->can_write(&err))

@@ -45,7 +45,7 @@ pass "ps and inspect show the bytes, replaced, as valid JSON"
 expect_refused 2 "is not valid UTF-8" "$CUSNAP" checkpoint bytes -o "$T/ckpt-$BAD"
 [ ! -e "$T/ckpt-$BAD" ] || fail "the refused checkpoint made its directory"
 expect_refused 2 "runtime-dir.*is not valid UTF-8" "$CUSNAP" launch --name rt --runtime-dir "$T/run-$BAD" -- true
-expect_refused 1 "is not valid UTF-8" env CUSNAP_RUNTIME_BASE="$T/base-$BAD" "$CUSNAP" launch --name rt -- true
+expect_refused 3 "is not valid UTF-8" env CUSNAP_RUNTIME_BASE="$T/base-$BAD" "$CUSNAP" launch --name rt -- true
 [ ! -e "$T/base-$BAD" ] || fail "the refused launch made its runtime base"
 [ ! -e "$T/run-$BAD" ] || fail "the refused launch made its runtime directory"
 # A path longer than any the supervisor takes is refused by the command,

@@ -293,13 +293,13 @@ mkdir -p "$T/mine/suspended" && echo keep >"$T/mine/suspended/results.csv" && ec
 chmod 755 "$T/mine"
 rc=0
 "$CUSNAP" launch --name mine --runtime-dir "$T/mine" -- true 2>"$T/mine.err" || rc=$?
-[ "$rc" = 1 ] && grep -q "refusing runtime directory $T/mine: it holds '" "$T/mine.err" ||
+[ "$rc" = 3 ] && grep -q "refusing runtime directory $T/mine: it holds '" "$T/mine.err" ||
   fail "launch into a directory of the user's: exit $rc: $(cat "$T/mine.err")"
 [ "$(cat "$T/mine/suspended/results.csv" "$T/mine/output.log")" = "$(printf 'keep\nkeep')" ] &&
   [ "$(stat -c %a "$T/mine")" = 755 ] || fail "a refused --runtime-dir was changed: $(ls -la "$T/mine")"
 rc=0
 "$CUSNAP" launch --name deep --runtime-dir "$T/nowhere/x/rd" -- true 2>"$T/deep.err" || rc=$?
-[ "$rc" = 1 ] && grep -q "($T/nowhere/x) does not exist" "$T/deep.err" && [ ! -e "$T/nowhere" ] ||
+[ "$rc" = 3 ] && grep -q "($T/nowhere/x) does not exist" "$T/deep.err" && [ ! -e "$T/nowhere" ] ||
   fail "launch --runtime-dir with missing parents: exit $rc: $(cat "$T/deep.err"); $(ls "$T")"
 mkdir "$T/empty" && chmod 755 "$T/empty"
 "$CUSNAP" launch --name empty --runtime-dir "$T/empty" -- true 2>"$T/empty.err" ||

@@ -52,10 +52,10 @@ pass "the owner is served"
 mkdir -p "$SCRATCH/real"
 ln -s "$SCRATCH/real" "$SCRATCH/link"
 rc=$(run_status "$CUSNAP" launch --runtime-dir "$SCRATCH/link" -- true 2>"$SCRATCH/e2")
-expect_eq "symlinked runtime dir refused" 1 "$rc"
+expect_eq "symlinked runtime dir refused" 3 "$rc"
 grep -q "symbolic link" "$SCRATCH/e2" || fail "unclear: $(cat "$SCRATCH/e2")"
 # One owned by someone else too.
 mkdir "$SCRATCH/other"; chown 65534:65534 "$SCRATCH/other"
 rc=$(run_status "$CUSNAP" launch --runtime-dir "$SCRATCH/other" -- true 2>"$SCRATCH/e3")
-expect_eq "foreign runtime dir refused" 1 "$rc"
+expect_eq "foreign runtime dir refused" 3 "$rc"
 grep -q "owned by uid 65534" "$SCRATCH/e3" || fail "unclear: $(cat "$SCRATCH/e3")"
