@@ -26,10 +26,24 @@ namespace {
 
 // ---- which kernels are collective -------------------------------------------
 
+// The verdicts, per handle: an open-addressed table whose slots each hold
+// one word, written with one compare-exchange (so a slot is never seen half
+// filled): the handle (below 2^48), the verdict (bit 48) and the generation
+// it was made in (bits 49..63). A slot of another generation is free. When
+// modules go (cuModuleUnload, cuLibraryUnload, a context's destruction) the
+// generation moves on: the driver may give a handle of a kernel loaded later
+// the address of one unloaded, whose verdict would otherwise stand (a plain
+// kernel held at an armed cut, a collective let through it).
 constexpr unsigned kSlots = 4096;  // power of two
 constexpr uint8_t kNo = 1, kYes = 2;
-std::atomic<uintptr_t> g_keys[kSlots];
-std::atomic<uint8_t> g_vals[kSlots];
+constexpr uint64_t kKeyBits = 48;
+constexpr uint64_t kKeyMask = (1ull << kKeyBits) - 1;
+constexpr uint64_t kYesBit = 1ull << kKeyBits;
+constexpr unsigned kGenShift = kKeyBits + 1;
+constexpr uint64_t kGenMask = (1ull << (64 - kGenShift)) - 1;
+std::atomic<uint64_t> g_slots[kSlots];
+/// Counts the unloads; its low bits are the generation of the verdicts in force.
+std::atomic<uint64_t> g_generation{0};
 
 constexpr unsigned kMaxPrefixes = proto::kMaxCollectiveKernelPrefixes;
 char g_prefix_buf[proto::kMaxCollectiveKernelsBytes + 1];
@@ -297,25 +311,47 @@ void hold(unsigned slot, uint64_t n) {
 }  // namespace
 
 bool is_collective(CUfunction f) noexcept {
-  const auto key = reinterpret_cast<uintptr_t>(f);
+  const auto key = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(f));
   if (key == 0) return false;
+  if (key > kKeyMask) return classify(f) == kYes;  // not kept
+  // Read before the driver is asked: a verdict made while modules went is
+  // kept under a generation that is over, which no lookup takes.
+  const uint64_t gen = g_generation.load(std::memory_order_acquire);
+  const uint64_t tag = (gen & kGenMask) << kGenShift;
+  auto current = [tag](uint64_t w) { return w != 0 && (w & ~(kYesBit | kKeyMask)) == tag; };
+  uint8_t v = 0;  // classified once, when first needed
   unsigned i = static_cast<unsigned>((key >> 4) * 0x9E3779B97F4A7C15ull >> 52) & (kSlots - 1);
   for (unsigned probe = 0; probe < 16; ++probe, i = (i + 1) & (kSlots - 1)) {
-    uintptr_t k = g_keys[i].load(std::memory_order_acquire);
-    if (k == key) {
-      uint8_t v = g_vals[i].load(std::memory_order_acquire);
-      if (v) return v == kYes;
-      break;  // being filled by another thread: classify on our own
-    }
-    if (k == 0) {
-      const uint8_t v = classify(f);
-      uintptr_t expect = 0;
-      if (g_keys[i].compare_exchange_strong(expect, key, std::memory_order_acq_rel))
-        g_vals[i].store(v, std::memory_order_release);
-      return v == kYes;
+    uint64_t w = g_slots[i].load(std::memory_order_acquire);
+    for (;;) {
+      if (current(w)) {
+        if ((w & kKeyMask) == key) return (w & kYesBit) != 0;
+        break;  // another handle's: on along the chain
+      }
+      // Free (empty, or of a generation that is over): within a generation
+      // slots only fill, so the handle is nowhere further along.
+      if (!v) v = classify(f);
+      // Modules went meanwhile: the verdict stands for this call only.
+      if (g_generation.load(std::memory_order_acquire) != gen) return v == kYes;
+      const uint64_t mine = tag | (v == kYes ? kYesBit : 0) | key;
+      if (g_slots[i].compare_exchange_strong(w, mine, std::memory_order_acq_rel)) return v == kYes;
+      // Another thread filled the slot (or freed it): look at it again.
     }
   }
-  return classify(f) == kYes;  // table crowded: ask the driver each time
+  return (v ? v : classify(f)) == kYes;  // table crowded: ask the driver each time
+}
+
+void kernels_unloaded() noexcept {
+  const uint64_t tag = ((g_generation.fetch_add(1, std::memory_order_acq_rel) + 1) & kGenMask)
+                       << kGenShift;
+  // Empty the slots of generations that are over: none outlives the next
+  // unload, so none comes back when the generation's bits wrap.
+  for (auto& slot : g_slots) {
+    uint64_t w = slot.load(std::memory_order_acquire);
+    while (w != 0 && (w & ~(kYesBit | kKeyMask)) != tag &&
+           !slot.compare_exchange_weak(w, 0, std::memory_order_acq_rel)) {
+    }
+  }
 }
 
 unsigned before(uint64_t n) noexcept {

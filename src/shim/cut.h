@@ -25,8 +25,14 @@ namespace cusnap::shim::cut {
 
 /// Whether f is a collective kernel (name prefixes from
 /// $CUSNAP_COLLECTIVE_KERNELS, comma-separated; default "ncclDevKernel,ncclKernel").
-/// Caches the answer per handle. Called inside the gate.
+/// Caches the answer per handle, until kernels_unloaded(). Called inside the gate.
 bool is_collective(CUfunction f) noexcept;
+
+/// Forgets every cached answer of is_collective: kernels went (a module or
+/// library unloaded, a context destroyed), and the driver may give their
+/// handles' addresses to kernels loaded later. Called once the driver's call
+/// returned.
+void kernels_unloaded() noexcept;
 
 /// Whether a kernel name (plain or mangled, as cuFuncGetName gives it)
 /// starts with one of the collective prefixes.

@@ -71,11 +71,31 @@ void debug_log(const char* what, const char* name) noexcept {
   write_stderr(buf, n);
 }
 
+namespace {
+
+constexpr char kDefaultDriver[] = "libcuda.so.1";
+
+/// $CUSNAP_REAL_LIBCUDA, or nullptr when unset or empty.
+const char* named_driver() noexcept {
+  const char* path = getenv("CUSNAP_REAL_LIBCUDA");
+  return path && *path ? path : nullptr;
+}
+
+/// Set once the file $CUSNAP_REAL_LIBCUDA names would not load: the loader's
+/// own search for the default driver is used from then on.
+std::atomic<bool> g_named_failed{false};
+
+bool is_default(const char* path) noexcept {
+  return std::strcmp(path, kDefaultDriver) == 0;
+}
+
+}  // namespace
+
 namespace detail {
 
 const char* driver_path() noexcept {
-  const char* path = getenv("CUSNAP_REAL_LIBCUDA");
-  return path && *path ? path : "libcuda.so.1";
+  const char* named = named_driver();
+  return named && !g_named_failed.load(std::memory_order_acquire) ? named : kDefaultDriver;
 }
 
 // No lock of the shim's is held across dlopen or dlsym: they take the
@@ -95,6 +115,21 @@ bool ensure_loaded() noexcept {
   const char* path = driver_path();
   DlsymFn dls = real_dlsym();
   g_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  // A file named by $CUSNAP_REAL_LIBCUDA that does not load (a stale path, a
+  // library of another machine): the application's own driver, as found
+  // without the shim, rather than no driver at all. Said once, below.
+  const char* named_failed = nullptr;
+  char why[512] = "";
+  if (!g_handle && !is_default(path)) {
+    named_failed = path;
+    if (const char* e = dlerror()) {
+      std::strncpy(why, e, sizeof why - 1);
+      why[sizeof why - 1] = 0;
+    }
+    g_named_failed.store(true, std::memory_order_release);
+    path = kDefaultDriver;
+    g_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  }
   if (g_handle && dls) {
     size_t n = 0;
     for (size_t i = 0; i < kEntryCount; ++i) {
@@ -115,6 +150,9 @@ bool ensure_loaded() noexcept {
   }
   t_loading = false;
   g_state.store(s, std::memory_order_release);
+  if (named_failed)
+    say("CUSNAP_REAL_LIBCUDA=%s does not load (%s); using %s%s", named_failed, why, kDefaultDriver,
+        g_handle ? "" : ", which does not load either");
   return s == kLoaded;
 }
 
@@ -124,7 +162,9 @@ void* entry_meanwhile(size_t i) noexcept {
   // lock that one waits for, so it cannot wait. The loader's own reference
   // counting makes this dlopen harmless; the handle is never closed.
   DlsymFn dls = real_dlsym();
-  void* h = dls ? dlopen(driver_path(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  const char* path = driver_path();
+  void* h = dls ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (dls && !h && !is_default(path)) h = dlopen(kDefaultDriver, RTLD_NOW | RTLD_LOCAL);
   void* p = h ? dls(h, entry_name(i)) : nullptr;
   return p && !elf_same_object(p, &g_anchor) ? p : nullptr;
 }
@@ -169,7 +209,11 @@ CUresult fail_closed(size_t i) noexcept {
 
 bool driver_in_process() noexcept {
   if (detail::loaded()) return true;
-  void* h = dlopen(detail::driver_path(), RTLD_LAZY | RTLD_NOLOAD);
+  // The default driver counts too: the shim uses it when the named file
+  // does not load, and without the shim a lookup would find it.
+  const char* path = detail::driver_path();
+  void* h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h && !is_default(path)) h = dlopen(kDefaultDriver, RTLD_LAZY | RTLD_NOLOAD);
   if (h) dlclose(h);
   return h != nullptr;
 }

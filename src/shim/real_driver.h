@@ -1,5 +1,6 @@
 // The real driver: dlopen'ed on first use ("libcuda.so.1", or the file named by
-// $CUSNAP_REAL_LIBCUDA), never linked. Each entry point's real address comes
+// $CUSNAP_REAL_LIBCUDA; "libcuda.so.1" after all, with a line on stderr, when
+// that file does not load), never linked. Each entry point's real address comes
 // from the real dlsym on that handle, so the shim's own exports never shadow it.
 //
 // State: g_state (atomic) moves unloaded -> loading -> loaded|failed once;
@@ -28,6 +29,7 @@ inline bool loaded() noexcept {
 }
 /// Entry i looked up without the table, while another thread loads the driver.
 void* entry_meanwhile(size_t i) noexcept;
+/// The file the driver is loaded from (the named one until it failed to load).
 const char* driver_path() noexcept;
 }  // namespace detail
 

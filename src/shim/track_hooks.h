@@ -41,7 +41,8 @@ CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
 CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
 #undef CUSNAP_TRACK_HOOK
 
-// Contexts the application creates and destroys: drain synchronizes them too.
+// Contexts the application creates and destroys: drain synchronizes them too;
+// a destroyed one's kernels are gone (cut::kernels_unloaded).
 #define CUSNAP_CTX_CREATE_HOOK(entry)                                        \
   template <>                                                              \
   struct Hook<Entry::entry> {                                              \
@@ -58,15 +59,17 @@ CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v2)
 CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v3)
 CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v4)
 #undef CUSNAP_CTX_CREATE_HOOK
-#define CUSNAP_CTX_DESTROY_HOOK(entry)                                       \
-  template <>                                                              \
-  struct Hook<Entry::entry> {                                              \
-    static auto bind(decltype(&::entry) real) noexcept {                   \
-      return [real](CUcontext ctx) noexcept {                              \
-        track::note_context(ctx, false);                                   \
-        return real(ctx);                                                  \
-      };                                                                   \
-    }                                                                      \
+#define CUSNAP_CTX_DESTROY_HOOK(entry)                   \
+  template <>                                            \
+  struct Hook<Entry::entry> {                            \
+    static auto bind(decltype(&::entry) real) noexcept { \
+      return [real](CUcontext ctx) noexcept {            \
+        track::note_context(ctx, false);                 \
+        const CUresult r = real(ctx);                    \
+        cut::kernels_unloaded();                         \
+        return r;                                        \
+      };                                                 \
+    }                                                    \
   };
 CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy)
 CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy_v2)
@@ -105,6 +108,28 @@ struct Hook<Entry::cuMulticastBindAddr_v2> {
     };
   }
 };
+
+// Kernels going: the cut's cached verdicts on kernel handles are forgotten
+// (cut.h), since a kernel loaded later may get the same handle. A primary
+// context's release may be its last, which destroys it with its modules.
+#define CUSNAP_UNLOAD_HOOK(entry)                        \
+  template <>                                            \
+  struct Hook<Entry::entry> {                            \
+    static auto bind(decltype(&::entry) real) noexcept { \
+      return [real](auto a) noexcept {                   \
+        const CUresult r = real(a);                      \
+        cut::kernels_unloaded();                         \
+        return r;                                        \
+      };                                                 \
+    }                                                    \
+  };
+CUSNAP_UNLOAD_HOOK(cuModuleUnload)
+CUSNAP_UNLOAD_HOOK(cuLibraryUnload)
+CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxRelease)
+CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxRelease_v2)
+CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxReset)
+CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxReset_v2)
+#undef CUSNAP_UNLOAD_HOOK
 
 // Kernel launches: collective kernels go through the cut (cut.h), unless the
 // stream captures them into a graph.

@@ -92,8 +92,9 @@ void* expected(const char* name, int version, bool per_thread) {
 
 }  // namespace
 
-// With no real driver (CUSNAP_REAL_LIBCUDA names a missing file) every wrapper
-// fails closed and name lookups find nothing.
+// With no real driver (CUSNAP_REAL_LIBCUDA names a library that provides no
+// driver entry point; a missing file would fall back to libcuda.so.1, which
+// this program needs) every wrapper fails closed and name lookups find nothing.
 int no_driver() {
   for (size_t i = 0; i < kGeneratedCount; ++i)
     CHECK(kZeroCalls[i](kDirect[i]) == CUDA_ERROR_NOT_SUPPORTED, "%s without a driver",
