@@ -20,6 +20,7 @@
 #include "coord/file_read.h"
 #include "coord/procs.h"
 #include "coord/runtime_dir.h"  // kMaxJobJsonBytes
+#include "coord/sha256.h"
 #include "proto/json_text.h"
 #include "proto/shim_messages.h"  // kMaxParts
 #include "proto/unique_fd.h"      // write_all
@@ -61,7 +62,26 @@ std::string shared_memory_file(pid_t pid, uint64_t id, uint32_t k) {
          ".bin";
 }
 
-std::string manifest_to_json(const Manifest& m) {
+namespace {
+
+/// The text of a manifest's JSON as cusnap writes it: keys sorted (nlohmann's
+/// object), indented by 2, a newline at the end.
+std::string manifest_text(const json& j) {
+  return json_text(j, 2) + "\n";
+}
+
+/// The SHA-256 of a manifest's JSON without its own (manifest_sha256), as
+/// hex. (Sha256, not sha256_hex: the fuzzer of the parser links a stand-in
+/// of it, and never writes or reads a manifest file.)
+std::string content_sha256(json j) {
+  j.erase(kManifestSha256Field);
+  const std::string text = manifest_text(j);
+  Sha256 h;
+  h.update(text.data(), text.size());
+  return h.hex_digest();
+}
+
+json manifest_json(const Manifest& m) {
   json j;
   j["format"] = "cusnap-checkpoint";
   j["version"] = m.version;
@@ -116,7 +136,18 @@ std::string manifest_to_json(const Manifest& m) {
     }
   }
   j["shim_processes"] = m.shim_processes;
-  return json_text(j, 2) + "\n";
+  return j;
+}
+
+}  // namespace
+
+std::string manifest_to_json(const Manifest& m) {
+  return manifest_text(manifest_json(m));
+}
+
+std::string manifest_content_sha256(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  return j.is_discarded() || !j.is_object() ? "" : content_sha256(j);
 }
 
 namespace {
@@ -356,19 +387,65 @@ void read_tcp_listeners(Reader& r, const json& j, std::vector<TcpListener>* out)
 
 }  // namespace
 
-bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) {
-    *err = "manifest is not valid JSON (truncated or corrupted)";
+namespace {
+
+constexpr const char* kNotJson = "manifest is not valid JSON (truncated or corrupted)";
+
+/// A manifest's own SHA-256 (manifest_sha256), checked before anything of
+/// its content is read: that of the text manifest_to_json writes for what
+/// was parsed, without the field. Absent, a manifest of this version is
+/// incomplete; one of an earlier version (2, 3) was written without it and
+/// is read as before; any other the parser refuses by its version.
+bool check_own_sha256(const json& j, std::string* err) {
+  if (!j.is_object()) return true;  // the parser says what it is
+  const auto it = j.find(kManifestSha256Field);
+  if (it == j.end()) {
+    const auto v = j.find("version");
+    if (v == j.end() || !v->is_number_integer() || *v != kManifestVersion) return true;
+    *err = std::string("manifest field ") + kManifestSha256Field + " is missing: a version " +
+           std::to_string(kManifestVersion) +
+           " manifest holds its own SHA-256, so this one is incomplete or was altered";
     return false;
   }
+  if (!it->is_string() || !is_hex_digest(it->get_ref<const std::string&>())) {
+    *err = std::string("manifest field ") + kManifestSha256Field +
+           " is not 64 lowercase hex digits: the manifest was altered or corrupted";
+    return false;
+  }
+  if (content_sha256(j) != it->get_ref<const std::string&>()) {
+    *err = std::string(
+               "the manifest was altered or corrupted after cusnap wrote it: its content does "
+               "not match its own SHA-256 (") +
+           kManifestSha256Field + "); restore from an intact copy";
+    return false;
+  }
+  return true;
+}
+
+/// manifest_from_json of what was parsed.
+bool manifest_from_parsed(const json& j, Manifest* m, std::string* err);
+
+}  // namespace
+
+bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    *err = kNotJson;
+    return false;
+  }
+  return manifest_from_parsed(j, m, err);
+}
+
+namespace {
+
+bool manifest_from_parsed(const json& j, Manifest* m, std::string* err) {
   if (!j.is_object() || !j.contains("format") || j["format"] != "cusnap-checkpoint") {
     *err = "manifest is not a cusnap checkpoint manifest (no \"format\": \"cusnap-checkpoint\")";
     return false;
   }
   Reader r{err};
   r.num(j, "", "version", &m->version);
-  if (r.ok && m->version != kManifestVersion && m->version != 2) {
+  if (r.ok && (m->version < 2 || m->version > kManifestVersion)) {
     std::string writer;
     if (j.contains("cusnap_version") && j["cusnap_version"].is_string() &&
         j["cusnap_version"].get_ref<const std::string&>().size() <= 64)
@@ -520,6 +597,8 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err) 
   return r.ok;
 }
 
+}  // namespace
+
 bool write_manifest(const std::string& dir, const Manifest& m, std::string* err) {
   std::string final_path = dir + "/" + kManifestName;
   std::string tmp = final_path + ".tmp";
@@ -528,7 +607,11 @@ bool write_manifest(const std::string& dir, const Manifest& m, std::string* err)
     *err = "cannot create " + tmp + ": " + std::strerror(errno);
     return false;
   }
-  const std::string text = manifest_to_json(m);
+  // With its own SHA-256, over the text without it: the reader serializes
+  // what it parsed without it the same way (check_own_sha256).
+  json j = manifest_json(m);
+  j[kManifestSha256Field] = content_sha256(j);
+  const std::string text = manifest_text(j);
   bool ok = write_all(fd, text.data(), text.size()) && fsync(fd) == 0;
   int saved = errno;
   if (close(fd) != 0 && ok) {  // the first failure is the one told
@@ -607,8 +690,11 @@ bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, st
     if (reader_failure(e)) *code = kExitFailure;
     return false;
   }
-  std::string why;
-  if (!manifest_from_json(text, m, &why)) {
+  // Its own SHA-256 first: nothing of a manifest changed after it was
+  // written (a digit of a pid, of a GPU's free memory) is trusted.
+  const json j = json::parse(text, nullptr, false);
+  std::string why = kNotJson;
+  if (j.is_discarded() || !check_own_sha256(j, &why) || !manifest_from_parsed(j, m, &why)) {
     *err = path + ": " + why;
     return false;
   }

@@ -1,6 +1,6 @@
-// DIR/manifest.json, the record of a checkpoint. Format (version 3):
+// DIR/manifest.json, the record of a checkpoint. Format (version 4):
 //
-//   { "format": "cusnap-checkpoint", "version": 3, "created": "<UTC ISO 8601>",
+//   { "format": "cusnap-checkpoint", "version": 4, "created": "<UTC ISO 8601>",
 //     "cusnap_version": "0.1.0",
 //     "job": { "name", "argv": [..], "cwd", "owner_uid", "root_pid",
 //              "stdout_pipe": "pipe:[N]", "stderr_pipe": "pipe:[N]",
@@ -27,13 +27,31 @@
 //                                     optional: the job's listening TCP sockets,
 //                                     checked free before a restore (ports.h)
 //     "gpu_free": {"GPU-...": bytes}, optional: free device memory before
-//     "shim_processes": [pid, ..] }   processes whose shims released shared
+//     "shim_processes": [pid, ..],    processes whose shims released shared
 //                                     memory (of those using CUDA): their records
 //                                     are shim/<pid>.records, the bytes
 //                                     shared/<pid>-<allocation>.<k>.bin, k from 0
+//     "manifest_sha256": "<hex>" }    the manifest's own SHA-256 (below)
 //
-// Version 2 (no shim_processes: nothing shared) is still read; its job.shim_dir
-// is optional, as the first version 2 manifests were written without it.
+// manifest_sha256, added by write_manifest, is the SHA-256 of the manifest's
+// text without that field as manifest_to_json writes it: keys sorted,
+// indented by 2, a newline at the end (the file less that one line). The
+// reader checks it first, on what it parsed serialized again that way
+// (whitespace and key order in the file do not count), so that nothing
+// changed in the manifest after it was written (a digit of a pid, of a GPU's
+// free memory, job.shim_dir) is trusted: a mismatch is refused as a manifest
+// altered or corrupted. A version 4 manifest without it is refused as
+// incomplete. manifest_from_json (the parser of the text alone) does not
+// check it.
+//
+// The version changes when a field becomes required or changes meaning, so
+// that a reader that does not know it refuses the manifest rather than
+// misreading it; a field added as optional, which earlier readers ignore,
+// keeps it. Versions 2 and 3, written without manifest_sha256, are still read
+// (unchecked; one there is checked all the same). Version 3 is version 4
+// without manifest_sha256. Version 2 has no shim_processes (nothing shared);
+// its job.shim_dir is optional, as the first version 2 manifests were
+// written without it.
 //
 // files[].sha256 is the chunked SHA-256 of sha256_chunked.h: chunk_size is a
 // power of two from 4 KiB to 1 GiB (cusnap writes 64 MiB), chunks holds
@@ -58,8 +76,10 @@
 
 namespace cusnap {
 
-inline constexpr int kManifestVersion = 3;
+inline constexpr int kManifestVersion = 4;
 inline constexpr const char* kManifestName = "manifest.json";
+/// The field of a manifest's own SHA-256 (format above).
+inline constexpr const char* kManifestSha256Field = "manifest_sha256";
 /// CRIU writes its restore statistics into the image directory; the only
 /// file that may appear in a checkpoint after it was written.
 inline constexpr const char* kCriuRestoreStats = "criu/stats-restore";
@@ -144,9 +164,15 @@ bool job_record_fits(const std::vector<std::string>& argv, const std::string& cw
 std::string shim_records_file(pid_t pid);
 std::string shared_memory_file(pid_t pid, uint64_t id, uint32_t k);
 
-/// JSON text of a manifest.
+/// JSON text of a manifest, as write_manifest writes it less its
+/// manifest_sha256 (the line write_manifest adds).
 std::string manifest_to_json(const Manifest& m);
-/// Parses and validates; errors say which field is wrong. Besides each
+/// The SHA-256 (hex) that manifest_sha256 holds for a manifest of this text:
+/// that of the text manifest_to_json writes for its JSON without
+/// manifest_sha256. "" when text is not a JSON object.
+std::string manifest_content_sha256(const std::string& text);
+/// Parses and validates the text alone (its manifest_sha256 is not checked:
+/// read_manifest does that); errors say which field is wrong. Besides each
 /// field's type and range (strings within the bounds above, device memory
 /// within kMaxGpuMemoryBytes, alone and added up per GPU), what the restore
 /// reads by name must be listed in files: each shim process's records; and
@@ -156,14 +182,18 @@ bool manifest_from_json(const std::string& text, Manifest* m, std::string* err);
 
 /// Writes dir/manifest.json atomically: temp file, fsync, rename, fsync dir.
 bool write_manifest(const std::string& dir, const Manifest& m, std::string* err);
-/// Reads and validates dir/manifest.json (not the files it lists).
+/// Reads dir/manifest.json, checks its own SHA-256 (manifest_sha256: a
+/// mismatch says the manifest was altered or corrupted; missing from a
+/// version 4 manifest, it is incomplete) before anything else, then parses
+/// and validates it as manifest_from_json (not the files it lists).
 bool read_manifest(const std::string& dir, Manifest* m, std::string* err);
 /// Same; on failure *code says whose it is: kExitFailure when this process
 /// could not read dir or its manifest (permission denied, an I/O error:
 /// another user, or a later try, may well read it), kExitBadCheckpoint when
 /// the checkpoint is wrong (no manifest, not a directory, a manifest that is
-/// not a regular file or does not parse or validate); *error_number (when
-/// given) is the errno of the failed stat, open or read, else 0.
+/// not a regular file, does not match its own SHA-256, or does not parse or
+/// validate); *error_number (when given) is the errno of the failed stat,
+/// open or read, else 0.
 bool read_manifest_coded(const std::string& dir, Manifest* m, ExitCode* code, std::string* err,
                          int* error_number = nullptr);
 

@@ -163,16 +163,17 @@ TEST_CASE("manifest: the loader rejects what it does not understand, saying whic
     REQUIRE(p != std::string::npos);
     return t.replace(p, from.size(), to);
   };
-  CHECK_FALSE(manifest_from_json(with("\"version\": 3\n}", "\"version\": 7\n}"), &out, &err));
+  CHECK_FALSE(manifest_from_json(with("\"version\": 4\n}", "\"version\": 7\n}"), &out, &err));
   CHECK(err.find("version 7 (written by cusnap 0.1.0) is not supported") != std::string::npos);
   // Version 1 (one SHA-256 per file) is refused, naming the cusnap to use.
-  CHECK_FALSE(manifest_from_json(with("\"version\": 3\n}", "\"version\": 1\n}"), &out, &err));
+  CHECK_FALSE(manifest_from_json(with("\"version\": 4\n}", "\"version\": 1\n}"), &out, &err));
   CHECK(err.find("version 1 (written by cusnap 0.1.0) is not supported") != std::string::npos);
-  CHECK(err.find("reads versions 2 to 3") != std::string::npos);
+  CHECK(err.find("reads versions 2 to 4") != std::string::npos);
   CHECK(err.find("restore it with the cusnap that wrote it") != std::string::npos);
-  // Version 2 has no shim_processes and is still read; version 3 needs them.
+  // Version 2 has no shim_processes and is still read; versions 3 and 4 need
+  // them.
   {
-    std::string v2 = with("\"version\": 3\n}", "\"version\": 2\n}");
+    std::string v2 = with("\"version\": 4\n}", "\"version\": 2\n}");
     size_t p = v2.find("  \"shim_processes\"");
     REQUIRE(p != std::string::npos);
     v2.erase(p, v2.find('\n', p) + 1 - p);
@@ -538,6 +539,160 @@ TEST_CASE("manifest: the reader refuses what is not a manifest file, saying what
     REQUIRE(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+
+namespace {
+
+/// The text of dir's manifest.
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+/// text with its first `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t p = text.find(from);
+  REQUIRE_MESSAGE(p != std::string::npos, from);
+  return text.replace(p, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("manifest: its own SHA-256 is written, and checked before anything else is read") {
+  TempDir d;
+  const std::string path = d.path + "/manifest.json";
+  Manifest m = sample(), back;
+  // A second process, not the root: a change of its pid passes the parser.
+  ManifestProcess child = m.processes[0];
+  child.pid = 4242;
+  child.ppid = 100;
+  child.uses_cuda = false;
+  child.gpus.clear();
+  m.processes.push_back(child);
+  m.processes[0].gpu_memory = {{m.gpus[0].uuid, 1000000}};
+  m.gpu_free = {{m.gpus[0].uuid, 8000000000}};
+  m.job.shim_dir = "/run/cusnap/train";
+  // Text the serializer escapes or replaces, and times whose shortest
+  // decimal digits are not what nlohmann writes: they read back the same.
+  m.job.argv = {"./train", "caf\xc3\xa9", "\xff\xfe raw", "tab\there", "esc\x1b[31m"};
+  m.phases = {{"dump", 0.061534609999999997},
+              {"verify", 72.29734305854291},
+              {"tiny", 1e-7},
+              {"huge", 1e300},
+              {"whole", 12.0}};
+  std::string err;
+  ExitCode code = kExitOk;
+  REQUIRE(write_manifest(d.path, m, &err));
+  const std::string text = read_text(path);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  REQUIRE(j.contains(kManifestSha256Field));
+  const std::string digest = j[kManifestSha256Field];
+  // The SHA-256 of the text without it: the file less its own line.
+  CHECK(digest == sha256_hex(manifest_to_json(m)));
+  CHECK(digest == manifest_content_sha256(text));
+  CHECK(replaced(text, "  \"manifest_sha256\": \"" + digest + "\",\n", "") == manifest_to_json(m));
+  CHECK(j["version"] == kManifestVersion);
+
+  SUBCASE("round trip") {
+    REQUIRE_MESSAGE(read_manifest_coded(d.path, &back, &code, &err), err);
+    CHECK(code == kExitOk);
+    CHECK(manifest_to_json(back) == manifest_to_json(m));
+    CHECK(back.processes[1].pid == 4242);
+    CHECK(back.phases == m.phases);
+    // Whitespace and key order do not count: the content does.
+    write_file(path, j.dump());
+    REQUIRE_MESSAGE(read_manifest(d.path, &back, &err), err);
+    CHECK(manifest_to_json(back) == manifest_to_json(m));
+  }
+  SUBCASE("a changed digit is refused as a manifest altered or corrupted") {
+    const std::string altered_msg =
+        path +
+        ": the manifest was altered or corrupted after cusnap wrote it: its content does not "
+        "match its own SHA-256 (manifest_sha256); restore from an intact copy";
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"\"pid\": 4242", "\"pid\": 4243"},
+             {"8000000000", "9000000000"},
+             {"1000000\n", "1000001\n"},
+             {"/run/cusnap/train", "/run/cusnap/trair"},
+             {"\"version\": 4", "\"version\": 3"}}) {
+      CAPTURE(from);
+      const std::string edited = replaced(text, from, to);
+      // Text that parses and validates: only its digest tells.
+      REQUIRE_MESSAGE(manifest_from_json(edited, &back, &err), err);
+      write_file(path, edited);
+      CHECK_FALSE(read_manifest_coded(d.path, &back, &code, &err));
+      CHECK(code == kExitBadCheckpoint);
+      CHECK(err == altered_msg);
+    }
+    // Checked first: an edit the parser would refuse too is told as this.
+    write_file(path, replaced(text, "\"pid\": 100,", "\"pid\": 101,"));
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err == altered_msg);
+    // The digest itself changed, or not one.
+    write_file(path, replaced(text, digest, std::string(64, '0')));
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err == altered_msg);
+    write_file(path, replaced(text, "\"" + digest + "\"", "7"));
+    CHECK_FALSE(read_manifest_coded(d.path, &back, &code, &err));
+    CHECK(code == kExitBadCheckpoint);
+    CHECK(err == path +
+                     ": manifest field manifest_sha256 is not 64 lowercase hex digits: the "
+                     "manifest was altered or corrupted");
+  }
+  SUBCASE("this version without it is refused as incomplete") {
+    nlohmann::json bare = j;
+    bare.erase(kManifestSha256Field);
+    write_file(path, bare.dump(2));
+    CHECK_FALSE(read_manifest_coded(d.path, &back, &code, &err));
+    CHECK(code == kExitBadCheckpoint);
+    CHECK(err == path +
+                     ": manifest field manifest_sha256 is missing: a version 4 manifest holds "
+                     "its own SHA-256, so this one is incomplete or was altered");
+  }
+  SUBCASE("versions 2 and 3, written without it, are still read") {
+    nlohmann::json v3 = j;
+    v3.erase(kManifestSha256Field);
+    v3["version"] = 3;
+    write_file(path, v3.dump(2));
+    REQUIRE_MESSAGE(read_manifest_coded(d.path, &back, &code, &err), err);
+    CHECK(code == kExitOk);
+    CHECK(back.version == 3);
+    CHECK(back.processes[1].pid == 4242);
+    CHECK(back.job.shim_dir == "/run/cusnap/train");
+    nlohmann::json v2 = v3;
+    v2["version"] = 2;
+    v2.erase("shim_processes");
+    write_file(path, v2.dump());
+    REQUIRE_MESSAGE(read_manifest(d.path, &back, &err), err);
+    CHECK(back.version == 2);
+    CHECK(back.gpu_free == m.gpu_free);
+    // One there is checked all the same.
+    v3[kManifestSha256Field] = digest;
+    write_file(path, v3.dump(2));
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err == path +
+                     ": the manifest was altered or corrupted after cusnap wrote it: its content "
+                     "does not match its own SHA-256 (manifest_sha256); restore from an intact "
+                     "copy");
+    v3[kManifestSha256Field] = manifest_content_sha256(v3.dump());
+    write_file(path, v3.dump(2));
+    CHECK_MESSAGE(read_manifest(d.path, &back, &err), err);
+    // A version this cusnap does not read is told as such, not as incomplete.
+    v3.erase(kManifestSha256Field);
+    v3["version"] = 1;
+    write_file(path, v3.dump(2));
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err.find("manifest version 1 (written by cusnap 0.1.0) is not supported") !=
+          std::string::npos);
+  }
+  SUBCASE("what is not a manifest is told as before") {
+    write_file(path, "{}");
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err.find("is not a cusnap checkpoint manifest") != std::string::npos);
+    write_file(path, text.substr(0, 200));
+    CHECK_FALSE(read_manifest(d.path, &back, &err));
+    CHECK(err == path + ": manifest is not valid JSON (truncated or corrupted)");
   }
 }
 

@@ -81,18 +81,81 @@ mv "$T/linkedmanifest/manifest.json" "$T/linkedmanifest/m2"
 ln -s m2 "$T/linkedmanifest/manifest.json"
 expect_bad linkedmanifest "$T/linkedmanifest/manifest.json is a symbolic link"
 
-# edit_manifest NAME STATEMENTS: a copy whose manifest (m) the Python
-# statements change, as a hand edit would.
+# edit_manifest NAME STATEMENTS [stale]: a copy whose manifest (m) the Python
+# statements change, as a hand edit would, its own SHA-256 (manifest_sha256)
+# computed again as cusnap computes it, so that what is refused is the
+# edited field itself; with "stale", the one cusnap wrote is kept, as any
+# change made outside cusnap leaves it.
 edit_manifest() {
   variant "$1"
-  python3 - "$T/$1/manifest.json" "$2" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
+  python3 - "$T/$1/manifest.json" "$2" "${3:-}" <<'PY'
+import hashlib, json, sys
+
+class Number(str):
+    """A number with a fraction, kept as the manifest writes it: Python's
+    shortest digits are not always nlohmann's."""
+
+def text(v, depth=0):
+    """JSON text as cusnap writes a manifest: nlohmann's, keys sorted, indent 2."""
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(v, Number):
+        return str(v)
+    if isinstance(v, dict):
+        items = [inner + json.dumps(k, ensure_ascii=False) + ": " + text(v[k], depth + 1)
+                 for k in sorted(v)]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}" if items else "{}"
+    if isinstance(v, list):
+        items = [inner + text(e, depth + 1) for e in v]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]" if items else "[]"
+    return json.dumps(v, ensure_ascii=False)
+
+m = json.load(open(sys.argv[1], encoding="utf-8"), parse_float=Number)
+written = m.pop("manifest_sha256")
 cuda = [p for p in m["processes"] if p["uses_cuda"]][0]
 exec(sys.argv[2])
-json.dump(m, open(sys.argv[1], "w"))
+m["manifest_sha256"] = (written if sys.argv[3] == "stale" else
+                        hashlib.sha256((text(m) + "\n").encode()).hexdigest())
+open(sys.argv[1], "w", encoding="utf-8").write(text(m) + "\n")
 PY
 }
+# A manifest changed outside cusnap, its own SHA-256 left as cusnap wrote it
+# (a digit of the job's process id, as a bit flip or a hand edit changes it,
+# the rest kept consistent so that the manifest still validates): refused as
+# altered or corrupted, naming manifest.json, before anything reads it, by
+# restore and inspect. Before, such a manifest was taken: the restore
+# checked the wrong pid was free (a false "in use" refusal) or had the
+# driver restore another process.
+edit_manifest alteredpid '
+import os
+root = m["processes"][0]
+old = root["pid"]
+pids = {p["pid"] for p in m["processes"]}
+new = next(n for n in (old - old % 10 + (old + d) % 10 for d in range(1, 10))
+           if n > 1 and n not in pids)
+root["pid"] = m["job"]["root_pid"] = new
+for p in m["processes"]:
+    if p["ppid"] == old: p["ppid"] = new
+m["shim_processes"] = [new if s == old else s for s in m["shim_processes"]]
+for f in m["files"]:
+    for a, b in ((f"shim/{old}.", f"shim/{new}."), (f"shared/{old}-", f"shared/{new}-")):
+        if f["path"].startswith(a):
+            d = os.path.dirname(sys.argv[1])
+            os.rename(os.path.join(d, f["path"]), os.path.join(d, b + f["path"][len(a):]))
+            f["path"] = b + f["path"][len(a):]' stale
+ALTERED="$T/alteredpid/manifest.json: the manifest was altered or corrupted after cusnap wrote it"
+expect_bad alteredpid "$ALTERED"
+expect_refused 5 "$T/alteredpid is not a usable checkpoint: $ALTERED" "$CUSNAP" inspect "$T/alteredpid"
+rc=0
+"$CUSNAP" inspect "$T/alteredpid" --json >"$T/altered.json" 2>/dev/null || rc=$?
+[ "$rc" = 5 ] || fail "inspect --json of the altered manifest exited $rc, expected 5"
+python3 - "$T/altered.json" <<'PY' || fail "inspect --json of the altered manifest: $(cat "$T/altered.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is False and d["exit_code"] == 5 and d["valid"] is False, d
+assert "manifest.json: the manifest was altered or corrupted" in d["error"], d
+assert "manifest" not in d, d
+PY
+pass "a manifest changed outside cusnap (a pid's digit): refused by restore and inspect as altered or corrupted (exit 5)"
 # What the restore reads by name from the manifest, missing: refused before
 # CRIU or the driver runs (before, the restore failed after both).
 edit_manifest norecords 'm["shim_processes"] = [cuda["pid"]]'
@@ -111,13 +174,7 @@ pass "links, unlisted records, impossible device memory and overlong strings ref
 # hand, with control bytes): inspect shows it escaped and says the
 # checkpoint restores with --name only; restore without one is refused (5),
 # with one it restores.
-variant badname
-python3 - "$T/badname/manifest.json" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
-m["job"]["name"] = "a\x1b[31mb\nc"
-json.dump(m, open(sys.argv[1], "w"))
-PY
+edit_manifest badname 'm["job"]["name"] = "a\x1b[31mb\nc"'
 "$CUSNAP" inspect "$T/badname" >"$T/badname.txt" || fail "inspect of badname failed: $(cat "$T/badname.txt")"
 grep -q "$(printf '\033')" "$T/badname.txt" && fail "inspect wrote the name's escape byte raw"
 grep -qF 'job:      a\x1b[31mb\nc' "$T/badname.txt" || fail "inspect does not show the name escaped: $(cat "$T/badname.txt")"

@@ -215,12 +215,19 @@ run_json insj.json "$CUSNAP" inspect docs --json
 run_json insc.json "$CUSNAP" inspect "$T/ck1" --json
 # A job name in the manifest that cusnap does not accept: --json says a
 # restore needs --name, as the text's verdict does.
+# The name is changed in the text as cusnap writes it, and the manifest's
+# own SHA-256 (manifest_sha256: that of the text less its line) computed
+# again, or the manifest would be refused as altered.
 cp -a "$T/ck1" "$T/badname"
 python3 - "$T/badname/manifest.json" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
-m["job"]["name"] = "bad name"
-json.dump(m, open(sys.argv[1], "w"))
+import hashlib, re, sys
+t = open(sys.argv[1], encoding="utf-8").read()
+assert t.count('"name": "docs",') == 1, t
+t = t.replace('"name": "docs",', '"name": "bad name",')
+line = re.compile(r'^  "manifest_sha256": "[0-9a-f]{64}",\n', re.M)
+assert len(line.findall(t)) == 1, t
+digest = hashlib.sha256(line.sub("", t).encode()).hexdigest()
+open(sys.argv[1], "w", encoding="utf-8").write(line.sub(f'  "manifest_sha256": "{digest}",\n', t))
 PY
 run_json insbad.json "$CUSNAP" inspect "$T/badname" --json
 python3 - "$T/insc.json" "$T/insbad.json" <<'PY' || fail "inspect --json's needs_name: $(cat "$T/insc.json" "$T/insbad.json")"
