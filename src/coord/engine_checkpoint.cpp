@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -79,8 +80,22 @@ std::string dir_not_private(const std::string& dir, const std::string& why) {
          "(cusnap makes it, private) or a directory of your own";
 }
 
+/// Whether the directories above real (resolved) pass path_not_held, as a
+/// restore requires (checkpoint_dir_private); *err says what to do when not.
+bool restorable_path(const std::string& dir, const std::string& real, std::string* err) {
+  const std::string why = path_not_held(real);
+  if (why.empty()) return true;
+  *err = "the checkpoint directory " + dir + ": " + why +
+         ". A restore (as root) takes only a checkpoint that no one but root can change or "
+         "replace, so cusnap writes one only below directories only root may change: give -o a "
+         "path under such a directory (such as /var/lib/cusnap, or a directory of root's under "
+         "/tmp)";
+  return false;
+}
+
 // Checks opts.dir without changing anything: absent (its parent must exist)
-// or an empty directory of this user's that no one else may write to.
+// or an empty directory of this user's that no one else may write to, below
+// directories a restore accepts.
 bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
   std::error_code ec;
   if (dir.empty()) {
@@ -107,6 +122,10 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
                     : ") does not exist: create it or choose another -o DIR");
       return false;
     }
+    char real[PATH_MAX];
+    if (::geteuid() == 0 && ::realpath(parent.c_str(), real) != nullptr &&
+        !restorable_path(dir, std::string(real) + "/" + fs::path(dir).filename().string(), err))
+      return false;
     return writable(parent.string());
   }
   if (fs::is_symlink(st)) {
@@ -123,6 +142,9 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     *err = dir_not_private(dir, why);
     return false;
   }
+  if (char real[PATH_MAX]; ::geteuid() == 0 && ::realpath(dir.c_str(), real) != nullptr &&
+                           !restorable_path(dir, real, err))
+    return false;
   if (!fs::is_empty(dir, ec)) {
     *err = "the checkpoint directory " + dir +
            " is not empty: choose a new or empty directory (-o DIR), or remove what is in it";

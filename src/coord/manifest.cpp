@@ -398,10 +398,13 @@ constexpr const char* kNotJson = "manifest is not valid JSON (truncated or corru
 /// is read as before; any other the parser refuses by its version.
 bool check_own_sha256(const json& j, std::string* err) {
   if (!j.is_object()) return true;  // the parser says what it is
+  // A version this cusnap does not read (a later one may hold its digest
+  // otherwise) is refused by the parser for its version, not as altered.
+  const auto v = j.find("version");
+  if (v == j.end() || !v->is_number_integer() || *v < 2 || *v > kManifestVersion) return true;
   const auto it = j.find(kManifestSha256Field);
   if (it == j.end()) {
-    const auto v = j.find("version");
-    if (v == j.end() || !v->is_number_integer() || *v != kManifestVersion) return true;
+    if (*v != kManifestVersion) return true;  // written before it had one
     *err = std::string("manifest field ") + kManifestSha256Field + " is missing: a version " +
            std::to_string(kManifestVersion) +
            " manifest holds its own SHA-256, so this one is incomplete or was altered";

@@ -197,6 +197,7 @@ std::string not_private(const std::string& path, uid_t owner) {
 }
 
 std::string path_not_held(const std::string& dir) {
+  if (dir.empty() || dir[0] != '/') return dir + ": not an absolute path";
   // From the parent of dir up to /: each is root's, and no one else may
   // rename what it holds (no group or other write bit, or the sticky bit,
   // under which only root renames the root-owned entry below it).

@@ -650,6 +650,15 @@ TEST_CASE("manifest: its own SHA-256 is written, and checked before anything els
                      ": manifest field manifest_sha256 is missing: a version 4 manifest holds "
                      "its own SHA-256, so this one is incomplete or was altered");
   }
+  SUBCASE("a later version is refused for its version, not as altered") {
+    nlohmann::json v5 = j;
+    v5["version"] = 5;
+    write_file(path, v5.dump(2));
+    CHECK_FALSE(read_manifest_coded(d.path, &back, &code, &err));
+    CHECK(code == kExitBadCheckpoint);
+    CHECK(err.find("altered") == std::string::npos);
+    CHECK(err.find("version 5") != std::string::npos);
+  }
   SUBCASE("versions 2 and 3, written without it, are still read") {
     nlohmann::json v3 = j;
     v3.erase(kManifestSha256Field);

@@ -117,7 +117,7 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err, bool* refuse
                           const char* remedy = "give a new or empty directory to --runtime-dir") {
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0) {
-    if (errno != ENOENT) {
+    if (errno != ENOENT && errno != ENOTDIR) {  // ENOTDIR: a parent is a file, said below
       *err = errno_text("runtime directory " + dir);
       return false;
     }

@@ -56,6 +56,19 @@ DIR=$T/open check_refusal opendir "other users may write to it \(mode 0777\).*a 
 [ -z "$(find "$T/theirs" "$T/open" -mindepth 1)" ] ||
   fail "a refused checkpoint wrote into $T/theirs or $T/open: $(find "$T/theirs" "$T/open" -mindepth 1)"
 
+# Below a directory another user may change (its own, or group-writable):
+# a restore would refuse it (that user could put another checkpoint in its
+# place), so the checkpoint refuses it first, new or empty, through a link too.
+mkdir -p "$T/home-of-other/empty" "$T/groupw"
+chown 65534 "$T/home-of-other"
+chmod 0775 "$T/groupw"
+DIR=$T/home-of-other/ck check_refusal otherhome "$T/home-of-other, a directory above it, is owned by uid 65534.*give -o a path under such a directory"
+DIR=$T/home-of-other/empty check_refusal otherhome2 "$T/home-of-other, a directory above it, is owned by uid 65534"
+ln -s "$T/groupw" "$T/groupw-link"
+DIR=$T/groupw-link/ck check_refusal groupw "$T/groupw, a directory above it, may be written by other users \(mode 0775\)"
+[ -z "$(find "$T/home-of-other" "$T/groupw" -mindepth 1 ! -name empty)" ] ||
+  fail "a refused checkpoint wrote below another user's directory: $(find "$T/home-of-other" "$T/groupw" -mindepth 1)"
+
 # The output directory's parent is a file: said so, not "does not exist".
 echo x >"$T/afile"
 DIR=$T/afile/sub check_refusal parentfile "afile\) is not a directory"

@@ -301,6 +301,11 @@ rc=0
 "$CUSNAP" launch --name deep --runtime-dir "$T/nowhere/x/rd" -- true 2>"$T/deep.err" || rc=$?
 [ "$rc" = 3 ] && grep -q "($T/nowhere/x) does not exist" "$T/deep.err" && [ ! -e "$T/nowhere" ] ||
   fail "launch --runtime-dir with missing parents: exit $rc: $(cat "$T/deep.err"); $(ls "$T")"
+echo x >"$T/plainfile"
+rc=0
+"$CUSNAP" launch --name underfile --runtime-dir "$T/plainfile/rd" -- true 2>"$T/underfile.err" || rc=$?
+[ "$rc" = 3 ] && grep -q "($T/plainfile) is not a directory" "$T/underfile.err" ||
+  fail "launch --runtime-dir below a file: exit $rc: $(cat "$T/underfile.err")"
 mkdir "$T/empty" && chmod 755 "$T/empty"
 "$CUSNAP" launch --name empty --runtime-dir "$T/empty" -- true 2>"$T/empty.err" ||
   fail "launch into an empty directory: $(cat "$T/empty.err")"
