@@ -85,11 +85,7 @@ std::string dir_not_private(const std::string& dir, const std::string& why) {
 bool restorable_path(const std::string& dir, const std::string& real, std::string* err) {
   const std::string why = path_not_held(real);
   if (why.empty()) return true;
-  *err = "the checkpoint directory " + dir + ": " + why +
-         ". A restore (as root) takes only a checkpoint that no one but root can change or "
-         "replace, so cusnap writes one only below directories only root may change: give -o a "
-         "path under such a directory (such as /var/lib/cusnap, or a directory of root's under "
-         "/tmp)";
+  *err = "the checkpoint directory " + not_held_refusal(dir, why, true);
   return false;
 }
 

@@ -208,6 +208,12 @@ std::string not_private(const std::string& path, uid_t owner);
 /// resolved (no link in it). (manifest_files.cpp)
 std::string path_not_held(const std::string& dir);
 
+/// The refusal of a checkpoint directory dir that path_not_held refused for
+/// why, with what to do: for a checkpoint about to be written (writing:
+/// give -o another directory) or one to be restored (copy it as root).
+/// (manifest_files.cpp)
+std::string not_held_refusal(const std::string& dir, const std::string& why, bool writing);
+
 /// Whether dir (resolved: the directory a link names) and every directory
 /// and file under it pass not_private for root, who restores (whoever asks,
 /// inspect included), and its path passes path_not_held: the images of a

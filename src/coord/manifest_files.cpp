@@ -219,6 +219,19 @@ std::string path_not_held(const std::string& dir) {
   return "";
 }
 
+std::string not_held_refusal(const std::string& dir, const std::string& why, bool writing) {
+  return dir + ": " + why +
+         ". A checkpoint's files decide which processes a restore runs, as which user, so "
+         "cusnap restores (as root) only a checkpoint that no one but root can change or "
+         "replace" +
+         (writing ? std::string(", and writes one only below directories only root may change: "
+                                "give -o a path under such a directory (such as /var/lib/cusnap, "
+                                "or a directory of root's under /tmp)")
+                  : std::string(": copy it as root into a directory whose parents only root may "
+                                "change (such as /var/lib or a directory of root's under /tmp), "
+                                "then restore it from there"));
+}
+
 bool checkpoint_dir_private(const std::string& given, std::string* err) {
   // The directory itself, not a link to it, and the path to it (a restore
   // reads its files by path).
@@ -237,11 +250,7 @@ bool checkpoint_dir_private(const std::string& given, std::string* err) {
     return false;
   };
   if (std::string why = path_not_held(dir); !why.empty()) {
-    *err = dir + ": " + why +
-           ". A checkpoint's files decide which processes a restore runs, as which user, so "
-           "cusnap restores (as root) only a checkpoint that no one but root can change or "
-           "replace: copy it as root into a directory whose parents only root may change "
-           "(such as /var/lib or a directory of root's under /tmp), then restore it from there";
+    *err = not_held_refusal(dir, why, false);
     return false;
   }
   if (std::string why = not_private(dir, 0); !why.empty()) return refuse(dir, why);
