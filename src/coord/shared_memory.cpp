@@ -106,6 +106,24 @@ bool SharedMemory::inspect(const std::string& shim_dir, const std::vector<pid_t>
   return check_records(err);
 }
 
+std::string SharedMemory::driver_blocks_note() const {
+  std::string out;
+  for (auto& p : procs_) {
+    const auto& r = p->records;
+    if (r.driver_ipc_exports == 0) continue;
+    out += (out.empty() ? "" : "; ") + std::string("process ") + std::to_string(p->pid) +
+           " handed out " + std::to_string(r.driver_ipc_exports) +
+           " IPC handle(s) of cuMemAlloc blocks its shim left to the driver" +
+           (r.driver_block_why.empty() ? std::string() : " (" + r.driver_block_why + ")");
+  }
+  if (out.empty()) return out;
+  return ". Likely where they came from: " + out +
+         ". The shim serves cuMemAlloc with shareable memory, rounded up to the GPU's "
+         "granularity (2 MiB on current GPUs), and leaves a block to the driver when that "
+         "fails, for example on a GPU nearly full: leave more GPU memory free "
+         "(CUSNAP_SHIM_DEBUG=1 logs each block left to the driver)";
+}
+
 bool SharedMemory::check_records(std::string* err) {
   // Creations by (pid, start, id), and the checks that refuse.
   std::set<std::tuple<int64_t, uint64_t, uint64_t>> created;
@@ -120,7 +138,8 @@ bool SharedMemory::check_records(std::string* err) {
              " imported allocation(s) or IPC mapping(s) that did not come from a cusnap shim "
              "(a descriptor or IPC handle from outside the job, or from a process running "
              "without the shim); their memory cannot be saved or rebuilt, so the checkpoint is "
-             "refused while they are alive";
+             "refused while they are alive" +
+             driver_blocks_note();
       return false;
     }
     // Multicast objects are torn down with the created memory and rebuilt

@@ -140,6 +140,10 @@ class SharedMemory {
   /// inspect's checks of every process's records; sets active_ when memory
   /// is shared.
   bool check_records(std::string* err);
+  /// For a refusal of foreign imports: which processes handed out IPC
+  /// handles of cuMemAlloc blocks their shims left to the driver (the
+  /// likely source), and why; empty when none did.
+  std::string driver_blocks_note() const;
 
   std::vector<std::unique_ptr<Proc>> procs_;
   int capture_retries_ = 0;

@@ -48,6 +48,8 @@ struct FakeShim {
   std::chrono::milliseconds drain_takes{0}, close_takes{0};
   bool close_times_out = false;
   int refuse_opens = 0;
+  /// What an inspect answers (its pid set to getpid()).
+  proto::ShimRecords records;
   std::thread thread;
 
   /// In dir (a new temporary one when empty); the socket of process getpid().
@@ -83,7 +85,7 @@ struct FakeShim {
         proto::Done d;
         bool sent;
         if (m.type == proto::kMsgShimInspect) {
-          proto::ShimRecords r;
+          proto::ShimRecords r = records;
           r.pid = getpid();
           sent = ch.send(proto::kMsgShimRecords, r, &err);
         } else if (m.type == proto::kMsgShimCut) {
@@ -144,6 +146,32 @@ SharedTimeouts short_timeouts() {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "shared memory: a foreign import refuses, naming IPC handles of blocks left to the driver") {
+  FakeShim shim;
+  shim.records.foreign_imports_alive = 1;
+  shim.records.foreign_imports_total = 1;
+  shim.start();
+  SharedMemory sm;
+  std::string err;
+  CHECK_FALSE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  CHECK(err.find("holds 1 imported allocation(s) or IPC mapping(s) that did not come from a "
+                 "cusnap shim") != std::string::npos);
+  CHECK(err.find("left to the driver") == std::string::npos);  // none handed out
+  shim.records.driver_blocks = 1;
+  shim.records.driver_ipc_exports = 2;
+  shim.records.driver_block_why = "cuMemCreate gave 2";
+  CHECK_FALSE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  CHECK(err.find("Likely where they came from: process " + std::to_string(getpid()) +
+                 " handed out 2 IPC handle(s) of cuMemAlloc blocks its shim left to the driver "
+                 "(cuMemCreate gave 2)") != std::string::npos);
+  CHECK(err.find("leave more GPU memory free") != std::string::npos);
+  // Handed out but opened by no one: nothing refuses.
+  shim.records.foreign_imports_alive = 0;
+  CHECK(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+  sm.disconnect();
+}
 
 TEST_CASE("shared memory: a quiesce whose drain times out opens the gate again, retrying") {
   FakeShim shim;

@@ -1,5 +1,6 @@
 #include "proto/shim_messages.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -56,6 +57,13 @@ bool records_valid(const ShimRecords& r, std::string* why) {
              " bytes wraps around or is too large";
       return false;
     }
+  // A line of the shim's words, said again by cusnap: short, printable ASCII.
+  if (r.driver_block_why.size() > kMaxDriverBlockWhy ||
+      !std::all_of(r.driver_block_why.begin(), r.driver_block_why.end(),
+                   [](char c) { return c >= 0x20 && c < 0x7f; })) {
+    *why = "the reason a block was left to the driver is not a short printable line";
+    return false;
+  }
   for (const MulticastRecord& m : r.multicast) {
     if (m.size > kMaxRecordBytes) {
       *why = "multicast object " + std::to_string(m.handle) + " has the size " +

@@ -260,14 +260,25 @@ struct ShimRecords {
   /// they reach the driver: once the driver has locked the process, a count
   /// unchanged since an earlier look means no sharing began in between.
   uint64_t sharing_calls = 0;
+  /// cuMemAlloc blocks the shim could not serve as shareable memory and left
+  /// to the driver (untracked), alive; IPC handles of them handed out (an
+  /// opener counts each as a foreign import); why the first was left to the
+  /// driver. Absent (0, empty) in records of earlier versions.
+  uint64_t driver_blocks = 0;
+  uint64_t driver_ipc_exports = 0;
+  std::string driver_block_why;
   MSGPACK_DEFINE_MAP(format, pid, start_time, allocations, mappings, ipc, multicast,
-                     foreign_imports_alive, foreign_imports_total, sharing_calls);
+                     foreign_imports_alive, foreign_imports_total, sharing_calls, driver_blocks,
+                     driver_ipc_exports, driver_block_why);
 };
 
 /// The largest size a record may give an allocation, a mapping or a
 /// multicast object: 256 TiB, beyond any GPU's memory, so that sums and
 /// offsets of valid records cannot overflow.
 inline constexpr uint64_t kMaxRecordBytes = 1ull << 48;
+
+/// The longest ShimRecords::driver_block_why records may hold.
+inline constexpr size_t kMaxDriverBlockWhy = 128;
 
 /// Checks records a shim sent or a checkpoint holds beyond their types:
 /// every origin known, every size at most kMaxRecordBytes, no address or

@@ -16,6 +16,19 @@ struct OldCutRequest {
   uint64_t target = 0;
   MSGPACK_DEFINE_MAP(op, target);
 };
+/// ShimRecords as they were before the blocks left to the driver.
+struct EarlierRecords {
+  uint32_t format = kShimRecordsFormat;
+  int64_t pid = 4;
+  uint64_t start_time = 5;
+  std::vector<AllocationRecord> allocations;
+  std::vector<MappingRecord> mappings;
+  std::vector<IpcRecord> ipc;
+  std::vector<MulticastRecord> multicast;
+  uint64_t foreign_imports_alive = 1, foreign_imports_total = 2, sharing_calls = 3;
+  MSGPACK_DEFINE_MAP(format, pid, start_time, allocations, mappings, ipc, multicast,
+                     foreign_imports_alive, foreign_imports_total, sharing_calls);
+};
 }  // namespace
 
 TEST_SUITE("proto.shim_messages") {
@@ -122,6 +135,29 @@ TEST_SUITE("proto.shim_messages") {
     bad = r;
     bad.multicast[0].size = UINT64_MAX;
     CHECK_FALSE(records_valid(bad, &why));
+    // The reason a block was left to the driver, said again by cusnap.
+    bad = r;
+    bad.driver_block_why = "cuMemCreate gave 2";
+    CHECK(records_valid(bad, &why));
+    bad.driver_block_why = "cuMemCreate\n\x1b[2J";
+    CHECK_FALSE(records_valid(bad, &why));
+    CHECK(why.find("not a short printable line") != std::string::npos);
+    bad.driver_block_why = std::string(kMaxDriverBlockWhy + 1, 'x');
+    CHECK_FALSE(records_valid(bad, &why));
+  }
+
+  TEST_CASE("records of an earlier shim, without the blocks left to the driver, are read") {
+    // The fields the earlier records had, as a map: the later ones keep their defaults.
+    Message msg;
+    std::string err;
+    REQUIRE(decode_body(encode_body(kMsgShimRecords, EarlierRecords{}), &msg, &err));
+    ShimRecords back;
+    REQUIRE(msg.get(&back, &err));
+    CHECK(back.pid == 4);
+    CHECK(back.sharing_calls == 3);
+    CHECK(back.driver_blocks == 0);
+    CHECK(back.driver_ipc_exports == 0);
+    CHECK(back.driver_block_why.empty());
   }
 
   TEST_CASE("cut requests: hold_ms is optional both ways (protocol version 1)") {

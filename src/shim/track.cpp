@@ -53,6 +53,9 @@ void reset_inherited(State& s) {
   s.mc_driver.clear();
   s.mc_released = false;
   s.foreign_alive = s.foreign_total = 0;
+  s.driver_blocks.clear();
+  s.driver_ipc_exports = 0;
+  s.driver_block_why[0] = '\0';
   s.sharing_calls = 0;
   close_listener(&s.peer_listen, s.peer_path);
   close_listener(&s.ctl_listen, s.ctl_path);
@@ -400,6 +403,9 @@ proto::ShimRecords snapshot(State& s) {
   for (auto& [h, m] : s.multicast) r.multicast.push_back(m);
   r.foreign_imports_alive = s.foreign_alive;
   r.foreign_imports_total = s.foreign_total;
+  r.driver_blocks = s.driver_blocks.size();
+  r.driver_ipc_exports = s.driver_ipc_exports;
+  r.driver_block_why = s.driver_block_why;
   r.sharing_calls = s.sharing_calls.load();
   return r;
 }

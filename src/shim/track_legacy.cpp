@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "shim/captures.h"
 #include "shim/real_driver.h"
@@ -281,10 +282,35 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   std::snprintf(line, sizeof line, "cuMemAlloc of %zu bytes left to the driver: %s gave %d", bytes,
                 failed, static_cast<int>(r));
   log(line);
-  return real(dptr, bytes);
+  const CUresult got = real(dptr, bytes);
+  if (got != CUDA_SUCCESS) return got;
+  // Recorded, so that an IPC handle of it is counted where it is handed out
+  // and a checkpoint refused for its importer says where it came from. A
+  // block not recorded (no memory for the table) is the driver's all the same.
+  try {
+    State& s = state();
+    Lock l(s.mu);
+    s.driver_blocks[*dptr] = bytes;
+    if (!s.driver_block_why[0])
+      std::snprintf(s.driver_block_why, sizeof s.driver_block_why, "%s gave %d", failed,
+                    static_cast<int>(r));
+  } catch (...) {
+  }
+  return got;
 }
 
 namespace {
+
+/// The driver's cuMemFree of a block that is not the shim's, forgotten as
+/// one left to the driver once freed.
+CUresult free_driver_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
+  const CUresult r = real(dptr);
+  if (r == CUDA_SUCCESS) {
+    Lock l(s.mu);
+    s.driver_blocks.erase(dptr);
+  }
+  return r;
+}
 
 /// cuMemFree of a block: the driver's for one that is not the shim's.
 CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
@@ -295,7 +321,7 @@ CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) 
     Lock l(s.mu);
     ours = take_block(s, dptr, &id, &size, &dev);
   }
-  if (!ours) return real(dptr);
+  if (!ours) return free_driver_block(s, real, dptr);
   // The first error, as the driver's cuMemFree reports it; the block is
   // released all the same.
   const CUresult synced = answer_of_sync(sync_device_of_block(dev));
@@ -332,7 +358,7 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
           return CUDA_SUCCESS;
         }
       }
-      return real(dptr);
+      return free_driver_block(s, real, dptr);
     }
     std::vector<uint64_t> deferred;
     {
@@ -355,14 +381,32 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
   try {
     uint64_t id;
     Alloc a;
+    bool driver_block = false;
     {
       Lock l(s.mu);
       auto m = containing(s, dptr);
-      if (m == s.ranges.end() || !s.legacy_blocks.count(m->first)) return real(h, dptr);
-      id = m->second.alloc;
-      a = s.allocs[id];
+      if (m == s.ranges.end() || !s.legacy_blocks.count(m->first)) {
+        auto b = s.driver_blocks.upper_bound(dptr);
+        driver_block =
+            b != s.driver_blocks.begin() && dptr - std::prev(b)->first < std::prev(b)->second;
+        if (!driver_block) return real(h, dptr);
+      }
+      if (!driver_block) {
+        id = m->second.alloc;
+        a = s.allocs[id];
+      }
     }
     note_sharing_call(s);
+    if (driver_block) {
+      // The driver's handle of a block left to the driver, counted
+      // (ShimRecords::driver_ipc_exports): its opener cannot be checkpointed.
+      const CUresult r = real(h, dptr);
+      if (r == CUDA_SUCCESS) {
+        Lock l(s.mu);
+        s.driver_ipc_exports++;
+      }
+      return r;
+    }
     if (CUresult r = ensure_cached(s, id, a.driver); r != CUDA_SUCCESS) return r;
     proto::IpcHandleBlob b{};
     std::memcpy(b.magic, proto::kIpcMagic, sizeof(b.magic));

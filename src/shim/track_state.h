@@ -113,6 +113,14 @@ struct State {
   bool mc_released = false;  ///< multicast objects torn down by a checkpoint
   uint64_t foreign_alive = 0;
   uint64_t foreign_total = 0;
+  /// cuMemAlloc blocks the shim could not serve and left to the driver
+  /// (track_legacy.cpp's fall-back), alive: address -> size. Untracked; an
+  /// IPC handle of one is the driver's, and its opener counts it foreign.
+  std::map<uint64_t, uint64_t> driver_blocks;
+  /// IPC handles of driver_blocks handed out (ShimRecords::driver_ipc_exports).
+  uint64_t driver_ipc_exports = 0;
+  /// Why the first block was left to the driver ("cuMemCreate gave 2").
+  char driver_block_why[96] = "";
   /// ShimRecords::sharing_calls; bumped without the lock, before the driver call.
   std::atomic<uint64_t> sharing_calls{0};
 

@@ -327,7 +327,9 @@ int own_memory_files() {
 /// it, untracked, as with CUSNAP_SHIM_LEGACY_VMM=0: the allocation succeeds,
 /// nothing of the attempt is left (no record, no memory), its IPC handle is
 /// the driver's, and its free is the driver's. The next block is the
-/// shim's again. Before, the driver's error reached the application.
+/// shim's again. The records count the block left to the driver (with the
+/// call that failed) while it lives, and the IPC handles of it handed out.
+/// Before, the driver's error reached the application.
 int alloc_fallback() {
   struct Case {
     const char* fail;  // FAKECUDA_FAIL in the child
@@ -362,18 +364,35 @@ int alloc_fallback() {
       FC_REQ(inspect(getpid(), &r));
       FC_REQ(r.allocations.empty() && r.mappings.empty());  // the driver's block: untracked
       FC_REQ(r.foreign_imports_alive == 0 && r.foreign_imports_total == 0);
+      // Counted as left to the driver, with the call that failed.
+      const std::string failed = std::string(k.fail).substr(0, std::string(k.fail).find(':'));
+      if (r.driver_blocks != 1 || r.driver_ipc_exports != 0 ||
+          r.driver_block_why.find(failed) == std::string::npos)
+        fprintf(stderr, "%s: driver_blocks %llu, exports %llu, why '%s'\n", k.fail,
+                (unsigned long long)r.driver_blocks, (unsigned long long)r.driver_ipc_exports,
+                r.driver_block_why.c_str());
+      FC_REQ(r.driver_blocks == 1 && r.driver_ipc_exports == 0);
+      FC_REQ(r.driver_block_why.find(failed) != std::string::npos);
       FC_REQ(own_memory_files() == 1);  // the driver's block only: the attempt left nothing
       CUipcMemHandle h;
       FC_REQ(cuIpcGetMemHandle(&h, d) == CUDA_SUCCESS);
       FC_REQ(memcmp(h.reserved, proto::kIpcMagic, sizeof(proto::kIpcMagic)) != 0);
+      FC_REQ(cuIpcGetMemHandle(&h, d + 4096) == CUDA_SUCCESS);  // inside it: the same block
+      FC_REQ(inspect(getpid(), &r));
+      FC_REQ(r.driver_blocks == 1 && r.driver_ipc_exports == 2);
       FC_REQ(cuMemFree(d) == CUDA_SUCCESS);
       FC_REQ(own_memory_files() == 0);
+      FC_REQ(inspect(getpid(), &r));
+      FC_REQ(r.driver_blocks == 0 && r.driver_ipc_exports == 2);  // handed out: stays counted
       FC_REQ(cuMemAlloc(&d, 1 << 20) == CUDA_SUCCESS);  // the shim's again
       FC_REQ(inspect(getpid(), &r));
       FC_REQ(r.allocations.size() == 1 && r.allocations[0].legacy);
+      FC_REQ(r.driver_blocks == 0);
+      FC_REQ(cuIpcGetMemHandle(&h, d) == CUDA_SUCCESS);  // the shim's handle: not counted
+      FC_REQ(memcmp(h.reserved, proto::kIpcMagic, sizeof(proto::kIpcMagic)) == 0);
       FC_REQ(cuMemFree(d) == CUDA_SUCCESS);
       FC_REQ(inspect(getpid(), &r));
-      FC_REQ(r.allocations.empty() && r.mappings.empty());
+      FC_REQ(r.allocations.empty() && r.mappings.empty() && r.driver_ipc_exports == 2);
       return 0;
     });
     REQ(c.join() == 0);
