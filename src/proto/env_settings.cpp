@@ -152,6 +152,10 @@ bool shim_direct_io_valid(const char* v) noexcept {
   return false;
 }
 
+bool shim_switch_valid(const char* v) noexcept {
+  return !v || !*v || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0;
+}
+
 bool collective_kernels_valid(const char* v) noexcept {
   if (!v || !*v) return true;
   if (std::strlen(v) > kMaxCollectiveKernelsBytes) return false;
@@ -176,6 +180,12 @@ bool check_env_settings(bool shim, bool supervisor, std::string* err) {
   if (shim) {
     for (const NumberSetting* s : kShimNumberSettings)
       if (!env_number_checked(*s, &v, err)) return false;
+    for (const char* name : kShimSwitches)
+      if (const char* v = std::getenv(name); !shim_switch_valid(v)) {
+        *err = quoted(name, v) + " is neither 0 nor 1: set it to 0 to turn it off, or unset it " +
+               "(on)";
+        return false;
+      }
     if (const char* d = std::getenv("CUSNAP_SHIM_DIRECT_IO"); !shim_direct_io_valid(d)) {
       *err = quoted("CUSNAP_SHIM_DIRECT_IO", d) +
              " is none of off, auto and on (unset it for the default, off)";

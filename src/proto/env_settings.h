@@ -140,6 +140,14 @@ bool env_number_checked(const NumberSetting& s, uint64_t* out, std::string* err)
 /// CUSNAP_SHIM_DIRECT_IO: unset, empty, off, 0, auto, on or 1.
 bool shim_direct_io_valid(const char* value) noexcept;
 
+/// The shim's switches, on unless 0 (as the shim reads them): tracking
+/// (CUSNAP_SHIM_TRACK) and cuMemAlloc served as shareable memory
+/// (CUSNAP_SHIM_LEGACY_VMM).
+inline constexpr const char* kShimSwitches[] = {"CUSNAP_SHIM_TRACK", "CUSNAP_SHIM_LEGACY_VMM"};
+/// A switch's value: unset, empty, 0 or 1. Anything else (false, off, no)
+/// the shim would read as on, which is not what it says. No allocation.
+bool shim_switch_valid(const char* value) noexcept;
+
 /// CUSNAP_COLLECTIVE_KERNELS, the prefixes of the kernel names the shim
 /// counts as collectives (shim/cut.h): at most this many, in at most this
 /// many bytes (the shim keeps them in a buffer of its own).
@@ -154,9 +162,9 @@ inline constexpr const char* kDefaultCollectiveKernels = "ncclDevKernel,ncclKern
 /// uncut. No allocation.
 bool collective_kernels_valid(const char* value) noexcept;
 
-/// Checks, in the environment, every setting of kShimNumberSettings and
-/// CUSNAP_SHIM_DIRECT_IO (shim) and/or of kSupervisorNumberSettings and
-/// kSupervisorTextSettings (supervisor); the first bad one in *err.
+/// Checks, in the environment, every setting of kShimNumberSettings,
+/// kShimSwitches, CUSNAP_SHIM_DIRECT_IO and CUSNAP_COLLECTIVE_KERNELS (shim) and/or of
+/// kSupervisorNumberSettings and kSupervisorTextSettings (supervisor); the first bad one in *err.
 bool check_env_settings(bool shim, bool supervisor, std::string* err);
 
 /// text as seconds (a plain decimal such as 10 or 2.5: no sign, exponent,

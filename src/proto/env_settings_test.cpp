@@ -126,6 +126,21 @@ TEST_CASE("env_settings: CUSNAP_SHIM_DIRECT_IO is off, auto or on") {
       "CUSNAP_SHIM_DIRECT_IO=\"yes\" is none of off, auto and on (unset it for the default, off)");
 }
 
+TEST_CASE("env_settings: the shim's switches are 0 or 1") {
+  for (const char* ok : {"0", "1", ""}) CHECK_MESSAGE(shim_switch_valid(ok), ok);
+  CHECK(shim_switch_valid(nullptr));
+  for (const char* bad : {"false", "off", "no", "00", " 0", "2"})
+    CHECK_MESSAGE(!shim_switch_valid(bad), bad);
+  for (const char* name : kShimSwitches) {
+    EnvVar e(name, "off");
+    std::string err;
+    CHECK_FALSE(check_env_settings(true, false, &err));
+    CHECK(err == std::string(name) +
+                     "=\"off\" is neither 0 nor 1: set it to 0 to turn it off, or unset it (on)");
+    CHECK(check_env_settings(false, true, &err));  // the supervisor does not read it
+  }
+}
+
 TEST_CASE("env_settings: the control timeout is seconds above 0, at most a year") {
   int64_t ms = 0;
   CHECK(parse_timeout_seconds("2.5", &ms));

@@ -100,6 +100,10 @@ CUSNAP_SHIM_STAGING_MIB=32M expect_usage "launch with CUSNAP_SHIM_STAGING_MIB=32
   'CUSNAP_SHIM_STAGING_MIB="32M"' "MiB from 1 to 1024" -- "$CUSNAP" launch -- true
 CUSNAP_CUT_HOLD_MS=-5 expect_usage "launch with CUSNAP_CUT_HOLD_MS=-5" 'CUSNAP_CUT_HOLD_MS="-5"' -- \
   "$CUSNAP" launch -- true
+CUSNAP_SHIM_TRACK=false expect_usage "launch with CUSNAP_SHIM_TRACK=false" \
+  'CUSNAP_SHIM_TRACK="false" is neither 0 nor 1' -- "$CUSNAP" launch -- true
+CUSNAP_SHIM_LEGACY_VMM=off expect_usage "launch with CUSNAP_SHIM_LEGACY_VMM=off" \
+  'CUSNAP_SHIM_LEGACY_VMM="off" is neither 0 nor 1' -- "$CUSNAP" launch -- true
 CUSNAP_SHIM_DIRECT_IO=yes expect_usage "launch with CUSNAP_SHIM_DIRECT_IO=yes" \
   "off, auto and on" -- "$CUSNAP" launch -- true
 CUSNAP_COLLECTIVE_KERNELS=,,, expect_usage "launch with CUSNAP_COLLECTIVE_KERNELS=,,," \
