@@ -2,6 +2,7 @@
 // verdict, or a running job's processes and state.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -103,9 +104,15 @@ int inspect_checkpoint(const std::string& given, bool json) {
   std::printf("  created:  %s by cusnap %s, CRIU %s, driver %d\n", shown(m.created).c_str(),
               shown(m.cusnap_version).c_str(), shown(m.criu_version).c_str(), m.driver_version);
   std::printf("  size:     %s in %zu files\n", human_bytes(bytes).c_str(), m.files.size());
+  // Each GPU the supervisor saw; one the job's processes did not use is
+  // said so (a --device-map may not name it, and need not).
+  const std::vector<std::string> used = used_gpus(m);
   for (const GpuDevice& g : m.gpus)
-    std::printf("  gpu %d:    %s %s (%s)\n", g.index, shown(g.name).c_str(), shown(g.uuid).c_str(),
-                human_bytes(g.total_mem).c_str());
+    std::printf("  gpu %d:    %s %s (%s)%s\n", g.index, shown(g.name).c_str(),
+                shown(g.uuid).c_str(), human_bytes(g.total_mem).c_str(),
+                std::find(used.begin(), used.end(), g.uuid) == used.end()
+                    ? ", not used by its processes"
+                    : "");
   // What a restore needs free on each GPU (NVML's count at the checkpoint).
   std::map<std::string, uint64_t> need;
   for (const ManifestProcess& p : m.processes)

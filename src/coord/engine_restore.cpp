@@ -191,15 +191,6 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
 
 namespace {
 
-std::vector<std::string> used_gpus(const Manifest& m) {
-  std::vector<std::string> used;
-  for (const ManifestProcess& p : m.processes)
-    if (p.uses_cuda)
-      for (const std::string& u : p.gpus)
-        if (std::find(used.begin(), used.end(), u) == used.end()) used.push_back(u);
-  return used;
-}
-
 bool verify_impl(const std::string& dir, const std::map<std::string, std::string>& device_map,
                  const ProgressSink& progress, Manifest* m, Driver* driver,
                  std::vector<CUcheckpointGpuPair>* pairs, ExitCode* code, std::string* err,

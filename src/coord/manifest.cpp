@@ -53,6 +53,15 @@ bool job_record_fits(const std::vector<std::string>& argv, const std::string& cw
   return false;
 }
 
+std::vector<std::string> used_gpus(const Manifest& m) {
+  std::vector<std::string> used;
+  for (const ManifestProcess& p : m.processes)
+    if (p.uses_cuda)
+      for (const std::string& u : p.gpus)
+        if (std::find(used.begin(), used.end(), u) == used.end()) used.push_back(u);
+  return used;
+}
+
 std::string shim_records_file(pid_t pid) {
   return "shim/" + std::to_string(pid) + ".records";
 }

@@ -158,6 +158,11 @@ inline constexpr size_t kMaxJobRecordBytes = size_t(896) << 10;
 bool job_record_fits(const std::vector<std::string>& argv, const std::string& cwd,
                      std::string* err);
 
+/// The UUIDs of the GPUs the checkpoint's CUDA processes used, in the order
+/// they first appear: those a --device-map may move (Manifest::gpus lists
+/// every GPU the supervisor saw).
+std::vector<std::string> used_gpus(const Manifest& m);
+
 /// The names, relative to the checkpoint directory, that the restore reads
 /// for a shim process: its records, and part k of the saved bytes of its
 /// shared allocation id (shared_memory_files.cpp writes them).

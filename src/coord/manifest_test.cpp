@@ -150,6 +150,21 @@ TEST_CASE("manifest: round trip keeps every field") {
   CHECK(back.criu_run_id.empty());
 }
 
+TEST_CASE("manifest: the GPUs its CUDA processes used, each once, in the order first seen") {
+  Manifest m;
+  ManifestProcess a, b, c;
+  a.uses_cuda = true;
+  a.gpus = {"GPU-b", "GPU-a"};
+  b.uses_cuda = false;  // a process without CUDA names no GPU a map may move
+  b.gpus = {"GPU-c"};
+  c.uses_cuda = true;
+  c.gpus = {"GPU-a", "GPU-d"};
+  m.processes = {a, b, c};
+  CHECK(used_gpus(m) == std::vector<std::string>{"GPU-b", "GPU-a", "GPU-d"});
+  m.processes.clear();
+  CHECK(used_gpus(m).empty());
+}
+
 TEST_CASE("manifest: the loader rejects what it does not understand, saying which field") {
   std::string err;
   Manifest out;

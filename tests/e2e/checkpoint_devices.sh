@@ -7,7 +7,15 @@
 source "$(dirname "$0")/lib_checkpoint.sh"
 fake_only "other GPUs are simulated through the simulated driver" || exit 77
 
-checkpointed_job dev "$T/launch.out" "$T/ckpt"
+launch dev "$T/launch.out" "$PATTERN_JOB" --mib 4 --interval-ms 20
+wait_count "$T/launch.out" 3
+PID=$(wait_job dev)
+[ "$(memory_devices "$PID")" = "dev0 " ] ||
+  fail "the job holds its device memory on '$(memory_devices "$PID")', expected dev0"
+"$CUSNAP" checkpoint dev -o "$T/ckpt" >"$T/dev.ckpt.out" 2>&1 || fail "checkpoint of dev failed: $(cat "$T/dev.ckpt.out")"
+wait_exit "$LAST_SUPERVISOR"
+wait_gone "$PID"
+LAST=$(last_count "$T/launch.out")
 
 # No GPU of the recorded model: refused before anything starts.
 FAKECUDA_DEVICE_NAME="Some Other GPU" FAKECUDA_UUID_SEED=9 expect_refused 3 "no .* is available here" \
@@ -28,6 +36,8 @@ FAKECUDA_UUID_SEED=7 "$CUSNAP" restore "$T/ckpt" >"$T/restore1.out" 2>&1 &
 SUPERVISORS+=($!)
 SUP=$!
 wait_count "$T/restore1.out" $((LAST + 3))
+[ "$(memory_devices "$PID")" = "dev0 " ] ||
+  fail "restored onto the one GPU, the job holds its memory on '$(memory_devices "$PID")'"
 pass "restored onto another GPU of the same model"
 kill -TERM "$SUP"
 wait_exit "$SUP"
@@ -38,5 +48,8 @@ FAKECUDA_DEVICES=2 FAKECUDA_UUID_SEED=3 "$CUSNAP" restore "$T/ckpt" --device-map
   >"$T/restore2.out" 2>&1 &
 SUPERVISORS+=($!)
 wait_count "$T/restore2.out" $((LAST + 3))
+# On the GPU the map names, not the first of its model (device 0).
+[ "$(memory_devices "$PID")" = "dev1 " ] ||
+  fail "restored with --device-map 0=1, the job holds its memory on '$(memory_devices "$PID")', expected dev1"
 pass "restored onto GPU 1 through --device-map"
 echo "PASS"

@@ -121,6 +121,17 @@ checkpointed_job() {
   LAST=$(last_count "$2")
 }
 
+# memory_devices PID: the simulated devices ("dev0 dev1 ", sorted) that hold
+# the device memory process PID created: the simulated driver names each
+# allocation's memfd "fakecuda:CREATOR:ID:devN" (N: the machine's device
+# index; tests/fakecuda/memory.cpp). Imports from other processes name their
+# creator and are left out.
+memory_devices() {
+  local fd
+  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
+    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
+}
+
 # restore_continues DIR OUTFILE NAME PID LAST: restores DIR in the background
 # and expects job NAME back as PID, counting on from exactly LAST + 1 with
 # its pattern intact; sets SUP (the restore's supervisor) and FIRST.

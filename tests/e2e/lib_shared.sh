@@ -159,17 +159,6 @@ checkpoint_restore_cycle() {
   pass "$tag: restored; every process counts on and sees its peers' writes"
 }
 
-# memory_devices PID: the simulated devices ("dev0 dev1 ", sorted) that hold
-# the device memory process PID created: the simulated driver names each
-# allocation's memfd "fakecuda:CREATOR:ID:devN" (N: the machine's device
-# index; tests/fakecuda/memory.cpp). Imports from other processes name their
-# creator and are left out.
-memory_devices() {
-  local fd
-  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
-    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
-}
-
 # expect_memory_on OUT SWAP: each process of the job (ready_pids OUT) holds
 # its own device memory on one device, the one in MEMORY_DEV[pid] (SWAP 0) or
 # the other of devices 0 and 1 (SWAP 1: restored with --device-map 0=1,1=0).

@@ -30,6 +30,10 @@ FAKECUDA_UUID_SEED=5 expect_refused 3 \
 for u in $(python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(open(sys.argv[1]))["gpus"]))' "$T/ckpt/manifest.json"); do
   grep -q "$u" <<<"$(sed -n 's/.*this machine has //p' "$T/cmd.out")" && fail "the refusal lists the checkpoint's GPU $u as one here: $(cat "$T/cmd.out")"
 done
+# The other machine's GPUs, 0 and 1, as the refusal listed them.
+NEW0=$(sed -n 's/.*this machine has GPU 0 (\(GPU-[0-9a-f-]*\),.*/\1/p' "$T/cmd.out")
+NEW1=$(sed -n 's/.*this machine has GPU 0 .*), 1 (\(GPU-[0-9a-f-]*\),.*/\1/p' "$T/cmd.out")
+[ -n "$NEW0" ] && [ -n "$NEW1" ] || fail "the refusal does not list GPUs 0 and 1: $(cat "$T/cmd.out")"
 pass "a NEW that is not a GPU here: refused, listing this machine's GPUs"
 
 # A wrong map is refused before the files are hashed.
@@ -64,21 +68,18 @@ FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ckpt" --device-map 0=1 >"$T/restore.o
 SUPERVISORS+=($!)
 wait_count "$T/restore.out" $((LAST + 3))
 [ "$(first_count "$T/restore.out")" = $((LAST + 1)) ] || fail "the restore did not continue at $((LAST + 1))"
-on=$(for fd in /proc/"$PID"/fd/*; do readlink "$fd"; done 2>/dev/null |
-  sed -n "s|^/memfd:fakecuda:$PID:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' ')
+on=$(memory_devices "$PID")
 [ "$on" = "dev1 " ] || fail "the job's device memory is on '$on', expected dev1 (GPU 0 mapped onto 1)"
-# Another machine: every GPU is another, and the restore says so.
-grep -q "cusnap: the job's GPU GPU-[0-9a-f-]* is now GPU GPU-[0-9a-f-]*$" "$T/restore.out" ||
-  fail "the restore did not say where each GPU went: $(grep cusnap: "$T/restore.out")"
-pass "a partial map on another machine: GPU 0 onto 1 as asked, the job continues with its memory there"
+# Another machine: every GPU is another, and the restore says where each
+# went: GPU 0 onto 1 as asked, GPU 1 onto the one left, 0.
+read -r OLD0 OLD1 < <(python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(open(sys.argv[1]))["gpus"]))' "$T/ckpt/manifest.json")
+grep -qx "cusnap: the job's GPU $OLD0 is now GPU $NEW1" "$T/restore.out" &&
+  grep -qx "cusnap: the job's GPU $OLD1 is now GPU $NEW0" "$T/restore.out" ||
+  fail "the restore did not say GPU 0 ($OLD0) went to 1 ($NEW1) and GPU 1 ($OLD1) to 0 ($NEW0): $(grep cusnap: "$T/restore.out")"
+pass "a partial map on another machine: GPU 0 onto 1 as asked, 1 onto 0, the job continues with its memory on 1"
 kill -TERM "${SUPERVISORS[-1]}"
 wait_exit "${SUPERVISORS[-1]}"
 wait_gone "$PID"
-
-memfd_devs() {
-  for fd in /proc/"$1"/fd/*; do readlink "$fd"; done 2>/dev/null |
-    sed -n "s|^/memfd:fakecuda:$1:[0-9]*:\(dev[0-9]*\).*|\1|p" | sort -u | tr '\n' ' '
-}
 
 # The restoring command sees this machine's GPUs in another order
 # (CUDA_VISIBLE_DEVICES=1,0): a GPU is the one its UUID names, whatever its
@@ -86,8 +87,8 @@ memfd_devs() {
 # driver took the place for the machine's index).
 CUDA_VISIBLE_DEVICES=1,0 restore_bg "$T/ckpt" "$T/order.out"
 wait_count "$T/order.out" $((LAST + 3))
-[ "$(memfd_devs "$PID")" = "dev0 " ] ||
-  fail "restored by a command that sees the GPUs as 1,0, the job's memory is on '$(memfd_devs "$PID")', expected dev0"
+[ "$(memory_devices "$PID")" = "dev0 " ] ||
+  fail "restored by a command that sees the GPUs as 1,0, the job's memory is on '$(memory_devices "$PID")', expected dev0"
 grep -q "is now GPU" "$T/order.out" && fail "a restore onto the same GPUs said one moved: $(grep cusnap: "$T/order.out")"
 kill -TERM "$LAST_SUPERVISOR"
 wait_exit "$LAST_SUPERVISOR"
@@ -100,8 +101,8 @@ wait_count "$T/vis.out" 3
 wait_count "$T/vis.out" 3 "child 1 "
 VPID=$(wait_job vis)
 CPID=$(sed -n 's/^child 1 ready pid \([0-9]*\).*/\1/p' "$T/vis.out")
-[ "$(memfd_devs "$VPID")" = "dev0 " ] && [ "$(memfd_devs "$CPID")" = "dev1 " ] ||
-  fail "the job does not run on one GPU per process: parent on '$(memfd_devs "$VPID")', child on '$(memfd_devs "$CPID")'"
+[ "$(memory_devices "$VPID")" = "dev0 " ] && [ "$(memory_devices "$CPID")" = "dev1 " ] ||
+  fail "the job does not run on one GPU per process: parent on '$(memory_devices "$VPID")', child on '$(memory_devices "$CPID")'"
 "$CUSNAP" checkpoint vis -o "$T/vis-ckpt" >"$T/vis.ckpt.out" 2>&1 || fail "checkpoint of vis failed: $(cat "$T/vis.ckpt.out")"
 wait_exit "$LAST_SUPERVISOR"
 wait_gone "$VPID"
@@ -118,8 +119,8 @@ wait_count "$T/vis.restore.out" $((C_LAST + 3)) "child 1 "
 [ "$(first_count "$T/vis.restore.out")" = $((P_LAST + 1)) ] || fail "the parent did not continue at $((P_LAST + 1))"
 [ "$(first_count "$T/vis.restore.out" "child 1 ")" = $((C_LAST + 1)) ] ||
   fail "the child did not continue at $((C_LAST + 1))"
-[ "$(memfd_devs "$VPID")" = "dev1 " ] && [ "$(memfd_devs "$CPID")" = "dev0 " ] ||
-  fail "the GPUs were not swapped: parent on '$(memfd_devs "$VPID")', child on '$(memfd_devs "$CPID")'"
+[ "$(memory_devices "$VPID")" = "dev1 " ] && [ "$(memory_devices "$CPID")" = "dev0 " ] ||
+  fail "the GPUs were not swapped: parent on '$(memory_devices "$VPID")', child on '$(memory_devices "$CPID")'"
 grep -q "pattern mismatch\|ended" "$T/vis.restore.out" && fail "a process of the restored job failed: $(cat "$T/vis.restore.out")"
 pass "processes that each see one GPU: each given its own GPU's pair, the two swapped and counting on"
 echo "PASS"

@@ -14,6 +14,11 @@ export FAKECUDA_DEVICES=2
 PREFIXES=("" "importer ")
 LAUNCH_OUT=$T/launch.out
 start_job moved "$LAUNCH_OUT" "$SHARE_JOB" --mib 4 --interval-ms 20
+# The device memory each process created (the importer's import is its
+# creator's), on device 0; after the restore with 0=1,1=0, on device 1.
+for p in $(ready_pids "$LAUNCH_OUT"); do MEMORY_DEV[$p]=$(memory_devices "$p"); done
+[ "$(printf '%s' "${MEMORY_DEV[@]}" | tr -s ' ')" = "dev0 " ] ||
+  fail "before the checkpoint, the job's device memory is on '${MEMORY_DEV[*]}', expected dev0 alone"
 checkpoint_stop moved "$T/ck" "$LAUNCH_OUT"
 python3 - "$T/ck/manifest.json" <<'PY' || fail "the manifest does not list two GPUs and two shim processes"
 import json, sys
@@ -25,7 +30,12 @@ FAKECUDA_UUID_SEED=5 "$CUSNAP" restore "$T/ck" --device-map 0=1,1=0 >"$T/restore
 SUPERVISORS+=($!)
 SUP=$!
 expect_continued "$T/restore.out" 1
-pass "restored onto the other machine's GPUs with --device-map 0=1,1=0; sharing rebuilt"
+for p in $(ready_pids "$LAUNCH_OUT"); do
+  [ -z "${MEMORY_DEV[$p]}" ] && continue
+  [ "$(memory_devices "$p")" = "dev1 " ] ||
+    fail "process $p holds its device memory on '$(memory_devices "$p")' after --device-map 0=1,1=0, expected dev1"
+done
+pass "restored onto the other machine's GPUs with --device-map 0=1,1=0; sharing rebuilt on device 1"
 
 # And back: the restored job (on the other machine's GPUs) is checkpointed
 # and restored here, onto GPUs of the same model (chosen by model, no map).
