@@ -86,8 +86,11 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
   *code = kExitFailure;
   report("cut");
   if (!sm->cut(&why)) {
+    // Unless a process could not be told to let the cut go (its collective
+    // launches stay held until its shim drops the cut: the message says so).
+    const bool held = sm->cut_left_armed();
     sm->disconnect();
-    *err = "job " + job.name + ": " + why + "\nthe job runs on unchanged";
+    *err = "job " + job.name + ": " + why + (held ? "" : "\nthe job runs on unchanged");
     return false;
   }
   *code = kExitRefused;

@@ -185,8 +185,12 @@ bool SharedMemory::collective_devices(std::map<pid_t, std::vector<std::string>>*
 
 uint64_t SharedMemory::cut_hold_ms() const {
   // The cut's own wait, the quiesce's tries while a capture goes on (each
-  // bounded by the operation's timeout) and the exchanges around them.
-  return static_cast<uint64_t>(2 * t_.phase.count() + 4 * t_.control.count());
+  // bounded by the operation's timeout), the gate closes and drains of the
+  // last try, one process after another (each up to a phase), and the
+  // exchanges around them.
+  const uint64_t n = procs_.size();
+  return static_cast<uint64_t>(t_.phase.count()) * (2 + 2 * n) +
+         static_cast<uint64_t>(t_.control.count()) * (4 + 2 * n);
 }
 
 bool SharedMemory::cut(std::string* err) {
@@ -194,8 +198,8 @@ bool SharedMemory::cut(std::string* err) {
   std::map<pid_t, uint64_t> counts;
   uint64_t target = 0;
   auto fail = [&](const std::string& why) {
-    cut_release();
     *err = "cut phase: " + why;
+    cut_release(err);  // a process it could not tell is named: its launches stay held
     return false;
   };
   cut_armed_ = true;  // from the first arm on: every failure lets the cut go everywhere

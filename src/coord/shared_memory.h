@@ -74,6 +74,9 @@ class SharedMemory {
   /// a shim could not be told: *err (when given) gets a note naming it (its
   /// launches stay held until the shim drops the cut by itself).
   bool cut_release(std::string* err = nullptr);
+  /// Whether a cut armed is not let go everywhere yet (after a failed cut:
+  /// a process that could not be told still holds its collective launches).
+  bool cut_left_armed() const { return cut_armed_; }
 
   /// Closes every gate and drains device work, then reads every shim's
   /// records again (what it tracks changed while the job ran on since
@@ -135,7 +138,8 @@ class SharedMemory {
   bool connect_again(Proc& p, std::string* why);
   /// How long the cut may still be needed once armed (proto::CutRequest
   /// hold_ms): the cut's wait and the quiesce's tries, each up to the phase
-  /// timeout, and the control exchanges around them.
+  /// timeout, the last try's gate close and drain of each process, one after
+  /// another (each up to the phase), and the control exchanges around them.
   uint64_t cut_hold_ms() const;
   /// inspect's checks of every process's records; sets active_ when memory
   /// is shared.

@@ -48,6 +48,7 @@ struct FakeShim {
   std::chrono::milliseconds drain_takes{0}, close_takes{0};
   bool close_times_out = false;
   int refuse_opens = 0;
+  bool refuse_releases = false;  ///< "release" answered with a failure
   /// What an inspect answers (its pid set to getpid()).
   proto::ShimRecords records;
   std::thread thread;
@@ -101,7 +102,12 @@ struct FakeShim {
             held = 0;
           }
           if (req.op == "release") {
-            armed = false;
+            if (refuse_releases) {
+              st.ok = false;
+              st.error = "refused for the test";
+            } else {
+              armed = false;
+            }
             ++releases;
           }
           st.armed = armed;
@@ -267,27 +273,42 @@ TEST_CASE("shared memory: the cut is armed for as long as the operation may need
   std::string err;
   REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
   REQUIRE(sm.cut(&err));
-  // The cut's wait and the quiesce's tries (the phase each) and the exchanges.
-  CHECK(shim.hold_ms.load() == 2 * 300 + 4 * 300);
+  // The cut's wait and the quiesce's tries (the phase each), the gate close
+  // and drain of its one process (the phase each) and the exchanges.
+  CHECK(shim.hold_ms.load() == (2 + 2) * 300 + (4 + 2) * 300);
   sm.cut_release();
   sm.disconnect();
 }
 
 TEST_CASE("shared memory: a process past the cut's target fails the cut, which is let go") {
-  FakeShim shim;
-  shim.launched = 3;
-  shim.reach_target = true;
-  shim.past = 1;  // its shim let a held launch go: one collective past the others
-  shim.start();
-  SharedMemory sm;
-  std::string err;
-  REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
-  CHECK_FALSE(sm.cut(&err));
-  INFO(err);
-  CHECK(err.find("past the cut at 3") != std::string::npos);
-  CHECK(sm.cut_counts().empty());
-  CHECK_FALSE(shim.armed.load());
-  sm.disconnect();
+  // Let go, or, where its shim refuses the release, named as still held.
+  for (const bool refuse : {false, true}) {
+    CAPTURE(refuse);
+    FakeShim shim;
+    shim.launched = 3;
+    shim.reach_target = true;
+    shim.past = 1;  // its shim let a held launch go: one collective past the others
+    shim.refuse_releases = refuse;
+    shim.start();
+    SharedMemory sm;
+    std::string err;
+    REQUIRE(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
+    CHECK_FALSE(sm.cut(&err));
+    INFO(err);
+    CHECK(err.find("past the cut at 3") != std::string::npos);
+    CHECK(sm.cut_counts().empty());
+    CHECK(shim.armed.load() == refuse);
+    CHECK(sm.cut_left_armed() == refuse);
+    // Not "nothing changed": its launches stay held until its shim drops the cut.
+    CHECK((err.find("then letting the cut go failed (") != std::string::npos) == refuse);
+    if (refuse) {
+      CHECK(err.find("process " + std::to_string(getpid())) != std::string::npos);
+      CHECK(shim.releases.load() >= 3);  // tried kReopenAttempts times
+      shim.refuse_releases = false;
+      CHECK(sm.cut_release());
+    }
+    sm.disconnect();
+  }
 }
 
 TEST_CASE("shared memory: a GPU not at the cut once the gate closed fails the quiesce") {

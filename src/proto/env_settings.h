@@ -154,7 +154,10 @@ bool shim_switch_valid(const char* value) noexcept;
 inline constexpr unsigned kMaxCollectiveKernelPrefixes = 8;
 inline constexpr size_t kMaxCollectiveKernelsBytes = 255;
 /// The default, for an unset or empty value.
-inline constexpr const char* kDefaultCollectiveKernels = "ncclDevKernel,ncclKernel";
+/// NCCL's kernels: ncclDevKernel_* (2.19 on), ncclKernel_* (earlier) and the
+/// symmetric-memory kernels ncclSymkDevKernel_* (2.27 on, registered windows).
+inline constexpr const char* kDefaultCollectiveKernels =
+    "ncclDevKernel,ncclKernel,ncclSymkDevKernel";
 /// Unset, empty, or 1 to kMaxCollectiveKernelPrefixes prefixes (the
 /// non-empty parts between commas, as the shim reads them), without blanks,
 /// kMaxCollectiveKernelsBytes at most: a value the shim would cut short, or

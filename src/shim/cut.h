@@ -24,8 +24,9 @@
 namespace cusnap::shim::cut {
 
 /// Whether f is a collective kernel (name prefixes from
-/// $CUSNAP_COLLECTIVE_KERNELS, comma-separated; default "ncclDevKernel,ncclKernel").
-/// Caches the answer per handle, until kernels_unloaded(). Called inside the gate.
+/// $CUSNAP_COLLECTIVE_KERNELS, comma-separated; default
+/// "ncclDevKernel,ncclKernel,ncclSymkDevKernel"). Caches the answer per handle, until
+/// kernels_unloaded(). Called inside the gate.
 bool is_collective(CUfunction f) noexcept;
 
 /// Forgets every cached answer of is_collective: kernels went (a module or

@@ -24,6 +24,8 @@
 //   - released: the held launch goes on, and launches on every GPU pass
 //   - GPU 2 idle while GPUs 0 and 1 let 80000 launches through: left out of
 //     the count (launched is theirs); one launch there puts it back
+// GPU 2's kernel is one of NCCL's symmetric-memory kernels
+// (ncclSymkDevKernel_*): its launches hold and count as the others do.
 #include <poll.h>
 
 #include <cstdio>
@@ -39,6 +41,9 @@ using namespace ckpt_client;
 namespace {
 
 constexpr const char* kCollective = "_Z24ncclDevKernel_AllReduce_Testv";
+/// GPU 2's collective: one of NCCL's symmetric-memory kernels (NCCL 2.27
+/// on), which the default prefixes count too (its holds below show it).
+constexpr const char* kSymmetric = "_Z38ncclSymkDevKernel_AllReduce_AGxLL_R_sumv";
 constexpr int kDevices = 3;
 
 enum Cmd : uint64_t {
@@ -60,7 +65,7 @@ int workload(int sock) {
     FC_REQ(cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS);
     CUmodule mod;
     FC_REQ(cuModuleLoadData(&mod, image) == CUDA_SUCCESS);
-    FC_REQ(cuModuleGetFunction(&fn[d], mod, kCollective) == CUDA_SUCCESS);
+    FC_REQ(cuModuleGetFunction(&fn[d], mod, d == 2 ? kSymmetric : kCollective) == CUDA_SUCCESS);
     FC_REQ(cuStreamCreate(&st[d], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   }
   for (;;) {
