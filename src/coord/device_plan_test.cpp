@@ -57,6 +57,30 @@ TEST_CASE("device plan: more GPUs used than this machine has of the model: no ma
   }
 }
 
+TEST_CASE("device plan: a GPU of unknown model that is not here must be mapped by the user") {
+  using engine_detail::plan_device_pairs;
+  // GPU kC was used by a process but not seen by the supervisor: no model.
+  const std::vector<GpuDevice> recorded = {{0, "H200", kA, 1}};
+  const std::vector<GpuDevice> here = {{0, "H200", kA, 1}, {1, "L4", kX, 1}};
+  std::vector<CUcheckpointGpuPair> pairs;
+  std::string err;
+  bool gpus_here = true;
+  CHECK_FALSE(plan_device_pairs(recorded, {kA, kC}, here, {}, &pairs, &err, &gpus_here));
+  INFO(err);
+  CHECK_FALSE(gpus_here);  // not for want of GPUs here: for want of the model
+  CHECK(err.find(std::string("the checkpoint ran on GPU ") + kC +
+                 ", which is not here, and does "
+                 "not record its model") != std::string::npos);
+  CHECK(err.find(std::string("--device-map ") + kC + "=NEW") != std::string::npos);
+  // Named by the user: taken as given.
+  CHECK(plan_device_pairs(recorded, {kA, kC}, here, {{kC, "1"}}, &pairs, &err, nullptr));
+  CHECK(pairs.size() == 2);
+  // Here by its UUID: the same GPU, no model needed.
+  const std::vector<GpuDevice> with_c = {{0, "H200", kA, 1}, {1, "L4", kC, 1}};
+  CHECK(plan_device_pairs(recorded, {kA, kC}, with_c, {}, &pairs, &err, nullptr));
+  CHECK(pairs.empty());  // the identity
+}
+
 TEST_CASE("device plan: a wrong map is not put down to the GPUs here") {
   using engine_detail::plan_device_pairs;
   const std::vector<GpuDevice> recorded = {{0, "H200", kA, 1}, {1, "H200", kB, 1}};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -135,6 +136,18 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     auto rec = std::find_if(recorded.begin(), recorded.end(),
                             [&](const GpuDevice& g) { return g.uuid == from; });
     std::string model = rec != recorded.end() ? rec->name : "";
+    if (model.empty()) {
+      // A GPU the job's processes used that its supervisor did not see
+      // (outside its CUDA_VISIBLE_DEVICES): its model is not known, and a
+      // GPU of another model would be refused by the driver's restore, after
+      // CRIU, with the job lost. The user names the GPU that replaces it.
+      *err = "the checkpoint ran on GPU " + from +
+             ", which is not here, and does not record its model (its processes used it, but "
+             "its supervisor did not see it: outside the CUDA_VISIBLE_DEVICES of its launch): "
+             "name a GPU of the same model here for it with --device-map " +
+             from + "=NEW (nvidia-smi -L lists them), or restore it where that GPU is";
+      return false;
+    }
     for (const GpuDevice& g : present)
       if (!claimed.count(g.uuid) && (model.empty() || g.name == model)) {
         to = g.uuid;
@@ -242,7 +255,17 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
     if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err, &gpus_here))
       return true;
     // Only where the GPUs here fall short (not for a map that is wrong).
-    return gpus_here ? visible_hint() : false;
+    if (gpus_here) return visible_hint();
+    // A map that is wrong may be read in another numbering than the user's:
+    // a NEW index counts the GPUs this command's CUDA_VISIBLE_DEVICES names.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const bool new_index = std::any_of(device_map.begin(), device_map.end(), [](const auto& e) {
+      return !e.second.empty() && std::isdigit(static_cast<unsigned char>(e.second[0]));
+    });
+    if (visible && new_index)
+      *err += " (a NEW index counts the GPUs this command's CUDA_VISIBLE_DEVICES='" +
+              std::string(visible) + "' names, in its order; a UUID names one GPU whatever it is)";
+    return false;
   };
   // A device map is the user's to get right: checked against the manifest
   // and the GPUs here before every file of a checkpoint of perhaps hundreds

@@ -95,6 +95,13 @@ wait_exit "$LAST_SUPERVISOR"
 wait_gone "$PID"
 pass "a restore by a command that sees the GPUs in another order: the job's memory on its own GPU"
 
+# In that order, '0=0' sends GPU 0 onto the machine's GPU 1, which the job
+# also used: refused, saying how this command numbers the GPUs.
+CUDA_VISIBLE_DEVICES=1,0 expect_refused 3 \
+  "which the checkpoint also used and the map does not move.*a NEW index counts the GPUs this command's CUDA_VISIBLE_DEVICES='1,0' names, in its order" \
+  "$CUSNAP" restore "$T/ckpt" --device-map 0=0
+pass "a map refused under CUDA_VISIBLE_DEVICES says how NEW indexes are counted"
+
 # Processes that each see one GPU: the parent GPU 0, its child GPU 1.
 launch vis "$T/vis.out" "$PATTERN_JOB" --mib 4 --children 1 --interval-ms 20 --visible 0/1
 wait_count "$T/vis.out" 3
