@@ -458,8 +458,11 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     const auto uuid_map = pair_uuid_map(pairs);
     if (!restore_memory_fits(restore_need(rm.use, cuda_pids, uuid_map), rm.policy,
                              map_gpus(rm.free_before, uuid_map), &why, &rm.note)) {
+      // A restore may also go onto another GPU of the model with room.
       *err = "checkpoint " + opts.dir + ": " + why +
-             "\nnothing was restored; the checkpoint is unchanged";
+             " Or restore onto another GPU of the same model with room: --device-map OLD=NEW "
+             "(see cusnap inspect " +
+             opts.dir + " and nvidia-smi)." + "\nnothing was restored; the checkpoint is unchanged";
       return false;
     }
   }

@@ -184,6 +184,7 @@ hog_start
 op restore "$T/disk.ckpt" --detach --name disk
 [ "$RC" = 3 ] || fail "restore with the hog exited $RC, expected 3"
 said "$SHORT" restore
+said "Or restore onto another GPU of the same model with room: --device-map OLD=NEW" restore
 said "nothing was restored; the checkpoint is unchanged" restore
 kill -0 "$PID" 2>/dev/null && fail "the job's process runs after a refused restore"
 [ "$SUM" = "$(cd "$T/disk.ckpt" && find . -type f -exec sha256sum {} + | sort)" ] ||
