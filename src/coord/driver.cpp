@@ -21,11 +21,15 @@ std::string format_gpu_uuid(const CUuuid& u) {
 }
 
 bool parse_gpu_uuid(const std::string& s, CUuuid* out) {
-  // "GPU-" in either case, as the hex digits after it.
-  if (s.size() < 4 || ::strncasecmp(s.c_str(), "GPU-", 4) != 0) return false;
+  // "GPU-" in either case, as the hex digits after it, grouped 8-4-4-4-12
+  // as nvidia-smi and the driver write them (no dash elsewhere).
+  if (s.size() != 4 + 36 || ::strncasecmp(s.c_str(), "GPU-", 4) != 0) return false;
   std::string hex;
   for (size_t i = 4; i < s.size(); ++i) {
-    if (s[i] == '-') continue;
+    const size_t at = i - 4;
+    const bool dash_here = at == 8 || at == 13 || at == 18 || at == 23;
+    if (dash_here != (s[i] == '-')) return false;
+    if (dash_here) continue;
     if (!std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
     hex.push_back(s[i]);
   }

@@ -33,6 +33,11 @@ expect_usage "--device-map with two OLD onto one NEW" "'0=2'" "'1=2'" "different
   "$CUSNAP" restore "$T/none" --device-map 0=2,1=2
 expect_usage "--device-map with a malformed UUID" "'GPU-12'" -- \
   "$CUSNAP" restore "$T/none" --device-map GPU-12=0
+# 32 hex digits, but not grouped 8-4-4-4-12 as nvidia-smi -L writes them.
+expect_usage "--device-map with a UUID's dashes misplaced" "'GPU-7-786ba57c-0384fe8b3cd-b745a07c38e0'" -- \
+  "$CUSNAP" restore "$T/none" --device-map GPU-7-786ba57c-0384fe8b3cd-b745a07c38e0=0
+expect_usage "--device-map with a UUID without dashes" "'GPU-7786ba57c0384fe8b3cdb745a07c38e0'" -- \
+  "$CUSNAP" restore "$T/none" --device-map GPU-7786ba57c0384fe8b3cdb745a07c38e0=0
 expect_usage "an empty --device-map" "--device-map" -- "$CUSNAP" restore "$T/none" --device-map ''
 # An empty entry is named as one; each of these is a usage error said as
 # every other is, with the line on --help.
