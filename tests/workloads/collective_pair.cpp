@@ -3,7 +3,7 @@
 //
 //   cusnap-collective-pair [--steps N] [--mib M] [--interval-ms T] [--lag-ms L]
 //                          [--print-every K] [--graph G] [--capture-ms C] [--churn]
-//                          [--late-ms E]
+//                          [--late-ms E] [--depth D [--gap-us U]]
 //
 // Forks rank 1 first (before any driver call); the parent is rank 0. Rank R
 // runs on device R (device 0 for both when there is one device), creates an
@@ -47,6 +47,17 @@
 // mapped; the previous one unmapped and released), as PyTorch's allocator
 // maps and unmaps segments while it runs: what the shim tracks of the rank
 // changes from step to step, between a checkpoint's first look and its cut.
+//
+// --depth D (1 to 64, default 1): each step launches D handshake kernels in a
+// row (steps (s-1)*D+1 .. s*D) before its one synchronize, as a data-parallel
+// training step queues its all-reduces on NCCL's stream without waiting: a
+// rank may then be up to D collectives ahead of the other, and the cut holds
+// a rank that must launch several to reach the common count, maybe in the
+// middle of a step. A rank's collective count is D times its step at the end
+// of a step; the fill and check are as above (the last kernel of step s
+// completes only once the peer launched its own). --gap-us U: a sleep of U
+// microseconds between the launches of a step, so that a cut often finds a
+// rank in the middle of its step's launches.
 //
 // --late-ms E: rank 1 sleeps E ms after it printed "ready", before its first
 // step, as a rank that reaches its first collective late (still loading its
@@ -94,6 +105,8 @@ struct Options {
   long capture_ms = 0;  ///< a side capture this long after each step; 0: none
   bool churn = false;   ///< replace an unexported scratch allocation every step
   long late_ms = 0;     ///< rank 1's sleep before its first step
+  long depth = 1;       ///< plain launches per step, before its synchronize
+  long gap_us = 0;      ///< sleep between the launches of a step
 };
 
 uint32_t value(unsigned rank, long step) {
@@ -225,12 +238,17 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
     size_t off = kSlotsOffset + size_t(step % 2) * slot;
     WL_CHECK(cuMemsetD32(own + off, value(rank, step), slot / 4), who);
     CUdeviceptr my_flag = own, peer_flag = peer;
-    uint64_t s = uint64_t(step);
-    void* params[] = {&my_flag, &peer_flag, &s};
-    if (exec)
+    if (exec) {
       WL_CHECK(cuGraphLaunch(exec, stream), who);
-    else
-      WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
+    } else {
+      // The driver copies the parameters at each launch.
+      for (long k = 1; k <= o.depth; ++k) {
+        if (k > 1 && o.gap_us > 0) usleep(useconds_t(o.gap_us));
+        uint64_t s = uint64_t((step - 1) * o.depth + k);
+        void* params[] = {&my_flag, &peer_flag, &s};
+        WL_CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr), who);
+      }
+    }
     WL_CHECK(cuStreamSynchronize(stream), who);
     WL_CHECK(cuMemcpyDtoH(words.data(), peer + off, slot), who);
     uint32_t want = value(1 - rank, step);
@@ -268,7 +286,7 @@ int run(const Options& o, unsigned rank, pid_t child, int sock) {
 int main(int argc, char** argv) {
   Args args(argc, argv, "cusnap-collective-pair", {"--churn"},
             {"--steps", "--mib", "--interval-ms", "--lag-ms", "--print-every", "--graph",
-             "--capture-ms", "--late-ms"});
+             "--capture-ms", "--late-ms", "--depth", "--gap-us"});
   Options o;
   o.churn = args.flag("--churn");
   o.steps = args.num("--steps", 0);
@@ -279,6 +297,15 @@ int main(int argc, char** argv) {
   o.graph = args.num("--graph", 0);
   o.capture_ms = args.num("--capture-ms", 0);
   o.late_ms = args.num("--late-ms", 0);
+  o.depth = args.num("--depth", 1);
+  o.gap_us = args.num("--gap-us", 0);
+  if (o.depth < 1 || o.depth > 64 || (o.depth > 1 && o.graph > 0) || o.gap_us < 0 ||
+      o.gap_us > 1000000) {
+    std::fprintf(stderr,
+                 "cusnap-collective-pair: --depth must be 1 to 64, and 1 with --graph; --gap-us 0 "
+                 "to 1000000\n");
+    return 64;
+  }
   if (o.steps < 0 || o.print_every < 1 || o.interval_ms < 0 || o.lag_ms < 0 || args.num("--mib", 1) < 0 ||
       o.graph < 0 || o.graph > 64 || o.capture_ms < 0) {
     std::fprintf(stderr, "cusnap-collective-pair: --steps, --mib, --interval-ms, --lag-ms, "
