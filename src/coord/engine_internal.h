@@ -260,12 +260,15 @@ bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool 
 /// *pairs stays empty when every device maps to itself, else it pairs every
 /// used device. Fails, naming the GPU and model, when none fits; then
 /// *gpus_here (when given) says whether the GPUs present are why (a map's NEW
-/// not here, no free GPU of a model), not the map or the checkpoint.
+/// not here, no free GPU of a model), not the map or the checkpoint, and
+/// *new_side (when given) whether the map's NEW sent a GPU where it cannot
+/// go (another model, a GPU taken): where NEW is an index, the numbering of
+/// this command's GPUs may be why.
 bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
                        const std::vector<GpuDevice>& present,
                        const std::map<std::string, std::string>& device_map,
                        std::vector<CUcheckpointGpuPair>* pairs, std::string* err,
-                       bool* gpus_here = nullptr);
+                       bool* gpus_here = nullptr, bool* new_side = nullptr);
 
 /// How long one driver checkpoint call may take before it counts as stuck:
 /// the phase timeout plus the devices' memory at 0.5 GB/s (measured: about

@@ -33,8 +33,14 @@ namespace engine_detail {
 bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector<std::string>& used,
                        const std::vector<GpuDevice>& present,
                        const std::map<std::string, std::string>& device_map,
-                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err, bool* gpus_here) {
+                       std::vector<CUcheckpointGpuPair>* pairs, std::string* err, bool* gpus_here,
+                       bool* new_side) {
   if (gpus_here) *gpus_here = false;
+  if (new_side) *new_side = false;
+  auto where_new_sent = [&] {
+    if (new_side) *new_side = true;
+    return false;
+  };
   // A refusal for the GPUs this machine (or this command) shows, not for the
   // map or the checkpoint.
   auto short_here = [&] {
@@ -108,12 +114,12 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     if (!old.name.empty() && to->name != old.name) {
       *err = "the device map sends GPU " + old.uuid + " (" + old.name + ") to GPU " + to->uuid +
              " (" + to->name + "): a checkpoint restores only onto the same GPU model";
-      return false;
+      return where_new_sent();
     }
     if (auto c = claimed.find(to->uuid); c != claimed.end()) {
       *err = "the device map sends both GPU " + c->second + " and GPU " + old.uuid + " to GPU " +
              to->uuid + ": map each GPU of the checkpoint to a different GPU";
-      return false;
+      return where_new_sent();
     }
     plan.back().second = to->uuid;
     claimed[to->uuid] = old.uuid;
@@ -125,7 +131,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
         *err = "the device map sends GPU " + c->second + " to GPU " + same->uuid +
                ", which the checkpoint also used and the map does not move: map that GPU too "
                "(to swap two GPUs, map each to the other)";
-        return false;
+        return where_new_sent();
       }
       to = same->uuid;
       claimed[same->uuid] = from;
@@ -251,8 +257,9 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
           "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
       return visible_hint();
     }
-    bool gpus_here = false;
-    if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err, &gpus_here))
+    bool gpus_here = false, new_side = false;
+    if (plan_device_pairs(m->gpus, used_gpus(*m), present, device_map, pairs, err, &gpus_here,
+                          &new_side))
       return true;
     // Only where the GPUs here fall short (not for a map that is wrong).
     if (gpus_here) return visible_hint();
@@ -262,7 +269,7 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
     const bool new_index = std::any_of(device_map.begin(), device_map.end(), [](const auto& e) {
       return !e.second.empty() && std::isdigit(static_cast<unsigned char>(e.second[0]));
     });
-    if (visible && new_index)
+    if (visible && new_index && new_side)
       *err += " (a NEW index counts the GPUs this command's CUDA_VISIBLE_DEVICES='" +
               std::string(visible) + "' names, in its order; a UUID names one GPU whatever it is)";
     return false;
@@ -458,11 +465,17 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
     const auto uuid_map = pair_uuid_map(pairs);
     if (!restore_memory_fits(restore_need(rm.use, cuda_pids, uuid_map), rm.policy,
                              map_gpus(rm.free_before, uuid_map), &why, &rm.note)) {
-      // A restore may also go onto another GPU of the model with room.
+      // A restore may also go onto another GPU of the model with room, where
+      // this machine has another GPU.
+      std::vector<GpuDevice> here;
+      std::string unused;
+      const bool others = driver.devices(&here, &unused) && here.size() > 1;
       *err = "checkpoint " + opts.dir + ": " + why +
-             " Or restore onto another GPU of the same model with room: --device-map OLD=NEW "
-             "(see cusnap inspect " +
-             opts.dir + " and nvidia-smi)." + "\nnothing was restored; the checkpoint is unchanged";
+             (others ? " Or restore onto another GPU of the same model with room: --device-map "
+                       "OLD=NEW (cusnap inspect lists the job's GPUs; a UUID names one GPU "
+                       "whatever the numbering)."
+                     : "") +
+             "\nnothing was restored; the checkpoint is unchanged";
       return false;
     }
   }

@@ -132,10 +132,14 @@ bool shared_prepare(const JobInfo& job, const JobScan& scan, std::chrono::millis
       // A gate that would not open again holds that process's CUDA calls:
       // the job did not run on unchanged. The caller marks it left
       // suspended, so that cusnap resume opens the gate (recover_job).
+      // Nor did it where a process could not be told to let the cut go: its
+      // collective launches stay held until its shim drops the cut (why says so).
       const bool gate_closed = !sm->gates_left_closed().empty();
+      const bool held = sm->cut_left_armed();
       sm->disconnect();
       if (gate_closed) *code = kExitJobLost;
-      *err = "job " + job.name + ": " + why + (gate_closed ? "" : "\nthe job runs on unchanged");
+      *err = "job " + job.name + ": " + why +
+             (gate_closed || held ? "" : "\nthe job runs on unchanged");
       return false;
     }
     std::this_thread::sleep_for(pause);

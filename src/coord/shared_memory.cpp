@@ -120,8 +120,9 @@ std::string SharedMemory::driver_blocks_note() const {
   return ". Likely where they came from: " + out +
          ". The shim serves cuMemAlloc with shareable memory, rounded up to the GPU's "
          "granularity (2 MiB on current GPUs), and leaves a block to the driver when that "
-         "fails, for example on a GPU nearly full: leave more GPU memory free "
-         "(CUSNAP_SHIM_DEBUG=1 logs each block left to the driver)";
+         "fails: error 2 (CUDA_ERROR_OUT_OF_MEMORY) is a GPU nearly full, where more free GPU "
+         "memory helps; 801 (CUDA_ERROR_NOT_SUPPORTED) a GPU or driver without POSIX "
+         "descriptor handles (CUSNAP_SHIM_DEBUG=1 logs each block left to the driver)";
 }
 
 bool SharedMemory::check_records(std::string* err) {
@@ -303,7 +304,9 @@ bool SharedMemory::cut_release(std::string* err) {
     for (pid_t pid : left) who += (who.empty() ? "" : ", ") + std::to_string(pid);
     *err += "; then letting the cut go failed (" + why +
             "), so the collective launches of process" + (left.size() == 1 ? " " : "es ") + who +
-            " stay held until its shim drops the cut by itself ($CUSNAP_CUT_HOLD_MS)";
+            " stay held until its shim drops the cut by itself: after the longer of "
+            "$CUSNAP_CUT_HOLD_MS and the hold this operation asked for (" +
+            std::to_string(std::min<uint64_t>(cut_hold_ms(), proto::kMaxCutHoldMs) / 1000) + " s)";
   }
   return false;
 }

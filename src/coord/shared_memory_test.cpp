@@ -172,7 +172,7 @@ TEST_CASE(
   CHECK(err.find("Likely where they came from: process " + std::to_string(getpid()) +
                  " handed out 2 IPC handle(s) of cuMemAlloc blocks its shim left to the driver "
                  "(cuMemCreate gave 2)") != std::string::npos);
-  CHECK(err.find("leave more GPU memory free") != std::string::npos);
+  CHECK(err.find("error 2 (CUDA_ERROR_OUT_OF_MEMORY) is a GPU nearly full") != std::string::npos);
   // Handed out but opened by no one: nothing refuses.
   shim.records.foreign_imports_alive = 0;
   CHECK(sm.inspect(shim.dir, {getpid()}, short_timeouts(), &err));
@@ -303,6 +303,8 @@ TEST_CASE("shared memory: a process past the cut's target fails the cut, which i
     CHECK((err.find("then letting the cut go failed (") != std::string::npos) == refuse);
     if (refuse) {
       CHECK(err.find("process " + std::to_string(getpid())) != std::string::npos);
+      // The hold it asked for (short_timeouts: (2 + 2) * 0.3 s + (4 + 2) * 0.3 s, 3 s).
+      CHECK(err.find("the hold this operation asked for (3 s)") != std::string::npos);
       CHECK(shim.releases.load() >= 3);  // tried kReopenAttempts times
       shim.refuse_releases = false;
       CHECK(sm.cut_release());

@@ -155,9 +155,10 @@ inline constexpr unsigned kMaxCollectiveKernelPrefixes = 8;
 inline constexpr size_t kMaxCollectiveKernelsBytes = 255;
 /// The default, for an unset or empty value.
 /// NCCL's kernels: ncclDevKernel_* (2.19 on), ncclKernel_* (earlier) and the
-/// symmetric-memory kernels ncclSymkDevKernel_* (2.27 on, registered windows).
+/// symmetric-memory kernels of registered windows, ncclSymDevKernel_* (2.27)
+/// and ncclSymkDevKernel_* (2.28 on).
 inline constexpr const char* kDefaultCollectiveKernels =
-    "ncclDevKernel,ncclKernel,ncclSymkDevKernel";
+    "ncclDevKernel,ncclKernel,ncclSymDevKernel,ncclSymkDevKernel";
 /// Unset, empty, or 1 to kMaxCollectiveKernelPrefixes prefixes (the
 /// non-empty parts between commas, as the shim reads them), without blanks,
 /// kMaxCollectiveKernelsBytes at most: a value the shim would cut short, or

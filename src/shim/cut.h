@@ -25,8 +25,8 @@ namespace cusnap::shim::cut {
 
 /// Whether f is a collective kernel (name prefixes from
 /// $CUSNAP_COLLECTIVE_KERNELS, comma-separated; default
-/// "ncclDevKernel,ncclKernel,ncclSymkDevKernel"). Caches the answer per handle, until
-/// kernels_unloaded(). Called inside the gate.
+/// "ncclDevKernel,ncclKernel,ncclSymDevKernel,ncclSymkDevKernel"). Caches the answer per handle,
+/// until kernels_unloaded(). Called inside the gate.
 bool is_collective(CUfunction f) noexcept;
 
 /// Forgets every cached answer of is_collective: kernels went (a module or

@@ -302,12 +302,22 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
 namespace {
 
 /// The driver's cuMemFree of a block that is not the shim's, forgotten as
-/// one left to the driver once freed.
+/// one left to the driver before it is freed (another thread's cuMemAlloc
+/// may get the address back as soon as it is, and record it), and recorded
+/// again when the free fails.
 CUresult free_driver_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
-  const CUresult r = real(dptr);
-  if (r == CUDA_SUCCESS) {
+  uint64_t size = 0;
+  {
     Lock l(s.mu);
-    s.driver_blocks.erase(dptr);
+    if (auto b = s.driver_blocks.find(dptr); b != s.driver_blocks.end()) {
+      size = b->second;
+      s.driver_blocks.erase(b);
+    }
+  }
+  const CUresult r = real(dptr);
+  if (r != CUDA_SUCCESS && size != 0) {
+    Lock l(s.mu);
+    s.driver_blocks.emplace(dptr, size);
   }
   return r;
 }

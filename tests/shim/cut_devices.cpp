@@ -24,8 +24,9 @@
 //   - released: the held launch goes on, and launches on every GPU pass
 //   - GPU 2 idle while GPUs 0 and 1 let 80000 launches through: left out of
 //     the count (launched is theirs); one launch there puts it back
-// GPU 2's kernel is one of NCCL's symmetric-memory kernels
-// (ncclSymkDevKernel_*): its launches hold and count as the others do.
+// GPU 1's and GPU 2's kernels are NCCL's symmetric-memory kernels
+// (ncclSymDevKernel_* of NCCL 2.27, ncclSymkDevKernel_* of 2.28 on): their
+// launches hold and count as the others do.
 #include <poll.h>
 
 #include <cstdio>
@@ -40,10 +41,12 @@ using namespace ckpt_client;
 
 namespace {
 
-constexpr const char* kCollective = "_Z24ncclDevKernel_AllReduce_Testv";
-/// GPU 2's collective: one of NCCL's symmetric-memory kernels (NCCL 2.27
-/// on), which the default prefixes count too (its holds below show it).
-constexpr const char* kSymmetric = "_Z38ncclSymkDevKernel_AllReduce_AGxLL_R_sumv";
+constexpr const char* kCollective = "_Z28ncclDevKernel_AllReduce_Testv";
+/// GPU 1's and GPU 2's collectives: NCCL's symmetric-memory kernels, as NCCL
+/// 2.27 and 2.28 on name them, which the default prefixes count too (their
+/// counts and holds below show it).
+constexpr const char* kSymmetric27 = "_Z38ncclSymDevKernel_AllReduce_AGxLL_R_sumv";
+constexpr const char* kSymmetric = "_Z39ncclSymkDevKernel_AllReduce_AGxLL_R_sumv";
 constexpr int kDevices = 3;
 
 enum Cmd : uint64_t {
@@ -65,7 +68,8 @@ int workload(int sock) {
     FC_REQ(cuCtxSetCurrent(ctx[d]) == CUDA_SUCCESS);
     CUmodule mod;
     FC_REQ(cuModuleLoadData(&mod, image) == CUDA_SUCCESS);
-    FC_REQ(cuModuleGetFunction(&fn[d], mod, d == 2 ? kSymmetric : kCollective) == CUDA_SUCCESS);
+    const char* name = d == 2 ? kSymmetric : d == 1 ? kSymmetric27 : kCollective;
+    FC_REQ(cuModuleGetFunction(&fn[d], mod, name) == CUDA_SUCCESS);
     FC_REQ(cuStreamCreate(&st[d], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   }
   for (;;) {
