@@ -87,14 +87,22 @@ TEST_CASE("device plan: a wrong map is not put down to the GPUs here") {
   const std::vector<GpuDevice> here = {{0, "H200", kA, 1}, {1, "H200", kB, 1}, {2, "A100", kC, 1}};
   std::vector<CUcheckpointGpuPair> pairs;
   using Map = std::map<std::string, std::string>;
-  // An OLD the job did not use, two GPUs onto one, another model, one GPU twice.
-  for (const Map& map : {Map{{"7", "0"}}, Map{{"0", "1"}}, Map{{"0", "2"}},
-                         Map{{"0", "1"}, {std::string(kA), "0"}}}) {
+  // An OLD the job did not use, two GPUs onto one, another model, one GPU
+  // twice; whether NEW sent a GPU where it cannot go (the numbering of this
+  // command's GPUs may be why): the second and third.
+  const std::vector<std::pair<Map, bool>> cases = {
+      {Map{{"7", "0"}}, false},
+      {Map{{"0", "1"}}, true},
+      {Map{{"0", "2"}}, true},
+      {Map{{"0", "1"}, {std::string(kA), "0"}}, false}};
+  for (const auto& [map, about_new] : cases) {
     CAPTURE(map.begin()->first);
     std::string err;
-    bool gpus_here = true;
-    CHECK_FALSE(plan_device_pairs(recorded, {kA, kB}, here, map, &pairs, &err, &gpus_here));
+    bool gpus_here = true, new_side = !about_new;
+    CHECK_FALSE(
+        plan_device_pairs(recorded, {kA, kB}, here, map, &pairs, &err, &gpus_here, &new_side));
     CHECK_FALSE(gpus_here);
+    CHECK(new_side == about_new);
     CHECK(err.find("this machine has") == std::string::npos);
   }
 }
