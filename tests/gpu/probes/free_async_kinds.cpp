@@ -1,0 +1,60 @@
+// free_async_kinds.cpp: what the real driver's cuMemFreeAsync does with
+// memory the stream-ordered allocator did not make (the shim serves
+// cuMemAlloc from VMM and does not hook cuMemFreeAsync):
+//   1. a block of the driver's cuMemAlloc;
+//   2. an address mapped by cuMemCreate + cuMemMap (as the shim's blocks are).
+// Not run yet (no GPU was lent when it was written); its result decides
+// whether the shim must hook cuMemFreeAsync for the blocks it serves.
+// Build: g++ -O1 -o free_async_probe free_async_kinds.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
+#include <cuda.h>
+
+#include <cstdio>
+
+static const char* name(CUresult r) {
+  const char* s = nullptr;
+  cuGetErrorName(r, &s);
+  return s ? s : "?";
+}
+
+int main() {
+  if (cuInit(0) != CUDA_SUCCESS) return 1;
+  CUdevice dev;
+  CUcontext ctx;
+  cuDeviceGet(&dev, 0);
+  cuDevicePrimaryCtxRetain(&ctx, dev);
+  cuCtxSetCurrent(ctx);
+  CUstream st;
+  cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
+
+  CUdeviceptr d = 0;
+  std::printf("1. cuMemAlloc 1 MiB: %s\n", name(cuMemAlloc(&d, 1 << 20)));
+  std::printf("   cuMemFreeAsync: %s\n", name(cuMemFreeAsync(d, st)));
+  std::printf("   cuStreamSynchronize: %s\n", name(cuStreamSynchronize(st)));
+  std::printf("   cuMemsetD8 on it after: %s\n", name(cuMemsetD8(d, 1, 16)));
+  std::printf("   cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
+  std::printf("   cuMemFree of it again: %s\n", name(cuMemFree(d)));
+
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t size = 2 << 20;
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va = 0;
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::printf("2. cuMemCreate: %s", name(cuMemCreate(&h, size, &prop, 0)));
+  std::printf(", reserve: %s", name(cuMemAddressReserve(&va, size, 0, 0, 0)));
+  std::printf(", map: %s", name(cuMemMap(va, size, 0, h, 0)));
+  std::printf(", access: %s\n", name(cuMemSetAccess(va, size, &acc, 1)));
+  std::printf("   cuMemFreeAsync of the mapped address: %s\n", name(cuMemFreeAsync(va, st)));
+  std::printf("   cuStreamSynchronize: %s\n", name(cuStreamSynchronize(st)));
+  std::printf("   cuMemsetD8 on it after: %s\n", name(cuMemsetD8(va, 1, 16)));
+  std::printf("   cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
+  std::printf("   cuMemUnmap: %s", name(cuMemUnmap(va, size)));
+  std::printf(", address free: %s", name(cuMemAddressFree(va, size)));
+  std::printf(", release: %s\n", name(cuMemRelease(h)));
+  return 0;
+}
