@@ -141,7 +141,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
     if (!to.empty()) continue;
     auto rec = std::find_if(recorded.begin(), recorded.end(),
                             [&](const GpuDevice& g) { return g.uuid == from; });
-    std::string model = rec != recorded.end() ? rec->name : "";
+    const std::string model = rec != recorded.end() ? rec->name : "";
     if (model.empty()) {
       // A GPU the job's processes used that its supervisor did not see
       // (outside its CUDA_VISIBLE_DEVICES): its model is not known, and a
@@ -155,7 +155,7 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
       return false;
     }
     for (const GpuDevice& g : present)
-      if (!claimed.count(g.uuid) && (model.empty() || g.name == model)) {
+      if (!claimed.count(g.uuid) && g.name == model) {
         to = g.uuid;
         claimed[g.uuid] = from;
         break;
@@ -167,17 +167,16 @@ bool plan_device_pairs(const std::vector<GpuDevice>& recorded, const std::vector
       auto of_model = [&](const std::string& uuid) {
         auto r = std::find_if(recorded.begin(), recorded.end(),
                               [&](const GpuDevice& g) { return g.uuid == uuid; });
-        return model.empty() || (r != recorded.end() && r->name == model);
+        return r != recorded.end() && r->name == model;
       };
       const auto used_here = std::count_if(used.begin(), used.end(), of_model);
-      const auto model_here =
-          std::count_if(present.begin(), present.end(),
-                        [&](const GpuDevice& g) { return model.empty() || g.name == model; });
-      const std::string gpus = model.empty() ? std::string("GPUs") : model + " GPUs";
+      const auto model_here = std::count_if(present.begin(), present.end(),
+                                            [&](const GpuDevice& g) { return g.name == model; });
+      const std::string gpus = model + " GPUs";
       std::string here;
       for (const GpuDevice& g : present) here += (here.empty() ? "" : ", ") + g.name;
-      *err = "the checkpoint ran on GPU " + from + (model.empty() ? "" : " (" + model + ")") +
-             " and no " + (model.empty() ? "free GPU" : model) + " is available here" +
+      *err = "the checkpoint ran on GPU " + from + " (" + model + ") and no " + model +
+             " is available here" +
              (model_here > 0
                   ? ": every one is taken by the job's other GPUs (its processes used " +
                         std::to_string(used_here) + " " + gpus + ", this machine has " +

@@ -163,10 +163,7 @@ void finish(const std::vector<CUmemGenericAllocationHandle>& release, std::vecto
 }
 
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p) {
-  auto it = s.ranges.upper_bound(p);
-  if (it == s.ranges.begin()) return s.ranges.end();
-  --it;
-  return p < it->first + it->second.size ? it : s.ranges.end();
+  return range_containing(s.ranges, p, [](const Mapping& m) { return m.size; });
 }
 
 CUresult ensure_cached(State& s, uint64_t id, CUmemGenericAllocationHandle driver) {

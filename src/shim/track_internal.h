@@ -53,6 +53,16 @@ void settle(State& s, uint64_t id, std::vector<CUmemGenericAllocationHandle>* re
 /// closed and reused one while the driver released).
 void finish(const std::vector<CUmemGenericAllocationHandle>& release,
             std::vector<ListedFd>* fds = nullptr);
+/// The entry of ranges (start address -> V, sorted) whose range
+/// [start, start + size_of(V)) contains address p, or ranges.end().
+template <class V, class SizeOf>
+typename std::map<uint64_t, V>::iterator range_containing(std::map<uint64_t, V>& ranges, uint64_t p,
+                                                          SizeOf size_of) {
+  auto it = ranges.upper_bound(p);
+  if (it == ranges.begin()) return ranges.end();
+  --it;
+  return p - it->first < size_of(it->second) ? it : ranges.end();
+}
 /// The mapping that contains address p, or end() (s.mu held).
 std::map<uint64_t, Mapping>::iterator containing(State& s, uint64_t p);
 /// Fills the export cache for an allocation created here (calls the driver,

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 
 #include "shim/captures.h"
 #include "shim/real_driver.h"
@@ -395,15 +394,14 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
     {
       Lock l(s.mu);
       auto m = containing(s, dptr);
-      if (m == s.ranges.end() || !s.legacy_blocks.count(m->first)) {
-        auto b = s.driver_blocks.upper_bound(dptr);
-        driver_block =
-            b != s.driver_blocks.begin() && dptr - std::prev(b)->first < std::prev(b)->second;
-        if (!driver_block) return real(h, dptr);
-      }
-      if (!driver_block) {
+      if (m != s.ranges.end() && s.legacy_blocks.count(m->first)) {
         id = m->second.alloc;
         a = s.allocs[id];
+      } else if (range_containing(s.driver_blocks, dptr, [](uint64_t size) { return size; }) !=
+                 s.driver_blocks.end()) {
+        driver_block = true;
+      } else {
+        return real(h, dptr);
       }
     }
     note_sharing_call(s);
