@@ -50,6 +50,12 @@ CUresult mem_get_props(decltype(&::cuMemGetAllocationPropertiesFromHandle) real,
 
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept;
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
+/// cuMemFreeAsync (ptsz: its per-thread-stream form) of a block the shim
+/// serves: the driver refuses a VMM-mapped address there, so the shim waits
+/// for the work queued on the stream before the free, then frees the block
+/// (track_legacy.cpp). Blocks that are not the shim's go to the driver.
+CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
+                        bool ptsz) noexcept;
 /// Peer access: a cuMemAlloc block served by a VMM mapping gets access for
 /// every device whose context enabled peer access to the block's device.
 CUresult ctx_enable_peer(decltype(&::cuCtxEnablePeerAccess) real, CUcontext peer,

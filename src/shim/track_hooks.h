@@ -40,6 +40,18 @@ CUSNAP_TRACK_HOOK(cuMulticastCreate, mc_create)
 CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
 CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
 #undef CUSNAP_TRACK_HOOK
+#define CUSNAP_FREE_ASYNC_HOOK(entry, ptsz)               \
+  template <>                                             \
+  struct Hook<Entry::entry> {                             \
+    static auto bind(decltype(&::entry) real) noexcept {  \
+      return [real](CUdeviceptr d, CUstream s) noexcept { \
+        return track::mem_free_async(real, d, s, ptsz);   \
+      };                                                  \
+    }                                                     \
+  };
+CUSNAP_FREE_ASYNC_HOOK(cuMemFreeAsync, false)
+CUSNAP_FREE_ASYNC_HOOK(cuMemFreeAsync_ptsz, true)
+#undef CUSNAP_FREE_ASYNC_HOOK
 
 // Contexts the application creates and destroys: drain synchronizes them too;
 // a destroyed one's kernels are gone (cut::kernels_unloaded).

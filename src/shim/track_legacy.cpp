@@ -105,6 +105,20 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  // The driver's cuMemAlloc block may be a GPUDirect RDMA buffer (an RDMA
+  // network adapter reads and writes it: NCCL's and MPI's transports over
+  // InfiniBand); a VMM allocation only when created so, where the device
+  // supports it (NCCL's own cuMem allocations do the same). Without the flag
+  // the served block reported IS_GPU_DIRECT_RDMA_CAPABLE 0 where the
+  // driver's reports 1 (served-block-h100.log). A restore creates the
+  // allocation again with the same properties.
+  if (auto attr = REAL(cuDeviceGetAttribute)) {
+    int rdma = 0;
+    if (attr(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) ==
+            CUDA_SUCCESS &&
+        rdma)
+      prop.allocFlags.gpuDirectRDMACapable = 1;
+  }
   size_t g = 0;
   *failed = "cuMemGetAllocationGranularity";
   if ((r = gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS) return r;
@@ -300,11 +314,12 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
 
 namespace {
 
-/// The driver's cuMemFree of a block that is not the shim's, forgotten as
-/// one left to the driver before it is freed (another thread's cuMemAlloc
-/// may get the address back as soon as it is, and record it), and recorded
-/// again when the free fails.
-CUresult free_driver_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
+/// The driver's free (free_real: its cuMemFree or cuMemFreeAsync) of a
+/// block that is not the shim's, forgotten as one left to the driver before
+/// it is freed (another thread's cuMemAlloc may get the address back as soon
+/// as it is, and record it), and recorded again when the free fails.
+template <typename FreeReal>
+CUresult free_driver_block(State& s, FreeReal free_real, CUdeviceptr dptr) {
   uint64_t size = 0;
   {
     Lock l(s.mu);
@@ -313,7 +328,7 @@ CUresult free_driver_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr
       s.driver_blocks.erase(b);
     }
   }
-  const CUresult r = real(dptr);
+  const CUresult r = free_real(dptr);
   if (r != CUDA_SUCCESS && size != 0) {
     Lock l(s.mu);
     s.driver_blocks.emplace(dptr, size);
@@ -338,6 +353,36 @@ CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) 
   return synced != CUDA_SUCCESS ? synced : dropped;
 }
 
+/// Frees the blocks whose free a capture deferred (no capture under way).
+void free_deferred(State& s, decltype(&::cuMemFree_v2) real) {
+  std::vector<uint64_t> deferred;
+  {
+    Lock l(s.mu);
+    deferred.swap(s.deferred_frees);
+  }
+  for (uint64_t p : deferred) free_block(s, real, p);
+}
+
+/// Defers the free of the shim's block at dptr to the first free after the
+/// captures under way (captures.h): CUDA_SUCCESS, or INVALID_VALUE for a
+/// block not the shim's any more or deferred already (a second free).
+CUresult defer_free(State& s, CUdeviceptr dptr) {
+  Lock l(s.mu);
+  if (!s.legacy_blocks.count(dptr)) return CUDA_ERROR_INVALID_VALUE;
+  auto& d = s.deferred_frees;
+  if (std::find(d.begin(), d.end(), dptr) != d.end()) return CUDA_ERROR_INVALID_VALUE;
+  d.push_back(dptr);
+  return CUDA_SUCCESS;
+}
+
+/// Whether a stream's synchronize failed for want of a usable stream or
+/// context (the driver's cuMemFreeAsync refuses these and frees nothing),
+/// rather than with a sticky error of earlier work (cuMemFree's answer).
+bool refuses_stream(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE ||
+         r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
 }  // namespace
 
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
@@ -358,24 +403,54 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
       }
       if (ours)
         if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
-      {
-        Lock l(s.mu);
-        if (s.legacy_blocks.count(dptr)) {
-          auto& d = s.deferred_frees;
-          if (std::find(d.begin(), d.end(), dptr) != d.end()) return CUDA_ERROR_INVALID_VALUE;
-          d.push_back(dptr);
-          return CUDA_SUCCESS;
-        }
-      }
+      if (ours) return defer_free(s, dptr);
       return free_driver_block(s, real, dptr);
     }
-    std::vector<uint64_t> deferred;
+    free_deferred(s, real);
+    return free_block(s, real, dptr);
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
+                        bool ptsz) noexcept {
+  const NoCancel no_cancel;  // as mem_free
+  if (!tracking_on() || !active()) return real(dptr, stream);
+  try {
+    State& s = state();
+    bool ours = false;
     {
       Lock l(s.mu);
-      deferred.swap(s.deferred_frees);
+      ours = s.legacy_blocks.count(dptr) > 0;
     }
-    for (uint64_t p : deferred) free_block(s, real, p);
-    return free_block(s, real, dptr);
+    if (!ours)
+      return free_driver_block(
+          s, [&](CUdeviceptr p) { return real(p, stream); }, dptr);
+    // The driver frees a cuMemAlloc block here in stream order (measured:
+    // gone once the stream reaches the free), and refuses the shim's
+    // VMM-mapped address (INVALID_VALUE, the block left mapped). The shim
+    // waits for the stream instead, then frees the block: the same order,
+    // the host held meanwhile. A synchronize during a capture would fail
+    // and invalidate it (captures.h): the free is deferred, as cuMemFree's,
+    // which the driver allows here in every capture mode.
+    if (captures::any()) return defer_free(s, dptr);
+    auto sync = REAL(cuStreamSynchronize);
+    const bool per_thread = ptsz && stream == nullptr;
+    const CUresult synced = sync ? sync(per_thread ? CU_STREAM_PER_THREAD : stream) : CUDA_SUCCESS;
+    if (refuses_stream(synced)) return synced;
+    if (auto free_real = REAL(cuMemFree_v2)) free_deferred(s, free_real);
+    uint64_t id = 0, size = 0;
+    int32_t dev = 0;
+    bool taken = false;
+    {
+      Lock l(s.mu);
+      taken = take_block(s, dptr, &id, &size, &dev);
+    }
+    if (!taken) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile, a deferred free among them
+    const CUresult dropped = drop_block(s, dptr, id, size);
+    const CUresult answer = answer_of_sync(synced);
+    return answer != CUDA_SUCCESS ? answer : dropped;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }

@@ -101,7 +101,8 @@ struct State {
   std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   /// Blocks of legacy_blocks the application freed during a stream capture,
-  /// freed at its first cuMemFree after the capture (track_legacy.cpp).
+  /// freed at its first cuMemFree or cuMemFreeAsync after the capture
+  /// (track_legacy.cpp).
   std::vector<uint64_t> deferred_frees;
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim

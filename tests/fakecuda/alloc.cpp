@@ -343,6 +343,12 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       *static_cast<unsigned long long*>(data) = a->id;
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+      // A cuMemAlloc block is; a VMM allocation only when created so
+      // (served-block-h100.log).
+      *static_cast<int*>(data) =
+          a->kind == AllocKind::kLegacy || a->prop.allocFlags.gpuDirectRDMACapable;
+      return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }

@@ -117,6 +117,9 @@ int attribute_value(CUdevice_attribute a, CUdevice dev, bool multicast) {
       return 1;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
       return 1;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:  // as an H100 reports
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+      return 1;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:  // as an H200 reports
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
       return 1;

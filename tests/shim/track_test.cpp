@@ -379,6 +379,7 @@ int main(int argc, char** argv) {
       {"alloc_in_capture", alloc_in_capture},
       {"alloc_fallback", alloc_fallback},
       {"free_sync", free_sync},
+      {"free_async", free_async},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

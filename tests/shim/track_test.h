@@ -114,6 +114,7 @@ int alloc_in_capture();
 int peer();
 int alloc_fallback();
 int free_sync();
+int free_async();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

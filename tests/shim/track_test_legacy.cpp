@@ -17,12 +17,16 @@
 namespace track_test {
 
 /// Legacy IPC on cuMemAlloc memory: the same address on repeated opens in one
-/// context, bytes both ways, records on both sides.
+/// context, bytes both ways, records on both sides. The served block stays a
+/// GPUDirect RDMA buffer, as the driver's cuMemAlloc block is.
 int ipc() {
   REQ_OK(init_primary());
   CUdeviceptr d;
   REQ_OK(cuMemAlloc(&d, 3 << 20));  // not a multiple of the granularity
   fill(d, 3 << 20, 0x61);
+  int rdma = 0;
+  REQ_OK(cuPointerGetAttribute(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, d + 4096));
+  REQ(rdma == 1);
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   const uint64_t calls = r.sharing_calls;
@@ -400,6 +404,36 @@ int alloc_fallback() {
   return 0;
 }
 
+/// A handshake kernel on a stream of its own, in the current context,
+/// waiting for 300 ms on its peer's flag (a thread sets it): what a free of
+/// the block holding its own flag must wait for.
+struct HeldKernel {
+  CUfunction function = nullptr;
+  CUstream stream = nullptr;
+  CUdeviceptr flag = 0, peer_flag = 0;  ///< cuMemAlloc blocks the shim serves
+  std::thread peer;                     ///< sets peer_flag after 300 ms
+  uint64_t step = 1;
+};
+
+/// Launches k's kernel and starts its peer; 0, or 1 after saying what failed.
+int start_held_kernel(HeldKernel* k) {
+  k->function = load_function("ncclDevKernel_Handshake");
+  REQ(k->function != nullptr);
+  REQ_OK(cuStreamCreate(&k->stream, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuMemAlloc(&k->flag, 8));
+  REQ_OK(cuMemAlloc(&k->peer_flag, 8));
+  *word(k->flag) = 0;
+  *word(k->peer_flag) = 0;
+  void* args[] = {&k->flag, &k->peer_flag, &k->step};
+  REQ_OK(cuLaunchKernel(k->function, 1, 1, 1, 1, 1, 1, 0, k->stream, args, nullptr));
+  const CUdeviceptr peer_flag = k->peer_flag;
+  k->peer = std::thread([peer_flag] {
+    usleep(300 * 1000);
+    *word(peer_flag) = 1;  // the kernel ends
+  });
+  return 0;
+}
+
 /// cuMemFree of a block the shim serves waits for the work of the block's
 /// device before the memory goes, as the driver's does, also with another
 /// device's context current (a runtime application after cudaSetDevice):
@@ -411,22 +445,11 @@ int free_sync() {
   CUcontext c0, c1;
   REQ(two_primary_contexts(&c0, &c1) == 0);
   REQ_OK(cuCtxSetCurrent(c0));
-  CUfunction f = load_function("ncclDevKernel_Handshake");
-  REQ(f != nullptr);
-  CUstream st;
-  REQ_OK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CUdeviceptr flag = 0, peer_flag = 0;
-  REQ_OK(cuMemAlloc(&flag, 8));
-  REQ_OK(cuMemAlloc(&peer_flag, 8));
-  *word(flag) = 0;
-  *word(peer_flag) = 0;
-  uint64_t step = 1;
-  void* args[] = {&flag, &peer_flag, &step};
-  REQ_OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st, args, nullptr));
-  std::thread peer([&] {
-    usleep(300 * 1000);
-    *word(peer_flag) = 1;  // the kernel ends
-  });
+  HeldKernel k;
+  REQ(start_held_kernel(&k) == 0);
+  const CUstream st = k.stream;
+  CUdeviceptr flag = k.flag, peer_flag = k.peer_flag;
+  std::thread& peer = k.peer;
   REQ_OK(cuCtxSetCurrent(c1));
   const auto t0 = std::chrono::steady_clock::now();
   const CUresult freed = cuMemFree(flag);
@@ -443,8 +466,8 @@ int free_sync() {
 
   // A kernel whose flag is at an address nothing maps fails, sticky.
   CUdeviceptr nowhere = 4096;
-  void* bad[] = {&nowhere, &peer_flag, &step};
-  REQ_OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st, bad, nullptr));
+  void* bad[] = {&nowhere, &peer_flag, &k.step};
+  REQ_OK(cuLaunchKernel(k.function, 1, 1, 1, 1, 1, 1, 0, st, bad, nullptr));
   CUdeviceptr d = 0;
   REQ_OK(cuMemAlloc(&d, 1 << 20));
   REQ(cuMemFree(d) == CUDA_ERROR_ILLEGAL_ADDRESS);
@@ -456,6 +479,86 @@ int free_sync() {
   REQ(cuMemFree(peer_flag) == CUDA_ERROR_ILLEGAL_ADDRESS);
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
+/// cuMemFreeAsync of a block the shim serves frees it in stream order, as the
+/// driver frees a cuMemAlloc block there (measured: the driver refuses the
+/// shim's VMM-mapped address, INVALID_VALUE, and the block stays mapped): a
+/// kernel queued before the free on the stream, its flag in the block, ends
+/// well; then the block and its record are gone (a second free is refused).
+/// Also the per-thread-stream form; a stream the driver does not know frees
+/// nothing; a free while a capture is under way is deferred to the next
+/// free; a block left to the driver is the driver's to free, and forgotten.
+int free_async() {
+  REQ_OK(init_primary());
+  HeldKernel k;
+  REQ(start_held_kernel(&k) == 0);
+  const CUstream st = k.stream;
+  CUdeviceptr flag = k.flag, peer_flag = k.peer_flag;
+  std::thread& peer = k.peer;
+  const CUresult freed = cuMemFreeAsync(flag, st);
+  peer.join();
+  REQ_OK(freed);
+  REQ_OK(cuStreamSynchronize(st));  // the kernel ended well: its flag stayed until it had
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.mappings.size() == 1);  // peer_flag's: flag is gone
+  REQ(r.mappings[0].address == peer_flag);
+  REQ(cuMemFreeAsync(flag, st) == CUDA_ERROR_INVALID_VALUE);
+  REQ(cuMemsetD8(flag, 1, 8) == CUDA_ERROR_INVALID_VALUE);
+  // The per-thread-stream form, as the runtime resolves it, on the
+  // per-thread default stream.
+  void* fn = nullptr;
+  REQ_OK(cuGetProcAddress_v2("cuMemFreeAsync", &fn, 11020,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, nullptr));
+  REQ(fn != nullptr);
+  REQ_OK(reinterpret_cast<decltype(&cuMemFreeAsync)>(fn)(peer_flag, nullptr));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+
+  CUdeviceptr d = 0, e = 0;
+  REQ_OK(cuMemAlloc(&d, 1 << 20));
+  REQ(cuMemFreeAsync(d, reinterpret_cast<CUstream>(0x5bad)) == CUDA_ERROR_INVALID_HANDLE);
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1);  // not freed
+
+  CUstream cs;
+  REQ_OK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+  REQ_OK(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQ_OK(cuMemFreeAsync(d, st));
+  REQ(cuMemFreeAsync(d, st) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQ_OK(cuStreamIsCapturing(cs, &cap));
+  REQ(cap == CU_STREAM_CAPTURE_STATUS_ACTIVE);  // the capture goes on
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1);  // deferred
+  CUgraph g = nullptr;
+  REQ_OK(cuStreamEndCapture(cs, &g));
+  REQ_OK(cuGraphDestroy(g));
+  REQ_OK(cuMemAlloc(&e, 1 << 20));
+  REQ_OK(cuMemFreeAsync(e, st));  // frees the deferred block first
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+
+  Child c = spawn([&](int) {
+    setenv("FAKECUDA_FAIL", "cuMemCreate:1:2", 1);
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUstream s2;
+    FC_REQ(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr b = 0;
+    FC_REQ(cuMemAlloc(&b, 1 << 20) == CUDA_SUCCESS);
+    proto::ShimRecords q;
+    FC_REQ(inspect(getpid(), &q));
+    FC_REQ(q.allocations.empty() && q.driver_blocks == 1);  // left to the driver
+    FC_REQ(cuMemFreeAsync(b, s2) == CUDA_SUCCESS);
+    FC_REQ(cuStreamSynchronize(s2) == CUDA_SUCCESS);
+    FC_REQ(inspect(getpid(), &q));
+    FC_REQ(q.driver_blocks == 0);
+    FC_REQ(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);  // the driver freed it
+    return 0;
+  });
+  REQ(c.join() == 0);
   return 0;
 }
 

@@ -3,9 +3,12 @@
 // cuMemAlloc from VMM and does not hook cuMemFreeAsync):
 //   1. a block of the driver's cuMemAlloc;
 //   2. an address mapped by cuMemCreate + cuMemMap (as the shim's blocks are).
-// Not run yet (no GPU was lent when it was written); its result decides
-// whether the shim must hook cuMemFreeAsync for the blocks it serves.
-// Build: g++ -O1 -o free_async_probe free_async_kinds.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
+// Measured (H100, 580.159.04; docs/gpu-runs/served-block-h100.log): the
+// driver frees a cuMemAlloc block in stream order, and refuses a VMM-mapped
+// address (INVALID_VALUE, the mapping left), so the shim hooks cuMemFreeAsync
+// for the blocks it serves. Run with and without `cusnap launch`.
+// Build: g++ -O1 -o free_async_probe free_async_kinds.cpp -I$CUDA/include -L$CUDA/lib64/stubs
+// -lcuda
 #include <cuda.h>
 
 #include <cstdio>

@@ -1,0 +1,97 @@
+// served_block_attrs.cpp: what a program sees of a cuMemAlloc block through
+// the driver's pointer queries, run once on the driver alone and once under
+// `cusnap launch` (where the shim serves the block from an exportable VMM
+// allocation): the attributes a library may test before it shares or frees
+// a block (IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES, MEMPOOL_HANDLE,
+// the range and the mapping), cuMemGetAddressRange of an interior pointer,
+// and cuPointerSetAttribute(SYNC_MEMOPS); and the device's GPUDirect RDMA
+// attributes, with what a VMM allocation reports without and with
+// allocFlags.gpuDirectRDMACapable.
+// Build: g++ -O1 -o served_block_attrs served_block_attrs.cpp -I$CUDA/include -L$CUDA/lib64/stubs
+// -lcuda
+#include <cuda.h>
+
+#include <cstdio>
+
+static const char* name(CUresult r) {
+  const char* s = nullptr;
+  cuGetErrorName(r, &s);
+  return s ? s : "?";
+}
+
+static void attr(const char* what, CUpointer_attribute a, CUdeviceptr p) {
+  unsigned long long v = 0;  // wide enough for every attribute asked
+  CUresult r = cuPointerGetAttribute(&v, a, p);
+  if (r == CUDA_SUCCESS)
+    std::printf("   %-28s %#llx\n", what, v);
+  else
+    std::printf("   %-28s %s\n", what, name(r));
+}
+
+int main() {
+  if (cuInit(0) != CUDA_SUCCESS) return 1;
+  CUdevice dev;
+  CUcontext ctx;
+  cuDeviceGet(&dev, 0);
+  cuDevicePrimaryCtxRetain(&ctx, dev);
+  cuCtxSetCurrent(ctx);
+  int v = -1;
+  cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, dev);
+  std::printf("device GPU_DIRECT_RDMA_SUPPORTED %d", v);
+  v = -1;
+  cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev);
+  std::printf(", GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED %d\n", v);
+  for (int flag = 0; flag < 2; ++flag) {  // a VMM allocation, without and with the RDMA flag
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.allocFlags.gpuDirectRDMACapable = flag;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va = 0;
+    CUmemAccessDesc acc{};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const size_t vs = 2 << 20;
+    std::printf("VMM gpuDirectRDMACapable=%d: cuMemCreate %s", flag,
+                name(cuMemCreate(&h, vs, &prop, 0)));
+    cuMemAddressReserve(&va, vs, 0, 0, 0);
+    cuMemMap(va, vs, 0, h, 0);
+    cuMemSetAccess(va, vs, &acc, 1);
+    std::printf("\n");
+    attr("IS_GPU_DIRECT_RDMA_CAPABLE", CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, va);
+    cuMemUnmap(va, vs);
+    cuMemAddressFree(va, vs);
+    cuMemRelease(h);
+  }
+  CUdeviceptr d = 0;
+  const size_t size = 3 << 20;  // not a multiple of the 2 MiB granularity
+  std::printf("cuMemAlloc 3 MiB: %s\n", name(cuMemAlloc(&d, size)));
+  const CUdeviceptr in = d + 4096;
+  attr("MEMORY_TYPE", CU_POINTER_ATTRIBUTE_MEMORY_TYPE, in);
+  attr("DEVICE_ORDINAL", CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, in);
+  attr("IS_LEGACY_CUDA_IPC_CAPABLE", CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, in);
+  attr("ALLOWED_HANDLE_TYPES", CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, in);
+  attr("MEMPOOL_HANDLE", CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, in);
+  attr("IS_GPU_DIRECT_RDMA_CAPABLE", CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, in);
+  attr("MAPPED", CU_POINTER_ATTRIBUTE_MAPPED, in);
+  attr("ACCESS_FLAGS", CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, in);
+  std::printf("   (base %#llx)\n", (unsigned long long)d);
+  attr("RANGE_START_ADDR", CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, in);
+  attr("RANGE_SIZE", CU_POINTER_ATTRIBUTE_RANGE_SIZE, in);
+  attr("MAPPING_BASE_ADDR", CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, in);
+  attr("MAPPING_SIZE", CU_POINTER_ATTRIBUTE_MAPPING_SIZE, in);
+  CUdeviceptr base = 0;
+  size_t got = 0;
+  CUresult r = cuMemGetAddressRange(&base, &got, in);
+  std::printf("cuMemGetAddressRange(base+4 KiB): %s base %#llx size %zu\n", name(r),
+              (unsigned long long)base, got);
+  unsigned one = 1;
+  std::printf("cuPointerSetAttribute(SYNC_MEMOPS): %s\n",
+              name(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d)));
+  CUipcMemHandle h;
+  std::printf("cuIpcGetMemHandle: %s\n", name(cuIpcGetMemHandle(&h, d)));
+  std::printf("cuMemFree: %s\n", name(cuMemFree(d)));
+  return 0;
+}
