@@ -2,7 +2,7 @@
 // driver's process checkpoint cannot restore by itself (cusnap restores it
 // through the shim; without the shim it refuses the job).
 //
-//   cusnap-share-job [--mib N] [--interval-ms M] [--share-after PATH]
+//   cusnap-share-job [--mib N] [--interval-ms M] [--share-after PATH] [--private-mib P]
 //
 // Forks first (before any driver call). The parent creates an exportable VMM
 // allocation (cuMemCreate, POSIX file descriptor handle), writes a pattern,
@@ -17,7 +17,10 @@
 // importer ended. --share-after PATH: both processes set up their context
 // (the parent also creates and fills the allocation), print "waiting", and
 // the parent exports it only once PATH exists: a job that begins to share
-// device memory while it runs.
+// device memory while it runs. --private-mib P: each process also holds P
+// MiB of device memory of its own (cuMemAlloc, filled once), which the
+// driver's checkpoint copies: a test on the real driver lengthens that
+// checkpoint with it, to act while it runs.
 #include <unistd.h>
 
 #include "share_util.h"
@@ -25,7 +28,9 @@
 using namespace workload::share;
 
 int main(int argc, char** argv) {
-  Args args(argc, argv, "cusnap-share-job", {}, {"--mib", "--interval-ms", "--share-after"});
+  Args args(argc, argv, "cusnap-share-job", {},
+            {"--mib", "--interval-ms", "--share-after", "--private-mib"});
+  const size_t private_mib = size_t(args.num("--private-mib", 0));
   size_t mib = size_t(args.num("--mib", 4));
   long interval_ms = args.num("--interval-ms", 100);
   const std::string share_after = args.str("--share-after");
@@ -35,6 +40,14 @@ int main(int argc, char** argv) {
   const char* prefix = importer ? "importer " : "";
   CUdevice dev = workload::init_device(who);
   size_t size = vmm_size(dev, mib, who);
+  if (private_mib) {
+    CUdeviceptr own = 0;
+    const size_t bytes = private_mib << 20;
+    if (cuMemAlloc(&own, bytes) != CUDA_SUCCESS || cuMemsetD8(own, 0xA5, bytes) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "%s: cannot hold %zu MiB of its own\n", who, private_mib);
+      return 2;
+    }
+  }
 
   CUdeviceptr ptr;
   if (importer) {
