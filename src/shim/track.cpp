@@ -43,6 +43,7 @@ void reset_inherited(State& s) {
   s.allocs.clear();
   s.by_key.clear();
   s.handles.clear();
+  s.handle_refs.clear();
   s.ranges.clear();
   s.legacy_blocks.clear();
   s.deferred_frees.clear();

@@ -56,6 +56,13 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 /// (track_legacy.cpp). Blocks that are not the shim's go to the driver.
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
+/// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
+/// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
+/// current context's CU_CTX_SYNC_MEMOPS instead, the driver's way to the
+/// same guarantee for such memory (every synchronous memory operation of the
+/// context synchronizes). Anything else goes to the driver.
+CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
+                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
 /// Peer access: a cuMemAlloc block served by a VMM mapping gets access for
 /// every device whose context enabled peer access to the block's device.
 CUresult ctx_enable_peer(decltype(&::cuCtxEnablePeerAccess) real, CUcontext peer,

@@ -456,6 +456,37 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
   }
 }
 
+CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
+                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
+  if (attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS || !value || !active()) {
+    return real(value, attr, ptr);
+  }
+  try {
+    State& s = state();
+    {
+      Lock l(s.mu);
+      auto m = containing(s, ptr);
+      if (m == s.ranges.end() || !s.legacy_blocks.count(m->first)) return real(value, attr, ptr);
+    }
+    // The driver's cuMemAlloc block takes the attribute (measured:
+    // served-block-h100.log) that MPI and UCX transports set before an RDMA
+    // adapter reads the block, so that a synchronous copy into it has landed
+    // when it returns; for VMM memory the driver offers the context's flag.
+    // The flag covers every block of the context, so a 0 (the attribute
+    // cleared) leaves it: the guarantee stays, stronger than asked.
+    if (*static_cast<const unsigned*>(value) == 0) return CUDA_SUCCESS;
+    auto get_flags = REAL(cuCtxGetFlags);
+    auto set_flags = REAL(cuCtxSetFlags);
+    if (!get_flags || !set_flags) return real(value, attr, ptr);  // a driver older than 12.1
+    unsigned flags = 0;
+    if (CUresult r = get_flags(&flags); r != CUDA_SUCCESS) return r;
+    if (flags & CU_CTX_SYNC_MEMOPS) return CUDA_SUCCESS;
+    return set_flags(flags | CU_CTX_SYNC_MEMOPS);
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
 CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
                  CUdeviceptr dptr) noexcept {
   const NoCancel no_cancel;  // close (track_internal.h)

@@ -67,6 +67,7 @@ struct Mapping {
   uint64_t size = 0;
   uint64_t offset = 0;
   uint64_t alloc = 0;      ///< local allocation id, 0 for a multicast object
+  uint64_t handle = 0;     ///< the logical handle it was mapped with (0: none)
   uint64_t multicast = 0;  ///< driver multicast handle mapped here, if any
   std::vector<proto::AccessRecord> access;
   /// Devices whose access here (a cuMemAlloc block) came from peer access
@@ -98,6 +99,11 @@ struct State {
   std::unordered_map<uint64_t, Alloc> allocs;                   ///< local id -> allocation
   std::unordered_map<AllocKey, uint64_t, AllocKeyHash> by_key;  ///< creator name -> local id
   std::unordered_map<uint64_t, uint64_t> handles;               ///< logical handle -> local id
+  /// References a logical handle holds beyond its first: each
+  /// cuMemRetainAllocationHandle of a mapping returns the handle it was
+  /// mapped with, as the driver's does, and adds one; each cuMemRelease
+  /// takes one. Absent: one reference (track_vmm.cpp).
+  std::unordered_map<uint64_t, uint32_t> handle_refs;
   std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
   /// Blocks of legacy_blocks the application freed during a stream capture,

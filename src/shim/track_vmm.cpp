@@ -25,6 +25,24 @@ uint64_t new_handle(State& s, uint64_t id) {
   return h;
 }
 
+/// A reference to allocation id for cuMemRetainAllocationHandle of a mapping
+/// made with logical handle `mapped` (0: none): that handle, as the driver
+/// returns the handle used to map the memory (one more reference when it is
+/// alive; alive again, with one, when the application released it after
+/// mapping: handles are never reused), else a new one. NCCL frees its
+/// buffers so: retain, release, unmap, release the same value again.
+uint64_t retained_handle(State& s, uint64_t id, uint64_t mapped) {
+  if (mapped == 0) return new_handle(s, id);
+  auto it = s.handles.find(mapped);
+  if (it != s.handles.end() && it->second != id) return new_handle(s, id);
+  if (it != s.handles.end())
+    s.handle_refs[mapped]++;
+  else
+    s.handles.emplace(mapped, id);
+  s.allocs[id].handles++;
+  return mapped;
+}
+
 /// Mappings of the range index that overlap [p, p+n): their addresses, and
 /// whether any of them is only partly inside.
 bool overlapping(State& s, uint64_t p, uint64_t n, std::vector<uint64_t>* out) {
@@ -118,8 +136,12 @@ CUresult mem_release(decltype(&::cuMemRelease) real, CUmemGenericAllocationHandl
     auto it = s.handles.find(handle);
     if (it == s.handles.end()) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t id = it->second;
-    s.handles.erase(it);
-    maybe_shrink(s.handles);
+    if (auto extra = s.handle_refs.find(handle); extra != s.handle_refs.end()) {
+      if (--extra->second == 0) s.handle_refs.erase(extra);  // the handle stays, one fewer
+    } else {
+      s.handles.erase(it);
+      maybe_shrink(s.handles);
+    }
     auto a = s.allocs.find(id);
     if (a != s.allocs.end() && a->second.handles) a->second.handles--;
     settle(s, id, &rel, &fds);
@@ -233,15 +255,22 @@ CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
   try {
-    uint64_t id = 0;
+    uint64_t id = 0, mapped = 0;
     {
       Lock l(s.mu);
       auto m = containing(s, reinterpret_cast<uint64_t>(addr));
       if (m == s.ranges.end() || m->second.alloc == 0) return real(handle, addr);
       id = m->second.alloc;
+      mapped = m->second.handle;
       Alloc& a = s.allocs[id];
+      // The driver refuses a cuMemAlloc block here (INVALID_VALUE, measured
+      // on an H100), and legacy IPC memory (the simulated driver's
+      // account): a block the shim serves, or an IPC open it made, is
+      // refused too, so that a library that falls back on a refusal
+      // (NCCL's registration of a cudaMalloc buffer) does as without it.
+      if (a.legacy) return CUDA_ERROR_INVALID_VALUE;
       if (a.driver_held) {
-        *handle = new_handle(s, id);
+        *handle = retained_handle(s, id, mapped);
         return CUDA_SUCCESS;
       }
     }
@@ -266,7 +295,7 @@ CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
           it->second.driver = d;
           it->second.driver_held = true;
         }
-        *handle = new_handle(s, id);
+        *handle = retained_handle(s, id, mapped);
       }
     }
     finish(extra);
@@ -306,6 +335,7 @@ CUresult mem_map(decltype(&::cuMemMap) real, CUdeviceptr ptr, size_t size, size_
     m.size = size;
     m.offset = offset;
     m.alloc = id;
+    m.handle = id ? handle : 0;
     m.multicast = mc;
     if (id) {
       auto a = s.allocs.find(id);

@@ -354,6 +354,24 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
   }
 }
 
+/// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block is taken (the
+/// fake's memory operations are synchronous anyway); on a VMM mapping the
+/// driver refuses it, NOT_SUPPORTED (served-block-h100.log). Other
+/// attributes, and addresses of no device memory: INVALID_VALUE.
+FC_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attribute,
+                                         CUdeviceptr ptr) {
+  FC_ENTER("cuPointerSetAttribute");
+  FC_REQUIRE_INIT();
+  if (!value || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  uintptr_t base = 0;
+  Mapping* m = find_mapping(ptr, &base);
+  if (!m) return CUDA_ERROR_INVALID_VALUE;
+  Allocation* a = find_alloc(m->alloc);
+  if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
 FC_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
   FC_ENTER("cuMemAllocHost");
   return host_alloc(pp, bytesize, 0, InCapture::kUnsafe);

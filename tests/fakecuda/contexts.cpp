@@ -254,6 +254,22 @@ FC_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
   return CUDA_SUCCESS;
 }
 
+/// cuCtxSetFlags: the current context's flags, overwritten (the scheduling
+/// flags and CU_CTX_SYNC_MEMOPS, as the driver documents).
+FC_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+  FC_ENTER("cuCtxSetFlags");
+  FC_REQUIRE_INIT();
+  constexpr unsigned kKnown = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX |
+                              CU_CTX_COREDUMP_ENABLE | CU_CTX_USER_COREDUMP_ENABLE |
+                              CU_CTX_SYNC_MEMOPS;
+  if (flags & ~kKnown) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  Context* c = current_ctx();
+  if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  c->flags = flags;
+  return CUDA_SUCCESS;
+}
+
 FC_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long* ctxId) {
   FC_ENTER("cuCtxGetId");
   FC_REQUIRE_INIT();

@@ -380,6 +380,7 @@ int main(int argc, char** argv) {
       {"alloc_fallback", alloc_fallback},
       {"free_sync", free_sync},
       {"free_async", free_async},
+      {"nccl_free", nccl_free},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

@@ -115,6 +115,7 @@ int peer();
 int alloc_fallback();
 int free_sync();
 int free_async();
+int nccl_free();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

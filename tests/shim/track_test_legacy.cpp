@@ -18,7 +18,9 @@ namespace track_test {
 
 /// Legacy IPC on cuMemAlloc memory: the same address on repeated opens in one
 /// context, bytes both ways, records on both sides. The served block stays a
-/// GPUDirect RDMA buffer, as the driver's cuMemAlloc block is.
+/// GPUDirect RDMA buffer, as the driver's cuMemAlloc block is, and takes
+/// SYNC_MEMOPS (which the driver refuses for VMM memory): the shim sets the
+/// context's CU_CTX_SYNC_MEMOPS instead.
 int ipc() {
   REQ_OK(init_primary());
   CUdeviceptr d;
@@ -27,6 +29,12 @@ int ipc() {
   int rdma = 0;
   REQ_OK(cuPointerGetAttribute(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, d + 4096));
   REQ(rdma == 1);
+  unsigned flags = 0, one = 1;
+  REQ_OK(cuCtxGetFlags(&flags));
+  REQ(!(flags & CU_CTX_SYNC_MEMOPS));
+  REQ_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d + 4096));
+  REQ_OK(cuCtxGetFlags(&flags));
+  REQ(flags & CU_CTX_SYNC_MEMOPS);
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   const uint64_t calls = r.sharing_calls;

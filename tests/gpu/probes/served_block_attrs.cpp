@@ -4,9 +4,10 @@
 // allocation): the attributes a library may test before it shares or frees
 // a block (IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES, MEMPOOL_HANDLE,
 // the range and the mapping), cuMemGetAddressRange of an interior pointer,
-// and cuPointerSetAttribute(SYNC_MEMOPS); and the device's GPUDirect RDMA
-// attributes, with what a VMM allocation reports without and with
-// allocFlags.gpuDirectRDMACapable.
+// cuPointerSetAttribute(SYNC_MEMOPS) and cuMemRetainAllocationHandle; and the
+// device's GPUDirect RDMA attributes, with what a VMM allocation reports
+// without and with allocFlags.gpuDirectRDMACapable (and which handle a retain
+// of its mapping returns).
 // Build: g++ -O1 -o served_block_attrs served_block_attrs.cpp -I$CUDA/include -L$CUDA/lib64/stubs
 // -lcuda
 #include <cuda.h>
@@ -61,6 +62,11 @@ int main() {
     cuMemSetAccess(va, vs, &acc, 1);
     std::printf("\n");
     attr("IS_GPU_DIRECT_RDMA_CAPABLE", CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, va);
+    CUmemGenericAllocationHandle again = 0;
+    CUresult rr = cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + 4096));
+    std::printf("   cuMemRetainAllocationHandle: %s, %s\n", name(rr),
+                again == h ? "the handle it was mapped with" : "another handle");
+    if (rr == CUDA_SUCCESS) std::printf("   cuMemRelease of it: %s\n", name(cuMemRelease(again)));
     cuMemUnmap(va, vs);
     cuMemAddressFree(va, vs);
     cuMemRelease(h);
@@ -90,6 +96,9 @@ int main() {
   unsigned one = 1;
   std::printf("cuPointerSetAttribute(SYNC_MEMOPS): %s\n",
               name(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d)));
+  CUmemGenericAllocationHandle retained = 0;
+  std::printf("cuMemRetainAllocationHandle: %s\n",
+              name(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(d))));
   CUipcMemHandle h;
   std::printf("cuIpcGetMemHandle: %s\n", name(cuIpcGetMemHandle(&h, d)));
   std::printf("cuMemFree: %s\n", name(cuMemFree(d)));
