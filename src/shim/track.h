@@ -56,6 +56,13 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 /// (track_legacy.cpp). Blocks that are not the shim's go to the driver.
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
+/// Context ctx is gone (cuCtxDestroy; a primary context's reset or last
+/// release): the blocks the shim served in it are freed, as the driver frees
+/// a context's cuMemAlloc blocks with it (the shim's VMM memory would stay).
+void context_gone(CUcontext ctx) noexcept;
+/// The primary context of device dev when it is active (nullptr otherwise),
+/// without retaining it: what a reset or release is about to take.
+CUcontext active_primary(CUdevice dev) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
 /// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
 /// current context's CU_CTX_SYNC_MEMOPS instead, the driver's way to the

@@ -80,6 +80,7 @@ CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v4)
         track::note_context(ctx, false);                 \
         const CUresult r = real(ctx);                    \
         cut::kernels_unloaded();                         \
+        if (r == CUDA_SUCCESS) track::context_gone(ctx); \
         return r;                                        \
       };                                                 \
     }                                                    \
@@ -138,11 +139,28 @@ struct Hook<Entry::cuMulticastBindAddr_v2> {
   };
 CUSNAP_UNLOAD_HOOK(cuModuleUnload)
 CUSNAP_UNLOAD_HOOK(cuLibraryUnload)
-CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxRelease)
-CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxRelease_v2)
-CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxReset)
-CUSNAP_UNLOAD_HOOK(cuDevicePrimaryCtxReset_v2)
 #undef CUSNAP_UNLOAD_HOOK
+// A primary context's reset, or its last release, destroys it: its kernels
+// and, with the driver's, its cuMemAlloc blocks (track::context_gone).
+#define CUSNAP_PRIMARY_GOES_HOOK(entry, reset)                                                \
+  template <>                                                                                 \
+  struct Hook<Entry::entry> {                                                                 \
+    static auto bind(decltype(&::entry) real) noexcept {                                      \
+      return [real](CUdevice dev) noexcept {                                                  \
+        const CUcontext primary = track::active_primary(dev);                                 \
+        const CUresult r = real(dev);                                                         \
+        cut::kernels_unloaded();                                                              \
+        if (r == CUDA_SUCCESS && primary && (reset || track::active_primary(dev) == nullptr)) \
+          track::context_gone(primary);                                                       \
+        return r;                                                                             \
+      };                                                                                      \
+    }                                                                                         \
+  };
+CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxRelease, false)
+CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxRelease_v2, false)
+CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxReset, true)
+CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxReset_v2, true)
+#undef CUSNAP_PRIMARY_GOES_HOOK
 
 // Kernel launches: collective kernels go through the cut (cut.h), unless the
 // stream captures them into a graph.

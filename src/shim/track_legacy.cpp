@@ -45,6 +45,7 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   *id = b->second;
   s.legacy_blocks.erase(b);
   maybe_shrink(s.legacy_blocks);
+  s.block_ctx.erase(dptr);
   auto m = s.ranges.find(dptr);
   if (m != s.ranges.end()) {
     *size = m->second.size;
@@ -100,6 +101,8 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
   *failed = "cuCtxGetDevice";
   CUresult r = get_dev(&dev);
   if (r != CUDA_SUCCESS) return r;
+  CUcontext ctx = nullptr;
+  if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&ctx);
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -166,9 +169,11 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
     union_access(&m.access, desc);
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
+    s.block_ctx[addr] = ctx;
   } catch (...) {
     {
       Lock l(s.mu);
+      s.block_ctx.erase(addr);
       auto b = s.legacy_blocks.find(addr);
       if (b != s.legacy_blocks.end() && b->second == id) s.legacy_blocks.erase(b);
       auto m = s.ranges.find(addr);
@@ -454,6 +459,48 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
+}
+
+void context_gone(CUcontext ctx) noexcept {
+  const NoCancel no_cancel;  // as mem_free
+  if (!ctx || !tracking_on() || !active()) return;
+  try {
+    State& s = state();
+    struct Gone {
+      uint64_t addr, id, size;
+    };
+    std::vector<Gone> gone;
+    {
+      Lock l(s.mu);
+      std::vector<uint64_t> addrs;
+      for (const auto& [addr, c] : s.block_ctx)
+        if (c == ctx) addrs.push_back(addr);
+      for (uint64_t addr : addrs) {
+        Gone g{addr, 0, 0};
+        int32_t dev = 0;
+        if (take_block(s, addr, &g.id, &g.size, &dev)) gone.push_back(g);
+        auto& d = s.deferred_frees;
+        d.erase(std::remove(d.begin(), d.end(), addr), d.end());
+      }
+    }
+    // No synchronize: the context's work went with it.
+    for (const Gone& g : gone) drop_block(s, g.addr, g.id, g.size);
+  } catch (...) {
+  }
+}
+
+CUcontext active_primary(CUdevice dev) noexcept {
+  auto state_of = REAL(cuDevicePrimaryCtxGetState);
+  auto retain = REAL(cuDevicePrimaryCtxRetain);
+  auto release = REAL(cuDevicePrimaryCtxRelease_v2);
+  if (!tracking_on() || !state_of || !retain || !release) return nullptr;
+  unsigned flags = 0;
+  int on = 0;
+  CUcontext ctx = nullptr;
+  if (state_of(dev, &flags, &on) != CUDA_SUCCESS || !on) return nullptr;
+  if (retain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
+  release(dev);  // active before the retain: this release does not destroy it
+  return ctx;
 }
 
 CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,

@@ -35,6 +35,7 @@ CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32, InCapture in_cap
   if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t id = 0;
   if (CUresult r = new_allocation(AllocKind::kLegacy, size, c->dev, &id)) return r;
+  find_alloc(id)->owner = c;
   uintptr_t va = 0;
   if (CUresult r = reserve_va(size, kGranularity, 0, low32, true, &va)) {
     maybe_destroy(id);

@@ -1,5 +1,6 @@
 // Primary contexts, created contexts and the per-thread context stack.
 #include "gate.h"
+#include "memory.h"
 #include "state.h"
 
 #include <algorithm>
@@ -39,6 +40,7 @@ CUresult ctx_destroy(CUcontext ctx) {
   auto* c = reinterpret_cast<Context*>(ctx);
   if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
   d.contexts.erase(c);
+  free_context_blocks(c);
   for (auto it = d.peer_access.begin(); it != d.peer_access.end();)
     it = (it->first == c || it->second == c) ? d.peer_access.erase(it) : std::next(it);
   drop_from_stack(ctx);
@@ -70,7 +72,7 @@ CUresult primary_release(CUdevice dev) {
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Context* p = d.primary[dev];
   if (p->primary_refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-  --p->primary_refs;
+  if (--p->primary_refs == 0) free_context_blocks(p);  // the last release destroys it
   return CUDA_SUCCESS;
 }
 
@@ -91,6 +93,7 @@ CUresult primary_reset(CUdevice dev) {
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   d.primary[dev]->primary_refs = 0;
   d.primary[dev]->flags = 0;
+  free_context_blocks(d.primary[dev]);  // "destroy all allocations
   return CUDA_SUCCESS;
 }
 

@@ -291,4 +291,16 @@ CUresult check_range(uintptr_t p, size_t n, bool write) {
   return CUDA_SUCCESS;
 }
 
+void free_context_blocks(const void* owner) {
+  std::vector<std::pair<uintptr_t, size_t>> gone;
+  for (auto& [va, m] : driver().mappings) {
+    const Allocation* a = find_alloc(m.alloc);
+    if (a && a->kind == AllocKind::kLegacy && a->owner == owner) gone.emplace_back(va, m.size);
+  }
+  for (auto [va, size] : gone) {
+    unmap_range(va, size);
+    free_va(va, size);
+  }
+}
+
 }  // namespace fc

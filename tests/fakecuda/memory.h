@@ -57,4 +57,9 @@ CUresult check_range(uintptr_t p, size_t n, bool write);
 /// Allocation by handle, or nullptr.
 Allocation* find_alloc(uint64_t id);
 
+/// Frees the cuMemAlloc blocks of context `owner` (Driver::mu held), as the
+/// driver does when the context goes (cuCtxDestroy, a primary context's reset
+/// or last release); VMM memory stays.
+void free_context_blocks(const void* owner);
+
 }  // namespace fc

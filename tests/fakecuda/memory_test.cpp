@@ -97,6 +97,37 @@ TEST_CASE("fakecuda: memory calls need a context") {
         }) == 0);
 }
 
+TEST_CASE("fakecuda: a context's cuMemAlloc blocks go with it, its VMM memory stays") {
+  CHECK(run_child([] {
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          CUdevice dev = 0;
+          CUcontext own = nullptr, primary = nullptr;
+          FC_REQ(cuCtxCreate(&own, nullptr, 0, dev) == CUDA_SUCCESS);
+          CUdeviceptr a = 0, b = 0;
+          FC_REQ(cuMemAlloc(&a, 16) == CUDA_SUCCESS);
+          VmmBuffer v;
+          FC_REQ(vmm_create(2 << 20, &v) == CUDA_SUCCESS);
+          FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
+          FC_REQ(maps_line(a).find("memfd") == std::string::npos);      // gone
+          FC_REQ(maps_line(v.ptr).find("memfd") != std::string::npos);  // stays
+          FC_REQ(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
+          FC_REQ(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+          FC_REQ(cuMemAlloc(&b, 16) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // not the last
+          FC_REQ(cuMemFree(b) == CUDA_SUCCESS);
+          FC_REQ(cuMemAlloc(&b, 16) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // the last
+          FC_REQ(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
+          FC_REQ(cuMemAlloc(&b, 16) == CUDA_SUCCESS);
+          FC_REQ(cuDevicePrimaryCtxReset(dev) == CUDA_SUCCESS);
+          FC_REQ(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(vmm_destroy(v) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+}
+
 TEST_CASE("fakecuda: memcpy families") {
   REQUIRE(init_primary() == CUDA_SUCCESS);
   const size_t n = 1 << 20;

@@ -101,6 +101,7 @@ struct Allocation {
   dev_t st_dev = 0;
   ino_t st_ino = 0;
   CUmemAllocationProp prop{};
+  const void* owner = nullptr;  ///< a cuMemAlloc block's context (its Context*)
   int handle_refs = 0;    ///< create/import/retain minus release
   int map_refs = 0;       ///< live mappings
   void* saved = nullptr;  ///< bytes while checkpointed (anonymous mapping)

@@ -381,6 +381,7 @@ int main(int argc, char** argv) {
       {"free_sync", free_sync},
       {"free_async", free_async},
       {"nccl_free", nccl_free},
+      {"context_blocks", context_blocks},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

@@ -116,6 +116,7 @@ int alloc_fallback();
 int free_sync();
 int free_async();
 int nccl_free();
+int context_blocks();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

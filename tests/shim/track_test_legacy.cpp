@@ -570,4 +570,44 @@ int free_async() {
   return 0;
 }
 
+/// The blocks the shim served in a context go with the context, as the
+/// driver's cuMemAlloc blocks do and its VMM memory does not: cuCtxDestroy,
+/// cuDevicePrimaryCtxReset (cudaDeviceReset), the primary context's last
+/// release; blocks of another context, and a release that is not the last,
+/// leave them.
+int context_blocks() {
+  REQ_OK(cuInit(0));
+  CUdevice dev;
+  REQ_OK(cuDeviceGet(&dev, 0));
+  CUcontext own = nullptr, primary = nullptr;
+  REQ_OK(cuCtxCreate(&own, nullptr, 0, dev));
+  CUdeviceptr a = 0, b = 0;
+  REQ_OK(cuMemAlloc(&a, 1 << 20));
+  REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+  REQ_OK(cuCtxSetCurrent(primary));
+  REQ_OK(cuMemAlloc(&b, 1 << 20));
+  proto::ShimRecords r;
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 2);
+  REQ_OK(cuCtxDestroy(own));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.mappings.size() == 1 && r.mappings[0].address == b);
+  REQ(cuMemFree(a) == CUDA_ERROR_INVALID_VALUE);  // gone with its context
+  REQ_OK(cuDevicePrimaryCtxReset(dev));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+
+  REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+  REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+  REQ_OK(cuCtxSetCurrent(primary));
+  REQ_OK(cuMemAlloc(&b, 1 << 20));
+  REQ_OK(cuDevicePrimaryCtxRelease(dev));  // not the last
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1);
+  REQ_OK(cuDevicePrimaryCtxRelease(dev));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
 }  // namespace track_test
