@@ -46,7 +46,7 @@ void reset_inherited(State& s) {
   s.handle_refs.clear();
   s.ranges.clear();
   s.legacy_blocks.clear();
-  s.block_ctx.clear();
+  s.block_asked.clear();
   s.deferred_frees.clear();
   s.ipc.clear();
   s.peers.clear();

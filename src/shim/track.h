@@ -63,6 +63,16 @@ void context_gone(CUcontext ctx) noexcept;
 /// The primary context of device dev when it is active (nullptr otherwise),
 /// without retaining it: what a reset or release is about to take.
 CUcontext active_primary(CUdevice dev) noexcept;
+/// The pointer queries inside a block the shim serves answer as for the
+/// driver's cuMemAlloc block (measured: served-block-h100.log): legacy-IPC
+/// capable, no shareable handle types, the size asked for, the context it
+/// was allocated in. The rest is the driver's answer for the mapping.
+CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
+                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
+CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned int n,
+                           CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept;
+CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* base, size_t* size,
+                       CUdeviceptr ptr) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
 /// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
 /// current context's CU_CTX_SYNC_MEMOPS instead, the driver's way to the

@@ -45,7 +45,7 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   *id = b->second;
   s.legacy_blocks.erase(b);
   maybe_shrink(s.legacy_blocks);
-  s.block_ctx.erase(dptr);
+  s.block_asked.erase(dptr);
   auto m = s.ranges.find(dptr);
   if (m != s.ranges.end()) {
     *size = m->second.size;
@@ -169,11 +169,11 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
     union_access(&m.access, desc);
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
-    s.block_ctx[addr] = ctx;
+    s.block_asked[addr] = State::BlockAsked{ctx, bytes};
   } catch (...) {
     {
       Lock l(s.mu);
-      s.block_ctx.erase(addr);
+      s.block_asked.erase(addr);
       auto b = s.legacy_blocks.find(addr);
       if (b != s.legacy_blocks.end() && b->second == id) s.legacy_blocks.erase(b);
       auto m = s.ranges.find(addr);
@@ -473,8 +473,8 @@ void context_gone(CUcontext ctx) noexcept {
     {
       Lock l(s.mu);
       std::vector<uint64_t> addrs;
-      for (const auto& [addr, c] : s.block_ctx)
-        if (c == ctx) addrs.push_back(addr);
+      for (const auto& [addr, asked] : s.block_asked)
+        if (asked.ctx == ctx) addrs.push_back(addr);
       for (uint64_t addr : addrs) {
         Gone g{addr, 0, 0};
         int32_t dev = 0;
@@ -501,6 +501,90 @@ CUcontext active_primary(CUdevice dev) noexcept {
   if (retain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
   release(dev);  // active before the retain: this release does not destroy it
   return ctx;
+}
+
+namespace {
+
+/// The block the shim serves that holds ptr: its base and what was asked of
+/// it; false for any other address.
+bool served_at(CUdeviceptr ptr, uint64_t* base, State::BlockAsked* asked) {
+  if (!active()) return false;
+  State& s = state();
+  Lock l(s.mu);
+  auto m = containing(s, ptr);
+  if (m == s.ranges.end()) return false;
+  auto b = s.block_asked.find(m->first);
+  if (b == s.block_asked.end()) return false;
+  *base = m->first;
+  *asked = b->second;
+  return true;
+}
+
+/// Rewrites the driver's answer for the mapping (in *data) into its answer
+/// for a cuMemAlloc block. The driver wrote 0 for IS_LEGACY_CUDA_IPC_CAPABLE
+/// and 1 (the POSIX descriptor) for ALLOWED_HANDLE_TYPES, in the width the
+/// caller's variable has: only their lowest byte changes, so any width reads
+/// 1 and 0.
+void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<unsigned char*>(data) = 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *static_cast<unsigned char*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = asked.bytes;
+      break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      if (asked.ctx) *static_cast<CUcontext*>(data) = asked.ctx;
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
+                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
+  const CUresult r = real(data, attr, ptr);
+  if (r != CUDA_SUCCESS || !data) return r;
+  try {
+    uint64_t base = 0;
+    State::BlockAsked asked;
+    if (served_at(ptr, &base, &asked)) as_driver_block(attr, data, asked);
+  } catch (...) {  // the driver's answer stands
+  }
+  return r;
+}
+
+CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned int n,
+                           CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept {
+  const CUresult r = real(n, attrs, data, ptr);
+  if (r != CUDA_SUCCESS || !attrs || !data) return r;
+  try {
+    uint64_t base = 0;
+    State::BlockAsked asked;
+    if (!served_at(ptr, &base, &asked)) return r;
+    for (unsigned int i = 0; i < n; ++i)
+      if (data[i]) as_driver_block(attrs[i], data[i], asked);
+  } catch (...) {
+  }
+  return r;
+}
+
+CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* pbase, size_t* psize,
+                       CUdeviceptr ptr) noexcept {
+  const CUresult r = real(pbase, psize, ptr);
+  if (r != CUDA_SUCCESS || !psize) return r;
+  try {
+    uint64_t base = 0;
+    State::BlockAsked asked;
+    if (served_at(ptr, &base, &asked)) *psize = asked.bytes;
+  } catch (...) {
+  }
+  return r;
 }
 
 CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,

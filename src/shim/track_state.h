@@ -106,9 +106,15 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> handle_refs;
   std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
-  /// cuMemAlloc address -> the context current when the shim served it: the
-  /// driver frees a context's blocks when the context goes, the shim too.
-  std::unordered_map<uint64_t, CUcontext> block_ctx;
+  /// What the application asked for of a block the shim serves.
+  struct BlockAsked {
+    /// The context current when the shim served it: the driver frees a
+    /// context's blocks when the context goes, the shim too; and the
+    /// pointer queries name it (CU_POINTER_ATTRIBUTE_CONTEXT).
+    CUcontext ctx = nullptr;
+    uint64_t bytes = 0;  ///< the size asked for (the mapping is rounded up)
+  };
+  std::unordered_map<uint64_t, BlockAsked> block_asked;  ///< cuMemAlloc address ->
   /// Blocks of legacy_blocks the application freed during a stream capture,
   /// freed at its first cuMemFree or cuMemFreeAsync after the capture
   /// (track_legacy.cpp).

@@ -285,13 +285,12 @@ FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psi
   return r;
 }
 
-FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
-                                         CUdeviceptr ptr) {
-  FC_ENTER("cuPointerGetAttribute");
-  FC_REQUIRE_INIT();
+namespace {
+
+/// One attribute of ptr, as cuPointerGetAttribute answers (Driver::mu held).
+CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   if (!data) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
-  std::lock_guard<std::mutex> l(d.mu);
   uintptr_t base = 0;
   Mapping* m = find_mapping(ptr, &base);
   if (!m) {
@@ -353,6 +352,31 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
+}
+
+}  // namespace
+
+FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                         CUdeviceptr ptr) {
+  FC_ENTER("cuPointerGetAttribute");
+  FC_REQUIRE_INIT();
+  std::lock_guard<std::mutex> l(driver().mu);
+  return pointer_attribute(data, attribute, ptr);
+}
+
+/// cuPointerGetAttributes: each attribute as cuPointerGetAttribute answers
+/// it; one it cannot answer (an address of no memory, an attribute the fake
+/// does not keep) is left as the caller set it, and the call succeeds, as
+/// the driver's does for an address that is no CUDA pointer.
+FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                          CUpointer_attribute* attributes, void** data,
+                                          CUdeviceptr ptr) {
+  FC_ENTER("cuPointerGetAttributes");
+  FC_REQUIRE_INIT();
+  if (numAttributes == 0 || !attributes || !data) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> l(driver().mu);
+  for (unsigned int i = 0; i < numAttributes; ++i) pointer_attribute(data[i], attributes[i], ptr);
+  return CUDA_SUCCESS;
 }
 
 /// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block is taken (the

@@ -20,7 +20,8 @@ namespace track_test {
 /// context, bytes both ways, records on both sides. The served block stays a
 /// GPUDirect RDMA buffer, as the driver's cuMemAlloc block is, and takes
 /// SYNC_MEMOPS (which the driver refuses for VMM memory): the shim sets the
-/// context's CU_CTX_SYNC_MEMOPS instead.
+/// context's CU_CTX_SYNC_MEMOPS instead; the pointer queries answer as for
+/// the driver's block.
 int ipc() {
   REQ_OK(init_primary());
   CUdeviceptr d;
@@ -35,6 +36,30 @@ int ipc() {
   REQ_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d + 4096));
   REQ_OK(cuCtxGetFlags(&flags));
   REQ(flags & CU_CTX_SYNC_MEMOPS);
+  // The pointer queries answer as for the driver's block: legacy-IPC
+  // capable, no shareable handle types, the size asked for, its context.
+  int legacy = 0;
+  unsigned long long types = 7;
+  size_t range = 0;
+  CUcontext ctx = nullptr, cur = nullptr;
+  REQ_OK(cuCtxGetCurrent(&cur));
+  REQ_OK(cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, d + 4096));
+  REQ_OK(cuPointerGetAttribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, d));
+  REQ_OK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d));
+  REQ_OK(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+  REQ(legacy == 1 && types == 0 && range == (3u << 20) && ctx == cur);
+  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                 CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES};
+  legacy = 0;
+  range = 0;
+  types = 7;
+  void* into[] = {&legacy, &range, &types};
+  REQ_OK(cuPointerGetAttributes(3, which, into, d + 4096));
+  REQ(legacy == 1 && range == (3u << 20) && types == 0);
+  CUdeviceptr base = 0;
+  REQ_OK(cuMemGetAddressRange(&base, &range, d + 4096));
+  REQ(base == d && range == (3u << 20));
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   const uint64_t calls = r.sharing_calls;
