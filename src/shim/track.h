@@ -14,6 +14,8 @@
 // (fork_table.h). Both are taken inside the gate.
 #pragma once
 
+#include <vector>
+
 #include "shim/entries.h"
 
 namespace cusnap::shim::track {
@@ -56,10 +58,17 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 /// (track_legacy.cpp). Blocks that are not the shim's go to the driver.
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
-/// Context ctx is gone (cuCtxDestroy; a primary context's reset or last
-/// release): the blocks the shim served in it are freed, as the driver frees
+/// A block the shim serves: its address and allocation id.
+struct ServedBlock {
+  uint64_t addr = 0;
+  uint64_t id = 0;
+};
+/// The blocks the shim served in context ctx, taken before the context goes.
+std::vector<ServedBlock> blocks_of(CUcontext ctx) noexcept;
+/// Their context is gone (cuCtxDestroy; a primary context's reset or last
+/// release): those of the blocks still there are freed, as the driver frees
 /// a context's cuMemAlloc blocks with it (the shim's VMM memory would stay).
-void context_gone(CUcontext ctx) noexcept;
+void context_gone(const std::vector<ServedBlock>& blocks) noexcept;
 /// The primary context of device dev when it is active (nullptr otherwise),
 /// without retaining it: what a reset or release is about to take.
 CUcontext active_primary(CUdevice dev) noexcept;

@@ -1,5 +1,6 @@
-// Tracking of legacy allocations and IPC: cuMemAlloc/cuMemFree served by
-// exportable VMM allocations, cuIpcGetMemHandle/OpenMemHandle/CloseMemHandle.
+// Tracking of legacy allocations: cuMemAlloc, cuMemFree and cuMemFreeAsync
+// served by exportable VMM allocations, and the blocks that go with their
+// context (legacy IPC: track_ipc.cpp; the pointer queries: track_queries.cpp).
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
@@ -129,7 +130,12 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
   const size_t size = (bytes + g - 1) / g * g;
   CUmemGenericAllocationHandle d = 0;
   *failed = "cuMemCreate";
-  if ((r = create(&d, size, &prop, 0)) != CUDA_SUCCESS) return r;
+  r = create(&d, size, &prop, 0);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.allocFlags.gpuDirectRDMACapable) {
+    prop.allocFlags.gpuDirectRDMACapable = 0;  // refused with the flag: a block all the same
+    r = create(&d, size, &prop, 0);
+  }
+  if (r != CUDA_SUCCESS) return r;
   CUdeviceptr addr = 0;
   *failed = "cuMemAddressReserve";
   if ((r = reserve(&addr, size, 0, 0, 0)) != CUDA_SUCCESS) {
@@ -283,11 +289,19 @@ CUresult answer_of_sync(CUresult r) {
 
 }  // namespace
 
+namespace {
+void reap_pending(State& s);  // below, with the frees
+}  // namespace
+
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
   if (!active() || !legacy_vmm()) return real(dptr, bytes);
   if (!dptr || bytes == 0) return real(dptr, bytes);
   if (captures::any())
     if (CUresult r = capture_allows_alloc(); r != CUDA_SUCCESS) return r;
+  try {
+    reap_pending(state());  // blocks freed in stream order whose stream got there
+  } catch (...) {
+  }
   // Where the shim cannot serve the block (the rounding to the granularity
   // tips a nearly full device over; a device without POSIX-fd handles), the
   // driver's own cuMemAlloc may: the block is then the driver's, untracked,
@@ -388,6 +402,85 @@ bool refuses_stream(CUresult r) {
          r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED;
 }
 
+/// Whether the block at addr waits in pending_frees (s.mu held): freed
+/// already, as far as the application is concerned.
+bool pending(const State& s, uint64_t addr) {
+  for (const auto& p : s.pending_frees)
+    if (p.addr == addr) return true;
+  return false;
+}
+
+/// Frees the blocks of pending_frees whose event has completed (or failed: a
+/// context gone bad, whose work is over), and destroys their events. The
+/// list is taken whole under s.mu, queried without it, and what is not
+/// ready yet goes back.
+void reap_pending(State& s) {
+  if (s.pending_count.load(std::memory_order_acquire) == 0) return;
+  auto query = REAL(cuEventQuery);
+  auto destroy = REAL(cuEventDestroy_v2);
+  if (!query || !destroy) return;
+  std::vector<State::PendingFree> all, later;
+  {
+    Lock l(s.mu);
+    all.swap(s.pending_frees);
+    s.pending_count.store(0, std::memory_order_release);
+  }
+  std::vector<State::PendingFree> done;
+  for (const auto& p : all) (query(p.event) == CUDA_ERROR_NOT_READY ? later : done).push_back(p);
+  for (const auto& p : done) {
+    uint64_t id = 0, size = 0;
+    int32_t dev = 0;
+    bool taken = false;
+    {
+      Lock l(s.mu);
+      auto b = s.legacy_blocks.find(p.addr);
+      if (b != s.legacy_blocks.end() && b->second == p.id)
+        taken = take_block(s, p.addr, &id, &size, &dev);
+    }
+    if (taken) drop_block(s, p.addr, id, size);
+    destroy(p.event);
+  }
+  if (later.empty()) return;
+  Lock l(s.mu);
+  s.pending_frees.insert(s.pending_frees.end(), later.begin(), later.end());
+  s.pending_count.store(s.pending_frees.size(), std::memory_order_release);
+}
+
+/// cuMemFreeAsync of the shim's block at dptr without a capture under way:
+/// an event recorded on the stream marks where the stream reaches the free,
+/// and the block goes once it has completed (reap_pending). The call returns
+/// at once, as the driver's. CUDA_ERROR_NOT_SUPPORTED where no event could
+/// be made (the caller then waits for the stream instead); the driver's
+/// refusal of the stream otherwise.
+CUresult free_in_stream_order(State& s, CUdeviceptr dptr, CUstream stream) {
+  auto create = REAL(cuEventCreate);
+  auto record = REAL(cuEventRecord);
+  auto destroy = REAL(cuEventDestroy_v2);
+  if (!create || !record || !destroy) return CUDA_ERROR_NOT_SUPPORTED;
+  CUevent ev = nullptr;
+  if (create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+  if (CUresult r = record(ev, stream); r != CUDA_SUCCESS) {
+    destroy(ev);
+    return refuses_stream(r) ? r : CUDA_ERROR_NOT_SUPPORTED;
+  }
+  bool queued = false;
+  {
+    Lock l(s.mu);
+    auto b = s.legacy_blocks.find(dptr);
+    if (b != s.legacy_blocks.end() && !pending(s, dptr)) {
+      s.pending_frees.push_back({dptr, b->second, ev});
+      s.pending_count.store(s.pending_frees.size(), std::memory_order_release);
+      queued = true;
+    }
+  }
+  if (!queued) {  // freed meanwhile by another thread
+    destroy(ev);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  reap_pending(s);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
@@ -411,7 +504,12 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
       if (ours) return defer_free(s, dptr);
       return free_driver_block(s, real, dptr);
     }
+    {
+      Lock l(s.mu);
+      if (pending(s, dptr)) return CUDA_ERROR_INVALID_VALUE;  // freed already (cuMemFreeAsync)
+    }
     free_deferred(s, real);
+    reap_pending(s);
     return free_block(s, real, dptr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
@@ -432,19 +530,26 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
     if (!ours)
       return free_driver_block(
           s, [&](CUdeviceptr p) { return real(p, stream); }, dptr);
+    {
+      Lock l(s.mu);
+      if (pending(s, dptr)) return CUDA_ERROR_INVALID_VALUE;  // freed already
+    }
     // The driver frees a cuMemAlloc block here in stream order (measured:
     // gone once the stream reaches the free), and refuses the shim's
     // VMM-mapped address (INVALID_VALUE, the block left mapped). The shim
-    // waits for the stream instead, then frees the block: the same order,
-    // the host held meanwhile. A synchronize during a capture would fail
-    // and invalidate it (captures.h): the free is deferred, as cuMemFree's,
-    // which the driver allows here in every capture mode.
+    // frees the block once an event recorded on the stream has completed.
+    // During a capture the event would join the graph: the free is
+    // deferred, as cuMemFree's, which the driver allows here in every
+    // capture mode.
     if (captures::any()) return defer_free(s, dptr);
-    auto sync = REAL(cuStreamSynchronize);
     const bool per_thread = ptsz && stream == nullptr;
-    const CUresult synced = sync ? sync(per_thread ? CU_STREAM_PER_THREAD : stream) : CUDA_SUCCESS;
-    if (refuses_stream(synced)) return synced;
+    const CUstream on = per_thread ? CU_STREAM_PER_THREAD : stream;
     if (auto free_real = REAL(cuMemFree_v2)) free_deferred(s, free_real);
+    if (CUresult r = free_in_stream_order(s, dptr, on); r != CUDA_ERROR_NOT_SUPPORTED) return r;
+    // No event: wait for the stream, then free the block (the host held).
+    auto sync = REAL(cuStreamSynchronize);
+    const CUresult synced = sync ? sync(on) : CUDA_SUCCESS;
+    if (refuses_stream(synced)) return synced;
     uint64_t id = 0, size = 0;
     int32_t dev = 0;
     bool taken = false;
@@ -461,9 +566,25 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
   }
 }
 
-void context_gone(CUcontext ctx) noexcept {
+std::vector<ServedBlock> blocks_of(CUcontext ctx) noexcept {
+  std::vector<ServedBlock> out;
+  if (!ctx || !tracking_on() || !active()) return out;
+  try {
+    State& s = state();
+    Lock l(s.mu);
+    for (const auto& [addr, asked] : s.block_asked) {
+      auto b = s.legacy_blocks.find(addr);
+      if (asked.ctx == ctx && b != s.legacy_blocks.end()) out.push_back({addr, b->second});
+    }
+  } catch (...) {
+    out.clear();
+  }
+  return out;
+}
+
+void context_gone(const std::vector<ServedBlock>& blocks) noexcept {
   const NoCancel no_cancel;  // as mem_free
-  if (!ctx || !tracking_on() || !active()) return;
+  if (blocks.empty()) return;
   try {
     State& s = state();
     struct Gone {
@@ -472,15 +593,24 @@ void context_gone(CUcontext ctx) noexcept {
     std::vector<Gone> gone;
     {
       Lock l(s.mu);
-      std::vector<uint64_t> addrs;
-      for (const auto& [addr, asked] : s.block_asked)
-        if (asked.ctx == ctx) addrs.push_back(addr);
-      for (uint64_t addr : addrs) {
-        Gone g{addr, 0, 0};
+      for (const ServedBlock& b : blocks) {
+        // Only the block taken before the context went: another thread's
+        // new block at a reused address (or in a context that got the same
+        // handle back) is not the context's.
+        auto it = s.legacy_blocks.find(b.addr);
+        if (it == s.legacy_blocks.end() || it->second != b.id) continue;
+        Gone g{b.addr, 0, 0};
         int32_t dev = 0;
-        if (take_block(s, addr, &g.id, &g.size, &dev)) gone.push_back(g);
+        if (take_block(s, b.addr, &g.id, &g.size, &dev)) gone.push_back(g);
         auto& d = s.deferred_frees;
-        d.erase(std::remove(d.begin(), d.end(), addr), d.end());
+        d.erase(std::remove(d.begin(), d.end(), b.addr), d.end());
+        // A free in stream order of it waits no more: its event went with
+        // the context (not destroyed here).
+        auto& p = s.pending_frees;
+        p.erase(std::remove_if(p.begin(), p.end(),
+                               [&](const State::PendingFree& f) { return f.addr == b.addr; }),
+                p.end());
+        s.pending_count.store(p.size(), std::memory_order_release);
       }
     }
     // No synchronize: the context's work went with it.
@@ -501,322 +631,6 @@ CUcontext active_primary(CUdevice dev) noexcept {
   if (retain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
   release(dev);  // active before the retain: this release does not destroy it
   return ctx;
-}
-
-namespace {
-
-/// The block the shim serves that holds ptr: its base and what was asked of
-/// it; false for any other address.
-bool served_at(CUdeviceptr ptr, uint64_t* base, State::BlockAsked* asked) {
-  if (!active()) return false;
-  State& s = state();
-  Lock l(s.mu);
-  auto m = containing(s, ptr);
-  if (m == s.ranges.end()) return false;
-  auto b = s.block_asked.find(m->first);
-  if (b == s.block_asked.end()) return false;
-  *base = m->first;
-  *asked = b->second;
-  return true;
-}
-
-/// Rewrites the driver's answer for the mapping (in *data) into its answer
-/// for a cuMemAlloc block. The driver wrote 0 for IS_LEGACY_CUDA_IPC_CAPABLE
-/// and 1 (the POSIX descriptor) for ALLOWED_HANDLE_TYPES, in the width the
-/// caller's variable has: only their lowest byte changes, so any width reads
-/// 1 and 0.
-void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
-  switch (attr) {
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      *static_cast<unsigned char*>(data) = 1;
-      break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      *static_cast<unsigned char*>(data) = 0;
-      break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      *static_cast<size_t*>(data) = asked.bytes;
-      break;
-    case CU_POINTER_ATTRIBUTE_CONTEXT:
-      if (asked.ctx) *static_cast<CUcontext*>(data) = asked.ctx;
-      break;
-    default:
-      break;
-  }
-}
-
-}  // namespace
-
-CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
-                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
-  const CUresult r = real(data, attr, ptr);
-  if (r != CUDA_SUCCESS || !data) return r;
-  try {
-    uint64_t base = 0;
-    State::BlockAsked asked;
-    if (served_at(ptr, &base, &asked)) as_driver_block(attr, data, asked);
-  } catch (...) {  // the driver's answer stands
-  }
-  return r;
-}
-
-CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned int n,
-                           CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept {
-  const CUresult r = real(n, attrs, data, ptr);
-  if (r != CUDA_SUCCESS || !attrs || !data) return r;
-  try {
-    uint64_t base = 0;
-    State::BlockAsked asked;
-    if (!served_at(ptr, &base, &asked)) return r;
-    for (unsigned int i = 0; i < n; ++i)
-      if (data[i]) as_driver_block(attrs[i], data[i], asked);
-  } catch (...) {
-  }
-  return r;
-}
-
-CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* pbase, size_t* psize,
-                       CUdeviceptr ptr) noexcept {
-  const CUresult r = real(pbase, psize, ptr);
-  if (r != CUDA_SUCCESS || !psize) return r;
-  try {
-    uint64_t base = 0;
-    State::BlockAsked asked;
-    if (served_at(ptr, &base, &asked)) *psize = asked.bytes;
-  } catch (...) {
-  }
-  return r;
-}
-
-CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
-                          CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
-  if (attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS || !value || !active()) {
-    return real(value, attr, ptr);
-  }
-  try {
-    State& s = state();
-    {
-      Lock l(s.mu);
-      auto m = containing(s, ptr);
-      if (m == s.ranges.end() || !s.legacy_blocks.count(m->first)) return real(value, attr, ptr);
-    }
-    // The driver's cuMemAlloc block takes the attribute (measured:
-    // served-block-h100.log) that MPI and UCX transports set before an RDMA
-    // adapter reads the block, so that a synchronous copy into it has landed
-    // when it returns; for VMM memory the driver offers the context's flag.
-    // The flag covers every block of the context, so a 0 (the attribute
-    // cleared) leaves it: the guarantee stays, stronger than asked.
-    if (*static_cast<const unsigned*>(value) == 0) return CUDA_SUCCESS;
-    auto get_flags = REAL(cuCtxGetFlags);
-    auto set_flags = REAL(cuCtxSetFlags);
-    if (!get_flags || !set_flags) return real(value, attr, ptr);  // a driver older than 12.1
-    unsigned flags = 0;
-    if (CUresult r = get_flags(&flags); r != CUDA_SUCCESS) return r;
-    if (flags & CU_CTX_SYNC_MEMOPS) return CUDA_SUCCESS;
-    return set_flags(flags | CU_CTX_SYNC_MEMOPS);
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
-
-CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
-                 CUdeviceptr dptr) noexcept {
-  const NoCancel no_cancel;  // close (track_internal.h)
-  if (!active()) return real(h, dptr);
-  if (!h) return CUDA_ERROR_INVALID_VALUE;
-  State& s = state();
-  try {
-    uint64_t id;
-    Alloc a;
-    bool driver_block = false;
-    {
-      Lock l(s.mu);
-      auto m = containing(s, dptr);
-      if (m != s.ranges.end() && s.legacy_blocks.count(m->first)) {
-        id = m->second.alloc;
-        a = s.allocs[id];
-      } else if (range_containing(s.driver_blocks, dptr, [](uint64_t size) { return size; }) !=
-                 s.driver_blocks.end()) {
-        driver_block = true;
-      } else {
-        return real(h, dptr);
-      }
-    }
-    note_sharing_call(s);
-    if (driver_block) {
-      // The driver's handle of a block left to the driver, counted
-      // (ShimRecords::driver_ipc_exports): its opener cannot be checkpointed.
-      const CUresult r = real(h, dptr);
-      if (r == CUDA_SUCCESS) {
-        Lock l(s.mu);
-        s.driver_ipc_exports++;
-      }
-      return r;
-    }
-    if (CUresult r = ensure_cached(s, id, a.driver); r != CUDA_SUCCESS) return r;
-    proto::IpcHandleBlob b{};
-    std::memcpy(b.magic, proto::kIpcMagic, sizeof(b.magic));
-    b.creator_pid = a.key.pid;
-    b.creator_start = a.key.start;
-    b.allocation = a.key.id;
-    b.size = a.size;
-    static_assert(sizeof(b) == sizeof(CUipcMemHandle));
-    std::memcpy(h, &b, sizeof(b));
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
-
-CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
-                  unsigned int flags) noexcept {
-  const NoCancel no_cancel;  // the fetch, close, log (track_internal.h)
-  if (!active()) return real(dptr, h, flags);
-  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::IpcHandleBlob b;
-  std::memcpy(&b, &h, sizeof(b));
-  State& s = state();
-  note_sharing_call(s);
-  try {
-    if (std::memcmp(b.magic, proto::kIpcMagic, sizeof(b.magic)) != 0) {
-      CUresult r = real(dptr, h, flags);
-      if (r == CUDA_SUCCESS) {
-        Lock l(s.mu);
-        s.foreign_total++;
-        s.foreign_alive++;
-        s.ipc.push_back({nullptr, 0, *dptr, 0, 1});
-      }
-      return r;
-    }
-    if (b.creator_pid == s.pid && b.creator_start == s.start_time)
-      return CUDA_ERROR_INVALID_CONTEXT;
-    if (b.creator_pid <= 0 || b.allocation == 0 || b.size == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUcontext ctx = nullptr;
-    CUdevice dev = 0;
-    if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
-    if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
-    AllocKey key{b.creator_pid, b.creator_start, b.allocation};
-    {
-      Lock l(s.mu);
-      auto k = s.by_key.find(key);
-      if (k != s.by_key.end())
-        for (auto& o : s.ipc)
-          if (o.ctx == ctx && o.alloc == k->second) {
-            o.opens++;
-            *dptr = o.address;
-            return CUDA_SUCCESS;
-          }
-    }
-    proto::Ticket t{};
-    t.creator_pid = b.creator_pid;
-    t.creator_start = b.creator_start;
-    t.allocation = b.allocation;
-    t.bytes = b.size;
-    std::snprintf(t.socket, sizeof(t.socket), "%s", peer_socket_of(s, key).c_str());
-    uint64_t id = 0;
-    if (CUresult r = import_ticket(s, t, true, &id); r != CUDA_SUCCESS) return r;
-    CUmemGenericAllocationHandle d;
-    {
-      Lock l(s.mu);
-      d = s.allocs[id].driver;
-    }
-    CUdeviceptr addr = 0;
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = dev;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CUresult r = REAL(cuMemAddressReserve)(&addr, b.size, 0, 0, 0);
-    if (r == CUDA_SUCCESS) {
-      r = REAL(cuMemMap)(addr, b.size, 0, d, 0);
-      if (r == CUDA_SUCCESS) {
-        r = REAL(cuMemSetAccess)(addr, b.size, &desc, 1);
-        if (r != CUDA_SUCCESS) REAL(cuMemUnmap)(addr, b.size);
-      }
-      if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
-    }
-    std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<ListedFd> fds;
-    {
-      Lock l(s.mu);
-      Alloc& a = s.allocs[id];
-      if (r != CUDA_SUCCESS) {
-        if (a.pins) a.pins--;
-        settle(s, id, &rel, &fds);
-      } else {
-        a.legacy = true;
-        a.mappings++;
-        Mapping m;
-        m.size = b.size;
-        m.alloc = id;
-        union_access(&m.access, desc);
-        s.ranges.emplace(addr, std::move(m));
-        s.ipc.push_back({ctx, id, addr, b.size, 1});
-        *dptr = addr;
-      }
-    }
-    finish(rel, &fds);
-    return r;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
-
-CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noexcept {
-  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
-  if (!active()) return real(dptr);
-  // The tables grow and shrink here (allocation): never an exception out.
-  try {
-    State& s = state();
-    IpcOpen o;
-    auto find = [&] {
-      auto it = s.ipc.begin();
-      for (; it != s.ipc.end(); ++it)
-        if (it->address == dptr) break;
-      return it;
-    };
-    bool foreign = false;
-    {
-      Lock l(s.mu);
-      auto it = find();
-      if (it == s.ipc.end()) return real(dptr);
-      foreign = it->alloc == 0;  // a foreign open: the driver's own mapping
-      if (!foreign && --it->opens > 0) return CUDA_SUCCESS;
-      if (!foreign) {
-        o = *it;
-        s.ipc.erase(it);
-        s.ranges.erase(o.address);
-      }
-    }
-    if (foreign) {
-      // The driver's close runs outside the table lock (it may wait on the
-      // device); the record is counted down after it succeeded.
-      CUresult r = real(dptr);
-      if (r != CUDA_SUCCESS) return r;
-      Lock l(s.mu);
-      auto it = find();
-      if (it != s.ipc.end() && it->alloc == 0 && --it->opens == 0) {
-        s.ipc.erase(it);
-        if (s.foreign_alive) s.foreign_alive--;
-      }
-      return r;
-    }
-    REAL(cuMemUnmap)(o.address, o.size);
-    REAL(cuMemAddressFree)(o.address, o.size);
-    std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<ListedFd> fds;
-    {
-      Lock l(s.mu);
-      auto a = s.allocs.find(o.alloc);
-      if (a != s.allocs.end()) {
-        if (a->second.mappings) a->second.mappings--;
-        if (a->second.pins) a->second.pins--;
-        settle(s, o.alloc, &rel, &fds);
-      }
-    }
-    finish(rel, &fds);
-    return CUDA_SUCCESS;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
 }
 
 }  // namespace cusnap::shim::track

@@ -119,6 +119,16 @@ struct State {
   /// freed at its first cuMemFree or cuMemFreeAsync after the capture
   /// (track_legacy.cpp).
   std::vector<uint64_t> deferred_frees;
+  /// Blocks of legacy_blocks freed with cuMemFreeAsync: each goes once its
+  /// event (recorded on the free's stream) has completed, at a later
+  /// cuMemAlloc or free (track_legacy.cpp, reap_pending).
+  struct PendingFree {
+    uint64_t addr = 0;
+    uint64_t id = 0;
+    CUevent event = nullptr;
+  };
+  std::vector<PendingFree> pending_frees;
+  std::atomic<size_t> pending_count{0};  ///< pending_frees.size(), read without s.mu
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
   std::vector<CUcontext> contexts;  ///< created by the application, alive

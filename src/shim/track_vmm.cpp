@@ -256,10 +256,17 @@ CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
   State& s = state();
   try {
     uint64_t id = 0, mapped = 0;
+    bool tracked = false;
     {
       Lock l(s.mu);
       auto m = containing(s, reinterpret_cast<uint64_t>(addr));
-      if (m == s.ranges.end() || m->second.alloc == 0) return real(handle, addr);
+      tracked = m != s.ranges.end() && m->second.alloc != 0;
+    }
+    if (!tracked) return real(handle, addr);  // never a driver call under s.mu
+    {
+      Lock l(s.mu);
+      auto m = containing(s, reinterpret_cast<uint64_t>(addr));
+      if (m == s.ranges.end() || m->second.alloc == 0) return CUDA_ERROR_INVALID_VALUE;  // gone
       id = m->second.alloc;
       mapped = m->second.handle;
       Alloc& a = s.allocs[id];

@@ -517,9 +517,10 @@ int free_sync() {
 
 /// cuMemFreeAsync of a block the shim serves frees it in stream order, as the
 /// driver frees a cuMemAlloc block there (measured: the driver refuses the
-/// shim's VMM-mapped address, INVALID_VALUE, and the block stays mapped): a
-/// kernel queued before the free on the stream, its flag in the block, ends
-/// well; then the block and its record are gone (a second free is refused).
+/// shim's VMM-mapped address, INVALID_VALUE, and the block stays mapped): the
+/// call returns at once; a kernel queued before the free on the stream, its
+/// flag in the block, ends well; a second free is refused; the block and its
+/// record go at the first allocation or free after the stream got there.
 /// Also the per-thread-stream form; a stream the driver does not know frees
 /// nothing; a free while a capture is under way is deferred to the next
 /// free; a block left to the driver is the driver's to free, and forgotten.
@@ -530,15 +531,26 @@ int free_async() {
   const CUstream st = k.stream;
   CUdeviceptr flag = k.flag, peer_flag = k.peer_flag;
   std::thread& peer = k.peer;
+  const auto t0 = std::chrono::steady_clock::now();
   const CUresult freed = cuMemFreeAsync(flag, st);
-  peer.join();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   REQ_OK(freed);
+  REQ(ms < 200);  // at once, as the driver's: the kernel holds the stream for 300 ms
+  REQ(cuMemFreeAsync(flag, st) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  REQ(cuMemFree(flag) == CUDA_ERROR_INVALID_VALUE);
+  peer.join();
   REQ_OK(cuStreamSynchronize(st));  // the kernel ended well: its flag stayed until it had
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 2);  // the stream got there; the next allocation or free reaps it
+  CUdeviceptr x = 0;
+  REQ_OK(cuMemAlloc(&x, 1 << 20));
+  REQ_OK(cuMemFree(x));
+  REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 1 && r.mappings.size() == 1);  // peer_flag's: flag is gone
   REQ(r.mappings[0].address == peer_flag);
-  REQ(cuMemFreeAsync(flag, st) == CUDA_ERROR_INVALID_VALUE);
   REQ(cuMemsetD8(flag, 1, 8) == CUDA_ERROR_INVALID_VALUE);
   // The per-thread-stream form, as the runtime resolves it, on the
   // per-thread default stream.
@@ -599,7 +611,7 @@ int free_async() {
 /// driver's cuMemAlloc blocks do and its VMM memory does not: cuCtxDestroy,
 /// cuDevicePrimaryCtxReset (cudaDeviceReset), the primary context's last
 /// release; blocks of another context, and a release that is not the last,
-/// leave them.
+/// leave them. SYNC_MEMOPS on a block sets its context's flag.
 int context_blocks() {
   REQ_OK(cuInit(0));
   CUdevice dev;
@@ -614,6 +626,15 @@ int context_blocks() {
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 2);
+  // SYNC_MEMOPS on a block lands on the block's context, not the current one.
+  unsigned one = 1, flags = 0;
+  REQ_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a));
+  REQ_OK(cuCtxGetFlags(&flags));
+  REQ(!(flags & CU_CTX_SYNC_MEMOPS));
+  REQ_OK(cuCtxPushCurrent(own));
+  REQ_OK(cuCtxGetFlags(&flags));
+  REQ(flags & CU_CTX_SYNC_MEMOPS);
+  REQ_OK(cuCtxPopCurrent(&own));
   REQ_OK(cuCtxDestroy(own));
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 1 && r.mappings.size() == 1 && r.mappings[0].address == b);

@@ -1,0 +1,219 @@
+// Legacy IPC: cuIpcGetMemHandle of a block the shim serves (a handle naming
+// its allocation), cuIpcOpenMemHandle (an import through the creator's peer
+// socket, mapped at a reservation of the opener's), cuIpcCloseMemHandle.
+// Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
+#include "shim/track.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "shim/captures.h"
+#include "shim/real_driver.h"
+#include "shim/track_internal.h"
+
+namespace cusnap::shim::track {
+
+CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
+                 CUdeviceptr dptr) noexcept {
+  const NoCancel no_cancel;  // close (track_internal.h)
+  if (!active()) return real(h, dptr);
+  if (!h) return CUDA_ERROR_INVALID_VALUE;
+  State& s = state();
+  try {
+    uint64_t id;
+    Alloc a;
+    bool driver_block = false;
+    {
+      Lock l(s.mu);
+      auto m = containing(s, dptr);
+      if (m != s.ranges.end() && s.legacy_blocks.count(m->first)) {
+        id = m->second.alloc;
+        a = s.allocs[id];
+      } else if (range_containing(s.driver_blocks, dptr, [](uint64_t size) { return size; }) !=
+                 s.driver_blocks.end()) {
+        driver_block = true;
+      } else {
+        return real(h, dptr);
+      }
+    }
+    note_sharing_call(s);
+    if (driver_block) {
+      // The driver's handle of a block left to the driver, counted
+      // (ShimRecords::driver_ipc_exports): its opener cannot be checkpointed.
+      const CUresult r = real(h, dptr);
+      if (r == CUDA_SUCCESS) {
+        Lock l(s.mu);
+        s.driver_ipc_exports++;
+      }
+      return r;
+    }
+    if (CUresult r = ensure_cached(s, id, a.driver); r != CUDA_SUCCESS) return r;
+    proto::IpcHandleBlob b{};
+    std::memcpy(b.magic, proto::kIpcMagic, sizeof(b.magic));
+    b.creator_pid = a.key.pid;
+    b.creator_start = a.key.start;
+    b.allocation = a.key.id;
+    b.size = a.size;
+    static_assert(sizeof(b) == sizeof(CUipcMemHandle));
+    std::memcpy(h, &b, sizeof(b));
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
+                  unsigned int flags) noexcept {
+  const NoCancel no_cancel;  // the fetch, close, log (track_internal.h)
+  if (!active()) return real(dptr, h, flags);
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::IpcHandleBlob b;
+  std::memcpy(&b, &h, sizeof(b));
+  State& s = state();
+  note_sharing_call(s);
+  try {
+    if (std::memcmp(b.magic, proto::kIpcMagic, sizeof(b.magic)) != 0) {
+      CUresult r = real(dptr, h, flags);
+      if (r == CUDA_SUCCESS) {
+        Lock l(s.mu);
+        s.foreign_total++;
+        s.foreign_alive++;
+        s.ipc.push_back({nullptr, 0, *dptr, 0, 1});
+      }
+      return r;
+    }
+    if (b.creator_pid == s.pid && b.creator_start == s.start_time)
+      return CUDA_ERROR_INVALID_CONTEXT;
+    if (b.creator_pid <= 0 || b.allocation == 0 || b.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx = nullptr;
+    CUdevice dev = 0;
+    if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
+    if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
+    AllocKey key{b.creator_pid, b.creator_start, b.allocation};
+    {
+      Lock l(s.mu);
+      auto k = s.by_key.find(key);
+      if (k != s.by_key.end())
+        for (auto& o : s.ipc)
+          if (o.ctx == ctx && o.alloc == k->second) {
+            o.opens++;
+            *dptr = o.address;
+            return CUDA_SUCCESS;
+          }
+    }
+    proto::Ticket t{};
+    t.creator_pid = b.creator_pid;
+    t.creator_start = b.creator_start;
+    t.allocation = b.allocation;
+    t.bytes = b.size;
+    std::snprintf(t.socket, sizeof(t.socket), "%s", peer_socket_of(s, key).c_str());
+    uint64_t id = 0;
+    if (CUresult r = import_ticket(s, t, true, &id); r != CUDA_SUCCESS) return r;
+    CUmemGenericAllocationHandle d;
+    {
+      Lock l(s.mu);
+      d = s.allocs[id].driver;
+    }
+    CUdeviceptr addr = 0;
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = dev;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = REAL(cuMemAddressReserve)(&addr, b.size, 0, 0, 0);
+    if (r == CUDA_SUCCESS) {
+      r = REAL(cuMemMap)(addr, b.size, 0, d, 0);
+      if (r == CUDA_SUCCESS) {
+        r = REAL(cuMemSetAccess)(addr, b.size, &desc, 1);
+        if (r != CUDA_SUCCESS) REAL(cuMemUnmap)(addr, b.size);
+      }
+      if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
+    }
+    std::vector<CUmemGenericAllocationHandle> rel;
+    std::vector<ListedFd> fds;
+    {
+      Lock l(s.mu);
+      Alloc& a = s.allocs[id];
+      if (r != CUDA_SUCCESS) {
+        if (a.pins) a.pins--;
+        settle(s, id, &rel, &fds);
+      } else {
+        a.legacy = true;
+        a.mappings++;
+        Mapping m;
+        m.size = b.size;
+        m.alloc = id;
+        union_access(&m.access, desc);
+        s.ranges.emplace(addr, std::move(m));
+        s.ipc.push_back({ctx, id, addr, b.size, 1});
+        *dptr = addr;
+      }
+    }
+    finish(rel, &fds);
+    return r;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noexcept {
+  const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
+  if (!active()) return real(dptr);
+  // The tables grow and shrink here (allocation): never an exception out.
+  try {
+    State& s = state();
+    IpcOpen o;
+    auto find = [&] {
+      auto it = s.ipc.begin();
+      for (; it != s.ipc.end(); ++it)
+        if (it->address == dptr) break;
+      return it;
+    };
+    bool foreign = false;
+    {
+      Lock l(s.mu);
+      auto it = find();
+      if (it == s.ipc.end()) return real(dptr);
+      foreign = it->alloc == 0;  // a foreign open: the driver's own mapping
+      if (!foreign && --it->opens > 0) return CUDA_SUCCESS;
+      if (!foreign) {
+        o = *it;
+        s.ipc.erase(it);
+        s.ranges.erase(o.address);
+      }
+    }
+    if (foreign) {
+      // The driver's close runs outside the table lock (it may wait on the
+      // device); the record is counted down after it succeeded.
+      CUresult r = real(dptr);
+      if (r != CUDA_SUCCESS) return r;
+      Lock l(s.mu);
+      auto it = find();
+      if (it != s.ipc.end() && it->alloc == 0 && --it->opens == 0) {
+        s.ipc.erase(it);
+        if (s.foreign_alive) s.foreign_alive--;
+      }
+      return r;
+    }
+    REAL(cuMemUnmap)(o.address, o.size);
+    REAL(cuMemAddressFree)(o.address, o.size);
+    std::vector<CUmemGenericAllocationHandle> rel;
+    std::vector<ListedFd> fds;
+    {
+      Lock l(s.mu);
+      auto a = s.allocs.find(o.alloc);
+      if (a != s.allocs.end()) {
+        if (a->second.mappings) a->second.mappings--;
+        if (a->second.pins) a->second.pins--;
+        settle(s, o.alloc, &rel, &fds);
+      }
+    }
+    finish(rel, &fds);
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+}  // namespace cusnap::shim::track
