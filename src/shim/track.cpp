@@ -48,6 +48,8 @@ void reset_inherited(State& s) {
   s.legacy_blocks.clear();
   s.block_asked.clear();
   s.deferred_frees.clear();
+  s.pending_frees.clear();  // the parent's events: not the child's to query or destroy
+  s.pending_count.store(0);
   s.ipc.clear();
   s.peers.clear();
   s.contexts.clear();
