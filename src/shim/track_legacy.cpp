@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "shim/captures.h"
 #include "shim/real_driver.h"
@@ -55,6 +56,17 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   auto a = s.allocs.find(*id);
   if (a != s.allocs.end()) *dev = a->second.device;
   return true;
+}
+
+/// take_block of the block at dptr only while it is still allocation id (a
+/// block taken before a wait: another thread may have freed it meanwhile,
+/// and a new block got the address back).
+bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size) {
+  auto b = s.legacy_blocks.find(dptr);
+  if (b == s.legacy_blocks.end() || b->second != id) return false;
+  uint64_t taken = 0;
+  int32_t dev = 0;
+  return take_block(s, dptr, &taken, size, &dev);
 }
 
 /// Unmaps a block take_block took out of the tables, frees its reservation
@@ -355,21 +367,29 @@ CUresult free_driver_block(State& s, FreeReal free_real, CUdeviceptr dptr) {
   return r;
 }
 
-/// cuMemFree of a block: the driver's for one that is not the shim's.
-CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
+/// Takes the shim's block at dptr out of the tables and drops it, sync
+/// (CUresult(int32_t device)) waiting between for the work that may still
+/// use it: the first error, as the driver's cuMemFree reports it (the block
+/// is released all the same); nothing when the shim does not serve dptr.
+template <typename Sync>
+std::optional<CUresult> take_and_drop(State& s, CUdeviceptr dptr, Sync sync) {
   uint64_t id = 0, size = 0;
   int32_t dev = 0;
-  bool ours = false;
   {
     Lock l(s.mu);
-    ours = take_block(s, dptr, &id, &size, &dev);
+    if (!take_block(s, dptr, &id, &size, &dev)) return std::nullopt;
   }
-  if (!ours) return free_driver_block(s, real, dptr);
-  // The first error, as the driver's cuMemFree reports it; the block is
-  // released all the same.
-  const CUresult synced = answer_of_sync(sync_device_of_block(dev));
+  const CUresult synced = sync(dev);
   const CUresult dropped = drop_block(s, dptr, id, size);
   return synced != CUDA_SUCCESS ? synced : dropped;
+}
+
+/// cuMemFree of a block: the driver's for one that is not the shim's.
+CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
+  if (auto r = take_and_drop(s, dptr,
+                             [](int32_t dev) { return answer_of_sync(sync_device_of_block(dev)); }))
+    return *r;
+  return free_driver_block(s, real, dptr);
 }
 
 /// Frees the blocks whose free a capture deferred (no capture under way).
@@ -428,16 +448,13 @@ void reap_pending(State& s) {
   std::vector<State::PendingFree> done;
   for (const auto& p : all) (query(p.event) == CUDA_ERROR_NOT_READY ? later : done).push_back(p);
   for (const auto& p : done) {
-    uint64_t id = 0, size = 0;
-    int32_t dev = 0;
+    uint64_t size = 0;
     bool taken = false;
     {
       Lock l(s.mu);
-      auto b = s.legacy_blocks.find(p.addr);
-      if (b != s.legacy_blocks.end() && b->second == p.id)
-        taken = take_block(s, p.addr, &id, &size, &dev);
+      taken = take_if_same(s, p.addr, p.id, &size);
     }
-    if (taken) drop_block(s, p.addr, id, size);
+    if (taken) drop_block(s, p.addr, p.id, size);
     destroy(p.event);
   }
   if (later.empty()) return;
@@ -550,17 +567,8 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
     auto sync = REAL(cuStreamSynchronize);
     const CUresult synced = sync ? sync(on) : CUDA_SUCCESS;
     if (refuses_stream(synced)) return synced;
-    uint64_t id = 0, size = 0;
-    int32_t dev = 0;
-    bool taken = false;
-    {
-      Lock l(s.mu);
-      taken = take_block(s, dptr, &id, &size, &dev);
-    }
-    if (!taken) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile, a deferred free among them
-    const CUresult dropped = drop_block(s, dptr, id, size);
-    const CUresult answer = answer_of_sync(synced);
-    return answer != CUDA_SUCCESS ? answer : dropped;
+    const auto r = take_and_drop(s, dptr, [&](int32_t) { return answer_of_sync(synced); });
+    return r ? *r : CUDA_ERROR_INVALID_VALUE;  // freed meanwhile, a deferred free among them
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
@@ -597,11 +605,9 @@ void context_gone(const std::vector<ServedBlock>& blocks) noexcept {
         // Only the block taken before the context went: another thread's
         // new block at a reused address (or in a context that got the same
         // handle back) is not the context's.
-        auto it = s.legacy_blocks.find(b.addr);
-        if (it == s.legacy_blocks.end() || it->second != b.id) continue;
-        Gone g{b.addr, 0, 0};
-        int32_t dev = 0;
-        if (take_block(s, b.addr, &g.id, &g.size, &dev)) gone.push_back(g);
+        Gone g{b.addr, b.id, 0};
+        if (!take_if_same(s, b.addr, b.id, &g.size)) continue;
+        gone.push_back(g);
         auto& d = s.deferred_frees;
         d.erase(std::remove(d.begin(), d.end(), b.addr), d.end());
         // A free in stream order of it waits no more: its event went with

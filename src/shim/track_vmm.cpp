@@ -256,31 +256,27 @@ CUresult mem_retain(decltype(&::cuMemRetainAllocationHandle) real,
   State& s = state();
   try {
     uint64_t id = 0, mapped = 0;
-    bool tracked = false;
     {
       Lock l(s.mu);
       auto m = containing(s, reinterpret_cast<uint64_t>(addr));
-      tracked = m != s.ranges.end() && m->second.alloc != 0;
-    }
-    if (!tracked) return real(handle, addr);  // never a driver call under s.mu
-    {
-      Lock l(s.mu);
-      auto m = containing(s, reinterpret_cast<uint64_t>(addr));
-      if (m == s.ranges.end() || m->second.alloc == 0) return CUDA_ERROR_INVALID_VALUE;  // gone
-      id = m->second.alloc;
-      mapped = m->second.handle;
-      Alloc& a = s.allocs[id];
-      // The driver refuses a cuMemAlloc block here (INVALID_VALUE, measured
-      // on an H100), and legacy IPC memory (the simulated driver's
-      // account): a block the shim serves, or an IPC open it made, is
-      // refused too, so that a library that falls back on a refusal
-      // (NCCL's registration of a cudaMalloc buffer) does as without it.
-      if (a.legacy) return CUDA_ERROR_INVALID_VALUE;
-      if (a.driver_held) {
-        *handle = retained_handle(s, id, mapped);
-        return CUDA_SUCCESS;
+      if (m != s.ranges.end() && m->second.alloc != 0) {
+        id = m->second.alloc;
+        mapped = m->second.handle;
+      }
+      if (auto a = s.allocs.find(id); id != 0 && a != s.allocs.end()) {
+        // The driver refuses a cuMemAlloc block here (INVALID_VALUE, measured
+        // on an H100), and legacy IPC memory (the simulated driver's
+        // account): a block the shim serves, or an IPC open it made, is
+        // refused too, so that a library that falls back on a refusal
+        // (NCCL's registration of a cudaMalloc buffer) does as without it.
+        if (a->second.legacy) return CUDA_ERROR_INVALID_VALUE;
+        if (a->second.driver_held) {
+          *handle = retained_handle(s, id, mapped);
+          return CUDA_SUCCESS;
+        }
       }
     }
+    if (id == 0) return real(handle, addr);  // not tracked; never a driver call under s.mu
     CUmemGenericAllocationHandle d = 0;
     CUresult r = real(&d, addr);
     if (r != CUDA_SUCCESS) return r;

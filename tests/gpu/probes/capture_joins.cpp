@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   }
   if (sel == 7) {
     puts("7 joined stream: begin capture on it, record external, rejoin after more work");
-    CUstream A = mk(), B = mk(); CUevent e1 = ev(), e2 = ev();
+    CUstream A = mk(), B = mk();
+    CUevent e1 = ev();
     R(cuStreamBeginCapture(A, mode)); L(A);
     R(cuEventRecord(e1, A)); R(cuStreamWaitEvent(B, e1, 0));
     R(cuStreamBeginCapture(B, mode)); cap("A", A); cap("B", B);

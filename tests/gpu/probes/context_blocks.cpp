@@ -9,11 +9,7 @@
 
 #include <cstdio>
 
-static const char* name(CUresult r) {
-  const char* s = nullptr;
-  cuGetErrorName(r, &s);
-  return s ? s : "?";
-}
+#include "probe_util.h"
 
 static long long free_mib() {
   size_t f = 0, t = 0;
@@ -40,15 +36,10 @@ int main() {
   const long long g0 = free_mib();
   CUdeviceptr b = 0;
   std::printf("primary context: cuMemAlloc 4 GiB: %s", name(cuMemAlloc(&b, big)));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
+  const CUmemAllocationProp prop = device_prop(dev, CU_MEM_HANDLE_TYPE_NONE);
   CUmemGenericAllocationHandle h;
   CUdeviceptr va = 0;
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUmemAccessDesc acc = rw_access(prop);
   std::printf(", VMM 4 GiB: %s", name(cuMemCreate(&h, big, &prop, 0)));
   cuMemAddressReserve(&va, big, 0, 0, 0);
   cuMemMap(va, big, 0, h, 0);

@@ -13,11 +13,7 @@
 
 #include <cstdio>
 
-static const char* name(CUresult r) {
-  const char* s = nullptr;
-  cuGetErrorName(r, &s);
-  return s ? s : "?";
-}
+#include "probe_util.h"
 
 int main() {
   if (cuInit(0) != CUDA_SUCCESS) return 1;
@@ -37,17 +33,11 @@ int main() {
   std::printf("   cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
   std::printf("   cuMemFree of it again: %s\n", name(cuMemFree(d)));
 
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp prop = device_prop(0);
   size_t size = 2 << 20;
   CUmemGenericAllocationHandle h;
   CUdeviceptr va = 0;
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUmemAccessDesc acc = rw_access(prop);
   std::printf("2. cuMemCreate: %s", name(cuMemCreate(&h, size, &prop, 0)));
   std::printf(", reserve: %s", name(cuMemAddressReserve(&va, size, 0, 0, 0)));
   std::printf(", map: %s", name(cuMemMap(va, size, 0, h, 0)));

@@ -13,11 +13,7 @@
 #include <cstring>
 #include <vector>
 
-static const char* name(CUresult r) {
-  const char* s = nullptr;
-  cuGetErrorName(r, &s);
-  return s ? s : "?";
-}
+#include "probe_util.h"
 
 int main(int argc, char** argv) {
   const bool pool_first = argc > 1 && std::strcmp(argv[1], "pool") == 0;
@@ -47,11 +43,7 @@ int main(int argc, char** argv) {
   // 2. Nearly full.
   CUdeviceptr small = 0;
   if (pool_first) std::printf("cuMemAlloc 4 KiB before filling: %s\n", name(cuMemAlloc(&small, 4096)));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp prop = device_prop(0);
   size_t gran = 0;
   cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   std::vector<CUmemGenericAllocationHandle> held;

@@ -14,11 +14,7 @@
 
 #include <cstdio>
 
-static const char* name(CUresult r) {
-  const char* s = nullptr;
-  cuGetErrorName(r, &s);
-  return s ? s : "?";
-}
+#include "probe_util.h"
 
 static void attr(const char* what, CUpointer_attribute a, CUdeviceptr p) {
   unsigned long long v = 0;  // wide enough for every attribute asked
@@ -43,17 +39,11 @@ int main() {
   cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev);
   std::printf(", GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED %d\n", v);
   for (int flag = 0; flag < 2; ++flag) {  // a VMM allocation, without and with the RDMA flag
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAllocationProp prop = device_prop(0);
     prop.allocFlags.gpuDirectRDMACapable = flag;
     CUmemGenericAllocationHandle h;
     CUdeviceptr va = 0;
-    CUmemAccessDesc acc{};
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAccessDesc acc = rw_access(prop);
     const size_t vs = 2 << 20;
     std::printf("VMM gpuDirectRDMACapable=%d: cuMemCreate %s", flag,
                 name(cuMemCreate(&h, vs, &prop, 0)));
