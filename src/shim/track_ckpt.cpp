@@ -29,6 +29,7 @@
 #include "shim/real_driver.h"
 #include "shim/track_ckpt_internal.h"
 #include "shim/track_copy.h"
+#include "shim/track_internal.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
@@ -233,6 +234,11 @@ proto::Done drain(State& s, const std::function<bool()>& go_on) noexcept {
       set(nullptr);
       if (r != CUDA_SUCCESS) return fail(driver_error("cuCtxSynchronize", r));
     }
+    // The device work is done: the blocks freed in stream order are free
+    // now, and go before the records are listed and saved (a deferred free
+    // synchronizes its device: not once the drain was given up).
+    if (given_up()) return fail(kGivenUp, ECANCELED);
+    settle_frees(s);
     return ok_done();
   } catch (...) {
     return fail("out of memory");

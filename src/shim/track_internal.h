@@ -78,6 +78,15 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
 /// Adds d to an access set (or its flags to the entry for d's location).
 void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& d);
 
+// Frees that wait (track_legacy.cpp).
+
+/// Frees the blocks whose free waits: those freed in stream order
+/// (cuMemFreeAsync) whose stream got there, and those a capture deferred (no
+/// capture under way). A drain ends with it, so that a checkpoint does not
+/// save blocks the application freed (they would otherwise go at its next
+/// allocation or free only).
+void settle_frees(State& s) noexcept;
+
 // Peer access (track_peers.cpp).
 
 /// Grants the cuMemAlloc block at addr read-write for every device with peer

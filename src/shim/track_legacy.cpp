@@ -500,6 +500,15 @@ CUresult free_in_stream_order(State& s, CUdeviceptr dptr, CUstream stream) {
 
 }  // namespace
 
+void settle_frees(State& s) noexcept {
+  const NoCancel no_cancel;  // as mem_free
+  try {
+    if (auto free_real = REAL(cuMemFree_v2)) free_deferred(s, free_real);
+    reap_pending(s);
+  } catch (...) {
+  }
+}
+
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept {
   const NoCancel no_cancel;  // closes the export cache's descriptor (track_internal.h)
   if (!tracking_on() || !active()) return real(dptr);

@@ -57,6 +57,34 @@ inline bool inspect(pid_t pid, proto::ShimRecords* out) {
   return out->format == proto::kShimRecordsFormat && out->pid == pid;
 }
 
+/// What a checkpoint does first, on this process's own shim: closes the
+/// gate, drains the device work (within timeout_ms) and opens the gate; true
+/// when each step was answered ok.
+inline bool drain_self(uint64_t timeout_ms) {
+  UniqueFd fd;
+  std::string err;
+  if (!proto::connect_unix(proto::shim_control_socket(g_dir, getpid()), std::chrono::seconds(5),
+                           &fd, &err)) {
+    fprintf(stderr, "drain: %s\n", err.c_str());
+    return false;
+  }
+  proto::Channel ch(std::move(fd), std::chrono::seconds(10));
+  auto step = [&](const char* type, const auto& payload) {
+    proto::Message m;
+    proto::Done d;
+    if (!ch.send(type, payload, &err) || !ch.recv(&m, &err) || m.type != proto::kMsgDone ||
+        !m.get(&d, &err)) {
+      fprintf(stderr, "drain, %s: %s\n", type, err.c_str());
+      return false;
+    }
+    if (!d.ok) fprintf(stderr, "drain, %s: %s\n", type, d.error.c_str());
+    return d.ok;
+  };
+  if (!step(proto::kMsgGateClose, proto::GateRequest{5000})) return false;
+  const bool drained = step(proto::kMsgShimDrain, proto::DrainRequest{timeout_ms});
+  return step(proto::kMsgGateOpen, proto::Empty{}) && drained;
+}
+
 inline const proto::AllocationRecord* find_origin(const proto::ShimRecords& r, const char* origin,
                                                   int64_t creator = 0) {
   for (auto& a : r.allocations)

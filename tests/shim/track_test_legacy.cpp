@@ -586,6 +586,21 @@ int free_async() {
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty() && r.mappings.empty());
 
+  // A checkpoint's drain frees a block freed in stream order once the
+  // stream got there, which otherwise goes at the next allocation or free
+  // only: a checkpoint does not save it.
+  HeldKernel k2;
+  REQ(start_held_kernel(&k2) == 0);
+  REQ_OK(cuMemFreeAsync(k2.flag, k2.stream));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 2);  // the kernel still runs
+  REQ(drain_self(5000));           // waits for the kernel
+  k2.peer.join();
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.size() == 1 && r.mappings.size() == 1);
+  REQ(r.mappings[0].address == k2.peer_flag);
+  REQ_OK(cuMemFree(k2.peer_flag));
+
   Child c = spawn([&](int) {
     setenv("FAKECUDA_FAIL", "cuMemCreate:1:2", 1);
     FC_REQ(init_primary() == CUDA_SUCCESS);
