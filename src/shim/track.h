@@ -53,22 +53,26 @@ CUresult mem_get_props(decltype(&::cuMemGetAllocationPropertiesFromHandle) real,
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept;
 CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 /// cuMemFreeAsync (ptsz: its per-thread-stream form) of a block the shim
-/// serves: the driver refuses a VMM-mapped address there, so the shim waits
-/// for the work queued on the stream before the free, then frees the block
-/// (track_legacy.cpp). Blocks that are not the shim's go to the driver.
+/// serves: the driver refuses a VMM-mapped address there, so the shim
+/// records an event on the stream and frees the block once it completed
+/// (track_legacy.cpp), returning at once. Blocks that are not the shim's go
+/// to the driver.
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
-/// A block the shim serves: its address and allocation id.
-struct ServedBlock {
+/// What goes with a context: a block the shim served in it, or a legacy
+/// IPC open made in it (track_contexts.cpp).
+struct ContextMemory {
   uint64_t addr = 0;
-  uint64_t id = 0;
+  uint64_t id = 0;  ///< its allocation's id; 0 for a foreign IPC open (the driver's)
+  bool ipc_open = false;
 };
-/// The blocks the shim served in context ctx, taken before the context goes.
-std::vector<ServedBlock> blocks_of(CUcontext ctx) noexcept;
-/// Their context is gone (cuCtxDestroy; a primary context's reset or last
-/// release): those of the blocks still there are freed, as the driver frees
-/// a context's cuMemAlloc blocks with it (the shim's VMM memory would stay).
-void context_gone(const std::vector<ServedBlock>& blocks) noexcept;
+/// What goes with context ctx, taken before the context goes.
+std::vector<ContextMemory> memory_of(CUcontext ctx) noexcept;
+/// Its context is gone (cuCtxDestroy; a primary context's reset or last
+/// release): what of it is still there is freed, as the driver frees a
+/// context's cuMemAlloc blocks and closes its IPC opens with it (the shim's
+/// VMM memory would stay).
+void context_gone(const std::vector<ContextMemory>& memory) noexcept;
 /// The primary context of device dev when it is active (nullptr otherwise),
 /// without retaining it: what a reset or release is about to take.
 CUcontext active_primary(CUdevice dev) noexcept;

@@ -75,19 +75,19 @@ CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v2)
 CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v3)
 CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v4)
 #undef CUSNAP_CTX_CREATE_HOOK
-#define CUSNAP_CTX_DESTROY_HOOK(entry)                      \
-  template <>                                               \
-  struct Hook<Entry::entry> {                               \
-    static auto bind(decltype(&::entry) real) noexcept {    \
-      return [real](CUcontext ctx) noexcept {               \
-        track::note_context(ctx, false);                    \
-        const auto blocks = track::blocks_of(ctx);          \
-        const CUresult r = real(ctx);                       \
-        cut::kernels_unloaded();                            \
-        if (r == CUDA_SUCCESS) track::context_gone(blocks); \
-        return r;                                           \
-      };                                                    \
-    }                                                       \
+#define CUSNAP_CTX_DESTROY_HOOK(entry)                    \
+  template <>                                             \
+  struct Hook<Entry::entry> {                             \
+    static auto bind(decltype(&::entry) real) noexcept {  \
+      return [real](CUcontext ctx) noexcept {             \
+        track::note_context(ctx, false);                  \
+        const auto goes = track::memory_of(ctx);          \
+        const CUresult r = real(ctx);                     \
+        cut::kernels_unloaded();                          \
+        if (r == CUDA_SUCCESS) track::context_gone(goes); \
+        return r;                                         \
+      };                                                  \
+    }                                                     \
   };
 CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy)
 CUSNAP_CTX_DESTROY_HOOK(cuCtxDestroy_v2)
@@ -145,21 +145,22 @@ CUSNAP_UNLOAD_HOOK(cuModuleUnload)
 CUSNAP_UNLOAD_HOOK(cuLibraryUnload)
 #undef CUSNAP_UNLOAD_HOOK
 // A primary context's reset, or its last release, destroys it: its kernels
-// and, with the driver's, its cuMemAlloc blocks (track::context_gone).
-#define CUSNAP_PRIMARY_GOES_HOOK(entry, reset)                            \
-  template <>                                                             \
-  struct Hook<Entry::entry> {                                             \
-    static auto bind(decltype(&::entry) real) noexcept {                  \
-      return [real](CUdevice dev) noexcept {                              \
-        const auto blocks = track::blocks_of(track::active_primary(dev)); \
-        const CUresult r = real(dev);                                     \
-        cut::kernels_unloaded();                                          \
-        if (r == CUDA_SUCCESS && !blocks.empty() &&                       \
-            (reset || track::active_primary(dev) == nullptr))             \
-          track::context_gone(blocks);                                    \
-        return r;                                                         \
-      };                                                                  \
-    }                                                                     \
+// and, with the driver's, its cuMemAlloc blocks and IPC opens
+// (track::context_gone).
+#define CUSNAP_PRIMARY_GOES_HOOK(entry, reset)                          \
+  template <>                                                           \
+  struct Hook<Entry::entry> {                                           \
+    static auto bind(decltype(&::entry) real) noexcept {                \
+      return [real](CUdevice dev) noexcept {                            \
+        const auto goes = track::memory_of(track::active_primary(dev)); \
+        const CUresult r = real(dev);                                   \
+        cut::kernels_unloaded();                                        \
+        if (r == CUDA_SUCCESS && !goes.empty() &&                       \
+            (reset || track::active_primary(dev) == nullptr))           \
+          track::context_gone(goes);                                    \
+        return r;                                                       \
+      };                                                                \
+    }                                                                   \
   };
 CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxRelease, false)
 CUSNAP_PRIMARY_GOES_HOOK(cuDevicePrimaryCtxRelease_v2, false)

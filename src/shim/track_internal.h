@@ -78,6 +78,22 @@ CUresult import_ticket(State& s, const proto::Ticket& t, bool as_pin, uint64_t* 
 /// Adds d to an access set (or its flags to the entry for d's location).
 void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& d);
 
+// The blocks the shim serves for cuMemAlloc (track_legacy.cpp).
+
+/// Takes the cuMemAlloc block at dptr out of the tables (s.mu held): the id,
+/// size and device of its allocation; false when the shim does not serve it.
+bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_t* dev);
+/// take_block of the block at dptr only while it is still allocation id (a
+/// block taken before a wait: another thread may have freed it meanwhile,
+/// and a new block got the address back) (s.mu held).
+bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size);
+/// Unmaps a mapping of the shim's taken out of the tables (a block
+/// take_block took, a legacy IPC open), frees its reservation and releases
+/// its allocation once nothing else holds it (s.mu not held).
+/// The first error of the driver's; what can be released is released all
+/// the same.
+CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size);
+
 // Frees that wait (track_legacy.cpp).
 
 /// Frees the blocks whose free waits: those freed in stream order

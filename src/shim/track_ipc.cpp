@@ -77,10 +77,12 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (std::memcmp(b.magic, proto::kIpcMagic, sizeof(b.magic)) != 0) {
       CUresult r = real(dptr, h, flags);
       if (r == CUDA_SUCCESS) {
+        CUcontext ctx = nullptr;  // the driver closes the open with it (track_contexts.cpp)
+        if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&ctx);
         Lock l(s.mu);
         s.foreign_total++;
         s.foreign_alive++;
-        s.ipc.push_back({nullptr, 0, *dptr, 0, 1});
+        s.ipc.push_back({ctx, 0, *dptr, 0, 1});
       }
       return r;
     }
@@ -196,20 +198,7 @@ CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noex
       }
       return r;
     }
-    REAL(cuMemUnmap)(o.address, o.size);
-    REAL(cuMemAddressFree)(o.address, o.size);
-    std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<ListedFd> fds;
-    {
-      Lock l(s.mu);
-      auto a = s.allocs.find(o.alloc);
-      if (a != s.allocs.end()) {
-        if (a->second.mappings) a->second.mappings--;
-        if (a->second.pins) a->second.pins--;
-        settle(s, o.alloc, &rel, &fds);
-      }
-    }
-    finish(rel, &fds);
+    drop_block(s, o.address, o.alloc, o.size);
     return CUDA_SUCCESS;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

@@ -1,6 +1,7 @@
 // Tracking of legacy allocations: cuMemAlloc, cuMemFree and cuMemFreeAsync
-// served by exportable VMM allocations, and the blocks that go with their
-// context (legacy IPC: track_ipc.cpp; the pointer queries: track_queries.cpp).
+// served by exportable VMM allocations (legacy IPC: track_ipc.cpp; the
+// pointer queries: track_queries.cpp; what goes with a context:
+// track_contexts.cpp).
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
@@ -39,8 +40,8 @@ CUresult capture_allows_alloc() noexcept {
   return CUDA_SUCCESS;
 }
 
-/// Takes the cuMemAlloc block at dptr out of the tables (s.mu held): the id,
-/// size and device of its allocation; false when the shim does not serve it.
+}  // namespace
+
 bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_t* dev) {
   auto b = s.legacy_blocks.find(dptr);
   if (b == s.legacy_blocks.end()) return false;
@@ -58,9 +59,6 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   return true;
 }
 
-/// take_block of the block at dptr only while it is still allocation id (a
-/// block taken before a wait: another thread may have freed it meanwhile,
-/// and a new block got the address back).
 bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size) {
   auto b = s.legacy_blocks.find(dptr);
   if (b == s.legacy_blocks.end() || b->second != id) return false;
@@ -69,9 +67,6 @@ bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size) {
   return take_block(s, dptr, &taken, size, &dev);
 }
 
-/// Unmaps a block take_block took out of the tables, frees its reservation
-/// and releases its allocation once nothing else holds it. The first error
-/// of the driver's; what can be released is released all the same.
 CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size) {
   CUresult r = REAL(cuMemUnmap)(dptr, size);
   const CUresult freed = REAL(cuMemAddressFree)(dptr, size);
@@ -90,6 +85,8 @@ CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size) {
   finish(rel, &fds);
   return r;
 }
+
+namespace {
 
 /// Serves cuMemAlloc with an exportable allocation (POSIX-fd handle type) of
 /// the current context's device, rounded up to the granularity and mapped
@@ -581,71 +578,6 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
-}
-
-std::vector<ServedBlock> blocks_of(CUcontext ctx) noexcept {
-  std::vector<ServedBlock> out;
-  if (!ctx || !tracking_on() || !active()) return out;
-  try {
-    State& s = state();
-    Lock l(s.mu);
-    for (const auto& [addr, asked] : s.block_asked) {
-      auto b = s.legacy_blocks.find(addr);
-      if (asked.ctx == ctx && b != s.legacy_blocks.end()) out.push_back({addr, b->second});
-    }
-  } catch (...) {
-    out.clear();
-  }
-  return out;
-}
-
-void context_gone(const std::vector<ServedBlock>& blocks) noexcept {
-  const NoCancel no_cancel;  // as mem_free
-  if (blocks.empty()) return;
-  try {
-    State& s = state();
-    struct Gone {
-      uint64_t addr, id, size;
-    };
-    std::vector<Gone> gone;
-    {
-      Lock l(s.mu);
-      for (const ServedBlock& b : blocks) {
-        // Only the block taken before the context went: another thread's
-        // new block at a reused address (or in a context that got the same
-        // handle back) is not the context's.
-        Gone g{b.addr, b.id, 0};
-        if (!take_if_same(s, b.addr, b.id, &g.size)) continue;
-        gone.push_back(g);
-        auto& d = s.deferred_frees;
-        d.erase(std::remove(d.begin(), d.end(), b.addr), d.end());
-        // A free in stream order of it waits no more: its event went with
-        // the context (not destroyed here).
-        auto& p = s.pending_frees;
-        p.erase(std::remove_if(p.begin(), p.end(),
-                               [&](const State::PendingFree& f) { return f.addr == b.addr; }),
-                p.end());
-        s.pending_count.store(p.size(), std::memory_order_release);
-      }
-    }
-    // No synchronize: the context's work went with it.
-    for (const Gone& g : gone) drop_block(s, g.addr, g.id, g.size);
-  } catch (...) {
-  }
-}
-
-CUcontext active_primary(CUdevice dev) noexcept {
-  auto state_of = REAL(cuDevicePrimaryCtxGetState);
-  auto retain = REAL(cuDevicePrimaryCtxRetain);
-  auto release = REAL(cuDevicePrimaryCtxRelease_v2);
-  if (!tracking_on() || !state_of || !retain || !release) return nullptr;
-  unsigned flags = 0;
-  int on = 0;
-  CUcontext ctx = nullptr;
-  if (state_of(dev, &flags, &on) != CUDA_SUCCESS || !on) return nullptr;
-  if (retain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
-  release(dev);  // active before the retain: this release does not destroy it
-  return ctx;
 }
 
 }  // namespace cusnap::shim::track

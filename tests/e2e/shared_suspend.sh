@@ -49,7 +49,13 @@ fi
 kill -KILL "$SUP"
 wait "$SU" 2>/dev/null && fail "the suspend reported success after its supervisor was killed"
 LOG=$CUSNAP_RUNTIME_BASE/orphan/output.log
-for _ in $(seq 1 200); do grep -q "guardian: the job runs on" "$LOG" 2>/dev/null && break; sleep 0.05; done
+# The guardian waits for the driver checkpoint under way, then restores:
+# seconds on the real driver (32 GiB copied out and back on an H100 took
+# longer than 10 s), so up to 120 s, until it says how the job ended up.
+for _ in $(seq 1 2400); do
+  grep -qE "guardian: (the job (runs on|cannot|could not|has ended)|cannot supervise)" "$LOG" 2>/dev/null && break
+  sleep 0.05
+done
 grep -q "guardian: shared memory of 2 process(es): rebuilt" "$LOG" ||
   fail "the guardian did not rebuild the shared memory: $(grep 'cusnap:' "$LOG" 2>/dev/null)"
 for p in "${PREFIXES[@]}"; do

@@ -90,7 +90,7 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
   Mapping& m = d.mappings[va];
   for (size_t i = 0; i < d.devices.size(); ++i) m.access[i] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   apply_access(va, m);
-  d.ipc_opens[va] = IpcOpen{1, h.pid, h.id};
+  d.ipc_opens[va] = IpcOpen{1, h.pid, h.id, current_ctx()};
   *pdptr = va;
   return CUDA_SUCCESS;
 }

@@ -92,3 +92,43 @@ TEST_CASE("fakecuda: legacy IPC handles open the creator's cuMemAlloc memory") {
   CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
         CUDA_ERROR_INVALID_VALUE);  // creator gone
 }
+
+TEST_CASE("fakecuda: a legacy IPC open goes with the context it was made in") {
+  // As the real driver (tests/gpu/probes/context_ipc.cpp, on an H100): the
+  // address is unknown after, its close refused, a new open succeeds.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  Child creator = spawn([](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUdeviceptr p;
+    FC_REQ(cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS);
+    FC_REQ(cuMemsetD8(p, 0x3c, 1 << 20) == CUDA_SUCCESS);
+    CUipcMemHandle h;
+    FC_REQ(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);
+    FC_REQ(send(sock, &h, sizeof h, 0) == sizeof h);
+    uint64_t v;
+    FC_REQ(recv_u64(sock, &v));
+    return 0;
+  });
+  CUipcMemHandle h;
+  REQUIRE(recv(creator.sock, &h, sizeof h, MSG_WAITALL) == sizeof h);
+  CUcontext before = nullptr, own = nullptr;
+  REQUIRE(cuCtxGetCurrent(&before) == CUDA_SUCCESS);
+  CUdevice dev;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&own, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  REQUIRE(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<unsigned char*>(p)[77] == 0x3c);
+  REQUIRE(cuCtxDestroy(own) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(before) == CUDA_SUCCESS);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CHECK(cuMemGetAddressRange(&base, &size, p) == CUDA_ERROR_NOT_FOUND);
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr q = 0;
+  REQUIRE(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<unsigned char*>(q)[77] == 0x3c);
+  CHECK(cuIpcCloseMemHandle(q) == CUDA_SUCCESS);
+  REQUIRE(send_u64(creator.sock, 1));
+  CHECK(creator.join() == 0);
+}

@@ -297,6 +297,16 @@ void free_context_blocks(const void* owner) {
     const Allocation* a = find_alloc(m.alloc);
     if (a && a->kind == AllocKind::kLegacy && a->owner == owner) gone.emplace_back(va, m.size);
   }
+  auto& opens = driver().ipc_opens;
+  for (auto it = opens.begin(); it != opens.end();) {
+    Mapping* m = it->second.owner == owner ? find_mapping(it->first, nullptr) : nullptr;
+    if (!m) {
+      ++it;
+      continue;
+    }
+    gone.emplace_back(it->first, m->size);
+    it = opens.erase(it);
+  }
   for (auto [va, size] : gone) {
     unmap_range(va, size);
     free_va(va, size);

@@ -57,9 +57,12 @@ CUresult check_range(uintptr_t p, size_t n, bool write);
 /// Allocation by handle, or nullptr.
 Allocation* find_alloc(uint64_t id);
 
-/// Frees the cuMemAlloc blocks of context `owner` (Driver::mu held), as the
-/// driver does when the context goes (cuCtxDestroy, a primary context's reset
-/// or last release); VMM memory stays.
+/// Frees the cuMemAlloc blocks of context `owner` and closes the legacy IPC
+/// opens made in it (Driver::mu held), as the driver does when the context
+/// goes (cuCtxDestroy, a primary context's reset or last release; measured
+/// on an H100, docs/gpu-runs/served-block-h100.log: the opened address is
+/// unknown after, its close INVALID_VALUE, a new open succeeds); VMM memory
+/// stays.
 void free_context_blocks(const void* owner);
 
 }  // namespace fc

@@ -131,6 +131,7 @@ struct IpcOpen {
   int refs = 0;
   pid_t creator = 0;
   uint64_t creator_id = 0;
+  const void* owner = nullptr;  ///< the context it was opened in (its Context*)
 };
 
 struct Graph;

@@ -382,6 +382,7 @@ int main(int argc, char** argv) {
       {"free_async", free_async},
       {"nccl_free", nccl_free},
       {"context_blocks", context_blocks},
+      {"context_ipc", context_ipc},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

@@ -145,6 +145,7 @@ int free_sync();
 int free_async();
 int nccl_free();
 int context_blocks();
+int context_ipc();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

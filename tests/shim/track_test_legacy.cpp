@@ -671,4 +671,66 @@ int context_blocks() {
   return 0;
 }
 
+/// A legacy IPC open goes with the context it was made in, as the driver
+/// closes it (measured on an H100: tests/gpu/probes/context_ipc.cpp):
+/// cuCtxDestroy and cuDevicePrimaryCtxReset take the shim's open (its import
+/// unmapped and released, nothing left to save) and a foreign one (the
+/// driver's own, no longer counted against a checkpoint); the address is
+/// unknown after, its close refused, and a new open succeeds.
+int context_ipc() {
+  Child e = spawn([&](int sock) {
+    setenv("FAKECUDA_FAIL", "cuMemCreate:2:2", 1);  // the second block is left to the driver
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUdeviceptr served = 0, driver = 0;
+    FC_REQ(cuMemAlloc(&served, 1 << 20) == CUDA_SUCCESS);
+    FC_REQ(cuMemAlloc(&driver, 1 << 20) == CUDA_SUCCESS);
+    proto::ShimRecords q;
+    FC_REQ(inspect(getpid(), &q));
+    FC_REQ(q.allocations.size() == 1 && q.driver_blocks == 1);
+    fill(served, 1 << 20, 0x71);
+    CUipcMemHandle h[2];
+    FC_REQ(cuIpcGetMemHandle(&h[0], served) == CUDA_SUCCESS);
+    FC_REQ(cuIpcGetMemHandle(&h[1], driver) == CUDA_SUCCESS);
+    FC_REQ(write(sock, h, sizeof h) == static_cast<ssize_t>(sizeof h));
+    uint64_t done = 0;
+    FC_REQ(recv_u64(sock, &done));
+    return 0;
+  });
+  CUipcMemHandle h[2];
+  REQ(read(e.sock, h, sizeof h) == static_cast<ssize_t>(sizeof h));
+  REQ_OK(cuInit(0));
+  CUdevice dev;
+  REQ_OK(cuDeviceGet(&dev, 0));
+  CUcontext own = nullptr, primary = nullptr;
+  REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+  REQ_OK(cuCtxCreate(&own, nullptr, 0, dev));
+  proto::ShimRecords r;
+  for (int reset = 0; reset < 2; ++reset) {
+    CUdeviceptr p = 0, f = 0;
+    REQ_OK(cuIpcOpenMemHandle(&p, h[0], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    REQ_OK(cuIpcOpenMemHandle(&f, h[1], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    REQ(all(p, 1 << 20, 0x71));
+    REQ(inspect(getpid(), &r));
+    REQ(r.ipc.size() == 2 && r.allocations.size() == 1 && r.foreign_imports_alive == 1);
+    if (reset) {
+      REQ_OK(cuDevicePrimaryCtxReset(dev));
+      REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+    } else {
+      REQ_OK(cuCtxDestroy(own));
+    }
+    REQ_OK(cuCtxSetCurrent(primary));
+    REQ(inspect(getpid(), &r));
+    REQ(r.ipc.empty() && r.allocations.empty() && r.mappings.empty());
+    REQ(r.foreign_imports_alive == 0 && r.foreign_imports_total == unsigned(reset + 1));
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    REQ(cuMemGetAddressRange(&base, &size, p) == CUDA_ERROR_NOT_FOUND);
+    REQ(cuIpcCloseMemHandle(p) == CUDA_ERROR_INVALID_VALUE);
+    REQ(cuIpcCloseMemHandle(f) == CUDA_ERROR_INVALID_VALUE);
+  }
+  REQ(send_u64(e.sock, 1));
+  REQ(e.join() == 0);
+  return 0;
+}
+
 }  // namespace track_test

@@ -6,7 +6,8 @@
 // resets that (cudaDeviceReset); after each, it asks the driver about the
 // opened address (pointer attribute, address range), closes it, and opens it
 // again. Run on the driver alone and under `cusnap launch` (where the shim
-// serves the block and the open).
+// serves the block and the open), and by scripts/gpu-test-shim.sh with and
+// without the shim (the output must be the same).
 // Build: g++ -O1 -o context_ipc context_ipc.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 #include <cuda.h>
 #include <sys/wait.h>
@@ -34,6 +35,7 @@ static int child(int to_parent, int from_parent) {
   char go;
   if (read(from_parent, &go, 1) != 1) return 1;
   std::printf("exporter: cuMemFree of the block at the end: %s\n", name(cuMemFree(a)));
+  std::fflush(stdout);  // the child ends with _exit
   return 0;
 }
 
@@ -49,7 +51,7 @@ static void after(const char* what, CUdeviceptr p, CUipcMemHandle h) {
   CUdeviceptr q = 0;
   const CUresult r = cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   unsigned char byte = 0;
-  std::printf("   open again: %s, %s address", name(r), q == p ? "the same" : "another");
+  std::printf("   open again: %s", name(r));
   if (r == CUDA_SUCCESS) {
     const CUresult copied = cuMemcpyDtoH(&byte, q, 1);
     std::printf(", first byte %s %d", name(copied), byte);
