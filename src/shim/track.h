@@ -59,12 +59,13 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 /// to the driver.
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
-/// What goes with a context: a block the shim served in it, or a legacy
-/// IPC open made in it (track_contexts.cpp).
+/// What goes with a context (track_contexts.cpp): a block the shim served
+/// in it, a legacy IPC open made in it, a block left to the driver there.
 struct ContextMemory {
+  enum Kind : uint8_t { kServedBlock, kIpcOpen, kDriverBlock };
   uint64_t addr = 0;
-  uint64_t id = 0;  ///< its allocation's id; 0 for a foreign IPC open (the driver's)
-  bool ipc_open = false;
+  uint64_t id = 0;  ///< its allocation's id; 0 for a driver block or a foreign IPC open
+  Kind kind = kServedBlock;
 };
 /// What goes with context ctx, taken before the context goes.
 std::vector<ContextMemory> memory_of(CUcontext ctx) noexcept;

@@ -1,5 +1,6 @@
 // What goes with a context. The driver frees a context's cuMemAlloc blocks
-// and closes the legacy IPC opens made in it when the context goes
+// (the shim's records of those it left to the driver are dropped too) and
+// closes the legacy IPC opens made in it when the context goes
 // (cuCtxDestroy; a primary context's reset or last release), while VMM
 // memory stays (measured on an H100: tests/gpu/probes/context_blocks.cpp,
 // context_ipc.cpp; docs/gpu-runs/served-block-h100.log). The shim serves
@@ -22,10 +23,13 @@ std::vector<ContextMemory> memory_of(CUcontext ctx) noexcept {
     Lock l(s.mu);
     for (const auto& [addr, asked] : s.block_asked) {
       auto b = s.legacy_blocks.find(addr);
-      if (asked.ctx == ctx && b != s.legacy_blocks.end()) out.push_back({addr, b->second, false});
+      if (asked.ctx == ctx && b != s.legacy_blocks.end())
+        out.push_back({addr, b->second, ContextMemory::kServedBlock});
     }
     for (const IpcOpen& o : s.ipc)
-      if (o.ctx == ctx) out.push_back({o.address, o.alloc, true});
+      if (o.ctx == ctx) out.push_back({o.address, o.alloc, ContextMemory::kIpcOpen});
+    for (const auto& [addr, b] : s.driver_blocks)
+      if (b.ctx == ctx) out.push_back({addr, 0, ContextMemory::kDriverBlock});
   } catch (...) {
     out.clear();
   }
@@ -82,8 +86,17 @@ void context_gone(const std::vector<ContextMemory>& memory) noexcept {
       Lock l(s.mu);
       for (const ContextMemory& m : memory) {
         IpcOpen o{nullptr, m.id, m.addr, 0, 0};
-        if (m.ipc_open ? take_gone_open(s, m, &o) : take_gone_block(s, m, &o.size))
-          gone.push_back(o);
+        switch (m.kind) {
+          case ContextMemory::kServedBlock:
+            if (take_gone_block(s, m, &o.size)) gone.push_back(o);
+            break;
+          case ContextMemory::kIpcOpen:
+            if (take_gone_open(s, m, &o)) gone.push_back(o);
+            break;
+          case ContextMemory::kDriverBlock:  // the driver freed it: no longer counted
+            s.driver_blocks.erase(m.addr);
+            break;
+        }
       }
     }
     // No synchronize: the context's work went with it.

@@ -31,8 +31,9 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
       if (m != s.ranges.end() && s.legacy_blocks.count(m->first)) {
         id = m->second.alloc;
         a = s.allocs[id];
-      } else if (range_containing(s.driver_blocks, dptr, [](uint64_t size) { return size; }) !=
-                 s.driver_blocks.end()) {
+      } else if (range_containing(s.driver_blocks, dptr, [](const State::DriverBlock& b) {
+                   return b.size;
+                 }) != s.driver_blocks.end()) {
         driver_block = true;
       } else {
         return real(h, dptr);

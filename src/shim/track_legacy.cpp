@@ -330,8 +330,10 @@ CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t by
   // block not recorded (no memory for the table) is the driver's all the same.
   try {
     State& s = state();
+    CUcontext ctx = nullptr;
+    if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&ctx);
     Lock l(s.mu);
-    s.driver_blocks[*dptr] = bytes;
+    s.driver_blocks[*dptr] = {bytes, ctx};
     if (!s.driver_block_why[0])
       std::snprintf(s.driver_block_why, sizeof s.driver_block_why, "%s gave %d", failed,
                     static_cast<int>(r));
@@ -348,18 +350,18 @@ namespace {
 /// as it is, and record it), and recorded again when the free fails.
 template <typename FreeReal>
 CUresult free_driver_block(State& s, FreeReal free_real, CUdeviceptr dptr) {
-  uint64_t size = 0;
+  std::optional<State::DriverBlock> was;
   {
     Lock l(s.mu);
     if (auto b = s.driver_blocks.find(dptr); b != s.driver_blocks.end()) {
-      size = b->second;
+      was = b->second;
       s.driver_blocks.erase(b);
     }
   }
   const CUresult r = free_real(dptr);
-  if (r != CUDA_SUCCESS && size != 0) {
+  if (r != CUDA_SUCCESS && was) {
     Lock l(s.mu);
-    s.driver_blocks.emplace(dptr, size);
+    s.driver_blocks.emplace(dptr, *was);
   }
   return r;
 }

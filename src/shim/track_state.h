@@ -140,9 +140,14 @@ struct State {
   uint64_t foreign_alive = 0;
   uint64_t foreign_total = 0;
   /// cuMemAlloc blocks the shim could not serve and left to the driver
-  /// (track_legacy.cpp's fall-back), alive: address -> size. Untracked; an
+  /// (track_legacy.cpp's fall-back), alive: address -> size and the context
+  /// it was allocated in (it goes with it: track_contexts.cpp). Untracked; an
   /// IPC handle of one is the driver's, and its opener counts it foreign.
-  std::map<uint64_t, uint64_t> driver_blocks;
+  struct DriverBlock {
+    uint64_t size = 0;
+    CUcontext ctx = nullptr;
+  };
+  std::map<uint64_t, DriverBlock> driver_blocks;
   /// IPC handles of driver_blocks handed out (ShimRecords::driver_ipc_exports).
   uint64_t driver_ipc_exports = 0;
   /// Why the first block was left to the driver ("cuMemCreate gave 2").

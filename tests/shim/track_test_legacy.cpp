@@ -676,7 +676,8 @@ int context_blocks() {
 /// cuCtxDestroy and cuDevicePrimaryCtxReset take the shim's open (its import
 /// unmapped and released, nothing left to save) and a foreign one (the
 /// driver's own, no longer counted against a checkpoint); the address is
-/// unknown after, its close refused, and a new open succeeds.
+/// unknown after, its close refused, and a new open succeeds. The exporter's
+/// block left to the driver stops being counted at its context's reset.
 int context_ipc() {
   Child e = spawn([&](int sock) {
     setenv("FAKECUDA_FAIL", "cuMemCreate:2:2", 1);  // the second block is left to the driver
@@ -694,6 +695,12 @@ int context_ipc() {
     FC_REQ(write(sock, h, sizeof h) == static_cast<ssize_t>(sizeof h));
     uint64_t done = 0;
     FC_REQ(recv_u64(sock, &done));
+    // The block left to the driver goes with its context too: no longer counted.
+    CUdevice dev;
+    FC_REQ(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    FC_REQ(cuDevicePrimaryCtxReset(dev) == CUDA_SUCCESS);
+    FC_REQ(inspect(getpid(), &q));
+    FC_REQ(q.allocations.empty() && q.driver_blocks == 0);
     return 0;
   });
   CUipcMemHandle h[2];
