@@ -230,15 +230,8 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
   return CUDA_SUCCESS;
 }
 
-/// Waits, before a block's memory goes, for the device work that may still
-/// use it, as cuMemFree does, and returns what the synchronize returns (a
-/// sticky error of an earlier kernel is the free's answer, as the driver's).
-/// The shim records the block's device, not the context it was made in:
-/// the current context when it is on that device (the driver's own free
-/// synchronizes there too); else that device's primary context, when
-/// active (a runtime application that frees a block of another device than
-/// its current one); else the current context, if any.
-CUresult sync_device_of_block(int32_t dev) {
+/// The device work of device dev (sync_device_of_block).
+CUresult sync_device(int32_t dev) {
   auto sync = REAL(cuCtxSynchronize);
   auto get_cur = REAL(cuCtxGetCurrent);
   auto get_dev = REAL(cuCtxGetDevice);
@@ -269,6 +262,39 @@ CUresult sync_device_of_block(int32_t dev) {
     if (pushed) return r;
   }
   return has_cur ? sync() : CUDA_SUCCESS;
+}
+
+/// cuCtxSynchronize of ctx, made current for it: CUDA_SUCCESS where it
+/// cannot be made current (a context destroyed meanwhile took its work).
+CUresult sync_context(CUcontext ctx) {
+  auto sync = REAL(cuCtxSynchronize);
+  auto push = REAL(cuCtxPushCurrent_v2);
+  auto pop = REAL(cuCtxPopCurrent_v2);
+  if (!sync || !push || !pop || push(ctx) != CUDA_SUCCESS) return CUDA_SUCCESS;
+  const CUresult r = sync();
+  CUcontext popped = nullptr;
+  pop(&popped);
+  return r;
+}
+
+/// Waits, before a block's memory goes, for the device work that may still
+/// use it, as cuMemFree does, and returns what the synchronize returns (a
+/// sticky error of an earlier kernel is the free's answer, as the driver's).
+/// The context the block was served in first, when it is not the current
+/// one (a block of a created context freed with the primary context
+/// current: before, the created context's kernels were not waited for, and
+/// the block was unmapped under them); then the current context when it is
+/// on the block's device (the driver's own free synchronizes there too);
+/// else that device's primary context, when active (a runtime application
+/// that frees a block of another device than its current one); else the
+/// current context, if any. The first error.
+CUresult sync_device_of_block(int32_t dev, CUcontext block_ctx) {
+  CUresult first = CUDA_SUCCESS;
+  if (CUcontext cur = nullptr; block_ctx && REAL(cuCtxGetCurrent) &&
+                               REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur != block_ctx)
+    first = sync_context(block_ctx);
+  const CUresult r = sync_device(dev);
+  return first != CUDA_SUCCESS ? first : r;
 }
 
 /// What of a free's synchronize is the free's answer. A capture's refusal
@@ -367,26 +393,29 @@ CUresult free_driver_block(State& s, FreeReal free_real, CUdeviceptr dptr) {
 }
 
 /// Takes the shim's block at dptr out of the tables and drops it, sync
-/// (CUresult(int32_t device)) waiting between for the work that may still
+/// (CUresult(int32_t device, CUcontext served_in)) waiting between for the work that may still
 /// use it: the first error, as the driver's cuMemFree reports it (the block
 /// is released all the same); nothing when the shim does not serve dptr.
 template <typename Sync>
 std::optional<CUresult> take_and_drop(State& s, CUdeviceptr dptr, Sync sync) {
   uint64_t id = 0, size = 0;
   int32_t dev = 0;
+  CUcontext ctx = nullptr;
   {
     Lock l(s.mu);
+    if (auto a = s.block_asked.find(dptr); a != s.block_asked.end()) ctx = a->second.ctx;
     if (!take_block(s, dptr, &id, &size, &dev)) return std::nullopt;
   }
-  const CUresult synced = sync(dev);
+  const CUresult synced = sync(dev, ctx);
   const CUresult dropped = drop_block(s, dptr, id, size);
   return synced != CUDA_SUCCESS ? synced : dropped;
 }
 
 /// cuMemFree of a block: the driver's for one that is not the shim's.
 CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
-  if (auto r = take_and_drop(s, dptr,
-                             [](int32_t dev) { return answer_of_sync(sync_device_of_block(dev)); }))
+  if (auto r = take_and_drop(s, dptr, [](int32_t dev, CUcontext ctx) {
+        return answer_of_sync(sync_device_of_block(dev, ctx));
+      }))
     return *r;
   return free_driver_block(s, real, dptr);
 }
@@ -575,7 +604,8 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
     auto sync = REAL(cuStreamSynchronize);
     const CUresult synced = sync ? sync(on) : CUDA_SUCCESS;
     if (refuses_stream(synced)) return synced;
-    const auto r = take_and_drop(s, dptr, [&](int32_t) { return answer_of_sync(synced); });
+    const auto r =
+        take_and_drop(s, dptr, [&](int32_t, CUcontext) { return answer_of_sync(synced); });
     return r ? *r : CUDA_ERROR_INVALID_VALUE;  // freed meanwhile, a deferred free among them
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

@@ -497,6 +497,34 @@ int free_sync() {
   REQ_OK(cuCtxSetCurrent(c0));
   REQ_OK(cuStreamSynchronize(st));  // the kernel ended well: its flag stayed until it had
 
+  // The same with the block served in a created context and the device's
+  // primary context current: the free waits for the created context's work.
+  {
+    CUdevice dev0;
+    REQ_OK(cuDeviceGet(&dev0, 0));
+    CUcontext own = nullptr;
+    REQ_OK(cuCtxCreate(&own, nullptr, 0, dev0));
+    HeldKernel k2;
+    REQ(start_held_kernel(&k2) == 0);
+    REQ_OK(cuCtxSetCurrent(c0));
+    const auto t1 = std::chrono::steady_clock::now();
+    const CUresult freed2 = cuMemFree(k2.flag);
+    const auto ms2 =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t1)
+            .count();
+    k2.peer.join();
+    fprintf(stderr,
+            "free from the primary context of a block a created context's kernel uses: %lld ms\n",
+            (long long)ms2);
+    REQ_OK(freed2);
+    REQ(ms2 >= 250);
+    REQ_OK(cuCtxSetCurrent(own));
+    REQ_OK(cuStreamSynchronize(k2.stream));  // the kernel ended well
+    REQ_OK(cuMemFree(k2.peer_flag));
+    REQ_OK(cuCtxDestroy(own));
+    REQ_OK(cuCtxSetCurrent(c0));
+  }
+
   // A kernel whose flag is at an address nothing maps fails, sticky.
   CUdeviceptr nowhere = 4096;
   void* bad[] = {&nowhere, &peer_flag, &k.step};
