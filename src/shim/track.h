@@ -60,20 +60,27 @@ CUresult mem_free(decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) noexcept;
 CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUstream stream,
                         bool ptsz) noexcept;
 /// What goes with a context (track_contexts.cpp): a block the shim served
-/// in it, a legacy IPC open made in it, a block left to the driver there.
+/// in it, a legacy IPC open made in it, a block left to the driver there, a
+/// free in stream order whose event is the context's.
 struct ContextMemory {
-  enum Kind : uint8_t { kServedBlock, kIpcOpen, kDriverBlock };
+  enum Kind : uint8_t { kServedBlock, kIpcOpen, kDriverBlock, kPendingFree };
   uint64_t addr = 0;
   uint64_t id = 0;  ///< its allocation's id; 0 for a driver block or a foreign IPC open
   Kind kind = kServedBlock;
 };
+/// A context about to go and what goes with it.
+struct ContextGoing {
+  CUcontext ctx = nullptr;
+  std::vector<ContextMemory> memory;
+  bool empty() const { return memory.empty(); }
+};
 /// What goes with context ctx, taken before the context goes.
-std::vector<ContextMemory> memory_of(CUcontext ctx) noexcept;
+ContextGoing memory_of(CUcontext ctx) noexcept;
 /// Its context is gone (cuCtxDestroy; a primary context's reset or last
 /// release): what of it is still there is freed, as the driver frees a
 /// context's cuMemAlloc blocks and closes its IPC opens with it (the shim's
 /// VMM memory would stay).
-void context_gone(const std::vector<ContextMemory>& memory) noexcept;
+void context_gone(const ContextGoing& going) noexcept;
 /// The primary context of device dev when it is active (nullptr otherwise),
 /// without retaining it: what a reset or release is about to take.
 CUcontext active_primary(CUdevice dev) noexcept;

@@ -15,54 +15,69 @@
 
 namespace cusnap::shim::track {
 
-std::vector<ContextMemory> memory_of(CUcontext ctx) noexcept {
-  std::vector<ContextMemory> out;
+ContextGoing memory_of(CUcontext ctx) noexcept {
+  ContextGoing out;
+  out.ctx = ctx;
   if (!ctx || !tracking_on() || !active()) return out;
   try {
     State& s = state();
     Lock l(s.mu);
+    auto& m = out.memory;
     for (const auto& [addr, asked] : s.block_asked) {
       auto b = s.legacy_blocks.find(addr);
       if (asked.ctx == ctx && b != s.legacy_blocks.end())
-        out.push_back({addr, b->second, ContextMemory::kServedBlock});
+        m.push_back({addr, b->second, ContextMemory::kServedBlock});
     }
     for (const IpcOpen& o : s.ipc)
-      if (o.ctx == ctx) out.push_back({o.address, o.alloc, ContextMemory::kIpcOpen});
+      if (o.ctx == ctx) m.push_back({o.address, o.alloc, ContextMemory::kIpcOpen});
     for (const auto& [addr, b] : s.driver_blocks)
-      if (b.ctx == ctx) out.push_back({addr, 0, ContextMemory::kDriverBlock});
+      if (b.ctx == ctx) m.push_back({addr, 0, ContextMemory::kDriverBlock});
+    for (const State::PendingFree& f : s.pending_frees)
+      if (f.ctx == ctx) m.push_back({f.addr, f.id, ContextMemory::kPendingFree});
   } catch (...) {
-    out.clear();
+    out.memory.clear();
   }
   return out;
 }
 
 namespace {
 
+/// Takes the pending frees of the block at addr out of pending_frees (s.mu
+/// held): the events of those made in another context than ctx go to
+/// *destroy (ctx's went with it).
+void drop_pending(State& s, uint64_t addr, CUcontext ctx, std::vector<CUevent>* destroy) {
+  auto& p = s.pending_frees;
+  auto gone = std::remove_if(p.begin(), p.end(), [&](const State::PendingFree& f) {
+    if (f.addr != addr) return false;
+    if (f.ctx != ctx) destroy->push_back(f.event);
+    return true;
+  });
+  p.erase(gone, p.end());
+  s.pending_count.store(p.size(), std::memory_order_release);
+}
+
 /// Takes the served block m out of the tables (s.mu held), with the frees of
 /// it that wait: false when it is not there any more.
-bool take_gone_block(State& s, const ContextMemory& m, uint64_t* size) {
+bool take_gone_block(State& s, const ContextMemory& m, CUcontext ctx, uint64_t* size,
+                     std::vector<CUevent>* destroy) {
   // Only the block taken before the context went: another thread's new
   // block at a reused address (or in a context that got the same handle
   // back) is not the context's.
   if (!take_if_same(s, m.addr, m.id, size)) return false;
   auto& d = s.deferred_frees;
   d.erase(std::remove(d.begin(), d.end(), m.addr), d.end());
-  // A free in stream order of it waits no more: its event went with the
-  // context (not destroyed here).
-  auto& p = s.pending_frees;
-  p.erase(std::remove_if(p.begin(), p.end(),
-                         [&](const State::PendingFree& f) { return f.addr == m.addr; }),
-          p.end());
-  s.pending_count.store(p.size(), std::memory_order_release);
+  drop_pending(s, m.addr, ctx, destroy);
   return true;
 }
 
-/// Takes the legacy IPC open m out of the tables (s.mu held): true, with its
-/// record, for an open of the shim's, which the caller unmaps; a foreign
-/// open (the driver's own mapping, closed by the driver) is forgotten here.
-bool take_gone_open(State& s, const ContextMemory& m, IpcOpen* out) {
-  auto it = std::find_if(s.ipc.begin(), s.ipc.end(),
-                         [&](const IpcOpen& o) { return o.address == m.addr && o.alloc == m.id; });
+/// Takes the legacy IPC open m of ctx out of the tables (s.mu held): true,
+/// with its record, for an open of the shim's, which the caller unmaps; a
+/// foreign open (the driver's own mapping, closed by the driver) is
+/// forgotten here.
+bool take_gone_open(State& s, const ContextMemory& m, CUcontext ctx, IpcOpen* out) {
+  auto it = std::find_if(s.ipc.begin(), s.ipc.end(), [&](const IpcOpen& o) {
+    return o.address == m.addr && o.alloc == m.id && o.ctx == ctx;
+  });
   if (it == s.ipc.end()) return false;  // closed meanwhile
   const bool ours = it->alloc != 0;
   *out = *it;
@@ -76,31 +91,45 @@ bool take_gone_open(State& s, const ContextMemory& m, IpcOpen* out) {
 
 }  // namespace
 
-void context_gone(const std::vector<ContextMemory>& memory) noexcept {
+void context_gone(const ContextGoing& going) noexcept {
   const NoCancel no_cancel;  // drop_block closes descriptors (track_internal.h)
-  if (memory.empty()) return;
+  if (going.empty()) return;
   try {
     State& s = state();
+    const CUcontext ctx = going.ctx;
     std::vector<IpcOpen> gone;  // a block as an open of its own allocation
+    std::vector<CUevent> destroy;
     {
       Lock l(s.mu);
-      for (const ContextMemory& m : memory) {
+      for (const ContextMemory& m : going.memory) {
         IpcOpen o{nullptr, m.id, m.addr, 0, 0};
         switch (m.kind) {
           case ContextMemory::kServedBlock:
-            if (take_gone_block(s, m, &o.size)) gone.push_back(o);
+            if (take_gone_block(s, m, ctx, &o.size, &destroy)) gone.push_back(o);
             break;
           case ContextMemory::kIpcOpen:
-            if (take_gone_open(s, m, &o)) gone.push_back(o);
+            if (take_gone_open(s, m, ctx, &o)) gone.push_back(o);
             break;
           case ContextMemory::kDriverBlock:  // the driver freed it: no longer counted
-            s.driver_blocks.erase(m.addr);
+            if (auto b = s.driver_blocks.find(m.addr);
+                b != s.driver_blocks.end() && b->second.ctx == ctx)
+              s.driver_blocks.erase(b);
+            break;
+          case ContextMemory::kPendingFree:
+            // Its event went with the context, and the stream's work with
+            // it: the block (of another context) goes now.
+            if (take_if_same(s, m.addr, m.id, &o.size)) {
+              drop_pending(s, m.addr, ctx, &destroy);
+              gone.push_back(o);
+            }
             break;
         }
       }
     }
     // No synchronize: the context's work went with it.
     for (const IpcOpen& o : gone) drop_block(s, o.address, o.alloc, o.size);
+    if (auto destroy_event = REAL(cuEventDestroy_v2))
+      for (CUevent e : destroy) destroy_event(e);
   } catch (...) {
   }
 }

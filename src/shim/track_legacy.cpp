@@ -281,18 +281,29 @@ CUresult sync_context(CUcontext ctx) {
 /// use it, as cuMemFree does, and returns what the synchronize returns (a
 /// sticky error of an earlier kernel is the free's answer, as the driver's).
 /// The context the block was served in first, when it is not the current
-/// one (a block of a created context freed with the primary context
-/// current: before, the created context's kernels were not waited for, and
-/// the block was unmapped under them); then the current context when it is
+/// one and still there (a created context the application has not
+/// destroyed, or the device's active primary context: a recorded handle may
+/// name a context gone, or one that got the handle back): a block of a
+/// created context freed with the primary context current was unmapped under
+/// the created context's kernels before. Then the current context when it is
 /// on the block's device (the driver's own free synchronizes there too);
-/// else that device's primary context, when active (a runtime application
-/// that frees a block of another device than its current one); else the
-/// current context, if any. The first error.
-CUresult sync_device_of_block(int32_t dev, CUcontext block_ctx) {
+/// else that device's primary context, when active and not synchronized
+/// already (a runtime application that frees a block of another device than
+/// its current one); else the current context, if any. The first error.
+CUresult sync_device_of_block(int32_t dev, CUcontext block_ctx, bool created) {
+  CUcontext cur = nullptr;
+  if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&cur);
+  bool primary_synced = false;
   CUresult first = CUDA_SUCCESS;
-  if (CUcontext cur = nullptr; block_ctx && REAL(cuCtxGetCurrent) &&
-                               REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur != block_ctx)
-    first = sync_context(block_ctx);
+  if (block_ctx && block_ctx != cur) {
+    const bool primary = !created && block_ctx == active_primary(dev);
+    if (created || primary) first = sync_context(block_ctx);
+    primary_synced = primary;
+  }
+  CUdevice cur_dev = -1;
+  auto get_dev = REAL(cuCtxGetDevice);
+  const bool cur_on_dev = cur && get_dev && get_dev(&cur_dev) == CUDA_SUCCESS && cur_dev == dev;
+  if (primary_synced && !cur_on_dev) return first;
   const CUresult r = sync_device(dev);
   return first != CUDA_SUCCESS ? first : r;
 }
@@ -393,28 +404,32 @@ CUresult free_driver_block(State& s, FreeReal free_real, CUdeviceptr dptr) {
 }
 
 /// Takes the shim's block at dptr out of the tables and drops it, sync
-/// (CUresult(int32_t device, CUcontext served_in)) waiting between for the work that may still
-/// use it: the first error, as the driver's cuMemFree reports it (the block
-/// is released all the same); nothing when the shim does not serve dptr.
+/// waiting between for the work that may still use it: sync(device,
+/// context the block was served in, whether that is a created context still
+/// alive) returns the synchronize's answer. The first error, as the
+/// driver's cuMemFree reports it (the block is released all the same);
+/// nothing when the shim does not serve dptr.
 template <typename Sync>
 std::optional<CUresult> take_and_drop(State& s, CUdeviceptr dptr, Sync sync) {
   uint64_t id = 0, size = 0;
   int32_t dev = 0;
   CUcontext ctx = nullptr;
+  bool created = false;  // ctx is a context the application created, alive
   {
     Lock l(s.mu);
     if (auto a = s.block_asked.find(dptr); a != s.block_asked.end()) ctx = a->second.ctx;
+    created = std::find(s.contexts.begin(), s.contexts.end(), ctx) != s.contexts.end();
     if (!take_block(s, dptr, &id, &size, &dev)) return std::nullopt;
   }
-  const CUresult synced = sync(dev, ctx);
+  const CUresult synced = sync(dev, ctx, created);
   const CUresult dropped = drop_block(s, dptr, id, size);
   return synced != CUDA_SUCCESS ? synced : dropped;
 }
 
 /// cuMemFree of a block: the driver's for one that is not the shim's.
 CUresult free_block(State& s, decltype(&::cuMemFree_v2) real, CUdeviceptr dptr) {
-  if (auto r = take_and_drop(s, dptr, [](int32_t dev, CUcontext ctx) {
-        return answer_of_sync(sync_device_of_block(dev, ctx));
+  if (auto r = take_and_drop(s, dptr, [](int32_t dev, CUcontext ctx, bool created) {
+        return answer_of_sync(sync_device_of_block(dev, ctx, created));
       }))
     return *r;
   return free_driver_block(s, real, dptr);
@@ -503,6 +518,8 @@ CUresult free_in_stream_order(State& s, CUdeviceptr dptr, CUstream stream) {
   auto destroy = REAL(cuEventDestroy_v2);
   if (!create || !record || !destroy) return CUDA_ERROR_NOT_SUPPORTED;
   CUevent ev = nullptr;
+  CUcontext ctx = nullptr;
+  if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&ctx);
   if (create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult r = record(ev, stream); r != CUDA_SUCCESS) {
     destroy(ev);
@@ -513,7 +530,7 @@ CUresult free_in_stream_order(State& s, CUdeviceptr dptr, CUstream stream) {
     Lock l(s.mu);
     auto b = s.legacy_blocks.find(dptr);
     if (b != s.legacy_blocks.end() && !pending(s, dptr)) {
-      s.pending_frees.push_back({dptr, b->second, ev});
+      s.pending_frees.push_back({dptr, b->second, ev, ctx});
       s.pending_count.store(s.pending_frees.size(), std::memory_order_release);
       queued = true;
     }
@@ -531,7 +548,17 @@ CUresult free_in_stream_order(State& s, CUdeviceptr dptr, CUstream stream) {
 void settle_frees(State& s) noexcept {
   const NoCancel no_cancel;  // as mem_free
   try {
-    if (auto free_real = REAL(cuMemFree_v2)) free_deferred(s, free_real);
+    // The drain synchronized every context just before: a deferred block
+    // goes without another synchronize (which, were the gate opened again
+    // meanwhile, could meet a capture the application began and invalidate
+    // it).
+    std::vector<uint64_t> deferred;
+    {
+      Lock l(s.mu);
+      deferred.swap(s.deferred_frees);
+    }
+    for (uint64_t p : deferred)
+      take_and_drop(s, p, [](int32_t, CUcontext, bool) { return CUDA_SUCCESS; });
     reap_pending(s);
   } catch (...) {
   }
@@ -605,7 +632,7 @@ CUresult mem_free_async(decltype(&::cuMemFreeAsync) real, CUdeviceptr dptr, CUst
     const CUresult synced = sync ? sync(on) : CUDA_SUCCESS;
     if (refuses_stream(synced)) return synced;
     const auto r =
-        take_and_drop(s, dptr, [&](int32_t, CUcontext) { return answer_of_sync(synced); });
+        take_and_drop(s, dptr, [&](int32_t, CUcontext, bool) { return answer_of_sync(synced); });
     return r ? *r : CUDA_ERROR_INVALID_VALUE;  // freed meanwhile, a deferred free among them
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

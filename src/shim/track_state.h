@@ -126,6 +126,7 @@ struct State {
     uint64_t addr = 0;
     uint64_t id = 0;
     CUevent event = nullptr;
+    CUcontext ctx = nullptr;  ///< the event's (current at the free): it goes with it
   };
   std::vector<PendingFree> pending_frees;
   std::atomic<size_t> pending_count{0};  ///< pending_frees.size(), read without s.mu

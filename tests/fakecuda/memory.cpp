@@ -299,12 +299,11 @@ void free_context_blocks(const void* owner) {
   }
   auto& opens = driver().ipc_opens;
   for (auto it = opens.begin(); it != opens.end();) {
-    Mapping* m = it->second.owner == owner ? find_mapping(it->first, nullptr) : nullptr;
-    if (!m) {
+    if (it->second.owner != owner) {
       ++it;
       continue;
     }
-    gone.emplace_back(it->first, m->size);
+    if (Mapping* m = find_mapping(it->first, nullptr)) gone.emplace_back(it->first, m->size);
     it = opens.erase(it);
   }
   for (auto [va, size] : gone) {
