@@ -20,12 +20,7 @@
 static const size_t kBytes = size_t(64) << 20;
 
 static int child(int to_parent, int from_parent) {
-  if (cuInit(0) != CUDA_SUCCESS) return 1;
-  CUdevice dev;
-  CUcontext primary;
-  cuDeviceGet(&dev, 0);
-  cuDevicePrimaryCtxRetain(&primary, dev);
-  cuCtxSetCurrent(primary);
+  if (!init_primary()) return 1;
   CUdeviceptr a = 0;
   CUipcMemHandle h{};
   if (cuMemAlloc(&a, kBytes) != CUDA_SUCCESS || cuMemsetD8(a, 7, kBytes) != CUDA_SUCCESS ||

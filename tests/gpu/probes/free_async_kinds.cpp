@@ -16,12 +16,7 @@
 #include "probe_util.h"
 
 int main() {
-  if (cuInit(0) != CUDA_SUCCESS) return 1;
-  CUdevice dev;
-  CUcontext ctx;
-  cuDeviceGet(&dev, 0);
-  cuDevicePrimaryCtxRetain(&ctx, dev);
-  cuCtxSetCurrent(ctx);
+  if (!init_primary()) return 1;
   CUstream st;
   cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
 

@@ -17,12 +17,7 @@
 
 int main(int argc, char** argv) {
   const bool pool_first = argc > 1 && std::strcmp(argv[1], "pool") == 0;
-  if (cuInit(0) != CUDA_SUCCESS) return 1;
-  CUdevice dev;
-  CUcontext ctx;
-  cuDeviceGet(&dev, 0);
-  cuDevicePrimaryCtxRetain(&ctx, dev);
-  cuCtxSetCurrent(ctx);
+  if (!init_primary()) return 1;
   int ver = 0;
   cuDriverGetVersion(&ver);
   std::printf("driver %d, mode %s\n", ver, pool_first ? "pool (a 4 KiB cuMemAlloc first)" : "plain");

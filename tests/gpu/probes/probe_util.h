@@ -14,6 +14,19 @@ inline const char* name(CUresult r) {
   return s ? s : "?";
 }
 
+/// cuInit, then device 0's primary context made current (its device in
+/// *dev); false when cuInit fails.
+inline bool init_primary(CUdevice* dev = nullptr) {
+  if (cuInit(0) != CUDA_SUCCESS) return false;
+  CUdevice d = 0;
+  CUcontext ctx = nullptr;
+  cuDeviceGet(&d, 0);
+  cuDevicePrimaryCtxRetain(&ctx, d);
+  cuCtxSetCurrent(ctx);
+  if (dev) *dev = d;
+  return true;
+}
+
 /// The properties of a pinned allocation of device dev's memory, exportable
 /// as the handle types given.
 inline CUmemAllocationProp device_prop(

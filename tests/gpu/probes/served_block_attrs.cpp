@@ -26,12 +26,8 @@ static void attr(const char* what, CUpointer_attribute a, CUdeviceptr p) {
 }
 
 int main() {
-  if (cuInit(0) != CUDA_SUCCESS) return 1;
-  CUdevice dev;
-  CUcontext ctx;
-  cuDeviceGet(&dev, 0);
-  cuDevicePrimaryCtxRetain(&ctx, dev);
-  cuCtxSetCurrent(ctx);
+  CUdevice dev = 0;
+  if (!init_primary(&dev)) return 1;
   int v = -1;
   cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, dev);
   std::printf("device GPU_DIRECT_RDMA_SUPPORTED %d", v);
