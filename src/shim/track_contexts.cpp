@@ -105,6 +105,8 @@ void context_gone(const ContextGoing& going) noexcept {
         IpcOpen o{nullptr, m.id, m.addr, 0, 0};
         switch (m.kind) {
           case ContextMemory::kServedBlock:
+          case ContextMemory::kPendingFree:  // its event went with the context, and the
+                                             // stream's work with it: the block goes now
             if (take_gone_block(s, m, ctx, &o.size, &destroy)) gone.push_back(o);
             break;
           case ContextMemory::kIpcOpen:
@@ -114,14 +116,6 @@ void context_gone(const ContextGoing& going) noexcept {
             if (auto b = s.driver_blocks.find(m.addr);
                 b != s.driver_blocks.end() && b->second.ctx == ctx)
               s.driver_blocks.erase(b);
-            break;
-          case ContextMemory::kPendingFree:
-            // Its event went with the context, and the stream's work with
-            // it: the block (of another context) goes now.
-            if (take_if_same(s, m.addr, m.id, &o.size)) {
-              drop_pending(s, m.addr, ctx, &destroy);
-              gone.push_back(o);
-            }
             break;
         }
       }

@@ -230,47 +230,13 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
   return CUDA_SUCCESS;
 }
 
-/// The device work of device dev (sync_device_of_block).
-CUresult sync_device(int32_t dev) {
-  auto sync = REAL(cuCtxSynchronize);
-  auto get_cur = REAL(cuCtxGetCurrent);
-  auto get_dev = REAL(cuCtxGetDevice);
-  if (!sync) return CUDA_SUCCESS;
-  CUcontext cur = nullptr;
-  const bool has_cur = get_cur && get_cur(&cur) == CUDA_SUCCESS && cur;
-  CUdevice cur_dev = 0;
-  if (has_cur && get_dev && get_dev(&cur_dev) == CUDA_SUCCESS && cur_dev == dev) return sync();
-  auto state_of = REAL(cuDevicePrimaryCtxGetState);
-  auto retain = REAL(cuDevicePrimaryCtxRetain);
-  auto release = REAL(cuDevicePrimaryCtxRelease_v2);
-  auto push = REAL(cuCtxPushCurrent_v2);
-  auto pop = REAL(cuCtxPopCurrent_v2);
-  unsigned int flags = 0;
-  int active = 0;
-  CUcontext primary = nullptr;
-  if (state_of && retain && release && push && pop &&
-      state_of(dev, &flags, &active) == CUDA_SUCCESS && active &&
-      retain(&primary, dev) == CUDA_SUCCESS) {
-    const bool pushed = push(primary) == CUDA_SUCCESS;
-    CUresult r = CUDA_SUCCESS;
-    if (pushed) {
-      r = sync();
-      CUcontext popped = nullptr;
-      pop(&popped);
-    }
-    release(dev);
-    if (pushed) return r;
-  }
-  return has_cur ? sync() : CUDA_SUCCESS;
-}
-
-/// cuCtxSynchronize of ctx, made current for it: CUDA_SUCCESS where it
-/// cannot be made current (a context destroyed meanwhile took its work).
-CUresult sync_context(CUcontext ctx) {
+/// cuCtxSynchronize of ctx, made current for it: nothing where it cannot be
+/// made current (a context destroyed meanwhile took its work).
+std::optional<CUresult> sync_context(CUcontext ctx) {
   auto sync = REAL(cuCtxSynchronize);
   auto push = REAL(cuCtxPushCurrent_v2);
   auto pop = REAL(cuCtxPopCurrent_v2);
-  if (!sync || !push || !pop || push(ctx) != CUDA_SUCCESS) return CUDA_SUCCESS;
+  if (!sync || !push || !pop || push(ctx) != CUDA_SUCCESS) return std::nullopt;
   const CUresult r = sync();
   CUcontext popped = nullptr;
   pop(&popped);
@@ -291,20 +257,39 @@ CUresult sync_context(CUcontext ctx) {
 /// already (a runtime application that frees a block of another device than
 /// its current one); else the current context, if any. The first error.
 CUresult sync_device_of_block(int32_t dev, CUcontext block_ctx, bool created) {
+  auto sync = REAL(cuCtxSynchronize);
+  if (!sync) return CUDA_SUCCESS;
   CUcontext cur = nullptr;
-  if (auto get_cur = REAL(cuCtxGetCurrent)) get_cur(&cur);
-  bool primary_synced = false;
-  CUresult first = CUDA_SUCCESS;
-  if (block_ctx && block_ctx != cur) {
-    const bool primary = !created && block_ctx == active_primary(dev);
-    if (created || primary) first = sync_context(block_ctx);
-    primary_synced = primary;
-  }
+  if (auto get_cur = REAL(cuCtxGetCurrent); !get_cur || get_cur(&cur) != CUDA_SUCCESS)
+    cur = nullptr;
   CUdevice cur_dev = -1;
   auto get_dev = REAL(cuCtxGetDevice);
   const bool cur_on_dev = cur && get_dev && get_dev(&cur_dev) == CUDA_SUCCESS && cur_dev == dev;
-  if (primary_synced && !cur_on_dev) return first;
-  const CUresult r = sync_device(dev);
+  CUresult first = CUDA_SUCCESS;
+  bool primary_synced = false;
+  if (block_ctx && block_ctx != cur) {
+    primary_synced = !created && block_ctx == active_primary(dev);
+    if (created || primary_synced) first = sync_context(block_ctx).value_or(CUDA_SUCCESS);
+  }
+  CUresult r = CUDA_SUCCESS;
+  if (cur_on_dev) {
+    r = sync();
+  } else if (!primary_synced) {
+    // The device's primary context, retained for the synchronize.
+    auto state_of = REAL(cuDevicePrimaryCtxGetState);
+    auto retain = REAL(cuDevicePrimaryCtxRetain);
+    auto release = REAL(cuDevicePrimaryCtxRelease_v2);
+    unsigned int flags = 0;
+    int active = 0;
+    CUcontext primary = nullptr;
+    std::optional<CUresult> on_primary;
+    if (state_of && retain && release && state_of(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        retain(&primary, dev) == CUDA_SUCCESS) {
+      on_primary = sync_context(primary);
+      release(dev);
+    }
+    r = on_primary ? *on_primary : cur ? sync() : CUDA_SUCCESS;
+  }
   return first != CUDA_SUCCESS ? first : r;
 }
 
