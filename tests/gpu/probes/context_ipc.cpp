@@ -5,8 +5,11 @@
 // context and destroys that context, then opens it in the primary context and
 // resets that (cudaDeviceReset); after each, it asks the driver about the
 // opened address (pointer attribute, address range), closes it, and opens it
-// again. Run on the driver alone and under `cusnap launch` (where the shim
-// serves the block and the open), and by scripts/gpu-test-shim.sh with and
+// again. Last, with a created context alive and holding an open of the
+// handle, it opens the same handle twice in that context (the driver counts
+// the opens and returns one address) and once in the primary context (the
+// driver documents one context per device for a handle). Run on the driver alone and under `cusnap
+// launch` (where the shim serves the block and the open), and by scripts/gpu-test-shim.sh with and
 // without the shim (the output must be the same).
 // Build: g++ -O1 -o context_ipc context_ipc.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 #include <cuda.h>
@@ -88,6 +91,38 @@ int main() {
   cuDevicePrimaryCtxRetain(&primary, dev);
   cuCtxSetCurrent(primary);
   after("the reset", p2, h);
+
+  // One handle, two contexts of the same device, both alive.
+  CUcontext a = nullptr;
+  cuCtxCreate(&a, nullptr, 0, dev);
+  CUdeviceptr x = 0, y = 0, z = 0;
+  std::printf("two contexts: open in a created context %s",
+              name(cuIpcOpenMemHandle(&x, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)));
+  const CUresult again = cuIpcOpenMemHandle(&y, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  std::printf(", again there %s (%s address)\n", name(again),
+              again != CUDA_SUCCESS ? "no"
+              : y == x              ? "the same"
+                                    : "another");
+  cuCtxSetCurrent(primary);
+  const CUresult other = cuIpcOpenMemHandle(&z, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  std::printf("   open in the primary context %s (%s address)", name(other),
+              other != CUDA_SUCCESS ? "no"
+              : z == x              ? "the same"
+                                    : "another");
+  if (other == CUDA_SUCCESS) {
+    byte = 0;
+    copied = cuMemcpyDtoH(&byte, z, 1);
+    std::printf(", first byte %s %d", name(copied), byte);
+    std::printf(", close %s", name(cuIpcCloseMemHandle(z)));
+  }
+  std::printf("\n");
+  cuCtxSetCurrent(a);
+  std::printf("   in the created context: close %s", name(cuIpcCloseMemHandle(x)));
+  if (again == CUDA_SUCCESS) std::printf(", close again %s", name(cuIpcCloseMemHandle(y)));
+  byte = 0;
+  copied = cuMemcpyDtoH(&byte, x, 1);
+  std::printf(", then a copy from it %s, cuCtxDestroy %s\n", name(copied), name(cuCtxDestroy(a)));
+  cuCtxSetCurrent(primary);
 
   std::fflush(stdout);
   if (write(down[1], "g", 1) != 1) return 1;
