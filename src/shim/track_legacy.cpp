@@ -460,35 +460,45 @@ bool pending(const State& s, uint64_t addr) {
 
 /// Frees the blocks of pending_frees whose event has completed (or failed: a
 /// context gone bad, whose work is over), and destroys their events. The
-/// list is taken whole under s.mu, queried without it, and what is not
-/// ready yet goes back.
+/// events are queried without s.mu, from a copy of the list; the list itself
+/// stays whole meanwhile, so that a context destroyed by another thread
+/// takes its own entries (context_gone) and a second free of a block still
+/// pending is refused. A completed entry is taken out only if it is still
+/// there: one taken by context_gone or another reaper meanwhile is theirs,
+/// event included.
 void reap_pending(State& s) {
   if (s.pending_count.load(std::memory_order_acquire) == 0) return;
   auto query = REAL(cuEventQuery);
   auto destroy = REAL(cuEventDestroy_v2);
   if (!query || !destroy) return;
-  std::vector<State::PendingFree> all, later;
+  std::vector<State::PendingFree> all;
   {
     Lock l(s.mu);
-    all.swap(s.pending_frees);
-    s.pending_count.store(0, std::memory_order_release);
+    all = s.pending_frees;
   }
   std::vector<State::PendingFree> done;
-  for (const auto& p : all) (query(p.event) == CUDA_ERROR_NOT_READY ? later : done).push_back(p);
+  for (const auto& p : all)
+    if (query(p.event) != CUDA_ERROR_NOT_READY) done.push_back(p);
   for (const auto& p : done) {
     uint64_t size = 0;
-    bool taken = false;
+    bool ours = false, taken = false;
     {
       Lock l(s.mu);
-      taken = take_if_same(s, p.addr, p.id, &size);
+      auto& list = s.pending_frees;
+      auto it = std::find_if(list.begin(), list.end(), [&](const State::PendingFree& f) {
+        return f.event == p.event && f.addr == p.addr && f.id == p.id;
+      });
+      if (it != list.end()) {
+        ours = true;
+        list.erase(it);
+        s.pending_count.store(list.size(), std::memory_order_release);
+        taken = take_if_same(s, p.addr, p.id, &size);
+      }
     }
+    if (!ours) continue;
     if (taken) drop_block(s, p.addr, p.id, size);
     destroy(p.event);
   }
-  if (later.empty()) return;
-  Lock l(s.mu);
-  s.pending_frees.insert(s.pending_frees.end(), later.begin(), later.end());
-  s.pending_count.store(s.pending_frees.size(), std::memory_order_release);
 }
 
 /// cuMemFreeAsync of the shim's block at dptr without a capture under way:

@@ -380,6 +380,7 @@ int main(int argc, char** argv) {
       {"alloc_fallback", alloc_fallback},
       {"free_sync", free_sync},
       {"free_async", free_async},
+      {"free_async_reap", free_async_reap},
       {"nccl_free", nccl_free},
       {"context_blocks", context_blocks},
       {"context_ipc", context_ipc},

@@ -143,6 +143,7 @@ int peer();
 int alloc_fallback();
 int free_sync();
 int free_async();
+int free_async_reap();
 int nccl_free();
 int context_blocks();
 int context_ipc();

@@ -657,6 +657,53 @@ int free_async() {
   return 0;
 }
 
+/// A block freed in stream order stays freed while another thread reaps the
+/// pending frees: its events are queried (here each query takes 1.5 s,
+/// FAKECUDA_DELAY) with the list of pending frees still whole, so a second
+/// free of the block meanwhile is refused, as the driver refuses a double
+/// free, and the block goes once, with the reaper.
+int free_async_reap() {
+  Child c = spawn([](int) {
+    setenv("FAKECUDA_DELAY", "cuEventQuery:1500", 1);
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUfunction fn = load_function("ncclDevKernel_Handshake");
+    FC_REQ(fn != nullptr);
+    CUstream st;
+    FC_REQ(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr flag = 0, peer_flag = 0;
+    FC_REQ(cuMemAlloc(&flag, 8) == CUDA_SUCCESS && cuMemAlloc(&peer_flag, 8) == CUDA_SUCCESS);
+    *word(flag) = 0;
+    *word(peer_flag) = 0;
+    uint64_t step = 1;
+    void* args[] = {&flag, &peer_flag, &step};
+    FC_REQ(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, args, nullptr) == CUDA_SUCCESS);
+    FC_REQ(cuMemFreeAsync(flag, st) == CUDA_SUCCESS);  // pending: the kernel holds the stream
+    *word(peer_flag) = 1;                              // the kernel ends
+    FC_REQ(cuStreamSynchronize(st) == CUDA_SUCCESS);
+    std::thread reaper([] {
+      CUdeviceptr y = 0;  // an allocation reaps the pending frees first
+      if (cuMemAlloc(&y, 1 << 20) == CUDA_SUCCESS) cuMemFree(y);
+    });
+    usleep(400 * 1000);  // the reaper is inside cuEventQuery
+    const CUresult again = cuMemFree(flag);
+    const CUresult again_async = cuMemFreeAsync(flag, st);
+    reaper.join();
+    fprintf(stderr, "frees of a pending block while it is reaped: %d, %d\n", int(again),
+            int(again_async));
+    FC_REQ(again == CUDA_ERROR_INVALID_VALUE);  // freed already
+    FC_REQ(again_async == CUDA_ERROR_INVALID_VALUE);
+    proto::ShimRecords q;
+    FC_REQ(inspect(getpid(), &q));
+    FC_REQ(q.allocations.size() == 1 && q.mappings.size() == 1);  // peer_flag's: flag went
+    FC_REQ(q.mappings[0].address == peer_flag);
+    FC_REQ(cuMemFree(flag) == CUDA_ERROR_INVALID_VALUE);
+    FC_REQ(cuMemFree(peer_flag) == CUDA_SUCCESS);
+    return 0;
+  });
+  REQ(c.join() == 0);
+  return 0;
+}
+
 /// The blocks the shim served in a context go with the context, as the
 /// driver's cuMemAlloc blocks do and its VMM memory does not: cuCtxDestroy,
 /// cuDevicePrimaryCtxReset (cudaDeviceReset), the primary context's last
