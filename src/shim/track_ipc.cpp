@@ -99,12 +99,17 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       Lock l(s.mu);
       auto k = s.by_key.find(key);
       if (k != s.by_key.end())
-        for (auto& o : s.ipc)
-          if (o.ctx == ctx && o.alloc == k->second) {
+        for (auto& o : s.ipc) {
+          if (o.alloc != k->second) continue;
+          if (o.ctx == ctx) {
             o.opens++;
             *dptr = o.address;
             return CUDA_SUCCESS;
           }
+          // Open in another context of this device: the driver refuses a
+          // second (measured on an H200: tests/gpu/probes/context_ipc.cpp).
+          if (o.dev == dev) return CUDA_ERROR_INVALID_HANDLE;
+        }
     }
     proto::Ticket t{};
     t.creator_pid = b.creator_pid;
@@ -149,7 +154,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         m.alloc = id;
         union_access(&m.access, desc);
         s.ranges.emplace(addr, std::move(m));
-        s.ipc.push_back({ctx, id, addr, b.size, 1});
+        s.ipc.push_back({ctx, id, addr, b.size, 1, dev});
         *dptr = addr;
       }
     }

@@ -2,6 +2,9 @@
 // (cuPointerGetAttribute, cuPointerGetAttributes, cuMemGetAddressRange,
 // cuPointerSetAttribute): answered as for the driver's cuMemAlloc block, the
 // block being a VMM mapping underneath (measured: served-block-h100.log).
+// The mapping is whole 2 MiB granules, the driver's block the bytes asked:
+// an address past them is one the driver does not know (measured on an
+// H200: tests/gpu/probes/alloc_sizes.cpp), and is answered so.
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
@@ -12,19 +15,73 @@ namespace cusnap::shim::track {
 
 namespace {
 
-/// The block the shim serves that holds ptr: its base and what was asked of
-/// it; false for any other address.
-bool served_at(CUdeviceptr ptr, uint64_t* base, State::BlockAsked* asked) {
-  if (!active()) return false;
+/// Where ptr lies against the blocks the shim serves.
+enum class Served {
+  kNo,    ///< in none: the driver's answer stands
+  kYes,   ///< in a block's asked bytes
+  kTail,  ///< past a block's asked bytes, in its mapping's last granule
+};
+
+/// The block the shim serves that holds ptr, and what was asked of it.
+Served served_at(CUdeviceptr ptr, State::BlockAsked* asked) {
+  if (!active()) return Served::kNo;
   State& s = state();
   Lock l(s.mu);
   auto m = containing(s, ptr);
-  if (m == s.ranges.end()) return false;
+  if (m == s.ranges.end()) return Served::kNo;
   auto b = s.block_asked.find(m->first);
-  if (b == s.block_asked.end()) return false;
-  *base = m->first;
+  if (b == s.block_asked.end()) return Served::kNo;
   *asked = b->second;
-  return true;
+  return ptr - m->first < asked->bytes ? Served::kYes : Served::kTail;
+}
+
+/// The driver's answer in cuPointerGetAttributes for an address it does not
+/// know (measured): 0 in each attribute, the device ordinal -2. Widths as
+/// cuda.h gives them; for the flags it gives none for (a boolean, a bitmask)
+/// the driver had written 0, 1 or 3 for the mapping: the lowest byte holds
+/// it, in any width.
+void as_unknown(CUpointer_attribute attr, void* data) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<void**>(data) = nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      *static_cast<CUdeviceptr*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      *static_cast<size_t*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      *static_cast<unsigned long long*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = -2;
+      break;
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+      *static_cast<CUDA_POINTER_ATTRIBUTE_P2P_TOKENS*>(data) = {};
+      break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+      *static_cast<unsigned char*>(data) = 0;
+      break;
+    default:
+      break;
+  }
 }
 
 /// Rewrites the driver's answer for the mapping (in *data) into its answer
@@ -55,14 +112,15 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
 
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
-  const CUresult r = real(data, attr, ptr);
-  if (r != CUDA_SUCCESS || !data) return r;
+  State::BlockAsked asked;
+  Served where = Served::kNo;
   try {
-    uint64_t base = 0;
-    State::BlockAsked asked;
-    if (served_at(ptr, &base, &asked)) as_driver_block(attr, data, asked);
+    where = served_at(ptr, &asked);
   } catch (...) {  // the driver's answer stands
   }
+  if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
+  const CUresult r = real(data, attr, ptr);
+  if (r == CUDA_SUCCESS && data && where == Served::kYes) as_driver_block(attr, data, asked);
   return r;
 }
 
@@ -71,11 +129,16 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
   const CUresult r = real(n, attrs, data, ptr);
   if (r != CUDA_SUCCESS || !attrs || !data) return r;
   try {
-    uint64_t base = 0;
     State::BlockAsked asked;
-    if (!served_at(ptr, &base, &asked)) return r;
-    for (unsigned int i = 0; i < n; ++i)
-      if (data[i]) as_driver_block(attrs[i], data[i], asked);
+    const Served where = served_at(ptr, &asked);
+    if (where == Served::kNo) return r;
+    for (unsigned int i = 0; i < n; ++i) {
+      if (!data[i]) continue;
+      if (where == Served::kYes)
+        as_driver_block(attrs[i], data[i], asked);
+      else
+        as_unknown(attrs[i], data[i]);
+    }
   } catch (...) {
   }
   return r;
@@ -83,14 +146,15 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
 
 CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* pbase, size_t* psize,
                        CUdeviceptr ptr) noexcept {
-  const CUresult r = real(pbase, psize, ptr);
-  if (r != CUDA_SUCCESS || !psize) return r;
+  State::BlockAsked asked;
+  Served where = Served::kNo;
   try {
-    uint64_t base = 0;
-    State::BlockAsked asked;
-    if (served_at(ptr, &base, &asked)) *psize = asked.bytes;
+    where = served_at(ptr, &asked);
   } catch (...) {
   }
+  if (where == Served::kTail) return CUDA_ERROR_NOT_FOUND;  // as for an address of no memory
+  const CUresult r = real(pbase, psize, ptr);
+  if (r == CUDA_SUCCESS && psize && where == Served::kYes) *psize = asked.bytes;
   return r;
 }
 
@@ -100,9 +164,10 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
     return real(value, attr, ptr);
   }
   try {
-    uint64_t base = 0;
     State::BlockAsked asked;
-    if (!served_at(ptr, &base, &asked)) return real(value, attr, ptr);
+    const Served where = served_at(ptr, &asked);
+    if (where == Served::kNo) return real(value, attr, ptr);
+    if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
     // The driver's cuMemAlloc block takes the attribute (measured:
     // served-block-h100.log) that MPI and UCX transports set before an RDMA
     // adapter reads the block, so that a synchronous copy into it has landed

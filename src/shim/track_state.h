@@ -90,6 +90,7 @@ struct IpcOpen {
   uint64_t address = 0;
   uint64_t size = 0;
   uint32_t opens = 0;
+  CUdevice dev = -1;  ///< ctx's device (the shim's opens): one context a device opens a handle
 };
 
 struct State {

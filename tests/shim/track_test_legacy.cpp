@@ -61,6 +61,32 @@ int ipc() {
   CUdeviceptr base = 0;
   REQ_OK(cuMemGetAddressRange(&base, &range, d + 4096));
   REQ(base == d && range == (3u << 20));
+  // Past the bytes asked, in the mapping's last granule: an address the
+  // driver does not know (measured: tests/gpu/probes/alloc_sizes.cpp).
+  const CUdeviceptr past = d + (3 << 20);
+  REQ(cuMemGetAddressRange(&base, &range, past) == CUDA_ERROR_NOT_FOUND);
+  REQ(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, past) ==
+      CUDA_ERROR_INVALID_VALUE);
+  REQ(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, past) == CUDA_ERROR_INVALID_VALUE);
+  REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, past) ==
+      CUDA_ERROR_INVALID_VALUE);
+  {
+    unsigned mem_type = 9;
+    int ordinal = 9, mapped = 9;
+    unsigned long long id = 9;
+    CUdeviceptr start = 9;
+    CUpointer_attribute unknown[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_MAPPED,           CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        CU_POINTER_ATTRIBUTE_CONTEXT};
+    range = 9;
+    ctx = cur;
+    void* out[] = {&mem_type, &ordinal, &mapped, &id, &start, &range, &ctx};
+    REQ_OK(cuPointerGetAttributes(7, unknown, out, past));
+    REQ(mem_type == 0 && ordinal == -2 && mapped == 0 && id == 0 && start == 0 && range == 0 &&
+        ctx == nullptr);
+  }
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   const uint64_t calls = r.sharing_calls;
@@ -81,9 +107,20 @@ int ipc() {
     FC_REQ(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(p1 == p2 && p1 != 0);
     FC_REQ(all(p1, 3 << 20, 0x61));
+    // Another context of the device may not open it while this one has it
+    // open (measured on an H200: tests/gpu/probes/context_ipc.cpp).
+    CUdevice dev = 0;
+    CUcontext other = nullptr;
+    FC_REQ(cuCtxGetDevice(&dev) == CUDA_SUCCESS);
+    FC_REQ(cuCtxCreate(&other, nullptr, 0, dev) == CUDA_SUCCESS);
+    CUdeviceptr p3 = 0;
+    FC_REQ(cuIpcOpenMemHandle(&p3, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+           CUDA_ERROR_INVALID_HANDLE);
+    FC_REQ(cuCtxDestroy(other) == CUDA_SUCCESS);
+    FC_REQ(init_primary() == CUDA_SUCCESS);
     fill(p1, 3 << 20, 0x62);
     FC_REQ(inspect(getpid(), &rr));
-    FC_REQ(rr.sharing_calls == child_calls + 2);
+    FC_REQ(rr.sharing_calls == child_calls + 3);  // the two opens and the refused one
     FC_REQ(rr.ipc.size() == 1 && rr.ipc[0].opens == 2 && rr.ipc[0].address == p1);
     FC_REQ(rr.allocations.size() == 1 && rr.allocations[0].origin == "imported");
     FC_REQ(rr.allocations[0].creator_pid == getppid());
@@ -779,8 +816,10 @@ int context_blocks() {
 /// cuCtxDestroy and cuDevicePrimaryCtxReset take the shim's open (its import
 /// unmapped and released, nothing left to save) and a foreign one (the
 /// driver's own, no longer counted against a checkpoint); the address is
-/// unknown after, its close refused, and a new open succeeds. The exporter's
-/// block left to the driver stops being counted at its context's reset.
+/// unknown after, its close refused, and a new open succeeds. Meanwhile
+/// another context of the device may not open the handle (measured on an
+/// H200), one of another device may. The exporter's block left to the
+/// driver stops being counted at its context's reset.
 int context_ipc() {
   Child e = spawn([&](int sock) {
     setenv("FAKECUDA_FAIL", "cuMemCreate:2:2", 1);  // the second block is left to the driver
@@ -822,13 +861,21 @@ int context_ipc() {
     REQ(all(p, 1 << 20, 0x71));
     REQ(inspect(getpid(), &r));
     REQ(r.ipc.size() == 2 && r.allocations.size() == 1 && r.foreign_imports_alive == 1);
-    // An open of the same handle in the primary context stays at the
-    // created context's destroy.
+    // The primary context of the device may not open the same handle
+    // meanwhile (the driver's answer, measured on an H200); a context of
+    // another device may, and its open stays at the created context's
+    // destroy.
     CUdeviceptr kept = 0;
+    CUcontext other = nullptr;
     if (!reset) {
       REQ_OK(cuCtxSetCurrent(primary));
+      REQ(cuIpcOpenMemHandle(&kept, h[0], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+          CUDA_ERROR_INVALID_HANDLE);
+      CUdevice dev1;
+      REQ_OK(cuDeviceGet(&dev1, 1));
+      REQ_OK(cuCtxCreate(&other, nullptr, 0, dev1));
       REQ_OK(cuIpcOpenMemHandle(&kept, h[0], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-      REQ(kept != p);
+      REQ(kept != 0 && kept != p);
       REQ_OK(cuCtxSetCurrent(own));
     }
     if (reset) {
@@ -849,7 +896,10 @@ int context_ipc() {
     REQ(cuIpcCloseMemHandle(f) == CUDA_ERROR_INVALID_VALUE);
     if (kept) {
       REQ(all(kept, 1 << 20, 0x71));
+      REQ_OK(cuCtxSetCurrent(other));
       REQ_OK(cuIpcCloseMemHandle(kept));
+      REQ_OK(cuCtxDestroy(other));
+      REQ_OK(cuCtxSetCurrent(primary));
       REQ(inspect(getpid(), &r));
       REQ(r.ipc.empty() && r.allocations.empty() && r.mappings.empty());
     }

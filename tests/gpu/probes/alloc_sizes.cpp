@@ -2,7 +2,8 @@
 // alignment, for sizes from one byte to a few MiB: cuMemGetAddressRange of
 // the block's base and of its last requested byte, the RANGE_SIZE pointer
 // attribute, and the base's alignment; then whether an address one past the
-// requested size (inside a rounded range) is known. Run on the driver alone
+// requested size (inside a rounded range) is known; for the first block,
+// what the pointer attributes answer there, one by one and together. Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -29,6 +30,50 @@ static void range(const char* what, CUdeviceptr p, CUdeviceptr block) {
     std::printf(" %s: base%s size %zu", what, base == block ? "" : " elsewhere", size);
   else
     std::printf(" %s: %s", what, name(r));
+}
+
+/// The pointer attributes of p, one at a time and all in one
+/// cuPointerGetAttributes (wide enough variables, zeroed first).
+static void attributes(CUdeviceptr p) {
+  static const struct {
+    CUpointer_attribute a;
+    const char* name;
+  } kAttrs[] = {{CU_POINTER_ATTRIBUTE_CONTEXT, "CONTEXT"},
+                {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "MEMORY_TYPE"},
+                {CU_POINTER_ATTRIBUTE_DEVICE_POINTER, "DEVICE_POINTER"},
+                {CU_POINTER_ATTRIBUTE_BUFFER_ID, "BUFFER_ID"},
+                {CU_POINTER_ATTRIBUTE_IS_MANAGED, "IS_MANAGED"},
+                {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "DEVICE_ORDINAL"},
+                {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, "RANGE_START_ADDR"},
+                {CU_POINTER_ATTRIBUTE_RANGE_SIZE, "RANGE_SIZE"},
+                {CU_POINTER_ATTRIBUTE_MAPPED, "MAPPED"},
+                {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, "IS_LEGACY_CUDA_IPC_CAPABLE"},
+                {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, "ALLOWED_HANDLE_TYPES"},
+                {CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, "ACCESS_FLAGS"},
+                {CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, "MEMPOOL_HANDLE"}};
+  const unsigned n = sizeof(kAttrs) / sizeof(kAttrs[0]);
+  unsigned long long all[n] = {};
+  CUpointer_attribute which[n];
+  void* data[n];
+  for (unsigned i = 0; i < n; ++i) {
+    unsigned long long v = 0;
+    const CUresult r = cuPointerGetAttribute(&v, kAttrs[i].a, p);
+    std::printf("   %-28s %s", kAttrs[i].name, name(r));
+    if (r == CUDA_SUCCESS && v < (1ull << 32)) std::printf(" %#llx", v);
+    if (r == CUDA_SUCCESS && v >= (1ull << 32)) std::printf(" an address");
+    std::printf("\n");
+    which[i] = kAttrs[i].a;
+    data[i] = &all[i];
+  }
+  const CUresult r = cuPointerGetAttributes(n, which, data, p);
+  std::printf("   cuPointerGetAttributes: %s\n", name(r));
+  for (unsigned i = 0; r == CUDA_SUCCESS && i < n; ++i) {
+    const unsigned long long v = all[i];  // an address differs from run to run
+    if (v < (1ull << 32) || v > ~0xffffull)
+      std::printf("   %-28s %#llx\n", kAttrs[i].name, v);
+    else
+      std::printf("   %-28s an address\n", kAttrs[i].name);
+  }
 }
 
 int main() {
@@ -61,6 +106,11 @@ int main() {
       std::printf(", RANGE_SIZE %llu", attr_size);
     else
       std::printf(", RANGE_SIZE %s", name(a));
+    if (n == 1) {
+      std::printf("\n  one past the requested byte:\n");
+      attributes(p + 1);
+      std::printf(" ");
+    }
     std::printf(", free %s\n", name(cuMemFree(p)));
   }
   return 0;
