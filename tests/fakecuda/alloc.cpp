@@ -31,11 +31,15 @@ CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes, bool low32, InCapture in_cap
   if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
   if (in_capture == InCapture::kUnsafe)
     if (CUresult r = capture_unsafe_call()) return r;
+  // Mapped in whole granules; the queries report the bytes asked for
+  // (find_known).
   size_t size = round_up(bytes, kGranularity);
   if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t id = 0;
   if (CUresult r = new_allocation(AllocKind::kLegacy, size, c->dev, &id)) return r;
-  find_alloc(id)->owner = c;
+  Allocation* a = find_alloc(id);
+  a->owner = c;
+  a->requested = bytes;
   uintptr_t va = 0;
   if (CUresult r = reserve_va(size, kGranularity, 0, low32, true, &va)) {
     maybe_destroy(id);
@@ -102,10 +106,10 @@ CUresult address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   Driver& d = driver();
   std::lock_guard<std::mutex> l(d.mu);
   uintptr_t b = 0;
-  Mapping* m = find_mapping(p, &b);
-  if (!m) return CUDA_ERROR_NOT_FOUND;
+  size_t n = 0;
+  if (!find_known(p, &b, &n)) return CUDA_ERROR_NOT_FOUND;
   if (base) *base = b;
-  if (size) *size = m->size;
+  if (size) *size = n;
   return CUDA_SUCCESS;
 }
 
@@ -287,18 +291,23 @@ FC_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psi
 
 namespace {
 
+/// Whether p lies in host memory the driver knows of (cuMemAllocHost,
+/// cuMemHostAlloc, cuMemHostRegister). Driver::mu held.
+bool known_host_memory(uintptr_t p) {
+  auto& hs = driver().host_allocs;
+  auto h = hs.upper_bound(p);
+  return h != hs.begin() && p < std::prev(h)->first + std::prev(h)->second.size;
+}
+
 /// One attribute of ptr, as cuPointerGetAttribute answers (Driver::mu held).
 CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   if (!data) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = driver();
   uintptr_t base = 0;
-  Mapping* m = find_mapping(ptr, &base);
+  size_t size = 0;
+  Mapping* m = find_known(ptr, &base, &size);
   if (!m) {
-    auto& hs = d.host_allocs;
-    auto h = hs.upper_bound(ptr);
-    if (h == hs.begin() || ptr >= std::prev(h)->first + std::prev(h)->second.size)
-      return CUDA_ERROR_INVALID_VALUE;
-    --h;
+    if (!known_host_memory(ptr)) return CUDA_ERROR_INVALID_VALUE;
     switch (attribute) {
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST;
@@ -329,7 +338,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<CUdeviceptr*>(data) = base;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      *static_cast<size_t*>(data) = m->size;
+      *static_cast<size_t*>(data) = size;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPED:
       *static_cast<int*>(data) = 1;
@@ -354,6 +363,65 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
   }
 }
 
+/// What cuPointerGetAttributes writes of an address the driver does not
+/// know: 0, the device ordinal -2 (an int). Measured on an H200, driver
+/// 580.159.04 (tests/gpu/probes/alloc_sizes.cpp, one past a cuMemAlloc
+/// block's bytes): CONTEXT, MEMORY_TYPE, DEVICE_POINTER, BUFFER_ID,
+/// IS_MANAGED, DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED,
+/// IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES, ACCESS_FLAGS and
+/// MEMPOOL_HANDLE. Each in the width pointer_attribute writes it. One that
+/// pointer_attribute never answers: in the width cuda.h gives it (a handle,
+/// an address, a size, an id, the P2P tokens); a boolean or flags, for which
+/// cuda.h gives none, in its lowest byte.
+void unknown_attribute(void* data, CUpointer_attribute attribute) {
+  if (!data) return;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<void**>(data) = nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      *static_cast<CUdeviceptr*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      *static_cast<size_t*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = -2;
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+      *static_cast<int*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      *static_cast<unsigned long long*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+      *static_cast<CUDA_POINTER_ATTRIBUTE_P2P_TOKENS*>(data) = {};
+      break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+      *static_cast<unsigned char*>(data) = 0;
+      break;
+    default:
+      break;
+  }
+}
+
 }  // namespace
 
 FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
@@ -365,9 +433,11 @@ FC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribu
 }
 
 /// cuPointerGetAttributes: each attribute as cuPointerGetAttribute answers
-/// it; one it cannot answer (an address of no memory, an attribute the fake
-/// does not keep) is left as the caller set it, and the call succeeds, as
-/// the driver's does for an address that is no CUDA pointer.
+/// it; one it cannot answer (an attribute the fake does not keep) is left as
+/// the caller set it, and the call succeeds. For an address the driver does
+/// not know (no device mapping, no host memory it knows of, the tail of a
+/// cuMemAlloc block past its bytes) it writes each attribute's
+/// unknown_attribute value and succeeds, as the driver's does.
 FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
                                           CUpointer_attribute* attributes, void** data,
                                           CUdeviceptr ptr) {
@@ -375,22 +445,28 @@ FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
   FC_REQUIRE_INIT();
   if (numAttributes == 0 || !attributes || !data) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
-  for (unsigned int i = 0; i < numAttributes; ++i) pointer_attribute(data[i], attributes[i], ptr);
+  const bool known = find_known(ptr, nullptr, nullptr) || known_host_memory(ptr);
+  for (unsigned int i = 0; i < numAttributes; ++i) {
+    if (known)
+      pointer_attribute(data[i], attributes[i], ptr);
+    else
+      unknown_attribute(data[i], attributes[i]);
+  }
   return CUDA_SUCCESS;
 }
 
 /// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block is taken (the
 /// fake's memory operations are synchronous anyway); on a VMM mapping the
 /// driver refuses it, NOT_SUPPORTED (served-block-h100.log). Other
-/// attributes, and addresses of no device memory: INVALID_VALUE.
+/// attributes, and addresses of no device memory (a cuMemAlloc block's tail
+/// past its bytes among them, find_known): INVALID_VALUE.
 FC_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attribute,
                                          CUdeviceptr ptr) {
   FC_ENTER("cuPointerSetAttribute");
   FC_REQUIRE_INIT();
   if (!value || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
-  uintptr_t base = 0;
-  Mapping* m = find_mapping(ptr, &base);
+  Mapping* m = find_known(ptr, nullptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
   if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_NOT_SUPPORTED;

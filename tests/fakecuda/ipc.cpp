@@ -23,6 +23,29 @@ struct IpcHandle {
 };
 static_assert(sizeof(IpcHandle) <= CU_IPC_HANDLE_SIZE);
 
+/// An open of h that already exists where context c (valid) would open it
+/// (Driver::mu held). One in c: a reference more, its address in *pdptr,
+/// CUDA_SUCCESS. One in another live context of c's device:
+/// CUDA_ERROR_INVALID_HANDLE, as on the driver, which lets one context per
+/// device open a handle (measured on an H200, driver 580.159.04,
+/// tests/gpu/probes/context_ipc.cpp). Neither (none, or only in contexts of
+/// other devices): CUDA_ERROR_NOT_FOUND, and the caller opens it anew.
+CUresult existing_open(const IpcHandle& h, const Context* c, CUdeviceptr* pdptr) {
+  Driver& d = driver();
+  for (auto& [va, o] : d.ipc_opens) {
+    if (o.creator != h.pid || o.creator_id != h.id) continue;
+    if (o.owner == c) {
+      ++o.refs;
+      *pdptr = va;
+      return CUDA_SUCCESS;
+    }
+    // A context's opens are closed when it goes (free_context_blocks).
+    auto* other = const_cast<Context*>(static_cast<const Context*>(o.owner));
+    if (d.contexts.count(other) && other->dev == c->dev) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
 }  // namespace
 
 FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
@@ -52,14 +75,9 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
   Driver& d = driver();
   {
     std::lock_guard<std::mutex> l(d.mu);
-    if (!valid_ctx(reinterpret_cast<CUcontext>(current_ctx()))) return CUDA_ERROR_INVALID_CONTEXT;
-    for (auto& [va, o] : d.ipc_opens) {
-      if (o.creator == h.pid && o.creator_id == h.id) {
-        ++o.refs;
-        *pdptr = va;
-        return CUDA_SUCCESS;
-      }
-    }
+    Context* c = current_ctx();
+    if (!valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = existing_open(h, c, pdptr); r != CUDA_ERROR_NOT_FOUND) return r;
   }
   // Ask the creator for the memfd without holding our own lock.
   CtlRequest req{};
@@ -73,9 +91,17 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> l(d.mu);
+  // The lock was let go meanwhile: the context may be gone, or have opened h.
+  Context* c = current_ctx();
+  CUresult r = valid_ctx(reinterpret_cast<CUcontext>(c)) ? existing_open(h, c, pdptr)
+                                                         : CUDA_ERROR_INVALID_CONTEXT;
+  if (r != CUDA_ERROR_NOT_FOUND) {
+    close(fd);
+    return r;
+  }
   uint64_t id = 0;
   bool reused = false;
-  CUresult r = adopt_allocation(fd, AllocKind::kIpcImport, &id, &reused);
+  r = adopt_allocation(fd, AllocKind::kIpcImport, &id, &reused);
   close(fd);
   if (r != CUDA_SUCCESS) return r;
   Allocation* a = find_alloc(id);
@@ -90,7 +116,7 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
   Mapping& m = d.mappings[va];
   for (size_t i = 0; i < d.devices.size(); ++i) m.access[i] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   apply_access(va, m);
-  d.ipc_opens[va] = IpcOpen{1, h.pid, h.id, current_ctx()};
+  d.ipc_opens[va] = IpcOpen{1, h.pid, h.id, c};
   *pdptr = va;
   return CUDA_SUCCESS;
 }

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "fakecuda_test_util.h"
@@ -12,6 +13,27 @@ using namespace fctest;
 
 namespace {
 constexpr size_t kGran = 2 << 20;
+
+/// A creator: a child that fills a 1 MiB cuMemAlloc block with fill and
+/// sends its legacy IPC handle (received into *h); told to go on, it checks
+/// that the block's byte at reads expect (when at >= 0), and exits.
+Child ipc_creator(unsigned char fill, CUipcMemHandle* h, int at = -1, unsigned char expect = 0) {
+  Child creator = spawn([fill, at, expect](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUdeviceptr p;
+    FC_REQ(cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS);
+    FC_REQ(cuMemsetD8(p, fill, 1 << 20) == CUDA_SUCCESS);
+    CUipcMemHandle mine;
+    FC_REQ(cuIpcGetMemHandle(&mine, p) == CUDA_SUCCESS);
+    FC_REQ(send(sock, &mine, sizeof mine, 0) == sizeof mine);
+    uint64_t v;
+    FC_REQ(recv_u64(sock, &v));
+    if (at >= 0) FC_REQ(reinterpret_cast<unsigned char*>(p)[at] == expect);
+    return 0;
+  });
+  REQUIRE(recv(creator.sock, h, sizeof *h, MSG_WAITALL) == sizeof *h);
+  return creator;
+}
 }
 
 TEST_CASE("fakecuda: two processes share a POSIX-fd VMM allocation") {
@@ -97,20 +119,8 @@ TEST_CASE("fakecuda: a legacy IPC open goes with the context it was made in") {
   // As the real driver (tests/gpu/probes/context_ipc.cpp, on an H100): the
   // address is unknown after, its close refused, a new open succeeds.
   REQUIRE(init_primary() == CUDA_SUCCESS);
-  Child creator = spawn([](int sock) {
-    FC_REQ(init_primary() == CUDA_SUCCESS);
-    CUdeviceptr p;
-    FC_REQ(cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS);
-    FC_REQ(cuMemsetD8(p, 0x3c, 1 << 20) == CUDA_SUCCESS);
-    CUipcMemHandle h;
-    FC_REQ(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);
-    FC_REQ(send(sock, &h, sizeof h, 0) == sizeof h);
-    uint64_t v;
-    FC_REQ(recv_u64(sock, &v));
-    return 0;
-  });
   CUipcMemHandle h;
-  REQUIRE(recv(creator.sock, &h, sizeof h, MSG_WAITALL) == sizeof h);
+  Child creator = ipc_creator(0x3c, &h);
   CUcontext before = nullptr, own = nullptr;
   REQUIRE(cuCtxGetCurrent(&before) == CUDA_SUCCESS);
   CUdevice dev;
@@ -129,6 +139,75 @@ TEST_CASE("fakecuda: a legacy IPC open goes with the context it was made in") {
   REQUIRE(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
   CHECK(reinterpret_cast<unsigned char*>(q)[77] == 0x3c);
   CHECK(cuIpcCloseMemHandle(q) == CUDA_SUCCESS);
+  REQUIRE(send_u64(creator.sock, 1));
+  CHECK(creator.join() == 0);
+}
+
+TEST_CASE("fakecuda: one context per device opens a legacy IPC handle") {
+  // As the real driver (measured on an H200, driver 580.159.04,
+  // tests/gpu/probes/context_ipc.cpp): opened twice in a created context it
+  // gives one address, counted; the primary context of the same device then
+  // gets CUDA_ERROR_INVALID_HANDLE. Once the created context's opens are
+  // closed, the primary context's open succeeds.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUipcMemHandle h;
+  Child creator = ipc_creator(0x2d, &h);
+  CUcontext primary = nullptr, own = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  CUdevice dev;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&own, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr p = 0, p2 = 0, q = 0;
+  REQUIRE(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(p2 == p);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+  CHECK(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(reinterpret_cast<unsigned char*>(p)[99] == 0x2d);  // the open in `own` stands
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+  CHECK(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+        CUDA_ERROR_INVALID_HANDLE);  // one reference left
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+  REQUIRE(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  CHECK(reinterpret_cast<unsigned char*>(q)[99] == 0x2d);
+  // Now the created context is refused.
+  REQUIRE(cuCtxSetCurrent(own) == CUDA_SUCCESS);
+  CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_HANDLE);
+  REQUIRE(cuCtxDestroy(own) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+  CHECK(cuIpcCloseMemHandle(q) == CUDA_SUCCESS);
+  REQUIRE(send_u64(creator.sock, 1));
+  CHECK(creator.join() == 0);
+}
+
+TEST_CASE("fakecuda: a legacy IPC handle opens apart in a context of another device") {
+  // Chosen, not measured (it takes two GPUs): the driver documents one
+  // context per device, so each device's context gets its own open.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUipcMemHandle h;
+  Child creator = ipc_creator(0x4b, &h, 5, 0x99);
+  CHECK(run_child([&h] {
+          setenv("FAKECUDA_DEVICES", "2", 1);
+          FC_REQ(init_primary() == CUDA_SUCCESS);  // device 0
+          CUdeviceptr p0 = 0, p1 = 0, again = 0;
+          FC_REQ(cuIpcOpenMemHandle(&p0, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+          CUdevice dev1;
+          FC_REQ(cuDeviceGet(&dev1, 1) == CUDA_SUCCESS);
+          CUcontext ctx1 = nullptr;
+          FC_REQ(cuCtxCreate(&ctx1, nullptr, 0, dev1) == CUDA_SUCCESS);
+          FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+          FC_REQ(p1 != p0);
+          FC_REQ(cuIpcOpenMemHandle(&again, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+          FC_REQ(again == p1);
+          FC_REQ(reinterpret_cast<unsigned char*>(p1)[5] == 0x4b);
+          reinterpret_cast<unsigned char*>(p1)[5] = 0x99;  // one memory under both
+          FC_REQ(reinterpret_cast<unsigned char*>(p0)[5] == 0x99);
+          FC_REQ(cuIpcCloseMemHandle(p1) == CUDA_SUCCESS);
+          FC_REQ(cuIpcCloseMemHandle(p1) == CUDA_SUCCESS);
+          FC_REQ(cuIpcCloseMemHandle(p0) == CUDA_SUCCESS);
+          FC_REQ(cuCtxDestroy(ctx1) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
   REQUIRE(send_u64(creator.sock, 1));
   CHECK(creator.join() == 0);
 }

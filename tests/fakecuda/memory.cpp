@@ -264,6 +264,19 @@ Mapping* find_mapping(uintptr_t p, uintptr_t* base) {
   return &it->second;
 }
 
+Mapping* find_known(uintptr_t p, uintptr_t* base, size_t* size) {
+  uintptr_t b = 0;
+  Mapping* m = find_mapping(p, &b);
+  if (!m) return nullptr;
+  size_t n = m->size;
+  const Allocation* a = find_alloc(m->alloc);
+  if (a && a->kind == AllocKind::kLegacy && a->requested) n = a->requested;
+  if (p - b >= n) return nullptr;
+  if (base) *base = b;
+  if (size) *size = n;
+  return m;
+}
+
 bool is_device_address(uintptr_t p) {
   return find_reservation(p, nullptr) != nullptr;
 }

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -65,7 +66,7 @@ TEST_CASE("fakecuda: cuMemAlloc memory is host-readable and named by creator and
   size_t size = 0;
   CHECK(cuMemGetAddressRange(&base, &size, p + 100) == CUDA_SUCCESS);
   CHECK(base == p);
-  CHECK(size == (4u << 20));
+  CHECK(size == (3u << 20));  // the bytes asked for, not the rounded mapping
   int ordinal = -1;
   CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS);
   CHECK(ordinal == 0);
@@ -84,6 +85,134 @@ TEST_CASE("fakecuda: cuMemAlloc memory is host-readable and named by creator and
     std::error_code ec;
     CHECK(std::filesystem::read_symlink(e.path(), ec).string().rfind(own, 0) != 0);
   }
+}
+
+TEST_CASE("fakecuda: a cuMemAlloc block is as big as asked for, the rest unknown") {
+  // As the real driver (measured on an H200, driver 580.159.04,
+  // tests/gpu/probes/alloc_sizes.cpp): the base is 2 MiB aligned, the range
+  // of the base and of the last byte is the base and the bytes asked for,
+  // one past them is not found. In a child: no other block lies next to one.
+  CHECK(run_child([] {
+          FC_REQ(init_primary() == CUDA_SUCCESS);
+          const size_t sizes[] = {
+              1, 100, 512, 513, 4096, 65537, (1u << 20) + 1, 2u << 20, (2u << 20) + 1, 3u << 20};
+          for (size_t n : sizes) {
+            CUdeviceptr p = 0, base = 0;
+            size_t size = 0, attr = 0;
+            FC_REQ(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+            FC_REQ(p % (2u << 20) == 0);
+            FC_REQ(cuMemGetAddressRange(&base, &size, p) == CUDA_SUCCESS);
+            FC_REQ(base == p && size == n);
+            base = 0;
+            size = 0;
+            FC_REQ(cuMemGetAddressRange(&base, &size, p + n - 1) == CUDA_SUCCESS);
+            FC_REQ(base == p && size == n);
+            FC_REQ(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);
+            FC_REQ(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) ==
+                   CUDA_SUCCESS);
+            FC_REQ(attr == n);
+            FC_REQ(cuMemFree(p) == CUDA_SUCCESS);
+          }
+          return 0;
+        }) == 0);
+  // The same in this process, checked one by one: 1 byte and 2 MiB + 1.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  for (size_t n : {size_t{1}, (size_t{2} << 20) + 1}) {
+    CAPTURE(n);
+    CUdeviceptr p = 0, base = 0;
+    size_t size = 0, attr = 0;
+    REQUIRE(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+    CHECK(cuMemGetAddressRange(&base, &size, p) == CUDA_SUCCESS);
+    CHECK(base == p);
+    CHECK(size == n);
+    CHECK(cuMemGetAddressRange(&base, &size, p + n - 1) == CUDA_SUCCESS);
+    CHECK(size == n);
+    CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);
+    CHECK(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == CUDA_SUCCESS);
+    CHECK(attr == n);
+    CHECK(cuMemFree(p) == CUDA_SUCCESS);
+  }
+}
+
+TEST_CASE("fakecuda: past a cuMemAlloc block's bytes the pointer attributes are unknown") {
+  // Measured on an H200, driver 580.159.04 (tests/gpu/probes/alloc_sizes.cpp)
+  // one past the byte of cuMemAlloc(1): each attribute alone fails
+  // INVALID_VALUE; all together succeed with 0 in each, the device ordinal
+  // -2 (an int).
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 1) == CUDA_SUCCESS);
+  const CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_CONTEXT,
+                                       CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                       CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                       CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                       CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                       CU_POINTER_ATTRIBUTE_MAPPED,
+                                       CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                       CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                                       CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+                                       CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+  constexpr unsigned kN = sizeof attrs / sizeof attrs[0];
+  for (CUpointer_attribute a : attrs) {
+    CAPTURE(a);
+    unsigned long long v = 0;
+    CHECK(cuPointerGetAttribute(&v, a, p + 1) == CUDA_ERROR_INVALID_VALUE);
+  }
+  unsigned long long all[kN] = {};  // zeroed, as the probe's
+  void* data[kN];
+  for (unsigned i = 0; i < kN; ++i) data[i] = &all[i];
+  CUpointer_attribute which[kN];
+  std::copy(attrs, attrs + kN, which);
+  REQUIRE(cuPointerGetAttributes(kN, which, data, p + 1) == CUDA_SUCCESS);
+  for (unsigned i = 0; i < kN; ++i) {
+    CAPTURE(attrs[i]);
+    CHECK(all[i] == (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL ? 0xfffffffeull : 0));
+  }
+  // Written, not left as the caller set them: in their cuda.h widths.
+  CUcontext ctx = reinterpret_cast<CUcontext>(1);
+  unsigned type = 7;
+  CUdeviceptr dptr = 7, start = 7;
+  unsigned long long id = 7;
+  int ordinal = 7;
+  size_t range = 7;
+  void* pool = &range;
+  CUpointer_attribute typed[] = {
+      CU_POINTER_ATTRIBUTE_CONTEXT,        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+      CU_POINTER_ATTRIBUTE_DEVICE_POINTER, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+      CU_POINTER_ATTRIBUTE_RANGE_SIZE,     CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+  void* into[] = {&ctx, &type, &dptr, &id, &ordinal, &start, &range, &pool};
+  REQUIRE(cuPointerGetAttributes(8, typed, into, p + 1) == CUDA_SUCCESS);
+  CHECK(ctx == nullptr);
+  CHECK(type == 0);
+  CHECK(dptr == 0);
+  CHECK(id == 0);
+  CHECK(ordinal == -2);
+  CHECK(start == 0);
+  CHECK(range == 0);
+  CHECK(pool == nullptr);
+  // At the byte itself they answer for the block.
+  ordinal = 7;
+  range = 7;
+  CUpointer_attribute two[] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* two_into[] = {&ordinal, &range};
+  REQUIRE(cuPointerGetAttributes(2, two, two_into, p) == CUDA_SUCCESS);
+  CHECK(ordinal == 0);
+  CHECK(range == 1);
+  // cuPointerSetAttribute there: INVALID_VALUE, as for any unknown address.
+  unsigned one = 1;
+  CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+  CHECK(cuMemFree(p) == CUDA_SUCCESS);
+  // A freed block's address is no more known than the tail was.
+  ordinal = 7;
+  REQUIRE(cuPointerGetAttributes(1, two, two_into, p) == CUDA_SUCCESS);
+  CHECK(ordinal == -2);
 }
 
 TEST_CASE("fakecuda: memory calls need a context") {
