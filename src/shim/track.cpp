@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "proto/proc_stat.h"
 #include "shim/real_driver.h"
@@ -342,6 +343,9 @@ void atfork_child() noexcept {
   }
   conns_atfork_child();  // the listeners' connections
   drain_atfork_child();  // no drain thread in the child
+  // A reaper of the parent's (another thread) may have held it: the child
+  // has none, and no pending frees once reset.
+  new (&state().reap_mu) std::mutex;
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

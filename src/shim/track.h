@@ -74,6 +74,19 @@ struct ContextGoing {
   std::vector<ContextMemory> memory;
   bool empty() const { return memory.empty(); }
 };
+/// Keeps the frees in stream order from being reaped while it lives: held
+/// around a context's destroy and context_gone, so that no event of the
+/// context is queried once the driver destroyed it.
+class ReapHold {
+ public:
+  ReapHold() noexcept;
+  ~ReapHold();
+  ReapHold(const ReapHold&) = delete;
+  ReapHold& operator=(const ReapHold&) = delete;
+
+ private:
+  bool held_ = false;
+};
 /// What goes with context ctx, taken before the context goes.
 ContextGoing memory_of(CUcontext ctx) noexcept;
 /// Its context is gone (cuCtxDestroy; a primary context's reset or last

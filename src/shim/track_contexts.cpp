@@ -128,6 +128,18 @@ void context_gone(const ContextGoing& going) noexcept {
   }
 }
 
+ReapHold::ReapHold() noexcept {
+  try {
+    state().reap_mu.lock();
+    held_ = true;
+  } catch (...) {  // a lock that failed holds nothing
+  }
+}
+
+ReapHold::~ReapHold() {
+  if (held_) state().reap_mu.unlock();
+}
+
 CUcontext active_primary(CUdevice dev) noexcept {
   auto state_of = REAL(cuDevicePrimaryCtxGetState);
   auto retain = REAL(cuDevicePrimaryCtxRetain);

@@ -81,6 +81,7 @@ CUSNAP_CTX_CREATE_HOOK(cuCtxCreate_v4)
     static auto bind(decltype(&::entry) real) noexcept {  \
       return [real](CUcontext ctx) noexcept {             \
         track::note_context(ctx, false);                  \
+        const track::ReapHold hold;                       \
         const auto goes = track::memory_of(ctx);          \
         const CUresult r = real(ctx);                     \
         cut::kernels_unloaded();                          \
@@ -152,6 +153,7 @@ CUSNAP_UNLOAD_HOOK(cuLibraryUnload)
   struct Hook<Entry::entry> {                                           \
     static auto bind(decltype(&::entry) real) noexcept {                \
       return [real](CUdevice dev) noexcept {                            \
+        const track::ReapHold hold;                                     \
         const auto goes = track::memory_of(track::active_primary(dev)); \
         const CUresult r = real(dev);                                   \
         cut::kernels_unloaded();                                        \

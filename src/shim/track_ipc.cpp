@@ -95,21 +95,27 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
     AllocKey key{b.creator_pid, b.creator_start, b.allocation};
+    const CUcontext primary = active_primary(dev);
     {
       Lock l(s.mu);
       auto k = s.by_key.find(key);
-      if (k != s.by_key.end())
-        for (auto& o : s.ipc) {
-          if (o.alloc != k->second) continue;
-          if (o.ctx == ctx) {
+      if (k != s.by_key.end()) {
+        for (auto& o : s.ipc)
+          if (o.alloc == k->second && o.ctx == ctx) {
             o.opens++;
             *dptr = o.address;
             return CUDA_SUCCESS;
           }
-          // Open in another context of this device: the driver refuses a
-          // second (measured on an H200: tests/gpu/probes/context_ipc.cpp).
-          if (o.dev == dev) return CUDA_ERROR_INVALID_HANDLE;
-        }
+        // Open in another live context of this device: the driver refuses
+        // a second (measured on an H200: tests/gpu/probes/context_ipc.cpp).
+        // A record whose context is not known to be alive (gone where the
+        // shim did not see it) refuses nothing.
+        for (const auto& o : s.ipc)
+          if (o.alloc == k->second && o.dev == dev &&
+              (o.ctx == primary ||
+               std::find(s.contexts.begin(), s.contexts.end(), o.ctx) != s.contexts.end()))
+            return CUDA_ERROR_INVALID_HANDLE;
+      }
     }
     proto::Ticket t{};
     t.creator_pid = b.creator_pid;

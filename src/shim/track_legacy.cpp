@@ -321,7 +321,7 @@ CUresult answer_of_sync(CUresult r) {
 }  // namespace
 
 namespace {
-void reap_pending(State& s);  // below, with the frees
+void reap_pending(State& s, bool wait = false);  // below, with the frees
 }  // namespace
 
 CUresult mem_alloc(decltype(&::cuMemAlloc_v2) real, CUdeviceptr* dptr, size_t bytes) noexcept {
@@ -466,11 +466,19 @@ bool pending(const State& s, uint64_t addr) {
 /// pending is refused. A completed entry is taken out only if it is still
 /// there: one taken by context_gone or another reaper meanwhile is theirs,
 /// event included.
-void reap_pending(State& s) {
+/// One reaper at a time (s.reap_mu): a second one, or one while a context
+/// goes, leaves the work to the next allocation or free, or waits when
+/// wait is set (a checkpoint's drain).
+void reap_pending(State& s, bool wait) {
   if (s.pending_count.load(std::memory_order_acquire) == 0) return;
   auto query = REAL(cuEventQuery);
   auto destroy = REAL(cuEventDestroy_v2);
   if (!query || !destroy) return;
+  std::unique_lock<std::mutex> reaping(s.reap_mu, std::defer_lock);
+  if (wait)
+    reaping.lock();
+  else if (!reaping.try_lock())
+    return;
   std::vector<State::PendingFree> all;
   {
     Lock l(s.mu);
@@ -554,7 +562,7 @@ void settle_frees(State& s) noexcept {
     }
     for (uint64_t p : deferred)
       take_and_drop(s, p, [](int32_t, CUcontext, bool) { return CUDA_SUCCESS; });
-    reap_pending(s);
+    reap_pending(s, true);
   } catch (...) {
   }
 }

@@ -90,7 +90,7 @@ struct IpcOpen {
   uint64_t address = 0;
   uint64_t size = 0;
   uint32_t opens = 0;
-  CUdevice dev = -1;  ///< ctx's device (the shim's opens): one context a device opens a handle
+  CUdevice dev = -1;  ///< ctx's device (the shim's opens): one live context of a device has it open
 };
 
 struct State {
@@ -131,6 +131,11 @@ struct State {
   };
   std::vector<PendingFree> pending_frees;
   std::atomic<size_t> pending_count{0};  ///< pending_frees.size(), read without s.mu
+  /// One reaper at a time queries and destroys the pending frees' events
+  /// (track_legacy.cpp, reap_pending), and none while a context goes
+  /// (ReapHold): an event is never queried after it was destroyed. Taken
+  /// before s.mu, never while it is held.
+  std::mutex reap_mu;
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
   std::vector<CUcontext> contexts;  ///< created by the application, alive

@@ -369,10 +369,9 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
 /// block's bytes): CONTEXT, MEMORY_TYPE, DEVICE_POINTER, BUFFER_ID,
 /// IS_MANAGED, DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED,
 /// IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES, ACCESS_FLAGS and
-/// MEMPOOL_HANDLE. Each in the width pointer_attribute writes it. One that
-/// pointer_attribute never answers: in the width cuda.h gives it (a handle,
-/// an address, a size, an id, the P2P tokens); a boolean or flags, for which
-/// cuda.h gives none, in its lowest byte.
+/// MEMPOOL_HANDLE. Each in the width cuda.h gives it (a handle, an address,
+/// a size, an id, the P2P tokens); a boolean or flags, for which cuda.h
+/// gives none, in its lowest byte (the driver's own width is not measured).
 void unknown_attribute(void* data, CUpointer_attribute attribute) {
   if (!data) return;
   switch (attribute) {
@@ -398,12 +397,6 @@ void unknown_attribute(void* data, CUpointer_attribute attribute) {
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       *static_cast<int*>(data) = -2;
       break;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-      *static_cast<int*>(data) = 0;
-      break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
       *static_cast<unsigned long long*>(data) = 0;
@@ -415,6 +408,12 @@ void unknown_attribute(void* data, CUpointer_attribute attribute) {
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      // cuda.h gives no width (a boolean, a bitmask of a 4-byte enum): the
+      // lowest byte only, so that no caller's variable is overrun.
       *static_cast<unsigned char*>(data) = 0;
       break;
     default:

@@ -8,7 +8,8 @@
 // again. Last, with a created context alive and holding an open of the
 // handle, it opens the same handle twice in that context (the driver counts
 // the opens and returns one address) and once in the primary context (the
-// driver documents one context per device for a handle). Run on the driver alone and under `cusnap
+// driver documents that an exporting process's handles may be opened by one
+// context per device). Run on the driver alone and under `cusnap
 // launch` (where the shim serves the block and the open), and by scripts/gpu-test-shim.sh with and
 // without the shim (the output must be the same).
 // Build: g++ -O1 -o context_ipc context_ipc.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
