@@ -65,6 +65,46 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
   }
 }
 
+namespace {
+
+/// Where the shim's handle key is open already, as seen from context ctx of
+/// device dev.
+enum class InContexts {
+  kNone,     ///< nowhere on this device
+  kOwn,      ///< in ctx: counted once more, *dptr its address
+  kRefused,  ///< in another live context of the device
+  kOther,    ///< in another context of the device not known to be alive
+};
+
+/// The driver refuses a second open of a handle in another live context of
+/// the device (measured on an H200: tests/gpu/probes/context_ipc.cpp). A
+/// context is known alive when the shim saw it created, or when it is the
+/// device's active primary (primary, nullptr when not asked); a record whose
+/// context went where the shim did not see it refuses nothing.
+InContexts open_in_contexts(State& s, const AllocKey& key, CUcontext ctx, CUdevice dev,
+                            CUcontext primary, CUdeviceptr* dptr) {
+  Lock l(s.mu);
+  auto k = s.by_key.find(key);
+  if (k == s.by_key.end()) return InContexts::kNone;
+  for (auto& o : s.ipc)
+    if (o.alloc == k->second && o.ctx == ctx) {
+      o.opens++;
+      *dptr = o.address;
+      return InContexts::kOwn;
+    }
+  InContexts out = InContexts::kNone;
+  for (const auto& o : s.ipc) {
+    if (o.alloc != k->second || o.dev != dev) continue;
+    if ((primary && o.ctx == primary) ||
+        std::find(s.contexts.begin(), s.contexts.end(), o.ctx) != s.contexts.end())
+      return InContexts::kRefused;
+    out = InContexts::kOther;
+  }
+  return out;
+}
+
+}  // namespace
+
 CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CUipcMemHandle h,
                   unsigned int flags) noexcept {
   const NoCancel no_cancel;  // the fetch, close, log (track_internal.h)
@@ -95,27 +135,25 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
     AllocKey key{b.creator_pid, b.creator_start, b.allocation};
-    const CUcontext primary = active_primary(dev);
-    {
-      Lock l(s.mu);
-      auto k = s.by_key.find(key);
-      if (k != s.by_key.end()) {
-        for (auto& o : s.ipc)
-          if (o.alloc == k->second && o.ctx == ctx) {
-            o.opens++;
-            *dptr = o.address;
-            return CUDA_SUCCESS;
+    switch (open_in_contexts(s, key, ctx, dev, nullptr, dptr)) {
+      case InContexts::kOwn:
+        return CUDA_SUCCESS;
+      case InContexts::kRefused:
+        return CUDA_ERROR_INVALID_HANDLE;
+      case InContexts::kOther:  // the device's primary? asked outside s.mu (a retain and release)
+        if (const CUcontext primary = active_primary(dev)) {
+          switch (open_in_contexts(s, key, ctx, dev, primary, dptr)) {
+            case InContexts::kOwn:
+              return CUDA_SUCCESS;
+            case InContexts::kRefused:
+              return CUDA_ERROR_INVALID_HANDLE;
+            default:
+              break;
           }
-        // Open in another live context of this device: the driver refuses
-        // a second (measured on an H200: tests/gpu/probes/context_ipc.cpp).
-        // A record whose context is not known to be alive (gone where the
-        // shim did not see it) refuses nothing.
-        for (const auto& o : s.ipc)
-          if (o.alloc == k->second && o.dev == dev &&
-              (o.ctx == primary ||
-               std::find(s.contexts.begin(), s.contexts.end(), o.ctx) != s.contexts.end()))
-            return CUDA_ERROR_INVALID_HANDLE;
-      }
+        }
+        break;
+      case InContexts::kNone:
+        break;
     }
     proto::Ticket t{};
     t.creator_pid = b.creator_pid;

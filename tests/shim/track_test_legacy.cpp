@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -98,14 +99,30 @@ int ipc() {
   REQ(r.allocations[0].size == 4 << 20);
   CUdeviceptr opened_at = 0;
   Child c = spawn([&](int sock) {
+    const std::string fail_file = std::string(getenv("CUSNAP_RUNTIME_DIR")) + "/fail-%p";
+    setenv("FAKECUDA_FAIL_FILE", fail_file.c_str(), 1);
     FC_REQ(init_primary() == CUDA_SUCCESS);
     proto::ShimRecords rr;
     FC_REQ(inspect(getpid(), &rr));
     const uint64_t child_calls = rr.sharing_calls;
     CUdeviceptr p1 = 0, p2 = 0;
     FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    // The open again in its own context asks nothing of the primary context
+    // (a retain and release): the next cuDevicePrimaryCtxGetState, armed to
+    // fail, is the test's own.
+    {
+      std::string armed = fail_file;
+      armed.replace(armed.find("%p"), 2, std::to_string(getpid()));
+      FILE* f = fopen(armed.c_str(), "we");
+      FC_REQ(f && fputs("cuDevicePrimaryCtxGetState:1:999\n", f) >= 0 && fclose(f) == 0);
+    }
     FC_REQ(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(p1 == p2 && p1 != 0);
+    {
+      unsigned flags = 0;
+      int on = 0;
+      FC_REQ(cuDevicePrimaryCtxGetState(0, &flags, &on) == static_cast<CUresult>(999));
+    }
     FC_REQ(all(p1, 3 << 20, 0x61));
     // Another context of the device may not open it while this one has it
     // open (measured on an H200: tests/gpu/probes/context_ipc.cpp).
