@@ -76,7 +76,8 @@ struct ContextGoing {
 };
 /// Keeps the frees in stream order from being reaped while it lives: held
 /// around a context's destroy and context_gone, so that no event of the
-/// context is queried once the driver destroyed it.
+/// context is queried once the driver destroyed it. Holds nothing where the
+/// shim tracks nothing (no free is pending there).
 class ReapHold {
  public:
   ReapHold() noexcept;
@@ -100,7 +101,10 @@ CUcontext active_primary(CUdevice dev) noexcept;
 /// The pointer queries inside a block the shim serves answer as for the
 /// driver's cuMemAlloc block (measured: served-block-h100.log): legacy-IPC
 /// capable, no shareable handle types, the size asked for, the context it
-/// was allocated in. The rest is the driver's answer for the mapping.
+/// was allocated in. The rest is the driver's answer for the mapping. Past
+/// the bytes asked (the rest of the mapping's last granule) they answer as
+/// for an address the driver does not know. The driver is asked first: a
+/// query it refuses takes no lock of the shim's.
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
 CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned int n,

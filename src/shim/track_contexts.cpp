@@ -129,6 +129,9 @@ void context_gone(const ContextGoing& going) noexcept {
 }
 
 ReapHold::ReapHold() noexcept {
+  // Nothing is pending where the shim tracks nothing (memory_of asks the
+  // same): its state is neither built nor locked there.
+  if (!active()) return;
   try {
     state().reap_mu.lock();
     held_ = true;
