@@ -80,27 +80,33 @@ enum class InContexts {
 /// the device (measured on an H200: tests/gpu/probes/context_ipc.cpp). A
 /// context is known alive when the shim saw it created, or when it is the
 /// device's active primary (primary, nullptr when not asked); a record whose
-/// context went where the shim did not see it refuses nothing.
-InContexts open_in_contexts(State& s, const AllocKey& key, CUcontext ctx, CUdevice dev,
-                            CUcontext primary, CUdeviceptr* dptr) {
-  Lock l(s.mu);
-  auto k = s.by_key.find(key);
-  if (k == s.by_key.end()) return InContexts::kNone;
+/// context went where the shim did not see it refuses nothing. s.mu held.
+InContexts open_of(State& s, uint64_t alloc, CUcontext ctx, CUdevice dev, CUcontext primary,
+                   CUdeviceptr* dptr) {
   for (auto& o : s.ipc)
-    if (o.alloc == k->second && o.ctx == ctx) {
+    if (o.alloc == alloc && o.ctx == ctx) {
       o.opens++;
       *dptr = o.address;
       return InContexts::kOwn;
     }
   InContexts out = InContexts::kNone;
   for (const auto& o : s.ipc) {
-    if (o.alloc != k->second || o.dev != dev) continue;
+    if (o.alloc != alloc || o.dev != dev) continue;
     if ((primary && o.ctx == primary) ||
         std::find(s.contexts.begin(), s.contexts.end(), o.ctx) != s.contexts.end())
       return InContexts::kRefused;
     out = InContexts::kOther;
   }
   return out;
+}
+
+/// open_of for the shim's handle key, before it is imported.
+InContexts open_in_contexts(State& s, const AllocKey& key, CUcontext ctx, CUdevice dev,
+                            CUcontext primary, CUdeviceptr* dptr) {
+  Lock l(s.mu);
+  auto k = s.by_key.find(key);
+  if (k == s.by_key.end()) return InContexts::kNone;
+  return open_of(s, k->second, ctx, dev, primary, dptr);
 }
 
 }  // namespace
@@ -168,6 +174,10 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       Lock l(s.mu);
       d = s.allocs[id].driver;
     }
+    // Another thread's open of the handle may land while this one maps it:
+    // checked again when the open is recorded, against the primary context
+    // too (asked once here, on the first open's way).
+    const CUcontext primary = active_primary(dev);
     CUdeviceptr addr = 0;
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -182,15 +192,12 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       }
       if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
     }
-    std::vector<CUmemGenericAllocationHandle> rel;
-    std::vector<ListedFd> fds;
-    {
+    InContexts raced = InContexts::kNone;
+    if (r == CUDA_SUCCESS) {
       Lock l(s.mu);
-      Alloc& a = s.allocs[id];
-      if (r != CUDA_SUCCESS) {
-        if (a.pins) a.pins--;
-        settle(s, id, &rel, &fds);
-      } else {
+      raced = open_of(s, id, ctx, dev, primary, dptr);
+      if (raced != InContexts::kOwn && raced != InContexts::kRefused) {
+        Alloc& a = s.allocs[id];
         a.legacy = true;
         a.mappings++;
         Mapping m;
@@ -200,7 +207,23 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         s.ranges.emplace(addr, std::move(m));
         s.ipc.push_back({ctx, id, addr, b.size, 1, dev});
         *dptr = addr;
+        return CUDA_SUCCESS;
       }
+    }
+    if (raced == InContexts::kOwn || raced == InContexts::kRefused) {
+      // The other thread's open stands: this mapping goes (the driver opens a
+      // handle once in a context, and in one context of a device).
+      REAL(cuMemUnmap)(addr, b.size);
+      REAL(cuMemAddressFree)(addr, b.size);
+      r = raced == InContexts::kOwn ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    }
+    std::vector<CUmemGenericAllocationHandle> rel;
+    std::vector<ListedFd> fds;
+    {
+      Lock l(s.mu);
+      Alloc& a = s.allocs[id];
+      if (a.pins) a.pins--;
+      settle(s, id, &rel, &fds);
     }
     finish(rel, &fds);
     return r;

@@ -384,6 +384,7 @@ int main(int argc, char** argv) {
       {"nccl_free", nccl_free},
       {"context_blocks", context_blocks},
       {"context_ipc", context_ipc},
+      {"ipc_open_race", ipc_open_race},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

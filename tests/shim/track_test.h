@@ -147,6 +147,7 @@ int free_async_reap();
 int nccl_free();
 int context_blocks();
 int context_ipc();
+int ipc_open_race();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

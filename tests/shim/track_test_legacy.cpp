@@ -828,6 +828,18 @@ int context_blocks() {
   return 0;
 }
 
+namespace {
+
+/// Device 0's primary context, retained, and a context created on it
+/// (current after).
+bool primary_and_created(CUdevice* dev, CUcontext* primary, CUcontext* own) {
+  return cuInit(0) == CUDA_SUCCESS && cuDeviceGet(dev, 0) == CUDA_SUCCESS &&
+         cuDevicePrimaryCtxRetain(primary, *dev) == CUDA_SUCCESS &&
+         cuCtxCreate(own, nullptr, 0, *dev) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
 /// A legacy IPC open goes with the context it was made in, as the driver
 /// closes it (measured on an H100: tests/gpu/probes/context_ipc.cpp):
 /// cuCtxDestroy and cuDevicePrimaryCtxReset take the shim's open (its import
@@ -864,12 +876,9 @@ int context_ipc() {
   });
   CUipcMemHandle h[2];
   REQ(read(e.sock, h, sizeof h) == static_cast<ssize_t>(sizeof h));
-  REQ_OK(cuInit(0));
   CUdevice dev;
-  REQ_OK(cuDeviceGet(&dev, 0));
   CUcontext own = nullptr, primary = nullptr;
-  REQ_OK(cuDevicePrimaryCtxRetain(&primary, dev));
-  REQ_OK(cuCtxCreate(&own, nullptr, 0, dev));
+  REQ(primary_and_created(&dev, &primary, &own));
   proto::ShimRecords r;
   for (int reset = 0; reset < 2; ++reset) {
     CUdeviceptr p = 0, f = 0;
@@ -921,6 +930,69 @@ int context_ipc() {
       REQ(r.ipc.empty() && r.allocations.empty() && r.mappings.empty());
     }
   }
+  REQ(send_u64(e.sock, 1));
+  REQ(e.join() == 0);
+  return 0;
+}
+
+/// Two threads open one handle at the same moment (each open's mapping
+/// slowed, so both pass the first look before either is recorded): in two
+/// contexts of the device one open succeeds and the other is refused
+/// (INVALID_HANDLE), as the driver refuses a second context's open; in one
+/// context both succeed at one address, counted twice, as the driver's open
+/// of a handle open already. The loser's mapping goes.
+int ipc_open_race() {
+  setenv("FAKECUDA_DELAY", "cuMemMap:300", 1);
+  Child e = spawn([&](int sock) {
+    FC_REQ(init_primary() == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    FC_REQ(cuMemAlloc(&d, 1 << 20) == CUDA_SUCCESS);
+    fill(d, 1 << 20, 0x73);
+    CUipcMemHandle h;
+    FC_REQ(cuIpcGetMemHandle(&h, d) == CUDA_SUCCESS);
+    FC_REQ(write(sock, &h, sizeof h) == static_cast<ssize_t>(sizeof h));
+    uint64_t done = 0;
+    FC_REQ(recv_u64(sock, &done));
+    return 0;
+  });
+  CUipcMemHandle h;
+  REQ(read(e.sock, &h, sizeof h) == static_cast<ssize_t>(sizeof h));
+  CUdevice dev;
+  CUcontext own = nullptr, primary = nullptr;
+  REQ(primary_and_created(&dev, &primary, &own));
+  proto::ShimRecords r;
+  for (const bool one_context : {false, true}) {
+    CUresult res[2] = {CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN};
+    CUdeviceptr at[2] = {0, 0};
+    std::thread t[2];
+    for (int i = 0; i < 2; ++i)
+      t[i] = std::thread([&, i] {
+        if (cuCtxSetCurrent(i == 0 || one_context ? primary : own) == CUDA_SUCCESS)
+          res[i] = cuIpcOpenMemHandle(&at[i], h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      });
+    for (auto& th : t) th.join();
+    REQ(inspect(getpid(), &r));
+    REQ(r.ipc.size() == 1 && r.allocations.size() == 1 && r.mappings.size() == 1);
+    REQ_OK(cuCtxSetCurrent(primary));
+    if (one_context) {
+      REQ(res[0] == CUDA_SUCCESS && res[1] == CUDA_SUCCESS);
+      REQ(at[0] == at[1] && at[0] != 0 && r.ipc[0].opens == 2);
+      REQ(all(at[0], 1 << 20, 0x73));
+      REQ_OK(cuIpcCloseMemHandle(at[0]));
+      REQ_OK(cuIpcCloseMemHandle(at[1]));
+    } else {
+      const int won = res[0] == CUDA_SUCCESS ? 0 : 1;
+      REQ(res[won] == CUDA_SUCCESS && res[1 - won] == CUDA_ERROR_INVALID_HANDLE);
+      REQ(r.ipc[0].address == at[won] && r.ipc[0].opens == 1);
+      REQ_OK(cuCtxSetCurrent(won == 0 ? primary : own));
+      REQ(all(at[won], 1 << 20, 0x73));
+      REQ_OK(cuIpcCloseMemHandle(at[won]));
+      REQ_OK(cuCtxSetCurrent(primary));
+    }
+    REQ(inspect(getpid(), &r));
+    REQ(r.ipc.empty() && r.allocations.empty() && r.mappings.empty());
+  }
+  REQ_OK(cuCtxDestroy(own));
   REQ(send_u64(e.sock, 1));
   REQ(e.join() == 0);
   return 0;
