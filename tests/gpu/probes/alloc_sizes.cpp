@@ -3,7 +3,8 @@
 // the block's base and of its last requested byte, the RANGE_SIZE pointer
 // attribute, and the base's alignment; then whether an address one past the
 // requested size (inside a rounded range) is known; for the first block,
-// what the pointer attributes answer there, one by one and together. Run on the driver alone
+// what the pointer attributes answer there, one by one and together; last,
+// an IPC handle, copies and memsets at and across a block's end. Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -76,6 +77,29 @@ static void attributes(CUdeviceptr p) {
   }
 }
 
+/// What the driver does with the bytes just past a 1 MiB block (inside the
+/// 2 MiB page it was placed in): an IPC handle of that address, copies and
+/// memsets that start there or straddle the block's end. Last, since a
+/// refused kernel may leave the context unusable.
+static void tail_operations() {
+  const size_t n = 1 << 20;
+  CUdeviceptr p = 0;
+  if (cuMemAlloc(&p, n) != CUDA_SUCCESS) return;
+  unsigned char buf[32] = {};
+  CUipcMemHandle h;
+  std::printf("past a %zu-byte block:\n", n);
+  std::printf("  cuIpcGetMemHandle at the last byte: %s\n", name(cuIpcGetMemHandle(&h, p + n - 1)));
+  std::printf("  cuIpcGetMemHandle one past: %s\n", name(cuIpcGetMemHandle(&h, p + n)));
+  std::printf("  cuMemcpyHtoD one past: %s\n", name(cuMemcpyHtoD(p + n, buf, 16)));
+  std::printf("  cuMemcpyHtoD across the end: %s\n", name(cuMemcpyHtoD(p + n - 8, buf, 16)));
+  std::printf("  cuMemcpyDtoH across the end: %s\n", name(cuMemcpyDtoH(buf, p + n - 8, 16)));
+  std::printf("  cuMemcpyDtoD across the end: %s\n", name(cuMemcpyDtoD(p, p + n - 8, 16)));
+  std::printf("  cuMemsetD8 one past: %s\n", name(cuMemsetD8(p + n, 0x5a, 16)));
+  std::printf("  cuMemsetD8 across the end: %s\n", name(cuMemsetD8(p + n - 8, 0x5a, 16)));
+  std::printf("  cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
+  std::printf("  free %s\n", name(cuMemFree(p)));
+}
+
 int main() {
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
@@ -113,5 +137,6 @@ int main() {
     }
     std::printf(", free %s\n", name(cuMemFree(p)));
   }
+  tail_operations();
   return 0;
 }
