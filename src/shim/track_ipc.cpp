@@ -141,13 +141,14 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
     AllocKey key{b.creator_pid, b.creator_start, b.allocation};
+    CUcontext primary = nullptr;  // the device's active primary, asked when needed
     switch (open_in_contexts(s, key, ctx, dev, nullptr, dptr)) {
       case InContexts::kOwn:
         return CUDA_SUCCESS;
       case InContexts::kRefused:
         return CUDA_ERROR_INVALID_HANDLE;
       case InContexts::kOther:  // the device's primary? asked outside s.mu (a retain and release)
-        if (const CUcontext primary = active_primary(dev)) {
+        if ((primary = active_primary(dev))) {
           switch (open_in_contexts(s, key, ctx, dev, primary, dptr)) {
             case InContexts::kOwn:
               return CUDA_SUCCESS;
@@ -176,8 +177,8 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     }
     // Another thread's open of the handle may land while this one maps it:
     // checked again when the open is recorded, against the primary context
-    // too (asked once here, on the first open's way).
-    const CUcontext primary = active_primary(dev);
+    // too (asked here, on the first open's way, unless asked above).
+    if (!primary) primary = active_primary(dev);
     CUdeviceptr addr = 0;
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
