@@ -103,8 +103,8 @@ CUcontext active_primary(CUdevice dev) noexcept;
 /// capable, no shareable handle types, the size asked for, the context it
 /// was allocated in. The rest is the driver's answer for the mapping. Past
 /// the bytes asked (the rest of the mapping's last granule) they answer as
-/// for an address the driver does not know. The driver is asked first: a
-/// query it refuses takes no lock of the shim's.
+/// for an address the driver does not know, before the driver is asked
+/// (which would write the mapping's values into the caller's variables).
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
 CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned int n,

@@ -112,17 +112,15 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
 
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
-  // The driver first: a query it refuses (a host pointer, say) is its answer,
-  // and takes no lock of the shim's.
-  const CUresult r = real(data, attr, ptr);
-  if (r != CUDA_SUCCESS) return r;
+  State::BlockAsked asked;
+  Served where = Served::kNo;
   try {
-    State::BlockAsked asked;
-    const Served where = served_at(ptr, &asked);
-    if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
-    if (data && where == Served::kYes) as_driver_block(attr, data, asked);
+    where = served_at(ptr, &asked);
   } catch (...) {  // the driver's answer stands
   }
+  if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
+  const CUresult r = real(data, attr, ptr);
+  if (r == CUDA_SUCCESS && data && where == Served::kYes) as_driver_block(attr, data, asked);
   return r;
 }
 
@@ -148,15 +146,15 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
 
 CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* pbase, size_t* psize,
                        CUdeviceptr ptr) noexcept {
-  const CUresult r = real(pbase, psize, ptr);  // a refusal takes no lock of the shim's
-  if (r != CUDA_SUCCESS) return r;
+  State::BlockAsked asked;
+  Served where = Served::kNo;
   try {
-    State::BlockAsked asked;
-    const Served where = served_at(ptr, &asked);
-    if (where == Served::kTail) return CUDA_ERROR_NOT_FOUND;  // as for an address of no memory
-    if (psize && where == Served::kYes) *psize = asked.bytes;
+    where = served_at(ptr, &asked);
   } catch (...) {
   }
+  if (where == Served::kTail) return CUDA_ERROR_NOT_FOUND;  // as for an address of no memory
+  const CUresult r = real(pbase, psize, ptr);
+  if (r == CUDA_SUCCESS && psize && where == Served::kYes) *psize = asked.bytes;
   return r;
 }
 
