@@ -131,7 +131,7 @@ void context_gone(const ContextGoing& going) noexcept {
 ReapHold::ReapHold() noexcept {
   // Nothing is pending where the shim tracks nothing (memory_of asks the
   // same): its state is neither built nor locked there.
-  if (!active()) return;
+  if (!tracking_on() || !active()) return;
   try {
     state().reap_mu.lock();
     held_ = true;
