@@ -141,14 +141,13 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
     AllocKey key{b.creator_pid, b.creator_start, b.allocation};
-    CUcontext primary = nullptr;  // the device's active primary, asked when needed
     switch (open_in_contexts(s, key, ctx, dev, nullptr, dptr)) {
       case InContexts::kOwn:
         return CUDA_SUCCESS;
       case InContexts::kRefused:
         return CUDA_ERROR_INVALID_HANDLE;
       case InContexts::kOther:  // the device's primary? asked outside s.mu (a retain and release)
-        if ((primary = active_primary(dev))) {
+        if (const CUcontext primary = active_primary(dev)) {
           switch (open_in_contexts(s, key, ctx, dev, primary, dptr)) {
             case InContexts::kOwn:
               return CUDA_SUCCESS;
@@ -175,10 +174,6 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       Lock l(s.mu);
       d = s.allocs[id].driver;
     }
-    // Another thread's open of the handle may land while this one maps it:
-    // checked again when the open is recorded, against the primary context
-    // too (asked here, on the first open's way, unless asked above).
-    if (!primary) primary = active_primary(dev);
     CUdeviceptr addr = 0;
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -193,30 +188,45 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       }
       if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
     }
+    // Another thread's open of the handle may have landed while this one
+    // mapped it: checked again as the open is recorded, against the device's
+    // primary context as it is now (asked outside s.mu).
     InContexts raced = InContexts::kNone;
+    bool unmap = false;  // mapped, not recorded
     if (r == CUDA_SUCCESS) {
-      Lock l(s.mu);
-      raced = open_of(s, id, ctx, dev, primary, dptr);
-      if (raced != InContexts::kOwn && raced != InContexts::kRefused) {
-        Alloc& a = s.allocs[id];
-        a.legacy = true;
-        a.mappings++;
-        Mapping m;
-        m.size = b.size;
-        m.alloc = id;
-        union_access(&m.access, desc);
-        s.ranges.emplace(addr, std::move(m));
-        s.ipc.push_back({ctx, id, addr, b.size, 1, dev});
-        *dptr = addr;
-        return CUDA_SUCCESS;
+      unmap = true;
+      const CUcontext primary = active_primary(dev);
+      try {
+        Lock l(s.mu);
+        raced = open_of(s, id, ctx, dev, primary, dptr);
+        if (raced != InContexts::kOwn && raced != InContexts::kRefused) {
+          Mapping m;
+          m.size = b.size;
+          m.alloc = id;
+          union_access(&m.access, desc);
+          auto at = s.ranges.emplace(addr, std::move(m)).first;
+          try {
+            s.ipc.push_back({ctx, id, addr, b.size, 1, dev});
+          } catch (...) {
+            s.ranges.erase(at);
+            throw;
+          }
+          Alloc& a = s.allocs.at(id);  // pinned since the import
+          a.legacy = true;
+          a.mappings++;
+          *dptr = addr;
+          return CUDA_SUCCESS;
+        }
+        // The other thread's open stands: this mapping goes (the driver
+        // opens a handle once in a context, and in one context of a device).
+        r = raced == InContexts::kOwn ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+      } catch (...) {  // not recorded (no memory): the open fails whole
+        r = CUDA_ERROR_OUT_OF_MEMORY;
       }
     }
-    if (raced == InContexts::kOwn || raced == InContexts::kRefused) {
-      // The other thread's open stands: this mapping goes (the driver opens a
-      // handle once in a context, and in one context of a device).
+    if (unmap) {
       REAL(cuMemUnmap)(addr, b.size);
       REAL(cuMemAddressFree)(addr, b.size);
-      r = raced == InContexts::kOwn ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     }
     std::vector<CUmemGenericAllocationHandle> rel;
     std::vector<ListedFd> fds;

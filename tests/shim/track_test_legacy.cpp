@@ -990,6 +990,7 @@ int ipc_open_race() {
     } else {
       const int won = res[0] == CUDA_SUCCESS ? 0 : 1;
       REQ(res[won] == CUDA_SUCCESS && res[1 - won] == CUDA_ERROR_INVALID_HANDLE);
+      REQ(at[1 - won] == 0);  // a refused open writes no address
       REQ(r.ipc[0].address == at[won] && r.ipc[0].opens == 1);
       REQ_OK(cuCtxSetCurrent(won == 0 ? primary : own));
       REQ(all(at[won], 1 << 20, 0x73));
