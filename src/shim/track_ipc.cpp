@@ -200,6 +200,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         Lock l(s.mu);
         raced = open_of(s, id, ctx, dev, primary, dptr);
         if (raced != InContexts::kOwn && raced != InContexts::kRefused) {
+          Alloc& a = s.allocs.at(id);  // pinned since the import
           Mapping m;
           m.size = b.size;
           m.alloc = id;
@@ -211,7 +212,6 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
             s.ranges.erase(at);
             throw;
           }
-          Alloc& a = s.allocs.at(id);  // pinned since the import
           a.legacy = true;
           a.mappings++;
           *dptr = addr;
