@@ -79,6 +79,10 @@ int ipc() {
   REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, past) ==
       CUDA_ERROR_INVALID_VALUE);
   {
+    CUipcMemHandle tail;  // measured on an H100 (alloc_sizes.cpp tail)
+    REQ(cuIpcGetMemHandle(&tail, past) == CUDA_ERROR_INVALID_VALUE);
+  }
+  {
     unsigned mem_type = 9;
     int ordinal = 9, mapped = 9;
     unsigned long long id = 9;
