@@ -53,7 +53,9 @@ FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) 
   FC_REQUIRE_INIT();
   if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> l(driver().mu);
-  Mapping* m = find_mapping(dptr, nullptr);
+  // Past the block's bytes the address is unknown (measured on an H100:
+  // tests/gpu/probes/alloc_sizes.cpp tail).
+  Mapping* m = find_known(dptr, nullptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
   if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_INVALID_VALUE;

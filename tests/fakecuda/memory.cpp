@@ -292,11 +292,12 @@ CUresult check_range(uintptr_t p, size_t n, bool write) {
   }
   while (n > 0) {
     uintptr_t base = 0;
-    Mapping* m = find_mapping(p, &base);
+    size_t size = 0;
+    Mapping* m = find_known(p, &base, &size);  // not past a cuMemAlloc block's bytes
     if (!m) return CUDA_ERROR_INVALID_VALUE;
     if (!(m->prot & PROT_READ) || (write && !(m->prot & PROT_WRITE)))
       return CUDA_ERROR_INVALID_VALUE;
-    size_t avail = base + m->size - p;
+    size_t avail = base + size - p;
     size_t take = n < avail ? n : avail;
     p += take;
     n -= take;

@@ -134,6 +134,31 @@ TEST_CASE("fakecuda: a cuMemAlloc block is as big as asked for, the rest unknown
   }
 }
 
+TEST_CASE("fakecuda: copies, memsets and IPC handles stop at a cuMemAlloc block's end") {
+  // Measured on an H100, driver 580.159.04 (tests/gpu/probes/alloc_sizes.cpp
+  // tail) past a 1 MiB block in its 2 MiB page: cuIpcGetMemHandle there,
+  // copies and memsets that start there or cross the block's end all fail
+  // INVALID_VALUE; the last byte's handle is the block's.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  const size_t n = 1 << 20;
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+  unsigned char buf[32] = {};
+  CUipcMemHandle h;
+  CHECK(cuIpcGetMemHandle(&h, p + n - 1) == CUDA_SUCCESS);
+  CHECK(cuIpcGetMemHandle(&h, p + n) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyHtoD(p + n, buf, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyHtoD(p + n - 8, buf, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoH(buf, p + n - 8, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoD(p, p + n - 8, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8(p + n, 0x5a, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8(p + n - 8, 0x5a, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyHtoD(p + n - 16, buf, 16) == CUDA_SUCCESS);  // up to the end
+  CHECK(cuMemsetD8(p + n - 16, 0x5a, 16) == CUDA_SUCCESS);
+  CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK(cuMemFree(p) == CUDA_SUCCESS);
+}
+
 TEST_CASE("fakecuda: past a cuMemAlloc block's bytes the pointer attributes are unknown") {
   // Measured on an H200, driver 580.159.04 (tests/gpu/probes/alloc_sizes.cpp)
   // one past the byte of cuMemAlloc(1): each attribute alone fails
