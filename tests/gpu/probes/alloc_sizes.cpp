@@ -36,9 +36,14 @@ static void range(const char* what, CUdeviceptr p, CUdeviceptr block) {
   const CUresult r = cuMemGetAddressRange(&base, &size, p);
   if (r == CUDA_SUCCESS)
     std::printf(" %s: base%s size %zu", what, base == block ? "" : " elsewhere", size);
-  else
-    std::printf(" %s: %s (%s)", what, name(r),
-                base == kUntouched && size == kUntouched ? "untouched" : "written");
+  else if (base == kUntouched && size == kUntouched)
+    std::printf(" %s: %s (untouched)", what, name(r));
+  else  // what the driver wrote: an address differs from run to run
+    std::printf(" %s: %s (written: base %s, size %#zx)", what, name(r),
+                base == 0            ? "0"
+                : base == kUntouched ? "untouched"
+                                     : "an address",
+                size);
 }
 
 /// The pointer attributes of p, one at a time and all in one
