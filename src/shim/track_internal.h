@@ -94,6 +94,16 @@ bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size);
 /// the same.
 CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size);
 
+/// Where an address lies against the blocks the shim serves.
+enum class Served {
+  kNo,    ///< in none
+  kYes,   ///< in a block's asked bytes
+  kTail,  ///< past a block's asked bytes, in its mapping's last granule
+};
+/// Where ptr lies (s.mu held); in a block (kYes, kTail), *alloc gets its
+/// allocation's local id and *asked what was asked of it (track_queries.cpp).
+Served served_at_locked(State& s, CUdeviceptr ptr, uint64_t* alloc, State::BlockAsked* asked);
+
 // Frees that wait (track_legacy.cpp).
 
 /// Frees the blocks whose free waits: those freed in stream order

@@ -22,20 +22,18 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
   if (!h) return CUDA_ERROR_INVALID_VALUE;
   State& s = state();
   try {
-    uint64_t id;
+    uint64_t id = 0;
     Alloc a;
     bool driver_block = false;
     {
       Lock l(s.mu);
-      auto m = containing(s, dptr);
-      if (m != s.ranges.end() && s.legacy_blocks.count(m->first)) {
-        // Past the bytes asked the driver knows no block (measured on an
-        // H100: tests/gpu/probes/alloc_sizes.cpp tail).
-        if (auto asked = s.block_asked.find(m->first);
-            asked != s.block_asked.end() && dptr - m->first >= asked->second.bytes)
-          return CUDA_ERROR_INVALID_VALUE;
-        id = m->second.alloc;
-        a = s.allocs[id];
+      State::BlockAsked asked;
+      const Served where = served_at_locked(s, dptr, &id, &asked);
+      // Past the bytes asked the driver knows no block (measured on an
+      // H100: tests/gpu/probes/alloc_sizes.cpp tail).
+      if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;
+      if (where == Served::kYes) {
+        a = s.allocs.at(id);
       } else if (range_containing(s.driver_blocks, dptr, [](const State::DriverBlock& b) {
                    return b.size;
                  }) != s.driver_blocks.end()) {

@@ -15,24 +15,13 @@ namespace cusnap::shim::track {
 
 namespace {
 
-/// Where ptr lies against the blocks the shim serves.
-enum class Served {
-  kNo,    ///< in none: the driver's answer stands
-  kYes,   ///< in a block's asked bytes
-  kTail,  ///< past a block's asked bytes, in its mapping's last granule
-};
-
-/// The block the shim serves that holds ptr, and what was asked of it.
+/// served_at_locked, taking s.mu.
 Served served_at(CUdeviceptr ptr, State::BlockAsked* asked) {
   if (!active()) return Served::kNo;
   State& s = state();
   Lock l(s.mu);
-  auto m = containing(s, ptr);
-  if (m == s.ranges.end()) return Served::kNo;
-  auto b = s.block_asked.find(m->first);
-  if (b == s.block_asked.end()) return Served::kNo;
-  *asked = b->second;
-  return ptr - m->first < asked->bytes ? Served::kYes : Served::kTail;
+  uint64_t alloc = 0;
+  return served_at_locked(s, ptr, &alloc, asked);
 }
 
 /// The driver's answer in cuPointerGetAttributes for an address it does not
@@ -109,6 +98,16 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
 }
 
 }  // namespace
+
+Served served_at_locked(State& s, CUdeviceptr ptr, uint64_t* alloc, State::BlockAsked* asked) {
+  auto m = containing(s, ptr);
+  if (m == s.ranges.end()) return Served::kNo;
+  auto b = s.block_asked.find(m->first);
+  if (b == s.block_asked.end()) return Served::kNo;
+  *alloc = m->second.alloc;
+  *asked = b->second;
+  return ptr - m->first < asked->bytes ? Served::kYes : Served::kTail;
+}
 
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
