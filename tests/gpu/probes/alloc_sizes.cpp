@@ -3,7 +3,8 @@
 // the block's base and of its last requested byte, the RANGE_SIZE pointer
 // attribute, and the base's alignment; then whether an address one past the
 // requested size (inside a rounded range) is known, and whether a refused
-// query wrote its output variables; for the first block, what the pointer
+// query wrote its output variables (there, at a freed block and at a low
+// address); for the first block, what the pointer
 // attributes answer there, one by one and together. With the
 // argument `tail`, only an IPC handle, copies and memsets at and across a
 // block's end (not compared by scripts/gpu-test-shim.sh). Run on the driver alone
@@ -38,12 +39,13 @@ static void range(const char* what, CUdeviceptr p, CUdeviceptr block) {
     std::printf(" %s: base%s size %zu", what, base == block ? "" : " elsewhere", size);
   else if (base == kUntouched && size == kUntouched)
     std::printf(" %s: %s (untouched)", what, name(r));
-  else  // what the driver wrote: an address differs from run to run
+  else if (base == 0 || base == kUntouched)
     std::printf(" %s: %s (written: base %s, size %#zx)", what, name(r),
-                base == 0            ? "0"
-                : base == kUntouched ? "untouched"
-                                     : "an address",
-                size);
+                base == 0 ? "0" : "untouched", size);
+  else  // what the driver wrote: an address differs from run to run, its
+        // distance from the block does not
+    std::printf(" %s: %s (written: base block%+lld, size %#zx)", what, name(r),
+                static_cast<long long>(base - block), size);
 }
 
 /// The pointer attributes of p, one at a time and all in one
@@ -156,6 +158,12 @@ int main(int argc, char** argv) {
       std::printf(" ");
     }
     std::printf(", free %s\n", name(cuMemFree(p)));
+    if (n == 1) {  // where no memory is: a freed block, a low address
+      std::printf(" ");
+      range("freed", p, p);
+      range("at 4096", 4096, p);
+      std::printf("\n");
+    }
   }
   return 0;
 }
