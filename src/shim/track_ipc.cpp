@@ -103,13 +103,27 @@ InContexts open_of(State& s, uint64_t alloc, CUcontext ctx, CUdevice dev, CUcont
   return out;
 }
 
-/// open_of for the shim's handle key, before it is imported.
-InContexts open_in_contexts(State& s, const AllocKey& key, CUcontext ctx, CUdevice dev,
-                            CUcontext primary, CUdeviceptr* dptr) {
-  Lock l(s.mu);
-  auto k = s.by_key.find(key);
-  if (k == s.by_key.end()) return InContexts::kNone;
-  return open_of(s, k->second, ctx, dev, primary, dptr);
+/// open_of of the allocation find(s) names (its local id; 0: none, so
+/// kNone), asking for the device's primary context only when a record of
+/// another context is left to judge (outside s.mu: a retain and release).
+/// On kNone or kOther, then(s) runs under the hold of s.mu the answer was
+/// given under (it may throw).
+template <class Find, class Then>
+InContexts open_checked(State& s, Find find, CUcontext ctx, CUdevice dev, CUdeviceptr* dptr,
+                        Then then) {
+  CUcontext primary = nullptr;
+  for (bool asked = false;; asked = true) {
+    {
+      Lock l(s.mu);
+      const uint64_t id = find(s);
+      const InContexts in = id ? open_of(s, id, ctx, dev, primary, dptr) : InContexts::kNone;
+      if (in != InContexts::kOther || asked) {
+        if (in == InContexts::kNone || in == InContexts::kOther) then(s);
+        return in;
+      }
+    }
+    primary = active_primary(dev);  // nullptr when none is live
+  }
 }
 
 }  // namespace
@@ -144,24 +158,17 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = REAL(cuCtxGetDevice)(&dev); r != CUDA_SUCCESS) return r;
     AllocKey key{b.creator_pid, b.creator_start, b.allocation};
-    switch (open_in_contexts(s, key, ctx, dev, nullptr, dptr)) {
+    auto by_key = [&key](State& st) {
+      auto k = st.by_key.find(key);
+      return k == st.by_key.end() ? uint64_t{0} : k->second;
+    };
+    switch (open_checked(s, by_key, ctx, dev, dptr, [](State&) {})) {
       case InContexts::kOwn:
         return CUDA_SUCCESS;
       case InContexts::kRefused:
         return CUDA_ERROR_INVALID_HANDLE;
-      case InContexts::kOther:  // the device's primary? asked outside s.mu (a retain and release)
-        if (const CUcontext primary = active_primary(dev)) {
-          switch (open_in_contexts(s, key, ctx, dev, primary, dptr)) {
-            case InContexts::kOwn:
-              return CUDA_SUCCESS;
-            case InContexts::kRefused:
-              return CUDA_ERROR_INVALID_HANDLE;
-            default:
-              break;
-          }
-        }
-        break;
       case InContexts::kNone:
+      case InContexts::kOther:
         break;
     }
     proto::Ticket t{};
@@ -175,7 +182,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     CUmemGenericAllocationHandle d;
     {
       Lock l(s.mu);
-      d = s.allocs[id].driver;
+      d = s.allocs.at(id).driver;  // pinned since the import
     }
     CUdeviceptr addr = 0;
     CUmemAccessDesc desc{};
@@ -192,37 +199,40 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
       if (r != CUDA_SUCCESS) REAL(cuMemAddressFree)(addr, b.size);
     }
     // Another thread's open of the handle may have landed while this one
-    // mapped it: checked again as the open is recorded, against the device's
-    // primary context as it is now (asked outside s.mu).
-    InContexts raced = InContexts::kNone;
+    // mapped it: checked again as the open is recorded.
     bool unmap = false;  // mapped, not recorded
     if (r == CUDA_SUCCESS) {
       unmap = true;
-      const CUcontext primary = active_primary(dev);
-      try {
-        Lock l(s.mu);
-        raced = open_of(s, id, ctx, dev, primary, dptr);
-        if (raced != InContexts::kOwn && raced != InContexts::kRefused) {
-          Alloc& a = s.allocs.at(id);  // pinned since the import
-          Mapping m;
-          m.size = b.size;
-          m.alloc = id;
-          union_access(&m.access, desc);
-          auto at = s.ranges.emplace(addr, std::move(m)).first;
-          try {
-            s.ipc.push_back({ctx, id, addr, b.size, 1, dev});
-          } catch (...) {
-            s.ranges.erase(at);
-            throw;
-          }
-          a.legacy = true;
-          a.mappings++;
-          *dptr = addr;
-          return CUDA_SUCCESS;
+      auto record = [&](State& st) {
+        Alloc& a = st.allocs.at(id);  // pinned since the import
+        Mapping m;
+        m.size = b.size;
+        m.alloc = id;
+        union_access(&m.access, desc);
+        auto at = st.ranges.emplace(addr, std::move(m)).first;
+        try {
+          st.ipc.push_back({ctx, id, addr, b.size, 1, dev});
+        } catch (...) {
+          st.ranges.erase(at);
+          throw;
         }
-        // The other thread's open stands: this mapping goes (the driver
-        // opens a handle once in a context, and in one context of a device).
-        r = raced == InContexts::kOwn ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+        a.legacy = true;
+        a.mappings++;
+        unmap = false;
+      };
+      try {
+        switch (open_checked(
+            s, [id](State&) { return id; }, ctx, dev, dptr, record)) {
+          case InContexts::kNone:
+          case InContexts::kOther:  // recorded: the import's pin stays until the close
+            *dptr = addr;
+            return CUDA_SUCCESS;
+          case InContexts::kOwn:  // another thread's open stands: this mapping goes
+            break;
+          case InContexts::kRefused:  // the driver opens a handle in one context of a device
+            r = CUDA_ERROR_INVALID_HANDLE;
+            break;
+        }
       } catch (...) {  // not recorded (no memory): the open fails whole
         r = CUDA_ERROR_OUT_OF_MEMORY;
       }
@@ -235,8 +245,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     std::vector<ListedFd> fds;
     {
       Lock l(s.mu);
-      Alloc& a = s.allocs[id];
-      if (a.pins) a.pins--;
+      if (auto a = s.allocs.find(id); a != s.allocs.end() && a->second.pins) a->second.pins--;
       settle(s, id, &rel, &fds);
     }
     finish(rel, &fds);

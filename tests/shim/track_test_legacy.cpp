@@ -117,8 +117,8 @@ int ipc() {
     FC_REQ(inspect(getpid(), &rr));
     const uint64_t child_calls = rr.sharing_calls;
     CUdeviceptr p1 = 0, p2 = 0;
-    FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
-    // The open again in its own context asks nothing of the primary context
+    // An open where no other context of the device has the handle open, and
+    // the open again in its own context, ask nothing of the primary context
     // (a retain and release): the next cuDevicePrimaryCtxGetState, armed to
     // fail, is the test's own.
     {
@@ -127,6 +127,7 @@ int ipc() {
       FILE* f = fopen(armed.c_str(), "we");
       FC_REQ(f && fputs("cuDevicePrimaryCtxGetState:1:999\n", f) >= 0 && fclose(f) == 0);
     }
+    FC_REQ(cuIpcOpenMemHandle(&p1, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(p1 == p2 && p1 != 0);
     {
