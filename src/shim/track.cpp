@@ -48,6 +48,7 @@ void reset_inherited(State& s) {
   s.ranges.clear();
   s.legacy_blocks.clear();
   s.block_asked.clear();
+  s.tailed_blocks.store(0);
   s.deferred_frees.clear();
   s.pending_frees.clear();  // the parent's events: not the child's to query or destroy
   s.pending_count.store(0);

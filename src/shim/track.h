@@ -111,6 +111,14 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
                            CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept;
 CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* base, size_t* size,
                        CUdeviceptr ptr) noexcept;
+/// Whether a copy or memset of the bytes [p, p + n) reaches past the bytes
+/// asked of a block the shim serves: it starts in the rest of the mapping's
+/// last granule or crosses the block's end, which the driver refuses for its
+/// own block (INVALID_VALUE; measured on an H100:
+/// tests/gpu/probes/alloc_sizes.cpp tail). While no served block has such a
+/// tail (sizes of whole granules, as PyTorch's caching allocator asks), one
+/// relaxed load; otherwise a lookup under the tables' lock. n == 0: false.
+bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
 /// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
 /// current context's CU_CTX_SYNC_MEMOPS instead, the driver's way to the

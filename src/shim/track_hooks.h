@@ -44,6 +44,100 @@ CUSNAP_TRACK_HOOK(cuMulticastCreate, mc_create)
 CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
 CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
 #undef CUSNAP_TRACK_HOOK
+// Copies and memsets (the one-dimensional ones and the 2D memsets): refused
+// INVALID_VALUE where they reach past the bytes asked of a block the shim
+// serves, as the driver refuses them at its own block's end
+// (track::past_block); the rest goes to the driver as it came. The 2D and
+// 3D copies and the batched ones are not checked (docs/shim.md).
+#define CUSNAP_RANGE_HOOK(entry, past)                                          \
+  template <>                                                                   \
+  struct Hook<Entry::entry> {                                                   \
+    static auto bind(decltype(&::entry) real) noexcept {                        \
+      return [real](auto... a) noexcept {                                       \
+        if (past(a...)) return static_cast<CUresult>(CUDA_ERROR_INVALID_VALUE); \
+        return real(a...);                                                      \
+      };                                                                        \
+    }                                                                           \
+  };
+namespace range_hooks {
+/// The device bytes a copy or memset writes or reads, by its parameters.
+inline bool to_dev(CUdeviceptr dst, const void*, size_t n, auto...) noexcept {
+  return track::past_block(dst, n);
+}
+inline bool from_dev(void*, CUdeviceptr src, size_t n, auto...) noexcept {
+  return track::past_block(src, n);
+}
+inline bool dev_dev(CUdeviceptr dst, CUdeviceptr src, size_t n, auto...) noexcept {
+  return track::past_block(dst, n) || track::past_block(src, n);
+}
+inline bool peer(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext, size_t n,
+                 auto...) noexcept {
+  return track::past_block(dst, n) || track::past_block(src, n);
+}
+/// count elements of `size` bytes; a product past 64 bits is left to the
+/// driver (which refuses it).
+template <size_t size>
+inline bool set(CUdeviceptr dst, auto, size_t count, auto...) noexcept {
+  size_t n = 0;
+  return !__builtin_mul_overflow(count, size, &n) && track::past_block(dst, n);
+}
+/// height rows of width elements, pitch bytes apart: the last row's end.
+template <size_t size>
+inline bool set_2d(CUdeviceptr dst, size_t pitch, auto, size_t width, size_t height,
+                   auto...) noexcept {
+  size_t rows = 0, row = 0, n = 0;
+  if (width == 0 || height == 0) return false;
+  if (__builtin_mul_overflow(pitch, height - 1, &rows) ||
+      __builtin_mul_overflow(width, size, &row) || __builtin_add_overflow(rows, row, &n))
+    return false;
+  return track::past_block(dst, n);
+}
+}  // namespace range_hooks
+CUSNAP_RANGE_HOOK(cuMemcpy, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpy_ptds, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyAsync, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyAsync_ptsz, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyHtoD_v2, range_hooks::to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyHtoD_v2_ptds, range_hooks::to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyHtoDAsync_v2, range_hooks::to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyHtoDAsync_v2_ptsz, range_hooks::to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoH_v2, range_hooks::from_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoH_v2_ptds, range_hooks::from_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoHAsync_v2, range_hooks::from_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoHAsync_v2_ptsz, range_hooks::from_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoD_v2, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoD_v2_ptds, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoDAsync_v2, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoDAsync_v2_ptsz, range_hooks::dev_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyPeer, range_hooks::peer)
+CUSNAP_RANGE_HOOK(cuMemcpyPeer_ptds, range_hooks::peer)
+CUSNAP_RANGE_HOOK(cuMemcpyPeerAsync, range_hooks::peer)
+CUSNAP_RANGE_HOOK(cuMemcpyPeerAsync_ptsz, range_hooks::peer)
+CUSNAP_RANGE_HOOK(cuMemsetD8_v2, range_hooks::set<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD8_v2_ptds, range_hooks::set<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD8Async, range_hooks::set<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD8Async_ptsz, range_hooks::set<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD16_v2, range_hooks::set<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD16_v2_ptds, range_hooks::set<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD16Async, range_hooks::set<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD16Async_ptsz, range_hooks::set<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD32_v2, range_hooks::set<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD32_v2_ptds, range_hooks::set<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD32Async, range_hooks::set<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD32Async_ptsz, range_hooks::set<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D8_v2, range_hooks::set_2d<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D8_v2_ptds, range_hooks::set_2d<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D8Async, range_hooks::set_2d<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D8Async_ptsz, range_hooks::set_2d<1>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D16_v2, range_hooks::set_2d<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D16_v2_ptds, range_hooks::set_2d<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D16Async, range_hooks::set_2d<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D16Async_ptsz, range_hooks::set_2d<2>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D32_v2, range_hooks::set_2d<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D32_v2_ptds, range_hooks::set_2d<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D32Async, range_hooks::set_2d<4>)
+CUSNAP_RANGE_HOOK(cuMemsetD2D32Async_ptsz, range_hooks::set_2d<4>)
+#undef CUSNAP_RANGE_HOOK
 #define CUSNAP_FREE_ASYNC_HOOK(entry, ptsz)               \
   template <>                                             \
   struct Hook<Entry::entry> {                             \

@@ -100,9 +100,15 @@ enum class Served {
   kYes,   ///< in a block's asked bytes
   kTail,  ///< past a block's asked bytes, in its mapping's last granule
 };
-/// Where ptr lies (s.mu held); in a block (kYes, kTail), *alloc gets its
-/// allocation's local id and *asked what was asked of it (track_queries.cpp).
-Served served_at_locked(State& s, CUdeviceptr ptr, uint64_t* alloc, State::BlockAsked* asked);
+/// The block an address lies in.
+struct ServedBlock {
+  uint64_t alloc = 0;       ///< its allocation's local id
+  uint64_t offset = 0;      ///< the address's distance from the block's base
+  State::BlockAsked asked;  ///< what was asked of it
+};
+/// Where ptr lies (s.mu held); in a block (kYes, kTail), *block says which
+/// (track_queries.cpp).
+Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block);
 
 // Frees that wait (track_legacy.cpp).
 

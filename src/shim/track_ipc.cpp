@@ -27,8 +27,9 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
     bool driver_block = false;
     {
       Lock l(s.mu);
-      State::BlockAsked asked;
-      const Served where = served_at_locked(s, dptr, &id, &asked);
+      ServedBlock block;
+      const Served where = served_at_locked(s, dptr, &block);
+      id = block.alloc;
       // Past the bytes asked the driver knows no block (measured on an
       // H100: tests/gpu/probes/alloc_sizes.cpp tail).
       if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;

@@ -48,8 +48,12 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   *id = b->second;
   s.legacy_blocks.erase(b);
   maybe_shrink(s.legacy_blocks);
-  s.block_asked.erase(dptr);
   auto m = s.ranges.find(dptr);
+  if (auto asked = s.block_asked.find(dptr); asked != s.block_asked.end()) {
+    if (m != s.ranges.end() && asked->second.bytes < m->second.size)
+      s.tailed_blocks.fetch_sub(1, std::memory_order_relaxed);
+    s.block_asked.erase(asked);
+  }
   if (m != s.ranges.end()) {
     *size = m->second.size;
     s.ranges.erase(m);
@@ -185,6 +189,7 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
     s.block_asked[addr] = State::BlockAsked{ctx, bytes};
+    if (bytes < size) s.tailed_blocks.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     {
       Lock l(s.mu);

@@ -20,8 +20,10 @@ Served served_at(CUdeviceptr ptr, State::BlockAsked* asked) {
   if (!active()) return Served::kNo;
   State& s = state();
   Lock l(s.mu);
-  uint64_t alloc = 0;
-  return served_at_locked(s, ptr, &alloc, asked);
+  ServedBlock b;
+  const Served where = served_at_locked(s, ptr, &b);
+  *asked = b.asked;
+  return where;
 }
 
 /// The driver's answer in cuPointerGetAttributes for an address it does not
@@ -99,14 +101,35 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
 
 }  // namespace
 
-Served served_at_locked(State& s, CUdeviceptr ptr, uint64_t* alloc, State::BlockAsked* asked) {
+Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
   auto m = containing(s, ptr);
   if (m == s.ranges.end()) return Served::kNo;
   auto b = s.block_asked.find(m->first);
   if (b == s.block_asked.end()) return Served::kNo;
-  *alloc = m->second.alloc;
-  *asked = b->second;
-  return ptr - m->first < asked->bytes ? Served::kYes : Served::kTail;
+  block->alloc = m->second.alloc;
+  block->offset = ptr - m->first;
+  block->asked = b->second;
+  return block->offset < block->asked.bytes ? Served::kYes : Served::kTail;
+}
+
+bool past_block(CUdeviceptr p, size_t n) noexcept {
+  if (n == 0 || !tracking_on()) return false;
+  State& s = state();
+  if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return false;
+  try {
+    Lock l(s.mu);
+    ServedBlock b;
+    switch (served_at_locked(s, p, &b)) {
+      case Served::kNo:
+        return false;
+      case Served::kTail:
+        return true;
+      case Served::kYes:
+        return n > b.asked.bytes - b.offset;
+    }
+  } catch (...) {  // the driver's answer stands
+  }
+  return false;
 }
 
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,

@@ -116,6 +116,10 @@ struct State {
     uint64_t bytes = 0;  ///< the size asked for (the mapping is rounded up)
   };
   std::unordered_map<uint64_t, BlockAsked> block_asked;  ///< cuMemAlloc address ->
+  /// Blocks of block_asked asked for fewer bytes than their mapping has (a
+  /// tail the driver's block lacks), read without s.mu: while none has one,
+  /// a copy or memset is not looked up (track_queries.cpp, past_block).
+  std::atomic<size_t> tailed_blocks{0};
   /// Blocks of legacy_blocks the application freed during a stream capture,
   /// freed at its first cuMemFree or cuMemFreeAsync after the capture
   /// (track_legacy.cpp).

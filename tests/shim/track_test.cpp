@@ -385,6 +385,7 @@ int main(int argc, char** argv) {
       {"context_blocks", context_blocks},
       {"context_ipc", context_ipc},
       {"ipc_open_race", ipc_open_race},
+      {"block_end", block_end},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

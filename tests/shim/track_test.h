@@ -1,6 +1,7 @@
 // What the shim_track_test scenarios share (track_test.cpp: the program and
 // the process-level scenarios; track_test_vmm.cpp: VMM allocations and
-// multicast objects; track_test_legacy.cpp: cuMemAlloc blocks): checks, the
+// multicast objects; track_test_legacy.cpp: cuMemAlloc blocks;
+// track_test_ranges.cpp: copies at a block's end): checks, the
 // shim's records through its control socket, tickets, byte patterns, and the
 // scenarios themselves. Header-only.
 #pragma once
@@ -148,6 +149,9 @@ int nccl_free();
 int context_blocks();
 int context_ipc();
 int ipc_open_race();
+
+// Copies and memsets at a served block's end (track_test_ranges.cpp).
+int block_end();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).
