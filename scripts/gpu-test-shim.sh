@@ -9,8 +9,8 @@
 #  3. runs tests/shim/gpu/shim_torch_check.py (matmul, synchronize, CUDA graph)
 #     the same two ways and compares,
 #  3b. builds the stream-capture probes, the cuMemFreeAsync probe and the
-#     context probes (blocks, IPC opens), the cuMemAlloc sizes probe
-#     (tests/gpu/probes/) with g++ and runs them without the shim and with
+#     context probes (blocks, IPC opens), the cuMemAlloc sizes probe (and its
+#     copies at a block's end) (tests/gpu/probes/) with g++ and runs them without the shim and with
 #     it, tracking on (a runtime directory, cuMemAlloc served by the shim):
 #     the driver's answers, captures invalidated or not, and graphs must be
 #     identical (timings, host addresses and the parent's racing first line
@@ -98,8 +98,8 @@ fi
 
 # 3b. The stream-capture probes, cuMemFreeAsync of a cuMemAlloc block, and
 # the blocks and IPC opens that go with a context, the sizes the driver
-# reports of cuMemAlloc blocks, tracking on (cuMemAlloc
-# served by the shim).
+# reports of cuMemAlloc blocks and the copies and memsets it refuses at their
+# ends, tracking on (cuMemAlloc served by the shim).
 for probe in capture_sync capture_joins capture_checkpoint free_async_kinds context_blocks context_ipc \
   alloc_sizes; do
   if ! g++ -O1 -isystem "$cuda/include" -o "$work/$probe" "$root/tests/gpu/probes/$probe.cpp" -lcuda; then
@@ -111,6 +111,7 @@ done
 [[ -x "$work/context_blocks" ]] && TRACK=1 run_both context_blocks "$work/context_blocks"
 [[ -x "$work/context_ipc" ]] && TRACK=1 run_both context_ipc "$work/context_ipc"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes "$work/alloc_sizes"
+[[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_tail "$work/alloc_sizes" tail
 [[ -x "$work/capture_joins" ]] &&
   TRACK=1 run_both capture_joins bash -c \
     'for c in $(seq 1 19); do "$1" "$c"; done | sed -E "s/0x[0-9a-f]+/0x_/g"' _ "$work/capture_joins"

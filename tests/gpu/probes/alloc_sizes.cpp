@@ -6,8 +6,8 @@
 // query wrote its output variables (there, at a freed block and at a low
 // address); for the first block, what the pointer
 // attributes answer there, one by one and together. With the
-// argument `tail`, only an IPC handle, copies and memsets at and across a
-// block's end (not compared by scripts/gpu-test-shim.sh). Run on the driver alone
+// argument `tail`, only an IPC handle, copies and memsets at and across the
+// ends of three blocks (1 MiB, 2 MiB, 65537 bytes). Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -93,29 +93,47 @@ static void attributes(CUdeviceptr p) {
   }
 }
 
-/// What the driver does with the bytes just past a 1 MiB block (inside the
-/// 2 MiB page it was placed in): an IPC handle of that address, copies and
-/// memsets that start there or straddle the block's end. Alone (argument
-/// `tail`): the shim's answers there are not the driver's measured ones yet,
-/// and a copy the driver accepts that then faults would leave the context
-/// unusable.
-static void tail_operations() {
-  const size_t n = 1 << 20;
-  CUdeviceptr p = 0;
-  if (cuMemAlloc(&p, n) != CUDA_SUCCESS) return;
-  unsigned char buf[32] = {};
+/// What the driver does with the bytes just past a block of n bytes (for
+/// 1 MiB, inside the 2 MiB page it was placed in): an IPC handle of that
+/// address, copies and memsets that end there, start there or straddle the
+/// block's end. Alone (argument `tail`): a copy the driver accepts that then
+/// faults would leave the context unusable.
+static void tail_operations(size_t n) {
+  CUdeviceptr p = 0, q = 0;
+  if (cuMemAlloc(&p, n) != CUDA_SUCCESS || cuMemAlloc(&q, 1 << 20) != CUDA_SUCCESS) return;
+  CUstream st = nullptr;
+  if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+  CUcontext ctx = nullptr;
+  cuCtxGetCurrent(&ctx);
+  unsigned char buf[128] = {};
   CUipcMemHandle h;
   std::printf("past a %zu-byte block:\n", n);
   std::printf("  cuIpcGetMemHandle at the last byte: %s\n", name(cuIpcGetMemHandle(&h, p + n - 1)));
   std::printf("  cuIpcGetMemHandle one past: %s\n", name(cuIpcGetMemHandle(&h, p + n)));
+  std::printf("  cuMemcpyHtoD up to the end: %s\n", name(cuMemcpyHtoD(p + n - 16, buf, 16)));
+  std::printf("  cuMemsetD8 up to the end: %s\n", name(cuMemsetD8(p + n - 16, 0x5a, 16)));
   std::printf("  cuMemcpyHtoD one past: %s\n", name(cuMemcpyHtoD(p + n, buf, 16)));
   std::printf("  cuMemcpyHtoD across the end: %s\n", name(cuMemcpyHtoD(p + n - 8, buf, 16)));
+  std::printf("  cuMemcpyHtoDAsync across the end: %s\n",
+              name(cuMemcpyHtoDAsync(p + n - 8, buf, 16, st)));
   std::printf("  cuMemcpyDtoH across the end: %s\n", name(cuMemcpyDtoH(buf, p + n - 8, 16)));
-  std::printf("  cuMemcpyDtoD across the end: %s\n", name(cuMemcpyDtoD(p, p + n - 8, 16)));
+  std::printf("  cuMemcpyDtoD across the end: %s\n", name(cuMemcpyDtoD(q, p + n - 8, 16)));
+  std::printf("  cuMemcpy across the end: %s\n", name(cuMemcpy(p + n - 8, q, 16)));
+  std::printf("  cuMemcpyPeer across the end: %s\n",
+              name(cuMemcpyPeer(q, ctx, p + n - 8, ctx, 16)));
   std::printf("  cuMemsetD8 one past: %s\n", name(cuMemsetD8(p + n, 0x5a, 16)));
   std::printf("  cuMemsetD8 across the end: %s\n", name(cuMemsetD8(p + n - 8, 0x5a, 16)));
+  std::printf("  cuMemsetD32 across the end: %s\n", name(cuMemsetD32(p + n - 8, 0x5a5a5a5a, 3)));
+  std::printf("  cuMemsetD8Async across the end: %s\n",
+              name(cuMemsetD8Async(p + n - 8, 0x5a, 16, st)));
+  std::printf("  cuMemsetD2D8 second row across the end: %s\n",
+              name(cuMemsetD2D8(p + n - 72, 64, 0x5a, 16, 2)));
+  std::printf("  cuMemsetD2D8 second row up to the end: %s\n",
+              name(cuMemsetD2D8(p + n - 80, 64, 0x5a, 16, 2)));
+  std::printf("  cuStreamSynchronize: %s\n", name(cuStreamSynchronize(st)));
   std::printf("  cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
-  std::printf("  free %s\n", name(cuMemFree(p)));
+  cuStreamDestroy(st);
+  std::printf("  free %s %s\n", name(cuMemFree(p)), name(cuMemFree(q)));
 }
 
 int main(int argc, char** argv) {
@@ -131,7 +149,9 @@ int main(int argc, char** argv) {
                           (size_t(2) << 20) + 1,
                           size_t(3) << 20};
   if (argc > 1 && std::strcmp(argv[1], "tail") == 0) {
-    tail_operations();
+    tail_operations(size_t(1) << 20);  // a tail in the page
+    tail_operations(size_t(2) << 20);  // a whole page: no tail
+    tail_operations(65537);
     return 0;
   }
   for (size_t n : sizes) {
