@@ -17,7 +17,8 @@
 #     dropped),
 #  4. lists the driver names the runtime asked for that the shim failed closed
 #     on (CUSNAP_SHIM_DEBUG=1), for information,
-#  5. runs bench/shim_overhead against the real driver.
+#  5. runs bench/shim_overhead against the real driver, and bench/copy_check
+#     (the range check on copies and memsets) with and without the shim.
 # Exit 0: all identical; 1: a difference or failure; 77: no GPU here.
 # Never uses multicast: NVLS and multicast are switched off for everything it starts.
 set -uo pipefail
@@ -127,6 +128,19 @@ if g++ -std=c++20 -O2 -isystem "$cuda/include" -o "$work/shim_overhead" "$root/b
     || bad "shim_overhead failed"
 else
   bad "cannot build shim_overhead"
+fi
+
+# 5. Benchmark: the range check on copies and memsets, a tailed block held
+# or not (bench/copy_check.cpp), under the shim with tracking on.
+say "building bench/copy_check"
+if g++ -std=c++20 -O2 -isystem "$cuda/include" -o "$work/copy_check" "$root/bench/copy_check.cpp" -lcuda; then
+  mkdir -p "$work/rt-copy_check" && chmod 700 "$work/rt-copy_check"
+  CUSNAP_RUNTIME_DIR="$work/rt-copy_check" LD_PRELOAD="$shim" "$work/copy_check" --calls 200000 --rounds 9 \
+    || bad "copy_check failed"
+  echo "  (the same without the shim:)"
+  "$work/copy_check" --calls 200000 --rounds 9 || bad "copy_check failed without the shim"
+else
+  bad "cannot build copy_check"
 fi
 
 say "outputs in $work"
