@@ -113,7 +113,7 @@ Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
 }
 
 bool past_block(CUdeviceptr p, size_t n) noexcept {
-  if (n == 0 || !tracking_on()) return false;
+  if (n == 0 || !active()) return false;  // a forked child drops the parent's blocks first
   State& s = state();
   if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return false;
   try {
