@@ -116,8 +116,8 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* b
 /// last granule or crosses the block's end, which the driver refuses for its
 /// own block (INVALID_VALUE; measured on an H100:
 /// tests/gpu/probes/alloc_sizes.cpp tail). While no served block has such a
-/// tail (sizes of whole granules, as PyTorch's caching allocator asks), one
-/// relaxed load; otherwise a lookup under the tables' lock. n == 0: false.
+/// tail (sizes of whole granules, as PyTorch's caching allocator asks), three
+/// atomic loads; otherwise a lookup under the tables' lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
 /// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
