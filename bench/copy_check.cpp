@@ -2,7 +2,7 @@
 // "the ranges of copies and memsets"), measured in one process: 16-byte
 // cuMemsetD8Async calls into a 2 MiB block, timed in alternating rounds while
 // no block the shim serves has a tail (sizes of whole granules: the check is
-// three atomic loads) and while one does (a 1 MiB block is held: every copy and
+// a few atomic loads) and while one does (a 1 MiB block is held: every copy and
 // memset is looked up under the shim's table lock). The best round of each is
 // reported with the ratio. Run under the preloaded shim with tracking on
 // (scripts/gpu-test-shim.sh); run without it, the two rounds are the same

@@ -116,7 +116,7 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* b
 /// last granule or crosses the block's end, which the driver refuses for its
 /// own block (INVALID_VALUE; measured on an H100:
 /// tests/gpu/probes/alloc_sizes.cpp tail). While no served block has such a
-/// tail (sizes of whole granules, as PyTorch's caching allocator asks), three
+/// tail (sizes of whole granules, as PyTorch's caching allocator asks), a few
 /// atomic loads; otherwise a lookup under the tables' lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the

@@ -44,7 +44,8 @@ CUSNAP_TRACK_HOOK(cuMulticastCreate, mc_create)
 CUSNAP_TRACK_HOOK(cuMulticastAddDevice, mc_add_device)
 CUSNAP_TRACK_HOOK(cuMulticastUnbind, mc_unbind)
 #undef CUSNAP_TRACK_HOOK
-// Copies and memsets (the one-dimensional ones and the 2D memsets): refused
+// Copies and memsets (the one-dimensional ones, to and from arrays too, and
+// the 2D memsets; tests/shim/track_test_ranges.cpp calls each): refused
 // INVALID_VALUE where they reach past the bytes asked of a block the shim
 // serves, as the driver refuses them at its own block's end
 // (track::past_block); the rest goes to the driver as it came. The 2D and
@@ -73,6 +74,12 @@ inline bool dev_dev(CUdeviceptr dst, CUdeviceptr src, size_t n, auto...) noexcep
 inline bool peer(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext, size_t n,
                  auto...) noexcept {
   return track::past_block(dst, n) || track::past_block(src, n);
+}
+inline bool array_to_dev(CUdeviceptr dst, CUarray, size_t, size_t n) noexcept {
+  return track::past_block(dst, n);
+}
+inline bool dev_to_array(CUarray, size_t, CUdeviceptr src, size_t n) noexcept {
+  return track::past_block(src, n);
 }
 /// count elements of `size` bytes; a product past 64 bits is left to the
 /// driver (which refuses it).
@@ -113,6 +120,10 @@ CUSNAP_RANGE_HOOK(cuMemcpyPeer, range_hooks::peer)
 CUSNAP_RANGE_HOOK(cuMemcpyPeer_ptds, range_hooks::peer)
 CUSNAP_RANGE_HOOK(cuMemcpyPeerAsync, range_hooks::peer)
 CUSNAP_RANGE_HOOK(cuMemcpyPeerAsync_ptsz, range_hooks::peer)
+CUSNAP_RANGE_HOOK(cuMemcpyAtoD_v2, range_hooks::array_to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyAtoD_v2_ptds, range_hooks::array_to_dev)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoA_v2, range_hooks::dev_to_array)
+CUSNAP_RANGE_HOOK(cuMemcpyDtoA_v2_ptds, range_hooks::dev_to_array)
 CUSNAP_RANGE_HOOK(cuMemsetD8_v2, range_hooks::set<1>)
 CUSNAP_RANGE_HOOK(cuMemsetD8_v2_ptds, range_hooks::set<1>)
 CUSNAP_RANGE_HOOK(cuMemsetD8Async, range_hooks::set<1>)

@@ -4,8 +4,11 @@
 // or crosses their end (measured on an H100: tests/gpu/probes/alloc_sizes.cpp
 // tail); the simulated driver sees only the mapping and accepts them, so
 // what is refused here the shim refused. Helpers: track_test.h.
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "tests/shim/track_test.h"
 
@@ -21,6 +24,113 @@ bool holds(CUdeviceptr d, size_t from, size_t to, uint8_t v) {
   for (size_t i = from; i < to; ++i)
     if (b[i] != v) return false;
   return true;
+}
+
+/// Calls each of the entries `names` (the shim's, found as the application
+/// finds them) with the arguments a; false, saying which, when one answers
+/// other than `want`.
+template <class Fn, class... A>
+bool each(std::initializer_list<const char*> names, CUresult want, A... a) {
+  bool ok = true;
+  for (const char* name : names) {
+    auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+    const CUresult r = fn ? fn(a...) : CUDA_ERROR_NOT_FOUND;
+    if (r != want) {
+      fprintf(stderr, "%s: %d, not %d\n", name, static_cast<int>(r), static_cast<int>(want));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+/// Every copy and memset entry the shim checks (src/shim/track_hooks.h), each
+/// flavour by its own name: across the end of the block that ends at `end`
+/// refused, up to it the driver's answer (done); e is another block.
+int every_entry(CUdeviceptr end, CUdeviceptr e, CUcontext ctx, CUstream st, uint8_t* host) {
+  const CUresult bad = CUDA_ERROR_INVALID_VALUE;
+  const CUresult ok = CUDA_SUCCESS;
+  const auto to_dev = {"cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"};
+  const auto to_dev_async = {"cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"};
+  REQ(each<decltype(&cuMemcpyHtoD_v2)>(to_dev, bad, end - 8, host, size_t{16}));
+  REQ(each<decltype(&cuMemcpyHtoD_v2)>(to_dev, ok, end - 16, host, size_t{16}));
+  REQ(each<decltype(&cuMemcpyHtoDAsync_v2)>(to_dev_async, bad, end - 8, host, size_t{16}, st));
+  REQ(each<decltype(&cuMemcpyHtoDAsync_v2)>(to_dev_async, ok, end - 16, host, size_t{16}, st));
+  const auto from_dev = {"cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds"};
+  const auto from_dev_async = {"cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"};
+  REQ(each<decltype(&cuMemcpyDtoH_v2)>(from_dev, bad, host, end - 8, size_t{16}));
+  REQ(each<decltype(&cuMemcpyDtoH_v2)>(from_dev, ok, host, end - 16, size_t{16}));
+  REQ(each<decltype(&cuMemcpyDtoHAsync_v2)>(from_dev_async, bad, host, end - 8, size_t{16}, st));
+  REQ(each<decltype(&cuMemcpyDtoHAsync_v2)>(from_dev_async, ok, host, end - 16, size_t{16}, st));
+  const auto dev_dev = {"cuMemcpy", "cuMemcpy_ptds", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds"};
+  const auto dev_dev_async = {"cuMemcpyAsync", "cuMemcpyAsync_ptsz", "cuMemcpyDtoDAsync_v2",
+                              "cuMemcpyDtoDAsync_v2_ptsz"};
+  REQ(each<decltype(&cuMemcpy)>(dev_dev, bad, e, end - 8, size_t{16}));  // the source crosses
+  REQ(each<decltype(&cuMemcpy)>(dev_dev, bad, end - 8, e, size_t{16}));  // the destination
+  REQ(each<decltype(&cuMemcpy)>(dev_dev, ok, end - 16, e, size_t{16}));
+  REQ(each<decltype(&cuMemcpyAsync)>(dev_dev_async, bad, e, end - 8, size_t{16}, st));
+  REQ(each<decltype(&cuMemcpyAsync)>(dev_dev_async, bad, end - 8, e, size_t{16}, st));
+  REQ(each<decltype(&cuMemcpyAsync)>(dev_dev_async, ok, e, end - 16, size_t{16}, st));
+  const auto peer = {"cuMemcpyPeer", "cuMemcpyPeer_ptds"};
+  const auto peer_async = {"cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz"};
+  REQ(each<decltype(&cuMemcpyPeer)>(peer, bad, end - 8, ctx, e, ctx, size_t{16}));
+  REQ(each<decltype(&cuMemcpyPeer)>(peer, bad, e, ctx, end - 8, ctx, size_t{16}));
+  REQ(each<decltype(&cuMemcpyPeer)>(peer, ok, e, ctx, end - 16, ctx, size_t{16}));
+  REQ(each<decltype(&cuMemcpyPeerAsync)>(peer_async, bad, end - 8, ctx, e, ctx, size_t{16}, st));
+  REQ(each<decltype(&cuMemcpyPeerAsync)>(peer_async, ok, end - 16, ctx, e, ctx, size_t{16}, st));
+  // Arrays: the simulated driver has none; the shim refuses before it asks.
+  REQ(each<decltype(&cuMemcpyAtoD_v2)>({"cuMemcpyAtoD_v2", "cuMemcpyAtoD_v2_ptds"}, bad, end - 8,
+                                       CUarray{}, size_t{0}, size_t{16}));
+  REQ(each<decltype(&cuMemcpyDtoA_v2)>({"cuMemcpyDtoA_v2", "cuMemcpyDtoA_v2_ptds"}, bad, CUarray{},
+                                       size_t{0}, end - 8, size_t{16}));
+  // Memsets of 8, 16 and 32 bits: 16, 10 and 12 bytes from 8 before the end.
+  const unsigned char v8 = 0x22;
+  const unsigned short v16 = 0x2222;
+  const unsigned v32 = 0x22222222u;
+  REQ(each<decltype(&cuMemsetD8_v2)>({"cuMemsetD8_v2", "cuMemsetD8_v2_ptds"}, bad, end - 8, v8,
+                                     size_t{16}));
+  REQ(each<decltype(&cuMemsetD8Async)>({"cuMemsetD8Async", "cuMemsetD8Async_ptsz"}, bad, end - 8,
+                                       v8, size_t{16}, st));
+  REQ(each<decltype(&cuMemsetD16_v2)>({"cuMemsetD16_v2", "cuMemsetD16_v2_ptds"}, bad, end - 8, v16,
+                                      size_t{5}));
+  REQ(each<decltype(&cuMemsetD16Async)>({"cuMemsetD16Async", "cuMemsetD16Async_ptsz"}, bad, end - 8,
+                                        v16, size_t{5}, st));
+  REQ(each<decltype(&cuMemsetD32_v2)>({"cuMemsetD32_v2", "cuMemsetD32_v2_ptds"}, bad, end - 8, v32,
+                                      size_t{3}));
+  REQ(each<decltype(&cuMemsetD32Async)>({"cuMemsetD32Async", "cuMemsetD32Async_ptsz"}, bad, end - 8,
+                                        v32, size_t{3}, st));
+  REQ(each<decltype(&cuMemsetD16_v2)>({"cuMemsetD16_v2", "cuMemsetD16_v2_ptds"}, ok, end - 8, v16,
+                                      size_t{4}));
+  REQ(each<decltype(&cuMemsetD32Async)>({"cuMemsetD32Async", "cuMemsetD32Async_ptsz"}, ok, end - 8,
+                                        v32, size_t{2}, st));
+  // 2D: two rows of 16 bytes, 64 apart, the second crossing the end (from
+  // 72 before it) or ending there (from 80 before it).
+  const auto d2d8 = {"cuMemsetD2D8_v2", "cuMemsetD2D8_v2_ptds"};
+  const auto d2d8_async = {"cuMemsetD2D8Async", "cuMemsetD2D8Async_ptsz"};
+  const auto d2d16 = {"cuMemsetD2D16_v2", "cuMemsetD2D16_v2_ptds"};
+  const auto d2d16_async = {"cuMemsetD2D16Async", "cuMemsetD2D16Async_ptsz"};
+  const auto d2d32 = {"cuMemsetD2D32_v2", "cuMemsetD2D32_v2_ptds"};
+  const auto d2d32_async = {"cuMemsetD2D32Async", "cuMemsetD2D32Async_ptsz"};
+  const size_t pitch = 64, two = 2;
+  REQ(each<decltype(&cuMemsetD2D8_v2)>(d2d8, bad, end - 72, pitch, v8, size_t{16}, two));
+  REQ(each<decltype(&cuMemsetD2D8_v2)>(d2d8, ok, end - 80, pitch, v8, size_t{16}, two));
+  REQ(each<decltype(&cuMemsetD2D8Async)>(d2d8_async, bad, end - 72, pitch, v8, size_t{16}, two,
+                                         st));
+  REQ(each<decltype(&cuMemsetD2D8Async)>(d2d8_async, ok, end - 80, pitch, v8, size_t{16}, two, st));
+  REQ(each<decltype(&cuMemsetD2D16_v2)>(d2d16, bad, end - 72, pitch, v16, size_t{8}, two));
+  REQ(each<decltype(&cuMemsetD2D16_v2)>(d2d16, ok, end - 80, pitch, v16, size_t{8}, two));
+  REQ(each<decltype(&cuMemsetD2D16Async)>(d2d16_async, bad, end - 72, pitch, v16, size_t{8}, two,
+                                          st));
+  REQ(each<decltype(&cuMemsetD2D16Async)>(d2d16_async, ok, end - 80, pitch, v16, size_t{8}, two,
+                                          st));
+  REQ(each<decltype(&cuMemsetD2D32_v2)>(d2d32, bad, end - 72, pitch, v32, size_t{4}, two));
+  REQ(each<decltype(&cuMemsetD2D32_v2)>(d2d32, ok, end - 80, pitch, v32, size_t{4}, two));
+  REQ(each<decltype(&cuMemsetD2D32Async)>(d2d32_async, bad, end - 72, pitch, v32, size_t{4}, two,
+                                          st));
+  REQ(each<decltype(&cuMemsetD2D32Async)>(d2d32_async, ok, end - 80, pitch, v32, size_t{4}, two,
+                                          st));
+  REQ_OK(cuStreamSynchronize(st));
+  REQ_OK(cuCtxSynchronize());
+  return 0;
 }
 
 }  // namespace
@@ -92,6 +202,9 @@ int block_end() {
   REQ_OK(cuCtxSynchronize());
   REQ(holds(d, kAsked - 80, kAsked - 64, 0x55) && holds(d, kAsked - 16, kAsked, 0x22));
   REQ(holds(d, kAsked - 64, kAsked - 16, 0x11) && holds(d, kAsked, mapped, 0x11));
+  // Each entry, each flavour: what is accepted writes 0x22, up to the end.
+  REQ(every_entry(end, e, ctx, stream, host) == 0);
+  REQ(holds(d, kAsked - 8, kAsked, 0x22) && holds(d, kAsked, mapped, 0x11));
 
   // A block of whole granules has no tail: its copies go to the driver as
   // they came (its end is the mapping's, where the driver refuses them).
