@@ -174,7 +174,11 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* p
     where = served_at(ptr, &asked);
   } catch (...) {
   }
-  if (where == Served::kTail) return CUDA_ERROR_NOT_FOUND;  // as for an address of no memory
+  if (where == Served::kTail) {  // as for an address of no memory: the driver
+    if (pbase) *pbase = 0;       // writes 0 into both variables (measured on
+    if (psize) *psize = 0;       // an H100: tests/gpu/probes/alloc_sizes.cpp)
+    return CUDA_ERROR_NOT_FOUND;
+  }
   const CUresult r = real(pbase, psize, ptr);
   if (r == CUDA_SUCCESS && psize && where == Served::kYes) *psize = asked.bytes;
   return r;

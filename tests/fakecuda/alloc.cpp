@@ -107,7 +107,14 @@ CUresult address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   std::lock_guard<std::mutex> l(d.mu);
   uintptr_t b = 0;
   size_t n = 0;
-  if (!find_known(p, &b, &n)) return CUDA_ERROR_NOT_FOUND;
+  if (!find_known(p, &b, &n)) {
+    // The driver writes 0 into both variables of a query it refuses
+    // (measured on an H100: tests/gpu/probes/alloc_sizes.cpp, past a block,
+    // at a freed block, at a low address).
+    if (base) *base = 0;
+    if (size) *size = 0;
+    return CUDA_ERROR_NOT_FOUND;
+  }
   if (base) *base = b;
   if (size) *size = n;
   return CUDA_SUCCESS;

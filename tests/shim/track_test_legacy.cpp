@@ -64,12 +64,15 @@ int ipc() {
   REQ(base == d && range == (3u << 20));
   // Past the bytes asked, in the mapping's last granule: an address the
   // driver does not know (measured: tests/gpu/probes/alloc_sizes.cpp).
-  // The refusals write nothing (the mapping's answers were written before).
+  // The refusals write what the driver writes for such an address: 0 in
+  // both of cuMemGetAddressRange's variables, nothing in
+  // cuPointerGetAttribute's (the mapping's answers were written before).
   const CUdeviceptr past = d + (3 << 20);
   base = 7;
   range = 7;
   REQ(cuMemGetAddressRange(&base, &range, past) == CUDA_ERROR_NOT_FOUND);
-  REQ(base == 7 && range == 7);
+  REQ(base == 0 && range == 0);
+  range = 7;
   REQ(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, past) ==
       CUDA_ERROR_INVALID_VALUE);
   REQ(range == 7);

@@ -99,8 +99,11 @@ static void attributes(CUdeviceptr p) {
 /// block's end. Alone (argument `tail`): a copy the driver accepts that then
 /// faults would leave the context unusable.
 static void tail_operations(size_t n) {
+  // The other side of the copies first, whole pages: the driver places a
+  // small block in the rest of an earlier one's page, and one placed past p
+  // would make p's end another block's bytes.
   CUdeviceptr p = 0, q = 0;
-  if (cuMemAlloc(&p, n) != CUDA_SUCCESS || cuMemAlloc(&q, 1 << 20) != CUDA_SUCCESS) return;
+  if (cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS || cuMemAlloc(&p, n) != CUDA_SUCCESS) return;
   CUstream st = nullptr;
   if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
   CUcontext ctx = nullptr;
