@@ -29,11 +29,11 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
       Lock l(s.mu);
       ServedBlock block;
       const Served where = served_at_locked(s, dptr, &block);
-      id = block.alloc;
       // Past the bytes asked the driver knows no block (measured on an
       // H100: tests/gpu/probes/alloc_sizes.cpp tail).
       if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;
       if (where == Served::kYes) {
+        id = block.alloc;
         a = s.allocs.at(id);
       } else if (range_containing(s.driver_blocks, dptr, [](const State::DriverBlock& b) {
                    return b.size;
