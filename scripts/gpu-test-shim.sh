@@ -18,7 +18,8 @@
 #  4. lists the driver names the runtime asked for that the shim failed closed
 #     on (CUSNAP_SHIM_DEBUG=1), for information,
 #  5. runs bench/shim_overhead against the real driver, and bench/copy_check
-#     (the range check on copies and memsets) with and without the shim.
+#     (the range check on copies and memsets, on 1 and 8 threads) with and
+#     without the shim.
 # Exit 0: all identical; 1: a difference or failure; 77: no GPU here.
 # Never uses multicast: NVLS and multicast are switched off for everything it starts.
 set -uo pipefail
@@ -131,14 +132,18 @@ else
 fi
 
 # 5. Benchmark: the range check on copies and memsets, a tailed block held
-# or not (bench/copy_check.cpp), under the shim with tracking on.
+# or not (bench/copy_check.cpp), under the shim with tracking on, on one
+# thread and on several at once (CUSNAP_COPY_CHECK_THREADS, default "1 8").
 say "building bench/copy_check"
-if g++ -std=c++20 -O2 -isystem "$cuda/include" -o "$work/copy_check" "$root/bench/copy_check.cpp" -lcuda; then
+if g++ -std=c++20 -O2 -pthread -isystem "$cuda/include" -o "$work/copy_check" "$root/bench/copy_check.cpp" -lcuda; then
   mkdir -p "$work/rt-copy_check" && chmod 700 "$work/rt-copy_check"
-  CUSNAP_RUNTIME_DIR="$work/rt-copy_check" LD_PRELOAD="$shim" "$work/copy_check" --calls 200000 --rounds 9 \
-    || bad "copy_check failed"
-  echo "  (the same without the shim:)"
-  "$work/copy_check" --calls 200000 --rounds 9 || bad "copy_check failed without the shim"
+  for threads in ${CUSNAP_COPY_CHECK_THREADS:-1 8}; do
+    CUSNAP_RUNTIME_DIR="$work/rt-copy_check" LD_PRELOAD="$shim" "$work/copy_check" --calls 200000 --rounds 9 \
+      --threads "$threads" || bad "copy_check --threads $threads failed"
+    echo "  (the same without the shim:)"
+    "$work/copy_check" --calls 200000 --rounds 9 --threads "$threads" \
+      || bad "copy_check --threads $threads failed without the shim"
+  done
 else
   bad "cannot build copy_check"
 fi
