@@ -48,7 +48,11 @@ void reset_inherited(State& s) {
   s.ranges.clear();
   s.legacy_blocks.clear();
   s.block_asked.clear();
-  s.tailed_blocks.store(0);
+  {
+    std::unique_lock<std::shared_mutex> t(s.tails_mu);
+    s.tails.clear();
+    s.tailed_blocks.store(0);
+  }
   s.deferred_frees.clear();
   s.pending_frees.clear();  // the parent's events: not the child's to query or destroy
   s.pending_count.store(0);
@@ -322,12 +326,14 @@ void atfork_prepare() noexcept {
   g_start_mu.lock();
   state().mu.lock();
   state().cache_mu.lock();
+  state().tails_mu.lock();
   conns_atfork_prepare();
   drain_atfork_prepare();
 }
 void atfork_parent() noexcept {
   drain_atfork_parent();
   conns_atfork_parent();
+  state().tails_mu.unlock();
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();
@@ -347,6 +353,10 @@ void atfork_child() noexcept {
   // A reaper of the parent's (another thread) may have held it: the child
   // has none, and no pending frees once reset.
   new (&state().reap_mu) std::mutex;
+  // Write-locked in atfork_prepare by a thread the child lacks (a read-write
+  // lock knows its writer by thread id, and the child's differs): unlocking
+  // would not free it.
+  new (&state().tails_mu) std::shared_mutex;
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

@@ -10,8 +10,10 @@
 // is held only for table work, never across a driver call, and never by the
 // listener threads' descriptor path; State::cache_mu guards the export cache
 // (allocation id -> the real descriptor), the only thing the peer listener
-// reads. Lock order: mu before cache_mu, then the fork table's lock
-// (fork_table.h). Both are taken inside the gate.
+// reads; State::tails_mu guards the copy check's table of blocks with a
+// tail, which every copy and memset reads (shared) with no other lock. Lock
+// order: mu before cache_mu, then the fork table's lock (fork_table.h);
+// tails_mu last, nothing taken under it. All are taken inside the gate.
 #pragma once
 
 #include <vector>

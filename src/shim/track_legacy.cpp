@@ -49,11 +49,8 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   s.legacy_blocks.erase(b);
   maybe_shrink(s.legacy_blocks);
   auto m = s.ranges.find(dptr);
-  if (auto asked = s.block_asked.find(dptr); asked != s.block_asked.end()) {
-    if (m != s.ranges.end() && asked->second.bytes < m->second.size)
-      s.tailed_blocks.fetch_sub(1, std::memory_order_relaxed);
-    s.block_asked.erase(asked);
-  }
+  s.block_asked.erase(dptr);
+  drop_tail(s, dptr);
   if (m != s.ranges.end()) {
     *size = m->second.size;
     s.ranges.erase(m);
@@ -189,11 +186,12 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
     s.block_asked[addr] = State::BlockAsked{ctx, bytes};
-    if (bytes < size) s.tailed_blocks.fetch_add(1, std::memory_order_relaxed);
+    set_tail(s, addr, bytes, size);
   } catch (...) {
     {
       Lock l(s.mu);
       s.block_asked.erase(addr);
+      drop_tail(s, addr);
       auto b = s.legacy_blocks.find(addr);
       if (b != s.legacy_blocks.end() && b->second == id) s.legacy_blocks.erase(b);
       auto m = s.ranges.find(addr);

@@ -112,21 +112,32 @@ Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
   return block->offset < block->asked.bytes ? Served::kYes : Served::kTail;
 }
 
+void set_tail(State& s, uint64_t addr, uint64_t asked, uint64_t size) {
+  if (asked >= size) return;
+  std::unique_lock<std::shared_mutex> l(s.tails_mu);
+  s.tails[addr] = State::Tail{addr + asked, addr + size};
+  s.tailed_blocks.store(s.tails.size(), std::memory_order_relaxed);
+}
+
+void drop_tail(State& s, uint64_t addr) noexcept {
+  if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return;
+  std::unique_lock<std::shared_mutex> l(s.tails_mu);
+  s.tails.erase(addr);
+  s.tailed_blocks.store(s.tails.size(), std::memory_order_relaxed);
+}
+
 bool past_block(CUdeviceptr p, size_t n) noexcept {
   if (n == 0 || !active()) return false;  // a forked child drops the parent's blocks first
   State& s = state();
   if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return false;
   try {
-    Lock l(s.mu);
-    ServedBlock b;
-    switch (served_at_locked(s, p, &b)) {
-      case Served::kNo:
-        return false;
-      case Served::kTail:
-        return true;
-      case Served::kYes:
-        return n > b.asked.bytes - b.offset;
-    }
+    std::shared_lock<std::shared_mutex> l(s.tails_mu);
+    auto t = s.tails.upper_bound(p);
+    if (t == s.tails.begin()) return false;
+    --t;  // the last block at or below p
+    const State::Tail& tail = t->second;
+    if (p >= tail.end) return false;  // not in its mapping: the driver's to answer
+    return p >= tail.asked_end || n > tail.asked_end - p;
   } catch (...) {  // the driver's answer stands
   }
   return false;

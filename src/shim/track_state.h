@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -116,9 +117,23 @@ struct State {
     uint64_t bytes = 0;  ///< the size asked for (the mapping is rounded up)
   };
   std::unordered_map<uint64_t, BlockAsked> block_asked;  ///< cuMemAlloc address ->
-  /// Blocks of block_asked asked for fewer bytes than their mapping has (a
-  /// tail the driver's block lacks), read without s.mu: while none has one,
-  /// a copy or memset is not looked up (track_queries.cpp, past_block).
+  /// A block of block_asked asked for fewer bytes than its mapping has: the
+  /// tail, from the end of the bytes asked to the mapping's end, is memory
+  /// the driver's block lacks.
+  struct Tail {
+    uint64_t asked_end = 0;  ///< address + bytes asked
+    uint64_t end = 0;        ///< address + the mapping's size
+  };
+  /// The blocks with a tail, by address: what the range check of every copy
+  /// and memset looks up (track_queries.cpp, past_block), under tails_mu
+  /// alone (shared), so that copies on many threads neither wait for one
+  /// another nor for s.mu. Changed only under s.mu and then tails_mu
+  /// (exclusive), beside block_asked (set_tail and drop_tail); never s.mu
+  /// under tails_mu.
+  std::map<uint64_t, Tail> tails;
+  std::shared_mutex tails_mu;
+  /// tails.size(), read with no lock: while no block has a tail, a copy or
+  /// memset is not looked up.
   std::atomic<size_t> tailed_blocks{0};
   /// Blocks of legacy_blocks the application freed during a stream capture,
   /// freed at its first cuMemFree or cuMemFreeAsync after the capture

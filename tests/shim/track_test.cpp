@@ -386,6 +386,7 @@ int main(int argc, char** argv) {
       {"context_ipc", context_ipc},
       {"ipc_open_race", ipc_open_race},
       {"block_end", block_end},
+      {"block_end_threads", block_end_threads},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

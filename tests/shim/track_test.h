@@ -152,6 +152,7 @@ int ipc_open_race();
 
 // Copies and memsets at a served block's end (track_test_ranges.cpp).
 int block_end();
+int block_end_threads();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

@@ -6,9 +6,11 @@
 // what is refused here the shim refused. Helpers: track_test.h.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <thread>
 
 #include "tests/shim/track_test.h"
 
@@ -220,6 +222,74 @@ int block_end() {
   REQ_OK(cuMemsetD8(d + (4u << 20) - 16, 0x77, 16));
   REQ_OK(cuMemFree(d));
   REQ_OK(cuStreamDestroy(stream));
+  return 0;
+}
+
+/// The check's table of tailed blocks while it changes and across forks:
+/// two threads memset across a tailed block's end (refused) and up to it
+/// (done) while a third allocates and frees blocks with and without tails,
+/// checking each, and the main thread forks children that do the same with
+/// a block of their own (the table's lock, write-held by the forking thread,
+/// must be free in the child, whose thread is another).
+int block_end_threads() {
+  CUcontext ctx = nullptr;
+  REQ_OK(init_primary(&ctx));
+  CUdeviceptr d = 0;
+  REQ_OK(cuMemAlloc(&d, kAsked));
+  fill(d, 4u << 20, 0x11);
+  const CUdeviceptr end = d + kAsked;
+  const CUresult bad = CUDA_ERROR_INVALID_VALUE;
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::atomic<long> checks{0}, churned{0};
+  auto checker = [&] {
+    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++wrong;
+    while (!stop.load()) {
+      if (cuMemsetD8(end - 8, 0x44, 16) != bad) ++wrong;
+      if (cuMemsetD8(end - 8, 0x44, 8) != CUDA_SUCCESS) ++wrong;
+      ++checks;
+    }
+  };
+  auto churn = [&] {
+    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++wrong;
+    for (size_t i = 0; !stop.load(); ++i) {
+      const bool tailed = i % 3 != 0;
+      const size_t asked = tailed ? (1u << 20) + 4096 * (i % 200) + 1 : 2u << 20;
+      CUdeviceptr b = 0;
+      if (cuMemAlloc(&b, asked) != CUDA_SUCCESS) {
+        ++wrong;
+        return;
+      }
+      if (cuMemsetD8(b + asked - 8, 0x55, 8) != CUDA_SUCCESS) ++wrong;
+      if (tailed && cuMemsetD8(b + asked - 8, 0x55, 16) != bad) ++wrong;
+      if (cuMemFree(b) != CUDA_SUCCESS) ++wrong;
+      ++churned;
+    }
+  };
+  std::thread threads[] = {std::thread(checker), std::thread(checker), std::thread(churn)};
+  int children_failed = 0;
+  for (int k = 0; k < 8; ++k) {
+    Child c = spawn([](int) {
+      CUcontext own = nullptr;
+      FC_REQ(init_primary(&own) == CUDA_SUCCESS);
+      CUdeviceptr b = 0;
+      FC_REQ(cuMemAlloc(&b, kAsked) == CUDA_SUCCESS);
+      FC_REQ(cuMemsetD8(b + kAsked - 8, 0x66, 16) == CUDA_ERROR_INVALID_VALUE);
+      FC_REQ(cuMemsetD8(b + kAsked - 8, 0x66, 8) == CUDA_SUCCESS);
+      FC_REQ(cuMemFree(b) == CUDA_SUCCESS);
+      return 0;
+    });
+    if (c.join() != 0) ++children_failed;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : threads) t.join();
+  fprintf(stderr, "block_end_threads: %ld checks, %ld blocks churned, %d wrong\n", checks.load(),
+          churned.load(), wrong.load());
+  REQ(children_failed == 0);
+  REQ(wrong.load() == 0 && checks.load() > 0 && churned.load() > 0);
+  REQ(holds(d, kAsked - 8, kAsked, 0x44) && holds(d, kAsked, 4u << 20, 0x11));
+  REQ_OK(cuMemFree(d));
   return 0;
 }
 
