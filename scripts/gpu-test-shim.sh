@@ -114,6 +114,7 @@ done
 [[ -x "$work/context_ipc" ]] && TRACK=1 run_both context_ipc "$work/context_ipc"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes "$work/alloc_sizes"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_tail "$work/alloc_sizes" tail
+[[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_ipc_tail "$work/alloc_sizes" ipc_tail
 [[ -x "$work/capture_joins" ]] &&
   TRACK=1 run_both capture_joins bash -c \
     'for c in $(seq 1 19); do "$1" "$c"; done | sed -E "s/0x[0-9a-f]+/0x_/g"' _ "$work/capture_joins"

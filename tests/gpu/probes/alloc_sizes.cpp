@@ -7,13 +7,17 @@
 // address); for the first block, what the pointer
 // attributes answer there, one by one and together. With the
 // argument `tail`, only an IPC handle, copies and memsets at and across the
-// ends of three blocks (1 MiB, 2 MiB, 65537 bytes). Run on the driver alone
+// ends of three blocks (1 MiB, 2 MiB, 65537 bytes). With `ipc_tail`, the
+// same at the ends of such blocks as another process opened them from their
+// IPC handles (cuIpcOpenMemHandle). Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
 // to run.
 // Build: g++ -O1 -o alloc_sizes alloc_sizes.cpp -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 #include <cuda.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -139,7 +143,90 @@ static void tail_operations(size_t n) {
   std::printf("  free %s %s\n", name(cuMemFree(p)), name(cuMemFree(q)));
 }
 
+/// The sizes of the blocks ipc_tail opens.
+static const size_t kIpcSizes[] = {size_t(1) << 20, size_t(2) << 20, 65537};
+
+/// The exporter of ipc_tail (forked before cuInit): each block of kIpcSizes,
+/// after a 4 MiB one (whole pages, as in tail_operations), filled with 7s
+/// and its IPC handle sent; its bytes past the block are 9s where the block
+/// has a tail in its page. Waits for a byte, then frees them.
+static int ipc_exporter(int to_parent, int from_parent) {
+  if (!init_primary()) return 1;
+  CUdeviceptr q = 0;
+  if (cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS) return 1;
+  CUdeviceptr blocks[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    const size_t n = kIpcSizes[i];
+    CUipcMemHandle h{};
+    if (cuMemAlloc(&blocks[i], n) != CUDA_SUCCESS || cuMemsetD8(blocks[i], 7, n) != CUDA_SUCCESS ||
+        cuIpcGetMemHandle(&h, blocks[i]) != CUDA_SUCCESS)
+      return 1;
+    if (write(to_parent, &h, sizeof(h)) != sizeof(h)) return 1;
+  }
+  if (cuCtxSynchronize() != CUDA_SUCCESS) return 1;
+  char go;
+  if (read(from_parent, &go, 1) != 1) return 1;
+  for (CUdeviceptr b : blocks) cuMemFree(b);
+  cuMemFree(q);
+  return 0;
+}
+
+/// Copies and memsets at and across the end of an opened block of n bytes.
+static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
+  CUdeviceptr p = 0, q = 0;
+  std::printf("past a %zu-byte block opened from its IPC handle:\n", n);
+  const CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  std::printf("  cuIpcOpenMemHandle: %s\n", name(r));
+  if (r != CUDA_SUCCESS || cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS) return;
+  CUstream st = nullptr;
+  if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+  unsigned char buf[128] = {};
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult rg = cuMemGetAddressRange(&base, &size, p);
+  std::printf("  cuMemGetAddressRange: %s", name(rg));
+  if (rg == CUDA_SUCCESS) std::printf(", base%s size %zu", base == p ? "" : " elsewhere", size);
+  std::printf("\n  cuMemGetAddressRange one past: %s\n",
+              name(cuMemGetAddressRange(&base, &size, p + n)));
+  std::printf("  cuMemcpyDtoH up to the end: %s", name(cuMemcpyDtoH(buf, p + n - 16, 16)));
+  std::printf(", last byte %d\n", buf[15]);
+  std::printf("  cuMemsetD8 up to the end: %s\n", name(cuMemsetD8(p + n - 16, 0x5a, 16)));
+  std::printf("  cuMemcpyDtoH one past: %s\n", name(cuMemcpyDtoH(buf, p + n, 16)));
+  std::printf("  cuMemcpyDtoH across the end: %s\n", name(cuMemcpyDtoH(buf, p + n - 8, 16)));
+  std::printf("  cuMemcpyHtoD across the end: %s\n", name(cuMemcpyHtoD(p + n - 8, buf, 16)));
+  std::printf("  cuMemcpyDtoD across the end: %s\n", name(cuMemcpyDtoD(q, p + n - 8, 16)));
+  std::printf("  cuMemsetD8 one past: %s\n", name(cuMemsetD8(p + n, 0x5a, 16)));
+  std::printf("  cuMemsetD8 across the end: %s\n", name(cuMemsetD8(p + n - 8, 0x5a, 16)));
+  std::printf("  cuMemsetD8Async across the end: %s\n",
+              name(cuMemsetD8Async(p + n - 8, 0x5a, 16, st)));
+  std::printf("  cuStreamSynchronize: %s\n", name(cuStreamSynchronize(st)));
+  std::printf("  cuCtxSynchronize: %s\n", name(cuCtxSynchronize()));
+  cuStreamDestroy(st);
+  std::printf("  close %s, free %s\n", name(cuIpcCloseMemHandle(p)), name(cuMemFree(q)));
+}
+
+/// ipc_tail: a child exports blocks; this process opens each and copies at
+/// its end.
+static int ipc_tail() {
+  int up[2], down[2];
+  if (pipe(up) != 0 || pipe(down) != 0) return 1;
+  const pid_t pid = fork();
+  if (pid == 0) _exit(ipc_exporter(up[1], down[0]));
+  CUipcMemHandle h[3];
+  for (CUipcMemHandle& one : h)
+    if (read(up[0], &one, sizeof(one)) != sizeof(one)) return 1;
+  if (!init_primary()) return 1;
+  for (int i = 0; i < 3; ++i) ipc_tail_operations(h[i], kIpcSizes[i]);
+  std::fflush(stdout);
+  if (write(down[1], "g", 1) != 1) return 1;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::printf("exporter exit status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "ipc_tail") == 0) return ipc_tail();
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
                           100,
