@@ -55,8 +55,7 @@ Child spawn(const std::function<int(int)>& fn) {
 int Child::join() {
   if (sock >= 0) close(sock);
   sock = -1;
-  int status = 0;
-  if (pid > 0) waitpid(pid, &status, 0);
+  if (pid > 0 && waitpid(pid, &status, 0) != pid) status = 127 << 8;
   pid = -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

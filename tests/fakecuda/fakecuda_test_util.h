@@ -39,7 +39,9 @@ int run_child(const std::function<int()>& fn);
 struct Child {
   pid_t pid = -1;
   int sock = -1;  ///< parent's end
-  /// Waits for the child; returns its exit status.
+  int status = 127 << 8;  ///< its wait status once joined; a child never started failed
+  /// Waits for the child; returns its exit status (127 when spawn could not
+  /// start it; the same again when joined twice).
   int join();
   /// Ends a child still there (SIGKILL) and reaps it; nothing once joined.
   void kill();
