@@ -326,14 +326,12 @@ void atfork_prepare() noexcept {
   g_start_mu.lock();
   state().mu.lock();
   state().cache_mu.lock();
-  state().tails_mu.lock();
   conns_atfork_prepare();
   drain_atfork_prepare();
 }
 void atfork_parent() noexcept {
   drain_atfork_parent();
   conns_atfork_parent();
-  state().tails_mu.unlock();
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();
@@ -353,9 +351,9 @@ void atfork_child() noexcept {
   // A reaper of the parent's (another thread) may have held it: the child
   // has none, and no pending frees once reset.
   new (&state().reap_mu) std::mutex;
-  // Write-locked in atfork_prepare by a thread the child lacks (a read-write
-  // lock knows its writer by thread id, and the child's differs): unlocking
-  // would not free it.
+  // The copy check's lock may be read-held by a thread the child lacks, with
+  // no way to release it: renewed. The table it guards is whole (changed
+  // only under mu, held here).
   new (&state().tails_mu) std::shared_mutex;
   state().cache_mu.unlock();
   state().mu.unlock();

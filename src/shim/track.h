@@ -13,7 +13,8 @@
 // reads; State::tails_mu guards the copy check's table of blocks with a
 // tail, which every copy and memset reads (shared) with no other lock. Lock
 // order: mu before cache_mu, then the fork table's lock (fork_table.h);
-// tails_mu last, nothing taken under it. All are taken inside the gate.
+// tails_mu last, nothing taken under it (a fork does not take it: a forked
+// child renews it). All are taken inside the gate.
 #pragma once
 
 #include <vector>

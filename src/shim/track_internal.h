@@ -110,8 +110,8 @@ struct ServedBlock {
 /// (track_queries.cpp).
 Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block);
 /// Records (s.mu held) that the block at addr, a mapping of size bytes, was
-/// asked for fewer: the copy check's table (State::tails). Throws bad_alloc,
-/// leaving it unrecorded. A block asked for its whole mapping is not recorded.
+/// asked for fewer: the copy check's table (State::tails). Throws (out of
+/// memory), leaving it unrecorded. A block asked for its whole mapping is not recorded.
 void set_tail(State& s, uint64_t addr, uint64_t asked, uint64_t size);
 /// Forgets (s.mu held) the tail of the block at addr, if it has one.
 void drop_tail(State& s, uint64_t addr) noexcept;

@@ -229,8 +229,8 @@ int block_end() {
 /// two threads memset across a tailed block's end (refused) and up to it
 /// (done) while a third allocates and frees blocks with and without tails,
 /// checking each, and the main thread forks children that do the same with
-/// a block of their own (the table's lock, write-held by the forking thread,
-/// must be free in the child, whose thread is another).
+/// a block of their own (the table's lock, read-held by a copying thread the
+/// child lacks, must be free in the child).
 int block_end_threads() {
   CUcontext ctx = nullptr;
   REQ_OK(init_primary(&ctx));
@@ -260,15 +260,18 @@ int block_end_threads() {
         ++wrong;
         return;
       }
+      if (tailed) fill(b + asked, 16, 0x11);
       if (cuMemsetD8(b + asked - 8, 0x55, 8) != CUDA_SUCCESS) ++wrong;
-      if (tailed && cuMemsetD8(b + asked - 8, 0x55, 16) != bad) ++wrong;
+      if (tailed &&
+          (cuMemsetD8(b + asked - 8, 0x55, 16) != bad || !holds(b, asked, asked + 16, 0x11)))
+        ++wrong;
       if (cuMemFree(b) != CUDA_SUCCESS) ++wrong;
       ++churned;
     }
   };
   std::thread threads[] = {std::thread(checker), std::thread(checker), std::thread(churn)};
   int children_failed = 0;
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < 100; ++k) {  // a fork while a reader holds the lock, most runs
     Child c = spawn([](int) {
       CUcontext own = nullptr;
       FC_REQ(init_primary(&own) == CUDA_SUCCESS);
