@@ -49,7 +49,7 @@ void reset_inherited(State& s) {
   s.legacy_blocks.clear();
   s.block_asked.clear();
   {
-    std::unique_lock<std::shared_mutex> t(s.tails_mu);
+    std::unique_lock<WriterFirstLock> t(s.tails_mu);
     s.tails.clear();
     s.tailed_blocks.store(0);
   }
@@ -354,7 +354,7 @@ void atfork_child() noexcept {
   // The copy check's lock may be read-held by a thread the child lacks, with
   // no way to release it: renewed. The table it guards is whole (changed
   // only under mu, held here).
-  new (&state().tails_mu) std::shared_mutex;
+  state().tails_mu.renew();
   state().cache_mu.unlock();
   state().mu.unlock();
   g_start_mu.unlock();

@@ -8,6 +8,8 @@
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
+#include <shared_mutex>
+
 #include "shim/real_driver.h"
 #include "shim/track_internal.h"
 
@@ -114,14 +116,14 @@ Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
 
 void set_tail(State& s, uint64_t addr, uint64_t asked, uint64_t size) {
   if (asked >= size) return;
-  std::unique_lock<std::shared_mutex> l(s.tails_mu);
+  std::unique_lock<WriterFirstLock> l(s.tails_mu);
   s.tails[addr] = State::Tail{addr + asked, addr + size};
   s.tailed_blocks.store(s.tails.size(), std::memory_order_relaxed);
 }
 
 void drop_tail(State& s, uint64_t addr) noexcept {
   if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return;
-  std::unique_lock<std::shared_mutex> l(s.tails_mu);
+  std::unique_lock<WriterFirstLock> l(s.tails_mu);
   s.tails.erase(addr);
   s.tailed_blocks.store(s.tails.size(), std::memory_order_relaxed);
 }
@@ -131,7 +133,7 @@ bool past_block(CUdeviceptr p, size_t n) noexcept {
   State& s = state();
   if (s.tailed_blocks.load(std::memory_order_relaxed) == 0) return false;
   try {
-    std::shared_lock<std::shared_mutex> l(s.tails_mu);
+    std::shared_lock<WriterFirstLock> l(s.tails_mu);
     auto t = s.tails.upper_bound(p);
     if (t == s.tails.begin()) return false;
     --t;  // the last block at or below p

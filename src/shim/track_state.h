@@ -8,7 +8,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "shim/entries.h"
 #include "shim/held_fd.h"
 #include "shim/real_driver.h"
+#include "shim/rw_lock.h"
 
 /// The real driver's function `name` (nullptr when the driver lacks it).
 #define REAL(name) reinterpret_cast<decltype(&::name)>(real_entry(index_of(Entry::name)))
@@ -129,9 +129,9 @@ struct State {
   /// alone (shared), so that copies on many threads neither wait for one
   /// another nor for s.mu. Changed only under s.mu and then tails_mu
   /// (exclusive), beside block_asked (set_tail and drop_tail); never s.mu
-  /// under tails_mu.
+  /// under tails_mu. A writer waiting goes before readers after it.
   std::map<uint64_t, Tail> tails;
-  std::shared_mutex tails_mu;
+  WriterFirstLock tails_mu;
   /// tails.size(), read with no lock: while no block has a tail, a copy or
   /// memset is not looked up.
   std::atomic<size_t> tailed_blocks{0};
