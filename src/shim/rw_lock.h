@@ -1,7 +1,7 @@
 // A read-write lock that lets a waiting writer in before readers that come
 // after it. The default pthread (and std::shared_mutex) lock prefers
 // readers: threads that read without pause, each taking it while another
-// holds it, keep it held for ever and a writer waits for ever. The copy
+// holds it, can keep it held, and a writer waiting, without end. The copy
 // check's table (track_state.h) is read by every copy and memset on every
 // thread and written by cuMemAlloc and cuMemFree, which must not wait on
 // the workload's copies.
