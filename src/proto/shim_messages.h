@@ -311,8 +311,12 @@ struct IpcHandleBlob {
   uint64_t creator_start;
   uint64_t allocation;
   uint64_t offset;  ///< of the requested pointer inside the allocation
-  uint64_t size;    ///< of the cuMemAlloc block
-  uint64_t reserved[2];
+  uint64_t size;    ///< of the cuMemAlloc block's mapping (whole granules)
+  /// The bytes asked of the block, what the driver's block is (and what an
+  /// opener's queries and copies see, as on the driver); 0 (a handle of a
+  /// shim before it): size.
+  uint64_t asked;
+  uint64_t reserved[1];
 };
 static_assert(sizeof(IpcHandleBlob) == 64);
 inline constexpr char kIpcMagic[8] = {'C', 'U', 'S', 'N', 'I', 'P', 'C', '1'};

@@ -82,9 +82,10 @@ bool take_gone_open(State& s, const ContextMemory& m, CUcontext ctx, IpcOpen* ou
   const bool ours = it->alloc != 0;
   *out = *it;
   s.ipc.erase(it);
-  if (ours)
+  if (ours) {
     s.ranges.erase(out->address);
-  else if (s.foreign_alive)
+    drop_tail(s, out->address);
+  } else if (s.foreign_alive)
     s.foreign_alive--;
   return ours;
 }

@@ -96,21 +96,24 @@ CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size);
 
 /// Where an address lies against the blocks the shim serves.
 enum class Served {
-  kNo,    ///< in none
-  kYes,   ///< in a block's asked bytes
-  kTail,  ///< past a block's asked bytes, in its mapping's last granule
+  kNo,      ///< in none
+  kYes,     ///< in a block's asked bytes
+  kOpened,  ///< in the bytes asked of a block another process exported, as
+            ///< the shim opened it from its IPC handle
+  kTail,    ///< past the bytes asked of either, in its mapping's last granule
 };
 /// The block an address lies in.
 struct ServedBlock {
   uint64_t alloc = 0;       ///< its allocation's local id
   uint64_t offset = 0;      ///< the address's distance from the block's base
-  State::BlockAsked asked;  ///< what was asked of it
+  State::BlockAsked asked;  ///< what was asked of it (an open: the bytes, no context)
 };
-/// Where ptr lies (s.mu held); in a block (kYes, kTail), *block says which
-/// (track_queries.cpp).
+/// Where ptr lies (s.mu held); in a block (kYes, kOpened, kTail), *block
+/// says which (track_queries.cpp).
 Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block);
 /// Records (s.mu held) that the block at addr, a mapping of size bytes, was
-/// asked for fewer: the copy check's table (State::tails). Throws (out of
+/// asked for fewer (a served block, or an open of one another process
+/// exported): the copy check's table (State::tails). Throws (out of
 /// memory), leaving it unrecorded. A block asked for its whole mapping is not recorded.
 void set_tail(State& s, uint64_t addr, uint64_t asked, uint64_t size);
 /// Forgets (s.mu held) the tail of the block at addr, if it has one.

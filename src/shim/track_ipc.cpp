@@ -23,6 +23,7 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
   State& s = state();
   try {
     uint64_t id = 0;
+    uint64_t asked = 0;
     Alloc a;
     bool driver_block = false;
     {
@@ -34,6 +35,7 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
       if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;
       if (where == Served::kYes) {
         id = block.alloc;
+        asked = block.asked.bytes;
         a = s.allocs.at(id);
       } else if (range_containing(s.driver_blocks, dptr, [](const State::DriverBlock& b) {
                    return b.size;
@@ -61,6 +63,7 @@ CUresult ipc_get(decltype(&::cuIpcGetMemHandle) real, CUipcMemHandle* h,
     b.creator_start = a.key.start;
     b.allocation = a.key.id;
     b.size = a.size;
+    b.asked = asked;
     static_assert(sizeof(b) == sizeof(CUipcMemHandle));
     std::memcpy(h, &b, sizeof(b));
     return CUDA_SUCCESS;
@@ -153,7 +156,12 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
     }
     if (b.creator_pid == s.pid && b.creator_start == s.start_time)
       return CUDA_ERROR_INVALID_CONTEXT;
-    if (b.creator_pid <= 0 || b.allocation == 0 || b.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (b.creator_pid <= 0 || b.allocation == 0 || b.size == 0 || b.asked > b.size)
+      return CUDA_ERROR_INVALID_VALUE;
+    // The open is the bytes the exporter asked, as on the driver (measured
+    // on an H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail): the queries
+    // answer, and copies past them are refused, as for a served block.
+    const uint64_t asked = b.asked ? b.asked : b.size;
     CUcontext ctx = nullptr;
     CUdevice dev = 0;
     if (CUresult r = REAL(cuCtxGetCurrent)(&ctx); r != CUDA_SUCCESS) return r;
@@ -209,10 +217,17 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         Mapping m;
         m.size = b.size;
         m.alloc = id;
+        m.opened_asked = asked;
         union_access(&m.access, desc);
         auto at = st.ranges.emplace(addr, std::move(m)).first;
         try {
           st.ipc.push_back({ctx, id, addr, b.size, 1, dev});
+          try {
+            set_tail(st, addr, asked, b.size);
+          } catch (...) {
+            st.ipc.pop_back();
+            throw;
+          }
         } catch (...) {
           st.ranges.erase(at);
           throw;
@@ -280,6 +295,7 @@ CUresult ipc_close(decltype(&::cuIpcCloseMemHandle) real, CUdeviceptr dptr) noex
         o = *it;
         s.ipc.erase(it);
         s.ranges.erase(o.address);
+        drop_tail(s, o.address);
       }
     }
     if (foreign) {

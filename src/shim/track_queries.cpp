@@ -4,7 +4,9 @@
 // block being a VMM mapping underneath (measured: served-block-h100.log).
 // The mapping is whole 2 MiB granules, the driver's block the bytes asked:
 // an address past them is one the driver does not know (measured on an
-// H200: tests/gpu/probes/alloc_sizes.cpp), and is answered so.
+// H200: tests/gpu/probes/alloc_sizes.cpp), and is answered so. The same for
+// the shim's open of another process's block from its IPC handle, which is
+// the bytes the exporter asked on the driver (alloc_sizes.cpp ipc_tail).
 // Contract and locks: track.h; state: track_state.h; helpers: track_internal.h.
 #include "shim/track.h"
 
@@ -101,11 +103,26 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
   }
 }
 
+/// Rewrites the driver's answer for the mapping of an IPC open of the
+/// shim's into its answer for the open of the exporter's block: its size is
+/// the bytes the exporter asked for (measured for cuMemGetAddressRange on an
+/// H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail). The rest is the
+/// driver's answer for the mapping.
+void as_opened_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
+  if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = asked.bytes;
+}
+
 }  // namespace
 
 Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
   auto m = containing(s, ptr);
   if (m == s.ranges.end()) return Served::kNo;
+  if (const uint64_t asked = m->second.opened_asked) {
+    block->alloc = m->second.alloc;
+    block->offset = ptr - m->first;
+    block->asked = State::BlockAsked{nullptr, asked};
+    return block->offset < asked ? Served::kOpened : Served::kTail;
+  }
   auto b = s.block_asked.find(m->first);
   if (b == s.block_asked.end()) return Served::kNo;
   block->alloc = m->second.alloc;
@@ -156,6 +173,7 @@ CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
   if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
   const CUresult r = real(data, attr, ptr);
   if (r == CUDA_SUCCESS && data && where == Served::kYes) as_driver_block(attr, data, asked);
+  if (r == CUDA_SUCCESS && data && where == Served::kOpened) as_opened_block(attr, data, asked);
   return r;
 }
 
@@ -171,6 +189,8 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
       if (!data[i]) continue;
       if (where == Served::kYes)
         as_driver_block(attrs[i], data[i], asked);
+      else if (where == Served::kOpened)
+        as_opened_block(attrs[i], data[i], asked);
       else
         as_unknown(attrs[i], data[i]);
     }
@@ -193,7 +213,8 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* p
     return CUDA_ERROR_NOT_FOUND;
   }
   const CUresult r = real(pbase, psize, ptr);
-  if (r == CUDA_SUCCESS && psize && where == Served::kYes) *psize = asked.bytes;
+  if (r == CUDA_SUCCESS && psize && (where == Served::kYes || where == Served::kOpened))
+    *psize = asked.bytes;
   return r;
 }
 
@@ -205,7 +226,7 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
   try {
     State::BlockAsked asked;
     const Served where = served_at(ptr, &asked);
-    if (where == Served::kNo) return real(value, attr, ptr);
+    if (where == Served::kNo || where == Served::kOpened) return real(value, attr, ptr);
     if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
     // The driver's cuMemAlloc block takes the attribute (measured:
     // served-block-h100.log) that MPI and UCX transports set before an RDMA

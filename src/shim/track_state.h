@@ -70,6 +70,11 @@ struct Mapping {
   uint64_t alloc = 0;      ///< local allocation id, 0 for a multicast object
   uint64_t handle = 0;     ///< the logical handle it was mapped with (0: none)
   uint64_t multicast = 0;  ///< driver multicast handle mapped here, if any
+  /// A legacy IPC open of the shim's (track_ipc.cpp): the bytes the exporter
+  /// asked of its block, what the driver's open of it is (measured on an
+  /// H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail), the rest of the
+  /// mapping its tail. 0: not such an open.
+  uint64_t opened_asked = 0;
   std::vector<proto::AccessRecord> access;
   /// Devices whose access here (a cuMemAlloc block) came from peer access
   /// only; revoked again when the last such grant is disabled.

@@ -19,7 +19,8 @@ struct IpcHandle {
   uint32_t magic;
   int32_t pid;
   uint64_t id;
-  uint64_t size;
+  uint64_t size;       ///< the block's mapping, whole granules
+  uint64_t requested;  ///< the bytes asked of it: what an open of it is
 };
 static_assert(sizeof(IpcHandle) <= CU_IPC_HANDLE_SIZE);
 
@@ -59,7 +60,7 @@ FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) 
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
   if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_INVALID_VALUE;
-  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), a->id, a->size};
+  IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), a->id, a->size, a->requested};
   memset(pHandle, 0, sizeof *pHandle);
   memcpy(pHandle->reserved, &h, sizeof h);
   return CUDA_SUCCESS;
@@ -71,7 +72,8 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
     return CUDA_ERROR_INVALID_VALUE;
   IpcHandle h;
   memcpy(&h, handle.reserved, sizeof h);
-  if (h.magic != kIpcMagic || h.pid <= 0 || h.size == 0 || h.size % kGranularity)
+  if (h.magic != kIpcMagic || h.pid <= 0 || h.size == 0 || h.size % kGranularity ||
+      h.requested == 0 || h.requested > h.size)
     return CUDA_ERROR_INVALID_VALUE;
   if (h.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
   Driver& d = driver();
@@ -108,6 +110,10 @@ static CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int
   if (r != CUDA_SUCCESS) return r;
   Allocation* a = find_alloc(id);
   if (reused && a->kind != AllocKind::kIpcImport) return CUDA_ERROR_INVALID_VALUE;
+  // The open is the bytes the exporter asked, the rest of its mapping
+  // unknown, as on the driver (measured on an H100, driver 580.159.04:
+  // tests/gpu/probes/alloc_sizes.cpp ipc_tail).
+  a->requested = h.requested;
   uintptr_t va = 0;
   if ((r = reserve_va(a->size, kGranularity, 0, false, true, &va)) != CUDA_SUCCESS ||
       (r = map_range(va, a->size, 0, id)) != CUDA_SUCCESS) {

@@ -115,6 +115,42 @@ TEST_CASE("fakecuda: legacy IPC handles open the creator's cuMemAlloc memory") {
         CUDA_ERROR_INVALID_VALUE);  // creator gone
 }
 
+TEST_CASE("fakecuda: a legacy IPC open is the bytes the exporter asked") {
+  // As the real driver (measured on an H100, driver 580.159.04,
+  // tests/gpu/probes/alloc_sizes.cpp ipc_tail) for a 1 MiB block in its
+  // 2 MiB page: the open's range is 1 MiB, one past it is not found, and a
+  // copy or memset that starts there or crosses the end is refused.
+  REQUIRE(init_primary() == CUDA_SUCCESS);
+  CUipcMemHandle h;
+  Child creator = ipc_creator(0x4b, &h);
+  const size_t n = 1 << 20;
+  CUdeviceptr p = 0, base = 1, q = 0;
+  size_t size = 1, attr = 0;
+  REQUIRE(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&q, 4 << 20) == CUDA_SUCCESS);
+  CHECK(cuMemGetAddressRange(&base, &size, p + n - 1) == CUDA_SUCCESS);
+  CHECK((base == p && size == n));
+  CHECK(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == CUDA_SUCCESS);
+  CHECK(attr == n);
+  CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);
+  CHECK((base == 0 && size == 0));
+  unsigned char buf[32] = {};
+  CHECK(cuMemcpyDtoH(buf, p + n - 16, 16) == CUDA_SUCCESS);  // up to the end
+  CHECK(buf[15] == 0x4b);
+  CHECK(cuMemsetD8(p + n - 16, 0x5a, 16) == CUDA_SUCCESS);
+  CHECK(cuMemcpyDtoH(buf, p + n, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoH(buf, p + n - 8, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyHtoD(p + n - 8, buf, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemcpyDtoD(q, p + n - 8, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8(p + n, 0x5a, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemsetD8(p + n - 8, 0x5a, 16) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK(cuMemFree(q) == CUDA_SUCCESS);
+  CHECK(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+  REQUIRE(send_u64(creator.sock, 1));
+  CHECK(creator.join() == 0);
+}
+
 TEST_CASE("fakecuda: a legacy IPC open goes with the context it was made in") {
   // As the real driver (tests/gpu/probes/context_ipc.cpp, on an H100): the
   // address is unknown after, its close refused, a new open succeeds.

@@ -50,16 +50,17 @@ void apply_access(uintptr_t va, Mapping& m);
 Mapping* find_mapping(uintptr_t p, uintptr_t* base);
 /// The mapping containing p as the driver's queries see it (address range,
 /// pointer attributes), or nullptr; sets *base and *size (either may be
-/// NULL). A cuMemAlloc block is the size asked for (Allocation::requested),
-/// not its mapping's: the tail of its mapping is an address the driver does
-/// not know, as on the real driver (measured on an H200, driver 580.159.04,
-/// tests/gpu/probes/alloc_sizes.cpp).
+/// NULL). A cuMemAlloc block, and a legacy IPC open of one, is the size
+/// asked for (Allocation::requested), not its mapping's: the tail of its
+/// mapping is an address the driver does not know, as on the real driver
+/// (measured on an H200, driver 580.159.04, tests/gpu/probes/alloc_sizes.cpp;
+/// for an open on an H100, its ipc_tail).
 Mapping* find_known(uintptr_t p, uintptr_t* base, size_t* size);
 /// True when p lies inside a reservation (a device address).
 bool is_device_address(uintptr_t p);
 /// Checks that [p, p+n) is mapped device memory (with the access needed) or
-/// host memory the driver knows of. Past a cuMemAlloc block's bytes it is
-/// not: the driver refuses a copy or memset at or across a block's end
+/// host memory the driver knows of. Past a cuMemAlloc block's bytes (or an
+/// open's of one) it is not: the driver refuses a copy or memset at or across a block's end
 /// (INVALID_VALUE; measured on an H100, driver 580.159.04,
 /// tests/gpu/probes/alloc_sizes.cpp tail).
 CUresult check_range(uintptr_t p, size_t n, bool write);

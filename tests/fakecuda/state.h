@@ -102,9 +102,10 @@ struct Allocation {
   ino_t st_ino = 0;
   CUmemAllocationProp prop{};
   const void* owner = nullptr;  ///< a cuMemAlloc block's context (its Context*)
-  /// A cuMemAlloc block's bytes as asked for, 0 for other kinds: the size
-  /// the driver reports of the block, whose mapping is rounded up to
-  /// kGranularity (find_known, memory.h).
+  /// A cuMemAlloc block's bytes as asked for (of a legacy IPC import, the
+  /// exporter's block's), 0 for other kinds: the size the driver reports of
+  /// the block, whose mapping is rounded up to kGranularity (find_known,
+  /// memory.h).
   size_t requested = 0;
   int handle_refs = 0;    ///< create/import/retain minus release
   int map_refs = 0;       ///< live mappings

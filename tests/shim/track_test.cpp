@@ -387,6 +387,7 @@ int main(int argc, char** argv) {
       {"ipc_open_race", ipc_open_race},
       {"block_end", block_end},
       {"block_end_threads", block_end_threads},
+      {"ipc_block_end", ipc_block_end},
   };
   auto it = scenarios.find(argv[1]);
   int rc = it == scenarios.end() ? 2 : it->second();

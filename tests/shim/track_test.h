@@ -153,6 +153,7 @@ int ipc_open_race();
 // Copies and memsets at a served block's end (track_test_ranges.cpp).
 int block_end();
 int block_end_threads();
+int ipc_block_end();
 
 // Processes: fork children, a busy creator, hostile peers, no cusnap
 // (track_test.cpp).

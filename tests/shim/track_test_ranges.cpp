@@ -325,3 +325,148 @@ int block_end_threads() {
 }
 
 }  // namespace track_test
+
+namespace track_test {
+
+namespace {
+
+/// Maps a fresh 4 MiB VMM allocation at `at` (a reservation asked there) and
+/// memsets the 16 bytes from kAsked into it: false when it lands elsewhere
+/// or is refused. Where an IPC open with a tail was, a tail the shim kept
+/// after the open went would refuse the memset.
+bool fresh_mapping_at(CUdeviceptr at) {
+  const size_t size = 4u << 20;
+  CUdeviceptr va = 0;
+  if (cuMemAddressReserve(&va, size, 0, at, 0) != CUDA_SUCCESS) return false;
+  bool ok = va == at;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ok = ok && cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS;
+  const bool mapped = ok && cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS;
+  ok = mapped && cuMemSetAccess(va, size, &acc, 1) == CUDA_SUCCESS;
+  ok = ok && cuMemsetD8(va + kAsked, 0x77, 16) == CUDA_SUCCESS;
+  ok = ok && cuCtxSynchronize() == CUDA_SUCCESS;
+  if (mapped) cuMemUnmap(va, size);
+  if (h) cuMemRelease(h);
+  cuMemAddressFree(va, size);
+  return ok;
+}
+
+}  // namespace
+
+/// A block another process exported, opened from its IPC handle, is the bytes
+/// the exporter asked, as on the driver (measured on an H100:
+/// tests/gpu/probes/alloc_sizes.cpp ipc_tail), though the shim maps the
+/// exporter's whole granules: the range and RANGE_SIZE say so, one past is
+/// unknown, every copy and memset entry refuses what crosses the end. An
+/// open of a whole-granule block has no tail; the handle of a shim that
+/// carried no size asked opens whole; a size asked past the mapping is
+/// refused. Once the open is closed, or its context destroyed, its tail is
+/// forgotten.
+int ipc_block_end() {
+  REQ_OK(init_primary());
+  CUdeviceptr d = 0, w = 0;
+  REQ_OK(cuMemAlloc(&d, kAsked));
+  REQ_OK(cuMemAlloc(&w, 2u << 20));
+  fill(d, 4u << 20, 0x11);
+  CUipcMemHandle hd, hw;
+  REQ_OK(cuIpcGetMemHandle(&hd, d));
+  REQ_OK(cuIpcGetMemHandle(&hw, w));
+  proto::IpcHandleBlob b;
+  memcpy(&b, &hd, sizeof b);
+  REQ(b.size == 4u << 20 && b.asked == kAsked);
+  Child c = spawn([&](int) {
+    CUcontext ctx = nullptr;
+    FC_REQ(init_primary(&ctx) == CUDA_SUCCESS);
+    CUstream st = nullptr;
+    FC_REQ(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr p = 0, e = 0, base = 1;
+    size_t size = 1, attr = 0;
+    FC_REQ(cuIpcOpenMemHandle(&p, hd, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuMemAlloc(&e, 2u << 20) == CUDA_SUCCESS);
+    FC_REQ(cuMemGetAddressRange(&base, &size, p + kAsked - 1) == CUDA_SUCCESS);
+    FC_REQ(base == p && size == kAsked);
+    FC_REQ(cuMemGetAddressRange(&base, &size, p + kAsked) == CUDA_ERROR_NOT_FOUND);
+    FC_REQ(base == 0 && size == 0);
+    FC_REQ(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == CUDA_SUCCESS);
+    FC_REQ(attr == kAsked);
+    FC_REQ(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + kAsked) ==
+           CUDA_ERROR_INVALID_VALUE);
+    {
+      CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+      size_t range_size = 1;
+      int ordinal = 0;
+      void* data[2] = {&range_size, &ordinal};
+      FC_REQ(cuPointerGetAttributes(2, which, data, p + 8) == CUDA_SUCCESS);
+      FC_REQ(range_size == kAsked && ordinal == 0);
+      FC_REQ(cuPointerGetAttributes(2, which, data, p + kAsked) == CUDA_SUCCESS);
+      FC_REQ(range_size == 0 && ordinal == -2);  // as for an address the driver does not know
+    }
+    uint8_t host[64];
+    memset(host, 0x22, sizeof host);
+    FC_REQ(every_entry(p + kAsked, e, ctx, st, host) == 0);
+    FC_REQ(cuStreamSynchronize(st) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS);
+    FC_REQ(holds(p, kAsked - 8, kAsked, 0x22) && holds(p, kAsked, 4u << 20, 0x11));
+    FC_REQ(holds(p, 0, kAsked - 80, 0x11));
+
+    // A whole-granule block: its end is the mapping's, the driver's to answer.
+    CUdeviceptr q = 0;
+    FC_REQ(cuIpcOpenMemHandle(&q, hw, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuMemGetAddressRange(&base, &size, q) == CUDA_SUCCESS && size == 2u << 20);
+    FC_REQ(cuMemsetD8(q + (2u << 20) - 16, 0x66, 16) == CUDA_SUCCESS);
+    FC_REQ(cuIpcCloseMemHandle(q) == CUDA_SUCCESS);
+
+    // Closed, the open's tail goes with it.
+    const CUdeviceptr was = p;
+    FC_REQ(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+    FC_REQ(fresh_mapping_at(was));
+    // A handle with no size asked (a shim before it carried one) opens
+    // whole; one asking past the mapping is refused.
+    proto::IpcHandleBlob old;
+    memcpy(&old, &hd, sizeof old);
+    old.asked = 0;
+    CUipcMemHandle h;
+    memcpy(&h, &old, sizeof h);
+    FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuMemGetAddressRange(&base, &size, p) == CUDA_SUCCESS && size == 4u << 20);
+    FC_REQ(cuMemsetD8(p + kAsked, 0x33, 16) == CUDA_SUCCESS);
+    FC_REQ(cuCtxSynchronize() == CUDA_SUCCESS);
+    FC_REQ(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
+    old.asked = old.size + 1;
+    memcpy(&h, &old, sizeof h);
+    FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+           CUDA_ERROR_INVALID_VALUE);
+
+    // Opened in a context that is then destroyed: the tail goes with it.
+    CUdevice dev = 0;
+    CUcontext own = nullptr;
+    FC_REQ(cuCtxGetDevice(&dev) == CUDA_SUCCESS);
+    FC_REQ(cuCtxCreate(&own, nullptr, 0, dev) == CUDA_SUCCESS);
+    FC_REQ(cuIpcOpenMemHandle(&p, hd, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuMemsetD8(p + kAsked - 8, 0x44, 16) == CUDA_ERROR_INVALID_VALUE);
+    FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
+    FC_REQ(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    FC_REQ(fresh_mapping_at(p));
+
+    proto::ShimRecords rr;
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.ipc.empty());
+    FC_REQ(cuMemFree(e) == CUDA_SUCCESS);
+    FC_REQ(cuStreamDestroy(st) == CUDA_SUCCESS);
+    return 0;
+  });
+  REQ(c.join() == 0);
+  REQ(holds(d, kAsked - 8, kAsked, 0x22) && holds(d, kAsked, kAsked + 16, 0x33));
+  REQ_OK(cuMemFree(d));
+  REQ_OK(cuMemFree(w));
+  return 0;
+}
+
+}  // namespace track_test

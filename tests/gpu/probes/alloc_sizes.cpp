@@ -9,7 +9,9 @@
 // argument `tail`, only an IPC handle, copies and memsets at and across the
 // ends of three blocks (1 MiB, 2 MiB, 65537 bytes). With `ipc_tail`, the
 // same at the ends of such blocks as another process opened them from their
-// IPC handles (cuIpcOpenMemHandle). Run on the driver alone
+// IPC handles (cuIpcOpenMemHandle); with `ipc_attrs`, the pointer attributes
+// of such an open at its base and one past its end, and whether it can be
+// exported again (cuIpcGetMemHandle). Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -52,6 +54,24 @@ static void range(const char* what, CUdeviceptr p, CUdeviceptr block) {
                 static_cast<long long>(base - block), size);
 }
 
+/// An attribute's value as printed: a context as the current one or
+/// another, a buffer id as nonzero (both differ from run to run), an
+/// address as such, anything else in hex.
+static void print_value(CUpointer_attribute a, unsigned long long v) {
+  CUcontext cur = nullptr;
+  if (a == CU_POINTER_ATTRIBUTE_CONTEXT && v != 0) {
+    cuCtxGetCurrent(&cur);
+    std::printf(" %s", v == reinterpret_cast<unsigned long long>(cur) ? "the current context"
+                                                                      : "another context");
+  } else if (a == CU_POINTER_ATTRIBUTE_BUFFER_ID && v != 0) {
+    std::printf(" nonzero");
+  } else if (v < (1ull << 32) || v > ~0xffffull) {
+    std::printf(" %#llx", v);
+  } else {
+    std::printf(" an address");
+  }
+}
+
 /// The pointer attributes of p, one at a time and all in one
 /// cuPointerGetAttributes (wide enough variables, zeroed first).
 static void attributes(CUdeviceptr p) {
@@ -80,8 +100,12 @@ static void attributes(CUdeviceptr p) {
     const CUresult r = cuPointerGetAttribute(&v, kAttrs[i].a, p);
     std::printf("   %-28s %s", kAttrs[i].name, name(r));
     if (r != CUDA_SUCCESS) std::printf(" (%s)", v == kUntouched ? "untouched" : "written");
-    if (r == CUDA_SUCCESS && v < (1ull << 32)) std::printf(" %#llx", v);
-    if (r == CUDA_SUCCESS && v >= (1ull << 32)) std::printf(" an address");
+    // What the driver wrote in a narrower variable: the rest still untouched.
+    if ((v >> 8) == (kUntouched >> 8))
+      v &= 0xff;
+    else if ((v >> 32) == (kUntouched >> 32))
+      v &= 0xffffffffull;
+    if (r == CUDA_SUCCESS) print_value(kAttrs[i].a, v);
     std::printf("\n");
     which[i] = kAttrs[i].a;
     data[i] = &all[i];
@@ -89,11 +113,9 @@ static void attributes(CUdeviceptr p) {
   const CUresult r = cuPointerGetAttributes(n, which, data, p);
   std::printf("   cuPointerGetAttributes: %s\n", name(r));
   for (unsigned i = 0; r == CUDA_SUCCESS && i < n; ++i) {
-    const unsigned long long v = all[i];  // an address differs from run to run
-    if (v < (1ull << 32) || v > ~0xffffull)
-      std::printf("   %-28s %#llx\n", kAttrs[i].name, v);
-    else
-      std::printf("   %-28s an address\n", kAttrs[i].name);
+    std::printf("   %-28s", kAttrs[i].name);
+    print_value(kAttrs[i].a, all[i]);
+    std::printf("\n");
   }
 }
 
@@ -209,10 +231,27 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
   std::printf("  close %s, free %s\n", name(cuIpcCloseMemHandle(p)), name(cuMemFree(q)));
 }
 
-/// ipc_tail: a child exports blocks; this process opens each and copies at
-/// its end. Each side holds only its own ends of the pipes, so either one
-/// ending early ends the other's wait.
-static int ipc_tail() {
+/// The pointer attributes of an opened block of n bytes, at its base and one
+/// past its end, and cuIpcGetMemHandle of the open.
+static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
+  CUdeviceptr p = 0;
+  std::printf("a %zu-byte block opened from its IPC handle:\n", n);
+  const CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  std::printf("  cuIpcOpenMemHandle: %s\n", name(r));
+  if (r != CUDA_SUCCESS) return;
+  std::printf("  at its base:\n");
+  attributes(p);
+  std::printf("  one past its end:\n");
+  attributes(p + n);
+  CUipcMemHandle again;
+  std::printf("  cuIpcGetMemHandle of the open: %s\n", name(cuIpcGetMemHandle(&again, p)));
+  std::printf("  close %s\n", name(cuIpcCloseMemHandle(p)));
+}
+
+/// ipc_tail and ipc_attrs: a child exports blocks; this process opens each
+/// and runs per_block on it. Each side holds only its own ends of the pipes,
+/// so either one ending early ends the other's wait.
+static int ipc_blocks(void (*per_block)(CUipcMemHandle, size_t)) {
   int up[2], down[2];
   if (pipe(up) != 0 || pipe(down) != 0) return 1;
   std::fflush(stdout);
@@ -231,7 +270,7 @@ static int ipc_tail() {
   if (got && !init_primary())
     std::printf("cuInit failed\n");
   else if (got)
-    for (int i = 0; i < 3; ++i) ipc_tail_operations(h[i], kIpcSizes[i]);
+    for (int i = 0; i < 3; ++i) per_block(h[i], kIpcSizes[i]);
   std::fflush(stdout);
   close(down[1]);  // the exporter frees its blocks and ends
   close(up[0]);
@@ -242,7 +281,8 @@ static int ipc_tail() {
 }
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "ipc_tail") == 0) return ipc_tail();
+  if (argc > 1 && std::strcmp(argv[1], "ipc_tail") == 0) return ipc_blocks(ipc_tail_operations);
+  if (argc > 1 && std::strcmp(argv[1], "ipc_attrs") == 0) return ipc_blocks(ipc_attr_queries);
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
                           100,
