@@ -70,7 +70,11 @@ bool still_capturing(CUstream s, bool ptsz) {
   return is && is(pt ? nullptr : s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/// Whether thread tid of this process has exited (errno kept).
+/// Whether thread tid of this process has exited (errno kept). Late: a
+/// thread's id is cleared for pthread_join before the kernel lets it go, so
+/// for a moment after a join the thread is still found (thread_exiting is
+/// what drops its captures on time; this, those of a thread that ran no
+/// destructors).
 bool thread_gone(long tid) {
   const int saved = errno;
   const bool gone = ::syscall(SYS_tgkill, ::getpid(), tid, 0) != 0 && errno == ESRCH;
@@ -78,10 +82,33 @@ bool thread_gone(long tid) {
   return gone;
 }
 
+/// Run as a thread that began a capture on its default stream exits (a
+/// thread-specific value's destructor, before the thread's id is cleared):
+/// its captures can never end, so they are dropped.
+void thread_exiting(void*) noexcept {
+  const long self = static_cast<long>(::syscall(SYS_gettid));
+  PthreadLock l(&g_mu);
+  for (Origin& o : g_origins)
+    if (o.used && o.tid == self) drop_locked(&o);
+}
+
+pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+pthread_key_t g_exit_key;
+bool g_exit_key_made = false;  // written once, under g_exit_once
+
+/// Arms thread_exiting in the calling thread (no key: thread_gone only).
+void on_thread_exit() noexcept {
+  pthread_once(&g_exit_once,
+               [] { g_exit_key_made = pthread_key_create(&g_exit_key, thread_exiting) == 0; });
+  if (g_exit_key_made && !pthread_getspecific(g_exit_key))
+    pthread_setspecific(g_exit_key, reinterpret_cast<void*>(1));
+}
+
 }  // namespace
 
 void began(CUstream s, bool ptsz) noexcept {
   const Origin k = key_of(s, ptsz);
+  if (k.tid) on_thread_exit();
   PthreadLock l(&g_mu);
   if (find_locked(k)) return;
   for (Origin& o : g_origins)

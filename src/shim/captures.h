@@ -21,7 +21,8 @@
 namespace cusnap::shim::captures {
 
 /// After a successful cuStreamBeginCapture* on s (ptsz: the per-thread
-/// default stream for 0).
+/// default stream for 0). On a thread's default stream, the capture is
+/// dropped as the thread exits (a thread-specific value's destructor).
 void began(CUstream s, bool ptsz) noexcept;
 /// After cuStreamEndCapture* on s, which returned r.
 void ended(CUstream s, bool ptsz, CUresult r) noexcept;
