@@ -218,6 +218,7 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         m.size = b.size;
         m.alloc = id;
         m.opened_asked = asked;
+        m.opened_ctx = ctx;
         union_access(&m.access, desc);
         auto at = st.ranges.emplace(addr, std::move(m)).first;
         try {

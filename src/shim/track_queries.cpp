@@ -104,12 +104,14 @@ void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsk
 }
 
 /// Rewrites the driver's answer for the mapping of an IPC open of the
-/// shim's into its answer for the open of the exporter's block: its size is
-/// the bytes the exporter asked for (measured for cuMemGetAddressRange on an
-/// H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail). The rest is the
-/// driver's answer for the mapping.
+/// shim's into its answer for the open of the exporter's block (measured on
+/// an H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail and ipc_attrs): its
+/// size is the bytes the exporter asked for, its context the one it was
+/// opened in (the mapping has none: 0). The rest of the mapping's answer is
+/// the open's: not legacy-IPC capable, no shareable handle types.
 void as_opened_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
   if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = asked.bytes;
+  if (attr == CU_POINTER_ATTRIBUTE_CONTEXT && asked.ctx) *static_cast<CUcontext*>(data) = asked.ctx;
 }
 
 }  // namespace
@@ -120,7 +122,7 @@ Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
   if (const uint64_t asked = m->second.opened_asked) {
     block->alloc = m->second.alloc;
     block->offset = ptr - m->first;
-    block->asked = State::BlockAsked{nullptr, asked};
+    block->asked = State::BlockAsked{m->second.opened_ctx, asked};
     return block->offset < asked ? Served::kOpened : Served::kTail;
   }
   auto b = s.block_asked.find(m->first);

@@ -75,6 +75,9 @@ struct Mapping {
   /// H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail), the rest of the
   /// mapping its tail. 0: not such an open.
   uint64_t opened_asked = 0;
+  /// Such an open's context, what its CU_POINTER_ATTRIBUTE_CONTEXT names on
+  /// the driver (alloc_sizes.cpp ipc_attrs; the mapping's answer is none).
+  CUcontext opened_ctx = nullptr;
   std::vector<proto::AccessRecord> access;
   /// Devices whose access here (a cuMemAlloc block) came from peer access
   /// only; revoked again when the last such grant is disabled.

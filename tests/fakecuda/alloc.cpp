@@ -330,6 +330,13 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
   Allocation* a = find_alloc(m->alloc);
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
+      // A legacy IPC open: the context it was opened in (measured on an
+      // H100, driver 580.159.04: tests/gpu/probes/alloc_sizes.cpp ipc_attrs).
+      if (auto o = d.ipc_opens.find(base); o != d.ipc_opens.end()) {
+        *static_cast<CUcontext*>(data) =
+            reinterpret_cast<CUcontext>(const_cast<void*>(o->second.owner));
+        return CUDA_SUCCESS;
+      }
       *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -354,10 +361,30 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<int*>(data) = a->kind == AllocKind::kLegacy;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      *static_cast<unsigned long long*>(data) = a->prop.requestedHandleTypes;
+      // None for memory another process created: a legacy IPC open, and a
+      // VMM allocation imported from its POSIX descriptor (measured as for
+      // CONTEXT, the second under the shim, which opens a handle so).
+      *static_cast<unsigned long long*>(data) = a->imported ? 0 : a->prop.requestedHandleTypes;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       *static_cast<unsigned long long*>(data) = a->id;
+      return CUDA_SUCCESS;
+    // Device memory that is not managed, from no pool, and the access the
+    // current context's device has to it (served-block-h100.log, for a
+    // cuMemAlloc block and a VMM mapping; alloc_sizes.cpp ipc_attrs for a
+    // legacy IPC open). cuda.h gives the first two no width: the lowest byte.
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<unsigned char*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: {
+      const Context* c = current_ctx();
+      const CUdevice dev =
+          valid_ctx(reinterpret_cast<CUcontext>(const_cast<Context*>(c))) ? c->dev : a->dev;
+      *static_cast<unsigned char*>(data) = m->access[dev];
+      return CUDA_SUCCESS;
+    }
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<CUmemoryPool*>(data) = nullptr;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
       // A cuMemAlloc block is; a VMM allocation only when created so

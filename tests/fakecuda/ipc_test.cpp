@@ -132,6 +132,20 @@ TEST_CASE("fakecuda: a legacy IPC open is the bytes the exporter asked") {
   CHECK((base == p && size == n));
   CHECK(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == CUDA_SUCCESS);
   CHECK(attr == n);
+  // Its context is the one it was opened in; not legacy-IPC capable, no
+  // shareable handle types (alloc_sizes.cpp ipc_attrs, on the same H100).
+  CUcontext ctx = nullptr, cur = nullptr;
+  CHECK(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS);
+  CHECK(cuCtxGetCurrent(&cur) == CUDA_SUCCESS);
+  CHECK(ctx == cur);
+  unsigned long long types = 1;
+  int capable = 1;
+  CHECK(cuPointerGetAttribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p) ==
+        CUDA_SUCCESS);
+  CHECK(types == 0);
+  CHECK(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
+        CUDA_SUCCESS);
+  CHECK(capable == 0);
   CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);
   CHECK((base == 0 && size == 0));
   unsigned char buf[32] = {};

@@ -398,16 +398,23 @@ int ipc_block_end() {
     FC_REQ(attr == kAsked);
     FC_REQ(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + kAsked) ==
            CUDA_ERROR_INVALID_VALUE);
+    // Its context is the one it was opened in (the mapping has none).
+    CUcontext in = nullptr;
+    FC_REQ(cuPointerGetAttribute(&in, CU_POINTER_ATTRIBUTE_CONTEXT, p + 8) == CUDA_SUCCESS);
+    FC_REQ(in == ctx);
     {
-      CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+      CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      CU_POINTER_ATTRIBUTE_CONTEXT};
       size_t range_size = 1;
       int ordinal = 0;
-      void* data[2] = {&range_size, &ordinal};
-      FC_REQ(cuPointerGetAttributes(2, which, data, p + 8) == CUDA_SUCCESS);
-      FC_REQ(range_size == kAsked && ordinal == 0);
-      FC_REQ(cuPointerGetAttributes(2, which, data, p + kAsked) == CUDA_SUCCESS);
-      FC_REQ(range_size == 0 && ordinal == -2);  // as for an address the driver does not know
+      in = nullptr;
+      void* data[3] = {&range_size, &ordinal, &in};
+      FC_REQ(cuPointerGetAttributes(3, which, data, p + 8) == CUDA_SUCCESS);
+      FC_REQ(range_size == kAsked && ordinal == 0 && in == ctx);
+      FC_REQ(cuPointerGetAttributes(3, which, data, p + kAsked) == CUDA_SUCCESS);
+      // As for an address the driver does not know.
+      FC_REQ(range_size == 0 && ordinal == -2 && in == nullptr);
     }
     uint8_t host[64];
     memset(host, 0x22, sizeof host);
@@ -450,6 +457,8 @@ int ipc_block_end() {
     FC_REQ(cuCtxGetDevice(&dev) == CUDA_SUCCESS);
     FC_REQ(cuCtxCreate(&own, nullptr, 0, dev) == CUDA_SUCCESS);
     FC_REQ(cuIpcOpenMemHandle(&p, hd, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
+    FC_REQ(cuPointerGetAttribute(&in, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS);
+    FC_REQ(in == own);
     FC_REQ(cuMemsetD8(p + kAsked - 8, 0x44, 16) == CUDA_ERROR_INVALID_VALUE);
     FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
     FC_REQ(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
