@@ -337,7 +337,17 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
             reinterpret_cast<CUcontext>(const_cast<void*>(o->second.owner));
         return CUDA_SUCCESS;
       }
-      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]);
+      // A cuMemAlloc block: the context it was allocated in (cuda.h: "the
+      // CUcontext in which ptr was allocated"). A VMM allocation imported
+      // from another process: none (measured as for an IPC open, under the
+      // shim, which maps such an import). Other memory (a VMM allocation
+      // created here; not measured): the device's primary context.
+      if (a->kind == AllocKind::kLegacy && a->owner)
+        *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(const_cast<void*>(a->owner));
+      else if (a->imported)
+        *static_cast<CUcontext*>(data) = nullptr;
+      else
+        *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE;

@@ -262,6 +262,13 @@ TEST_CASE("fakecuda: a context's cuMemAlloc blocks go with it, its VMM memory st
           FC_REQ(cuMemAlloc(&a, 16) == CUDA_SUCCESS);
           VmmBuffer v;
           FC_REQ(vmm_create(2 << 20, &v) == CUDA_SUCCESS);
+          // The block names the context it was allocated in (cuda.h), the
+          // VMM mapping the device's primary context.
+          CUcontext of = nullptr;
+          FC_REQ(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_CONTEXT, a) == CUDA_SUCCESS);
+          FC_REQ(of == own);
+          FC_REQ(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_CONTEXT, v.ptr) == CUDA_SUCCESS);
+          FC_REQ(of != own);
           FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
           FC_REQ(maps_line(a).find("memfd") == std::string::npos);      // gone
           FC_REQ(maps_line(v.ptr).find("memfd") != std::string::npos);  // stays
