@@ -267,9 +267,13 @@ struct ShimRecords {
   uint64_t driver_blocks = 0;
   uint64_t driver_ipc_exports = 0;
   std::string driver_block_why;
+  /// Served blocks and legacy IPC opens whose mapping is longer than the
+  /// bytes asked, whose copies are range-checked (the shim's copy check);
+  /// 0 in records of earlier versions.
+  uint64_t tailed_blocks = 0;
   MSGPACK_DEFINE_MAP(format, pid, start_time, allocations, mappings, ipc, multicast,
                      foreign_imports_alive, foreign_imports_total, sharing_calls, driver_blocks,
-                     driver_ipc_exports, driver_block_why);
+                     driver_ipc_exports, driver_block_why, tailed_blocks);
 };
 
 /// The largest size a record may give an allocation, a mapping or a

@@ -158,6 +158,7 @@ TEST_SUITE("proto.shim_messages") {
     CHECK(back.driver_blocks == 0);
     CHECK(back.driver_ipc_exports == 0);
     CHECK(back.driver_block_why.empty());
+    CHECK(back.tailed_blocks == 0);
   }
 
   TEST_CASE("cut requests: hold_ms is optional both ways (protocol version 1)") {

@@ -86,6 +86,7 @@ bool thread_gone(long tid) {
 /// thread-specific value's destructor, before the thread's id is cleared):
 /// its captures can never end, so they are dropped.
 void thread_exiting(void*) noexcept {
+  if (g_count.load(std::memory_order_acquire) == 0) return;
   const long self = static_cast<long>(::syscall(SYS_gettid));
   PthreadLock l(&g_mu);
   for (Origin& o : g_origins)
@@ -96,10 +97,13 @@ pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
 pthread_key_t g_exit_key;
 bool g_exit_key_made = false;  // written once, under g_exit_once
 
+void make_exit_key() {
+  g_exit_key_made = pthread_key_create(&g_exit_key, thread_exiting) == 0;
+}
+
 /// Arms thread_exiting in the calling thread (no key: thread_gone only).
 void on_thread_exit() noexcept {
-  pthread_once(&g_exit_once,
-               [] { g_exit_key_made = pthread_key_create(&g_exit_key, thread_exiting) == 0; });
+  pthread_once(&g_exit_once, make_exit_key);
   if (g_exit_key_made && !pthread_getspecific(g_exit_key))
     pthread_setspecific(g_exit_key, reinterpret_cast<void*>(1));
 }

@@ -421,6 +421,7 @@ proto::ShimRecords snapshot(State& s) {
   r.driver_ipc_exports = s.driver_ipc_exports;
   r.driver_block_why = s.driver_block_why;
   r.sharing_calls = s.sharing_calls.load();
+  r.tailed_blocks = s.tailed_blocks.load(std::memory_order_relaxed);
   return r;
 }
 

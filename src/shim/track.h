@@ -115,12 +115,13 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
 CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* base, size_t* size,
                        CUdeviceptr ptr) noexcept;
 /// Whether a copy or memset of the bytes [p, p + n) reaches past the bytes
-/// asked of a block the shim serves: it starts in the rest of the mapping's
-/// last granule or crosses the block's end, which the driver refuses for its
-/// own block (INVALID_VALUE; measured on an H100:
-/// tests/gpu/probes/alloc_sizes.cpp tail). While no served block has such a
-/// tail (sizes of whole granules, as PyTorch's caching allocator asks), a few
-/// atomic loads; otherwise a lookup under the tables' lock. n == 0: false.
+/// asked of a block the shim serves, or of a legacy IPC open of the shim's
+/// (the exporter's bytes asked): it starts in the rest of the mapping or
+/// crosses the block's end, which the driver refuses for its own block and
+/// open (INVALID_VALUE; measured on an H100: tests/gpu/probes/alloc_sizes.cpp
+/// tail, ipc_tail). While none has such a tail (sizes of whole granules, as
+/// PyTorch's caching allocator asks), a few atomic loads; otherwise a lookup
+/// in the copy check's table under its own lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
 /// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the

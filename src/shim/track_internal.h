@@ -100,7 +100,7 @@ enum class Served {
   kYes,     ///< in a block's asked bytes
   kOpened,  ///< in the bytes asked of a block another process exported, as
             ///< the shim opened it from its IPC handle
-  kTail,    ///< past the bytes asked of either, in its mapping's last granule
+  kTail,    ///< past the bytes asked of either, in the rest of its mapping
 };
 /// The block an address lies in.
 struct ServedBlock {

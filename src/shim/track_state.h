@@ -125,9 +125,10 @@ struct State {
     uint64_t bytes = 0;  ///< the size asked for (the mapping is rounded up)
   };
   std::unordered_map<uint64_t, BlockAsked> block_asked;  ///< cuMemAlloc address ->
-  /// A block of block_asked asked for fewer bytes than its mapping has: the
-  /// tail, from the end of the bytes asked to the mapping's end, is memory
-  /// the driver's block lacks.
+  /// A block of block_asked, or a legacy IPC open of one another process
+  /// exported (Mapping::opened_asked), asked for fewer bytes than its
+  /// mapping has: the tail, from the end of the bytes asked to the mapping's
+  /// end, is memory the driver's block lacks.
   struct Tail {
     uint64_t asked_end = 0;  ///< address + bytes asked
     uint64_t end = 0;        ///< address + the mapping's size
@@ -136,8 +137,8 @@ struct State {
   /// and memset looks up (track_queries.cpp, past_block), under tails_mu
   /// alone (shared), so that copies on many threads neither wait for one
   /// another nor for s.mu. Changed only under s.mu and then tails_mu
-  /// (exclusive), beside block_asked (set_tail and drop_tail); never s.mu
-  /// under tails_mu. A writer waiting goes before readers after it.
+  /// (exclusive), beside block_asked or the open's record (set_tail and
+  /// drop_tail); never s.mu under tails_mu. A writer waiting goes before readers after it.
   std::map<uint64_t, Tail> tails;
   WriterFirstLock tails_mu;
   /// tails.size(), read with no lock: while no block has a tail, a copy or

@@ -361,8 +361,13 @@ CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) n
     {
       Lock l(s.mu);
       if (overlapping(s, ptr, size, &hit)) return CUDA_ERROR_INVALID_VALUE;
-      for (uint64_t a : hit)
+      // A served block and a legacy IPC open are no VMM mappings to the
+      // application: cuMemFree and cuIpcCloseMemHandle take them.
+      for (uint64_t a : hit) {
         if (s.legacy_blocks.count(a)) return CUDA_ERROR_INVALID_VALUE;
+        if (auto m = s.ranges.find(a); m != s.ranges.end() && m->second.opened_asked)
+          return CUDA_ERROR_INVALID_VALUE;
+      }
     }
     CUresult r = real(ptr, size);
     if (r != CUDA_SUCCESS || hit.empty()) return r;

@@ -221,20 +221,23 @@ int free_in_capture() {
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty());
   // Nor does one on the default stream of a thread that exited capturing
-  // (before: every later free deferred for good).
+  // (before: every later free deferred for good), from the moment it is
+  // joined (before: for a moment after, about one time in 40).
   CUcontext ctx = nullptr;
   REQ_OK(cuCtxGetCurrent(&ctx));
-  CUresult began = CUDA_ERROR_UNKNOWN;
-  std::thread([&] {
-    began = cuCtxSetCurrent(ctx);
-    if (began == CUDA_SUCCESS)
-      began = cuStreamBeginCapture_v2(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED);
-  }).join();
-  REQ_OK(began);
-  REQ_OK(cuMemAlloc(&f, 1 << 20));
-  REQ_OK(cuMemFree(f));
-  REQ(inspect(getpid(), &r));
-  REQ(r.allocations.empty());
+  for (int i = 0; i < 200; ++i) {
+    CUresult began = CUDA_ERROR_UNKNOWN;
+    std::thread([&] {
+      began = cuCtxSetCurrent(ctx);
+      if (began == CUDA_SUCCESS)
+        began = cuStreamBeginCapture_v2(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED);
+    }).join();
+    REQ_OK(began);
+    REQ_OK(cuMemAlloc(&f, 1 << 20));
+    REQ_OK(cuMemFree(f));
+    REQ(inspect(getpid(), &r));
+    REQ(r.allocations.empty());
+  }
   REQ_OK(cuStreamDestroy(s));
   return 0;
 }
@@ -988,6 +991,7 @@ int ipc_open_race() {
     for (auto& th : t) th.join();
     REQ(inspect(getpid(), &r));
     REQ(r.ipc.size() == 1 && r.allocations.size() == 1 && r.mappings.size() == 1);
+    REQ(r.tailed_blocks == 1);  // the open that stands: the losing mapping has none
     REQ_OK(cuCtxSetCurrent(primary));
     if (one_context) {
       REQ(res[0] == CUDA_SUCCESS && res[1] == CUDA_SUCCESS);
@@ -1007,6 +1011,7 @@ int ipc_open_race() {
     }
     REQ(inspect(getpid(), &r));
     REQ(r.ipc.empty() && r.allocations.empty() && r.mappings.empty());
+    REQ(r.tailed_blocks == 0);  // the 1 MiB open's tail, with the open that won or both
   }
   REQ_OK(cuCtxDestroy(own));
   REQ(send_u64(e.sock, 1));

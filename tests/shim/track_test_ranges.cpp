@@ -324,42 +324,6 @@ int block_end_threads() {
   return 0;
 }
 
-}  // namespace track_test
-
-namespace track_test {
-
-namespace {
-
-/// Maps a fresh 4 MiB VMM allocation at `at` (a reservation asked there) and
-/// memsets the 16 bytes from kAsked into it: false when it lands elsewhere
-/// or is refused. Where an IPC open with a tail was, a tail the shim kept
-/// after the open went would refuse the memset.
-bool fresh_mapping_at(CUdeviceptr at) {
-  const size_t size = 4u << 20;
-  CUdeviceptr va = 0;
-  if (cuMemAddressReserve(&va, size, 0, at, 0) != CUDA_SUCCESS) return false;
-  bool ok = va == at;
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  CUmemGenericAllocationHandle h = 0;
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  ok = ok && cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS;
-  const bool mapped = ok && cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS;
-  ok = mapped && cuMemSetAccess(va, size, &acc, 1) == CUDA_SUCCESS;
-  ok = ok && cuMemsetD8(va + kAsked, 0x77, 16) == CUDA_SUCCESS;
-  ok = ok && cuCtxSynchronize() == CUDA_SUCCESS;
-  if (mapped) cuMemUnmap(va, size);
-  if (h) cuMemRelease(h);
-  cuMemAddressFree(va, size);
-  return ok;
-}
-
-}  // namespace
-
 /// A block another process exported, opened from its IPC handle, is the bytes
 /// the exporter asked, as on the driver (measured on an H100:
 /// tests/gpu/probes/alloc_sizes.cpp ipc_tail), though the shim maps the
@@ -367,8 +331,8 @@ bool fresh_mapping_at(CUdeviceptr at) {
 /// unknown, every copy and memset entry refuses what crosses the end. An
 /// open of a whole-granule block has no tail; the handle of a shim that
 /// carried no size asked opens whole; a size asked past the mapping is
-/// refused. Once the open is closed, or its context destroyed, its tail is
-/// forgotten.
+/// refused; cuMemUnmap of the open is refused. Once the open is closed, or
+/// its context destroyed, its tail is forgotten (the records' count).
 int ipc_block_end() {
   REQ_OK(init_primary());
   CUdeviceptr d = 0, w = 0;
@@ -390,6 +354,9 @@ int ipc_block_end() {
     size_t size = 1, attr = 0;
     FC_REQ(cuIpcOpenMemHandle(&p, hd, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(cuMemAlloc(&e, 2u << 20) == CUDA_SUCCESS);
+    proto::ShimRecords rr;
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.tailed_blocks == 1);  // the open's: e is whole granules
     FC_REQ(cuMemGetAddressRange(&base, &size, p + kAsked - 1) == CUDA_SUCCESS);
     FC_REQ(base == p && size == kAsked);
     FC_REQ(cuMemGetAddressRange(&base, &size, p + kAsked) == CUDA_ERROR_NOT_FOUND);
@@ -416,6 +383,8 @@ int ipc_block_end() {
       // As for an address the driver does not know.
       FC_REQ(range_size == 0 && ordinal == -2 && in == nullptr);
     }
+    // Not a VMM mapping to the application: cuIpcCloseMemHandle takes it.
+    FC_REQ(cuMemUnmap(p, 4u << 20) == CUDA_ERROR_INVALID_VALUE);
     uint8_t host[64];
     memset(host, 0x22, sizeof host);
     FC_REQ(every_entry(p + kAsked, e, ctx, st, host) == 0);
@@ -431,9 +400,9 @@ int ipc_block_end() {
     FC_REQ(cuIpcCloseMemHandle(q) == CUDA_SUCCESS);
 
     // Closed, the open's tail goes with it.
-    const CUdeviceptr was = p;
     FC_REQ(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
-    FC_REQ(fresh_mapping_at(was));
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.tailed_blocks == 0 && rr.ipc.empty());
     // A handle with no size asked (a shim before it carried one) opens
     // whole; one asking past the mapping is refused.
     proto::IpcHandleBlob old;
@@ -443,6 +412,8 @@ int ipc_block_end() {
     memcpy(&h, &old, sizeof h);
     FC_REQ(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
     FC_REQ(cuMemGetAddressRange(&base, &size, p) == CUDA_SUCCESS && size == 4u << 20);
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.tailed_blocks == 0);
     FC_REQ(cuMemsetD8(p + kAsked, 0x33, 16) == CUDA_SUCCESS);
     FC_REQ(cuCtxSynchronize() == CUDA_SUCCESS);
     FC_REQ(cuIpcCloseMemHandle(p) == CUDA_SUCCESS);
@@ -460,13 +431,12 @@ int ipc_block_end() {
     FC_REQ(cuPointerGetAttribute(&in, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS);
     FC_REQ(in == own);
     FC_REQ(cuMemsetD8(p + kAsked - 8, 0x44, 16) == CUDA_ERROR_INVALID_VALUE);
+    FC_REQ(inspect(getpid(), &rr));
+    FC_REQ(rr.tailed_blocks == 1);
     FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
     FC_REQ(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-    FC_REQ(fresh_mapping_at(p));
-
-    proto::ShimRecords rr;
     FC_REQ(inspect(getpid(), &rr));
-    FC_REQ(rr.ipc.empty());
+    FC_REQ(rr.tailed_blocks == 0 && rr.ipc.empty());
     FC_REQ(cuMemFree(e) == CUDA_SUCCESS);
     FC_REQ(cuStreamDestroy(st) == CUDA_SUCCESS);
     return 0;

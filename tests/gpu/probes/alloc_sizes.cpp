@@ -212,16 +212,21 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
   const CUresult rg = cuMemGetAddressRange(&base, &size, p);
   std::printf("  cuMemGetAddressRange: %s", name(rg));
   if (rg == CUDA_SUCCESS) std::printf(", base%s size %zu", base == p ? "" : " elsewhere", size);
-  std::printf("\n  cuMemGetAddressRange one past: %s\n",
-              name(cuMemGetAddressRange(&base, &size, p + n)));
+  std::printf("\n");
+  // Past a block of whole granules lies whatever the driver placed next:
+  // its answers there are not the block's.
+  const bool tail = n % (size_t(2) << 20) != 0;
+  if (tail)
+    std::printf("  cuMemGetAddressRange one past: %s\n",
+                name(cuMemGetAddressRange(&base, &size, p + n)));
   std::printf("  cuMemcpyDtoH up to the end: %s", name(cuMemcpyDtoH(buf, p + n - 16, 16)));
   std::printf(", last byte %d\n", buf[15]);
   std::printf("  cuMemsetD8 up to the end: %s\n", name(cuMemsetD8(p + n - 16, 0x5a, 16)));
-  std::printf("  cuMemcpyDtoH one past: %s\n", name(cuMemcpyDtoH(buf, p + n, 16)));
+  if (tail) std::printf("  cuMemcpyDtoH one past: %s\n", name(cuMemcpyDtoH(buf, p + n, 16)));
   std::printf("  cuMemcpyDtoH across the end: %s\n", name(cuMemcpyDtoH(buf, p + n - 8, 16)));
   std::printf("  cuMemcpyHtoD across the end: %s\n", name(cuMemcpyHtoD(p + n - 8, buf, 16)));
   std::printf("  cuMemcpyDtoD across the end: %s\n", name(cuMemcpyDtoD(q, p + n - 8, 16)));
-  std::printf("  cuMemsetD8 one past: %s\n", name(cuMemsetD8(p + n, 0x5a, 16)));
+  if (tail) std::printf("  cuMemsetD8 one past: %s\n", name(cuMemsetD8(p + n, 0x5a, 16)));
   std::printf("  cuMemsetD8 across the end: %s\n", name(cuMemsetD8(p + n - 8, 0x5a, 16)));
   std::printf("  cuMemsetD8Async across the end: %s\n",
               name(cuMemsetD8Async(p + n - 8, 0x5a, 16, st)));
@@ -232,7 +237,8 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
 }
 
 /// The pointer attributes of an opened block of n bytes, at its base and one
-/// past its end, and cuIpcGetMemHandle of the open.
+/// past its end, a few more at its base, cuPointerSetAttribute(SYNC_MEMOPS)
+/// and cuIpcGetMemHandle of the open.
 static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
   CUdeviceptr p = 0;
   std::printf("a %zu-byte block opened from its IPC handle:\n", n);
@@ -243,6 +249,26 @@ static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
   attributes(p);
   std::printf("  one past its end:\n");
   attributes(p + n);
+  // The mapping's own attributes, RDMA, and the synchronous-memops flag.
+  static const struct {
+    CUpointer_attribute a;
+    const char* name;
+  } kMore[] = {{CU_POINTER_ATTRIBUTE_MAPPING_SIZE, "MAPPING_SIZE"},
+               {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, "MAPPING_BASE_ADDR"},
+               {CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, "IS_GPU_DIRECT_RDMA_CAPABLE"}};
+  for (const auto& m : kMore) {
+    unsigned long long v = 0;
+    const CUresult r = cuPointerGetAttribute(&v, m.a, p);
+    std::printf("   %-28s %s", m.name, name(r));
+    if (r == CUDA_SUCCESS && m.a == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR)
+      std::printf(" %s", v == p ? "the base" : "elsewhere");
+    else if (r == CUDA_SUCCESS)
+      std::printf(" %#llx", v);
+    std::printf("\n");
+  }
+  const unsigned sync = 1;
+  std::printf("   cuPointerSetAttribute(SYNC_MEMOPS): %s\n",
+              name(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
   CUipcMemHandle again;
   std::printf("  cuIpcGetMemHandle of the open: %s\n", name(cuIpcGetMemHandle(&again, p)));
   std::printf("  close %s\n", name(cuIpcCloseMemHandle(p)));
