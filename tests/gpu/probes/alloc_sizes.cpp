@@ -237,8 +237,8 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
 }
 
 /// The pointer attributes of an opened block of n bytes, at its base and one
-/// past its end, a few more at its base, cuPointerSetAttribute(SYNC_MEMOPS)
-/// and cuIpcGetMemHandle of the open.
+/// past its end, a few more at its base, cuPointerSetAttribute(SYNC_MEMOPS),
+/// cuIpcGetMemHandle and cuMemUnmap of the open.
 static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
   CUdeviceptr p = 0;
   std::printf("a %zu-byte block opened from its IPC handle:\n", n);
@@ -271,6 +271,7 @@ static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
               name(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
   CUipcMemHandle again;
   std::printf("  cuIpcGetMemHandle of the open: %s\n", name(cuIpcGetMemHandle(&again, p)));
+  std::printf("  cuMemUnmap of the open: %s\n", name(cuMemUnmap(p, n)));
   std::printf("  close %s\n", name(cuIpcCloseMemHandle(p)));
 }
 
