@@ -228,13 +228,15 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
   try {
     State::BlockAsked asked;
     const Served where = served_at(ptr, &asked);
-    if (where == Served::kNo || where == Served::kOpened) return real(value, attr, ptr);
+    if (where == Served::kNo) return real(value, attr, ptr);
     if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
     // The driver's cuMemAlloc block takes the attribute (measured:
-    // served-block-h100.log) that MPI and UCX transports set before an RDMA
+    // served-block-h100.log), and so does its IPC open (alloc_sizes.cpp
+    // ipc_attrs, on an H100), that MPI and UCX transports set before an RDMA
     // adapter reads the block, so that a synchronous copy into it has landed
     // when it returns; for VMM memory the driver offers the context's flag,
-    // set here on the block's context (pushed when another is current). The
+    // set here on the block's context, or the open's (pushed when another is
+    // current). The
     // flag covers every block of the context, so a 0 (the attribute cleared)
     // leaves it: the guarantee stays, stronger than asked.
     if (*static_cast<const unsigned*>(value) == 0) return CUDA_SUCCESS;

@@ -498,7 +498,8 @@ FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
   return CUDA_SUCCESS;
 }
 
-/// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block is taken (the
+/// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block, and on a legacy
+/// IPC open of one (alloc_sizes.cpp ipc_attrs, on an H100), is taken (the
 /// fake's memory operations are synchronous anyway); on a VMM mapping the
 /// driver refuses it, NOT_SUPPORTED (served-block-h100.log). Other
 /// attributes, and addresses of no device memory (a cuMemAlloc block's tail
@@ -512,7 +513,8 @@ FC_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute 
   Mapping* m = find_known(ptr, nullptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
-  if (!a || a->kind != AllocKind::kLegacy) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!a || (a->kind != AllocKind::kLegacy && a->kind != AllocKind::kIpcImport))
+    return CUDA_ERROR_NOT_SUPPORTED;
   return CUDA_SUCCESS;
 }
 

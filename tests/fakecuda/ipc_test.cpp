@@ -146,6 +146,8 @@ TEST_CASE("fakecuda: a legacy IPC open is the bytes the exporter asked") {
   CHECK(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
         CUDA_SUCCESS);
   CHECK(capable == 0);
+  const unsigned one = 1;
+  CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
   CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);
   CHECK((base == 0 && size == 0));
   unsigned char buf[32] = {};

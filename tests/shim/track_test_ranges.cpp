@@ -331,7 +331,8 @@ int block_end_threads() {
 /// unknown, every copy and memset entry refuses what crosses the end. An
 /// open of a whole-granule block has no tail; the handle of a shim that
 /// carried no size asked opens whole; a size asked past the mapping is
-/// refused; cuMemUnmap of the open is refused. Once the open is closed, or
+/// refused; cuMemUnmap of the open is refused, SYNC_MEMOPS taken (the
+/// context's flag). Once the open is closed, or
 /// its context destroyed, its tail is forgotten (the records' count).
 int ipc_block_end() {
   REQ_OK(init_primary());
@@ -385,6 +386,14 @@ int ipc_block_end() {
     }
     // Not a VMM mapping to the application: cuIpcCloseMemHandle takes it.
     FC_REQ(cuMemUnmap(p, 4u << 20) == CUDA_ERROR_INVALID_VALUE);
+    // SYNC_MEMOPS is taken, as on the driver: the open's context's flag.
+    unsigned flags = 0;
+    const unsigned one = 1;
+    FC_REQ(cuCtxGetFlags(&flags) == CUDA_SUCCESS && !(flags & CU_CTX_SYNC_MEMOPS));
+    FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + 8) == CUDA_SUCCESS);
+    FC_REQ(cuCtxGetFlags(&flags) == CUDA_SUCCESS && (flags & CU_CTX_SYNC_MEMOPS));
+    FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + kAsked) ==
+           CUDA_ERROR_INVALID_VALUE);
     uint8_t host[64];
     memset(host, 0x22, sizeof host);
     FC_REQ(every_entry(p + kAsked, e, ctx, st, host) == 0);
