@@ -104,8 +104,10 @@ CUcontext active_primary(CUdevice dev) noexcept;
 /// The pointer queries inside a block the shim serves answer as for the
 /// driver's cuMemAlloc block (measured: served-block-h100.log): legacy-IPC
 /// capable, no shareable handle types, the size asked for, the context it
-/// was allocated in. The rest is the driver's answer for the mapping. Past
-/// the bytes asked (the rest of the mapping's last granule) they answer as
+/// was allocated in. Inside a legacy IPC open of the shim's, as for the
+/// driver's open (alloc_sizes.cpp ipc_attrs): the exporter's size asked, the
+/// context it was opened in. The rest is the driver's answer for the
+/// mapping. Past the bytes asked (the rest of the mapping) they answer as
 /// for an address the driver does not know, before the driver is asked
 /// (which would write the mapping's values into the caller's variables).
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
@@ -123,11 +125,12 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* b
 /// PyTorch's caching allocator asks), a few atomic loads; otherwise a lookup
 /// in the copy check's table under its own lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
-/// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves: the
-/// driver refuses it for VMM memory (NOT_SUPPORTED), so the shim sets the
-/// current context's CU_CTX_SYNC_MEMOPS instead, the driver's way to the
-/// same guarantee for such memory (every synchronous memory operation of the
-/// context synchronizes). Anything else goes to the driver.
+/// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves or a
+/// legacy IPC open of the shim's: the driver refuses it for VMM memory
+/// (NOT_SUPPORTED), so the shim sets the block's (or the open's) context's
+/// CU_CTX_SYNC_MEMOPS instead, the driver's way to the same guarantee for
+/// such memory (every synchronous memory operation of the context
+/// synchronizes). Anything else goes to the driver.
 CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
 /// Peer access: a cuMemAlloc block served by a VMM mapping gets access for

@@ -236,9 +236,8 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
     // adapter reads the block, so that a synchronous copy into it has landed
     // when it returns; for VMM memory the driver offers the context's flag,
     // set here on the block's context, or the open's (pushed when another is
-    // current). The
-    // flag covers every block of the context, so a 0 (the attribute cleared)
-    // leaves it: the guarantee stays, stronger than asked.
+    // current). The flag covers every block of the context, so a 0 (the
+    // attribute cleared) leaves it: the guarantee stays, stronger than asked.
     if (*static_cast<const unsigned*>(value) == 0) return CUDA_SUCCESS;
     auto get_flags = REAL(cuCtxGetFlags);
     auto set_flags = REAL(cuCtxSetFlags);

@@ -138,7 +138,8 @@ struct State {
   /// alone (shared), so that copies on many threads neither wait for one
   /// another nor for s.mu. Changed only under s.mu and then tails_mu
   /// (exclusive), beside block_asked or the open's record (set_tail and
-  /// drop_tail); never s.mu under tails_mu. A writer waiting goes before readers after it.
+  /// drop_tail); never s.mu under tails_mu. A writer waiting goes before
+  /// readers after it.
   std::map<uint64_t, Tail> tails;
   WriterFirstLock tails_mu;
   /// tails.size(), read with no lock: while no block has a tail, a copy or
