@@ -60,9 +60,9 @@ Mapping* find_known(uintptr_t p, uintptr_t* base, size_t* size);
 bool is_device_address(uintptr_t p);
 /// Checks that [p, p+n) is mapped device memory (with the access needed) or
 /// host memory the driver knows of. Past a cuMemAlloc block's bytes (or an
-/// open's of one) it is not: the driver refuses a copy or memset at or across a block's end
-/// (INVALID_VALUE; measured on an H100, driver 580.159.04,
-/// tests/gpu/probes/alloc_sizes.cpp tail).
+/// open's of one) it is not: the driver refuses a copy or memset at or
+/// across a block's end (INVALID_VALUE; measured on an H100, driver
+/// 580.159.04, tests/gpu/probes/alloc_sizes.cpp tail, ipc_tail).
 CUresult check_range(uintptr_t p, size_t n, bool write);
 
 /// Allocation by handle, or nullptr.
