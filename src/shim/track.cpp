@@ -47,7 +47,6 @@ void reset_inherited(State& s) {
   s.handle_refs.clear();
   s.ranges.clear();
   s.legacy_blocks.clear();
-  s.block_asked.clear();
   {
     std::unique_lock<WriterFirstLock> t(s.tails_mu);
     s.tails.clear();

@@ -23,10 +23,10 @@ ContextGoing memory_of(CUcontext ctx) noexcept {
     State& s = state();
     Lock l(s.mu);
     auto& m = out.memory;
-    for (const auto& [addr, asked] : s.block_asked) {
-      auto b = s.legacy_blocks.find(addr);
-      if (asked.ctx == ctx && b != s.legacy_blocks.end())
-        m.push_back({addr, b->second, ContextMemory::kServedBlock});
+    for (const auto& [addr, id] : s.legacy_blocks) {
+      auto r = s.ranges.find(addr);
+      if (r != s.ranges.end() && r->second.asked.ctx == ctx)
+        m.push_back({addr, id, ContextMemory::kServedBlock});
     }
     for (const IpcOpen& o : s.ipc)
       if (o.ctx == ctx) m.push_back({o.address, o.alloc, ContextMemory::kIpcOpen});

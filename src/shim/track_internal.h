@@ -106,7 +106,7 @@ enum class Served {
 struct ServedBlock {
   uint64_t alloc = 0;       ///< its allocation's local id
   uint64_t offset = 0;      ///< the address's distance from the block's base
-  State::BlockAsked asked;  ///< what was asked of it (an open: the context it is open in)
+  BlockAsked asked;         ///< what was asked of it (an open: the context it is open in)
 };
 /// Where ptr lies (s.mu held); in a block (kYes, kOpened, kTail), *block
 /// says which (track_queries.cpp).

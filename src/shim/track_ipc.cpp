@@ -217,19 +217,15 @@ CUresult ipc_open(decltype(&::cuIpcOpenMemHandle_v2) real, CUdeviceptr* dptr, CU
         Mapping m;
         m.size = b.size;
         m.alloc = id;
-        m.opened_asked = asked;
-        m.opened_ctx = ctx;
+        m.asked = BlockAsked{BlockAsked::Kind::kOpened, ctx, asked};
         union_access(&m.access, desc);
-        auto at = st.ranges.emplace(addr, std::move(m)).first;
+        auto at = st.ranges.emplace(addr, std::move(m)).first;  // throws: nothing recorded
+        const size_t listed = st.ipc.size();
         try {
           st.ipc.push_back({ctx, id, addr, b.size, 1, dev});
-          try {
-            set_tail(st, addr, asked, b.size);
-          } catch (...) {
-            st.ipc.pop_back();
-            throw;
-          }
+          set_tail(st, addr, asked, b.size);
         } catch (...) {
+          if (st.ipc.size() > listed) st.ipc.pop_back();
           st.ranges.erase(at);
           throw;
         }

@@ -49,7 +49,6 @@ bool take_block(State& s, CUdeviceptr dptr, uint64_t* id, uint64_t* size, int32_
   s.legacy_blocks.erase(b);
   maybe_shrink(s.legacy_blocks);
   auto m = s.ranges.find(dptr);
-  s.block_asked.erase(dptr);
   drop_tail(s, dptr);
   if (m != s.ranges.end()) {
     *size = m->second.size;
@@ -182,15 +181,14 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
     Mapping m;
     m.size = size;
     m.alloc = id;
+    m.asked = BlockAsked{BlockAsked::Kind::kServed, ctx, bytes};
     union_access(&m.access, desc);
     s.ranges.emplace(addr, std::move(m));
     s.legacy_blocks.emplace(addr, id);
-    s.block_asked[addr] = State::BlockAsked{ctx, bytes};
     set_tail(s, addr, bytes, size);
   } catch (...) {
     {
       Lock l(s.mu);
-      s.block_asked.erase(addr);
       drop_tail(s, addr);
       auto b = s.legacy_blocks.find(addr);
       if (b != s.legacy_blocks.end() && b->second == id) s.legacy_blocks.erase(b);
@@ -405,7 +403,7 @@ std::optional<CUresult> take_and_drop(State& s, CUdeviceptr dptr, Sync sync) {
   bool created = false;  // ctx is a context the application created, alive
   {
     Lock l(s.mu);
-    if (auto a = s.block_asked.find(dptr); a != s.block_asked.end()) ctx = a->second.ctx;
+    if (auto m = s.ranges.find(dptr); m != s.ranges.end()) ctx = m->second.asked.ctx;
     created = std::find(s.contexts.begin(), s.contexts.end(), ctx) != s.contexts.end();
     if (!take_block(s, dptr, &id, &size, &dev)) return std::nullopt;
   }

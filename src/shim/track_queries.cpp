@@ -20,7 +20,7 @@ namespace cusnap::shim::track {
 namespace {
 
 /// served_at_locked, taking s.mu.
-Served served_at(CUdeviceptr ptr, State::BlockAsked* asked) {
+Served served_at(CUdeviceptr ptr, BlockAsked* asked) {
   if (!active()) return Served::kNo;
   State& s = state();
   Lock l(s.mu);
@@ -79,58 +79,44 @@ void as_unknown(CUpointer_attribute attr, void* data) {
   }
 }
 
-/// Rewrites the driver's answer for the mapping (in *data) into its answer
-/// for a cuMemAlloc block. The driver wrote 0 for IS_LEGACY_CUDA_IPC_CAPABLE
-/// and 1 (the POSIX descriptor) for ALLOWED_HANDLE_TYPES, in the width the
-/// caller's variable has: only their lowest byte changes, so any width reads
-/// 1 and 0.
-void as_driver_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
+/// Rewrites the driver's answer for the shim's mapping (in *data) into its
+/// answer for the block or open asked (measured on an H100:
+/// served-block-h100.log; tests/gpu/probes/alloc_sizes.cpp ipc_tail and
+/// ipc_attrs): its size the bytes asked, its context the one it was served
+/// or opened in (the mapping has none). A served block is also legacy-IPC
+/// capable and has no shareable handle type: the driver wrote 0 and 1 (the
+/// POSIX descriptor) for the mapping, in the width the caller's variable
+/// has, so only their lowest byte changes and any width reads 1 and 0. An
+/// open answers those as the mapping does.
+void as_asked_block(CUpointer_attribute attr, void* data, const BlockAsked& asked) {
   switch (attr) {
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      *static_cast<unsigned char*>(data) = 1;
-      break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      *static_cast<unsigned char*>(data) = 0;
-      break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
       *static_cast<size_t*>(data) = asked.bytes;
       break;
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       if (asked.ctx) *static_cast<CUcontext*>(data) = asked.ctx;
       break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      if (asked.kind == BlockAsked::Kind::kServed) *static_cast<unsigned char*>(data) = 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      if (asked.kind == BlockAsked::Kind::kServed) *static_cast<unsigned char*>(data) = 0;
+      break;
     default:
       break;
   }
-}
-
-/// Rewrites the driver's answer for the mapping of an IPC open of the
-/// shim's into its answer for the open of the exporter's block (measured on
-/// an H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail and ipc_attrs): its
-/// size is the bytes the exporter asked for, its context the one it was
-/// opened in (the mapping has none: 0). The rest of the mapping's answer is
-/// the open's: not legacy-IPC capable, no shareable handle types.
-void as_opened_block(CUpointer_attribute attr, void* data, const State::BlockAsked& asked) {
-  if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = asked.bytes;
-  if (attr == CU_POINTER_ATTRIBUTE_CONTEXT && asked.ctx) *static_cast<CUcontext*>(data) = asked.ctx;
 }
 
 }  // namespace
 
 Served served_at_locked(State& s, CUdeviceptr ptr, ServedBlock* block) {
   auto m = containing(s, ptr);
-  if (m == s.ranges.end()) return Served::kNo;
-  if (const uint64_t asked = m->second.opened_asked) {
-    block->alloc = m->second.alloc;
-    block->offset = ptr - m->first;
-    block->asked = State::BlockAsked{m->second.opened_ctx, asked};
-    return block->offset < asked ? Served::kOpened : Served::kTail;
-  }
-  auto b = s.block_asked.find(m->first);
-  if (b == s.block_asked.end()) return Served::kNo;
+  if (m == s.ranges.end() || m->second.asked.kind == BlockAsked::Kind::kNone) return Served::kNo;
   block->alloc = m->second.alloc;
   block->offset = ptr - m->first;
-  block->asked = b->second;
-  return block->offset < block->asked.bytes ? Served::kYes : Served::kTail;
+  block->asked = m->second.asked;
+  if (block->offset >= block->asked.bytes) return Served::kTail;
+  return block->asked.kind == BlockAsked::Kind::kOpened ? Served::kOpened : Served::kYes;
 }
 
 void set_tail(State& s, uint64_t addr, uint64_t asked, uint64_t size) {
@@ -166,7 +152,7 @@ bool past_block(CUdeviceptr p, size_t n) noexcept {
 
 CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
-  State::BlockAsked asked;
+  BlockAsked asked;
   Served where = Served::kNo;
   try {
     where = served_at(ptr, &asked);
@@ -174,8 +160,8 @@ CUresult pointer_get_attr(decltype(&::cuPointerGetAttribute) real, void* data,
   }
   if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer
   const CUresult r = real(data, attr, ptr);
-  if (r == CUDA_SUCCESS && data && where == Served::kYes) as_driver_block(attr, data, asked);
-  if (r == CUDA_SUCCESS && data && where == Served::kOpened) as_opened_block(attr, data, asked);
+  if (r == CUDA_SUCCESS && data && (where == Served::kYes || where == Served::kOpened))
+    as_asked_block(attr, data, asked);
   return r;
 }
 
@@ -184,17 +170,15 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
   const CUresult r = real(n, attrs, data, ptr);
   if (r != CUDA_SUCCESS || !attrs || !data) return r;
   try {
-    State::BlockAsked asked;
+    BlockAsked asked;
     const Served where = served_at(ptr, &asked);
     if (where == Served::kNo) return r;
     for (unsigned int i = 0; i < n; ++i) {
       if (!data[i]) continue;
-      if (where == Served::kYes)
-        as_driver_block(attrs[i], data[i], asked);
-      else if (where == Served::kOpened)
-        as_opened_block(attrs[i], data[i], asked);
-      else
+      if (where == Served::kTail)
         as_unknown(attrs[i], data[i]);
+      else
+        as_asked_block(attrs[i], data[i], asked);
     }
   } catch (...) {
   }
@@ -203,7 +187,7 @@ CUresult pointer_get_attrs(decltype(&::cuPointerGetAttributes) real, unsigned in
 
 CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* pbase, size_t* psize,
                        CUdeviceptr ptr) noexcept {
-  State::BlockAsked asked;
+  BlockAsked asked;
   Served where = Served::kNo;
   try {
     where = served_at(ptr, &asked);
@@ -226,7 +210,7 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
     return real(value, attr, ptr);
   }
   try {
-    State::BlockAsked asked;
+    BlockAsked asked;
     const Served where = served_at(ptr, &asked);
     if (where == Served::kNo) return real(value, attr, ptr);
     if (where == Served::kTail) return CUDA_ERROR_INVALID_VALUE;  // as for no CUDA pointer

@@ -64,20 +64,37 @@ struct Alloc {
   uint64_t generation = 0;  ///< proto::AllocationRecord::generation
 };
 
+/// What the application asked of a mapping the shim made for it: the
+/// driver's answers for the block or open are these, not the mapping's
+/// (the shim's mapping is whole granules).
+struct BlockAsked {
+  enum class Kind : uint8_t {
+    kNone,    ///< no such mapping: a VMM mapping of the application's
+    kServed,  ///< a cuMemAlloc block the shim serves (track_legacy.cpp)
+    /// A legacy IPC open of the shim's of a block another process exported
+    /// (track_ipc.cpp): on the driver only the bytes the exporter asked
+    /// (measured on an H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail).
+    kOpened,
+  };
+  Kind kind = Kind::kNone;
+  /// A served block: the context current when the shim served it (the
+  /// driver frees a context's blocks when the context goes, the shim too).
+  /// An open: the context it was opened in. The pointer queries name it
+  /// (CU_POINTER_ATTRIBUTE_CONTEXT; alloc_sizes.cpp ipc_attrs: the
+  /// mapping's own answer is none).
+  CUcontext ctx = nullptr;
+  uint64_t bytes = 0;  ///< the size asked (the mapping is rounded up): past it, its tail
+};
+
 struct Mapping {
   uint64_t size = 0;
   uint64_t offset = 0;
   uint64_t alloc = 0;      ///< local allocation id, 0 for a multicast object
   uint64_t handle = 0;     ///< the logical handle it was mapped with (0: none)
   uint64_t multicast = 0;  ///< driver multicast handle mapped here, if any
-  /// A legacy IPC open of the shim's (track_ipc.cpp): the bytes the exporter
-  /// asked of its block, what the driver's open of it is (measured on an
-  /// H100: tests/gpu/probes/alloc_sizes.cpp ipc_tail), the rest of the
-  /// mapping its tail. 0: not such an open.
-  uint64_t opened_asked = 0;
-  /// Such an open's context, what its CU_POINTER_ATTRIBUTE_CONTEXT names on
-  /// the driver (alloc_sizes.cpp ipc_attrs; the mapping's answer is none).
-  CUcontext opened_ctx = nullptr;
+  /// A block the shim serves or a legacy IPC open of the shim's: what was
+  /// asked of it (kind kNone: neither, a VMM mapping of the application's).
+  BlockAsked asked;
   std::vector<proto::AccessRecord> access;
   /// Devices whose access here (a cuMemAlloc block) came from peer access
   /// only; revoked again when the last such grant is disabled.
@@ -116,17 +133,8 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> handle_refs;
   std::map<uint64_t, Mapping> ranges;                    ///< sorted range index: address -> mapping
   std::unordered_map<uint64_t, uint64_t> legacy_blocks;  ///< cuMemAlloc address -> local id
-  /// What the application asked for of a block the shim serves.
-  struct BlockAsked {
-    /// The context current when the shim served it: the driver frees a
-    /// context's blocks when the context goes, the shim too; and the
-    /// pointer queries name it (CU_POINTER_ATTRIBUTE_CONTEXT).
-    CUcontext ctx = nullptr;
-    uint64_t bytes = 0;  ///< the size asked for (the mapping is rounded up)
-  };
-  std::unordered_map<uint64_t, BlockAsked> block_asked;  ///< cuMemAlloc address ->
-  /// A block of block_asked, or a legacy IPC open of one another process
-  /// exported (Mapping::opened_asked), asked for fewer bytes than its
+  /// A block the shim serves or a legacy IPC open of the shim's
+  /// (Mapping::asked) asked for fewer bytes than its
   /// mapping has: the tail, from the end of the bytes asked to the mapping's
   /// end, is memory the driver's block lacks.
   struct Tail {
@@ -137,7 +145,7 @@ struct State {
   /// and memset looks up (track_queries.cpp, past_block), under tails_mu
   /// alone (shared), so that copies on many threads neither wait for one
   /// another nor for s.mu. Changed only under s.mu and then tails_mu
-  /// (exclusive), beside block_asked or the open's record (set_tail and
+  /// (exclusive), beside the block's or the open's record (set_tail and
   /// drop_tail); never s.mu under tails_mu. A writer waiting goes before
   /// readers after it.
   std::map<uint64_t, Tail> tails;

@@ -364,8 +364,8 @@ CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) n
       // A served block and a legacy IPC open are no VMM mappings to the
       // application: cuMemFree and cuIpcCloseMemHandle take them.
       for (uint64_t a : hit) {
-        if (s.legacy_blocks.count(a)) return CUDA_ERROR_INVALID_VALUE;
-        if (auto m = s.ranges.find(a); m != s.ranges.end() && m->second.opened_asked)
+        auto m = s.ranges.find(a);
+        if (m != s.ranges.end() && m->second.asked.kind != BlockAsked::Kind::kNone)
           return CUDA_ERROR_INVALID_VALUE;
       }
     }

@@ -370,6 +370,16 @@ int ipc_block_end() {
     CUcontext in = nullptr;
     FC_REQ(cuPointerGetAttribute(&in, CU_POINTER_ATTRIBUTE_CONTEXT, p + 8) == CUDA_SUCCESS);
     FC_REQ(in == ctx);
+    // Neither legacy-IPC capable nor shareable, as on the driver (a served
+    // block is the first).
+    unsigned flag = 1;
+    FC_REQ(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
+           CUDA_SUCCESS);
+    FC_REQ(flag == 0);
+    flag = 1;
+    FC_REQ(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p) ==
+           CUDA_SUCCESS);
+    FC_REQ(flag == 0);
     {
       CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
                                       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
