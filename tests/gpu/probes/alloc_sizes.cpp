@@ -11,7 +11,9 @@
 // same at the ends of such blocks as another process opened them from their
 // IPC handles (cuIpcOpenMemHandle); with `ipc_attrs`, the pointer attributes
 // of such an open at its base and one past its end, and whether it can be
-// exported again (cuIpcGetMemHandle). Run on the driver alone
+// exported again (cuIpcGetMemHandle); with `ctx_attrs`, which context a
+// block and a VMM mapping name when other contexts are current, and what
+// cuPointerSetAttribute(SYNC_MEMOPS) of a block sets. Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -307,9 +309,95 @@ static int ipc_blocks(void (*per_block)(CUipcMemHandle, size_t)) {
   return got ? 0 : 1;
 }
 
+/// Which of the probe's contexts c is.
+static const char* ctx_name(CUcontext c, CUcontext primary, CUcontext a, CUcontext b) {
+  if (c == nullptr) return "none";
+  if (c == a) return "A";
+  if (c == b) return "B";
+  if (c == primary) return "the primary";
+  return "another";
+}
+
+/// ctx_attrs: the context the driver names (CU_POINTER_ATTRIBUTE_CONTEXT)
+/// for a cuMemAlloc block made in a created context A and for a VMM mapping
+/// made with A current, asked with A, the primary and another created
+/// context B current, one attribute and in cuPointerGetAttributes; then,
+/// with B current, cuPointerSetAttribute(SYNC_MEMOPS) of the block: what
+/// the attribute then reads with B and with A current, and which contexts'
+/// flags have CU_CTX_SYNC_MEMOPS.
+static int ctx_attrs() {
+  CUdevice dev = 0;
+  if (!init_primary(&dev)) return 1;
+  CUcontext primary = nullptr, a = nullptr, b = nullptr;
+  cuCtxGetCurrent(&primary);
+  if (cuCtxCreate(&a, nullptr, 0, dev) != CUDA_SUCCESS ||
+      cuCtxCreate(&b, nullptr, 0, dev) != CUDA_SUCCESS) {
+    std::printf("cuCtxCreate failed\n");
+    return 1;
+  }
+  cuCtxSetCurrent(a);
+  CUdeviceptr blk = 0;
+  std::printf("cuMemAlloc(1 MiB) with A current: %s\n", name(cuMemAlloc(&blk, 1 << 20)));
+  const CUmemAllocationProp prop = device_prop(dev);
+  const CUmemAccessDesc acc = rw_access(prop);
+  size_t g = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr vmm = 0;
+  CUresult r = cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r == CUDA_SUCCESS) r = cuMemCreate(&h, g, &prop, 0);
+  if (r == CUDA_SUCCESS) r = cuMemAddressReserve(&vmm, g, 0, 0, 0);
+  if (r == CUDA_SUCCESS) r = cuMemMap(vmm, g, 0, h, 0);
+  if (r == CUDA_SUCCESS) r = cuMemSetAccess(vmm, g, &acc, 1);
+  std::printf("a VMM mapping made with A current: %s\n", name(r));
+  const struct {
+    const char* name;
+    CUcontext ctx;
+  } kCurrent[] = {{"A", a}, {"the primary", primary}, {"B", b}};
+  const struct {
+    const char* name;
+    CUdeviceptr p;
+  } kWhere[] = {{"the block", blk}, {"the mapping", r == CUDA_SUCCESS ? vmm : 0}};
+  for (const auto& c : kCurrent) {
+    cuCtxSetCurrent(c.ctx);
+    for (const auto& w : kWhere) {
+      if (!w.p) continue;
+      CUcontext in = reinterpret_cast<CUcontext>(kUntouched);
+      const CUresult q = cuPointerGetAttribute(&in, CU_POINTER_ATTRIBUTE_CONTEXT, w.p);
+      CUpointer_attribute which[1] = {CU_POINTER_ATTRIBUTE_CONTEXT};
+      CUcontext all = reinterpret_cast<CUcontext>(kUntouched);
+      void* data[1] = {&all};
+      const CUresult qa = cuPointerGetAttributes(1, which, data, w.p);
+      std::printf("  %s current, CONTEXT of %s: %s %s; in cuPointerGetAttributes: %s %s\n", c.name,
+                  w.name, name(q), q == CUDA_SUCCESS ? ctx_name(in, primary, a, b) : "-", name(qa),
+                  qa == CUDA_SUCCESS ? ctx_name(all, primary, a, b) : "-");
+    }
+  }
+  cuCtxSetCurrent(b);
+  const unsigned one = 1;
+  std::printf("  B current, cuPointerSetAttribute(SYNC_MEMOPS) of the block: %s\n",
+              name(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, blk)));
+  for (const auto& c : kCurrent) {
+    cuCtxSetCurrent(c.ctx);
+    unsigned v = 7, flags = 0;
+    const CUresult q = cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, blk);
+    const CUresult f = cuCtxGetFlags(&flags);
+    std::printf("  %s current: SYNC_MEMOPS of the block %s %u; cuCtxGetFlags %s, SYNC_MEMOPS %s\n",
+                c.name, name(q), q == CUDA_SUCCESS ? v : 7u, name(f),
+                flags & CU_CTX_SYNC_MEMOPS ? "set" : "clear");
+  }
+  cuCtxSetCurrent(a);
+  std::printf("  free %s", name(cuMemFree(blk)));
+  if (vmm) std::printf(", unmap %s", name(cuMemUnmap(vmm, g)));
+  if (vmm) cuMemAddressFree(vmm, g);
+  if (h) cuMemRelease(h);
+  std::printf(", destroy A %s, B %s\n", name(cuCtxDestroy(a)), name(cuCtxDestroy(b)));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "ipc_tail") == 0) return ipc_blocks(ipc_tail_operations);
   if (argc > 1 && std::strcmp(argv[1], "ipc_attrs") == 0) return ipc_blocks(ipc_attr_queries);
+  if (argc > 1 && std::strcmp(argv[1], "ctx_attrs") == 0) return ctx_attrs();
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
                           100,
