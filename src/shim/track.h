@@ -130,7 +130,9 @@ bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// (NOT_SUPPORTED), so the shim sets the block's (or the open's) context's
 /// CU_CTX_SYNC_MEMOPS instead, the driver's way to the same guarantee for
 /// such memory (every synchronous memory operation of the context
-/// synchronizes). Anything else goes to the driver.
+/// synchronizes), and records the value on the block, which the pointer
+/// queries read back as the driver's block attribute reads (with any
+/// context current). Anything else goes to the driver.
 CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept;
 /// Peer access: a cuMemAlloc block served by a VMM mapping gets access for

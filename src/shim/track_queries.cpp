@@ -87,7 +87,8 @@ void as_unknown(CUpointer_attribute attr, void* data) {
 /// capable and has no shareable handle type: the driver wrote 0 and 1 (the
 /// POSIX descriptor) for the mapping, in the width the caller's variable
 /// has, so only their lowest byte changes and any width reads 1 and 0. An
-/// open answers those as the mapping does.
+/// open answers those as the mapping does. SYNC_MEMOPS, 0 for the mapping,
+/// is what the application set (in its lowest byte likewise).
 void as_asked_block(CUpointer_attribute attr, void* data, const BlockAsked& asked) {
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
@@ -101,6 +102,9 @@ void as_asked_block(CUpointer_attribute attr, void* data, const BlockAsked& aske
       break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       if (asked.kind == BlockAsked::Kind::kServed) *static_cast<unsigned char*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:  // the mapping's is 0
+      *static_cast<unsigned char*>(data) = asked.sync_memops;
       break;
     default:
       break;
@@ -218,11 +222,24 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
     // served-block-h100.log), and so does its IPC open (alloc_sizes.cpp
     // ipc_attrs, on an H100), that MPI and UCX transports set before an RDMA
     // adapter reads the block, so that a synchronous copy into it has landed
-    // when it returns; for VMM memory the driver offers the context's flag,
-    // set here on the block's context, or the open's (pushed when another is
-    // current). The flag covers every block of the context, so a 0 (the
-    // attribute cleared) leaves it: the guarantee stays, stronger than asked.
-    if (*static_cast<const unsigned*>(value) == 0) return CUDA_SUCCESS;
+    // when it returns. On the driver it is the block's own attribute, no
+    // context's flag (alloc_sizes.cpp ctx_attrs); for VMM memory the driver
+    // offers only the context's flag, set here on the block's context, or
+    // the open's (pushed when another is current). The block's record keeps
+    // what was set, which the queries read back. The flag covers every
+    // block of the context, so a 0 (the attribute cleared) leaves it: the
+    // guarantee stays, stronger than asked.
+    const bool on = *static_cast<const unsigned*>(value) != 0;
+    auto record = [&s = state(), ptr, on] {
+      Lock l(s.mu);
+      auto m = containing(s, ptr);
+      if (m != s.ranges.end() && m->second.asked.kind != BlockAsked::Kind::kNone)
+        m->second.asked.sync_memops = on;
+    };
+    if (!on) {
+      record();
+      return CUDA_SUCCESS;
+    }
     auto get_flags = REAL(cuCtxGetFlags);
     auto set_flags = REAL(cuCtxSetFlags);
     auto push = REAL(cuCtxPushCurrent_v2);
@@ -237,6 +254,7 @@ CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* v
       CUcontext popped = nullptr;
       pop(&popped);
     }
+    if (r == CUDA_SUCCESS) record();
     return r;
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;

@@ -84,6 +84,11 @@ struct BlockAsked {
   /// mapping's own answer is none).
   CUcontext ctx = nullptr;
   uint64_t bytes = 0;  ///< the size asked (the mapping is rounded up): past it, its tail
+  /// CU_POINTER_ATTRIBUTE_SYNC_MEMOPS as the application last set it: the
+  /// block's own attribute on the driver, read the same whichever context
+  /// is current (alloc_sizes.cpp ctx_attrs); the mapping's reads 0
+  /// (track_queries.cpp, pointer_set_attr).
+  bool sync_memops = false;
 };
 
 struct Mapping {

@@ -337,17 +337,17 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
             reinterpret_cast<CUcontext>(const_cast<void*>(o->second.owner));
         return CUDA_SUCCESS;
       }
-      // A cuMemAlloc block: the context it was allocated in (cuda.h: "the
-      // CUcontext in which ptr was allocated"). A VMM allocation imported
-      // from another process: none (measured as for an IPC open, under the
-      // shim, which maps such an import). Other memory (a VMM allocation
-      // created here; not measured): the device's primary context.
-      if (a->kind == AllocKind::kLegacy && a->owner)
-        *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(const_cast<void*>(a->owner));
-      else if (a->imported)
-        *static_cast<CUcontext*>(data) = nullptr;
+      // A cuMemAlloc block: the context it was allocated in, whichever is
+      // current (cuda.h: "the CUcontext in which ptr was allocated";
+      // alloc_sizes.cpp ctx_attrs, on an H100). A VMM mapping: none, whether
+      // its allocation was created here with a created context current
+      // (ctx_attrs) or imported from another process (ipc_attrs, under the
+      // shim, which maps such an import).
+      if (a->kind == AllocKind::kLegacy)
+        *static_cast<CUcontext*>(data) =
+            reinterpret_cast<CUcontext>(a->owner ? const_cast<void*>(a->owner) : d.primary[a->dev]);
       else
-        *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(d.primary[a->dev]);
+        *static_cast<CUcontext*>(data) = nullptr;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE;
@@ -395,6 +395,13 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
     }
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       *static_cast<CUmemoryPool*>(data) = nullptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      // What cuPointerSetAttribute last set on this mapping, read the same
+      // with any context current; a VMM mapping, which refuses it, reads 0
+      // (alloc_sizes.cpp ctx_attrs, on an H100). Its width is not measured:
+      // the lowest byte, as for the other flags.
+      *static_cast<unsigned char*>(data) = m->sync_memops;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
       // A cuMemAlloc block is; a VMM allocation only when created so
@@ -500,7 +507,8 @@ FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
 
 /// cuPointerSetAttribute: SYNC_MEMOPS on a cuMemAlloc block, and on a legacy
 /// IPC open of one (alloc_sizes.cpp ipc_attrs, on an H100), is taken (the
-/// fake's memory operations are synchronous anyway); on a VMM mapping the
+/// fake's memory operations are synchronous anyway): the block's attribute,
+/// not its context's flag (alloc_sizes.cpp ctx_attrs); on a VMM mapping the
 /// driver refuses it, NOT_SUPPORTED (served-block-h100.log). Other
 /// attributes, and addresses of no device memory (a cuMemAlloc block's tail
 /// past its bytes among them, find_known): INVALID_VALUE.
@@ -515,6 +523,7 @@ FC_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute 
   Allocation* a = find_alloc(m->alloc);
   if (!a || (a->kind != AllocKind::kLegacy && a->kind != AllocKind::kIpcImport))
     return CUDA_ERROR_NOT_SUPPORTED;
+  m->sync_memops = *static_cast<const unsigned*>(value) != 0;
   return CUDA_SUCCESS;
 }
 

@@ -263,12 +263,13 @@ TEST_CASE("fakecuda: a context's cuMemAlloc blocks go with it, its VMM memory st
           VmmBuffer v;
           FC_REQ(vmm_create(2 << 20, &v) == CUDA_SUCCESS);
           // The block names the context it was allocated in (cuda.h), the
-          // VMM mapping the device's primary context.
+          // VMM mapping none (measured on an H100: alloc_sizes.cpp ctx_attrs).
           CUcontext of = nullptr;
           FC_REQ(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_CONTEXT, a) == CUDA_SUCCESS);
           FC_REQ(of == own);
+          of = own;
           FC_REQ(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_CONTEXT, v.ptr) == CUDA_SUCCESS);
-          FC_REQ(of != own);
+          FC_REQ(of == nullptr);
           FC_REQ(cuCtxDestroy(own) == CUDA_SUCCESS);
           FC_REQ(maps_line(a).find("memfd") == std::string::npos);      // gone
           FC_REQ(maps_line(v.ptr).find("memfd") != std::string::npos);  // stays
@@ -285,6 +286,54 @@ TEST_CASE("fakecuda: a context's cuMemAlloc blocks go with it, its VMM memory st
           FC_REQ(cuMemAlloc(&b, 16) == CUDA_SUCCESS);
           FC_REQ(cuDevicePrimaryCtxReset(dev) == CUDA_SUCCESS);
           FC_REQ(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
+          FC_REQ(vmm_destroy(v) == CUDA_SUCCESS);
+          return 0;
+        }) == 0);
+}
+
+TEST_CASE("fakecuda: SYNC_MEMOPS is the block's attribute, whichever context is current") {
+  // Measured on an H100, driver 580.159.04 (alloc_sizes.cpp ctx_attrs): set
+  // on a block of context A with B current, the attribute reads 1 with A, B
+  // or the primary context current, and no context's flags change; a VMM
+  // mapping reads 0. The block's context stays the one it was allocated in.
+  CHECK(run_child([] {
+          FC_REQ(cuInit(0) == CUDA_SUCCESS);
+          CUcontext a = nullptr, b = nullptr;
+          FC_REQ(cuCtxCreate(&a, nullptr, 0, 0) == CUDA_SUCCESS);
+          CUdeviceptr p = 0;
+          FC_REQ(cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS);
+          VmmBuffer v;
+          FC_REQ(vmm_create(2 << 20, &v) == CUDA_SUCCESS);
+          FC_REQ(cuCtxCreate(&b, nullptr, 0, 0) == CUDA_SUCCESS);
+          unsigned got = 7;
+          FC_REQ(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+          FC_REQ(got == 0);
+          const unsigned one = 1, zero = 0;
+          FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+          for (CUcontext c : {a, b}) {
+            FC_REQ(cuCtxSetCurrent(c) == CUDA_SUCCESS);
+            got = 0;
+            FC_REQ(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) ==
+                   CUDA_SUCCESS);
+            FC_REQ(got == 1);
+            unsigned flags = 0;
+            FC_REQ(cuCtxGetFlags(&flags) == CUDA_SUCCESS);
+            FC_REQ(!(flags & CU_CTX_SYNC_MEMOPS));
+            CUcontext of = nullptr;
+            FC_REQ(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_CONTEXT, p) == CUDA_SUCCESS);
+            FC_REQ(of == a);
+            got = 7;
+            FC_REQ(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, v.ptr) ==
+                   CUDA_SUCCESS);
+            FC_REQ(got == 0);
+          }
+          FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, v.ptr) ==
+                 CUDA_ERROR_NOT_SUPPORTED);
+          FC_REQ(cuPointerSetAttribute(&zero, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+          got = 7;
+          FC_REQ(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+          FC_REQ(got == 0);
+          FC_REQ(cuMemFree(p) == CUDA_SUCCESS);
           FC_REQ(vmm_destroy(v) == CUDA_SUCCESS);
           return 0;
         }) == 0);

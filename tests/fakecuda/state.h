@@ -129,6 +129,7 @@ struct Mapping {
   size_t offset = 0;
   unsigned char access[kMaxDevices] = {};  ///< CUmemAccess_flags per device
   int prot = 0;                            ///< current host protection
+  bool sync_memops = false;                ///< CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (alloc.cpp)
 };
 
 /// A legacy IPC mapping opened from another process.

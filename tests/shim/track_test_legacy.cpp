@@ -795,15 +795,34 @@ int context_blocks() {
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 2);
-  // SYNC_MEMOPS on a block lands on the block's context, not the current one.
-  unsigned one = 1, flags = 0;
+  // SYNC_MEMOPS on a block lands on the block's context, not the current
+  // one; the block's attribute reads what was set with any context current,
+  // the other block's 0, as on the driver (alloc_sizes.cpp ctx_attrs).
+  unsigned one = 1, zero = 0, flags = 0, sync = 7;
+  REQ_OK(cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a));
+  REQ(sync == 0);
   REQ_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a));
   REQ_OK(cuCtxGetFlags(&flags));
   REQ(!(flags & CU_CTX_SYNC_MEMOPS));
+  REQ_OK(cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a + 8));
+  REQ(sync == 1);
+  REQ_OK(cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, b));
+  REQ(sync == 0);
   REQ_OK(cuCtxPushCurrent(own));
   REQ_OK(cuCtxGetFlags(&flags));
   REQ(flags & CU_CTX_SYNC_MEMOPS);
+  sync = 0;
+  {
+    CUpointer_attribute which[1] = {CU_POINTER_ATTRIBUTE_SYNC_MEMOPS};
+    void* data[1] = {&sync};
+    REQ_OK(cuPointerGetAttributes(1, which, data, a));
+    REQ(sync == 1);
+  }
   REQ_OK(cuCtxPopCurrent(&own));
+  // Cleared, the attribute reads 0 (the context's flag stays: stronger).
+  REQ_OK(cuPointerSetAttribute(&zero, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a));
+  REQ_OK(cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, a));
+  REQ(sync == 0);
   REQ_OK(cuCtxDestroy(own));
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.size() == 1 && r.mappings.size() == 1 && r.mappings[0].address == b);

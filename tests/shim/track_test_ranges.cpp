@@ -402,6 +402,9 @@ int ipc_block_end() {
     FC_REQ(cuCtxGetFlags(&flags) == CUDA_SUCCESS && !(flags & CU_CTX_SYNC_MEMOPS));
     FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + 8) == CUDA_SUCCESS);
     FC_REQ(cuCtxGetFlags(&flags) == CUDA_SUCCESS && (flags & CU_CTX_SYNC_MEMOPS));
+    unsigned sync = 0;  // the open's attribute reads what was set
+    FC_REQ(cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
+    FC_REQ(sync == 1);
     FC_REQ(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + kAsked) ==
            CUDA_ERROR_INVALID_VALUE);
     uint8_t host[64];

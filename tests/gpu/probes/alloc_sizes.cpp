@@ -322,8 +322,9 @@ static const char* ctx_name(CUcontext c, CUcontext primary, CUcontext a, CUconte
 /// for a cuMemAlloc block made in a created context A and for a VMM mapping
 /// made with A current, asked with A, the primary and another created
 /// context B current, one attribute and in cuPointerGetAttributes; then,
-/// with B current, cuPointerSetAttribute(SYNC_MEMOPS) of the block: what
-/// the attribute then reads with B and with A current, and which contexts'
+/// with B current, the block's SYNC_MEMOPS (and how many bytes the driver
+/// writes of it), cuPointerSetAttribute(SYNC_MEMOPS) of the block, what the
+/// attribute then reads with each context current, and which contexts'
 /// flags have CU_CTX_SYNC_MEMOPS.
 static int ctx_attrs() {
   CUdevice dev = 0;
@@ -373,6 +374,13 @@ static int ctx_attrs() {
     }
   }
   cuCtxSetCurrent(b);
+  {  // before it is set, and how wide the driver writes it
+    unsigned long long v = kUntouched;
+    const CUresult q = cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, blk);
+    const int bytes = (v >> 8) == (kUntouched >> 8) ? 1 : (v >> 32) == (kUntouched >> 32) ? 4 : 8;
+    std::printf("  B current, SYNC_MEMOPS of the block before: %s %llu (%d bytes written)\n",
+                name(q), q == CUDA_SUCCESS ? v & ((1ull << (bytes * 8 - 1)) * 2 - 1) : 7ull, bytes);
+  }
   const unsigned one = 1;
   std::printf("  B current, cuPointerSetAttribute(SYNC_MEMOPS) of the block: %s\n",
               name(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, blk)));
