@@ -121,6 +121,24 @@ static void attributes(CUdeviceptr p) {
   }
 }
 
+/// cuMemGetAccess of p for device dev, and cuMemSetAccess (read-write for
+/// dev) of n bytes and of 2 MiB from p: what the driver says of them for
+/// memory that is no VMM mapping to the application.
+static void access_calls(const char* what, CUdeviceptr p, size_t n, CUdevice dev) {
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  unsigned long long flags = 7;
+  const CUresult g = cuMemGetAccess(&flags, &loc, p);
+  std::printf("  %s: cuMemGetAccess %s", what, name(g));
+  if (g == CUDA_SUCCESS) std::printf(" %llu", flags);
+  CUmemAccessDesc acc{};
+  acc.location = loc;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::printf(", cuMemSetAccess of %zu bytes %s, of 2 MiB %s\n", n,
+              name(cuMemSetAccess(p, n, &acc, 1)), name(cuMemSetAccess(p, 2 << 20, &acc, 1)));
+}
+
 /// What the driver does with the bytes just past a block of n bytes (for
 /// 1 MiB, inside the 2 MiB page it was placed in): an IPC handle of that
 /// address, copies and memsets that end there, start there or straddle the
@@ -240,7 +258,8 @@ static void ipc_tail_operations(CUipcMemHandle h, size_t n) {
 
 /// The pointer attributes of an opened block of n bytes, at its base and one
 /// past its end, a few more at its base, cuPointerSetAttribute(SYNC_MEMOPS),
-/// cuIpcGetMemHandle and cuMemUnmap of the open.
+/// cuIpcGetMemHandle, cuMemUnmap, cuMemGetAccess and cuMemSetAccess of the
+/// open.
 static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
   CUdeviceptr p = 0;
   std::printf("a %zu-byte block opened from its IPC handle:\n", n);
@@ -274,6 +293,7 @@ static void ipc_attr_queries(CUipcMemHandle h, size_t n) {
   CUipcMemHandle again;
   std::printf("  cuIpcGetMemHandle of the open: %s\n", name(cuIpcGetMemHandle(&again, p)));
   std::printf("  cuMemUnmap of the open: %s\n", name(cuMemUnmap(p, n)));
+  access_calls("the open", p, n, 0);
   std::printf("  close %s\n", name(cuIpcCloseMemHandle(p)));
 }
 
@@ -325,7 +345,8 @@ static const char* ctx_name(CUcontext c, CUcontext primary, CUcontext a, CUconte
 /// with B current, the block's SYNC_MEMOPS (and how many bytes the driver
 /// writes of it), cuPointerSetAttribute(SYNC_MEMOPS) of the block, what the
 /// attribute then reads with each context current, and which contexts'
-/// flags have CU_CTX_SYNC_MEMOPS.
+/// flags have CU_CTX_SYNC_MEMOPS; last, cuMemGetAccess and cuMemSetAccess
+/// of the block and of the mapping.
 static int ctx_attrs() {
   CUdevice dev = 0;
   if (!init_primary(&dev)) return 1;
@@ -394,6 +415,8 @@ static int ctx_attrs() {
                 flags & CU_CTX_SYNC_MEMOPS ? "set" : "clear");
   }
   cuCtxSetCurrent(a);
+  for (const auto& w : kWhere)
+    if (w.p) access_calls(w.name, w.p, 1 << 20, dev);
   std::printf("  free %s", name(cuMemFree(blk)));
   if (vmm) std::printf(", unmap %s", name(cuMemUnmap(vmm, g)));
   if (vmm) cuMemAddressFree(vmm, g);
