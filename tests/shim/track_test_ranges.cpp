@@ -372,14 +372,14 @@ int ipc_block_end() {
     FC_REQ(in == ctx);
     // Neither legacy-IPC capable nor shareable, as on the driver (a served
     // block is the first).
-    unsigned flag = 1;
-    FC_REQ(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
+    int legacy = 1;
+    FC_REQ(cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
            CUDA_SUCCESS);
-    FC_REQ(flag == 0);
-    flag = 1;
-    FC_REQ(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p) ==
+    FC_REQ(legacy == 0);
+    unsigned long long types = 1;  // a bitmask: as wide as the driver may write
+    FC_REQ(cuPointerGetAttribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p) ==
            CUDA_SUCCESS);
-    FC_REQ(flag == 0);
+    FC_REQ(types == 0);
     {
       CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
                                       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
