@@ -295,8 +295,12 @@ int block_end_threads() {
     Child c = spawn([](int) {
       CUcontext own = nullptr;
       FC_REQ(init_primary(&own) == CUDA_SUCCESS);
+      // The parent's table (a tailed block held) went with the fork.
+      proto::ShimRecords rr;
+      FC_REQ(inspect(getpid(), &rr) && rr.tailed_blocks == 0);
       CUdeviceptr b = 0;
       FC_REQ(cuMemAlloc(&b, kAsked) == CUDA_SUCCESS);
+      FC_REQ(inspect(getpid(), &rr) && rr.tailed_blocks == 1);
       FC_REQ(cuMemsetD8(b + kAsked - 8, 0x66, 16) == CUDA_ERROR_INVALID_VALUE);
       FC_REQ(cuMemsetD8(b + kAsked - 8, 0x66, 8) == CUDA_SUCCESS);
       FC_REQ(cuMemFree(b) == CUDA_SUCCESS);
