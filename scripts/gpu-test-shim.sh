@@ -123,8 +123,8 @@ done
 # (docs/shim.md). Their other pointer attributes, for information. The context
 # a block and a VMM mapping name with other contexts current, and SYNC_MEMOPS
 # read back: the same, but for the block context's flag the shim sets (by
-# design) and the access calls (not yet measured), left out here and shown
-# whole for information.
+# design) and the access calls (a served block answers its mapping's access,
+# docs/shim.md), left out here and shown whole for information.
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_ipc_tail "$work/alloc_sizes" ipc_tail
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_ipc_attrs "$work/alloc_sizes" ipc_attrs
 [[ -x "$work/alloc_sizes" ]] &&

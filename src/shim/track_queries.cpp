@@ -208,6 +208,19 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* p
   return r;
 }
 
+CUresult mem_get_access(decltype(&::cuMemGetAccess) real, unsigned long long* flags,
+                        const CUmemLocation* location, CUdeviceptr ptr) noexcept {
+  const CUresult r = real(flags, location, ptr);
+  if (r != CUDA_SUCCESS || !flags) return r;
+  try {
+    BlockAsked asked;
+    const Served where = served_at(ptr, &asked);
+    if (where == Served::kOpened) *flags = 0;
+  } catch (...) {  // the driver's answer stands
+  }
+  return r;
+}
+
 CUresult pointer_set_attr(decltype(&::cuPointerSetAttribute) real, const void* value,
                           CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
   if (attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS || !value || !active()) {

@@ -404,6 +404,16 @@ CUresult mem_set_access(decltype(&::cuMemSetAccess) real, CUdeviceptr ptr, size_
     {
       Lock l(s.mu);
       if (overlapping(s, ptr, size, &hit)) return CUDA_ERROR_INVALID_VALUE;
+      // A legacy IPC open is no VMM mapping to the application: the driver
+      // refuses its own, whatever the size (measured on an H100:
+      // tests/gpu/probes/alloc_sizes.cpp ipc_attrs). It refuses its
+      // cuMemAlloc block too (ctx_attrs), which the shim's served block still
+      // takes: its peer access bookkeeping (peer_only below) counts on it.
+      for (uint64_t a : hit) {
+        auto m = s.ranges.find(a);
+        if (m != s.ranges.end() && m->second.asked.kind == BlockAsked::Kind::kOpened)
+          return CUDA_ERROR_INVALID_VALUE;
+      }
     }
     CUresult r = real(ptr, size, desc, count);
     if (r != CUDA_SUCCESS || hit.empty()) return r;

@@ -146,6 +146,21 @@ TEST_CASE("fakecuda: a legacy IPC open is the bytes the exporter asked") {
   CHECK(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) ==
         CUDA_SUCCESS);
   CHECK(capable == 0);
+  // Neither the open nor a cuMemAlloc block is a VMM mapping: no access
+  // flags, and cuMemSetAccess refused (alloc_sizes.cpp ctx_attrs, ipc_attrs).
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = 0;
+  CUmemAccessDesc acc{};
+  acc.location = loc;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (CUdeviceptr at : {p, q}) {
+    unsigned long long access = 7;
+    CHECK(cuMemGetAccess(&access, &loc, at) == CUDA_SUCCESS);
+    CHECK(access == 0);
+    CHECK(cuMemSetAccess(at, 2 << 20, &acc, 1) == CUDA_ERROR_INVALID_VALUE);
+  }
+  CHECK(cuMemSetAccess(q, 4 << 20, &acc, 1) == CUDA_ERROR_INVALID_VALUE);
   const unsigned one = 1;
   CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
   CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);

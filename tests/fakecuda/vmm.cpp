@@ -144,6 +144,14 @@ FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
     ++it;
   }
   if (p != ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  // A cuMemAlloc block and a legacy IPC open are no VMM mappings: refused,
+  // whatever the size (measured on an H100, driver 580.159.04:
+  // tests/gpu/probes/alloc_sizes.cpp ctx_attrs and ipc_attrs).
+  for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it) {
+    const Allocation* a = find_alloc(it->second.alloc);
+    if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport))
+      return CUDA_ERROR_INVALID_VALUE;
+  }
   for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it) {
     for (size_t i = 0; i < count; ++i)
       it->second.access[desc[i].location.id] = static_cast<unsigned char>(desc[i].flags);
@@ -162,7 +170,12 @@ FC_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation
   std::lock_guard<std::mutex> l(driver().mu);
   Mapping* m = find_mapping(ptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
-  *flags = m->access[location->id];
+  // A cuMemAlloc block and a legacy IPC open: no VMM access flags, 0
+  // (measured as for cuMemSetAccess; their ACCESS_FLAGS pointer attribute
+  // is the device's access all the same).
+  const Allocation* a = find_alloc(m->alloc);
+  const bool vmm = !a || (a->kind != AllocKind::kLegacy && a->kind != AllocKind::kIpcImport);
+  *flags = vmm ? m->access[location->id] : 0;
   return CUDA_SUCCESS;
 }
 

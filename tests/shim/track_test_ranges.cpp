@@ -398,8 +398,20 @@ int ipc_block_end() {
       // As for an address the driver does not know.
       FC_REQ(range_size == 0 && ordinal == -2 && in == nullptr);
     }
-    // Not a VMM mapping to the application: cuIpcCloseMemHandle takes it.
+    // Not a VMM mapping to the application: cuIpcCloseMemHandle takes it;
+    // no access flags to get or set, as on the driver (ipc_attrs).
     FC_REQ(cuMemUnmap(p, 4u << 20) == CUDA_ERROR_INVALID_VALUE);
+    {
+      CUmemLocation loc{};
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = 0;
+      unsigned long long access = 7;
+      FC_REQ(cuMemGetAccess(&access, &loc, p + 8) == CUDA_SUCCESS && access == 0);
+      CUmemAccessDesc acc{};
+      acc.location = loc;
+      acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      FC_REQ(cuMemSetAccess(p, 4u << 20, &acc, 1) == CUDA_ERROR_INVALID_VALUE);
+    }
     // SYNC_MEMOPS is taken, as on the driver: the open's context's flag.
     unsigned flags = 0;
     const unsigned one = 1;
