@@ -399,9 +399,9 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
       // What cuPointerSetAttribute last set on this mapping, read the same
       // with any context current; a VMM mapping, which refuses it, reads 0
-      // (alloc_sizes.cpp ctx_attrs, on an H100). Its width is not measured:
-      // the lowest byte, as for the other flags.
-      *static_cast<unsigned char*>(data) = m->sync_memops;
+      // (alloc_sizes.cpp ctx_attrs, on an H100), in 4 bytes as the driver
+      // writes it there.
+      *static_cast<unsigned*>(data) = m->sync_memops;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
       // A cuMemAlloc block is; a VMM allocation only when created so
