@@ -521,8 +521,7 @@ FC_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute 
   Mapping* m = find_known(ptr, nullptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
-  if (!a || (a->kind != AllocKind::kLegacy && a->kind != AllocKind::kIpcImport))
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (!driver_block(a)) return CUDA_ERROR_NOT_SUPPORTED;
   m->sync_memops = *static_cast<const unsigned*>(value) != 0;
   return CUDA_SUCCESS;
 }

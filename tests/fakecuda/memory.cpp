@@ -270,8 +270,7 @@ Mapping* find_known(uintptr_t p, uintptr_t* base, size_t* size) {
   if (!m) return nullptr;
   size_t n = m->size;
   const Allocation* a = find_alloc(m->alloc);
-  if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport) && a->requested)
-    n = a->requested;
+  if (driver_block(a) && a->requested) n = a->requested;
   if (p - b >= n) return nullptr;
   if (base) *base = b;
   if (size) *size = n;

@@ -116,6 +116,15 @@ struct Allocation {
   std::vector<McBinding> mc_bindings;
 };
 
+/// Whether a is memory the driver maps for the application itself, no VMM
+/// mapping to it: a cuMemAlloc block or a legacy IPC open of one. The VMM
+/// calls refuse it (cuMemUnmap, cuMemSetAccess, cuMemRetainAllocationHandle;
+/// measured on an H100: served-block-h100.log, alloc_sizes.cpp ipc_attrs and
+/// ctx_attrs). nullptr: false.
+inline bool driver_block(const Allocation* a) {
+  return a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport);
+}
+
 /// One virtual address range reserved by cuMemAddressReserve (or internally).
 struct Reservation {
   size_t size = 0;

@@ -62,9 +62,7 @@ FC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
   Allocation* a = find_alloc(handle);
-  if (!a || a->handle_refs <= 0 || a->kind == AllocKind::kLegacy ||
-      a->kind == AllocKind::kIpcImport)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!a || a->handle_refs <= 0 || driver_block(a)) return CUDA_ERROR_INVALID_VALUE;
   --a->handle_refs;
   maybe_destroy(handle);
   return CUDA_SUCCESS;
@@ -112,11 +110,7 @@ FC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FC_REQUIRE_INIT();
   std::lock_guard<std::mutex> l(driver().mu);
   Mapping* m = find_mapping(ptr, nullptr);
-  if (m) {
-    Allocation* a = find_alloc(m->alloc);
-    if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport))
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  if (m && driver_block(find_alloc(m->alloc))) return CUDA_ERROR_INVALID_VALUE;
   return unmap_range(ptr, size);
 }
 
@@ -147,11 +141,8 @@ FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
   // A cuMemAlloc block and a legacy IPC open are no VMM mappings: refused,
   // whatever the size (measured on an H100, driver 580.159.04:
   // tests/gpu/probes/alloc_sizes.cpp ctx_attrs and ipc_attrs).
-  for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it) {
-    const Allocation* a = find_alloc(it->second.alloc);
-    if (a && (a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport))
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it)
+    if (driver_block(find_alloc(it->second.alloc))) return CUDA_ERROR_INVALID_VALUE;
   for (it = d.mappings.find(ptr); it != d.mappings.end() && it->first < ptr + size; ++it) {
     for (size_t i = 0; i < count; ++i)
       it->second.access[desc[i].location.id] = static_cast<unsigned char>(desc[i].flags);
@@ -173,9 +164,7 @@ FC_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation
   // A cuMemAlloc block and a legacy IPC open: no VMM access flags, 0
   // (measured as for cuMemSetAccess; their ACCESS_FLAGS pointer attribute
   // is the device's access all the same).
-  const Allocation* a = find_alloc(m->alloc);
-  const bool vmm = !a || (a->kind != AllocKind::kLegacy && a->kind != AllocKind::kIpcImport);
-  *flags = vmm ? m->access[location->id] : 0;
+  *flags = driver_block(find_alloc(m->alloc)) ? 0 : m->access[location->id];
   return CUDA_SUCCESS;
 }
 
@@ -187,8 +176,7 @@ FC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* han
   Mapping* m = find_mapping(reinterpret_cast<uintptr_t>(addr), nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = find_alloc(m->alloc);
-  if (!a || a->kind == AllocKind::kLegacy || a->kind == AllocKind::kIpcImport)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!a || driver_block(a)) return CUDA_ERROR_INVALID_VALUE;
   ++a->handle_refs;
   *handle = a->id;
   return CUDA_SUCCESS;
