@@ -125,12 +125,11 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* b
 /// PyTorch's caching allocator asks), a few atomic loads; otherwise a lookup
 /// in the copy check's table under its own lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
-/// cuMemGetAccess inside a legacy IPC open of the shim's: 0, as the driver
-/// answers for its own open, which is no VMM mapping (measured on an H100:
-/// tests/gpu/probes/alloc_sizes.cpp ipc_attrs). The driver answers 0 for its
-/// cuMemAlloc block too (ctx_attrs); a served block answers its mapping's
-/// flags still, which the shim's peer access tests read. Anything else: the
-/// driver's answer.
+/// cuMemGetAccess inside a block the shim serves or a legacy IPC open of the
+/// shim's, or in the rest of its mapping: 0, as the driver answers for its
+/// own cuMemAlloc block and open, which are no VMM mappings (measured on an
+/// H100: tests/gpu/probes/alloc_sizes.cpp ctx_attrs, ipc_attrs). Anything
+/// else: the driver's answer.
 CUresult mem_get_access(decltype(&::cuMemGetAccess) real, unsigned long long* flags,
                         const CUmemLocation* location, CUdeviceptr ptr) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves or a

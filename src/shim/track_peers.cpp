@@ -15,9 +15,10 @@ namespace cusnap::shim::track {
 // cuMemAlloc block served by a mapping gets explicit access (read-write) for
 // every device whose context enabled peer access to the block's device: the
 // existing blocks when peer access is enabled, a new block when it is made.
-// Access that came from peer access only (Mapping::peer_only) is revoked
-// (PROT_NONE) when the last grant between the two devices is disabled; access
-// the application set itself is never revoked.
+// It is revoked (PROT_NONE) when the last grant between the two devices is
+// disabled. The application cannot set a block's access itself (the driver
+// refuses cuMemSetAccess of its own block, and the shim of a served one), so
+// every other device's access to a block came from peer access.
 
 namespace {
 
@@ -87,13 +88,7 @@ CUresult grant_peers(State& s, CUdeviceptr addr) {
   Lock l(s.mu);
   auto m = s.ranges.find(addr);
   if (m == s.ranges.end() || !s.legacy_blocks.count(addr)) return CUDA_SUCCESS;
-  for (auto& d : add) {
-    const bool had = has_record(m->second.access, d.location.id);
-    union_access(&m->second.access, d);
-    auto& po = m->second.peer_only;
-    if (!had && std::find(po.begin(), po.end(), d.location.id) == po.end())
-      po.push_back(d.location.id);
-  }
+  for (auto& d : add) union_access(&m->second.access, d);
   return CUDA_SUCCESS;
 }
 
@@ -115,8 +110,8 @@ CUresult grant_device(State& s, int32_t to) {
 }
 
 /// Once no grant from `from` to `to` remains: revokes `from`'s access to the
-/// blocks of device `to` where it came from peer access only. A revocation
-/// the driver refuses leaves that access (and its record) in place.
+/// blocks of device `to`. A revocation the driver refuses leaves that access
+/// (and its record) in place.
 void revoke_peers(State& s, int32_t from, int32_t to) {
   std::vector<std::pair<uint64_t, uint64_t>> blocks;
   {
@@ -126,9 +121,7 @@ void revoke_peers(State& s, int32_t from, int32_t to) {
       auto a = s.allocs.find(id);
       auto m = s.ranges.find(addr);
       if (a == s.allocs.end() || a->second.device != to || m == s.ranges.end()) continue;
-      auto& po = m->second.peer_only;
-      if (std::find(po.begin(), po.end(), from) != po.end())
-        blocks.emplace_back(addr, m->second.size);
+      if (has_record(m->second.access, from)) blocks.emplace_back(addr, m->second.size);
     }
   }
   for (auto [addr, size] : blocks) {
@@ -139,11 +132,7 @@ void revoke_peers(State& s, int32_t from, int32_t to) {
     if (REAL(cuMemSetAccess)(addr, size, &d, 1) != CUDA_SUCCESS) continue;
     Lock l(s.mu);
     auto m = s.ranges.find(addr);
-    if (m == s.ranges.end()) continue;
-    auto& po = m->second.peer_only;
-    auto p = std::find(po.begin(), po.end(), from);
-    if (p == po.end()) continue;  // the application set it meanwhile
-    po.erase(p);
+    if (m == s.ranges.end()) continue;  // freed meanwhile
     auto& acc = m->second.access;
     acc.erase(std::remove_if(acc.begin(), acc.end(),
                              [&](const proto::AccessRecord& a) {

@@ -214,8 +214,7 @@ CUresult mem_get_access(decltype(&::cuMemGetAccess) real, unsigned long long* fl
   if (r != CUDA_SUCCESS || !flags) return r;
   try {
     BlockAsked asked;
-    const Served where = served_at(ptr, &asked);
-    if (where == Served::kOpened) *flags = 0;
+    if (served_at(ptr, &asked) != Served::kNo) *flags = 0;
   } catch (...) {  // the driver's answer stands
   }
   return r;

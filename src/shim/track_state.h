@@ -100,10 +100,10 @@ struct Mapping {
   /// A block the shim serves or a legacy IPC open of the shim's: what was
   /// asked of it (kind kNone: neither, a VMM mapping of the application's).
   BlockAsked asked;
+  /// The access set on the mapping. A served block's: its own device's, and
+  /// each peer's granted through peer access (track_peers.cpp), the only way
+  /// to a block, as the application cannot set a block's access.
   std::vector<proto::AccessRecord> access;
-  /// Devices whose access here (a cuMemAlloc block) came from peer access
-  /// only; revoked again when the last such grant is disabled.
-  std::vector<int32_t> peer_only;
 };
 
 /// A cuCtxEnablePeerAccess in force: `ctx` (on device `from`) may access

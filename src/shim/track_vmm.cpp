@@ -61,6 +61,21 @@ bool overlapping(State& s, uint64_t p, uint64_t n, std::vector<uint64_t>* out) {
   return partial;
 }
 
+/// Whether any of the mappings at `hit` is a block the shim serves or a
+/// legacy IPC open of the shim's: no VMM mapping to the application, which
+/// cuMemUnmap and cuMemSetAccess refuse (INVALID_VALUE) as the driver does
+/// for its own cuMemAlloc block and open, whatever the size (measured on an
+/// H100: tests/gpu/probes/alloc_sizes.cpp ctx_attrs, ipc_attrs). cuMemFree
+/// and cuIpcCloseMemHandle take them, and peer access is the only way to a
+/// block's access (track_peers.cpp).
+bool any_block(const State& s, const std::vector<uint64_t>& hit) {
+  for (uint64_t a : hit) {
+    auto m = s.ranges.find(a);
+    if (m != s.ranges.end() && m->second.asked.kind != BlockAsked::Kind::kNone) return true;
+  }
+  return false;
+}
+
 /// A ticket memfd naming key; -1 on failure.
 int make_ticket(const State& s, const AllocKey& key, uint64_t bytes, const std::string& socket) {
   proto::Ticket t{};
@@ -360,14 +375,7 @@ CUresult mem_unmap(decltype(&::cuMemUnmap) real, CUdeviceptr ptr, size_t size) n
     std::vector<uint64_t> hit;
     {
       Lock l(s.mu);
-      if (overlapping(s, ptr, size, &hit)) return CUDA_ERROR_INVALID_VALUE;
-      // A served block and a legacy IPC open are no VMM mappings to the
-      // application: cuMemFree and cuIpcCloseMemHandle take them.
-      for (uint64_t a : hit) {
-        auto m = s.ranges.find(a);
-        if (m != s.ranges.end() && m->second.asked.kind != BlockAsked::Kind::kNone)
-          return CUDA_ERROR_INVALID_VALUE;
-      }
+      if (overlapping(s, ptr, size, &hit) || any_block(s, hit)) return CUDA_ERROR_INVALID_VALUE;
     }
     CUresult r = real(ptr, size);
     if (r != CUDA_SUCCESS || hit.empty()) return r;
@@ -403,17 +411,7 @@ CUresult mem_set_access(decltype(&::cuMemSetAccess) real, CUdeviceptr ptr, size_
     std::vector<uint64_t> hit;
     {
       Lock l(s.mu);
-      if (overlapping(s, ptr, size, &hit)) return CUDA_ERROR_INVALID_VALUE;
-      // A legacy IPC open is no VMM mapping to the application: the driver
-      // refuses its own, whatever the size (measured on an H100:
-      // tests/gpu/probes/alloc_sizes.cpp ipc_attrs). It refuses its
-      // cuMemAlloc block too (ctx_attrs), which the shim's served block still
-      // takes: its peer access bookkeeping (peer_only below) counts on it.
-      for (uint64_t a : hit) {
-        auto m = s.ranges.find(a);
-        if (m != s.ranges.end() && m->second.asked.kind == BlockAsked::Kind::kOpened)
-          return CUDA_ERROR_INVALID_VALUE;
-      }
+      if (overlapping(s, ptr, size, &hit) || any_block(s, hit)) return CUDA_ERROR_INVALID_VALUE;
     }
     CUresult r = real(ptr, size, desc, count);
     if (r != CUDA_SUCCESS || hit.empty()) return r;
@@ -421,13 +419,7 @@ CUresult mem_set_access(decltype(&::cuMemSetAccess) real, CUdeviceptr ptr, size_
     for (uint64_t a : hit) {
       auto it = s.ranges.find(a);
       if (it == s.ranges.end()) continue;
-      for (size_t i = 0; i < count; ++i) {
-        union_access(&it->second.access, desc[i]);
-        // Set by the application: no longer peer access's to revoke.
-        auto& po = it->second.peer_only;
-        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-          po.erase(std::remove(po.begin(), po.end(), desc[i].location.id), po.end());
-      }
+      for (size_t i = 0; i < count; ++i) union_access(&it->second.access, desc[i]);
     }
     return CUDA_SUCCESS;
   } catch (...) {

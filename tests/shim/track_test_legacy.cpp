@@ -304,7 +304,24 @@ uint32_t recorded_access(const proto::ShimRecords& r, uint64_t addr, int32_t dev
   return 0;
 }
 
-unsigned long long driver_access(CUdeviceptr p, int dev) {
+/// The access the driver gives the device of context `ctx` to the memory at
+/// p: the ACCESS_FLAGS pointer attribute with `ctx` current (the served
+/// block's mapping's access, which the shim leaves to the driver); ~0 when
+/// the query fails. The current context is left as it was.
+unsigned long long access_from(CUcontext ctx, CUdeviceptr p) {
+  CUcontext was = nullptr;
+  if (cuCtxGetCurrent(&was) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return ~0ull;
+  unsigned v = 0;  // the driver writes the lowest byte
+  const CUresult r = cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p);
+  cuCtxSetCurrent(was);
+  return r == CUDA_SUCCESS ? v : ~0ull;
+}
+
+/// cuMemGetAccess of p for device `dev`: the driver answers 0 for its
+/// cuMemAlloc block, which is no VMM mapping (measured on an H100:
+/// tests/gpu/probes/alloc_sizes.cpp ctx_attrs), and so must the shim for a
+/// block it serves; ~0 when the call fails.
+unsigned long long get_access(CUdeviceptr p, int dev) {
   CUmemLocation loc{};
   loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
   loc.id = dev;
@@ -332,9 +349,11 @@ int two_primary_contexts(CUcontext* c0, CUcontext* c1, CUdevice* d0 = nullptr,
 
 /// Peer access reaches cuMemAlloc blocks served by VMM mappings: device 1's
 /// context enables access to device 0's context; device 0's blocks (existing
-/// and new) get read-write for device 1, in the driver and in the records;
-/// disabling revokes what peer access alone granted, never what the
-/// application set itself. The enable also goes through the pointer
+/// and new) get read-write for device 1, in the driver (the ACCESS_FLAGS
+/// device 1's context reads) and in the records; disabling revokes it. As
+/// the driver's own block, a served block answers cuMemGetAccess 0 and
+/// refuses cuMemSetAccess (INVALID_VALUE, nothing changed), so peer access
+/// is the only way to it. The enable also goes through the pointer
 /// cuGetProcAddress hands out (the runtime's cudaDeviceEnablePeerAccess path).
 int peer() {
   CUdevice dev0, dev1;
@@ -347,7 +366,9 @@ int peer() {
   CUdeviceptr before;  // a block of device 0 made before peer access
   REQ_OK(cuMemAlloc(&before, n));
   fill(before, n, 0x31);
-  REQ(driver_access(before, 0) == RW && driver_access(before, 1) == 0);
+  REQ(access_from(c0, before) == RW && access_from(c1, before) == 0);
+  REQ(get_access(before, 0) == 0 && get_access(before, 1) == 0);
+  REQ(get_access(before + n + 4096, 0) == 0);  // in the rest of its mapping too
 
   REQ_OK(cuCtxSetCurrent(c1));
   CUdeviceptr own1;  // device 1's own block: device 0 never enables access
@@ -355,36 +376,43 @@ int peer() {
   REQ(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_INVALID_DEVICE);
   REQ_OK(cuCtxEnablePeerAccess(c0, 0));
   REQ(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-  REQ(driver_access(before, 1) == RW);
-  REQ(driver_access(own1, 0) == 0);
-  REQ(all(before, n, 0x31));  // read from device 1's context
-  fill(before, n, 0x32);      // and written
+  REQ(access_from(c1, before) == RW);
+  REQ(access_from(c0, own1) == 0);
+  REQ(get_access(before, 1) == 0);  // peer access is no VMM access either
+  REQ(all(before, n, 0x31));        // read from device 1's context
+  fill(before, n, 0x32);            // and written
   proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(recorded_access(r, before, 1) == RW && recorded_access(r, before, 0) == RW);
   REQ(recorded_access(r, own1, 0) == 0);
 
   REQ_OK(cuCtxSetCurrent(c0));
-  CUdeviceptr after, kept;  // blocks of device 0 made while peer access is on
+  CUdeviceptr after, refused;  // blocks of device 0 made while peer access is on
   REQ_OK(cuMemAlloc(&after, n));
-  REQ_OK(cuMemAlloc(&kept, n));
-  REQ(driver_access(after, 1) == RW && driver_access(kept, 1) == RW);
-  CUmemAccessDesc mine{};  // the application grants `kept` itself as well
+  REQ_OK(cuMemAlloc(&refused, n));
+  REQ(access_from(c1, after) == RW && access_from(c1, refused) == RW);
+  CUmemAccessDesc mine{};  // the application cannot set a block's access itself
   mine.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   mine.location.id = 1;
-  mine.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  REQ_OK(cuMemSetAccess(kept, 2 << 20, &mine, 1));
+  mine.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  REQ(cuMemSetAccess(refused, n, &mine, 1) == CUDA_ERROR_INVALID_VALUE);
+  REQ(cuMemSetAccess(refused, 2 << 20, &mine, 1) == CUDA_ERROR_INVALID_VALUE);
+  REQ(access_from(c1, refused) == RW);  // nothing changed
+  REQ(inspect(getpid(), &r));
+  REQ(recorded_access(r, refused, 1) == RW);
   REQ(all(before, n, 0x32));
 
   REQ_OK(cuCtxSetCurrent(c1));
   REQ_OK(cuCtxDisablePeerAccess(c0));
   REQ(cuCtxDisablePeerAccess(c0) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
-  REQ(driver_access(before, 1) == 0 && driver_access(after, 1) == 0);
-  REQ(driver_access(before, 0) == RW && driver_access(after, 0) == RW);
-  REQ(driver_access(kept, 1) == RW);
+  REQ(access_from(c1, before) == 0 && access_from(c1, after) == 0 && access_from(c1, refused) == 0);
+  REQ(access_from(c0, before) == RW && access_from(c0, after) == RW);
   REQ(inspect(getpid(), &r));
   REQ(recorded_access(r, before, 1) == 0 && recorded_access(r, after, 1) == 0);
-  REQ(recorded_access(r, kept, 1) == RW && recorded_access(r, before, 0) == RW);
+  REQ(recorded_access(r, refused, 1) == 0 && recorded_access(r, before, 0) == RW);
+  mine.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;  // nor grant it
+  REQ(cuMemSetAccess(before, n, &mine, 1) == CUDA_ERROR_INVALID_VALUE);
+  REQ(access_from(c1, before) == 0);
 
   // Enabled again through the resolver's pointer, as the runtime calls it.
   void* fn = nullptr;
@@ -393,17 +421,17 @@ int peer() {
   REQ(fn != nullptr);
   auto enable = reinterpret_cast<CUresult (*)(CUcontext, unsigned)>(fn);
   REQ_OK(enable(c0, 0));
-  REQ(driver_access(before, 1) == RW && driver_access(after, 1) == RW);
+  REQ(access_from(c1, before) == RW && access_from(c1, after) == RW);
   REQ(inspect(getpid(), &r));
   REQ(recorded_access(r, before, 1) == RW && recorded_access(r, after, 1) == RW);
   REQ_OK(cuCtxDisablePeerAccess(c0));
-  REQ(driver_access(before, 1) == 0 && driver_access(kept, 1) == RW);
+  REQ(access_from(c1, before) == 0 && access_from(c1, refused) == 0);
 
   REQ_OK(cuMemFree(own1));
   REQ_OK(cuCtxSetCurrent(c0));
   REQ_OK(cuMemFree(before));
   REQ_OK(cuMemFree(after));
-  REQ_OK(cuMemFree(kept));
+  REQ_OK(cuMemFree(refused));
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty() && r.mappings.empty());
   return 0;

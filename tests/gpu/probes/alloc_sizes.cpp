@@ -11,9 +11,12 @@
 // same at the ends of such blocks as another process opened them from their
 // IPC handles (cuIpcOpenMemHandle); with `ipc_attrs`, the pointer attributes
 // of such an open at its base and one past its end, and whether it can be
-// exported again (cuIpcGetMemHandle); with `ctx_attrs`, which context a
-// block and a VMM mapping name when other contexts are current, and what
-// cuPointerSetAttribute(SYNC_MEMOPS) of a block sets. Run on the driver alone
+// exported again (cuIpcGetMemHandle), and what cuMemGetAccess and
+// cuMemSetAccess do with it; with `ctx_attrs`, which context a block and a
+// VMM mapping name when other contexts are current, what
+// cuPointerSetAttribute(SYNC_MEMOPS) of a block sets, and what
+// cuMemGetAccess and cuMemSetAccess do with a block, its tail, a freed block
+// and a VMM mapping. Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -349,7 +352,8 @@ static const char* ctx_name(CUcontext c, CUcontext primary, CUcontext a, CUconte
 /// writes of it), cuPointerSetAttribute(SYNC_MEMOPS) of the block, what the
 /// attribute then reads with each context current, and which contexts'
 /// flags have CU_CTX_SYNC_MEMOPS; last, cuMemGetAccess and cuMemSetAccess
-/// of the block and of the mapping.
+/// of the block, of the mapping, of the block's tail and of the block once
+/// freed.
 static int ctx_attrs() {
   CUdevice dev = 0;
   if (!init_primary(&dev)) return 1;
@@ -428,7 +432,12 @@ static int ctx_attrs() {
   cuCtxSetCurrent(a);
   for (const auto& w : kWhere)
     if (w.p) access_calls(w.name, w.p, 1 << 20, dev);
-  std::printf("  free %s", name(cuMemFree(blk)));
+  // Past the block's bytes, inside the granule it was rounded to (no memory
+  // to cuMemGetAddressRange), and a freed block's base.
+  access_calls("the block's tail", blk + (1 << 20) + 4096, 4096, dev);
+  const CUresult freed = cuMemFree(blk);
+  access_calls("the freed block", blk, 1 << 20, dev);
+  std::printf("  free %s", name(freed));
   if (mapped) std::printf(", unmap %s", name(cuMemUnmap(vmm, g)));
   if (vmm) cuMemAddressFree(vmm, g);
   if (h) cuMemRelease(h);
