@@ -15,6 +15,7 @@
 #include "proto/env_settings.h"
 #include "shim/entries.h"
 #include "shim/gate.h"
+#include "shim/once.h"
 #include "shim/real_driver.h"
 #include "shim/stderr_line.h"
 
@@ -81,11 +82,11 @@ bool name_is_collective(const char* name) noexcept {
 namespace {
 
 bool debug_on() {
-  static const bool on = [] {
+  static OnceNumber on;
+  return on.get([] {
     const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
     return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  return on;
+  }) != 0;
 }
 
 uint8_t classify(CUfunction f) {
@@ -156,8 +157,8 @@ void init_cv() {
 }
 
 uint64_t hold_ms() {
-  static const uint64_t ms = proto::env_number(proto::kCutHoldMs);
-  return ms;
+  static OnceNumber ms;
+  return ms.get([] { return proto::env_number(proto::kCutHoldMs); });
 }
 
 struct Locked {

@@ -26,6 +26,7 @@
 
 #include "proto/control.h"
 #include "shim/gate.h"
+#include "shim/once.h"
 #include "shim/thread_start.h"
 #include "shim/track_ckpt_internal.h"
 #include "shim/track_state.h"
@@ -52,8 +53,8 @@ struct Drains {
 /// Never destroyed: a drain thread may outlive the process's static
 /// destructors (it ends with the process).
 Drains& drains() {
-  static Drains* d = new Drains;
-  return *d;
+  static OncePointer<Drains> d;
+  return *d.get([] { return new Drains; }, [](Drains* extra) { delete extra; });
 }
 
 struct ThreadArg {

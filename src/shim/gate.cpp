@@ -1,4 +1,5 @@
 #include "shim/gate.h"
+#include "shim/once.h"
 
 #include <linux/membarrier.h>
 #include <signal.h>
@@ -63,9 +64,14 @@ uint64_t now_ms() noexcept {
 // shoot down its TLB entries on each such CPU, an interrupt that drains the
 // CPU's store buffer.
 bool flush_by_mprotect() {
-  static void* const page =
-      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (page == MAP_FAILED) return false;
+  static OncePointer<void> made;
+  void* const page = made.get(
+      [] {
+        void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? nullptr : p;
+      },
+      [](void* extra) { munmap(extra, 4096); });
+  if (!page) return false;
   if (mprotect(page, 4096, PROT_READ | PROT_WRITE) != 0) return false;
   static_cast<volatile char*>(page)[0] = 1;
   return mprotect(page, 4096, PROT_NONE) == 0;

@@ -13,6 +13,7 @@
 #include <new>
 
 #include "proto/proc_stat.h"
+#include "shim/once.h"
 #include "shim/real_driver.h"
 #include "shim/stderr_line.h"
 #include "shim/track_internal.h"
@@ -108,11 +109,12 @@ void start_slow() noexcept {
 }  // namespace
 
 void log(const char* what) noexcept {
-  static const bool on = [] {
-    const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  if (on) say("%s", what);
+  static OnceNumber on;
+  if (on.get([] {
+        const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
+        return e && *e && std::strcmp(e, "0") != 0;
+      }))
+    say("%s", what);
 }
 
 uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,
@@ -292,8 +294,8 @@ void union_access(std::vector<proto::AccessRecord>* set, const CUmemAccessDesc& 
 }
 
 State& state() noexcept {
-  static State* s = new State;
-  return *s;
+  static OncePointer<State> s;
+  return *s.get([] { return new State; }, [](State* extra) { delete extra; });
 }
 
 uint64_t process_start_time(pid_t pid) noexcept {

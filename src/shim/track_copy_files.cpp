@@ -18,6 +18,7 @@
 
 #include "proto/env_settings.h"
 #include "shim/fork_table.h"
+#include "shim/once.h"
 #include "shim/real_driver.h"
 #include "shim/track_state.h"
 
@@ -31,25 +32,25 @@
 namespace cusnap::shim::track {
 
 uint64_t chunk_bytes() {
-  static const uint64_t mib = proto::env_number(proto::kShimStagingMib);
-  return mib << 20;
+  static OnceNumber mib;
+  return mib.get([] { return proto::env_number(proto::kShimStagingMib); }) << 20;
 }
 
 uint64_t window_bytes() {
-  static const uint64_t mib = proto::env_number(proto::kShimDirectMib);
-  return mib << 20;
+  static OnceNumber mib;
+  return mib.get([] { return proto::env_number(proto::kShimDirectMib); }) << 20;
 }
 
 DirectMode direct_mode() {
-  static const DirectMode m = [] {
+  static OnceNumber m;
+  return static_cast<DirectMode>(m.get([] {
     const char* e = std::getenv("CUSNAP_SHIM_DIRECT_IO");
     if (e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0)) return DirectMode::kOn;
     if (e && std::strcmp(e, "auto") == 0) return DirectMode::kAuto;
     // Unset, "off" or anything else: staging. On an H200 (driver 580) the
     // direct path lost to it: cuMemHostRegister is the bound (track_copy.h).
     return DirectMode::kOff;
-  }();
-  return m;
+  }));
 }
 
 bool write_all(int fd, const void* p, uint64_t n, uint64_t off, std::string* err) {
@@ -87,12 +88,12 @@ bool read_all(int fd, void* p, uint64_t n, uint64_t off, std::string* err) {
 }
 
 unsigned worker_count() {
-  static const unsigned n = [] {
+  static OnceNumber n;
+  return static_cast<unsigned>(n.get([] {
     if (const uint64_t v = proto::env_number(proto::kShimCopyThreads)) return unsigned(v);
     long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
     return static_cast<unsigned>(cpus >= 16 ? 8 : cpus >= 4 ? cpus / 2 : 1);
-  }();
-  return n;
+  }));
 }
 
 // --- the direct path ---------------------------------------------------------
@@ -151,10 +152,11 @@ void prepare_part(int fd, bool save, bool shmem_only, PartFile* p) {
 
 bool Window::open(const PartFile& f, uint64_t off, uint64_t len, bool writable, bool read_only_flag,
                   bool populate, std::string* why) {
-  static const uint64_t page = [] {
+  static OnceNumber page_size;
+  const uint64_t page = page_size.get([] {
     long p = ::sysconf(_SC_PAGESIZE);
     return static_cast<uint64_t>(p > 0 ? p : 4096);
-  }();
+  });
   len_ = (len + page - 1) / page * page;
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   void* p = map_unforked(len_, prot, f.fd, static_cast<off_t>(off), f.shmem);

@@ -16,6 +16,7 @@
 #include "proto/wire.h"
 #include "shim/fork_table.h"
 #include "shim/held_fd.h"
+#include "shim/once.h"
 #include "shim/track_state.h"
 
 namespace cusnap::shim::track {
@@ -23,11 +24,11 @@ namespace cusnap::shim::track {
 using Clock = std::chrono::steady_clock;
 
 /// The bound of every exchange of the listeners and of an importer
-/// ($CUSNAP_CONTROL_TIMEOUT), read once (listener_main reads it before any
-/// fork can copy the static half made).
+/// ($CUSNAP_CONTROL_TIMEOUT), read once.
 inline std::chrono::milliseconds exchange_timeout() {
-  static const auto t = proto::control_timeout_from_env();
-  return t;
+  static OnceNumber ms;
+  return std::chrono::milliseconds(
+      ms.get([] { return uint64_t(proto::control_timeout_from_env().count()); }));
 }
 
 /// One connection of a listener, or an importer's to a creator's peer socket
@@ -105,7 +106,8 @@ struct GateHold {
   Clock::time_point contact;
 
   uint64_t hold_ms() const {
-    static const uint64_t own = proto::env_number(proto::kCutHoldMs);
+    static OnceNumber once;
+    const uint64_t own = once.get([] { return proto::env_number(proto::kCutHoldMs); });
     return armed_hold_ms > own ? armed_hold_ms : own;
   }
   bool pending() const { return closed_by_client && !released; }

@@ -414,11 +414,6 @@ void take_down(int fd, const std::string& path) noexcept {
 void* listener_main(void* p) {
   ListenerArg arg = *static_cast<ListenerArg*>(p);
   delete static_cast<ListenerArg*>(p);
-  try {
-    (void)exchange_timeout();  // initialise the static before any fork can copy it half-done
-    (void)GateHold{}.hold_ms();
-  } catch (...) {  // nothing leaves the thread: serve() tries again
-  }
   // Not the application's to cancel: unwinding into the catch below would
   // abort the process.
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
