@@ -21,15 +21,16 @@ class OnceNumber {
  public:
   constexpr OnceNumber() = default;
 
-  /// The value; make() is called until a call has stored one. make must not
-  /// return UINT64_MAX (which is kept as "not made").
+  /// The value; make() is called until a call has stored one, and racing
+  /// callers all return the one stored first. make must not return
+  /// UINT64_MAX (kept as "not made": it would be made again on each use).
   template <typename F>
   uint64_t get(F&& make) {
     uint64_t v = v_.load(std::memory_order_acquire);
     if (v != kUnset) return v;
-    v = static_cast<uint64_t>(std::forward<F>(make)());
-    v_.store(v, std::memory_order_release);
-    return v;
+    const uint64_t made = static_cast<uint64_t>(std::forward<F>(make)());
+    if (v_.compare_exchange_strong(v, made, std::memory_order_acq_rel)) return made;
+    return v;  // another thread's, stored first
   }
 
  private:

@@ -114,6 +114,7 @@ CUresult grant_device(State& s, int32_t to) {
 /// (and its record) in place.
 void revoke_peers(State& s, int32_t from, int32_t to) {
   std::vector<std::pair<uint64_t, uint64_t>> blocks;
+  if (from == to) return;  // a block's own device keeps its access
   {
     Lock l(s.mu);
     if (granted(s, from, to)) return;

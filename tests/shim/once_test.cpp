@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -28,15 +29,21 @@ TEST_CASE("OnceNumber: made on first use, then kept; racing threads agree") {
   CHECK(zero.get([] { return 0; }) == 0);
   CHECK(zero.get([] { return 5; }) == 0);
 
-  OnceNumber raced;
+  OnceNumber raced;  // each thread would make its own: all get the one stored first
   std::atomic<int> made{0};
+  std::atomic<bool> go{false};
   std::vector<std::thread> ts;
   std::vector<uint64_t> got(16);
   for (size_t i = 0; i < got.size(); ++i)
-    ts.emplace_back([&, i] { got[i] = raced.get([&] { return ++made, 99; }); });
+    ts.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      got[i] = raced.get([&] { return ++made, 100 + i; });
+    });
+  go = true;
   for (auto& t : ts) t.join();
   CHECK(made >= 1);
-  for (uint64_t g : got) CHECK(g == 99);
+  CHECK(got[0] >= 100);
+  for (uint64_t g : got) CHECK(g == got[0]);
 }
 
 TEST_CASE("OncePointer: one object kept, racing threads' extras discarded, a failed make retried") {
@@ -76,13 +83,17 @@ template <typename Use>
 int fork_while_making(Use use_in_child, std::atomic<bool>* inside, std::atomic<bool>* release) {
   while (!*inside) std::this_thread::sleep_for(1ms);
   const pid_t child = fork();
+  REQUIRE(child >= 0);
   if (child == 0) {
     alarm(5);  // a child that waits forever is killed: SIGALRM
     _exit(use_in_child() ? 0 : 1);
   }
   *release = true;
   int status = 0;
-  waitpid(child, &status, 0);
+  pid_t w;
+  while ((w = waitpid(child, &status, 0)) < 0 && errno == EINTR) {
+  }
+  REQUIRE(w == child);
   return status;
 }
 
