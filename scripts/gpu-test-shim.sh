@@ -132,6 +132,9 @@ done
   TRACK=1 run_both alloc_sizes_ctx_attrs bash -c \
     '"$1" ctx_attrs | grep -v -e "context flags" -e "block.s tail:" -e "freed block:"' _ "$work/alloc_sizes"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_ctx_attrs_all "$work/alloc_sizes" ctx_attrs
+# With two GPUs: the access device 0's blocks answer to device 1's context
+# around peer access (not yet measured; with one GPU, nothing is).
+[[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_peer_attrs "$work/alloc_sizes" peer_attrs
 [[ -x "$work/capture_joins" ]] &&
   TRACK=1 run_both capture_joins bash -c \
     'for c in $(seq 1 19); do "$1" "$c"; done | sed -E "s/0x[0-9a-f]+/0x_/g"' _ "$work/capture_joins"

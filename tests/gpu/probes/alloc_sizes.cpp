@@ -16,7 +16,8 @@
 // VMM mapping name when other contexts are current, what
 // cuPointerSetAttribute(SYNC_MEMOPS) of a block sets, and what
 // cuMemGetAccess and cuMemSetAccess do with a block, its tail, a freed block
-// and a VMM mapping. Run on the driver alone
+// and a VMM mapping; with `peer_attrs` (two GPUs), the access a block answers
+// to another device's context before, while and after peer access. Run on the driver alone
 // and under `cusnap launch` (where the shim serves the block from a VMM
 // allocation), and by scripts/gpu-test-shim.sh with and without the shim (the
 // output must be the same). Addresses are not printed: they differ from run
@@ -445,10 +446,89 @@ static int ctx_attrs() {
   return 0;
 }
 
+/// With two GPUs (peer_attrs): what the driver says of device 0's
+/// cuMemAlloc blocks to each device's primary context before, while and after
+/// device 1's context has peer access to device 0's: the ACCESS_FLAGS pointer
+/// attribute with each context current, and cuMemGetAccess for each device;
+/// for a block made before the enable and one made while it is on. With one
+/// GPU, says so and measures nothing.
+static int peer_attrs() {
+  int n = 0;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&n) != CUDA_SUCCESS) {
+    std::printf("cuInit or cuDeviceGetCount failed\n");
+    return 1;
+  }
+  if (n < 2) {
+    std::printf("fewer than two GPUs: nothing measured\n");
+    return 0;
+  }
+  CUdevice d0 = 0, d1 = 0;
+  CUcontext c0 = nullptr, c1 = nullptr;
+  if (cuDeviceGet(&d0, 0) != CUDA_SUCCESS || cuDeviceGet(&d1, 1) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&c0, d0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&c1, d1) != CUDA_SUCCESS) {
+    std::printf("cannot retain both primary contexts\n");
+    return 1;
+  }
+  int can = 0;
+  cuDeviceCanAccessPeer(&can, d1, d0);
+  std::printf("device 1 can access device 0: %d\n", can);
+  cuCtxSetCurrent(c0);
+  CUdeviceptr before = 0, during = 0;
+  std::printf("cuMemAlloc(1 MiB) on device 0: %s\n", name(cuMemAlloc(&before, 1 << 20)));
+  if (!before) return 1;
+  const auto report = [&](const char* when, const char* which, CUdeviceptr p) {
+    std::printf("%s, %s:", when, which);
+    const struct {
+      const char* name;
+      CUcontext ctx;
+      CUdevice dev;
+    } kCtx[] = {{"device 0", c0, d0}, {"device 1", c1, d1}};
+    for (const auto& c : kCtx) {
+      cuCtxSetCurrent(c.ctx);
+      unsigned v = 0;  // the lowest byte is written
+      const CUresult q = cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p);
+      std::printf(" ACCESS_FLAGS with %s current %s", c.name, name(q));
+      if (q == CUDA_SUCCESS) std::printf(" %u", v & 0xff);
+      CUmemLocation loc{};
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = c.dev;
+      unsigned long long f = 7;
+      const CUresult g = cuMemGetAccess(&f, &loc, p);
+      std::printf(", cuMemGetAccess for %s %s", c.name, name(g));
+      if (g == CUDA_SUCCESS) std::printf(" %llu", f);
+      std::printf(";");
+    }
+    std::printf("\n");
+  };
+  report("before peer access", "the block", before);
+  cuCtxSetCurrent(c1);
+  std::printf("device 1's context: cuCtxEnablePeerAccess(device 0's) %s\n",
+              name(cuCtxEnablePeerAccess(c0, 0)));
+  cuCtxSetCurrent(c0);
+  std::printf("cuMemAlloc(1 MiB) on device 0 while it is on: %s\n",
+              name(cuMemAlloc(&during, 1 << 20)));
+  report("peer access on", "the block made before", before);
+  if (during) report("peer access on", "the block made while on", during);
+  cuCtxSetCurrent(c1);
+  std::printf("device 1's context: cuCtxDisablePeerAccess(device 0's) %s\n",
+              name(cuCtxDisablePeerAccess(c0)));
+  report("peer access off", "the block made before", before);
+  if (during) report("peer access off", "the block made while on", during);
+  cuCtxSetCurrent(c0);
+  std::printf("free %s", name(cuMemFree(before)));
+  if (during) std::printf(" %s", name(cuMemFree(during)));
+  std::printf("\n");
+  cuDevicePrimaryCtxRelease(d0);
+  cuDevicePrimaryCtxRelease(d1);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "ipc_tail") == 0) return ipc_blocks(ipc_tail_operations);
   if (argc > 1 && std::strcmp(argv[1], "ipc_attrs") == 0) return ipc_blocks(ipc_attr_queries);
   if (argc > 1 && std::strcmp(argv[1], "ctx_attrs") == 0) return ctx_attrs();
+  if (argc > 1 && std::strcmp(argv[1], "peer_attrs") == 0) return peer_attrs();
   if (!init_primary()) return 1;
   const size_t sizes[] = {1,
                           100,
