@@ -122,15 +122,14 @@ done
 # granules, and answers and checks copies by the bytes the exporter asked
 # (docs/shim.md). Their other pointer attributes, for information. The context
 # a block and a VMM mapping name with other contexts current, SYNC_MEMOPS read
-# back, and cuMemGetAccess and cuMemSetAccess of a block and a mapping: the
-# same, but for the block context's flag the shim sets (by design,
-# docs/shim.md). Left out here and shown whole for information: that flag, and
-# the access calls at a block's tail and at a freed block (not yet measured).
+# back, and cuMemGetAccess and cuMemSetAccess of a block, a mapping, a block's
+# tail and a freed block: the same, but for the block context's flag the shim
+# sets (by design, docs/shim.md), left out here and shown whole for information.
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 run_both alloc_sizes_ipc_tail "$work/alloc_sizes" ipc_tail
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_ipc_attrs "$work/alloc_sizes" ipc_attrs
 [[ -x "$work/alloc_sizes" ]] &&
   TRACK=1 run_both alloc_sizes_ctx_attrs bash -c \
-    '"$1" ctx_attrs | grep -v -e "context flags" -e "block.s tail:" -e "freed block:"' _ "$work/alloc_sizes"
+    '"$1" ctx_attrs | grep -v -e "context flags"' _ "$work/alloc_sizes"
 [[ -x "$work/alloc_sizes" ]] && TRACK=1 INFO=1 run_both alloc_sizes_ctx_attrs_all "$work/alloc_sizes" ctx_attrs
 # With two GPUs: the access device 0's blocks answer to device 1's context
 # around peer access (not yet measured; with one GPU, nothing is).

@@ -126,10 +126,11 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* b
 /// in the copy check's table under its own lock. n == 0: false.
 bool past_block(CUdeviceptr p, size_t n) noexcept;
 /// cuMemGetAccess inside a block the shim serves or a legacy IPC open of the
-/// shim's, or in the rest of its mapping: 0, as the driver answers for its
-/// own cuMemAlloc block and open, which are no VMM mappings (measured on an
-/// H100: tests/gpu/probes/alloc_sizes.cpp ctx_attrs, ipc_attrs). Anything
-/// else: the driver's answer.
+/// shim's: 0, as the driver answers for its own cuMemAlloc block and open,
+/// which are no VMM mappings; in the rest of its mapping, past the bytes
+/// asked, INVALID_VALUE, as for no memory (measured on an H100:
+/// tests/gpu/probes/alloc_sizes.cpp ctx_attrs, ipc_attrs). Anything else:
+/// the driver's answer.
 CUresult mem_get_access(decltype(&::cuMemGetAccess) real, unsigned long long* flags,
                         const CUmemLocation* location, CUdeviceptr ptr) noexcept;
 /// cuPointerSetAttribute(SYNC_MEMOPS) inside a block the shim serves or a

@@ -210,13 +210,22 @@ CUresult mem_get_range(decltype(&::cuMemGetAddressRange_v2) real, CUdeviceptr* p
 
 CUresult mem_get_access(decltype(&::cuMemGetAccess) real, unsigned long long* flags,
                         const CUmemLocation* location, CUdeviceptr ptr) noexcept {
-  const CUresult r = real(flags, location, ptr);
-  if (r != CUDA_SUCCESS || !flags) return r;
+  Served where = Served::kNo;
   try {
     BlockAsked asked;
-    if (served_at(ptr, &asked) != Served::kNo) *flags = 0;
+    where = served_at(ptr, &asked);
   } catch (...) {  // the driver's answer stands
   }
+  if (where == Served::kTail) {
+    // No memory, as for a freed block's address: the driver checks the
+    // arguments, then refuses (measured on an H100). The mapping's flags
+    // are not written into the caller's variable.
+    unsigned long long scratch = 0;
+    const CUresult r = real(flags ? &scratch : nullptr, location, ptr);
+    return r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : r;
+  }
+  const CUresult r = real(flags, location, ptr);
+  if (r == CUDA_SUCCESS && flags && where != Served::kNo) *flags = 0;
   return r;
 }
 

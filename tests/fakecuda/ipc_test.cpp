@@ -161,6 +161,18 @@ TEST_CASE("fakecuda: a legacy IPC open is the bytes the exporter asked") {
     CHECK(cuMemSetAccess(at, 2 << 20, &acc, 1) == CUDA_ERROR_INVALID_VALUE);
   }
   CHECK(cuMemSetAccess(q, 4 << 20, &acc, 1) == CUDA_ERROR_INVALID_VALUE);
+  {  // past the bytes asked, in the rest of the granule: no memory, nothing
+     // written (ctx_attrs, on an H100, for a block); the open likewise
+    CUdeviceptr b = 0;
+    REQUIRE(cuMemAlloc(&b, 1 << 20) == CUDA_SUCCESS);
+    unsigned long long access = 7;
+    CHECK(cuMemGetAccess(&access, &loc, b + (1 << 20) + 4096) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemGetAccess(&access, &loc, p + n) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(access == 7);
+    CHECK(cuMemGetAccess(&access, &loc, b + (1 << 20) - 1) == CUDA_SUCCESS);  // its last byte
+    CHECK(access == 0);
+    CHECK(cuMemFree(b) == CUDA_SUCCESS);
+  }
   const unsigned one = 1;
   CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) == CUDA_SUCCESS);
   CHECK(cuMemGetAddressRange(&base, &size, p + n) == CUDA_ERROR_NOT_FOUND);

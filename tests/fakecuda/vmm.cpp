@@ -159,7 +159,10 @@ FC_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation
     return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(location->id)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> l(driver().mu);
-  Mapping* m = find_mapping(ptr, nullptr);
+  // Past a cuMemAlloc block's bytes, in the rest of its granule: no memory,
+  // as a freed block's address (measured on an H100: alloc_sizes.cpp
+  // ctx_attrs, the forty-seventh session).
+  Mapping* m = find_known(ptr, nullptr, nullptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
   // A cuMemAlloc block and a legacy IPC open: no VMM access flags, 0
   // (measured as for cuMemSetAccess; their ACCESS_FLAGS pointer attribute

@@ -368,7 +368,15 @@ int peer() {
   fill(before, n, 0x31);
   REQ(access_from(c0, before) == RW && access_from(c1, before) == 0);
   REQ(get_access(before, 0) == 0 && get_access(before, 1) == 0);
-  REQ(get_access(before + n + 4096, 0) == 0);  // in the rest of its mapping too
+  {  // past its bytes, in the rest of its mapping: no memory, as on the driver
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = 0;
+    unsigned long long f = 7;
+    REQ(cuMemGetAccess(&f, &loc, before + n + 4096) == CUDA_ERROR_INVALID_VALUE);
+    REQ(f == 7);  // nothing written
+    REQ(cuMemGetAccess(nullptr, &loc, before + n + 4096) == CUDA_ERROR_INVALID_VALUE);
+  }
 
   REQ_OK(cuCtxSetCurrent(c1));
   CUdeviceptr own1;  // device 1's own block: device 0 never enables access
