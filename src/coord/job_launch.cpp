@@ -165,12 +165,16 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   };
   UniqueFd out_r, out_w, err_r, err_w, report_r, report_w;
   std::string perr;
-  if (!make_pipe(&out_r, &out_w, 0, "pipe", &perr) ||
-      !make_pipe(&err_r, &err_w, 0, "pipe", &perr) ||
-      !make_pipe(&report_r, &report_w, 0, "pipe", &perr))
+  if (!make_pipe(&out_r, &out_w, 0, "the job's output pipe", &perr) ||
+      !make_pipe(&err_r, &err_w, 0, "the job's output pipe", &perr) ||
+      !make_pipe(&report_r, &report_w, 0, "the job's start report pipe", &perr))
     return failed(kExitFailure, perr);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!devnull) return failed(kExitFailure, std::string("/dev/null: ") + std::strerror(errno));
+  if (!devnull) {
+    const int e = errno;
+    return failed(kExitFailure,
+                  std::string("/dev/null: ") + std::strerror(e) + descriptor_remedy(e));
+  }
 
   // The child reports a failure before exec as {stage, errno}.
   enum : int { kStageSetup = 0, kStageSeccomp = 1, kStageExec = 2 };

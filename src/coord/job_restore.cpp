@@ -166,7 +166,8 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
     return fail;
   };
   UniqueFd out_r, out_w, err_r, err_w;
-  if (!make_pipe(&out_r, &out_w, 0, "pipe", &err) || !make_pipe(&err_r, &err_w, 0, "pipe", &err))
+  if (!make_pipe(&out_r, &out_w, 0, "the job's output pipe", &err) ||
+      !make_pipe(&err_r, &err_w, 0, "the job's output pipe", &err))
     return failed(kExitFailure, err);
 
   ShimDirLink shim_link;

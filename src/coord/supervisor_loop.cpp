@@ -245,14 +245,16 @@ bool SupervisorLoop::adopt(const SupervisorConfig& cfg, const std::string& path,
 }
 
 bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
-  if (!make_pipe(&sig_r_, &sig_w_, O_NONBLOCK, "pipe", &fail->error)) {
+  if (!make_pipe(&sig_r_, &sig_w_, O_NONBLOCK, "the supervisor's signal pipe", &fail->error)) {
     fail->exit_code = kExitFailure;
     return false;
   }
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) {
     fail->exit_code = kExitFailure;
-    fail->error = std::string("eventfd: ") + std::strerror(errno);
+    const int e = errno;
+    fail->error =
+        std::string("the supervisor's wake-up eventfd: ") + std::strerror(e) + descriptor_remedy(e);
     return false;
   }
   g_signal_pipe = sig_w_.get();

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,13 +41,31 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+/// What to do about errno e when it says descriptors ran out (EMFILE: this
+/// process's limit; ENFILE: the system's), with a leading space; empty for
+/// any other error.
+inline std::string descriptor_remedy(int e) {
+  if (e == EMFILE) {
+    rlimit lim{};
+    const std::string n = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY
+                              ? std::to_string(lim.rlim_cur) + " "
+                              : "";
+    return " (this process reached its limit of " + n +
+           "open files: raise \"ulimit -n\" for the cusnap command)";
+  }
+  if (e == ENFILE) return " (the system's limit of open files is reached: see fs.file-max)";
+  return "";
+}
+
 /// A pipe whose ends are owned from the start (pipe2 with flags, O_CLOEXEC
-/// always); false and *err ("WHAT: strerror") when the kernel refuses one.
+/// always); false and *err ("WHAT: strerror", and what to do when
+/// descriptors ran out) when the kernel refuses one.
 inline bool make_pipe(UniqueFd* read_end, UniqueFd* write_end, int flags, const char* what,
                       std::string* err) {
   int p[2];
   if (::pipe2(p, flags | O_CLOEXEC) != 0) {
-    *err = std::string(what) + ": " + std::strerror(errno);
+    const int e = errno;
+    *err = std::string(what) + ": " + std::strerror(e) + descriptor_remedy(e);
     return false;
   }
   read_end->reset(p[0]);

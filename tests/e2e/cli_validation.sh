@@ -158,6 +158,25 @@ grep -q "is not a directory: cusnap cannot list its jobs; set CUSNAP_RUNTIME_BAS
   "$T/base.err" || fail "ps with a file for a runtime base: $(cat "$T/base.err")"
 pass "an unusable runtime base: exit 1 with the reason, for suspend, resume, inspect and checkpoint"
 
+# Too few descriptors for a launch: exit 1, saying which descriptor could not
+# be made and what to do, and nothing left in the runtime base. The limit at
+# which each step fails depends on what the shell passes down: a few limits
+# are tried, and at least one must fail.
+failed_low=0
+for n in 8 10 12 14 16; do
+  rc=0
+  (ulimit -n $n && exec "$CUSNAP" launch --no-shim -- true) >/dev/null 2>"$T/nofile.err" || rc=$?
+  [ "$rc" = 0 ] && continue
+  [ "$rc" = 1 ] || fail "launch with ulimit -n $n exited $rc, expected 0 or 1: $(cat "$T/nofile.err")"
+  grep -q 'Too many open files (this process reached its limit of [0-9]* open files: raise "ulimit -n"' \
+    "$T/nofile.err" || fail "launch with ulimit -n $n: no remedy: $(cat "$T/nofile.err")"
+  failed_low=$((failed_low + 1))
+done
+[ "$failed_low" -gt 0 ] || fail "no launch failed with ulimit -n 8 to 16"
+[ -z "$(find "$CUSNAP_RUNTIME_BASE" -mindepth 1 -maxdepth 1 ! -name .lock 2>/dev/null)" ] ||
+  fail "a launch short of descriptors left $(ls -A "$CUSNAP_RUNTIME_BASE") in the runtime base"
+pass "a launch short of descriptors: exit 1 naming the descriptor and \"ulimit -n\" ($failed_low of 5 limits)"
+
 # cusnap help COMMAND.
 expect_usage "help of an unknown command" "'nosuch'" -- "$CUSNAP" help nosuch
 "$CUSNAP" help ps >/dev/null || fail "cusnap help ps failed"
