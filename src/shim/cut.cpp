@@ -81,14 +81,6 @@ bool name_is_collective(const char* name) noexcept {
 
 namespace {
 
-bool debug_on() {
-  static OnceNumber on;
-  return on.get([] {
-    const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }) != 0;
-}
-
 uint8_t classify(CUfunction f) {
   const char* name = nullptr;
   if (auto get = REAL(cuFuncGetName); !get || get(&name, f) != CUDA_SUCCESS) name = nullptr;
@@ -99,7 +91,7 @@ uint8_t classify(CUfunction f) {
       name = nullptr;
   }
   const uint8_t v = name && name_is_collective(name) ? kYes : kNo;
-  if (debug_on())
+  if (debug_enabled())
     say("kernel %s: %s", name ? name : "(no name)", v == kYes ? "collective" : "not collective");
   return v;
 }
@@ -154,11 +146,6 @@ void init_cv() {
   pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_cond_init(&g_cut.cv, &a);
   pthread_condattr_destroy(&a);
-}
-
-uint64_t hold_ms() {
-  static OnceNumber ms;
-  return ms.get([] { return proto::env_number(proto::kCutHoldMs); });
 }
 
 struct Locked {
@@ -272,7 +259,7 @@ proto::CutState handle_locked(const proto::CutRequest& req) {
 uint64_t hold_locked(unsigned slot, uint64_t n) {
   timespec deadline{};
   clock_gettime(CLOCK_MONOTONIC, &deadline);
-  const uint64_t ms = hold_ms() > g_cut.hold_ms ? hold_ms() : g_cut.hold_ms;
+  const uint64_t ms = own_hold_ms() > g_cut.hold_ms ? own_hold_ms() : g_cut.hold_ms;
   deadline.tv_sec += static_cast<time_t>(ms / 1000);
   deadline.tv_nsec += static_cast<long>(ms % 1000) * 1000000L;
   if (deadline.tv_nsec >= 1000000000L) {
@@ -408,6 +395,11 @@ proto::CutState handle(const proto::CutRequest& req) noexcept {
   } catch (...) {
     return proto::CutState{};
   }
+}
+
+uint64_t own_hold_ms() noexcept {
+  static OnceNumber ms;
+  return ms.get([] { return proto::env_number(proto::kCutHoldMs); });
 }
 
 void release() noexcept {

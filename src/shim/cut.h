@@ -47,6 +47,11 @@ bool name_is_collective(const char* name) noexcept;
 unsigned before(uint64_t n) noexcept;
 void after(unsigned slot, bool launched, uint64_t n) noexcept;
 
+/// $CUSNAP_CUT_HOLD_MS (default 120000), read once: how long a held launch
+/// waits, and a gate a client closed stays closed, unless an "arm" asked for
+/// longer.
+uint64_t own_hold_ms() noexcept;
+
 /// Lets every held launch go (gate-open does this too).
 void release() noexcept;
 

@@ -41,17 +41,6 @@ std::atomic<unsigned char> g_reported[kEntryCount];
 
 char g_anchor;  // an address inside the shim: ELF lookups start past it
 
-bool debug_enabled() noexcept {
-  static std::atomic<int> on{-1};
-  int v = on.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = getenv("CUSNAP_SHIM_DEBUG");
-    v = (e && *e && std::strcmp(e, "0") != 0) ? 1 : 0;
-    on.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
 }  // namespace
 
 void debug_log(const char* what, const char* name) noexcept {

@@ -8,10 +8,21 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "shim/gate.h"
+#include "shim/once.h"
 
 namespace cusnap::shim {
+
+bool debug_enabled() noexcept {
+  static OnceNumber on;
+  return on.get([] {
+    const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }) != 0;
+}
 
 void write_stderr(const char* text, size_t n) noexcept {
   if (n == 0) return;

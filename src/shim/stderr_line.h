@@ -17,6 +17,10 @@ namespace cusnap::shim {
 /// cancellation. Precondition: no lock of the shim's held.
 void write_stderr(const char* text, size_t n) noexcept;
 
+/// Whether $CUSNAP_SHIM_DEBUG is set (and not "0"): the shim's diagnostic
+/// lines are written. Read once (once.h: no guard a fork child could find held).
+bool debug_enabled() noexcept;
+
 /// "cusnap-shim[PID]: " followed by fmt's text and a newline, on stderr
 /// through write_stderr (cut at 1 KiB). Precondition: no lock of the shim's
 /// held; format what a lock guards under it, and call this after.

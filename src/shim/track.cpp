@@ -109,12 +109,7 @@ void start_slow() noexcept {
 }  // namespace
 
 void log(const char* what) noexcept {
-  static OnceNumber on;
-  if (on.get([] {
-        const char* e = std::getenv("CUSNAP_SHIM_DEBUG");
-        return e && *e && std::strcmp(e, "0") != 0;
-      }))
-    say("%s", what);
+  if (debug_enabled()) say("%s", what);
 }
 
 uint64_t add_created(State& s, CUmemGenericAllocationHandle d, uint64_t size,

@@ -14,6 +14,7 @@
 
 #include "proto/env_settings.h"
 #include "proto/wire.h"
+#include "shim/cut.h"
 #include "shim/fork_table.h"
 #include "shim/held_fd.h"
 #include "shim/once.h"
@@ -106,8 +107,7 @@ struct GateHold {
   Clock::time_point contact;
 
   uint64_t hold_ms() const {
-    static OnceNumber once;
-    const uint64_t own = once.get([] { return proto::env_number(proto::kCutHoldMs); });
+    const uint64_t own = cut::own_hold_ms();
     return armed_hold_ms > own ? armed_hold_ms : own;
   }
   bool pending() const { return closed_by_client && !released; }
