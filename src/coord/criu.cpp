@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/user.h>
@@ -295,7 +296,7 @@ bool find_criu(CriuInfo* out, std::string* err, const char* breakpoints,
     return false;
   }
   UniqueFd version_r, version_w;
-  if (!make_pipe(&version_r, &version_w, 0, "pipe failed", err)) return false;
+  if (!make_pipe(&version_r, &version_w, 0, "the pipe for CRIU's version", err)) return false;
   Spawned s;
   bool ok = spawn(path, {"--version"}, version_w.get(), {}, &s, err);
   version_w.reset();
@@ -538,6 +539,15 @@ bool run_criu(const CriuInfo& criu, const CriuRun& run, std::string* err) {
   // CRIU's first errors (with what the failing process was doing just
   // before) say why; the end of the log is mostly the unwinding after it.
   const std::string errors = log_errors(run.log_path, 6, 3);
+  // CRIU places its own descriptors above the job's, within its limit (the
+  // one it inherits from cusnap); a restore under a low "ulimit -n" fails so.
+  if (errors.find("Can't chose service_fd_base") != std::string::npos) {
+    rlimit lim{};
+    why += ": CRIU found no room for its descriptors above the job's";
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
+      why += " within the limit of " + std::to_string(lim.rlim_cur) + " open files";
+    why += "; raise \"ulimit -n\" for the cusnap command";
+  }
   if (errors.empty())
     *err = "criu " + action + " failed (" + why + "); the end of its log " + run.log_path + ":\n" +
            log_tail(run.log_path, 15);

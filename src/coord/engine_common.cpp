@@ -36,12 +36,6 @@ bool require_root(const char* what, const char* remedy, std::string* err) {
   return false;
 }
 
-namespace {
-
-/// When this process has few descriptors left, why the driver, which opens
-/// its device files at cuInit, may have failed: measured on an H200 (driver
-/// 580.159.04), a supervisor 12 descriptors short of its limit gets
-/// CUDA_ERROR_NO_DEVICE from cuInit. Empty otherwise.
 std::string descriptor_shortage() {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return "";
@@ -56,8 +50,6 @@ std::string descriptor_shortage() {
          " descriptors open, too few left for the driver's device files: raise \"ulimit -n\" "
          "for the cusnap launch or restore that supervises the job)";
 }
-
-}  // namespace
 
 bool scan_job(const JobInfo& job, Driver* driver, CUprocessState want, const char* operation,
               JobScan* out, std::string* err) {

@@ -55,6 +55,12 @@ inline constexpr const char* kRootForRestore = "run the restore as root (sudo cu
 /// The root check of operation `what`; the message ends with remedy.
 bool require_root(const char* what, const char* remedy, std::string* err);
 
+/// When this process has few descriptors left, why the driver, which opens
+/// its device files at cuInit, may have failed: measured on an H200 (driver
+/// 580.159.04), a supervisor 12 descriptors short of its limit gets
+/// CUDA_ERROR_NO_DEVICE from cuInit. Empty otherwise.
+std::string descriptor_shortage();
+
 /// Scans the job and checks what every operation needs: the job is running,
 /// the driver has the checkpoint API (when a process uses CUDA), every CUDA
 /// process is in `want` state. Shared device memory is shared_prepare's

@@ -254,6 +254,10 @@ bool verify_impl(const std::string& dir, const std::map<std::string, std::string
     if (!driver->devices(&present, err)) {
       *err =
           "the checkpoint needs a GPU and the driver at " + driver->path() + " shows none: " + *err;
+      if (const std::string few = engine_detail::descriptor_shortage(); !few.empty()) {
+        *err += few;
+        return false;
+      }
       return visible_hint();
     }
     bool gpus_here = false, new_side = false;

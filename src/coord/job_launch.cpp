@@ -150,26 +150,30 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   if (req.strict) {
     std::string why;
     if (!filter.build(&why)) {
-      sup->rundir().remove();
+      sup->discard();
       fail.exit_code = kExitFailure;
       fail.error = "--strict: cannot build the seccomp filter: " + why;
       return fail;
     }
   }
 
+  UniqueFd out_r, out_w, err_r, err_w, report_r, report_w, devnull;
+  // Ours closed before the directory is removed: the failure may have been
+  // running out of descriptors (SupervisorLoop::discard).
   auto failed = [&](int code, std::string msg) {
-    sup->rundir().remove();
+    for (UniqueFd* fd : {&out_r, &out_w, &err_r, &err_w, &report_r, &report_w, &devnull})
+      fd->reset();
+    sup->discard();
     fail.exit_code = code;
     fail.error = std::move(msg);
     return fail;
   };
-  UniqueFd out_r, out_w, err_r, err_w, report_r, report_w;
   std::string perr;
   if (!make_pipe(&out_r, &out_w, 0, "the job's output pipe", &perr) ||
       !make_pipe(&err_r, &err_w, 0, "the job's output pipe", &perr) ||
       !make_pipe(&report_r, &report_w, 0, "the job's start report pipe", &perr))
     return failed(kExitFailure, perr);
-  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) {
     const int e = errno;
     return failed(kExitFailure,

@@ -159,13 +159,16 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   }
   std::unique_ptr<SupervisorLoop> sup;
   if (!SupervisorLoop::prepare(req.cfg, name, &sup, &fail)) return fail;
+  UniqueFd out_r, out_w, err_r, err_w;
+  // Ours closed before the directory is removed: the failure may have been
+  // running out of descriptors (SupervisorLoop::discard).
   auto failed = [&](int code, std::string msg) {
-    sup->rundir().remove();
+    for (UniqueFd* fd : {&out_r, &out_w, &err_r, &err_w}) fd->reset();
+    sup->discard();
     fail.exit_code = code;
     fail.error = std::move(msg);
     return fail;
   };
-  UniqueFd out_r, out_w, err_r, err_w;
   if (!make_pipe(&out_r, &out_w, 0, "the job's output pipe", &err) ||
       !make_pipe(&err_r, &err_w, 0, "the job's output pipe", &err))
     return failed(kExitFailure, err);

@@ -171,7 +171,7 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
   auto failed = [&](int code, std::string msg) {
     fail->exit_code = code;
     fail->error = std::move(msg);
-    if (s->rundir_) s->rundir_->remove();
+    s->discard();
     return false;
   };
   std::string err;
@@ -198,7 +198,7 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
     return failed(kExitFailure,
                   std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno));
   if (!s->install_handlers(fail)) {
-    s->rundir_->remove();
+    s->discard();
     return false;
   }
   *out = std::move(s);
@@ -266,6 +266,16 @@ bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
   sa.sa_handler = on_sigpipe;
   ::sigaction(SIGPIPE, &sa, nullptr);
   return true;
+}
+
+void SupervisorLoop::discard() {
+  if (g_signal_pipe == sig_w_.get()) g_signal_pipe = -1;
+  listen_fd_.reset();
+  log_fd_.reset();
+  sig_r_.reset();
+  sig_w_.reset();
+  wake_fd_.reset();
+  if (rundir_) rundir_->remove();
 }
 
 SupervisorLoop::~SupervisorLoop() {

@@ -33,6 +33,12 @@ class SupervisorLoop {
 
   RuntimeDir& rundir() { return *rundir_; }
 
+  /// Before run(), on a failure: closes the control socket, output.log and
+  /// the signal descriptors, then removes the runtime directory. In that
+  /// order, so that the removal (which opens the directory) has descriptors
+  /// to work with when what failed was running out of them.
+  void discard();
+
   /// Supervises the job whose root is info.root_pid (our child) and whose
   /// stdout/stderr arrive on out_r/err_r, until it ends. Removes the runtime
   /// directory at the end. on_started runs once job.json is written and the

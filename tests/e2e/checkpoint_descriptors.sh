@@ -7,6 +7,8 @@
 # hold would otherwise be left out of the kill, stopped for good. Here the
 # driver's cuInit, which needs descriptors too, is the first to find them
 # short, on the real driver and the simulated one alike.
+# A restore under too low a limit fails at whichever step runs short, says
+# "ulimit -n", and leaves nothing behind.
 source "$(dirname "$0")/lib_checkpoint.sh"
 
 launch many "$T/launch.out" bash -c 'for _ in $(seq 40); do sleep 1000 & done; exec "$0" --mib 4 --interval-ms 20' "$PATTERN_JOB"
@@ -41,4 +43,23 @@ prlimit --pid "$SUP" --nofile="$soft":
 wait_exit "$SUP"
 for p in "${TREE[@]}"; do wait_gone "$p"; done
 pass "with the limit raised again the checkpoint completes and every process is gone"
+
+# A restore under too low a limit: whichever step runs short (the
+# supervisor's pipes, CRIU's version check, the driver's cuInit, CRIU's own
+# descriptors above the job's), it fails saying "ulimit -n", leaves nothing
+# in the runtime base and no job behind.
+for n in 8 10 12 14 16 20 24 32 48 64; do
+  rc=0
+  (ulimit -n $n && exec timeout 60 "$CUSNAP" restore "$T/ckpt") >"$T/low.out" 2>&1 || rc=$?
+  [ "$rc" = 1 ] || [ "$rc" = 3 ] || fail "restore under ulimit -n $n exited $rc: $(cat "$T/low.out")"
+  grep -q 'raise "ulimit -n"' "$T/low.out" || fail "restore under ulimit -n $n: no remedy: $(cat "$T/low.out")"
+  left=$(find "$CUSNAP_RUNTIME_BASE" -mindepth 1 -maxdepth 1 ! -name .lock -printf '%f ')
+  [ -z "$left" ] || fail "restore under ulimit -n $n left $left in the runtime base: $(cat "$T/low.out")"
+  [ -z "$(job_field many pid)" ] || fail "restore under ulimit -n $n left job many"
+  for p in "${TREE[@]}"; do ! kill -0 "$p" 2>/dev/null || fail "restore under ulimit -n $n left process $p"; done
+done
+pass "restores under ulimit -n 8 to 64 fail naming \"ulimit -n\", leaving nothing behind"
+restore_bg "$T/ckpt" "$T/restore.out"
+wait_count "$T/restore.out" $(($(last_count "$T/launch.out") + 3))
+pass "with the limit as it was, the checkpoint restores and counts on"
 echo "PASS"
