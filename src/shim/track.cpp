@@ -347,6 +347,7 @@ void atfork_child() noexcept {
   // A reaper of the parent's (another thread) may have held it: the child
   // has none, and no pending frees once reset.
   new (&state().reap_mu) std::mutex;
+  new (&state().access_mu) std::mutex;  // likewise a grant's or a free's
   // The copy check's lock may be read-held by a thread the child lacks, with
   // no way to release it: renewed. The table it guards is whole (changed
   // only under mu, held here).

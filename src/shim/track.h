@@ -14,7 +14,9 @@
 // tail, which every copy and memset reads (shared) with no other lock. Lock
 // order: mu before cache_mu, then the fork table's lock (fork_table.h);
 // tails_mu last, nothing taken under it (a fork does not take it: a forked
-// child renews it). All are taken inside the gate.
+// child renews it). State::reap_mu and State::access_mu (held across driver
+// calls; renewed in a forked child too) come before mu. All are taken inside
+// the gate.
 #pragma once
 
 #include <vector>

@@ -68,9 +68,15 @@ bool take_if_same(State& s, CUdeviceptr dptr, uint64_t id, uint64_t* size) {
 }
 
 CUresult drop_block(State& s, CUdeviceptr dptr, uint64_t id, uint64_t size) {
-  CUresult r = REAL(cuMemUnmap)(dptr, size);
-  const CUresult freed = REAL(cuMemAddressFree)(dptr, size);
-  if (r == CUDA_SUCCESS) r = freed;
+  CUresult r;
+  {
+    // Not while a peer grant or revocation that names the address is under
+    // way: freed, the address may be another block's by its call.
+    Lock busy(s.access_mu);
+    r = REAL(cuMemUnmap)(dptr, size);
+    const CUresult freed = REAL(cuMemAddressFree)(dptr, size);
+    if (r == CUDA_SUCCESS) r = freed;
+  }
   std::vector<CUmemGenericAllocationHandle> rel;
   std::vector<ListedFd> fds;
   {

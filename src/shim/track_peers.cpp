@@ -61,6 +61,7 @@ CUresult device_of(CUcontext ctx, CUdevice* dev) {
 CUresult grant_peers(State& s, CUdeviceptr addr) {
   std::vector<CUmemAccessDesc> add;
   uint64_t size = 0;
+  Lock busy(s.access_mu);  // the block stays at addr until the grant is made
   {
     Lock l(s.mu);
     auto m = s.ranges.find(addr);
@@ -116,30 +117,35 @@ void revoke_peers(State& s, int32_t from, int32_t to) {
   std::vector<std::pair<uint64_t, uint64_t>> blocks;
   if (from == to) return;  // a block's own device keeps its access
   {
-    Lock l(s.mu);
-    if (granted(s, from, to)) return;
-    for (auto& [addr, id] : s.legacy_blocks) {
-      auto a = s.allocs.find(id);
-      auto m = s.ranges.find(addr);
-      if (a == s.allocs.end() || a->second.device != to || m == s.ranges.end()) continue;
-      if (has_record(m->second.access, from)) blocks.emplace_back(addr, m->second.size);
+    // The blocks collected stay at their addresses until the revocations
+    // are made (a free waits: drop_block).
+    Lock busy(s.access_mu);
+    {
+      Lock l(s.mu);
+      if (granted(s, from, to)) return;
+      for (auto& [addr, id] : s.legacy_blocks) {
+        auto a = s.allocs.find(id);
+        auto m = s.ranges.find(addr);
+        if (a == s.allocs.end() || a->second.device != to || m == s.ranges.end()) continue;
+        if (has_record(m->second.access, from)) blocks.emplace_back(addr, m->second.size);
+      }
     }
-  }
-  for (auto [addr, size] : blocks) {
-    CUmemAccessDesc d{};
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = from;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    if (REAL(cuMemSetAccess)(addr, size, &d, 1) != CUDA_SUCCESS) continue;
-    Lock l(s.mu);
-    auto m = s.ranges.find(addr);
-    if (m == s.ranges.end()) continue;  // freed meanwhile
-    auto& acc = m->second.access;
-    acc.erase(std::remove_if(acc.begin(), acc.end(),
-                             [&](const proto::AccessRecord& a) {
-                               return a.type == CU_MEM_LOCATION_TYPE_DEVICE && a.id == from;
-                             }),
-              acc.end());
+    for (auto [addr, size] : blocks) {
+      CUmemAccessDesc d{};
+      d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      d.location.id = from;
+      d.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      if (REAL(cuMemSetAccess)(addr, size, &d, 1) != CUDA_SUCCESS) continue;
+      Lock l(s.mu);
+      auto m = s.ranges.find(addr);
+      if (m == s.ranges.end()) continue;  // taken by a free, its unmap waiting
+      auto& acc = m->second.access;
+      acc.erase(std::remove_if(acc.begin(), acc.end(),
+                               [&](const proto::AccessRecord& a) {
+                                 return a.type == CU_MEM_LOCATION_TYPE_DEVICE && a.id == from;
+                               }),
+                acc.end());
+    }
   }
   // Enabled again meanwhile: grant once more what was just revoked.
   bool again;

@@ -178,6 +178,12 @@ struct State {
   /// (ReapHold): an event is never queried after it was destroyed. Taken
   /// before s.mu, never while it is held.
   std::mutex reap_mu;
+  /// Held across a peer grant's or revocation's cuMemSetAccess
+  /// (track_peers.cpp) and across a dropped block's unmap and address free
+  /// (drop_block): an address a grant or revocation names is not freed, and
+  /// so not another block's, before the call is done. Taken before s.mu,
+  /// never while it is held; after reap_mu.
+  std::mutex access_mu;
   std::vector<IpcOpen> ipc;
   std::vector<PeerGrant> peers;  ///< peer access enabled through the shim
   std::vector<CUcontext> contexts;  ///< created by the application, alive

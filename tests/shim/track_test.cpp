@@ -375,6 +375,7 @@ int main(int argc, char** argv) {
       {"hostile", hostile},
       {"passthrough", passthrough},
       {"peer", peer},
+      {"peer_free_race", peer_free_race},
       {"free_in_capture", free_in_capture},
       {"alloc_in_capture", alloc_in_capture},
       {"alloc_fallback", alloc_fallback},

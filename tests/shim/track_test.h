@@ -141,6 +141,7 @@ int ipc();
 int free_in_capture();
 int alloc_in_capture();
 int peer();
+int peer_free_race();
 int alloc_fallback();
 int free_sync();
 int free_async();

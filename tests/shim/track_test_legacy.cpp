@@ -3,6 +3,7 @@
 // driver's cuMemAlloc where the shim cannot serve a block, and what a free
 // waits for and answers. Helpers: track_test.h.
 #include <dirent.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -439,6 +440,73 @@ int peer() {
   REQ_OK(cuMemFree(before));
   REQ_OK(cuMemFree(after));
   REQ_OK(cuMemFree(refused));
+  REQ(inspect(getpid(), &r));
+  REQ(r.allocations.empty() && r.mappings.empty());
+  return 0;
+}
+
+namespace {
+
+/// The system call thread `tid` of this process is blocked in, -1 when it
+/// runs or cannot be read (/proc/self/task/TID/syscall).
+long blocked_syscall(pid_t tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", int(tid));
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  long n = -1;
+  if (fscanf(f, "%ld", &n) != 1) n = -1;
+  fclose(f);
+  return n;
+}
+
+}  // namespace
+
+/// A block freed while a revocation of peer access to it is under way: its
+/// address is not freed before the revocation is done (freed, it could be
+/// another block's by the revocation's call, which would then take that
+/// block's access away). Each cuMemSetAccess takes 300 ms here
+/// (FAKECUDA_DELAY); a thread disables device 1's peer access to device 0,
+/// and while it sleeps in the revocation's call, the main thread frees the
+/// block: when the free returns, the thread sleeps there no more (without
+/// the wait, the free returned with some 300 ms of the sleep to go).
+int peer_free_race() {
+  setenv("FAKECUDA_DELAY", "cuMemSetAccess:300", 1);
+  CUcontext c0, c1;
+  REQ(two_primary_contexts(&c0, &c1) == 0);
+  REQ_OK(cuCtxSetCurrent(c1));
+  REQ_OK(cuCtxEnablePeerAccess(c0, 0));
+  REQ_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr blk;
+  REQ_OK(cuMemAlloc(&blk, 1 << 20));  // its own access, then device 1's grant
+  REQ(access_from(c1, blk) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> disabled{false};
+  std::atomic<int> disable_result{-1};
+  std::thread t([&] {
+    tid = gettid();
+    CUresult r = cuCtxSetCurrent(c1);
+    if (r == CUDA_SUCCESS) r = cuCtxDisablePeerAccess(c0);
+    disable_result = int(r);
+    disabled = true;
+  });
+  // The revocation's cuMemSetAccess is the only sleep on the thread's way
+  // (clock_nanosleep, or nanosleep).
+  bool inside = false;
+  for (int i = 0; i < 5000 && !inside && !disabled; ++i) {
+    const long n = tid ? blocked_syscall(tid) : -1;
+    inside = n == SYS_clock_nanosleep || n == SYS_nanosleep;
+    if (!inside) usleep(1000);
+  }
+  const CUresult freed = inside ? cuMemFree(blk) : CUDA_ERROR_UNKNOWN;
+  const long after = blocked_syscall(tid);  // -1 once the thread has ended
+  t.join();
+  REQ(inside);  // else the thread never slept in the revocation
+  REQ_OK(freed);
+  REQ(after != SYS_clock_nanosleep && after != SYS_nanosleep);
+  REQ(disable_result == CUDA_SUCCESS);
+  proto::ShimRecords r;
   REQ(inspect(getpid(), &r));
   REQ(r.allocations.empty() && r.mappings.empty());
   return 0;
