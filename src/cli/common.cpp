@@ -15,6 +15,7 @@
 #include "coord/supervisor.h"
 #include "proto/env_settings.h"
 #include "proto/json_text.h"
+#include "proto/unique_fd.h"
 #include "proto/utf8.h"
 #include "proto/wire.h"
 
@@ -277,6 +278,7 @@ int finish_supervised(const SuperviseOutcome& out) {
 
 std::string unreadable_hint(int e, const std::string& action) {
   if (e == EACCES || e == EPERM) return ": " + action + " as a user who can read it (root)";
+  if (!descriptor_remedy(e).empty()) return "";  // out of descriptors: the reader said what to do
   return ": check the file system it is on, and try again";
 }
 

@@ -120,8 +120,9 @@ int finish_supervised(const SuperviseOutcome& out);
 
 /// What to do about a checkpoint this process could not read (errno e of
 /// read_manifest_coded's kExitFailure): for a permission, ": ACTION as a
-/// user who can read it (root)" (action: "run the restore"); else to try
-/// again once its file system reads.
+/// user who can read it (root)" (action: "run the restore"); out of
+/// descriptors, nothing (the reader's message says what to do); else to
+/// try again once its file system reads.
 std::string unreadable_hint(int e, const std::string& action);
 
 /// "cusnap: error: MSG" on stderr, through shown(MSG, Breaks::keep); returns

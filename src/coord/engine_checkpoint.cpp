@@ -196,8 +196,9 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
   if (list_errno != 0) {
     ::unlink(claim.c_str());
     if (!*existed) ::rmdir(dir.c_str());  // only while it is empty
+    const std::string few = descriptor_remedy(list_errno);
     *err = "cannot list the checkpoint directory " + dir + ": " + std::strerror(list_errno) +
-           ": choose another -o DIR";
+           (few.empty() ? ": choose another -o DIR" : few);
     return false;
   }
   for (const std::string& name : names) {

@@ -456,8 +456,9 @@ bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool 
     *err = failed.failure() + ": " + advice(failed.error_number() == ENOENT);
     return false;
   }
-  if (!probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err)) {
-    *err += ": " + advice(false);
+  if (int e = 0;
+      !probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err, &e)) {
+    if (descriptor_remedy(e).empty()) *err += ": " + advice(false);  // else said already
     return false;
   }
   return true;

@@ -133,8 +133,11 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
   fail.exit_code = kExitBadCheckpoint;
   Manifest m;
   std::string err;
-  if (!read_manifest(req.engine.dir, &m, &err)) {
-    fail.error = req.engine.dir + " is not a usable checkpoint: " + err;
+  if (ExitCode code = kExitBadCheckpoint; !read_manifest_coded(req.engine.dir, &m, &code, &err)) {
+    // This reader's failure (out of descriptors, say) is no bad checkpoint.
+    fail.exit_code = code;
+    fail.error = code == kExitFailure ? "cannot restore " + req.engine.dir + ": " + err
+                                      : req.engine.dir + " is not a usable checkpoint: " + err;
     return fail;
   }
   // The name first: a refusal should not wait for restore_job's checksums.
@@ -211,11 +214,26 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
                   });
 }
 
-void redirect_stdio_to_devnull() {
+/// /dev/null for the background supervisor's standard streams. Short of
+/// descriptors, opened in place of its standard input, which it gives up
+/// anyway: with its streams left on the terminal, its own error would be
+/// said there besides the waiting command's. -1 when even that fails.
+int open_devnull() {
   int fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    ::close(STDIN_FILENO);
+    fd = ::open("/dev/null", O_RDWR);  // the lowest free number: 0
+  }
+  return fd;
+}
+
+/// Points standard input, output and error at fd (open_devnull's), and
+/// closes fd unless it is one of them.
+void redirect_stdio_to(int fd) {
   if (fd < 0) return;
-  for (int i = 0; i < 3; ++i) ::dup2(fd, i);
-  ::close(fd);
+  for (int i = 0; i < 3; ++i)
+    if (i != fd) ::dup2(fd, i);
+  if (fd > 2) ::close(fd);
 }
 
 /// The background supervisor's side of --detach: reports progress and the
@@ -225,8 +243,10 @@ SuperviseOutcome detached_child(const RestoreRequest& req, proto::Channel ch) {
   // process be killed mid-restore, the watch says what it did there); closed
   // once the restore ended, so that the command's stderr does not stay open
   // while the job runs.
+  // /dev/null first: short of descriptors, the copy goes without.
+  const int devnull = open_devnull();
   UniqueFd caller_err(::fcntl(2, F_DUPFD_CLOEXEC, 3));
-  redirect_stdio_to_devnull();
+  redirect_stdio_to(devnull);
   RestoreRequest r = req;
   r.detach = false;
   r.cfg.echo_output = false;

@@ -47,7 +47,7 @@ bool list_files(const std::string& dir, std::vector<std::string>* out, std::stri
     if (rel != kManifestName) out->push_back(rel);
   }
   if (ec) {
-    *err = "cannot list " + dir + ": " + ec.message();
+    *err = "cannot list " + dir + ": " + ec.message() + descriptor_remedy(ec.value());
     return false;
   }
   std::sort(out->begin(), out->end());
@@ -261,7 +261,7 @@ bool checkpoint_dir_private(const std::string& given, std::string* err) {
     if (std::string why = not_private(path, 0); !why.empty()) return refuse(path, why);
   }
   if (ec) {
-    *err = "cannot list " + dir + ": " + ec.message();
+    *err = "cannot list " + dir + ": " + ec.message() + descriptor_remedy(ec.value());
     return false;
   }
   return true;

@@ -499,8 +499,8 @@ bool RuntimeDir::write_status(const proto::JobStatus& s, std::string* err) {
   return true;
 }
 
-bool RuntimeDir::can_write(std::string* err) {
-  return probe_write(path_ + "/job.json.tmp", "the runtime directory " + path_, err);
+bool RuntimeDir::can_write(std::string* err, int* error_number) {
+  return probe_write(path_ + "/job.json.tmp", "the runtime directory " + path_, err, error_number);
 }
 
 void RuntimeDir::remove() {

@@ -82,7 +82,7 @@ class RuntimeDir {
   /// Whether a page can be written to the directory now (through
   /// job.json.tmp, removed again): the job is found through job.json, so a
   /// directory that cannot take it is refused before the job starts.
-  bool can_write(std::string* err);
+  bool can_write(std::string* err, int* error_number = nullptr);
   /// Removes everything in the directory and the directory (at exit).
   void remove();
 

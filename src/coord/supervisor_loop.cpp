@@ -185,11 +185,14 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
     return failed(refused ? kExitRefused : kExitFailure, err);
   if (!proto::listen_unix(s->rundir_->socket_path(), 0600, &s->listen_fd_, &err))
     return failed(kExitFailure, err);
-  if (!s->rundir_->can_write(&err))
-    return failed(kExitFailure, err +
-                                    ": the job could not be found by cusnap ps, checkpoint or "
-                                    "inspect; free space there or choose another "
-                                    "CUSNAP_RUNTIME_BASE or --runtime-dir");
+  if (int e = 0; !s->rundir_->can_write(&err, &e))
+    // Out of descriptors, the remedy is said already (not space, nor another place).
+    return failed(kExitFailure, !descriptor_remedy(e).empty()
+                                    ? err
+                                    : err +
+                                          ": the job could not be found by cusnap ps, checkpoint "
+                                          "or inspect; free space there or choose another "
+                                          "CUSNAP_RUNTIME_BASE or --runtime-dir");
   s->log_fd_.reset(::open(s->rundir_->log_path().c_str(),
                           O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!s->log_fd_)

@@ -9,7 +9,9 @@ namespace cusnap {
 
 /// Writes a page to path (a file name of the caller's, in the directory to
 /// test), syncs it and removes it. false + *err ("cannot write DIR: No space
-/// left on device") when any step fails.
-bool probe_write(const std::string& path, const std::string& what, std::string* err);
+/// left on device"; out of descriptors, what to do) when any step fails,
+/// and *error_number (when given) the errno of the step.
+bool probe_write(const std::string& path, const std::string& what, std::string* err,
+                 int* error_number = nullptr);
 
 }  // namespace cusnap

@@ -19,7 +19,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string errno_text(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
+  const int e = errno;
+  return std::string(what) + ": " + std::strerror(e) + descriptor_remedy(e);
 }
 
 /// Waits until fd is ready for events or the deadline passes.
