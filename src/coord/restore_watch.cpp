@@ -113,6 +113,19 @@ void repair_tcp_sockets(pid_t pid) {
   });
 }
 
+/// Stops pid (SIGSTOP) and waits, 200 ms at most, until it has stopped: a
+/// running process may be forking, and its children are listed whole only
+/// once it has stopped (proc(5), /proc/PID/task/TID/children); one killed
+/// before that would leave its newest child to init. System calls only.
+void stop_and_wait(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return;
+  for (int i = 0; i < 200; ++i) {
+    const char state = proto::proc_state(pid);
+    if (state == 0 || state == 'T' || state == 't' || state == 'Z' || state == 'X') return;
+    sleep_ms(1);
+  }
+}
+
 /// The processes below pid started at or after since (forked by the
 /// restored job once CRIU let it run on, while the driver restore and the
 /// shared rebuild went on), each stopped on sight so that it forks no more,
@@ -130,7 +143,7 @@ size_t stop_descendants(pid_t pid, uint64_t since, const pid_t* restored, size_t
     for (size_t m = 0; m < n_restored; ++m)
       if (restored[m] == pid_t(c)) return;
     if (!proto::proc_start_time(pid_t(c), &t, true) || t < since) return;
-    ::kill(pid_t(c), SIGSTOP);
+    stop_and_wait(pid_t(c));
     out[found++] = pid_t(c);
   };
   for (size_t next = 0, parent = pid;; parent = out[next++]) {
@@ -332,7 +345,7 @@ bool remove_temp_dir(const TempDirRef& d, pid_t restorer) {
       if (first != 0 && first != t) continue;  // another process under that id
       // What it forked once CRIU let it run on is not in the checkpoint:
       // ended with it (stopped first, or it would fork on), not left to init.
-      ::kill(pids[i], SIGSTOP);
+      stop_and_wait(pids[i]);
       const size_t k = stop_descendants(pids[i], since, pids, n, below, kMaxBelow);
       for (size_t j = 0; j < k; ++j) {
         repair_tcp_sockets(below[j]);

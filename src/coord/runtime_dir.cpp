@@ -57,7 +57,8 @@ bool known_entry(std::string_view n) {
 }
 
 std::string errno_text(const std::string& what) {
-  return what + ": " + std::strerror(errno);
+  const int e = errno;
+  return what + ": " + std::strerror(e) + descriptor_remedy(e);
 }
 
 /// job.json and the like: small, never a link.
@@ -432,9 +433,10 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   // A reservation that fails leaves nothing it made: the directory, or the
   // lock in a directory that was there.
   const auto undo = [&] {
-    if (!existed)
+    if (!existed) {
       remove_job_dir(dir);
-    else if (!lock_existed)
+      ::rmdir(dir.c_str());  // still empty: remove_job_dir had no descriptor to open it
+    } else if (!lock_existed)
       ::unlink((dir + "/lock").c_str());
   };
   UniqueFd lock(::open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,7 +50,9 @@ GuardedOperation guarded_operation(const char* op, const std::string& state_dir,
   return g;
 }
 
-int g_signal_pipe = -1;  // write end of the self-pipe; set once by prepare()
+// The write end of the self-pipe, set by prepare() and cleared before it is
+// closed; atomic, so that a handler on another thread reads a whole value.
+std::atomic<int> g_signal_pipe{-1};
 
 /// Whether sig is one the supervisor forwards to the job (and that stops a
 /// restore before CRIU starts).
@@ -60,7 +63,8 @@ bool forwarded(int sig) {
 void on_signal(int sig) {
   int saved = errno;
   unsigned char b = static_cast<unsigned char>(sig);
-  if (g_signal_pipe >= 0 && ::write(g_signal_pipe, &b, 1) < 0) {
+  if (const int fd = g_signal_pipe.load(std::memory_order_relaxed);
+      fd >= 0 && ::write(fd, &b, 1) < 0) {
   }  // a full pipe already holds a wake-up
   errno = saved;
 }
@@ -260,7 +264,7 @@ bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
         std::string("the supervisor's wake-up eventfd: ") + std::strerror(e) + descriptor_remedy(e);
     return false;
   }
-  g_signal_pipe = sig_w_.get();
+  g_signal_pipe.store(sig_w_.get());
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
@@ -272,7 +276,7 @@ bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
 }
 
 void SupervisorLoop::discard() {
-  if (g_signal_pipe == sig_w_.get()) g_signal_pipe = -1;
+  if (g_signal_pipe.load() == sig_w_.get()) g_signal_pipe.store(-1);
   listen_fd_.reset();
   log_fd_.reset();
   sig_r_.reset();
@@ -282,7 +286,7 @@ void SupervisorLoop::discard() {
 }
 
 SupervisorLoop::~SupervisorLoop() {
-  if (g_signal_pipe == sig_w_.get()) g_signal_pipe = -1;
+  if (g_signal_pipe.load() == sig_w_.get()) g_signal_pipe.store(-1);
 }
 
 void SupervisorLoop::reap(pid_t root, bool* root_done, int* root_status) {

@@ -16,28 +16,42 @@
 
 namespace cusnap::proto {
 
-/// Field 22 of /proc/PID/stat (clock ticks since boot) into *out; false when
-/// the process is gone, or, with live_only, when it has ended (a zombie).
-inline bool proc_start_time(pid_t pid, uint64_t* out, bool live_only) noexcept {
+/// /proc/PID/stat into buf (size n); the fields after the command's name,
+/// from field 3 (the state) on, or null when the process is gone.
+inline const char* proc_stat_fields(pid_t pid, char* buf, size_t n) noexcept {
   char path[32] = "/proc/";
   size_t at = 6;
   at += format_decimal(static_cast<uint64_t>(pid), path + at);
   std::memcpy(path + at, "/stat", 6);
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
+  if (fd < 0) return nullptr;
   ssize_t got;
-  do got = ::read(fd, buf, sizeof buf - 1);
+  do got = ::read(fd, buf, n - 1);
   while (got < 0 && errno == EINTR);
   ::close(fd);
-  if (got <= 0) return false;
+  if (got <= 0) return nullptr;
   buf[got] = 0;
-  // "pid (comm) S ppid ...": the fields after the last ')' start at 3
-  // (the state); the start time is field 22.
+  // "pid (comm) S ppid ...": the fields after the last ')'.
   const char* s = std::strrchr(buf, ')');
-  if (!s || s[1] != ' ') return false;
-  if (live_only && (s[2] == 'Z' || s[2] == 'X')) return false;
-  s += 2;
+  if (!s || s[1] != ' ' || s[2] == 0) return nullptr;
+  return s + 2;
+}
+
+/// The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z'...); 0 when the
+/// process is gone.
+inline char proc_state(pid_t pid) noexcept {
+  char buf[1024];
+  const char* s = proc_stat_fields(pid, buf, sizeof buf);
+  return s ? *s : 0;
+}
+
+/// Field 22 of /proc/PID/stat (clock ticks since boot) into *out; false when
+/// the process is gone, or, with live_only, when it has ended (a zombie).
+inline bool proc_start_time(pid_t pid, uint64_t* out, bool live_only) noexcept {
+  char buf[1024];
+  const char* s = proc_stat_fields(pid, buf, sizeof buf);
+  if (!s) return false;
+  if (live_only && (s[0] == 'Z' || s[0] == 'X')) return false;
   for (int field = 3; field < 22; ++field) {
     s = std::strchr(s, ' ');
     if (!s) return false;

@@ -206,8 +206,11 @@ CUresult serve_block(CUdeviceptr* dptr, size_t bytes, const char** failed) noexc
         s.allocs.erase(a);
       }
     }
-    unmap(addr, size);
-    addr_free(addr, size);
+    {
+      Lock busy(s.access_mu);  // as drop_block: a grant may have named the block
+      unmap(addr, size);
+      addr_free(addr, size);
+    }
     release(d);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

@@ -59,6 +59,12 @@ CUresult device_of(CUcontext ctx, CUdevice* dev) {
 }  // namespace
 
 CUresult grant_peers(State& s, CUdeviceptr addr) {
+  {
+    // No peer access (the common case): no wait for a free's unmap. An
+    // enable from now on grants the block itself (grant_device).
+    Lock l(s.mu);
+    if (s.peers.empty()) return CUDA_SUCCESS;
+  }
   std::vector<CUmemAccessDesc> add;
   uint64_t size = 0;
   Lock busy(s.access_mu);  // the block stays at addr until the grant is made

@@ -161,22 +161,24 @@ pass "an unusable runtime base: exit 1 with the reason, for suspend, resume, ins
 # Too few descriptors for a launch: exit 1, saying which descriptor could not
 # be made and what to do, and nothing left in the runtime base. The limit at
 # which each step fails depends on what the shell passes down: a few limits
-# are tried, and at least one must fail.
+# are tried, and at least one must fail. (At the lowest the loader may fail
+# first, before cusnap runs: such a limit is left out.)
 failed_low=0
-for n in 8 9 10 11 12 13 14 15 16; do
+for n in 4 5 6 7 8 9 10 11 12 13 14 15 16; do
   rc=0
   (ulimit -n $n && exec "$CUSNAP" launch --no-shim -- true) >/dev/null 2>"$T/nofile.err" || rc=$?
   [ "$rc" = 0 ] && continue
+  [ "$rc" = 127 ] && grep -q "error while loading shared libraries" "$T/nofile.err" && continue
   [ "$rc" = 1 ] || fail "launch with ulimit -n $n exited $rc, expected 0 or 1: $(cat "$T/nofile.err")"
   grep -q 'Too many open files (this process reached its limit of [0-9]* open files: raise "ulimit -n"' \
     "$T/nofile.err" || fail "launch with ulimit -n $n: no remedy: $(cat "$T/nofile.err")"
   failed_low=$((failed_low + 1))
-  # Checked after each failure: a later launch would clean what it left.
+  # Checked after each failure (a later launch may clean what it left).
   left=$(find "$CUSNAP_RUNTIME_BASE" -mindepth 1 -maxdepth 1 ! -name .lock -printf '%f ' 2>/dev/null)
   [ -z "$left" ] || fail "a launch with ulimit -n $n left $left in the runtime base: $(cat "$T/nofile.err")"
 done
-[ "$failed_low" -gt 0 ] || fail "no launch failed with ulimit -n 8 to 16"
-pass "a launch short of descriptors: exit 1 naming the descriptor and \"ulimit -n\" ($failed_low of 9 limits)"
+[ "$failed_low" -gt 0 ] || fail "no launch failed with ulimit -n 4 to 16"
+pass "a launch short of descriptors: exit 1 naming the descriptor and \"ulimit -n\" ($failed_low of 13 limits)"
 
 # cusnap help COMMAND.
 expect_usage "help of an unknown command" "'nosuch'" -- "$CUSNAP" help nosuch

@@ -465,13 +465,13 @@ long blocked_syscall(pid_t tid) {
 /// A block freed while a revocation of peer access to it is under way: its
 /// address is not freed before the revocation is done (freed, it could be
 /// another block's by the revocation's call, which would then take that
-/// block's access away). Each cuMemSetAccess takes 300 ms here
+/// block's access away). Each cuMemSetAccess takes 500 ms here
 /// (FAKECUDA_DELAY); a thread disables device 1's peer access to device 0,
 /// and while it sleeps in the revocation's call, the main thread frees the
 /// block: when the free returns, the thread sleeps there no more (without
-/// the wait, the free returned with some 300 ms of the sleep to go).
+/// the wait, the free returned with some 500 ms of the sleep to go).
 int peer_free_race() {
-  setenv("FAKECUDA_DELAY", "cuMemSetAccess:300", 1);
+  setenv("FAKECUDA_DELAY", "cuMemSetAccess:500", 1);
   CUcontext c0, c1;
   REQ(two_primary_contexts(&c0, &c1) == 0);
   REQ_OK(cuCtxSetCurrent(c1));
