@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -17,6 +18,11 @@ namespace cusnap::proto {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// How long connect_unix tries again a socket that refuses: between its
+/// server's bind and listen, which take microseconds unless the server is
+/// descheduled between them; a dead process's socket is said that much later.
+constexpr std::chrono::milliseconds kListenGrace{200};
 
 std::string errno_text(const char* what) {
   const int e = errno;
@@ -354,9 +360,19 @@ bool connect_unix(const std::string& path, std::chrono::milliseconds timeout, Un
     return false;
   }
   const auto deadline = Clock::now() + timeout;
+  // A socket bound and not yet listening refuses as one whose process is
+  // gone: tried again for a moment (listen_unix binds, then listens).
+  const auto refused_until = std::min(deadline, Clock::now() + kListenGrace);
   for (;;) {
     if (::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0) break;
     if (errno == EINTR) continue;
+    if (errno == ECONNREFUSED && Clock::now() < refused_until) {
+      struct timespec ts {
+        0, 5 * 1000 * 1000
+      };
+      nanosleep(&ts, nullptr);
+      continue;
+    }
     if (errno == EAGAIN || errno == EINPROGRESS) {
       // A Unix socket whose backlog is full: wait for room, then retry.
       if (!wait_ready(s.get(), POLLOUT, deadline, err)) {

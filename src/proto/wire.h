@@ -128,7 +128,8 @@ class Channel {
 };
 
 /// Connects to a listening Unix socket within timeout. The socket is
-/// close-on-exec and non-blocking.
+/// close-on-exec and non-blocking. A socket that refuses (bound, not yet
+/// listening; or its process gone) is tried again for 200 ms at most.
 bool connect_unix(const std::string& path, std::chrono::milliseconds timeout, UniqueFd* out,
                   std::string* err);
 /// Binds and listens on path (which must not exist) with the given mode. The

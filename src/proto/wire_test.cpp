@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -401,6 +403,43 @@ TEST_CASE("wire: peer credentials name this process") {
   CHECK(peer_uid_allowed(0, 1000));
   CHECK(peer_uid_allowed(1000, 1000));
   CHECK(!peer_uid_allowed(1001, 1000));
+}
+
+TEST_CASE("wire: a socket bound and not yet listening is tried again for a moment") {
+  char tmpl[] = "/tmp/cusnap-wire-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/s.sock";
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(l);
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  // A server between its bind and its listen (descheduled there): found,
+  // refused, then listening 50 ms later.
+  std::thread server([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::listen(l.get(), 4);
+  });
+  UniqueFd c;
+  std::string err;
+  const bool connected = connect_unix(path, std::chrono::seconds(5), &c, &err);
+  server.join();
+  CHECK_MESSAGE(connected, err);
+  // One that never listens (its process gone): refused after the grace,
+  // not after the whole timeout.
+  UniqueFd stale(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const std::string dead = std::string(tmpl) + "/dead.sock";
+  std::strncpy(sa.sun_path, dead.c_str(), sizeof sa.sun_path - 1);
+  REQUIRE(::bind(stale.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  UniqueFd none;
+  CHECK_FALSE(connect_unix(dead, std::chrono::seconds(30), &none, &err));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  CHECK(err.find("Connection refused") != std::string::npos);
+  unlink(path.c_str());
+  unlink(dead.c_str());
+  rmdir(tmpl);
 }
 
 TEST_CASE("wire: listen with a mode, connect, accept") {
