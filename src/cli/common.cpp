@@ -278,7 +278,7 @@ int finish_supervised(const SuperviseOutcome& out) {
 
 std::string unreadable_hint(int e, const std::string& action) {
   if (e == EACCES || e == EPERM) return ": " + action + " as a user who can read it (root)";
-  if (!descriptor_remedy(e).empty()) return "";  // out of descriptors: the reader said what to do
+  if (out_of_descriptors(e)) return "";  // the reader said what to do
   return ": check the file system it is on, and try again";
 }
 

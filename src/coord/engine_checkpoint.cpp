@@ -196,9 +196,8 @@ bool claim_output_dir(const std::string& dir, bool* existed, std::string* err) {
   if (list_errno != 0) {
     ::unlink(claim.c_str());
     if (!*existed) ::rmdir(dir.c_str());  // only while it is empty
-    const std::string few = descriptor_remedy(list_errno);
-    *err = "cannot list the checkpoint directory " + dir + ": " + std::strerror(list_errno) +
-           (few.empty() ? ": choose another -o DIR" : few);
+    *err = errno_message("cannot list the checkpoint directory " + dir, list_errno) +
+           (out_of_descriptors(list_errno) ? "" : ": choose another -o DIR");
     return false;
   }
   for (const std::string& name : names) {

@@ -458,7 +458,7 @@ bool criu_temp_dirs_usable(const TempDir& work, const TempDir& no_plugins, bool 
   }
   if (int e = 0;
       !probe_write(work.path() + "/probe", "the temporary directory " + work.path(), err, &e)) {
-    if (descriptor_remedy(e).empty()) *err += ": " + advice(false);  // else said already
+    if (!out_of_descriptors(e)) *err += ": " + advice(false);  // else said already
     return false;
   }
   return true;

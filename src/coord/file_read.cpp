@@ -23,7 +23,7 @@ bool read_file_bounded(const std::string& path, const FileReadLimits& limits, st
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0) {
     const int e = errno;
-    return fail(e, "cannot read " + path + ": " + std::strerror(e) + descriptor_remedy(e));
+    return fail(e, errno_message("cannot read " + path, e));
   }
   if (!S_ISREG(st.st_mode)) return fail(0, path + " is not a regular file");
   const std::string limit =
@@ -37,7 +37,7 @@ bool read_file_bounded(const std::string& path, const FileReadLimits& limits, st
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       const int e = errno;
-      return fail(e, "cannot read " + path + ": " + std::strerror(e) + descriptor_remedy(e));
+      return fail(e, errno_message("cannot read " + path, e));
     }
     if (r == 0) break;
     out->append(buf, size_t(r));

@@ -176,8 +176,7 @@ SuperviseOutcome launch_job(const LaunchRequest& req) {
   devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) {
     const int e = errno;
-    return failed(kExitFailure,
-                  std::string("/dev/null: ") + std::strerror(e) + descriptor_remedy(e));
+    return failed(kExitFailure, errno_message("/dev/null", e));
   }
 
   // The child reports a failure before exec as {stage, errno}.

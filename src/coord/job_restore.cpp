@@ -220,7 +220,7 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
 /// said there besides the waiting command's. -1 when even that fails.
 int open_devnull() {
   int fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+  if (fd < 0 && out_of_descriptors(errno)) {
     ::close(STDIN_FILENO);
     fd = ::open("/dev/null", O_RDWR);  // the lowest free number: 0
   }

@@ -57,8 +57,7 @@ bool known_entry(std::string_view n) {
 }
 
 std::string errno_text(const std::string& what) {
-  const int e = errno;
-  return what + ": " + std::strerror(e) + descriptor_remedy(e);
+  return errno_message(what, errno);
 }
 
 /// job.json and the like: small, never a link.

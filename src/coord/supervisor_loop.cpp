@@ -191,7 +191,7 @@ bool SupervisorLoop::prepare(const SupervisorConfig& cfg, const std::string& nam
     return failed(kExitFailure, err);
   if (int e = 0; !s->rundir_->can_write(&err, &e))
     // Out of descriptors, the remedy is said already (not space, nor another place).
-    return failed(kExitFailure, !descriptor_remedy(e).empty()
+    return failed(kExitFailure, out_of_descriptors(e)
                                     ? err
                                     : err +
                                           ": the job could not be found by cusnap ps, checkpoint "
@@ -260,8 +260,7 @@ bool SupervisorLoop::install_handlers(SuperviseOutcome* fail) {
   if (!wake_fd_) {
     fail->exit_code = kExitFailure;
     const int e = errno;
-    fail->error =
-        std::string("the supervisor's wake-up eventfd: ") + std::strerror(e) + descriptor_remedy(e);
+    fail->error = errno_message("the supervisor's wake-up eventfd", e);
     return false;
   }
   g_signal_pipe.store(sig_w_.get());

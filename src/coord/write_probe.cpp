@@ -19,7 +19,7 @@ bool probe_write(const std::string& path, const std::string& what, std::string* 
   const bool ok = w == ssize_t(page.size()) && ::fsync(fd.get()) == 0;
   if (!ok) {
     const int e = errno;
-    *err = "cannot write " + what + ": " + std::strerror(e) + descriptor_remedy(e);
+    *err = errno_message("cannot write " + what, e);
     if (error_number) *error_number = e;
   }
   if (fd) ::unlink(path.c_str());

@@ -57,6 +57,18 @@ inline std::string descriptor_remedy(int e) {
   return "";
 }
 
+/// Whether errno e says descriptors ran out (EMFILE or ENFILE): a remedy
+/// descriptor_remedy gives, where another cause's advice would mislead.
+inline bool out_of_descriptors(int e) {
+  return e == EMFILE || e == ENFILE;
+}
+
+/// "WHAT: strerror(e)", with what to do when descriptors ran out
+/// (descriptor_remedy).
+inline std::string errno_message(const std::string& what, int e) {
+  return what + ": " + std::strerror(e) + descriptor_remedy(e);
+}
+
 /// A pipe whose ends are owned from the start (pipe2 with flags, O_CLOEXEC
 /// always); false and *err ("WHAT: strerror", and what to do when
 /// descriptors ran out) when the kernel refuses one.
@@ -65,7 +77,7 @@ inline bool make_pipe(UniqueFd* read_end, UniqueFd* write_end, int flags, const 
   int p[2];
   if (::pipe2(p, flags | O_CLOEXEC) != 0) {
     const int e = errno;
-    *err = std::string(what) + ": " + std::strerror(e) + descriptor_remedy(e);
+    *err = errno_message(what, e);
     return false;
   }
   read_end->reset(p[0]);

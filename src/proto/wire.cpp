@@ -25,8 +25,7 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kListenGrace{200};
 
 std::string errno_text(const char* what) {
-  const int e = errno;
-  return std::string(what) + ": " + std::strerror(e) + descriptor_remedy(e);
+  return errno_message(what, errno);
 }
 
 /// Waits until fd is ready for events or the deadline passes.
