@@ -26,7 +26,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUSNAP_WERROR=ON "${cuda
 cmake --build build -j"$jobs"
 
 # failed_lines DIR: what each failed test of DIR's last run said on failing
-# (its FAIL lines, else its ERROR and error lines; the last 8), printed again at the end
+# (its FAIL lines, each with the next two lines unless they are blank or
+# another's, else its ERROR and error lines; the last 8), printed again at the end
 # where a long log is not cut, since --output-on-failure puts them mid-log.
 failed_lines() {
   python3 - "$1/Testing/Temporary/LastTest.log" <<'PY' || true
@@ -38,8 +39,16 @@ for block in re.split(r"\n(?=\d+/\d+ Testing: )", text):
     if not m or "Test Passed." in block:
         continue
     lines = block.splitlines()
-    said = [l for l in lines if l.startswith("FAIL")] or \
-        [l for l in lines if re.search(r"FAIL|ERROR|error:|Timeout", l)]
+    # A FAIL message may go on over a line or two (a path, a listing).
+    said = []
+    for i, l in enumerate(lines):
+        if l.startswith("FAIL"):
+            said.append(l)
+            for n in lines[i + 1:i + 3]:
+                if not n.strip() or re.match(r"FAIL|==|\d+/\d+ Test|<end of output>", n):
+                    break
+                said.append("  " + n)
+    said = said or [l for l in lines if re.search(r"FAIL|ERROR|error:|Timeout", l)]
     print("-- " + m.group(1))
     for l in said[-8:]:
         print("   " + l[:400])
