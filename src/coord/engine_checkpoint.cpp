@@ -46,6 +46,7 @@
 #include "coord/manifest.h"
 #include "coord/ports.h"
 #include "coord/procs.h"
+#include "coord/runtime_dir.h"
 #include "coord/settings.h"
 #include "coord/sha256_chunked.h"
 
@@ -89,10 +90,46 @@ bool restorable_path(const std::string& dir, const std::string& real, std::strin
   return false;
 }
 
+/// Held in a checkpoint directory from its claim until criu/ is made there.
+constexpr const char* kClaimFile = ".cusnap-claim";
+
+/// Whether real (resolved; the checkpoint directory to be) lies outside every
+/// checkpoint and outside the runtime base and the job's runtime directory;
+/// *err says which one it is in when not. A checkpoint holds only what its
+/// manifest lists (another written into it would leave it unrestorable), and
+/// a runtime directory is removed with its job.
+bool outside_others(const std::string& dir, const fs::path& real, const std::string& runtime_dir,
+                    std::string* err) {
+  std::error_code ec;
+  auto resolved = [&](const std::string& p) {
+    char buf[PATH_MAX];
+    return !p.empty() && ::realpath(p.c_str(), buf) != nullptr ? fs::path(buf) : fs::path();
+  };
+  const fs::path base = resolved(runtime_base()), own = resolved(runtime_dir);
+  for (fs::path a = real.parent_path(); !a.empty(); a = a.parent_path()) {
+    if (fs::exists(a / kManifestName, ec) || fs::exists(a / kClaimFile, ec)) {
+      *err = "the checkpoint directory " + dir + " is inside the checkpoint " + a.string() +
+             ", which would then hold files its manifest does not list and could no longer be "
+             "restored: choose a -o DIR outside it";
+      return false;
+    }
+    if (a == base || a == own) {
+      *err = "the checkpoint directory " + dir + " is inside " +
+             (a == own ? "the job's runtime directory " : "the runtime base ") + a.string() +
+             ", which cusnap manages and removes with its jobs: choose a -o DIR outside it";
+      return false;
+    }
+    if (a == a.root_path()) break;
+  }
+  return true;
+}
+
 // Checks opts.dir without changing anything: absent (its parent must exist)
 // or an empty directory of this user's that no one else may write to, below
-// directories a restore accepts.
-bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
+// directories a restore accepts, and outside other checkpoints and runtime
+// directories.
+bool check_output_dir(const std::string& dir, const std::string& runtime_dir, bool* exists,
+                      std::string* err) {
   std::error_code ec;
   if (dir.empty()) {
     *err = "no checkpoint directory given";
@@ -119,9 +156,11 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
       return false;
     }
     char real[PATH_MAX];
-    if (::geteuid() == 0 && ::realpath(parent.c_str(), real) != nullptr &&
-        !restorable_path(dir, std::string(real) + "/" + fs::path(dir).filename().string(), err))
-      return false;
+    if (::realpath(parent.c_str(), real) != nullptr) {
+      const std::string target = std::string(real) + "/" + fs::path(dir).filename().string();
+      if (!outside_others(dir, target, runtime_dir, err)) return false;
+      if (::geteuid() == 0 && !restorable_path(dir, target, err)) return false;
+    }
     return writable(parent.string());
   }
   if (fs::is_symlink(st)) {
@@ -138,9 +177,10 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
     *err = dir_not_private(dir, why);
     return false;
   }
-  if (char real[PATH_MAX]; ::geteuid() == 0 && ::realpath(dir.c_str(), real) != nullptr &&
-                           !restorable_path(dir, real, err))
-    return false;
+  if (char real[PATH_MAX]; ::realpath(dir.c_str(), real) != nullptr) {
+    if (!outside_others(dir, real, runtime_dir, err)) return false;
+    if (::geteuid() == 0 && !restorable_path(dir, real, err)) return false;
+  }
   if (!fs::is_empty(dir, ec)) {
     *err = "the checkpoint directory " + dir +
            " is not empty: choose a new or empty directory (-o DIR), or remove what is in it";
@@ -148,9 +188,6 @@ bool check_output_dir(const std::string& dir, bool* exists, std::string* err) {
   }
   return writable(dir);
 }
-
-/// Held in a checkpoint directory from its claim until criu/ is made there.
-constexpr const char* kClaimFile = ".cusnap-claim";
 
 /// Makes the checkpoint directory this run's alone, after check_output_dir:
 /// another checkpoint (of another job) given the same -o DIR meanwhile must
@@ -256,7 +293,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   if (!find_criu(&criu, err, value("CUSNAP_CRIU_BREAKPOINTS")))
     return refused("CUSNAP_CRIU_BREAKPOINTS");
   bool dir_existed = false;
-  if (!check_output_dir(opts.dir, &dir_existed, err)) return false;
+  if (!check_output_dir(opts.dir, job.runtime_dir, &dir_existed, err)) return false;
   unsigned hash_threads = 0;
   if (!hash_thread_count(value("CUSNAP_HASH_THREADS"), &hash_threads, err))
     return refused("CUSNAP_HASH_THREADS");

@@ -78,6 +78,19 @@ mkdir -p "$T/linked"
 ln -s "$T/linked" "$T/alink"
 DIR=$T/alink check_refusal symlinkdir "alink is a symbolic link \(to $T/linked\)"
 
+# Inside another checkpoint (which would then hold files its manifest does not
+# list, and could no longer be restored), or inside the runtime base (which
+# cusnap manages, and removes with its jobs).
+mkdir -p "$T/otherck/criu"
+echo '{}' >"$T/otherck/manifest.json"
+DIR=$T/otherck/criu/x check_refusal nested "inside the checkpoint $T/otherck, .*choose a -o DIR outside it"
+mkdir -p "$T/otherck/empty"
+DIR=$T/otherck/empty check_refusal nested2 "inside the checkpoint $T/otherck,"
+[ "$(cd "$T/otherck" && find . | sort | tr '\n' ' ')" = ". ./criu ./empty ./manifest.json " ] ||
+  fail "a refused checkpoint wrote into the checkpoint $T/otherck: $(find "$T/otherck")"
+DIR=$CUSNAP_RUNTIME_BASE/ck check_refusal inbase "inside the runtime base $CUSNAP_RUNTIME_BASE,"
+[ ! -e "$CUSNAP_RUNTIME_BASE/ck" ] || fail "a refused checkpoint made $CUSNAP_RUNTIME_BASE/ck"
+
 # A read-only file system: said before the job is touched, naming the
 # directory given, not a subdirectory CRIU would have made.
 RO=$T/ro
