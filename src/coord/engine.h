@@ -177,6 +177,11 @@ struct RestoreOptions {
   /// SIGTERM, SIGHUP), or 0. Nothing has been started then; once CRIU runs,
   /// the restore goes on.
   std::function<int()> interrupted;
+  /// Called once the checkpoint is verified and every check before CRIU
+  /// passed, just before CRIU starts: what the caller sets up for CRIU (the
+  /// shims' runtime directory). False, with *err saying why, refuses the
+  /// restore (kExitRefused; nothing was started). May be empty.
+  std::function<bool(std::string* err)> before_criu;
 };
 
 struct RestoreResult {

@@ -484,6 +484,7 @@ bool restore_job(const RestoreOptions& opts, const ProgressSink& progress, Resto
   }
 
   if (stop_asked()) return stopped();
+  if (opts.before_criu && !opts.before_criu(err)) return false;
   out->code = kExitFailure;
   report("restore");
   TempDir work("cusnap-restore-");

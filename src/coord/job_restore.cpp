@@ -50,9 +50,10 @@ class ShimDirLink {
       // CRIU binds the sockets inside it; a live job's would remove them
       // when that job ends (remove_job_dir), cutting this one's shims off.
       if (S_ISDIR(st.st_mode) && runtime_dir_live(shim_dir)) {
-        *err = "the job's shims had their sockets in " + shim_dir +
-               ", the runtime directory of a running job (the original, or another with its "
-               "name): stop that job, or restore this checkpoint once it has ended";
+        *err = "the checkpointed job's runtime directory " + shim_dir +
+               " (where its shims' sockets are bound again) is now that of a running job (the "
+               "original, or another with its name): stop that job, or restore this checkpoint "
+               "once it has ended";
         return false;
       }
       if (S_ISDIR(st.st_mode)) return true;
@@ -176,11 +177,13 @@ SuperviseOutcome restore_here(const RestoreRequest& req) {
       !make_pipe(&err_r, &err_w, 0, "the job's output pipe", &err))
     return failed(kExitFailure, err);
 
+  // Made once the checkpoint is verified: a damaged checkpoint is said to
+  // be, before the user is asked to stop a running job for it.
   ShimDirLink shim_link;
-  if (!shim_link.make(m.job.shim_dir, sup->rundir().path(), &err))
-    return failed(kExitRefused, err);
-
   RestoreOptions opts = req.engine;
+  opts.before_criu = [&](std::string* why) {
+    return shim_link.make(m.job.shim_dir, sup->rundir().path(), why);
+  };
   opts.stdout_fd = out_w.get();
   opts.stderr_fd = err_w.get();
   // Ctrl-C (or SIGTERM, SIGHUP) before CRIU starts stops the restore; from

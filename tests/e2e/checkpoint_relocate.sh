@@ -49,12 +49,14 @@ names=$("$CUSNAP" ps --json | python3 -c 'import json,sys; print(" ".join(sorted
 [ "$names" = "third" ] || fail "cusnap ps lists '$names', expected only 'third'"
 pass "restored again as 'third' from the second checkpoint"
 
-# The same checkpoint again while 'third' runs: the shims' path links to
-# third's runtime directory; the restore says so and leaves the link alone.
+# The same checkpoint again while 'third' runs: its processes hold the ids
+# the restore needs (checked after the checkpoint is verified, before the
+# shims' path, which links to third's runtime directory); the restore says
+# so and leaves the link alone.
 rc=0
 "$CUSNAP" restore "$T/ckpt2" --name fourth >"$T/restore3.out" 2>&1 || rc=$?
-[ "$rc" != 0 ] || fail "a second restore of a running checkpoint succeeded"
-grep -q "links to the runtime directory of a running job" "$T/restore3.out" ||
+[ "$rc" = 3 ] || fail "a second restore of a running checkpoint: exit $rc: $(cat "$T/restore3.out")"
+grep -Eq "process id $PID that the checkpoint restores is in use, by process $PID .*another restore of this checkpoint" "$T/restore3.out" ||
   fail "the refusal does not name the running job: $(cat "$T/restore3.out")"
 [ "$(readlink "$BASE1/orig")" = "$CUSNAP_RUNTIME_BASE/third" ] || fail "the refused restore changed the running job's link"
 kill -0 "$PID" || fail "the running job is gone"

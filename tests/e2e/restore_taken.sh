@@ -84,7 +84,7 @@ done
 rc=0
 CUSNAP_CRIU=$T/criu-late CRIU_DELAY=3 timeout 60 "$CUSNAP" restore "$T/ckpt" --name second \
   >"$T/second.out" 2>&1 || rc=$?
-[ "$rc" = 3 ] && grep -Eq "the runtime directory of a running job|was taken while CRIU ran, by .*another restore of this checkpoint" "$T/second.out" ||
+[ "$rc" = 3 ] && grep -Eq "is now that of a running job|was taken while CRIU ran, by .*another restore of this checkpoint" "$T/second.out" ||
   fail "the second restore: exit $rc: $(cat "$T/second.out")"
 wait_count "$T/first.out" $((LAST + 3))
 kill -0 "$FIRST" 2>/dev/null || fail "the first restore's job is gone: $(cat "$T/first.out")"
@@ -123,10 +123,21 @@ wait_exit "$RA"
 launch pat "$T/other.out" sleep 600
 OTHER=$LAST_SUPERVISOR
 wait_job pat >/dev/null
-expect_refused 3 "the job's shims had their sockets in $CUSNAP_RUNTIME_BASE/pat, the runtime directory of a running job" \
+expect_refused 3 "the checkpointed job's runtime directory $CUSNAP_RUNTIME_BASE/pat .* is now that of a running job" \
   "$CUSNAP" restore "$T/ckpt" --name rb
 [ -z "$(job_field rb pid)" ] || fail "the refused restore left job rb"
 pass "with another job named pat running, a restore as rb is refused before CRIU runs"
+# A damaged copy of the checkpoint is said to be damaged (exit 5), not that
+# the running job stands in the way: the user is not sent to stop a job for
+# a checkpoint that cannot be restored.
+cp -a "$T/ckpt" "$T/damaged"
+img=$(find "$T/damaged/criu" -name 'pages-*.img' | head -n1)
+[ -n "$img" ] || fail "no pages image in $T/damaged/criu"
+python3 -c 'import sys; f=open(sys.argv[1], "r+b"); b=f.read(1); f.seek(0); f.write(bytes([b[0] ^ 0xff]))' "$img"
+expect_refused 5 "$T/damaged" "$CUSNAP" restore "$T/damaged" --name rc
+[ -z "$(job_field rc pid)" ] || fail "the refused restore left job rc"
+[ -d "$CUSNAP_RUNTIME_BASE/pat" ] && [ ! -L "$CUSNAP_RUNTIME_BASE/pat" ] || fail "the damaged restore touched $CUSNAP_RUNTIME_BASE/pat"
+pass "with another job named pat running, a damaged copy is refused as damaged (exit 5)"
 kill -TERM "$OTHER"
 wait_exit "$OTHER"
 
