@@ -111,8 +111,9 @@ struct CheckpointOptions {
   proto::Settings settings;
   /// Called once dir is this checkpoint's alone (made here or found empty,
   /// and claimed against other checkpoints given the same dir): from then on
-  /// what is in it is this run's to remove should the run die.
-  std::function<void()> on_claimed;
+  /// what is in it is this run's to remove should the run die; made: this
+  /// run made dir (then it goes too), not found it empty.
+  std::function<void(bool made)> on_claimed;
   /// Called just before CRIU's dump with the path of its log and, where it
   /// locks the job's TCP connections, the lock's method (else empty): what a
   /// recovery needs to lift that lock should this process die once CRIU has

@@ -331,7 +331,7 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   TempDir no_plugins("cusnap-noplugins-");
   if (!criu_temp_dirs_usable(work, no_plugins, true, err)) return false;
   if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
-  if (opts.on_claimed) opts.on_claimed();
+  if (opts.on_claimed) opts.on_claimed(!dir_existed);
   std::string criu_dir = opts.dir + "/criu";
   // Private whatever the mode of a directory given empty: CRIU makes its
   // images readable by all, and they hold the job's memory.

@@ -82,6 +82,9 @@ constexpr std::string_view kDeletedSuffix = " (deleted)";
     // The operation's own timeout and free-memory margin, as its client set them.
     ok = recover_job(job, op.state_dir, op.remove_partial, &report, op.timeout, &blocked,
                      op.margin ? op.margin->c_str() : nullptr, {op.dump_log, op.network_lock});
+    // What recover_job left of a directory the checkpoint made: nothing,
+    // unless a manifest got written (then it is not empty, and stays).
+    if (ok && op.remove_partial && op.dir_made) ::rmdir(op.state_dir.c_str());
     std::istringstream lines(report);
     for (std::string l; std::getline(lines, l);) log("cusnap: guardian: " + l + "\n");
   } else {
@@ -304,6 +307,7 @@ std::string guardian_begin_line(const GuardedOperation& op) {
   nlohmann::json j = {{"op", hex_encode(op.op)},
                       {"state_dir", hex_encode(op.state_dir)},
                       {"remove_partial", op.remove_partial},
+                      {"dir_made", op.dir_made},
                       {"timeout_ms", static_cast<uint64_t>(op.timeout.count())}};
   if (op.margin) j["margin"] = hex_encode(*op.margin);
   if (!op.dump_log.empty()) j["dump_log"] = hex_encode(op.dump_log);
@@ -322,6 +326,7 @@ bool parse_guardian_begin(const std::string& line, GuardedOperation* out) noexce
     if (!hex_decode(j.value("op", ""), &op.op) || op.op.empty()) return false;
     if (!hex_decode(j.value("state_dir", ""), &op.state_dir)) return false;
     op.remove_partial = j.value("remove_partial", false);
+    op.dir_made = j.value("dir_made", false);
     if (j.contains("timeout_ms") && !j["timeout_ms"].is_number_unsigned()) return false;
     const uint64_t ms = j.value("timeout_ms", uint64_t{0});
     // Zero, or beyond what a request may carry: the default stands.

@@ -45,6 +45,9 @@ struct GuardedOperation {
   std::string state_dir;  ///< where it keeps what it saves
   /// Remove state_dir after a recovery when no manifest got written.
   bool remove_partial = false;
+  /// The operation made state_dir: with remove_partial, it goes too (when
+  /// empty), as after the operation's own failure.
+  bool dir_made = false;
   /// The operation's timeout, which a recovery uses too.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   /// CUSNAP_RESTORE_MEMORY_MARGIN as the operation's client set it (or the

@@ -17,6 +17,7 @@ TEST_CASE("guardian: the operation's line carries every field, whatever the path
   op.op = "checkpoint";
   op.state_dir = "/ckpt/with\nnewline and \"quotes\"";
   op.remove_partial = true;
+  op.dir_made = true;
   op.timeout = std::chrono::milliseconds(2500);
   op.margin = "8M";
   op.dump_log = "/tmp/cusnap-dump-7-abcdef/dump.log";
@@ -28,6 +29,7 @@ TEST_CASE("guardian: the operation's line carries every field, whatever the path
   CHECK(back.op == "checkpoint");
   CHECK(back.state_dir == op.state_dir);
   CHECK(back.remove_partial);
+  CHECK(back.dir_made);
   CHECK(back.timeout == std::chrono::milliseconds(2500));
   REQUIRE(back.margin);
   CHECK(*back.margin == "8M");
@@ -104,6 +106,7 @@ TEST_CASE("guardian: a timeout of zero or beyond a week (a request's limit) leav
   CHECK(op.op == "resume");
   CHECK(op.state_dir.empty());
   CHECK_FALSE(op.remove_partial);
+  CHECK_FALSE(op.dir_made);
   CHECK_FALSE(op.margin);
 }
 

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 
 namespace cusnap {
 namespace {
@@ -367,9 +368,15 @@ SuperviseOutcome SupervisorLoop::run(JobInfo info, UniqueFd out_r, UniqueFd err_
       CheckpointOptions claimed = o;
       const GuardedOperation mine =
           guarded_operation("checkpoint", o.dir, true, o.timeout, o.settings);
-      claimed.on_claimed = [g, mine] { g->begin(mine); };
-      claimed.on_dump = [g, mine](const std::string& log_path, const std::string& network_lock) {
-        GuardedOperation op = mine;
+      // Shared with on_dump: what it announces keeps dir_made.
+      auto claimed_op = std::make_shared<GuardedOperation>(mine);
+      claimed.on_claimed = [g, claimed_op](bool made) {
+        claimed_op->dir_made = made;
+        g->begin(*claimed_op);
+      };
+      claimed.on_dump = [g, claimed_op](const std::string& log_path,
+                                        const std::string& network_lock) {
+        GuardedOperation op = *claimed_op;
         op.dump_log = log_path;
         op.network_lock = network_lock;
         g->begin(op);

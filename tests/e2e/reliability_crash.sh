@@ -167,12 +167,13 @@ wait "$SUP" 2>/dev/null || true
 [ ! -e "$T/orphan.ck/manifest.json" ] || fail "a manifest exists after the supervisor was killed"
 kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
 # The guardian brings the job back: driver state running again, the job's
-# output flowing into its log, the unfinished checkpoint removed.
+# output flowing into its log, the unfinished checkpoint removed, with the
+# directory it made.
 expect_guardian_brought_back orphan "$PID"
 BRINGS="cusnap: the supervisor of job orphan died during checkpoint; the guardian brings the job back"
 [ "$(grep -cF "$BRINGS" "$LOG")" = 1 ] ||
   fail "the guardian did not say once that it brings the job back from the checkpoint: $(grep cusnap: "$LOG")"
-[ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
+[ ! -e "$T/orphan.ck" ] || fail "the unfinished checkpoint was left: $(ls -la "$T/orphan.ck")"
 echo "   after the supervisor's death: job $PID running (driver state 0), counting on in its log ($N -> $(last_count "$LOG")), client exit $RC"
 grep "cusnap: guardian:" "$LOG" | sed 's/^/   /'
 # The guardian supervises it now: ps finds it, and a later checkpoint works
@@ -184,7 +185,8 @@ GUARD=$(job_field orphan supervisor_pid)
 # stayed locked, and ps removed its runtime directory).
 # The guardian traces nothing (its stderr is /dev/null): the driver's state
 # of the job tells when it is locked, which it stays through the slowed
-# driver checkpoint.
+# driver checkpoint. This time the directory is given empty: it stays, empty.
+mkdir -m 0700 "$T/orphan.ck"
 "$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
 CK=$!
 wait_driver_state "$PID" "$CU_PROCESS_STATE_LOCKED" "$CK" 30 ||
@@ -205,7 +207,8 @@ state=$("$CUSNAP_FAKECUDA_DIR/fakecuda_ckpt" state "$PID" 2>&1 || true)
 case $state in *"state 0"*) ;; *) fail "after the second guardian's recovery the driver state is '$state'" ;; esac
 N=$(last_count "$LOG")
 wait_count "$LOG" $((N + 5)) "" 20
-[ -z "$(ls -A "$T/orphan.ck" 2>/dev/null)" ] || fail "the unfinished checkpoint was left: $(ls "$T/orphan.ck")"
+[ -d "$T/orphan.ck" ] && [ -z "$(ls -A "$T/orphan.ck")" ] ||
+  fail "the directory given empty is gone or not empty: $(ls -la "$T/orphan.ck" 2>&1)"
 echo "   the guardian supervising the job killed mid-checkpoint: brought back again, supervised by $GUARD"
 rm -rf "$T/orphan.ck"
 BEFORE_CK=$(last_count "$LOG")
