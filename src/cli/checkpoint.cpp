@@ -103,7 +103,7 @@ int cmd_checkpoint(int argc, char** argv) {
     progress.finish();
     if (rc = cancel.finish(json, ok, r, err, &d); rc >= 0) return rc;
   }
-  if (!ok) return fail_json(json, kExitFailure, err);
+  if (!ok) return fail_job_json(json, kExitFailure, err, entry);
   if (!r.ok) return report_result_failure(json, r, "checkpoint", entry);
 
   // The result's details, with what an interrupt added (a cancel too late).

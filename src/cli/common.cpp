@@ -309,15 +309,21 @@ void on_notice_signal(int sig) {
 
 }  // namespace
 
-InterruptNotice::InterruptNotice(const std::string& operation, bool json) {
+InterruptNotice::InterruptNotice(const std::string& operation, bool json,
+                                 const nlohmann::json& job) {
   const std::string msg = "interrupted: " + operation +
                           " goes on in its supervisor (an interrupt here does not cancel it); "
                           "cusnap ps shows the job's state";
   // A progress line may be on the terminal: start on a fresh line.
   g_notice_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
   for (int i = 0; i < 3; ++i) {
-    g_notice_json[i] =
-        json ? json_text(failure_object(128 + kNoticeSignals[i], msg), 2) + "\n" : "";
+    g_notice_json[i].clear();
+    if (json) {
+      nlohmann::json j = failure_object(128 + kNoticeSignals[i], msg);
+      for (const char* key : {"job", "name", "pid"})
+        if (job.is_object() && job.contains(key)) j[key] = job[key];
+      g_notice_json[i] = json_text(j, 2) + "\n";
+    }
     struct sigaction sa {};
     sa.sa_handler = on_notice_signal;
     sigemptyset(&sa.sa_mask);

@@ -178,10 +178,12 @@ bool client_settings(proto::Settings* out, std::string* err);
 /// saying on stderr that the operation (operation: "the checkpoint of job
 /// X") goes on in the job's supervisor (a signal to the client cannot cancel
 /// it) and how to follow it, and with json printing the failure object on
-/// stdout; the exit status is 128 + the signal's number.
+/// stdout (with the fields of job, when given: job, name, pid); the exit
+/// status is 128 + the signal's number.
 class InterruptNotice {
  public:
-  InterruptNotice(const std::string& operation, bool json);
+  InterruptNotice(const std::string& operation, bool json,
+                  const nlohmann::json& job = nlohmann::json::object());
   ~InterruptNotice();
   InterruptNotice(const InterruptNotice&) = delete;
   InterruptNotice& operator=(const InterruptNotice&) = delete;

@@ -258,7 +258,7 @@ int inspect_job(const JobEntry& entry, bool json) {
   std::string err;
   if (!job_request(entry, control_timeout(), control_timeout(), proto::kMsgInspect, proto::Empty{},
                    nullptr, &r, &err))
-    return fail_json(json, kExitFailure, err);
+    return fail_job_json(json, kExitFailure, err, entry);
   if (!r.ok) return report_result_failure(json, r, "inspect", entry);
   // Not an object (or, for the text, without a "job" object): nothing here
   // could be read from it.

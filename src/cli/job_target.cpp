@@ -41,6 +41,11 @@ nlohmann::json job_failure_object(int code, const std::string& msg, const JobEnt
   return j;
 }
 
+int fail_job_json(bool json, int code, const std::string& msg, const JobEntry& job) {
+  if (json) print_json(job_failure_object(code, msg, job));
+  return fail(code, msg);
+}
+
 int report_result_failure(bool json, const proto::Result& r, const std::string& op,
                           const JobEntry& job) {
   const int code = r.exit_code == kExitOk ? kExitFailure : r.exit_code;
@@ -129,7 +134,8 @@ CancelOnInterrupt::CancelOnInterrupt(const JobEntry& job, const char* op, bool j
                           "outcome is not known: cusnap ps shows the job's state";
   g_again_text = std::string(::isatty(STDERR_FILENO) ? "\n" : "") + "cusnap: " + msg + "\n";
   for (int i = 0; i < 3; ++i) {
-    g_again_json[i] = json ? json_text(failure_object(128 + kCancelSignals[i], msg), 2) + "\n" : "";
+    g_again_json[i] =
+        json ? json_text(job_failure_object(128 + kCancelSignals[i], msg, job), 2) + "\n" : "";
     struct sigaction sa {};
     sa.sa_handler = on_cancel_signal;
     sigemptyset(&sa.sa_mask);
@@ -178,7 +184,7 @@ int CancelOnInterrupt::finish(bool json, bool ok, const proto::Result& r, const 
   const int sig = g_first_signal;
   if (sig == 0) return -1;
   const int code = 128 + sig;
-  if (!ok) return fail_json(json, code, err);
+  if (!ok) return fail_job_json(json, code, err, job_);
   nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);
   if (!r.ok && d.is_object() && d.value("cancelled", false)) {
     const std::string msg = "cancelled: job " + job_.status.name + " runs on unchanged";

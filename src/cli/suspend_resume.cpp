@@ -52,10 +52,11 @@ int run(int argc, char** argv, bool suspend) {
                      cancel.hook());
     if (rc = cancel.finish(json, ok, r, err, &extra); rc >= 0) return rc;
   } else {
-    InterruptNotice notice("the resume of job " + entry.status.name, json);
+    InterruptNotice notice("the resume of job " + entry.status.name, json,
+                           job_failure_object(0, "", entry));
     ok = job_request(entry, control_timeout(), wait, proto::kMsgResume, req, nullptr, &r, &err);
   }
-  if (!ok) return fail_json(json, kExitFailure, err);
+  if (!ok) return fail_job_json(json, kExitFailure, err, entry);
   if (!r.ok) return report_result_failure(json, r, suspend ? "suspend" : "resume", entry);
   if (json) {
     nlohmann::json d = nlohmann::json::parse(r.details, nullptr, false);

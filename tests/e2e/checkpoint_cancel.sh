@@ -127,7 +127,9 @@ assert j["exit_code"] == 130 and j["cancelled"] is True, j' "$T/suspend.out" ||
   pass "suspend cancelled: exit 130, said so; the job runs on"
 
   # A second interrupt leaves at once; the cancel goes on in the supervisor.
-  start checkpoint -o "$T/ck3"
+  # With --json, its failure object names the job, as every failure after
+  # the supervisor answered does.
+  start checkpoint -o "$T/ck3" --json
   in_driver_phase checkpoint
   kill -INT "$C"
   for _ in $(seq 1 100); do grep -q "cusnap: cancelling" "$T/checkpoint.err" && break; sleep 0.05; done
@@ -142,6 +144,12 @@ assert j["exit_code"] == 130 and j["cancelled"] is True, j' "$T/suspend.out" ||
   grep -q "cusnap: interrupted again: the checkpoint of job cc may still be running, or rolling back, in its supervisor; its outcome is not known: cusnap ps shows the job's state" \
     "$T/checkpoint.err" || fail "second interrupt: not said: $(cat "$T/checkpoint.err")"
   grep -q "cusnap: cancelled" "$T/checkpoint.err" && fail "second interrupt: the command waited for the outcome"
+  python3 -c '
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+assert j["ok"] is False and j["exit_code"] == 130 and "outcome is not known" in j["error"], j
+assert j["job"] == j["name"] == "cc" and j["pid"] == int(sys.argv[2]), j' "$T/checkpoint.out" "$PID" ||
+    fail "second interrupt --json: $(cat "$T/checkpoint.out")"
   for _ in $(seq 1 200); do [ "$(job_field cc state)" = running ] && break; sleep 0.05; done
   [ "$(job_field cc state)" = running ] || fail "the cancel did not bring the job back: $(job_field cc state)"
   expect_running cc "$PID" "$T/job.out"

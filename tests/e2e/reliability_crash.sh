@@ -155,7 +155,7 @@ SUP=$LAST_SUPERVISOR
 wait_count "$T/orphan.out" 3
 PID=$(wait_job orphan)
 before=$(calls_begun "$T/orphan.out" cuCheckpointProcessCheckpoint "$SUP")
-"$CUSNAP" checkpoint orphan -o "$T/orphan.ck" >"$T/orphan-ck.out" 2>&1 &
+"$CUSNAP" checkpoint orphan -o "$T/orphan.ck" --json >"$T/orphan-ck.json" 2>"$T/orphan-ck.out" &
 CK=$!
 # Killed once the supervisor is in the (slowed) driver checkpoint: the job
 # is locked.
@@ -163,7 +163,14 @@ wait_entered "$SUP" "$T/orphan.out" cuCheckpointProcessCheckpoint "$before" "$CK
 kill -KILL "$SUP"
 RC=0; wait "$CK" || RC=$?
 wait "$SUP" 2>/dev/null || true
-[ "$RC" != 0 ] || fail "the checkpoint reported success after its supervisor was killed"
+[ "$RC" = 1 ] || fail "the checkpoint exited $RC after its supervisor was killed: $(cat "$T/orphan-ck.out")"
+# Its JSON names the job, whose supervisor had answered.
+python3 -c '
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+assert j["ok"] is False and j["exit_code"] == 1 and j["error"], j
+assert j["job"] == j["name"] == "orphan" and j["pid"] == int(sys.argv[2]), j' "$T/orphan-ck.json" "$PID" ||
+  fail "the failed checkpoint's --json: $(cat "$T/orphan-ck.json")"
 [ ! -e "$T/orphan.ck/manifest.json" ] || fail "a manifest exists after the supervisor was killed"
 kill -0 "$PID" 2>/dev/null || fail "the job died with its supervisor"
 # The guardian brings the job back: driver state running again, the job's
