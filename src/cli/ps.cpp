@@ -13,7 +13,8 @@ namespace cusnap::cli {
 int cmd_ps(int argc, char** argv) {
   CLI::App app{
       "List the running jobs under this user's runtime base: name, job and supervisor pids, "
-      "state, uptime and command. Runtime directories of dead supervisors are removed."};
+      "state, uptime and command. Runtime directories of dead supervisors are removed (a job "
+      "whose process outlived its supervisor and guardian is named in a warning instead)."};
   init_app(app, "ps");
   bool json = false;
   app.add_flag("--json", json, "Print the jobs as a JSON array");
@@ -27,10 +28,20 @@ int cmd_ps(int argc, char** argv) {
   // ones whose restore the driver refused: no resume brings them back.
   std::vector<bool> left, refused;
   std::string base_err;
-  std::vector<JobEntry> entries = list_jobs(true, &base_err);
+  std::vector<JobEntry> unsupervised;
+  std::vector<JobEntry> entries = list_jobs(true, &base_err, &unsupervised);
   if (!base_err.empty())
     return fail_json(json, kExitFailure,
                      base_err + ": cusnap cannot list its jobs; " + runtime_base_lookup_remedy());
+  // Not jobs cusnap can act on: said on stderr, with --json too.
+  for (const JobEntry& e : unsupervised)
+    std::fprintf(stderr,
+                 "cusnap: warning: job %s has no supervisor (it was killed, with its guardian), "
+                 "and its process %lld runs on, unsupervised: cusnap can no longer checkpoint, "
+                 "suspend or follow it; end it (kill %lld) or let it finish (its runtime "
+                 "directory %s goes once it has ended)\n",
+                 shown(e.status.name).c_str(), static_cast<long long>(e.status.root_pid),
+                 static_cast<long long>(e.status.root_pid), shown(e.dir).c_str());
   for (JobEntry& e : entries) {
     // The supervisor's own word is fresher than job.json; fall back to the file.
     proto::JobStatus live;

@@ -3,6 +3,7 @@
 #include "coord/file_read.h"
 #include "coord/write_probe.h"
 #include "proto/json_text.h"
+#include "proto/proc_stat.h"
 #include "proto/utf8.h"
 
 #include <dirent.h>
@@ -14,6 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -161,7 +164,9 @@ bool prepare_explicit_dir(const std::string& dir, std::string* err, bool* refuse
 }  // namespace
 
 /// Live jobs under base; the caller holds the base's lock when clean_stale.
-std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale);
+/// unsupervised: as list_jobs'.
+std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale,
+                                   std::vector<JobEntry>* unsupervised = nullptr);
 
 namespace {
 
@@ -373,11 +378,19 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
     return false;
   }
   // A name is unique among the live jobs under the base, wherever their
-  // directories are.
-  for (const JobEntry& e : list_jobs_in(base, true)) {
+  // directories are, and those running on without a supervisor.
+  std::vector<JobEntry> unsupervised;
+  for (const JobEntry& e : list_jobs_in(base, true, &unsupervised)) {
     if (e.status.name == name) {
       *err = "a job named '" + name + "' is already running (supervisor pid " +
              std::to_string(e.status.supervisor_pid) + "); choose another --name";
+      return taken();
+    }
+  }
+  for (const JobEntry& e : unsupervised) {
+    if (e.status.name == name) {
+      *err = "a job named '" + name + "' runs on without a supervisor (its process " +
+             std::to_string(e.status.root_pid) + "; cusnap ps says more); choose another --name";
       return taken();
     }
   }
@@ -533,7 +546,35 @@ bool holds_lock_file(const std::string& dir) {
   return ::lstat((dir + "/lock").c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err) {
+bool runs_unsupervised(const std::string& dir, JobEntry* out) {
+  std::string text, err;
+  JobEntry je;
+  if (!read_file(dir + "/job.json", &text) || !job_status_from_json(text, &je.status, &err) ||
+      je.status.root_pid <= 0 || je.status.root_pid > INT32_MAX)
+    return false;
+  uint64_t ticks = 0;
+  if (!proto::proc_start_time(pid_t(je.status.root_pid), &ticks, true)) return false;
+  // Its start in Unix time: boot time (/proc/stat's btime) plus the ticks.
+  long long btime = -1;
+  if (FILE* f = std::fopen("/proc/stat", "re")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "btime %lld", &btime) == 1) break;
+    std::fclose(f);
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (btime < 0 || hz <= 0) return false;
+  // The supervisor records the job's start once its first process exists
+  // (a second of rounding, a second of slack): a process that began later
+  // took the pid since.
+  if (btime + static_cast<long long>(ticks / uint64_t(hz)) > je.status.started + 2) return false;
+  je.dir = dir;
+  *out = std::move(je);
+  return true;
+}
+
+std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err,
+                                std::vector<JobEntry>* unsupervised) {
   const std::string base = runtime_base();
   std::string why;
   if (err) err->clear();
@@ -547,10 +588,11 @@ std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err) {
     base_lock = lock_base(base);
     if (!base_lock) clean_stale = false;
   }
-  return list_jobs_in(base, clean_stale);
+  return list_jobs_in(base, clean_stale, unsupervised);
 }
 
-std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
+std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale,
+                                   std::vector<JobEntry>* unsupervised) {
   std::vector<JobEntry> jobs;
   std::string err;
   std::vector<std::string> names;
@@ -594,6 +636,13 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale) {
     // reaches its shims (job_restore.cpp); that job is listed by its own entry.
     if (live && is_link && je.status.name != n) continue;
     if (!live) {
+      // A job whose first process outlived its supervisor and guardian: its
+      // directory stays (the record of it), and it is said.
+      if (JobEntry gone; !is_link && holds_lock_file(dir) && !runtime_dir_live(dir) &&
+                         runs_unsupervised(dir, &gone)) {
+        if (unsupervised) unsupervised->push_back(std::move(gone));
+        continue;
+      }
       // Only a runtime directory (one holding its lock file) is cleaned: any
       // other directory in the base is someone's, which remove_job_dir would
       // empty of the names a supervisor uses (output.log, job.json, ...). A

@@ -108,8 +108,15 @@ bool holds_lock_file(const std::string& dir);
 /// Every live job under the base, by name; directories of dead supervisors
 /// are removed on the way when clean_stale is set. *err (when given): why the runtime base was
 /// refused (a link, not a directory, another owner, unreadable); empty when it is fine or does not
-/// exist yet (no jobs).
-std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr);
+/// exist yet (no jobs). A job whose supervisor is dead (killed with its
+/// guardian) while its first process runs on keeps its directory, and is
+/// put in *unsupervised (when given), as its job.json says it.
+std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err = nullptr,
+                                std::vector<JobEntry>* unsupervised = nullptr);
+/// Whether the runtime directory dir, whose supervisor is dead, names in its
+/// job.json a first process that runs on: the same process (started no later
+/// than the job, not a later one given its pid). *out gets the job.
+bool runs_unsupervised(const std::string& dir, JobEntry* out);
 /// Why find_job found no job.
 enum class JobMiss {
   kNone,          ///< no job is known by that name, pid or path

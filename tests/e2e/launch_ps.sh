@@ -68,6 +68,38 @@ grep -q psjob <<<"$out" && fail "ps lists a dead job: $out"
 pass "a dead supervisor's directory is cleaned"
 expect_eq "the name is free again" 0 "$(run_status "$CUSNAP" launch --name psjob -- true)"
 
+# A supervisor killed with its guardian while the job runs on: ps says so on
+# stderr (--json too, its output unchanged), keeps the job's directory (the
+# record of it) and the name taken; once the process has ended, it goes.
+launch_bg orphan sleep 300
+wait_for 10 test -s "$CUSNAP_RUNTIME_BASE/orphan/job.json" || fail "orphan did not start"
+root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$CUSNAP_RUNTIME_BASE/orphan/job.json")
+guardian=
+for _ in $(seq 1 100); do guardian=$(pgrep -P "$LAUNCH_PID" -x cusnap-guardian || true); [ -n "$guardian" ] && break; sleep 0.05; done
+[ -n "$guardian" ] || fail "no guardian under supervisor $LAUNCH_PID"
+kill -STOP "$guardian" "$LAUNCH_PID"
+kill -KILL "$guardian" "$LAUNCH_PID"
+wait "$LAUNCH_PID" 2>/dev/null || true
+for _ in $(seq 1 100); do grep -q orphan <<<"$("$CUSNAP" ps 2>/dev/null)" || break; sleep 0.1; done
+kill -0 "$root" || fail "the job's process $root died with its supervisor"
+"$CUSNAP" ps --json >"$SCRATCH/ps.json" 2>"$SCRATCH/ps.err" || fail "ps --json failed: $(cat "$SCRATCH/ps.err")"
+[ "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))))' "$SCRATCH/ps.json")" = 0 ] ||
+  fail "ps --json lists: $(cat "$SCRATCH/ps.json")"
+grep -q "warning: job orphan has no supervisor .* its process $root runs on, unsupervised: .*kill $root" "$SCRATCH/ps.err" ||
+  fail "ps did not say that orphan runs unsupervised: $(cat "$SCRATCH/ps.err")"
+[ -f "$CUSNAP_RUNTIME_BASE/orphan/job.json" ] || fail "ps removed the directory of a job that runs on"
+rc=$(run_status "$CUSNAP" launch --name orphan -- true)
+expect_eq "launch under the name of a job running unsupervised" 3 "$rc"
+"$CUSNAP" launch --name orphan -- true >"$SCRATCH/refused.out" 2>&1 || true
+grep -q "a job named 'orphan' runs on without a supervisor (its process $root" "$SCRATCH/refused.out" ||
+  fail "the refusal does not say why: $(cat "$SCRATCH/refused.out")"
+kill -KILL "$root"
+for _ in $(seq 1 100); do kill -0 "$root" 2>/dev/null || break; sleep 0.05; done
+"$CUSNAP" ps >/dev/null 2>"$SCRATCH/ps.err"
+[ ! -s "$SCRATCH/ps.err" ] || fail "ps still warns after the process ended: $(cat "$SCRATCH/ps.err")"
+[ ! -e "$CUSNAP_RUNTIME_BASE/orphan" ] || fail "the directory stayed after the process ended"
+pass "a job whose supervisor and guardian were killed: said by ps, its name kept, until it ends"
+
 # inspect NAME: the running job of that name, even where a checkpoint
 # directory of that name is here; a directory that holds no job is said to
 # hold none.
