@@ -26,7 +26,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUSNAP_WERROR=ON "${cuda
 cmake --build build -j"$jobs"
 
 # failed_lines DIR: what each failed test of DIR's last run said on failing
-# (its FAIL lines, each with the next two lines unless they are blank or
+# (its last FAIL lines, each with the next two lines unless they are blank or
 # another's, else its ERROR and error lines; the last 8), printed again at the end
 # where a long log is not cut, since --output-on-failure puts them mid-log.
 failed_lines() {
@@ -40,17 +40,23 @@ for block in re.split(r"\n(?=\d+/\d+ Testing: )", text):
         continue
     lines = block.splitlines()
     # A FAIL message may go on over a line or two (a path, a listing).
-    said = []
+    groups = []  # each FAIL line with the lines it goes on over
     for i, l in enumerate(lines):
         if l.startswith("FAIL"):
-            said.append(l)
+            groups.append([l])
             for n in lines[i + 1:i + 3]:
                 if not n.strip() or re.match(r"FAIL|==|\d+/\d+ Test|<end of output>", n):
                     break
-                said.append("  " + n)
-    said = said or [l for l in lines if re.search(r"FAIL|ERROR|error:|Timeout", l)]
+                groups[-1].append("  " + n)
+    # The last groups that fit in 8 lines (the last one whole however long).
+    said = []
+    for g in reversed(groups):
+        if said and len(said) + len(g) > 8:
+            break
+        said = g + said
+    said = said or [l for l in lines if re.search(r"FAIL|ERROR|error:|Timeout", l)][-8:]
     print("-- " + m.group(1))
-    for l in said[-8:]:
+    for l in said:
         print("   " + l[:400])
 PY
 }

@@ -86,14 +86,19 @@ int unknown_command(const std::string& cmd, int argc = 0, char** argv = nullptr)
           for (int j = 1; j < i; ++j) moved += std::string(" ") + argv[j];
           for (int j = i + 1; j < argc; ++j) moved += std::string(" ") + argv[j];
         }
+    // A mistyped --help or --version (--hlep, --versoin).
+    const char* meant = nullptr;
+    for (const char* opt : {"--help", "--version"})
+      if (edit_distance(cmd, opt) <= 2) meant = opt;
     msg = !moved.empty() ? "unknown option '" + shown(cmd) +
                                "' before the command: a command's options follow it; did you "
                                "mean '" +
                                shown(moved) + "'?"
-                         : "unknown option '" + shown(cmd) +
-                               "': before a command cusnap takes only --help and --version; a "
-                               "command's options follow it (cusnap COMMAND [OPTIONS]; 'cusnap "
-                               "--help' lists the commands)";
+          : meant ? "unknown option '" + shown(cmd) + "'; did you mean '" + meant + "'?"
+                  : "unknown option '" + shown(cmd) +
+                        "': before a command cusnap takes only --help and --version; a "
+                        "command's options follow it (cusnap COMMAND [OPTIONS]; 'cusnap "
+                        "--help' lists the commands)";
   } else if (const char* s = suggest(cmd)) {
     msg = "unknown command '" + shown(cmd) + "'; did you mean '" + s + "'?";
   } else {

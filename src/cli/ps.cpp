@@ -38,8 +38,8 @@ int cmd_ps(int argc, char** argv) {
     std::fprintf(stderr,
                  "cusnap: warning: job %s has no supervisor (it was killed, with its guardian), "
                  "and its process %lld runs on, unsupervised: cusnap can no longer checkpoint, "
-                 "suspend or follow it; end it (kill %lld) or let it finish (its runtime "
-                 "directory %s goes once it has ended)\n",
+                 "suspend or follow it; end it with its process group (kill -- -%lld) or let it "
+                 "finish (its runtime directory %s goes once that process has ended)\n",
                  shown(e.status.name).c_str(), static_cast<long long>(e.status.root_pid),
                  static_cast<long long>(e.status.root_pid), shown(e.dir).c_str());
   for (JobEntry& e : entries) {

@@ -93,30 +93,50 @@ bool restorable_path(const std::string& dir, const std::string& real, std::strin
 /// Held in a checkpoint directory from its claim until criu/ is made there.
 constexpr const char* kClaimFile = ".cusnap-claim";
 
+/// Whether the directory a is a checkpoint, finished or being written: one
+/// claimed (kClaimFile), or one whose criu/ holds CRIU's images, or nothing
+/// yet (a directory that merely holds a criu/, a CRIU source tree say, is
+/// none; nor is one with some other program's manifest.json).
+bool is_checkpoint_dir(const fs::path& a) {
+  std::error_code ec;
+  if (fs::exists(a / kClaimFile, ec)) return true;
+  const fs::path criu = a / "criu";
+  if (!fs::is_directory(fs::symlink_status(criu, ec))) return false;
+  fs::directory_iterator it(criu, ec), end;
+  if (ec) return false;
+  if (it == end) return true;  // made, CRIU not yet begun
+  for (; it != end; it.increment(ec)) {
+    if (ec) return false;
+    if (it->path().extension() == ".img") return true;
+  }
+  return false;
+}
+
 /// Whether real (resolved; the checkpoint directory to be) lies outside every
-/// checkpoint and outside the runtime base and the job's runtime directory;
-/// *err says which one it is in when not. A checkpoint holds only what its
-/// manifest lists (another written into it would leave it unrestorable), and
-/// a runtime directory is removed with its job.
+/// checkpoint and every runtime directory (the job's own, or an entry of the
+/// runtime base holding a lock file); *err says which one it is in when not.
+/// A checkpoint holds only what its manifest lists (another written into it
+/// would leave it unrestorable, and its roll back would remove it), and a
+/// runtime directory is removed with its job. The runtime base itself may
+/// hold checkpoints: only runtime directories in it are cleaned.
 bool outside_others(const std::string& dir, const fs::path& real, const std::string& runtime_dir,
                     std::string* err) {
-  std::error_code ec;
   auto resolved = [&](const std::string& p) {
     char buf[PATH_MAX];
     return !p.empty() && ::realpath(p.c_str(), buf) != nullptr ? fs::path(buf) : fs::path();
   };
   const fs::path base = resolved(runtime_base()), own = resolved(runtime_dir);
   for (fs::path a = real.parent_path(); !a.empty(); a = a.parent_path()) {
-    if (fs::exists(a / kManifestName, ec) || fs::exists(a / kClaimFile, ec)) {
+    if (is_checkpoint_dir(a)) {
       *err = "the checkpoint directory " + dir + " is inside the checkpoint " + a.string() +
              ", which would then hold files its manifest does not list and could no longer be "
              "restored: choose a -o DIR outside it";
       return false;
     }
-    if (a == base || a == own) {
+    if (a == own || (!base.empty() && a.parent_path() == base && holds_lock_file(a.string()))) {
       *err = "the checkpoint directory " + dir + " is inside " +
-             (a == own ? "the job's runtime directory " : "the runtime base ") + a.string() +
-             ", which cusnap manages and removes with its jobs: choose a -o DIR outside it";
+             (a == own ? "the job's runtime directory " : "the runtime directory ") + a.string() +
+             ", which cusnap removes with its job: choose a -o DIR outside it";
       return false;
     }
     if (a == a.root_path()) break;
@@ -331,6 +351,13 @@ bool checkpoint_job(const JobInfo& job, const CheckpointOptions& opts, const Pro
   TempDir no_plugins("cusnap-noplugins-");
   if (!criu_temp_dirs_usable(work, no_plugins, true, err)) return false;
   if (!claim_output_dir(opts.dir, &dir_existed, err)) return false;
+  // Again once the directory is this run's: a checkpoint above it may have
+  // begun since the check.
+  if (char real[PATH_MAX]; ::realpath(opts.dir.c_str(), real) != nullptr &&
+                           !outside_others(opts.dir, real, job.runtime_dir, err)) {
+    remove_output(opts.dir, dir_existed);
+    return false;
+  }
   if (opts.on_claimed) opts.on_claimed(!dir_existed);
   std::string criu_dir = opts.dir + "/criu";
   // Private whatever the mode of a directory given empty: CRIU makes its

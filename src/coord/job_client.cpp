@@ -37,7 +37,9 @@ namespace {
 /// "N s" (to a tenth below 10 s) for messages.
 std::string seconds_text(std::chrono::milliseconds d) {
   char buf[32];
-  if (d < std::chrono::seconds(10))
+  if (d < std::chrono::milliseconds(100))  // not "0.0 s" for a tiny timeout
+    std::snprintf(buf, sizeof buf, "%lld ms", static_cast<long long>(d.count()));
+  else if (d < std::chrono::seconds(10))
     std::snprintf(buf, sizeof buf, "%.1f s", double(d.count()) / 1000);
   else
     std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(d.count() / 1000));

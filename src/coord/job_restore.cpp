@@ -56,6 +56,16 @@ class ShimDirLink {
                "once it has ended";
         return false;
       }
+      // Nor one whose job runs on without its supervisor (cusnap ps): the
+      // next ps after that job ends removes the directory.
+      if (JobEntry other;
+          S_ISDIR(st.st_mode) && holds_lock_file(shim_dir) && runs_unsupervised(shim_dir, &other)) {
+        *err = "the checkpointed job's runtime directory " + shim_dir +
+               " (where its shims' sockets are bound again) is that of job " + other.status.name +
+               ", whose process " + std::to_string(other.status.root_pid) +
+               " runs on without a supervisor (cusnap ps says more): end it, then restore";
+        return false;
+      }
       if (S_ISDIR(st.st_mode)) return true;
       if (S_ISLNK(st.st_mode) && points_to(shim_dir, rundir)) return true;
       if (!S_ISLNK(st.st_mode)) {

@@ -247,20 +247,22 @@ std::string runtime_base_lookup_remedy() {
   return first + "set CUSNAP_RUNTIME_BASE to the runtime base the jobs were launched with";
 }
 
-bool ensure_private_dir(const std::string& path, bool create, std::string* err, bool* refused) {
+bool ensure_private_dir(const std::string& path, bool create, std::string* err, bool* refused,
+                        const char* what) {
+  const std::string w = what;
   const auto refuse = [&](std::string why) {
     *err = std::move(why);
     if (refused) *refused = true;
     return false;
   };
   if (path.empty()) {
-    *err = "empty runtime directory path";
+    *err = "empty " + w + " path";
     return false;
   }
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno != ENOENT || !create) {
-      *err = errno_text("runtime directory " + path);
+      *err = errno_text(w + " " + path);
       return false;
     }
     // Missing parents are made 0700 too (e.g. $XDG_RUNTIME_DIR/cusnap).
@@ -268,36 +270,34 @@ bool ensure_private_dir(const std::string& path, bool create, std::string* err, 
       std::string parent = path.substr(0, slash);
       struct stat pst;
       if (::stat(parent.c_str(), &pst) != 0 && errno == ENOENT &&
-          !ensure_private_dir(parent, true, err, refused))
+          !ensure_private_dir(parent, true, err, refused, what))
         return false;
     }
     if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      *err = errno_text("creating runtime directory " + path);
+      *err = errno_text("creating " + w + " " + path);
       return false;
     }
     if (::lstat(path.c_str(), &st) != 0) {
-      *err = errno_text("runtime directory " + path);
+      *err = errno_text(w + " " + path);
       return false;
     }
   }
-  if (S_ISLNK(st.st_mode))
-    return refuse("refusing runtime directory " + path + ": it is a symbolic link");
-  if (!S_ISDIR(st.st_mode))
-    return refuse("refusing runtime directory " + path + ": it is not a directory");
+  if (S_ISLNK(st.st_mode)) return refuse("refusing " + w + " " + path + ": it is a symbolic link");
+  if (!S_ISDIR(st.st_mode)) return refuse("refusing " + w + " " + path + ": it is not a directory");
   if (st.st_uid != ::geteuid())
-    return refuse("refusing runtime directory " + path + ": it is owned by uid " +
+    return refuse("refusing " + w + " " + path + ": it is owned by uid " +
                   std::to_string(st.st_uid) + ", not by uid " + std::to_string(::geteuid()));
   if ((st.st_mode & 07777) != 0700) {
     // Only a directory cusnap makes is tightened; a lookup changes nothing.
     if (!create) {
       char mode[8];
       std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-      return refuse("refusing runtime directory " + path + ": its mode is " + mode +
+      return refuse("refusing " + w + " " + path + ": its mode is " + mode +
                     ", and cusnap's runtime directories are private (0700)");
     }
     UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!d || ::fchmod(d.get(), 0700) != 0) {
-      *err = errno_text("making runtime directory " + path + " private");
+      *err = errno_text("making " + w + " " + path + " private");
       return false;
     }
   }
@@ -363,7 +363,7 @@ bool RuntimeDir::reserve(const std::string& name, const std::string& explicit_di
   // CUSNAP_RUNTIME_BASE=.), whose mode is theirs to set.
   struct stat bst;
   const bool base_there = ::lstat(base.c_str(), &bst) == 0;
-  if (!ensure_private_dir(base, !base_there, err, &refusal)) {
+  if (!ensure_private_dir(base, !base_there, err, &refusal, "runtime base")) {
     // A directory of this user's is refused for its mode alone.
     if (base_there)
       *err += S_ISDIR(bst.st_mode) && bst.st_uid == ::geteuid()
@@ -578,7 +578,7 @@ std::vector<JobEntry> list_jobs(bool clean_stale, std::string* err,
   const std::string base = runtime_base();
   std::string why;
   if (err) err->clear();
-  if (!ensure_private_dir(base, false, &why)) {
+  if (!ensure_private_dir(base, false, &why, nullptr, "runtime base")) {
     struct stat st;
     if (err && (::lstat(base.c_str(), &st) == 0 || errno != ENOENT)) *err = why;
     return {};
@@ -637,10 +637,13 @@ std::vector<JobEntry> list_jobs_in(const std::string& base, bool clean_stale,
     if (live && is_link && je.status.name != n) continue;
     if (!live) {
       // A job whose first process outlived its supervisor and guardian: its
-      // directory stays (the record of it), and it is said.
-      if (JobEntry gone; !is_link && holds_lock_file(dir) && !runtime_dir_live(dir) &&
-                         runs_unsupervised(dir, &gone)) {
-        if (unsupervised) unsupervised->push_back(std::move(gone));
+      // directory stays (the record of it), and the link BASE/NAME to one
+      // elsewhere (launch --runtime-dir); it is said, once.
+      if (JobEntry gone; holds_lock_file(dir) && !runtime_dir_live(dir) &&
+                         runs_unsupervised(dir, &gone) && (!is_link || gone.status.name == n)) {
+        if (struct stat dst; unsupervised && ::stat(dir.c_str(), &dst) == 0 &&
+                             listed.emplace(dst.st_dev, dst.st_ino).second)
+          unsupervised->push_back(std::move(gone));
         continue;
       }
       // Only a runtime directory (one holding its lock file) is cleaned: any

@@ -41,8 +41,9 @@ std::string runtime_base_lookup_remedy();
 /// tightening the mode of one we own). *refused (when given) is set when it
 /// is refused for what is there (a link, not a directory, another owner, a
 /// mode not tightened), not for a system call's failure.
+/// what: the directory's kind in the messages ("runtime base" for the base).
 bool ensure_private_dir(const std::string& path, bool create, std::string* err,
-                        bool* refused = nullptr);
+                        bool* refused = nullptr, const char* what = "runtime directory");
 
 /// The most of a job.json that ps, inspect, a name's reservation and a
 /// guardian's takeover read: a longer one is taken for damaged.

@@ -78,9 +78,10 @@ mkdir -p "$T/linked"
 ln -s "$T/linked" "$T/alink"
 DIR=$T/alink check_refusal symlinkdir "alink is a symbolic link \(to $T/linked\)"
 
-# Inside another checkpoint (which would then hold files its manifest does not
-# list, and could no longer be restored), or inside the runtime base (which
-# cusnap manages, and removes with its jobs).
+# Inside another checkpoint, finished or being written (which would then hold
+# files its manifest does not list, and could no longer be restored; a roll
+# back of it would remove this one), or inside a runtime directory (removed
+# with its job).
 mkdir -p "$T/otherck/criu"
 echo '{}' >"$T/otherck/manifest.json"
 DIR=$T/otherck/criu/x check_refusal nested "inside the checkpoint $T/otherck, .*choose a -o DIR outside it"
@@ -88,8 +89,30 @@ mkdir -p "$T/otherck/empty"
 DIR=$T/otherck/empty check_refusal nested2 "inside the checkpoint $T/otherck,"
 [ "$(cd "$T/otherck" && find . | sort | tr '\n' ' ')" = ". ./criu ./empty ./manifest.json " ] ||
   fail "a refused checkpoint wrote into the checkpoint $T/otherck: $(find "$T/otherck")"
-DIR=$CUSNAP_RUNTIME_BASE/ck check_refusal inbase "inside the runtime base $CUSNAP_RUNTIME_BASE,"
-[ ! -e "$CUSNAP_RUNTIME_BASE/ck" ] || fail "a refused checkpoint made $CUSNAP_RUNTIME_BASE/ck"
+mkdir -p "$T/writing/criu"  # a checkpoint whose CRIU dump has not begun
+DIR=$T/writing/ck check_refusal nested3 "inside the checkpoint $T/writing,"
+echo x >"$T/writing/criu/pstree.img"  # ... and one CRIU is writing
+DIR=$T/writing/ck check_refusal nested4 "inside the checkpoint $T/writing,"
+DIR=$CUSNAP_RUNTIME_BASE/inrun/ck check_refusal inrun "inside the job's runtime directory $CUSNAP_RUNTIME_BASE/inrun,"
+DIR=$CUSNAP_RUNTIME_BASE/nested/ck check_refusal inother "inside the runtime directory $CUSNAP_RUNTIME_BASE/nested,"
+[ ! -e "$CUSNAP_RUNTIME_BASE/inrun/ck" ] && [ ! -e "$CUSNAP_RUNTIME_BASE/nested/ck" ] ||
+  fail "a refused checkpoint made a directory in a runtime directory"
+# Not a checkpoint: a project with a manifest.json of its own and a CRIU
+# source tree, and the runtime base itself (only its runtime directories are
+# cleaned): the checkpoint is taken there.
+mkdir -p "$T/proj/criu/images"
+echo '{"name": "web"}' >"$T/proj/manifest.json"
+echo 'all:' >"$T/proj/criu/Makefile"
+"$CUSNAP" launch --name proj -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/proj.out" 2>&1 &
+SUPERVISORS+=($!)
+wait_count "$T/proj.out" 3
+wait_job proj >/dev/null
+for d in "$T/proj/ck" "$CUSNAP_RUNTIME_BASE/proj-ck"; do
+  "$CUSNAP" checkpoint proj -o "$d" --leave-running >"$T/proj.ck" 2>&1 ||
+    fail "a checkpoint into $d was refused: $(cat "$T/proj.ck")"
+  [ -f "$d/manifest.json" ] || fail "the checkpoint into $d wrote no manifest"
+done
+pass "a checkpoint below a project's manifest.json and criu/, and in the runtime base, is taken"
 
 # A read-only file system: said before the job is touched, naming the
 # directory given, not a subdirectory CRIU would have made.

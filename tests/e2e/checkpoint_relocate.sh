@@ -75,6 +75,21 @@ expect_refused 3 "not to a cusnap runtime directory" "$CUSNAP" restore "$T/ckpt2
 rm "$BASE1/orig"
 pass "a link in the shims' path that no restore made is refused and kept (exit 3)"
 
+# A link to the runtime directory of a running job (another's, while the
+# checkpoint's pids are free): refused, naming it; the link is kept.
+launch holder "$T/holder.out" sleep 600
+HOLDER=$LAST_SUPERVISOR
+wait_job holder >/dev/null
+mkdir -p "$BASE1" && chmod 700 "$BASE1"
+ln -s "$CUSNAP_RUNTIME_BASE/holder" "$BASE1/orig"
+expect_refused 3 "links to the runtime directory of a running job \($CUSNAP_RUNTIME_BASE/holder\)" \
+  "$CUSNAP" restore "$T/ckpt2" --name fourth
+[ "$(readlink "$BASE1/orig")" = "$CUSNAP_RUNTIME_BASE/holder" ] || fail "the refused restore changed the link"
+rm "$BASE1/orig"
+kill -TERM "$HOLDER"
+wait_exit "$HOLDER"
+pass "a link in the shims' path to a running job's runtime directory is refused and kept (exit 3)"
+
 # A link left by a supervisor that died (pointing nowhere) is replaced.
 mkdir -p "$BASE1" && chmod 700 "$BASE1"
 ln -s "$T/gone" "$BASE1/orig"

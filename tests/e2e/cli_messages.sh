@@ -52,6 +52,8 @@ pass "resume --json --timout 5: the failure object says the same"
 # An option before the command is said to be one, not taken for a mistyped
 # command ("did you mean 'ps'?" for -v).
 expect_err 2 "cusnap -v" "unknown option '-v'" "--version" "!did you mean" -- "$CUSNAP" -v
+expect_err 2 "cusnap --versoin" "unknown option '--versoin'; did you mean '--version'?" -- "$CUSNAP" --versoin
+expect_err 2 "cusnap --hlep" "unknown option '--hlep'; did you mean '--help'?" -- "$CUSNAP" --hlep
 expect_err 2 "cusnap --json ps" "unknown option '--json' before the command" "did you mean 'cusnap ps --json'?" -- \
   "$CUSNAP" --json ps
 expect_err 2 "cusnap --name x launch -- true" "did you mean 'cusnap launch --name x -- true'?" -- \

@@ -85,7 +85,7 @@ kill -0 "$root" || fail "the job's process $root died with its supervisor"
 "$CUSNAP" ps --json >"$SCRATCH/ps.json" 2>"$SCRATCH/ps.err" || fail "ps --json failed: $(cat "$SCRATCH/ps.err")"
 [ "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))))' "$SCRATCH/ps.json")" = 0 ] ||
   fail "ps --json lists: $(cat "$SCRATCH/ps.json")"
-grep -q "warning: job orphan has no supervisor .* its process $root runs on, unsupervised: .*kill $root" "$SCRATCH/ps.err" ||
+grep -q "warning: job orphan has no supervisor .* its process $root runs on, unsupervised: .*kill -- -$root)" "$SCRATCH/ps.err" ||
   fail "ps did not say that orphan runs unsupervised: $(cat "$SCRATCH/ps.err")"
 [ -f "$CUSNAP_RUNTIME_BASE/orphan/job.json" ] || fail "ps removed the directory of a job that runs on"
 rc=$(run_status "$CUSNAP" launch --name orphan -- true)
@@ -99,6 +99,31 @@ for _ in $(seq 1 100); do kill -0 "$root" 2>/dev/null || break; sleep 0.05; done
 [ ! -s "$SCRATCH/ps.err" ] || fail "ps still warns after the process ended: $(cat "$SCRATCH/ps.err")"
 [ ! -e "$CUSNAP_RUNTIME_BASE/orphan" ] || fail "the directory stayed after the process ended"
 pass "a job whose supervisor and guardian were killed: said by ps, its name kept, until it ends"
+
+# The same with the runtime directory outside the base (launch --runtime-dir):
+# the link BASE/NAME stays with it, and it is said once.
+"$CUSNAP" launch --name orphan2 --runtime-dir "$SCRATCH/rd2" -- sleep 300 >"$SCRATCH/orphan2.out" 2>&1 &
+LAUNCH_PID=$!
+BG_PIDS+=("$LAUNCH_PID")
+wait_for 10 test -s "$SCRATCH/rd2/job.json" || fail "orphan2 did not start: $(cat "$SCRATCH/orphan2.out")"
+root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$SCRATCH/rd2/job.json")
+guardian=
+for _ in $(seq 1 100); do guardian=$(pgrep -P "$LAUNCH_PID" -x cusnap-guardian || true); [ -n "$guardian" ] && break; sleep 0.05; done
+[ -n "$guardian" ] || fail "no guardian under supervisor $LAUNCH_PID"
+kill -STOP "$guardian" "$LAUNCH_PID"
+kill -KILL "$guardian" "$LAUNCH_PID"
+wait "$LAUNCH_PID" 2>/dev/null || true
+"$CUSNAP" ps >/dev/null 2>"$SCRATCH/ps.err"
+[ "$(grep -c "warning: job orphan2 has no supervisor .* its process $root runs on" "$SCRATCH/ps.err")" = 1 ] ||
+  fail "ps did not say once that orphan2 runs unsupervised: $(cat "$SCRATCH/ps.err")"
+[ -L "$CUSNAP_RUNTIME_BASE/orphan2" ] || fail "ps removed the link to the directory of a job that runs on"
+expect_eq "launch under the name of a job running unsupervised (elsewhere)" 3 "$(run_status "$CUSNAP" launch --name orphan2 -- true)"
+kill -KILL "$root"
+for _ in $(seq 1 100); do kill -0 "$root" 2>/dev/null || break; sleep 0.05; done
+"$CUSNAP" ps >/dev/null 2>"$SCRATCH/ps.err"
+[ ! -s "$SCRATCH/ps.err" ] && [ ! -e "$CUSNAP_RUNTIME_BASE/orphan2" ] ||
+  fail "after the process ended: $(cat "$SCRATCH/ps.err"; ls -la "$CUSNAP_RUNTIME_BASE")"
+pass "the same with its runtime directory outside the base: the link kept, said once, until it ends"
 
 # inspect NAME: the running job of that name, even where a checkpoint
 # directory of that name is here; a directory that holds no job is said to

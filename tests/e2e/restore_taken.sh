@@ -138,8 +138,22 @@ expect_refused 5 "$T/damaged" "$CUSNAP" restore "$T/damaged" --name rc
 [ -z "$(job_field rc pid)" ] || fail "the refused restore left job rc"
 [ -d "$CUSNAP_RUNTIME_BASE/pat" ] && [ ! -L "$CUSNAP_RUNTIME_BASE/pat" ] || fail "the damaged restore touched $CUSNAP_RUNTIME_BASE/pat"
 pass "with another job named pat running, a damaged copy is refused as damaged (exit 5)"
-kill -TERM "$OTHER"
-wait_exit "$OTHER"
+# That job's supervisor killed with its guardian, its sleep running on: the
+# directory is no dead supervisor's to reuse (ps removes it once the sleep
+# ends, which would cut the restored shims off): refused, naming it.
+ORPHAN=$(job_field pat pid)
+GUARDIAN=
+for _ in $(seq 1 100); do GUARDIAN=$(pgrep -P "$OTHER" -x cusnap-guardian || true); [ -n "$GUARDIAN" ] && break; sleep 0.05; done
+[ -n "$GUARDIAN" ] || fail "no guardian under supervisor $OTHER"
+kill -STOP "$GUARDIAN" "$OTHER"
+kill -KILL "$GUARDIAN" "$OTHER"
+wait "$OTHER" 2>/dev/null || true
+expect_refused 3 "is that of job pat, whose process $ORPHAN runs on without a supervisor" \
+  timeout 60 "$CUSNAP" restore "$T/ckpt" --name rd
+[ -z "$(job_field rd pid)" ] || fail "the refused restore left job rd"
+kill -KILL "$ORPHAN"
+wait_gone "$ORPHAN"
+pass "with the job named pat running on unsupervised, a restore as rd is refused before CRIU runs"
 
 # The job's working directory gone: refused before CRIU runs (exit 3),
 # naming it and what to do; put back, the checkpoint restores.
