@@ -2,6 +2,7 @@
 # cusnap ps lists live jobs (text and JSON); names are unique among live
 # jobs; a dead supervisor's directory is cleaned by ps.
 source "$(dirname "$0")/lib_launch.sh"
+source "$(dirname "$0")/lib_orphan.sh"
 
 launch_bg psjob sleep 60
 out=$("$CUSNAP" ps)
@@ -74,12 +75,7 @@ expect_eq "the name is free again" 0 "$(run_status "$CUSNAP" launch --name psjob
 launch_bg orphan sleep 300
 wait_for 10 test -s "$CUSNAP_RUNTIME_BASE/orphan/job.json" || fail "orphan did not start"
 root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$CUSNAP_RUNTIME_BASE/orphan/job.json")
-guardian=
-for _ in $(seq 1 100); do guardian=$(pgrep -P "$LAUNCH_PID" -x cusnap-guardian || true); [ -n "$guardian" ] && break; sleep 0.05; done
-[ -n "$guardian" ] || fail "no guardian under supervisor $LAUNCH_PID"
-kill -STOP "$guardian" "$LAUNCH_PID"
-kill -KILL "$guardian" "$LAUNCH_PID"
-wait "$LAUNCH_PID" 2>/dev/null || true
+orphan_job "$LAUNCH_PID"
 for _ in $(seq 1 100); do grep -q orphan <<<"$("$CUSNAP" ps 2>/dev/null)" || break; sleep 0.1; done
 kill -0 "$root" || fail "the job's process $root died with its supervisor"
 "$CUSNAP" ps --json >"$SCRATCH/ps.json" 2>"$SCRATCH/ps.err" || fail "ps --json failed: $(cat "$SCRATCH/ps.err")"
@@ -107,12 +103,7 @@ LAUNCH_PID=$!
 BG_PIDS+=("$LAUNCH_PID")
 wait_for 10 test -s "$SCRATCH/rd2/job.json" || fail "orphan2 did not start: $(cat "$SCRATCH/orphan2.out")"
 root=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["root_pid"])' "$SCRATCH/rd2/job.json")
-guardian=
-for _ in $(seq 1 100); do guardian=$(pgrep -P "$LAUNCH_PID" -x cusnap-guardian || true); [ -n "$guardian" ] && break; sleep 0.05; done
-[ -n "$guardian" ] || fail "no guardian under supervisor $LAUNCH_PID"
-kill -STOP "$guardian" "$LAUNCH_PID"
-kill -KILL "$guardian" "$LAUNCH_PID"
-wait "$LAUNCH_PID" 2>/dev/null || true
+orphan_job "$LAUNCH_PID"
 "$CUSNAP" ps >/dev/null 2>"$SCRATCH/ps.err"
 [ "$(grep -c "warning: job orphan2 has no supervisor .* its process $root runs on" "$SCRATCH/ps.err")" = 1 ] ||
   fail "ps did not say once that orphan2 runs unsupervised: $(cat "$SCRATCH/ps.err")"

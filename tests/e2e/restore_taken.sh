@@ -15,6 +15,7 @@ if [ -z "${CUSNAP_TEST_PIDNS:-}" ] && [ "${CUSNAP_REAL_DRIVER:-0}" != 1 ]; then
   exec env CUSNAP_TEST_PIDNS=1 unshare --pid --fork --mount-proc bash "$0" "$@"
 fi
 source "$(dirname "$0")/lib_checkpoint.sh"
+source "$(dirname "$0")/lib_orphan.sh"
 
 checkpointed_job pat "$T/launch.out" "$T/ckpt"
 TID=$(python3 -c '
@@ -142,12 +143,7 @@ pass "with another job named pat running, a damaged copy is refused as damaged (
 # directory is no dead supervisor's to reuse (ps removes it once the sleep
 # ends, which would cut the restored shims off): refused, naming it.
 ORPHAN=$(job_field pat pid)
-GUARDIAN=
-for _ in $(seq 1 100); do GUARDIAN=$(pgrep -P "$OTHER" -x cusnap-guardian || true); [ -n "$GUARDIAN" ] && break; sleep 0.05; done
-[ -n "$GUARDIAN" ] || fail "no guardian under supervisor $OTHER"
-kill -STOP "$GUARDIAN" "$OTHER"
-kill -KILL "$GUARDIAN" "$OTHER"
-wait "$OTHER" 2>/dev/null || true
+orphan_job "$OTHER"
 expect_refused 3 "is that of job pat, whose process $ORPHAN runs on without a supervisor" \
   timeout 60 "$CUSNAP" restore "$T/ckpt" --name rd
 [ -z "$(job_field rd pid)" ] || fail "the refused restore left job rd"
