@@ -94,14 +94,17 @@ bool restorable_path(const std::string& dir, const std::string& real, std::strin
 constexpr const char* kClaimFile = ".cusnap-claim";
 
 /// Whether the directory a is a checkpoint, finished or being written: one
-/// claimed (kClaimFile), or one whose criu/ holds CRIU's images, or nothing
-/// yet (a directory that merely holds a criu/, a CRIU source tree say, is
-/// none; nor is one with some other program's manifest.json).
+/// claimed (kClaimFile), or one whose criu/ (private, 0700, as a checkpoint
+/// makes it) holds CRIU's images, or nothing yet. A directory that merely
+/// holds a criu/ (a CRIU source tree, a user's own dump directory, which
+/// CRIU does not make) is none; nor is one with another program's
+/// manifest.json.
 bool is_checkpoint_dir(const fs::path& a) {
   std::error_code ec;
   if (fs::exists(a / kClaimFile, ec)) return true;
   const fs::path criu = a / "criu";
-  if (!fs::is_directory(fs::symlink_status(criu, ec))) return false;
+  const fs::file_status st = fs::symlink_status(criu, ec);
+  if (!fs::is_directory(st) || st.permissions() != fs::perms::owner_all) return false;
   fs::directory_iterator it(criu, ec), end;
   if (ec) return false;
   if (it == end) return true;  // made, CRIU not yet begun

@@ -82,14 +82,14 @@ DIR=$T/alink check_refusal symlinkdir "alink is a symbolic link \(to $T/linked\)
 # files its manifest does not list, and could no longer be restored; a roll
 # back of it would remove this one), or inside a runtime directory (removed
 # with its job).
-mkdir -p "$T/otherck/criu"
+mkdir -p -m 0700 "$T/otherck/criu"  # private, as a checkpoint makes it
 echo '{}' >"$T/otherck/manifest.json"
 DIR=$T/otherck/criu/x check_refusal nested "inside the checkpoint $T/otherck, .*choose a -o DIR outside it"
 mkdir -p "$T/otherck/empty"
 DIR=$T/otherck/empty check_refusal nested2 "inside the checkpoint $T/otherck,"
 [ "$(cd "$T/otherck" && find . | sort | tr '\n' ' ')" = ". ./criu ./empty ./manifest.json " ] ||
   fail "a refused checkpoint wrote into the checkpoint $T/otherck: $(find "$T/otherck")"
-mkdir -p "$T/writing/criu"  # a checkpoint whose CRIU dump has not begun
+mkdir -p -m 0700 "$T/writing/criu"  # a checkpoint whose CRIU dump has not begun
 DIR=$T/writing/ck check_refusal nested3 "inside the checkpoint $T/writing,"
 echo x >"$T/writing/criu/pstree.img"  # ... and one CRIU is writing
 DIR=$T/writing/ck check_refusal nested4 "inside the checkpoint $T/writing,"
@@ -97,12 +97,15 @@ DIR=$CUSNAP_RUNTIME_BASE/inrun/ck check_refusal inrun "inside the job's runtime 
 DIR=$CUSNAP_RUNTIME_BASE/nested/ck check_refusal inother "inside the runtime directory $CUSNAP_RUNTIME_BASE/nested,"
 [ ! -e "$CUSNAP_RUNTIME_BASE/inrun/ck" ] && [ ! -e "$CUSNAP_RUNTIME_BASE/nested/ck" ] ||
   fail "a refused checkpoint made a directory in a runtime directory"
-# Not a checkpoint: a project with a manifest.json of its own and a CRIU
-# source tree, and the runtime base itself (only its runtime directories are
-# cleaned): the checkpoint is taken there.
-mkdir -p "$T/proj/criu/images"
+# Not a checkpoint: a project with a manifest.json of its own and a criu/
+# that is a source tree or a user's own CRIU dump (not private), and the
+# runtime base itself (only its runtime directories are cleaned): the
+# checkpoint is taken there.
+mkdir -p -m 0755 "$T/proj/criu/images"
 echo '{"name": "web"}' >"$T/proj/manifest.json"
 echo 'all:' >"$T/proj/criu/Makefile"
+echo x >"$T/proj/criu/core-1.img"
+chmod 0755 "$T/proj/criu"
 "$CUSNAP" launch --name proj -- "$PATTERN_JOB" --mib 4 --interval-ms 20 >"$T/proj.out" 2>&1 &
 SUPERVISORS+=($!)
 wait_count "$T/proj.out" 3
