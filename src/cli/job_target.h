@@ -23,8 +23,8 @@ int resolve_job(const std::string& spec, bool json, JobEntry* out,
 /// failure_object with the job named: job, name (both the job's name) and
 /// pid (its root process).
 nlohmann::json job_failure_object(int code, const std::string& msg, const JobEntry& job);
-/// fail_json for a command whose job is known (resolved, its supervisor
-/// having answered): the JSON object is job_failure_object's.
+/// fail_json for a command whose job was found (resolved by its name, pid or
+/// runtime directory): the JSON object is job_failure_object's.
 int fail_job_json(bool json, int code, const std::string& msg, const JobEntry& job);
 
 /// Prints the failure the job's supervisor answered (op: "checkpoint" and

@@ -63,7 +63,7 @@ bool unheld_ended(pid_t pid, std::string* why) {
   if (e == ESRCH) return true;
   *why = "cannot hold its process " + std::to_string(pid) + " (pidfd_open: " + std::strerror(e) +
          ")" +
-         (e == EMFILE || e == ENFILE
+         (out_of_descriptors(e)
               ? ": the supervisor has too few descriptors for the job's processes (raise "
                 "\"ulimit -n\" for the cusnap launch or restore that supervises it)"
               : "");
